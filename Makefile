@@ -1,0 +1,34 @@
+# The two commands of the README: `make run` and `make test`. Both create .venv and
+# install everything on first use; nothing has to be installed by hand.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+# Extra pytest arguments, e.g. `make test PYTEST_ARGS="-m slow"`.
+PYTEST_ARGS ?=
+
+.PHONY: install run test bench clean
+
+$(STAMP): setup.py Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# Exact torch pin first: a range would pull a multi-GB CUDA build.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
+	# torchrec's metadata wants the CUDA fbgemm-gpu; fbgemm-gpu-cpu serves it instead.
+	$(PY) -m pip install --quiet --no-deps torchrec==1.8.0
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(VENV)/bin/embcache bench cache
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: install
+	$(VENV)/bin/embcache bench cache
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,6 @@
+"""Benchmarks. Each compares its variants side by side in one run (ratios, not absolute
+seconds) and writes JSON, and a PNG where a picture helps, under bench/results/."""
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "cache": ("embcache.bench.cache", "hit rate of freq/lfu/lru vs Belady, bytes moved, bookkeeping cost"),
+}

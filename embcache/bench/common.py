@@ -1,0 +1,50 @@
+"""What every benchmark writes beside its numbers: where they were measured, and where
+the results go."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_RESULTS_DIR = REPO_ROOT / "bench" / "results"
+
+
+def hardware() -> dict:
+    """The machine the numbers came from; benchmarks on shared machines are only
+    comparable within one run, so this is recorded next to every result."""
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.is_available(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def write_json(payload: dict, name: str, out_dir: str | os.PathLike | None = None) -> Path:
+    """Write `payload` (plus the hardware) to `<out_dir>/<name>.json` and return the path."""
+    out = Path(out_dir) if out_dir else DEFAULT_RESULTS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    payload = {"hardware": hardware(), **payload}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    tmp.replace(path)
+    return path

@@ -1,0 +1,67 @@
+"""Checkpoints that survive a kill: written to a temporary file, fsynced, then renamed
+over the old one, so a reader sees either the previous checkpoint or the new one, never
+half of one. Loading refuses a truncated or foreign file with one clear line."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT_KEY = "embcache_checkpoint"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used (missing, truncated, corrupt, or another kind)."""
+
+
+def save_checkpoint(payload: dict[str, Any], path: str | os.PathLike, kind: str) -> Path:
+    """Atomically write `payload` (a dict of named parts) as a checkpoint of `kind`
+    (e.g. "dlrm", "face") to `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        torch.save({FORMAT_KEY: FORMAT_VERSION, "kind": kind, **payload}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    try:  # make the rename itself durable
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike, kind: str) -> dict[str, Any]:
+    """Load a checkpoint written by `save_checkpoint` for the same `kind`, or raise
+    CheckpointError naming the file and what is wrong with it."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # torch raises many types for a damaged zip/pickle
+        raise CheckpointError(
+            f"{path}: corrupt or truncated checkpoint ({type(err).__name__}: {err})"
+        ) from None
+    if not isinstance(payload, dict) or payload.get(FORMAT_KEY) != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: not an embcache checkpoint (format v{FORMAT_VERSION})")
+    if payload.get("kind") != kind:
+        raise CheckpointError(f"{path}: a {payload.get('kind')!r} checkpoint, expected {kind!r}")
+    return payload
+
+
+def latest_checkpoint(directory: str | os.PathLike, pattern: str = "*.pt") -> Path | None:
+    """The most recently written checkpoint in `directory`, or None."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return None
+    files = [p for p in directory.glob(pattern) if not p.name.startswith(".")]
+    return max(files, key=lambda p: p.stat().st_mtime_ns, default=None)

@@ -1,0 +1,72 @@
+"""The `embcache` command.
+
+Sub-commands are registered by name and imported only when they are used, so that
+`embcache --help` answers instantly (no torch import) and a capability's code lives
+beside that capability, not here. Each command module exposes
+``build_parser(prog) -> argparse.ArgumentParser`` whose parsed namespace has ``func``,
+or is a group with a ``COMMANDS`` table of its own (dispatched the same way).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module that builds its parser, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "bench": ("embcache.bench.cli", "run a benchmark (cache, dlrm, cf, face); JSON lands in bench/results/"),
+}
+
+
+def dispatch(prog: str, description: str, commands: dict[str, tuple[str, str]], argv: list[str]) -> int:
+    """Two-stage parse: pick the sub-command by name, then let its module parse the rest."""
+    if not argv or argv[0] in ("-h", "--help"):
+        parser = argparse.ArgumentParser(prog=prog, description=description,
+                                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                                         epilog=_listing(prog, commands))
+        parser.add_argument("command", choices=sorted(commands), help="see the list below")
+        parser.print_help()
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in commands:
+        print(f"{prog}: unknown command {name!r}; choose from: {', '.join(sorted(commands))}",
+              file=sys.stderr)
+        return 2
+    module = importlib.import_module(commands[name][0])
+    if hasattr(module, "COMMANDS"):  # a group such as `embcache bench`: dispatch again
+        return dispatch(f"{prog} {name}", module.__doc__ or "", module.COMMANDS, rest)
+    parser = module.build_parser(f"{prog} {name}")
+    args = parser.parse_args(rest)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except UserFacingError as err:
+        print(f"{prog} {name}: error: {err}", file=sys.stderr)
+        return 1
+
+
+def _listing(prog: str, commands: dict[str, tuple[str, str]]) -> str:
+    width = max(len(n) for n in commands)
+    lines = [f"  {n.ljust(width)}  {h}" for n, (_, h) in sorted(commands.items())]
+    return "commands:\n" + "\n".join(lines) + f"\n\n`{prog} COMMAND --help` explains each."
+
+
+class UserFacingError(Exception):
+    """An error caused by the user's input (a missing file, a bad row): printed as one
+    line, without a traceback, and the command exits with status 1."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    return dispatch(
+        "embcache",
+        "Train models dominated by one giant table: cached embedding bags (DLRM), "
+        "HEAT CPU kernels (collaborative filtering), and a dynamic class pool (face).",
+        COMMANDS,
+        sys.argv[1:] if argv is None else argv,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
