@@ -1,0 +1,100 @@
+"""Which resident entries to give up when new ones must come in.
+
+Each policy keeps one float64 key per slot; the victims are the slots with the smallest
+keys among those not protected (protected = needed by the batch in flight). Keys break
+ties by recency: a key is `primary + last_use / (clock + 1)`, so of two equally frequent
+entries the one used longer ago goes first.
+
+- `lru`: primary = 0 (recency alone).
+- `lfu`: primary = online access count of the id (kept per id, so it survives eviction).
+- `freq`: primary = the id's frequency in the training data (`ids_freq`) + the online count.
+
+Counts are per batch: an id used five times in one batch counts once.
+"""
+from __future__ import annotations
+
+import torch
+
+POLICIES = ("freq", "lfu", "lru")
+
+
+class EvictionPolicy:
+    """Per-slot eviction keys for a working set of `num_slots` slots over `num_ids` ids.
+
+    Args:
+        kind: "freq" | "lfu" | "lru".
+        num_ids, num_slots: sizes of the id space and of the working set.
+        ids_freq: per-id prior counts (required for meaningful `freq`; zeros otherwise).
+        device: where the per-slot (and per-id count) tensors live.
+    """
+
+    def __init__(self, kind: str, num_ids: int, num_slots: int,
+                 ids_freq: torch.Tensor | None = None, device: torch.device | str = "cpu"):
+        if kind not in POLICIES:
+            raise ValueError(f"eviction must be one of {POLICIES}, got {kind!r}")
+        self.kind = kind
+        self.clock = 0  # advanced once per batch by `tick`
+        self.slot_last = torch.zeros(num_slots, dtype=torch.float64, device=device)
+        self.slot_primary = torch.zeros(num_slots, dtype=torch.float64, device=device)
+        self.id_count = None
+        self.prior = None
+        if kind in ("lfu", "freq"):
+            self.id_count = torch.zeros(num_ids, dtype=torch.int32, device=device)
+        if kind == "freq" and ids_freq is not None:
+            self.prior = ids_freq.to(device=device, dtype=torch.float64)
+
+    def tick(self) -> int:
+        self.clock += 1
+        return self.clock
+
+    def on_access(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
+        """Record one batch's use of resident `ids` (in `slots`). Duplicates count once:
+        `t[i] = t[i] + 1` with repeated `i` writes the same value each time."""
+        self.slot_last[slots] = float(self.clock)
+        if self.id_count is not None:
+            self.id_count[ids] = self.id_count[ids] + 1
+            self.slot_primary[slots] = self._primary(ids)
+
+    def on_admit(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
+        """New `ids` entered `slots` (their access is recorded by `on_access`)."""
+        self.slot_last[slots] = float(self.clock)
+        self.slot_primary[slots] = self._primary(ids) if self.id_count is not None else 0.0
+
+    def _primary(self, ids: torch.Tensor) -> torch.Tensor:
+        primary = self.id_count[ids].to(torch.float64)
+        if self.prior is not None:
+            primary = primary + self.prior[ids]
+        return primary
+
+    def keys(self) -> torch.Tensor:
+        return self.slot_primary + self.slot_last / (self.clock + 1)
+
+    def select_victims(self, k: int, protected: torch.Tensor, occupied: torch.Tensor) -> torch.Tensor:
+        """The `k` occupied, unprotected slots to evict (fewer if fewer exist)."""
+        return select_victims(self.keys(), k, occupied & ~protected)
+
+    def state_dict(self) -> dict:
+        state = {"kind": self.kind, "clock": self.clock, "slot_last": self.slot_last.cpu().clone(),
+                 "slot_primary": self.slot_primary.cpu().clone()}
+        if self.id_count is not None:
+            state["id_count"] = self.id_count.cpu().clone()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["kind"] != self.kind:
+            raise ValueError(f"checkpoint used eviction {state['kind']!r}, this cache {self.kind!r}")
+        self.clock = int(state["clock"])
+        self.slot_last.copy_(state["slot_last"])
+        self.slot_primary.copy_(state["slot_primary"])
+        if self.id_count is not None:
+            self.id_count.copy_(state["id_count"])
+
+
+def select_victims(keys: torch.Tensor, k: int, candidates: torch.Tensor) -> torch.Tensor:
+    """Indices of the `k` smallest `keys` among `candidates` (a boolean mask), fewer if
+    fewer candidates exist. One topk over the slots: no sort of the whole cache."""
+    k = min(int(k), int(candidates.sum()))
+    if k <= 0:
+        return torch.empty(0, dtype=torch.long, device=keys.device)
+    masked = torch.where(candidates, keys, torch.full_like(keys, float("inf")))
+    return torch.topk(masked, k, largest=False, sorted=False).indices

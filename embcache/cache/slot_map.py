@@ -1,0 +1,92 @@
+"""Which id sits in which slot of a small working set, in both directions.
+
+Shared by the embedding cache (rows of a table) and the dynamic class pool (identities
+of a classifier). Both directions are dense tensors so that every question is a batched
+gather, never a Python loop: `id_to_slot[N]` holds -1 for ids not resident, and
+`slot_to_id[C]` holds -1 for empty slots.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class SlotMap:
+    """Bidirectional id <-> slot map over `num_ids` ids and `num_slots` slots.
+
+    Args:
+        num_ids: size of the id space (rows of the table, classes of the classifier).
+        num_slots: capacity of the working set.
+        device: where the maps live (beside the working set they index).
+
+    Example:
+        >>> m = SlotMap(10, 3)
+        >>> m.assign(torch.tensor([7, 2]), torch.tensor([0, 1]))
+        >>> m.lookup(torch.tensor([2, 5])).tolist()
+        [1, -1]
+    """
+
+    def __init__(self, num_ids: int, num_slots: int, device: torch.device | str = "cpu"):
+        if num_slots < 1 or num_ids < 1:
+            raise ValueError(f"SlotMap needs at least one id and one slot, got {num_ids=} {num_slots=}")
+        self.num_ids = int(num_ids)
+        self.num_slots = int(num_slots)
+        self.id_to_slot = torch.full((self.num_ids,), -1, dtype=torch.long, device=device)
+        self.slot_to_id = torch.full((self.num_slots,), -1, dtype=torch.long, device=device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.slot_to_id.device
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Slot of each id, -1 where absent."""
+        return self.id_to_slot[ids]
+
+    def occupied(self) -> torch.Tensor:
+        """Boolean mask over slots: True where a slot holds an id."""
+        return self.slot_to_id >= 0
+
+    def num_occupied(self) -> int:
+        return int(self.occupied().sum())
+
+    def free_slots(self, limit: int | None = None) -> torch.Tensor:
+        """Indices of empty slots (at most `limit`), in slot order."""
+        free = torch.nonzero(self.slot_to_id < 0).flatten()
+        return free if limit is None else free[:limit]
+
+    def assign(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
+        """Place distinct absent `ids` into distinct empty `slots`."""
+        self.id_to_slot[ids] = slots
+        self.slot_to_id[slots] = ids
+
+    def release(self, slots: torch.Tensor) -> torch.Tensor:
+        """Empty `slots`; returns the ids they held (-1 for slots already empty)."""
+        ids = self.slot_to_id[slots]
+        held = ids >= 0
+        self.id_to_slot[ids[held]] = -1
+        self.slot_to_id[slots] = -1
+        return ids
+
+    def clear(self) -> None:
+        self.id_to_slot.fill_(-1)
+        self.slot_to_id.fill_(-1)
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the two directions disagree (used by tests and debugging)."""
+        occ = torch.nonzero(self.slot_to_id >= 0).flatten()
+        ids = self.slot_to_id[occ]
+        assert ids.unique().numel() == ids.numel(), "an id occupies two slots"
+        assert torch.equal(self.id_to_slot[ids], occ), "slot_to_id and id_to_slot disagree"
+        resident = torch.nonzero(self.id_to_slot >= 0).flatten()
+        assert resident.numel() == occ.numel(), "id_to_slot names more ids than the slots hold"
+        assert torch.equal(self.slot_to_id[self.id_to_slot[resident]], resident), "maps not inverse"
+
+    def state_dict(self) -> dict:
+        return {"slot_to_id": self.slot_to_id.cpu().clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        slot_to_id = state["slot_to_id"].to(self.device)
+        if slot_to_id.numel() != self.num_slots:
+            raise ValueError(f"slot map has {slot_to_id.numel()} slots, this one {self.num_slots}")
+        self.clear()
+        occ = torch.nonzero(slot_to_id >= 0).flatten()
+        self.assign(slot_to_id[occ], occ)
