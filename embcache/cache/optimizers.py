@@ -1,0 +1,174 @@
+"""Row-wise optimizers whose state lives beside each row.
+
+Every optimizer here updates only the rows named by a sparse gradient, and keeps its
+per-row state in tables shaped like the weight table (or one column for row-wise
+Adagrad). Because a row's state moves with the row between host store and device cache,
+a cached table trains exactly as an uncached one: the arithmetic below repeats torch's
+sparse code paths op for op (`torch.optim.SGD`, `Adagrad`, `SparseAdam`), so results
+match to the bit on CPU.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
+
+
+def _sparse_like(grad: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    return torch.sparse_coo_tensor(indices, values, grad.size())
+
+
+class RowOptimizer:
+    """Base: `update` applies one step to the rows named by `grad`, a sparse COO
+    gradient over a table, in place on `weight` and `state` (dict of tables)."""
+
+    name = ""
+
+    def __init__(self, lr: float):
+        if not lr > 0:
+            raise ValueError(f"lr must be positive, got {lr}")
+        self.lr = float(lr)
+
+    def state_widths(self, dim: int) -> dict[str, int]:
+        """Per-row state tables: name -> number of columns."""
+        return {}
+
+    def init_state(self, rows: int, dim: int, device="cpu", pin: bool = False) -> dict[str, torch.Tensor]:
+        state = {}
+        for name, width in self.state_widths(dim).items():
+            t = torch.full((rows, width), self.initial_state_value(name), dtype=torch.float32, device=device)
+            state[name] = t.pin_memory() if pin else t
+        return state
+
+    def initial_state_value(self, name: str) -> float:
+        return 0.0
+
+    def update(self, weight: torch.Tensor, state: dict[str, torch.Tensor], grad: torch.Tensor, step: int) -> None:
+        raise NotImplementedError
+
+    def hyperparameters(self) -> dict:
+        return {"name": self.name, "lr": self.lr}
+
+
+class SGD(RowOptimizer):
+    """Plain SGD, as `torch.optim.SGD(lr=lr)` with a sparse gradient."""
+
+    name = "sgd"
+
+    def update(self, weight, state, grad, step):
+        weight.add_(grad, alpha=-self.lr)
+
+
+class Adagrad(RowOptimizer):
+    """As `torch.optim.Adagrad(lr, lr_decay, eps, initial_accumulator_value)` with a sparse
+    gradient: one accumulator per element."""
+
+    name = "adagrad"
+
+    def __init__(self, lr: float, eps: float = 1e-10, lr_decay: float = 0.0,
+                 initial_accumulator_value: float = 0.0):
+        super().__init__(lr)
+        self.eps, self.lr_decay = float(eps), float(lr_decay)
+        self.initial_accumulator_value = float(initial_accumulator_value)
+
+    def state_widths(self, dim):
+        return {"sum": dim}
+
+    def initial_state_value(self, name):
+        return self.initial_accumulator_value
+
+    def update(self, weight, state, grad, step):
+        clr = self.lr / (1 + (step - 1) * self.lr_decay)
+        grad = grad.coalesce()
+        indices, values = grad._indices(), grad._values()
+        state_sum = state["sum"]
+        state_sum.add_(_sparse_like(grad, indices, values.pow(2)))
+        std_values = state_sum.sparse_mask(grad)._values().sqrt_().add_(self.eps)
+        weight.add_(_sparse_like(grad, indices, values / std_values), alpha=-clr)
+
+    def hyperparameters(self):
+        return {**super().hyperparameters(), "eps": self.eps, "lr_decay": self.lr_decay,
+                "initial_accumulator_value": self.initial_accumulator_value}
+
+
+class RowWiseAdagrad(RowOptimizer):
+    """Adagrad with one accumulator per row (the mean of the squared gradient over the
+    row), as FBGEMM's row-wise Adagrad: D times less state, nearly the same quality."""
+
+    name = "rowwise_adagrad"
+
+    def __init__(self, lr: float, eps: float = 1e-10, initial_accumulator_value: float = 0.0):
+        super().__init__(lr)
+        self.eps = float(eps)
+        self.initial_accumulator_value = float(initial_accumulator_value)
+
+    def state_widths(self, dim):
+        return {"sum": 1}
+
+    def initial_state_value(self, name):
+        return self.initial_accumulator_value
+
+    def update(self, weight, state, grad, step):
+        grad = grad.coalesce()
+        rows, values = grad._indices()[0], grad._values()
+        state_sum = state["sum"]
+        state_sum.index_add_(0, rows, values.pow(2).mean(dim=1, keepdim=True))
+        std = state_sum.index_select(0, rows).sqrt_().add_(self.eps)
+        weight.index_add_(0, rows, values / std, alpha=-self.lr)
+
+    def hyperparameters(self):
+        return {**super().hyperparameters(), "eps": self.eps,
+                "initial_accumulator_value": self.initial_accumulator_value}
+
+
+class Adam(RowOptimizer):
+    """Lazy Adam, as `torch.optim.SparseAdam(lr, betas, eps)`: only rows with a gradient
+    update their moments; bias correction uses the global step count."""
+
+    name = "adam"
+
+    def __init__(self, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        super().__init__(lr)
+        beta1, beta2 = betas
+        if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
+            raise ValueError(f"betas must lie in [0, 1), got {betas}")
+        self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
+
+    def state_widths(self, dim):
+        return {"exp_avg": dim, "exp_avg_sq": dim}
+
+    def update(self, weight, state, grad, step):
+        grad = grad.coalesce()
+        indices, values = grad._indices(), grad._values()
+        if values.numel() == 0:
+            return
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        old_exp_avg = exp_avg.sparse_mask(grad)._values()
+        exp_avg_update = values.sub(old_exp_avg).mul_(1 - self.beta1)
+        exp_avg.add_(_sparse_like(grad, indices, exp_avg_update))
+        old_exp_avg_sq = exp_avg_sq.sparse_mask(grad)._values()
+        exp_avg_sq_update = values.pow(2).sub_(old_exp_avg_sq).mul_(1 - self.beta2)
+        exp_avg_sq.add_(_sparse_like(grad, indices, exp_avg_sq_update))
+        numer = exp_avg_update.add_(old_exp_avg)
+        exp_avg_sq_update.add_(old_exp_avg_sq)
+        denom = exp_avg_sq_update.sqrt_().add_(self.eps)
+        bias_correction1 = 1 - self.beta1**step
+        bias_correction2 = 1 - self.beta2**step
+        step_size = self.lr * math.sqrt(bias_correction2) / bias_correction1
+        weight.add_(_sparse_like(grad, indices, -step_size * numer.div_(denom)))
+
+    def hyperparameters(self):
+        return {**super().hyperparameters(), "betas": (self.beta1, self.beta2), "eps": self.eps}
+
+
+def make_optimizer(name: str, lr: float, **kwargs) -> RowOptimizer:
+    """Build a row-wise optimizer by name; keyword arguments follow torch's names."""
+    classes = {"sgd": SGD, "adagrad": Adagrad, "rowwise_adagrad": RowWiseAdagrad, "adam": Adam}
+    if name not in classes:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
+    try:
+        return classes[name](lr, **kwargs)
+    except TypeError as err:
+        raise ValueError(f"bad argument for optimizer {name!r}: {err}") from None

@@ -1,0 +1,242 @@
+"""`CachedEmbeddingBag`: `nn.EmbeddingBag` semantics over a table that lives in host
+memory, with the hot rows cached on the device.
+
+The optimizer step for the looked-up rows happens during `loss.backward()`: when the
+gradient of a forward call reaches the cache, the row-wise optimizer updates those rows
+(and their state) in place. There is no separate `step()` to call, and the module has no
+`nn.Parameter` for an outer optimizer to see. Call each bag once per training step
+(one forward, one backward), as a fused embedding kernel expects.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from embcache.cache.eviction import POLICIES
+from embcache.cache.optimizers import OPTIMIZERS, make_optimizer
+from embcache.cache.row_cache import Lookup, RowCache
+
+MODES = ("sum", "mean")
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class CachedEmbeddingBag(nn.Module):
+    """An embedding bag whose full table (and optimizer state) stays in host memory while
+    a frequency-aware cache of `ceil(cache_ratio * num_embeddings)` rows serves lookups
+    on the device. Training results equal an uncached `nn.EmbeddingBag(sparse=True)`
+    trained with the matching torch optimizer.
+
+    Args:
+        num_embeddings, embedding_dim: table shape.
+        mode: "sum" | "mean", as `nn.EmbeddingBag`.
+        cache_ratio: fraction of rows resident on the device, in (0, 1].
+        ids_freq: per-id counts over the training data: warm-up and the `freq` policy.
+        warmup_ratio: fraction of the cache filled with the hottest ids at construction.
+        eviction: "freq" | "lfu" | "lru".
+        optimizer: "sgd" | "adagrad" | "rowwise_adagrad" | "adam" (lazy, as SparseAdam).
+        lr: learning rate; further optimizer arguments use torch's names (eps, betas,
+            lr_decay, initial_accumulator_value).
+        device: None picks CUDA when available, else CPU.
+        weight: optional initial `[N, D]` table in id order (default: N(0, 1), as
+            `nn.EmbeddingBag`).
+
+    Example:
+        >>> bag = CachedEmbeddingBag(1000, 8, cache_ratio=0.05, device="cpu")
+        >>> out = bag(torch.tensor([[1, 2], [3, 999]]))
+        >>> out.sum().backward()          # rows 1, 2, 3, 999 are updated here
+        >>> tuple(bag.full_weight().shape)
+        (1000, 8)
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, mode: str = "sum",
+                 cache_ratio: float = 0.015, ids_freq: torch.Tensor | None = None,
+                 warmup_ratio: float = 0.7, eviction: str = "freq", optimizer: str = "sgd",
+                 lr: float = 0.01, device: torch.device | str | None = None,
+                 weight: torch.Tensor | None = None, **optimizer_kwargs):
+        super().__init__()
+        _check_config(num_embeddings, embedding_dim, mode, cache_ratio, warmup_ratio,
+                      eviction, optimizer, ids_freq, weight)
+        self.num_embeddings, self.embedding_dim, self.mode = int(num_embeddings), int(embedding_dim), mode
+        self.cache_ratio = float(cache_ratio)
+        device = torch.device(device) if device is not None else default_device()
+        if weight is None:
+            weight = torch.randn(num_embeddings, embedding_dim)
+        else:
+            weight = weight.detach().to("cpu", torch.float32).clone()
+        ids_freq = None if ids_freq is None else ids_freq.detach().cpu()
+        self.cache = RowCache(weight, math.ceil(cache_ratio * num_embeddings),
+                              make_optimizer(optimizer, lr, **optimizer_kwargs), eviction,
+                              ids_freq, warmup_ratio, device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.cache.device
+
+    def extra_repr(self) -> str:
+        c = self.cache
+        return (f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}, "
+                f"cache_rows={c.num_slots}, eviction={c.policy.kind!r}, "
+                f"optimizer={c.optimizer.name!r}, device={c.device}")
+
+    # ------------------------------------------------------------------ lookups
+    def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
+                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+        ids, offsets, weights = self.normalize_input(input, offsets, per_sample_weights)
+        train = self.training and torch.is_grad_enabled()
+        lookup = self.cache.prepare(ids, keep=train)
+        table = self.cache.weight
+        if lookup.overflow is not None:
+            table = torch.cat([table, lookup.overflow.weight])
+        if train:
+            # A fresh leaf aliasing the working table: its sparse gradient is handed to
+            # the row-wise optimizer as soon as backward produces it.
+            table = table.data.requires_grad_()
+            table.register_post_accumulate_grad_hook(self._update_hook(lookup))
+        return F.embedding_bag(lookup.indices, table, offsets, mode=self.mode, sparse=True,
+                               per_sample_weights=weights)
+
+    def _update_hook(self, lookup: Lookup):
+        cache = self.cache
+
+        def hook(leaf: torch.Tensor) -> None:
+            grad, leaf.grad = leaf.grad, None
+            cache.apply_gradient(grad, lookup)
+
+        return hook
+
+    def prefetch(self, next_input: torch.Tensor, offsets: torch.Tensor | None = None) -> None:
+        """Load the rows a coming batch will need (with CUDA, on a side stream that
+        overlaps the current step). Optional: forward loads whatever is missing."""
+        ids, _, _ = self.normalize_input(next_input, offsets, None)
+        self.cache.prefetch(ids)
+
+    def normalize_input(self, input, offsets=None, per_sample_weights=None):
+        """Check a batch like `nn.EmbeddingBag` would, and more (id range, offsets
+        order, finite weights), before anything changes; return 1-D ids on the cache's
+        device, offsets and weights. Raises ValueError naming the problem."""
+        return normalize_bag_input(input, offsets, per_sample_weights, self.num_embeddings,
+                                   self.mode, self.device)
+
+    # ------------------------------------------------------------------ host side
+    def flush(self) -> None:
+        """Write every dirty cached row back to the host store."""
+        self.cache.flush()
+
+    def full_weight(self) -> torch.Tensor:
+        """The whole `[N, D]` table on CPU, id order, after a flush. This is the live
+        host store, not a copy: clone it to keep a snapshot across training."""
+        self.cache.flush()
+        return self.cache.host.weight
+
+    def cache_stats(self) -> dict:
+        return self.cache.stats.as_dict()
+
+    def reset_cache_stats(self) -> None:
+        self.cache.stats.reset()
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        for key, value in self.cache.state_dict().items():
+            destination[prefix + key] = value if keep_vars else value.detach()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict,
+                              missing_keys, unexpected_keys, error_msgs):
+        mine = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)
+                and "." not in k[len(prefix):].replace("optimizer.", "", 1).replace("policy.", "", 1)}
+        expected = set(self.cache.state_dict().keys())
+        missing = expected - set(mine)
+        if missing:
+            missing_keys.extend(prefix + k for k in sorted(missing))
+            return
+        try:
+            self.cache.load_state_dict(mine)
+        except ValueError as err:
+            error_msgs.append(f"{prefix or 'CachedEmbeddingBag'}: {err}")
+
+
+def normalize_bag_input(input, offsets, per_sample_weights, num_embeddings: int, mode: str,
+                        device: torch.device):
+    if not torch.is_tensor(input):
+        raise ValueError(f"input must be a tensor of ids, got {type(input).__name__}")
+    if input.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"input must hold int64 or int32 ids, got {input.dtype}")
+    weights = per_sample_weights
+    if input.dim() == 2:
+        if offsets is not None:
+            raise ValueError("offsets must be None when input is 2-D (each row is one bag)")
+        bags, width = input.shape
+        offsets = torch.arange(0, bags * width, width, device=input.device) if width else \
+            torch.zeros(bags, dtype=torch.long, device=input.device)
+        input = input.reshape(-1)
+        if weights is not None:
+            if weights.shape != (bags, width):
+                raise ValueError(f"per_sample_weights shape {tuple(weights.shape)} does not match "
+                                 f"input shape {(bags, width)}")
+            weights = weights.reshape(-1)
+    elif input.dim() == 1:
+        if offsets is None:
+            raise ValueError("1-D input needs offsets (the start of each bag)")
+        if not torch.is_tensor(offsets) or offsets.dim() != 1 or \
+                offsets.dtype not in (torch.int64, torch.int32):
+            raise ValueError("offsets must be a 1-D int64 or int32 tensor")
+        if offsets.numel() == 0:
+            raise ValueError("offsets is empty: at least one bag is needed")
+        if int(offsets[0]) != 0:
+            raise ValueError(f"offsets must start at 0, got {int(offsets[0])}")
+        if offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
+            bad = int(torch.nonzero(offsets[1:] < offsets[:-1])[0]) + 1
+            raise ValueError(f"offsets must be non-decreasing; offsets[{bad}]={int(offsets[bad])} "
+                             f"< offsets[{bad - 1}]={int(offsets[bad - 1])}")
+        if int(offsets[-1]) > input.numel():
+            raise ValueError(f"offsets[-1]={int(offsets[-1])} exceeds the number of ids ({input.numel()})")
+        if weights is not None and weights.shape != input.shape:
+            raise ValueError(f"per_sample_weights shape {tuple(weights.shape)} does not match "
+                             f"input shape {tuple(input.shape)}")
+    else:
+        raise ValueError(f"input must be 1-D (with offsets) or 2-D, got {input.dim()}-D")
+    if input.numel():
+        lo, hi = torch.aminmax(input)
+        if int(lo) < 0 or int(hi) >= num_embeddings:
+            pos = int(torch.nonzero((input < 0) | (input >= num_embeddings))[0])
+            raise ValueError(f"id {int(input[pos])} at position {pos} is outside "
+                             f"[0, {num_embeddings})")
+    if weights is not None:
+        if mode != "sum":
+            raise ValueError(f"per_sample_weights need mode='sum', this bag uses {mode!r}")
+        if not weights.is_floating_point():
+            raise ValueError(f"per_sample_weights must be floating point, got {weights.dtype}")
+        if not bool(torch.isfinite(weights).all()):
+            pos = int(torch.nonzero(~torch.isfinite(weights))[0])
+            raise ValueError(f"per_sample_weights[{pos}] is {float(weights[pos])}: weights must be finite")
+        weights = weights.to(device)
+    return input.to(device, torch.long), offsets.to(device, torch.long), weights
+
+
+def _check_config(num_embeddings, embedding_dim, mode, cache_ratio, warmup_ratio, eviction,
+                  optimizer, ids_freq, weight) -> None:
+    if int(num_embeddings) < 1 or int(embedding_dim) < 1:
+        raise ValueError(f"num_embeddings and embedding_dim must be positive, got "
+                         f"{num_embeddings} and {embedding_dim}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if not (isinstance(cache_ratio, (int, float)) and 0 < cache_ratio <= 1):
+        raise ValueError(f"cache_ratio must lie in (0, 1], got {cache_ratio!r}")
+    if not 0 <= warmup_ratio <= 1:
+        raise ValueError(f"warmup_ratio must lie in [0, 1], got {warmup_ratio!r}")
+    if eviction not in POLICIES:
+        raise ValueError(f"eviction must be one of {POLICIES}, got {eviction!r}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    if ids_freq is not None and (ids_freq.dim() != 1 or ids_freq.numel() != num_embeddings):
+        raise ValueError(f"ids_freq must be 1-D with {num_embeddings} counts, got shape "
+                         f"{tuple(ids_freq.shape)}")
+    if ids_freq is not None and bool((ids_freq < 0).any()):
+        raise ValueError("ids_freq holds negative counts")
+    if weight is not None and tuple(weight.shape) != (num_embeddings, embedding_dim):
+        raise ValueError(f"weight must be [{num_embeddings}, {embedding_dim}], got "
+                         f"{list(weight.shape)}")
