@@ -1,0 +1,57 @@
+"""Shared pieces of the cache tests: Zipf traces and uncached reference training."""
+import numpy as np
+import torch
+from torch import nn
+
+
+def zipf_batches(num_rows, steps, bags, bag_size, seed=0, a=1.2, two_d=False):
+    """Batches of Zipf-distributed ids (hot ids scattered over the table)."""
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(num_rows)
+    out = []
+    for _ in range(steps):
+        if two_d:
+            ids = perm[(rng.zipf(a, (bags, bag_size)) - 1) % num_rows]
+            out.append((torch.from_numpy(ids), None))
+        else:
+            lengths = rng.integers(0, 2 * bag_size, bags)
+            ids = perm[(rng.zipf(a, int(lengths.sum())) - 1) % num_rows]
+            offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+            out.append((torch.from_numpy(ids), torch.from_numpy(offsets)))
+    return out
+
+
+def torch_optimizer(name, params, lr):
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "adagrad":
+        return torch.optim.Adagrad(params, lr=lr)
+    if name == "adam":
+        return torch.optim.SparseAdam(params, lr=lr)
+    raise ValueError(name)
+
+
+class RowWiseAdagradReference:
+    """A direct, dense statement of row-wise Adagrad on the whole table."""
+
+    def __init__(self, weight, lr, eps=1e-10):
+        self.weight, self.lr, self.eps = weight, lr, eps
+        self.sum = torch.zeros(weight.shape[0], 1)
+
+    def zero_grad(self):
+        self.weight.grad = None
+
+    def step(self):
+        g = self.weight.grad.coalesce()
+        rows, vals = g.indices()[0], g.values()
+        with torch.no_grad():
+            self.sum[rows] += vals.pow(2).mean(1, keepdim=True)
+            self.weight[rows] -= self.lr * vals / (self.sum[rows].sqrt() + self.eps)
+
+
+def reference_bag(weight, mode, optimizer, lr):
+    ref = nn.EmbeddingBag(weight.shape[0], weight.shape[1], mode=mode, sparse=True,
+                          _weight=weight.clone())
+    if optimizer == "rowwise_adagrad":
+        return ref, RowWiseAdagradReference(ref.weight, lr)
+    return ref, torch_optimizer(optimizer, ref.parameters(), lr)
