@@ -1,0 +1,125 @@
+"""The collection against torchrec's EmbeddingBagCollection, and inside torchrec's DLRM.
+
+Tolerance: 1e-6 relative and absolute. torchrec pools each feature separately and sums a
+shared table's gradients feature by feature; the collection does one call per batch, so
+float sums are taken in another order (a few ULP on values of order 1-10)."""
+import numpy as np
+import pytest
+import torch
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+from torchrec.models.dlrm import DLRM
+from torchrec.modules.embedding_configs import PoolingType
+
+from embcache import CachedEmbeddingBagCollection
+from tests.cache_helpers import torch_optimizer
+
+D = 4
+
+
+def tables(pooling=PoolingType.SUM):
+    return [
+        EmbeddingBagConfig(name="t_user", embedding_dim=D, num_embeddings=500, feature_names=["user"],
+                           pooling=pooling),
+        EmbeddingBagConfig(name="t_item", embedding_dim=D, num_embeddings=800,
+                           feature_names=["item", "item_hist"], pooling=pooling),
+        EmbeddingBagConfig(name="t_tiny", embedding_dim=D, num_embeddings=7, feature_names=["tiny"],
+                           pooling=pooling),
+    ]
+
+
+FEATURES = ["user", "item", "item_hist", "tiny"]
+SIZES = {"user": 500, "item": 800, "item_hist": 800, "tiny": 7}
+
+
+def kjt_batches(steps, batch, seed=0, weighted=False):
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        lengths = np.concatenate([np.ones(batch, int), np.ones(batch, int),
+                                  rng.integers(0, 5, batch), np.ones(batch, int)])
+        values = []
+        for f, n in zip(FEATURES, lengths.reshape(4, batch).sum(1)):
+            values.append((rng.zipf(1.3, n) - 1) % SIZES[f])
+        values = torch.from_numpy(np.concatenate(values))
+        weights = torch.from_numpy(rng.random(values.numel()).astype(np.float32)) if weighted else None
+        yield KeyedJaggedTensor(keys=FEATURES, values=values, lengths=torch.from_numpy(lengths),
+                                weights=weights)
+
+
+def copy_weights(cached, ebc):
+    with torch.no_grad():
+        for t in cached.embedding_bag_configs():
+            ebc.embedding_bags[t.name].weight.copy_(cached.table_weight(t.name))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("pooling, weighted", [(PoolingType.SUM, False), (PoolingType.MEAN, False),
+                                               (PoolingType.SUM, True)])
+def test_collection_trains_like_torchrec(optimizer, pooling, weighted):
+    torch.manual_seed(0)
+    cached = CachedEmbeddingBagCollection(tables(pooling), cache_ratio=0.02, optimizer=optimizer,
+                                          lr=0.01, device="cpu", is_weighted=weighted)
+    ebc = EmbeddingBagCollection(tables(pooling), is_weighted=weighted)
+    for bag in ebc.embedding_bags.values():
+        bag.sparse = True
+    copy_weights(cached, ebc)
+    opt = torch_optimizer(optimizer, ebc.parameters(), 0.01)
+    target = torch.randn(32, 4 * D)
+    for kjt in kjt_batches(150, 32, weighted=weighted):
+        got, want = cached(kjt), ebc(kjt)
+        assert got.keys() == want.keys() and got.length_per_key() == want.length_per_key()
+        torch.testing.assert_close(got.values(), want.values(), rtol=1e-6, atol=1e-6)
+        opt.zero_grad()
+        (want.values() * target).sum().backward()
+        opt.step()
+        (got.values() * target).sum().backward()
+    assert cached.cache_stats()["evictions"] > 0
+    for t in cached.embedding_bag_configs():
+        torch.testing.assert_close(cached.table_weight(t.name), ebc.embedding_bags[t.name].weight.detach(),
+                                   rtol=1e-6, atol=1e-6)
+
+
+def test_dlrm_accepts_the_cached_collection_unchanged():
+    torch.manual_seed(0)
+    cached = CachedEmbeddingBagCollection(tables(), cache_ratio=0.05, optimizer="adagrad", lr=0.05,
+                                          device="cpu")
+    ebc = EmbeddingBagCollection(tables())
+    copy_weights(cached, ebc)
+    model_a = DLRM(embedding_bag_collection=cached, dense_in_features=3,
+                   dense_arch_layer_sizes=[8, D], over_arch_layer_sizes=[8, 1])
+    model_b = DLRM(embedding_bag_collection=ebc, dense_in_features=3,
+                   dense_arch_layer_sizes=[8, D], over_arch_layer_sizes=[8, 1])
+    model_b.dense_arch.load_state_dict(model_a.dense_arch.state_dict())
+    model_b.over_arch.load_state_dict(model_a.over_arch.state_dict())
+    kjt = next(kjt_batches(1, 16))
+    dense = torch.randn(16, 3)
+    logits = model_a(dense, kjt)
+    assert logits.shape == (16, 1)
+    torch.testing.assert_close(logits, model_b(dense, kjt), rtol=0, atol=1e-6)
+    before = cached.table_weight("t_user").clone()
+    logits.sum().backward()  # the sparse update happens inside backward
+    assert not torch.equal(cached.table_weight("t_user"), before)
+    # only rows of the batch moved
+    users = kjt["user"].values()
+    moved = torch.nonzero((cached.table_weight("t_user") != before).any(1)).flatten()
+    assert set(moved.tolist()) <= set(users.tolist())
+
+
+def test_collection_rejects_out_of_range_ids_naming_the_feature():
+    cached = CachedEmbeddingBagCollection(tables(), cache_ratio=0.05, device="cpu")
+    bad = KeyedJaggedTensor(keys=FEATURES, values=torch.tensor([1, 2, 3, 7]),
+                            lengths=torch.tensor([1, 1, 1, 1]))
+    with pytest.raises(ValueError, match=r"feature 'tiny': id 7 at position 0 is outside table 't_tiny' \[0, 7\)"):
+        cached(bad)
+    with pytest.raises(ValueError, match=r"lacks features \['tiny'\]"):
+        cached(KeyedJaggedTensor(keys=FEATURES[:3], values=torch.tensor([1, 2, 3]),
+                                 lengths=torch.tensor([1, 1, 1])))
+
+
+def test_ids_freq_by_feature_name_warms_the_hottest_rows():
+    freq = {"user": torch.zeros(500), "item": torch.zeros(800), "tiny": torch.zeros(7)}
+    freq["user"][[3, 4]] = 100
+    freq["item"][10] = 50
+    cached = CachedEmbeddingBagCollection(tables(), cache_ratio=0.01, ids_freq=freq, device="cpu",
+                                          warmup_ratio=1.0)
+    resident = set(cached.bags[0].cache.slots.slot_to_id.tolist())
+    assert {3, 4, 500 + 10} <= resident
