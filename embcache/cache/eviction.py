@@ -48,11 +48,10 @@ class EvictionPolicy:
         return self.clock
 
     def on_access(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
-        """Record one batch's use of resident `ids` (in `slots`). Duplicates count once:
-        `t[i] = t[i] + 1` with repeated `i` writes the same value each time."""
+        """Record one batch's use of distinct resident `ids` (in `slots`)."""
         self.slot_last[slots] = float(self.clock)
         if self.id_count is not None:
-            self.id_count[ids] = self.id_count[ids] + 1
+            self.id_count[ids] += 1
             self.slot_primary[slots] = self._primary(ids)
 
     def on_admit(self, ids: torch.Tensor, slots: torch.Tensor) -> None:

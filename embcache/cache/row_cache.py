@@ -111,10 +111,10 @@ class RowCache:
         (needed when a backward will update them). Consumes a matching prefetch."""
         self._wait_for_prefetch()
         consumed = self._take_prefetched(ids)
-        indices, overflow = self._admit(ids, count=consumed is None, serve_overflow=True)
+        indices, touched, overflow = self._admit(ids, count=consumed is None, serve_overflow=True)
         pinned = None
         if keep:
-            pinned = indices[indices < self.num_slots]
+            pinned = touched
             self._pin(pinned, +1)
         if consumed is not None:
             self._pin(consumed.pinned, -1)
@@ -133,10 +133,9 @@ class RowCache:
             self._prefetch(ids)
 
     def _prefetch(self, ids: torch.Tensor) -> None:
-        indices, _ = self._admit(ids, count=True, serve_overflow=False)
-        pinned = indices[(indices >= 0) & (indices < self.num_slots)]
-        self._pin(pinned, +1)
-        self._prefetched.append(_Prefetched(ids, pinned))
+        _, touched, _ = self._admit(ids, count=True, serve_overflow=False)
+        self._pin(touched, +1)
+        self._prefetched.append(_Prefetched(ids, touched))
 
     def _wait_for_prefetch(self) -> None:
         if self._stream is not None:
@@ -152,8 +151,8 @@ class RowCache:
         return None
 
     def _pin(self, slots: torch.Tensor, delta: int) -> None:
-        # `t[i] = t[i] + d` with repeated i writes one value: each distinct slot moves once.
-        self.pins[slots] = self.pins[slots] + delta
+        """Pin (delta=+1) or unpin (-1) distinct `slots`."""
+        self.pins[slots] += delta
 
     def release(self, lookup: Lookup) -> None:
         if lookup.pinned is not None:
@@ -161,42 +160,42 @@ class RowCache:
             lookup.pinned = None
 
     def _admit(self, ids: torch.Tensor, count: bool, serve_overflow: bool):
+        """Returns (per-lookup indices, the distinct resident slots the batch touches,
+        overflow rows or None). Per-access bookkeeping runs on the distinct slots (found
+        by one bincount over the slots), not on every lookup."""
         clock = self.policy.tick()
         slots = self.slots.lookup(ids)
-        absent = slots < 0
+        # bin 0 collects absent ids (-1); bin s+1 counts slot s
+        uses = torch.bincount(slots + 1, minlength=self.num_slots + 1)
+        in_batch = uses[1:] > 0
         admitted = 0
         missing = ids.new_empty(0)
         overflow = None
-        if bool(absent.any()):
-            missing = torch.unique(ids[absent])
-            protected = self.pins > 0
-            protected[slots[~absent]] = True
+        if int(uses[0]):
+            missing = torch.unique(ids[slots < 0])
             free = self.slots.free_slots(missing.numel())
-            victims = self.policy.select_victims(missing.numel() - free.numel(), protected,
-                                                 self.slots.occupied())
+            victims = self.policy.select_victims(missing.numel() - free.numel(),
+                                                 (self.pins > 0) | in_batch, self.slots.occupied())
             self._evict(victims)
             target = torch.cat([free, victims])
             fits = missing[: target.numel()]
             self._load(fits, target)
             self.slots.assign(fits, target)
             self.policy.on_admit(fits, target)
+            in_batch[target] = True
             admitted = fits.numel()
             slots = self.slots.lookup(ids)
             if fits.numel() < missing.numel() and serve_overflow:
                 overflow = self._serve_overflow(missing[fits.numel():])
                 outside = slots < 0
                 slots[outside] = self.num_slots + torch.searchsorted(overflow.ids, ids[outside])
-        resident = (slots >= 0) & (slots < self.num_slots)
-        if overflow is None and not bool((slots < 0).any()):
-            self.policy.on_access(ids, slots)
-        else:
-            self.policy.on_access(ids[resident], slots[resident])
+        touched = torch.nonzero(in_batch).flatten()
+        self.policy.on_access(self.slots.slot_to_id[touched], touched)
         if count:
-            accessed = int((self.policy.slot_last == float(clock)).sum())
-            self.stats.hits += accessed - admitted
+            self.stats.hits += touched.numel() - admitted
             self.stats.misses += missing.numel()
             self.stats.batches += 1
-        return slots, overflow
+        return slots, touched, overflow
 
     def _evict(self, victims: torch.Tensor) -> None:
         if victims.numel() == 0:
@@ -236,9 +235,9 @@ class RowCache:
         overflow = lookup.overflow
         grad = grad.to(self.weight.dtype)
         if overflow is None:
-            rows = grad._indices()[0]
             self.optimizer.update(self.weight, self.state, grad, self.step)
-            self.dirty[rows] = True
+            # the batch's pinned slots are exactly the cached rows it looked up
+            self.dirty[lookup.pinned if lookup.pinned is not None else grad._indices()[0]] = True
         else:
             rows, values = grad._indices()[0], grad._values()
             inside = rows < self.num_slots
@@ -248,7 +247,7 @@ class RowCache:
                                               values[~inside], (overflow.ids.numel(), self.dim))
             self.optimizer.update(self.weight, self.state, in_cache, self.step)
             self.optimizer.update(overflow.weight, overflow.state, outside, self.step)
-            self.dirty[rows[inside]] = True
+            self.dirty[lookup.pinned if lookup.pinned is not None else rows[inside]] = True
             self.host.scatter(overflow.ids, overflow.weight, overflow.state)
             self.stats.bytes_d2h += overflow.ids.numel() * self._row_bytes
         self.release(lookup)

@@ -1,0 +1,187 @@
+"""Cache benchmark on a Criteo-Kaggle-shaped trace (26 features, Zipf ids, batch 4096).
+
+Three measurements, side by side in one run:
+1. hit rate (unique rows per batch) of freq / lfu / lru at each cache ratio, and of
+   Belady's offline optimum on the same trace (the ceiling);
+2. bytes moved between host store and cache per training batch;
+3. bookkeeping cost: a cached forward+backward+update step divided by the same step on an
+   uncached `nn.EmbeddingBag(sparse=True)` with the matching torch sparse optimizer.
+
+Every policy starts from the same warm-up (the hottest `--warmup-ratio` of the cache by
+the trace's id counts, as a user computes them from the training data before training),
+and so does Belady; only `freq` keeps using the counts for eviction. Hit rates skip the
+first `--burn-in` of the batches.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import torch
+
+from embcache.bench.belady import belady_hit_rate
+from embcache.bench.common import DEFAULT_RESULTS_DIR, write_json
+from embcache.bench.criteo_trace import CriteoTrace
+from embcache.cache.eviction import POLICIES
+from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ratios", type=float, nargs="+", default=[0.005, 0.015, 0.05],
+                   help="cache ratios (fraction of rows on the device)")
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="multiplies the Kaggle cardinalities for the hit-rate trace (1.0: 33.8 M rows)")
+    p.add_argument("--batches", type=int, default=60, help="batches in the hit-rate trace")
+    p.add_argument("--batch-size", type=int, default=4096)
+    p.add_argument("--burn-in", type=float, default=0.25, help="fraction of batches before counting")
+    p.add_argument("--warmup-ratio", type=float, default=0.7, help="fraction of the cache warmed up")
+    p.add_argument("--timing-scale", type=float, default=0.25,
+                   help="cardinality scale of the timing run (it holds two full tables)")
+    p.add_argument("--timing-steps", type=int, default=30)
+    p.add_argument("--dim", type=int, default=16, help="embedding dim of the timing run")
+    p.add_argument("--optimizers", nargs="+", default=["sgd", "adagrad"],
+                   choices=["sgd", "adagrad", "adam"])
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR), help="results directory")
+    p.add_argument("--name", default="cache", help="results file stem")
+    p.set_defaults(func=run)
+    return p
+
+
+def hit_rates(args, device) -> dict:
+    trace = CriteoTrace(scale=args.scale, batch_size=args.batch_size, batches=args.batches,
+                        seed=args.seed)
+    batches = list(trace)
+    skip = int(args.burn_in * len(batches))
+    freq = trace.frequencies()
+    out = {"num_rows": trace.num_rows, "batches": len(batches), "skip": skip, "results": []}
+    for ratio in args.ratios:
+        cache_rows = math.ceil(ratio * trace.num_rows)
+        row = {"ratio": ratio, "cache_rows": cache_rows}
+        for policy in POLICIES:
+            bag = CachedEmbeddingBag(trace.num_rows, 1, cache_ratio=ratio, eviction=policy,
+                                     ids_freq=freq, warmup_ratio=args.warmup_ratio,
+                                     device=device, weight=torch.zeros(trace.num_rows, 1)).eval()
+            if policy == "freq":
+                initial = bag.cache.slots.slot_to_id[bag.cache.slots.slot_to_id >= 0].cpu()
+            with torch.no_grad():
+                for i, b in enumerate(batches):
+                    if i == skip:
+                        bag.reset_cache_stats()
+                    bag(b)
+            s = bag.cache_stats()
+            row[policy] = s["hit_rate"]
+            row[f"{policy}_overflow_rows"] = s["overflow_rows"]
+            del bag
+        row["belady"] = belady_hit_rate(batches, trace.num_rows, cache_rows, skip=skip,
+                                        initial=initial)["hit_rate"]
+        out["results"].append(row)
+        print(f"  ratio {ratio:>6.3%}: " + "  ".join(f"{k} {row[k]:.4f}" for k in (*POLICIES, "belady")),
+              flush=True)
+    return out
+
+
+def _torch_optimizer(name, params, lr):
+    return {"sgd": lambda: torch.optim.SGD(params, lr=lr),
+            "adagrad": lambda: torch.optim.Adagrad(params, lr=lr),
+            "adam": lambda: torch.optim.SparseAdam(params, lr=lr)}[name]()
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timing(args, device) -> dict:
+    """Cached vs uncached step time, interleaved step by step so that machine noise hits
+    both alike; the ratio is of medians."""
+    trace = CriteoTrace(scale=args.timing_scale, batch_size=args.batch_size,
+                        batches=args.timing_steps + 5, seed=args.seed + 1)
+    n, d = trace.num_rows, args.dim
+    freq = trace.frequencies()
+    batches = list(trace)
+    target = torch.randn(args.batch_size, d, device=device)
+    results = []
+    for opt_name in args.optimizers:
+        weight = torch.randn(n, d) * 0.01
+        ref = torch.nn.EmbeddingBag(n, d, mode="sum", sparse=True, _weight=weight.clone()).to(device)
+        opt = _torch_optimizer(opt_name, ref.parameters(), 0.01)
+        for ratio in args.ratios:
+            bag = CachedEmbeddingBag(n, d, cache_ratio=ratio, ids_freq=freq, optimizer=opt_name,
+                                     lr=0.01, device=device, weight=weight)
+            t_ref, t_cached = [], []
+            for i, b in enumerate(batches):
+                b = b.to(device)
+                _sync(device)
+                t0 = time.perf_counter()
+                opt.zero_grad()
+                (ref(b) * target).sum().backward()
+                opt.step()
+                _sync(device)
+                t1 = time.perf_counter()
+                (bag(b) * target).sum().backward()
+                _sync(device)
+                t2 = time.perf_counter()
+                if i >= 5:  # warm-up steps excluded
+                    t_ref.append(t1 - t0)
+                    t_cached.append(t2 - t1)
+                if i == 4:
+                    bag.reset_cache_stats()
+            s = bag.cache_stats()
+            med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+            row = {"optimizer": opt_name, "ratio": ratio, "cache_rows": bag.cache.num_slots,
+                   "uncached_step_ms": 1e3 * med(t_ref), "cached_step_ms": 1e3 * med(t_cached),
+                   "bookkeeping_ratio": med(t_cached) / med(t_ref), "hit_rate": s["hit_rate"],
+                   "bytes_h2d_per_batch": s["bytes_h2d"] / s["batches"],
+                   "bytes_d2h_per_batch": s["bytes_d2h"] / s["batches"],
+                   "overflow_rows": s["overflow_rows"]}
+            results.append(row)
+            print(f"  {opt_name:8s} ratio {ratio:>6.3%}: cached/uncached step = "
+                  f"{row['bookkeeping_ratio']:.2f}  ({row['cached_step_ms']:.1f} ms vs "
+                  f"{row['uncached_step_ms']:.1f} ms), hit rate {row['hit_rate']:.3f}, "
+                  f"{(row['bytes_h2d_per_batch'] + row['bytes_d2h_per_batch']) / 2**20:.2f} MiB moved/batch",
+                  flush=True)
+            del bag
+        del ref, opt
+    return {"num_rows": n, "dim": d, "steps": args.timing_steps, "results": results}
+
+
+def plot(hits: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ratios = [100 * r["ratio"] for r in hits["results"]]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, style in (("belady", "k--"), ("freq", "o-"), ("lfu", "s-"), ("lru", "^-")):
+        ax.plot(ratios, [100 * r[key] for r in hits["results"]], style, label=key)
+    ax.set_xscale("log")
+    ax.set_xticks(ratios, [f"{r:g}%" for r in ratios])
+    ax.set_xlabel("cache ratio (rows on the device)")
+    ax.set_ylabel("hit rate, % of unique rows per batch")
+    ax.set_title(f"Criteo-Kaggle-shaped trace, {hits['num_rows'] / 1e6:.1f} M rows")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args) -> int:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    print(f"hit rates ({args.batches} batches of {args.batch_size}, scale {args.scale}) on {device}:")
+    hits = hit_rates(args, device)
+    print(f"bookkeeping cost (dim {args.dim}, scale {args.timing_scale}):")
+    times = timing(args, device)
+    payload = {"benchmark": "cache", "device": str(device), "config": {
+        k: v for k, v in vars(args).items() if k != "func"}, "hit_rate": hits, "timing": times}
+    path = write_json(payload, args.name, args.out)
+    png = path.with_name(f"{args.name}_hit_rate.png")
+    plot(hits, png)
+    print(f"wrote {path} and {png}")
+    return 0

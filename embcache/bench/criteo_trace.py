@@ -1,0 +1,66 @@
+"""Id traces shaped like Criteo Kaggle, for cache benchmarks: 26 features with the
+Kaggle cardinalities (times a scale), Zipf-skewed ids per feature with hot ids scattered
+over the table, concatenated into one id space as a shared cache sees them."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# Rows per categorical feature of Criteo Kaggle (33.76 M in all).
+CRITEO_KAGGLE_CARDINALITIES = (
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27,
+    14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
+)
+
+
+def scaled_cardinalities(scale: float) -> list[int]:
+    return [max(2, int(round(c * scale))) for c in CRITEO_KAGGLE_CARDINALITIES]
+
+
+def bounded_zipf(rng: np.random.Generator, n: int, s: float, size: int) -> np.ndarray:
+    """Ranks in [0, n) with P(rank k) ~ (k + 1)^-s, by inverting the continuous CDF."""
+    u = rng.random(size)
+    if abs(s - 1.0) < 1e-9:
+        k = np.exp(u * np.log(n + 1.0))
+    else:
+        a = 1.0 - s
+        k = (u * ((n + 1.0) ** a - 1.0) + 1.0) ** (1.0 / a)
+    return np.minimum(k.astype(np.int64) - 1, n - 1).clip(0)
+
+
+class CriteoTrace:
+    """`batches` batches of `batch_size` samples x 26 features, ids in one space.
+
+    Each feature gets its own exponent (seeded, in [s_min, s_max]) and a bijective
+    scramble of ranks (multiplication by a large prime modulo the cardinality), so hot
+    ids are spread over the table instead of sitting at 0..k.
+    """
+
+    def __init__(self, scale: float = 1.0, batch_size: int = 4096, batches: int = 100,
+                 seed: int = 0, s_min: float = 1.05, s_max: float = 1.25):
+        rng = np.random.default_rng(seed)
+        self.cardinalities = scaled_cardinalities(scale)
+        self.offsets = np.concatenate([[0], np.cumsum(self.cardinalities)[:-1]])
+        self.num_rows = int(sum(self.cardinalities))
+        self.exponents = rng.uniform(s_min, s_max, len(self.cardinalities))
+        self.batch_size, self.num_batches = batch_size, batches
+        self._seed = seed
+
+    def batch(self, i: int) -> torch.Tensor:
+        """Batch `i` as a `[batch_size, 26]` tensor of ids in the concatenated space."""
+        rng = np.random.default_rng((self._seed, i))
+        cols = []
+        for n, s, off in zip(self.cardinalities, self.exponents, self.offsets):
+            ranks = bounded_zipf(rng, n, s, self.batch_size)
+            cols.append((ranks * 2_147_483_647) % n + off)
+        return torch.from_numpy(np.stack(cols, axis=1))
+
+    def __iter__(self):
+        return (self.batch(i) for i in range(self.num_batches))
+
+    def frequencies(self) -> torch.Tensor:
+        """Per-id counts over the whole trace (the `ids_freq` a user would compute)."""
+        counts = torch.zeros(self.num_rows, dtype=torch.int64)
+        for b in self:
+            counts += torch.bincount(b.flatten(), minlength=self.num_rows)
+        return counts
