@@ -172,7 +172,8 @@ class RowCache:
         missing = ids.new_empty(0)
         overflow = None
         if int(uses[0]):
-            missing = torch.unique(ids[slots < 0])
+            absent = torch.nonzero(slots < 0).flatten()
+            missing = torch.unique(ids[absent])
             free = self.slots.free_slots(missing.numel())
             victims = self.policy.select_victims(missing.numel() - free.numel(),
                                                  (self.pins > 0) | in_batch, self.slots.occupied())
@@ -184,7 +185,7 @@ class RowCache:
             self.policy.on_admit(fits, target)
             in_batch[target] = True
             admitted = fits.numel()
-            slots = self.slots.lookup(ids)
+            slots[absent] = self.slots.lookup(ids[absent])  # only the absent positions moved
             if fits.numel() < missing.numel() and serve_overflow:
                 overflow = self._serve_overflow(missing[fits.numel():])
                 outside = slots < 0
