@@ -14,6 +14,7 @@ import sys
 
 # name -> (module that builds its parser, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "dlrm": ("embcache.train.dlrm_cli", "train a DLRM through the embedding cache (the main job)"),
     "bench": ("embcache.bench.cli", "run a benchmark (cache, dlrm, cf, face); JSON lands in bench/results/"),
 }
 

@@ -1,0 +1,133 @@
+"""`embcache dlrm train`: DLRM through the embedding cache on synthetic Criteo-shaped data
+(the default: no download), MovieLens-100k as CTR, or a prepared dataset directory."""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import fields
+from pathlib import Path
+
+from embcache.cli import UserFacingError
+
+REPO_DATASETS = Path(__file__).resolve().parents[2] / "datasets"
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    from embcache.cache.eviction import POLICIES
+    from embcache.cache.optimizers import OPTIMIZERS
+    from embcache.train.dlrm import DLRMConfig, SPARSE_MODES
+
+    d = DLRMConfig()
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    p = sub.add_parser("train", help="train (and evaluate) a DLRM",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       description="Train torchrec's DLRM with a cached sparse part. Progress bar "
+                                   "shows loss, samples/s and the live cache hit rate; validation "
+                                   "AUC and log loss after each epoch; a summary at the end.")
+    p.add_argument("--data", default=d.data,
+                   help="'synthetic' (Criteo-shaped, generated on first use), 'ml-100k' "
+                        "(MovieLens-100k as CTR), or a directory with meta.json")
+    p.add_argument("--data-cache", default=str(REPO_DATASETS),
+                   help="where 'synthetic' and 'ml-100k' are prepared")
+    p.add_argument("--synthetic-rows", type=int, default=200_000,
+                   help="training rows of the synthetic set (val/test get a tenth each)")
+    p.add_argument("--synthetic-scale", type=float, default=0.01,
+                   help="multiplies Criteo Kaggle's cardinalities for the synthetic set")
+    p.add_argument("--sparse", choices=SPARSE_MODES, default=d.sparse,
+                   help="cached tables, whole tables on the device, or whole tables on the host")
+    p.add_argument("--cache-ratio", type=float, default=d.cache_ratio,
+                   help="fraction of all embedding rows kept on the device")
+    p.add_argument("--eviction", choices=POLICIES, default=d.eviction)
+    p.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio)
+    p.add_argument("--sparse-optimizer", choices=OPTIMIZERS, default=d.sparse_optimizer)
+    p.add_argument("--lr", type=float, default=d.sparse_lr, help="learning rate of the embeddings")
+    p.add_argument("--dense-lr", type=float, default=d.dense_lr, help="learning rate of the MLPs (Adagrad)")
+    p.add_argument("--embedding-dim", type=int, default=d.embedding_dim)
+    p.add_argument("--dense-arch", type=int, nargs="+", default=d.dense_arch,
+                   help="hidden sizes of the bottom MLP (the embedding dim is appended)")
+    p.add_argument("--over-arch", type=int, nargs="+", default=d.over_arch,
+                   help="hidden sizes of the top MLP (the output 1 is appended)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--checkpoint-dir", default=None, help="write checkpoints here (atomically)")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="steps between checkpoints")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
+    p.add_argument("--metrics-out", default=None, help="JSON-lines metrics log")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-prefetch", action="store_true", help="do not prefetch the next batch's rows")
+    p.set_defaults(func=train)
+    return parser
+
+
+def resolve_data(args) -> Path:
+    """A prepared dataset directory for `--data`, preparing the built-in ones on first use."""
+    from embcache.data.ctr_format import read_meta
+
+    cache = Path(args.data_cache)
+    if args.data == "synthetic":
+        out = cache / f"synthetic-criteo-r{args.synthetic_rows}-s{args.synthetic_scale:g}-seed{args.seed}"
+        if not (out / "meta.json").exists():
+            from embcache.data.synthetic import generate_synthetic
+
+            print(f"generating synthetic Criteo-shaped data into {out} ...")
+            generate_synthetic(out, rows=args.synthetic_rows, scale=args.synthetic_scale, seed=args.seed)
+        return out
+    if args.data == "ml-100k":
+        out = cache / "ml-100k-ctr"
+        if not (out / "meta.json").exists():
+            from embcache.data.movielens_ctr import prepare_ml100k_ctr
+
+            print(f"preparing MovieLens-100k as CTR into {out} ...")
+            prepare_ml100k_ctr(out)
+        return out
+    path = Path(args.data)
+    if not (path / "meta.json").is_file():
+        raise UserFacingError(f"{path}: no meta.json here; prepare data with `embcache data prepare ...` "
+                              f"or use --data synthetic / ml-100k")
+    read_meta(path)
+    return path
+
+
+def train(args) -> int:
+    from embcache.checkpoint import CheckpointError
+    from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+
+    names = {f.name for f in fields(DLRMConfig)}
+    values = {k: v for k, v in vars(args).items() if k in names}
+    values.update(sparse_lr=args.lr, progress=not args.no_progress, prefetch=not args.no_prefetch)
+    cfg = DLRMConfig(**values)
+    data_dir = resolve_data(args)
+    try:
+        trainer = DLRMTrainer(cfg, data_dir)
+        summary = trainer.fit()
+    except (CheckpointError, ValueError) as err:
+        raise UserFacingError(str(err)) from None
+    print_summary(summary)
+    return 0
+
+
+def print_summary(s: dict) -> None:
+    rows = [("validation AUC", f"{s['val_auc']:.4f}" if s.get("val_auc") is not None else "-"),
+            ("validation log loss", f"{s['val_logloss']:.4f}" if s.get("val_logloss") is not None else "-"),
+            ("training throughput", f"{s['train_samples_per_s']:,.0f} samples/s"),
+            ("steps", str(s["steps"])),
+            ("sparse part", f"{s['sparse']} on {s['device']}")]
+    if s["sparse"] == "cached":
+        rows += [("cache", f"{s['cache_rows']:,} of {s['table_rows']:,} rows "
+                           f"({s['cache_rows'] / s['table_rows']:.2%})"),
+                 ("cache hit rate", f"{s['hit_rate']:.4f}"),
+                 ("bytes host->device", f"{s['bytes_h2d'] / 2**20:,.1f} MiB"),
+                 ("bytes device->host", f"{s['bytes_d2h'] / 2**20:,.1f} MiB"),
+                 ("overflow rows", f"{s['overflow_rows']:,}")]
+    rows.append(("peak host memory", f"{s['peak_host_mib']:,.0f} MiB"))
+    if "peak_device_mib" in s:
+        rows.append(("peak device memory", f"{s['peak_device_mib']:,.0f} MiB"))
+    width = max(len(k) for k, _ in rows)
+    print("\nsummary")
+    for k, v in rows:
+        print(f"  {k.ljust(width)}  {v}")
+    print(json.dumps({k: v for k, v in s.items()}, default=float))
