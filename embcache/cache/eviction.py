@@ -21,10 +21,14 @@ POLICIES = ("freq", "lfu", "lru")
 class EvictionPolicy:
     """Per-slot eviction keys for a working set of `num_slots` slots over `num_ids` ids.
 
+    Counts are kept per slot while an id is resident (hits touch only small per-slot
+    arrays) and written to the per-id table when it leaves, so a returning id resumes its
+    count: `on_evict` must be called before a slot is emptied.
+
     Args:
         kind: "freq" | "lfu" | "lru".
         num_ids, num_slots: sizes of the id space and of the working set.
-        ids_freq: per-id prior counts (required for meaningful `freq`; zeros otherwise).
+        ids_freq: per-id prior counts (used by `freq`; zeros when absent).
         device: where the per-slot (and per-id count) tensors live.
     """
 
@@ -48,22 +52,30 @@ class EvictionPolicy:
         return self.clock
 
     def on_access(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
-        """Record one batch's use of distinct resident `ids` (in `slots`)."""
+        """Record one batch's use of distinct resident slots (`ids` are their ids)."""
         self.slot_last[slots] = float(self.clock)
         if self.id_count is not None:
-            self.id_count[ids] += 1
-            self.slot_primary[slots] = self._primary(ids)
+            self.slot_primary[slots] += 1.0
 
     def on_admit(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
         """New `ids` entered `slots` (their access is recorded by `on_access`)."""
         self.slot_last[slots] = float(self.clock)
-        self.slot_primary[slots] = self._primary(ids) if self.id_count is not None else 0.0
-
-    def _primary(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.id_count is None:
+            self.slot_primary[slots] = 0.0
+            return
         primary = self.id_count[ids].to(torch.float64)
         if self.prior is not None:
             primary = primary + self.prior[ids]
-        return primary
+        self.slot_primary[slots] = primary
+
+    def on_evict(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
+        """`ids` are about to leave `slots`: keep their online counts."""
+        if self.id_count is None or ids.numel() == 0:
+            return
+        count = self.slot_primary[slots]
+        if self.prior is not None:
+            count = count - self.prior[ids]
+        self.id_count[ids] = count.round().to(torch.int32)
 
     def keys(self) -> torch.Tensor:
         return self.slot_primary + self.slot_last / (self.clock + 1)

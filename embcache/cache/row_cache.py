@@ -201,6 +201,7 @@ class RowCache:
     def _evict(self, victims: torch.Tensor) -> None:
         if victims.numel() == 0:
             return
+        self.policy.on_evict(self.slots.slot_to_id[victims], victims)
         ids = self.slots.release(victims)
         dirty = self.dirty[victims]
         if bool(dirty.any()):

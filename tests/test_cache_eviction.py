@@ -1,0 +1,62 @@
+"""Eviction policies chosen by hand-made traces: which slot goes is what each promises."""
+import torch
+
+from embcache import CachedEmbeddingBag
+
+
+def resident(bag):
+    ids = bag.cache.slots.slot_to_id
+    return set(ids[ids >= 0].tolist())
+
+
+def run(bag, batches):
+    with torch.no_grad():
+        for b in batches:
+            bag(torch.tensor([b]))
+
+
+def make(policy, freq=None, slots=3):
+    return CachedEmbeddingBag(100, 2, cache_ratio=slots / 100, eviction=policy, ids_freq=freq,
+                              warmup_ratio=0.0, device="cpu").eval()
+
+
+def test_lru_evicts_the_least_recently_used():
+    bag = make("lru")
+    run(bag, [[1], [2], [3], [1], [4]])  # 2 is the least recent when 4 arrives
+    assert resident(bag) == {1, 3, 4}
+
+
+def test_lfu_keeps_the_most_used_and_remembers_counts_across_eviction():
+    bag = make("lfu")
+    run(bag, [[1], [1], [1], [2], [3], [4]])  # 2, 3 used once; 4 evicts the older of them (2)
+    assert resident(bag) == {1, 3, 4}
+    # 2 returns (evicting 3, the older of 3 and 4), its count resumes: 1 + 2 = 3.
+    # 5 then evicts 4 (count 1) rather than 1 or 2 (count 3).
+    run(bag, [[2], [2], [5]])
+    assert resident(bag) == {1, 2, 5}
+    counts = bag.cache.policy.id_count
+    assert (int(counts[3]), int(counts[4])) == (1, 1)
+
+
+def test_freq_prefers_ids_frequent_in_the_data_over_recent_ones():
+    freq = torch.zeros(100)
+    freq[7] = 50  # hot in the training data, but used long ago in this trace
+    bag = make("freq", freq)
+    run(bag, [[7], [1], [2], [3]])
+    assert 7 in resident(bag)
+    lru = make("lru")
+    run(lru, [[7], [1], [2], [3]])
+    assert 7 not in resident(lru)
+
+
+def test_rows_of_the_current_batch_are_never_evicted():
+    bag = make("lru", slots=4)
+    run(bag, [[1, 2, 3, 4]])
+    run(bag, [[1, 2, 5]])  # 3 or 4 must go; 1 and 2 are in this batch although least recent
+    assert {1, 2, 5} <= resident(bag)
+
+
+def test_warm_up_loads_the_hottest_ids_first():
+    freq = torch.arange(100, dtype=torch.float64)  # 99 is the hottest
+    bag = CachedEmbeddingBag(100, 2, cache_ratio=0.1, ids_freq=freq, warmup_ratio=0.5, device="cpu")
+    assert resident(bag) == {99, 98, 97, 96, 95}
