@@ -25,6 +25,9 @@ class RowOptimizer:
     gradient over a table, in place on `weight` and `state` (dict of tables)."""
 
     name = ""
+    # Non-linear updates need one gradient row per table row; the cache can provide that
+    # without a sort, because it knows each batch's distinct slots.
+    needs_coalesced = True
 
     def __init__(self, lr: float):
         if not lr > 0:
@@ -56,6 +59,7 @@ class SGD(RowOptimizer):
     """Plain SGD, as `torch.optim.SGD(lr=lr)` with a sparse gradient."""
 
     name = "sgd"
+    needs_coalesced = False  # a sum of per-lookup updates: kept in torch's order, bit-exact
 
     def update(self, weight, state, grad, step):
         weight.add_(grad, alpha=-self.lr)

@@ -83,6 +83,7 @@ class RowCache:
         self.policy = EvictionPolicy(eviction, num_rows, self.num_slots, ids_freq, self.device)
         self.dirty = torch.zeros(self.num_slots, dtype=torch.bool, device=self.device)
         self.pins = torch.zeros(self.num_slots, dtype=torch.int32, device=self.device)
+        self._position = torch.zeros(self.num_slots, dtype=torch.long, device=self.device)
         self.stats = CacheStats()
         self.step = 0  # optimizer steps taken (Adam's bias correction counts these)
         self._row_bytes = self.host.row_bytes()
@@ -237,6 +238,8 @@ class RowCache:
         overflow = lookup.overflow
         grad = grad.to(self.weight.dtype)
         if overflow is None:
+            if self.optimizer.needs_coalesced and lookup.pinned is not None:
+                grad = self._coalesce(grad, lookup.pinned)
             self.optimizer.update(self.weight, self.state, grad, self.step)
             # the batch's pinned slots are exactly the cached rows it looked up
             self.dirty[lookup.pinned if lookup.pinned is not None else grad._indices()[0]] = True
@@ -253,6 +256,15 @@ class RowCache:
             self.host.scatter(overflow.ids, overflow.weight, overflow.state)
             self.stats.bytes_d2h += overflow.ids.numel() * self._row_bytes
         self.release(lookup)
+
+    def _coalesce(self, grad: torch.Tensor, touched: torch.Tensor) -> torch.Tensor:
+        """Sum the per-lookup gradient rows into the batch's distinct slots (`touched`,
+        sorted), with one index_add instead of the sort inside `Tensor.coalesce()`."""
+        rows, values = grad._indices()[0], grad._values()
+        position = self._position
+        position[touched] = torch.arange(touched.numel(), device=self.device)
+        summed = values.new_zeros((touched.numel(), self.dim)).index_add_(0, position[rows], values)
+        return torch.sparse_coo_tensor(touched.unsqueeze(0), summed, grad.size(), is_coalesced=True)
 
     # ------------------------------------------------------------------ host side
     def flush(self) -> None:
