@@ -1,0 +1,3 @@
+"""Data for the CTR side: the canonical on-disk format (Parquet shards + meta.json), its batch
+loader, id-frequency statistics, converters from public formats and a synthetic generator.
+Nothing heavy is imported here: each module is imported where it is used (see `embcache data`)."""

@@ -1,0 +1,81 @@
+"""Malformed input, never dropped silently: `DataFormatError` for input that cannot be used at
+all (one line naming the file and line), `BadRowLog` for rows a converter skips and counts,
+reports to the user and stores in meta.json."""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+from embcache.cli import UserFacingError
+
+
+class DataFormatError(UserFacingError, ValueError):
+    """Input that cannot be used: a missing or unreadable file, or a line that cannot be
+    parsed where skipping it would change the data set's meaning. A ValueError for library
+    callers; the `embcache` command prints it as one line without a traceback."""
+
+
+def format_error(path: str | os.PathLike, line: int | None, what: str) -> DataFormatError:
+    """`DataFormatError("path:line: what")`, the compiler-style location editors understand."""
+    where = f"{os.fspath(path)}:{line}" if line is not None else os.fspath(path)
+    return DataFormatError(f"{where}: {what}")
+
+
+@dataclass
+class FileBadRows:
+    """Skipped rows of one input file: how many of each kind and the first line numbers."""
+
+    count: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+    first_lines: list[int] = field(default_factory=list)
+    first_reasons: list[str] = field(default_factory=list)
+
+
+class BadRowLog:
+    """Counts the rows a converter skips, per input file and reason.
+
+    Keeps the first `keep` line numbers (with their reason) of each file so that a user can
+    look at them; everything else is a count, so memory stays bounded however bad the file.
+
+    Example:
+        >>> log = BadRowLog()
+        >>> log.add("train.txt", 7, "39 columns, expected 40")
+        >>> log.to_json()["train.txt"]["count"]
+        1
+    """
+
+    def __init__(self, keep: int = 5):
+        self.keep = keep
+        self.files: dict[str, FileBadRows] = {}
+
+    def add(self, path: str | os.PathLike, line: int, reason: str) -> None:
+        entry = self.files.setdefault(os.fspath(path), FileBadRows())
+        entry.count += 1
+        kind = reason.split(":")[0]
+        entry.by_reason[kind] = entry.by_reason.get(kind, 0) + 1
+        if len(entry.first_lines) < self.keep:
+            entry.first_lines.append(line)
+            entry.first_reasons.append(reason)
+
+    def seen(self, path: str | os.PathLike) -> None:
+        """Record that `path` was read, so a clean file shows up with count 0."""
+        self.files.setdefault(os.fspath(path), FileBadRows())
+
+    @property
+    def total(self) -> int:
+        return sum(e.count for e in self.files.values())
+
+    def to_json(self) -> dict:
+        return {path: {"count": e.count, "by_reason": dict(e.by_reason), "first_lines": list(e.first_lines),
+                       "first_reasons": list(e.first_reasons)}
+                for path, e in self.files.items()}
+
+    def report(self, stream=None) -> None:
+        """Print one line per file with skipped rows (nothing when every row was good)."""
+        stream = stream or sys.stderr
+        for path, e in self.files.items():
+            if e.count:
+                kinds = ", ".join(f"{n} {k}" for k, n in sorted(e.by_reason.items()))
+                first = "; ".join(f"line {ln}: {r}" for ln, r in zip(e.first_lines, e.first_reasons))
+                print(f"{path}: skipped {e.count:,} malformed row(s) ({kinds}); first: {first}", file=stream)

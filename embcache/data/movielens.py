@@ -1,0 +1,335 @@
+"""MovieLens-100k: 100,000 ratings of 1,682 movies by 943 users, read from either of its two
+common distributions into one set of numpy arrays.
+
+* the GroupLens files `u.data` (tab-separated), `u.user` and `u.item` ('|'-separated, latin-1);
+* RecBole's "atomic" copy (`ml-100k.inter/.user/.item`, typed header, tab-separated), which ships
+  inside the `recbole==1.2.1` wheel on PyPI. That copy is what `ml100k_dir()` fetches when no
+  directory is given: MovieLens's terms forbid redistributing it, so it is extracted into the
+  git-ignored `datasets/ml-100k/`, never committed, and reused on later calls.
+
+Both sources give identical arrays: ids are 0-based and contiguous in the order of the raw
+numeric ids (raw id k -> k-1 for the real files), categorical user fields are codes into sorted
+name lists, genres are a CSR pair over the 19 genres in GroupLens's column order.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from embcache.data.bad_rows import DataFormatError, format_error
+
+#: The 19 genres, in the order of u.item's flag columns (and of `genre_names`).
+GENRES = ("unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
+          "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery",
+          "Romance", "Sci-Fi", "Thriller", "War", "Western")
+
+STANDARD_FILES = ("u.data", "u.user", "u.item")
+ATOMIC_FILES = ("ml-100k.inter", "ml-100k.user", "ml-100k.item")
+RECBOLE_PIN = "recbole==1.2.1"
+RECBOLE_MEMBER = "recbole/dataset_example/ml-100k/"
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "datasets" / "ml-100k"
+
+
+@dataclass(frozen=True)
+class MovieLens100k:
+    """MovieLens-100k as arrays; every user array is indexed by user id, every item array by
+    item id (both 0-based, contiguous).
+
+    Args:
+        ratings: int64 `[n, 4]`: user, item, rating (1-5), unix timestamp; in file order.
+        user_age: int64 `[num_users]`, years.
+        user_gender / user_occupation: int64 codes into `gender_names` / `occupation_names`.
+        user_zip: str `[num_users]`; not all are numeric (Canadian postcodes appear).
+        item_genre_offsets / item_genre_ids: CSR pair: item i's genres are
+            `item_genre_ids[item_genre_offsets[i]:item_genre_offsets[i+1]]`, ascending codes
+            into `genre_names`.
+        item_year: int64 `[num_items]`, the year in the movie's title, -1 where there is none.
+        user_raw_ids / item_raw_ids: the ids as the files spell them.
+        source: the directory read.
+    """
+
+    ratings: np.ndarray
+    num_users: int
+    num_items: int
+    user_age: np.ndarray
+    user_gender: np.ndarray
+    gender_names: tuple[str, ...]
+    user_occupation: np.ndarray
+    occupation_names: tuple[str, ...]
+    user_zip: np.ndarray
+    item_genre_offsets: np.ndarray
+    item_genre_ids: np.ndarray
+    genre_names: tuple[str, ...]
+    item_year: np.ndarray
+    user_raw_ids: np.ndarray
+    item_raw_ids: np.ndarray
+    source: str
+
+    def item_genres(self, item: int) -> np.ndarray:
+        """Genre codes of one item."""
+        return self.item_genre_ids[self.item_genre_offsets[item]:self.item_genre_offsets[item + 1]]
+
+
+# --------------------------------------------------------------------------- locating the files
+def ml100k_dir(path: str | os.PathLike | None = None) -> Path:
+    """A directory holding MovieLens-100k in either supported layout.
+
+    Args:
+        path: a directory with `u.data`, `u.user`, `u.item` (GroupLens) or
+            `ml-100k.inter/.user/.item` (RecBole). None: the RecBole copy in `datasets/ml-100k/`,
+            fetched on first use with `pip download` (PyPI must be reachable that once).
+
+    Raises DataFormatError (one line) for a missing or partial directory or a failed fetch.
+    """
+    if path is not None:
+        directory = Path(path)
+        if not directory.is_dir():
+            raise format_error(directory, None, "no such directory (expected MovieLens-100k files "
+                                                f"{', '.join(STANDARD_FILES)} or {', '.join(ATOMIC_FILES)})")
+        _layout(directory)
+        return directory
+    if all((DEFAULT_DIR / name).is_file() for name in ATOMIC_FILES):
+        return DEFAULT_DIR
+    fetch_recbole_copy(DEFAULT_DIR)
+    return DEFAULT_DIR
+
+
+def _layout(directory: Path) -> str:
+    """'standard' or 'atomic', whichever set of files is complete; a clear error otherwise."""
+    for layout, names in (("standard", STANDARD_FILES), ("atomic", ATOMIC_FILES)):
+        if all((directory / n).is_file() for n in names):
+            return layout
+    for names in (STANDARD_FILES, ATOMIC_FILES):
+        present = [n for n in names if (directory / n).is_file()]
+        if present:
+            missing = [n for n in names if n not in present]
+            raise format_error(directory, None, f"incomplete MovieLens-100k: has {', '.join(present)} "
+                                                f"but not {', '.join(missing)}")
+    raise format_error(directory, None, f"no MovieLens-100k here: expected {', '.join(STANDARD_FILES)} "
+                                        f"or {', '.join(ATOMIC_FILES)}")
+
+
+def fetch_recbole_copy(dest: str | os.PathLike) -> Path:
+    """Extract RecBole's copy of MovieLens-100k into `dest` (via `pip download` of the pinned
+    wheel, no install). Files appear atomically: all three or none."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ml100k-", dir=dest) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", RECBOLE_PIN, "-d", tmp]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("recbole-*.whl"))
+        if proc.returncode != 0 or not wheels:
+            last = (proc.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+            raise DataFormatError(f"could not fetch MovieLens-100k ({' '.join(cmd[2:6])} failed: {last}); "
+                                  f"pass a directory holding u.data/u.user/u.item instead")
+        staged = []
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            for name in ATOMIC_FILES:
+                target = Path(tmp) / name
+                with wheel.open(RECBOLE_MEMBER + name) as src, open(target, "wb") as out:
+                    shutil.copyfileobj(src, out)
+                staged.append(target)
+        for target in staged:
+            os.replace(target, dest / target.name)
+    return dest
+
+
+# --------------------------------------------------------------------------- reading
+def load_ml100k(path: str | os.PathLike | None = None) -> MovieLens100k:
+    """Read MovieLens-100k from `path` (see `ml100k_dir`) into a `MovieLens100k`.
+
+    Example:
+        >>> ml = load_ml100k()                      # doctest: +SKIP
+        >>> ml.ratings.shape, ml.num_users, ml.num_items
+        ((100000, 4), 943, 1682)
+    """
+    directory = ml100k_dir(path)
+    if _layout(directory) == "standard":
+        users = list(_read_standard_users(directory / "u.user"))
+        items = list(_read_standard_items(directory / "u.item"))
+        ratings_path, ratings = directory / "u.data", _read_standard_ratings(directory / "u.data")
+    else:
+        users = list(_read_atomic_users(directory / "ml-100k.user"))
+        items = list(_read_atomic_items(directory / "ml-100k.item"))
+        ratings_path, ratings = directory / "ml-100k.inter", _read_atomic_ratings(directory / "ml-100k.inter")
+    return _assemble(directory, users, items, ratings_path, ratings)
+
+
+def _lines(path: Path, encoding: str):
+    """(line number, text) for every line; a final newline does not make an extra line."""
+    try:
+        with open(path, encoding=encoding, newline="") as f:
+            for number, line in enumerate(f, 1):
+                yield number, line.rstrip("\r\n")
+    except UnicodeDecodeError as err:
+        raise format_error(path, None, f"not {encoding} text ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise format_error(path, None, f"cannot read: {err.strerror}") from None
+
+
+def _int(path: Path, number: int, text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:  # RecBole types ratings and timestamps as float ("3", "881250949", sometimes "3.0")
+        value = float(text)
+        if value.is_integer():
+            return int(value)
+    except ValueError:
+        pass
+    raise format_error(path, number, f"{what} {text!r} is not an integer")
+
+
+def _fields(path: Path, number: int, line: str, sep: str, expected: int) -> list[str]:
+    parts = line.split(sep)
+    if len(parts) != expected:
+        raise format_error(path, number, f"{len(parts)} fields, expected {expected} "
+                                         f"separated by {sep!r}: {line[:60]!r}")
+    return parts
+
+
+# Each reader yields tuples in file order; `_assemble` checks ids across files.
+def _read_standard_ratings(path: Path):
+    for number, line in _lines(path, "latin-1"):
+        u, i, r, t = _fields(path, number, line, "\t", 4)
+        yield number, (_int(path, number, u, "user id"), _int(path, number, i, "item id"),
+                       _int(path, number, r, "rating"), _int(path, number, t, "timestamp"))
+
+
+def _read_standard_users(path: Path):
+    for number, line in _lines(path, "latin-1"):
+        u, age, gender, occupation, zip_code = _fields(path, number, line, "|", 5)
+        yield number, (_int(path, number, u, "user id"), _int(path, number, age, "age"),
+                       gender, occupation, zip_code)
+
+
+_YEAR_IN_TITLE = re.compile(r"\((\d{4})\)\s*$")
+
+
+def _read_standard_items(path: Path):
+    for number, line in _lines(path, "latin-1"):
+        parts = _fields(path, number, line, "|", 5 + len(GENRES))
+        flags = parts[5:]
+        if any(f not in ("0", "1") for f in flags):
+            raise format_error(path, number, f"genre flags must be 0 or 1, got {'|'.join(flags)!r}")
+        genres = [g for g, f in enumerate(flags) if f == "1"]
+        year = _YEAR_IN_TITLE.search(parts[1])
+        yield number, (_int(path, number, parts[0], "item id"), genres, int(year.group(1)) if year else -1)
+
+
+def _atomic_rows(path: Path, wanted: tuple[str, ...]):
+    """Rows of a RecBole atomic file as tuples of the `wanted` columns (by name, types ignored)."""
+    lines = _lines(path, "utf-8")
+    header = next(lines, None)
+    if header is None:
+        raise format_error(path, 1, "empty file; expected a RecBole header such as 'user_id:token'")
+    names = [col.split(":")[0] for col in header[1].split("\t")]
+    missing = [w for w in wanted if w not in names]
+    if missing:
+        raise format_error(path, 1, f"header lacks column(s) {', '.join(missing)}: {header[1][:80]!r}")
+    index = [names.index(w) for w in wanted]
+    for number, line in lines:
+        parts = _fields(path, number, line, "\t", len(names))
+        yield number, [parts[k] for k in index]
+
+
+def _read_atomic_ratings(path: Path):
+    for number, (u, i, r, t) in _atomic_rows(path, ("user_id", "item_id", "rating", "timestamp")):
+        yield number, (_int(path, number, u, "user id"), _int(path, number, i, "item id"),
+                       _int(path, number, r, "rating"), _int(path, number, t, "timestamp"))
+
+
+def _read_atomic_users(path: Path):
+    for number, (u, age, gender, occupation, zip_code) in _atomic_rows(
+            path, ("user_id", "age", "gender", "occupation", "zip_code")):
+        yield number, (_int(path, number, u, "user id"), _int(path, number, age, "age"),
+                       gender, occupation, zip_code)
+
+
+def _read_atomic_items(path: Path):
+    code = {g: k for k, g in enumerate(GENRES)}
+    for number, (i, title, year, classes) in _atomic_rows(
+            path, ("item_id", "movie_title", "release_year", "class")):
+        genres = []
+        for name in classes.split(" "):
+            if name not in code:
+                raise format_error(path, number, f"unknown genre {name!r} (known: {', '.join(GENRES)})")
+            genres.append(code[name])
+        if year.isdigit() and len(year) == 4:
+            item_year = int(year)
+        else:  # RecBole splits the year off the title; where that failed it stays in the title
+            found = _YEAR_IN_TITLE.search(title)
+            item_year = int(found.group(1)) if found else -1
+        yield number, (_int(path, number, i, "item id"), sorted(set(genres)), item_year)
+
+
+def _index(path: Path, rows: list, what: str) -> dict[int, int]:
+    """raw id -> 0-based id, in ascending raw-id order; duplicates are an error."""
+    seen: dict[int, int] = {}
+    for number, row in rows:
+        if row[0] in seen:
+            raise format_error(path, number, f"{what} id {row[0]} appears again (first on line {seen[row[0]]})")
+        seen[row[0]] = number
+    if not seen:
+        raise format_error(path, None, f"no {what}s in this file")
+    return {raw: k for k, raw in enumerate(sorted(seen))}
+
+
+def _assemble(directory: Path, users: list, items: list, ratings_path: Path, ratings) -> MovieLens100k:
+    layout = _layout(directory)
+    user_path = directory / ("u.user" if layout == "standard" else "ml-100k.user")
+    item_path = directory / ("u.item" if layout == "standard" else "ml-100k.item")
+    user_id, item_id = _index(user_path, users, "user"), _index(item_path, items, "item")
+
+    rows = []
+    for number, (u, i, r, t) in ratings:
+        if u not in user_id:
+            raise format_error(ratings_path, number, f"user id {u} is not in {user_path.name}")
+        if i not in item_id:
+            raise format_error(ratings_path, number, f"item id {i} is not in {item_path.name}")
+        if not 1 <= r <= 5:
+            raise format_error(ratings_path, number, f"rating {r} outside 1..5")
+        rows.append((user_id[u], item_id[i], r, t))
+    if not rows:
+        raise format_error(ratings_path, None, "no ratings in this file")
+
+    users_sorted = [row for _, row in sorted(users, key=lambda x: x[1][0])]
+    gender_names = tuple(sorted({row[2] for row in users_sorted}))
+    occupation_names = tuple(sorted({row[3] for row in users_sorted}))
+    g_code = {g: k for k, g in enumerate(gender_names)}
+    o_code = {o: k for k, o in enumerate(occupation_names)}
+
+    items_sorted = [row for _, row in sorted(items, key=lambda x: x[1][0])]
+    lengths = np.array([len(row[1]) for row in items_sorted], dtype=np.int64)
+    offsets = np.zeros(len(items_sorted) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    genre_ids = np.array([g for row in items_sorted for g in row[1]], dtype=np.int64)
+
+    return MovieLens100k(
+        ratings=np.array(rows, dtype=np.int64).reshape(-1, 4),
+        num_users=len(user_id),
+        num_items=len(item_id),
+        user_age=np.array([row[1] for row in users_sorted], dtype=np.int64),
+        user_gender=np.array([g_code[row[2]] for row in users_sorted], dtype=np.int64),
+        gender_names=gender_names,
+        user_occupation=np.array([o_code[row[3]] for row in users_sorted], dtype=np.int64),
+        occupation_names=occupation_names,
+        user_zip=np.array([row[4] for row in users_sorted], dtype=str),
+        item_genre_offsets=offsets,
+        item_genre_ids=genre_ids,
+        genre_names=GENRES,
+        item_year=np.array([row[2] for row in items_sorted], dtype=np.int64),
+        user_raw_ids=np.array(sorted(user_id), dtype=np.int64),
+        item_raw_ids=np.array(sorted(item_id), dtype=np.int64),
+        source=str(directory),
+    )
