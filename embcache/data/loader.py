@@ -1,0 +1,230 @@
+"""Batches of a prepared CTR data set for training: dense features, a torchrec
+`KeyedJaggedTensor` of ids and float labels, streamed from the Parquet shards.
+
+Memory stays bounded whatever the file sizes: rows are read with `ParquetFile.iter_batches`, a
+record batch at a time, and only the rows of the batch being assembled are held. Batches run
+across shard boundaries, so every row is in exactly one batch per epoch and only the last batch
+may be short. Resume is cheap: starting at batch i skips whole shards and row groups from the
+Parquet footers without reading them.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from embcache.data.bad_rows import format_error
+from embcache.data.ctr_format import read_meta, sparse_features
+
+
+@dataclass
+class Batch:
+    """One training batch.
+
+    Args:
+        dense: float32 `[B, num_dense]`.
+        sparse: keys = sparse feature names in meta order; lengths are 1 per sample for a
+            one-hot feature, the list length for a multi-hot one.
+        labels: float32 `[B]` of 0.0 / 1.0 (what `BCEWithLogitsLoss` takes).
+    """
+
+    dense: torch.Tensor
+    sparse: KeyedJaggedTensor
+    labels: torch.Tensor
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+        return Batch(self.dense.to(device, non_blocking=non_blocking),
+                     self.sparse.to(torch.device(device), non_blocking=non_blocking),
+                     self.labels.to(device, non_blocking=non_blocking))
+
+    def __len__(self) -> int:
+        return self.labels.shape[0]
+
+
+class CTRBatches:
+    """Iterable over the batches of one split of a canonical CTR data set.
+
+    Args:
+        data_dir: a directory written by `CTRDatasetWriter` (has meta.json).
+        split: "train", "val" or "test".
+        batch_size: rows per batch; the last batch is shorter unless `drop_last`.
+        shuffle_shards: visit the split's shards in a random order drawn from `seed`
+            (rows within a shard keep their order). Pass a different seed per epoch.
+        seed: makes the order deterministic.
+        drop_last: leave out a final short batch.
+        device: where the tensors are put (pinned first when it is CUDA).
+        start_batch: begin at this batch index of the epoch (for resume); `len()` then counts
+            only the batches still to come.
+        read_rows: rows per Parquet read; bounds memory together with `batch_size`.
+
+    Ids outside `[0, cardinality)`, nulls, or a shard whose columns differ from meta.json raise
+    DataFormatError naming the file and row.
+
+    Example:
+        >>> for batch in CTRBatches("datasets/synthetic", "train", 2048):  # doctest: +SKIP
+        ...     logits = model(batch.dense, batch.sparse)
+    """
+
+    def __init__(self, data_dir: str | os.PathLike, split: str, batch_size: int,
+                 shuffle_shards: bool = False, seed: int = 0, drop_last: bool = False,
+                 device: torch.device | str = "cpu", start_batch: int = 0, read_rows: int = 65_536):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if start_batch < 0:
+            raise ValueError(f"start_batch must be >= 0, got {start_batch}")
+        self.data_dir, self.split = Path(data_dir), split
+        self.meta = read_meta(self.data_dir)
+        if split not in self.meta["splits"]:
+            raise format_error(self.data_dir / "meta.json", None,
+                               f"has no split {split!r} (it has {', '.join(self.meta['splits'])})")
+        self.batch_size, self.shuffle_shards, self.seed = int(batch_size), shuffle_shards, seed
+        self.drop_last, self.device = drop_last, torch.device(device)
+        self.start_batch, self.read_rows = int(start_batch), max(int(read_rows), 1)
+        self.features = sparse_features(self.meta)
+        self.num_dense = int(self.meta["num_dense"])
+        self.rows = int(self.meta["splits"][split]["rows"])
+        self._columns = (["label"] + [f"dense_{j}" for j in range(self.num_dense)]
+                         + [f.name for f in self.features])
+
+    # -------------------------------------------------------------- size and order
+    def batches_per_epoch(self) -> int:
+        full, rest = divmod(self.rows, self.batch_size)
+        return full + (1 if rest and not self.drop_last else 0)
+
+    def __len__(self) -> int:
+        """Batches this iterable will yield (those of the epoch from `start_batch` on)."""
+        return max(self.batches_per_epoch() - self.start_batch, 0)
+
+    def files(self) -> list[Path]:
+        """The split's shards in visiting order."""
+        files = [self.data_dir / rel for rel in self.meta["splits"][self.split]["files"]]
+        if self.shuffle_shards:
+            order = np.random.default_rng(self.seed).permutation(len(files))
+            files = [files[k] for k in order]
+        return files
+
+    def skip(self, batches: int) -> "CTRBatches":
+        """The same iterable, starting `batches` further on."""
+        return CTRBatches(self.data_dir, self.split, self.batch_size, self.shuffle_shards, self.seed,
+                          self.drop_last, self.device, self.start_batch + batches, self.read_rows)
+
+    # -------------------------------------------------------------- iteration
+    def __iter__(self) -> Iterator[Batch]:
+        if self.start_batch >= self.batches_per_epoch():
+            return
+        pending: list[pa.RecordBatch] = []
+        have = 0
+        for record in self._record_batches(self.start_batch * self.batch_size):
+            pending.append(record)
+            have += record.num_rows
+            while have >= self.batch_size:
+                table = pa.Table.from_batches(pending)
+                yield self._to_batch(table.slice(0, self.batch_size))
+                pending = table.slice(self.batch_size).to_batches()
+                have -= self.batch_size
+        if have and not self.drop_last:
+            yield self._to_batch(pa.Table.from_batches(pending))
+
+    def with_next(self) -> Iterator[tuple[Batch, Batch | None]]:
+        """`(batch, next batch)` pairs, the last with None: the next batch's ids are known while
+        the current one trains, so the trainer can hand them to the cache's `prefetch`."""
+        return lookahead(iter(self))
+
+    def _record_batches(self, skip: int) -> Iterator[pa.RecordBatch]:
+        """Record batches from `skip` rows into the epoch on, each checked."""
+        for path in self.files():
+            pf = self._open(path)
+            rows = pf.metadata.num_rows
+            if skip >= rows:
+                skip -= rows
+                continue
+            first_row, groups = 0, list(range(pf.num_row_groups))
+            while groups and skip >= pf.metadata.row_group(groups[0]).num_rows:
+                step = pf.metadata.row_group(groups.pop(0)).num_rows
+                skip -= step
+                first_row += step
+            for record in pf.iter_batches(batch_size=self.read_rows, row_groups=groups,
+                                          columns=self._columns, use_threads=False):
+                if skip:
+                    cut = min(skip, record.num_rows)
+                    record, skip, first_row = record.slice(cut), skip - cut, first_row + cut
+                if record.num_rows:
+                    self._check(record, path, first_row)
+                    yield record
+                    first_row += record.num_rows
+
+    def _open(self, path: Path) -> pq.ParquetFile:
+        try:
+            pf = pq.ParquetFile(path)
+        except (OSError, pa.ArrowException) as err:
+            raise format_error(path, None, f"cannot read Parquet shard: {err}") from None
+        names = set(pf.schema_arrow.names)
+        missing = [c for c in self._columns if c not in names]
+        if missing:
+            raise format_error(path, None, f"lacks column(s) {', '.join(missing[:5])} that meta.json describes")
+        return pf
+
+    def _check(self, record: pa.RecordBatch, path: Path, first_row: int) -> None:
+        """Ids in range and no nulls; the error names the shard and the row in it (0-based)."""
+        for name in self._columns:
+            if record.column(name).null_count:
+                row = int(np.flatnonzero(record.column(name).is_null().to_numpy(zero_copy_only=False))[0])
+                raise format_error(path, None, f"row {first_row + row}: {name} is null")
+        for f in self.features:
+            col = record.column(f.name)
+            if f.multi_hot:
+                ids = pc.list_flatten(col).to_numpy()
+                row_of = np.repeat(np.arange(len(col)), pc.list_value_length(col).to_numpy())
+            else:
+                ids, row_of = col.to_numpy(), None
+            bad = (ids < 0) | (ids >= f.cardinality)
+            if bad.any():
+                k = int(np.flatnonzero(bad)[0])
+                row = k if row_of is None else int(row_of[k])
+                raise format_error(path, None, f"row {first_row + row}: {f.name} id {int(ids[k])} "
+                                               f"outside [0, {f.cardinality})")
+
+    def _to_batch(self, table: pa.Table) -> Batch:
+        n = table.num_rows
+        labels = torch.from_numpy(table.column("label").to_numpy().astype(np.float32))
+        dense = np.empty((n, self.num_dense), dtype=np.float32)
+        for j in range(self.num_dense):
+            dense[:, j] = table.column(f"dense_{j}").to_numpy()
+        values, lengths = [], []
+        for f in self.features:
+            col = table.column(f.name)
+            if f.multi_hot:
+                col = col.combine_chunks()
+                values.append(pc.list_flatten(col).to_numpy().astype(np.int64, copy=False))
+                lengths.append(pc.list_value_length(col).to_numpy().astype(np.int64))
+            else:
+                values.append(col.to_numpy().astype(np.int64, copy=False))
+                lengths.append(np.ones(n, dtype=np.int64))
+        sparse = KeyedJaggedTensor(keys=[f.name for f in self.features],
+                                   values=torch.from_numpy(np.concatenate(values) if values
+                                                           else np.zeros(0, dtype=np.int64)),
+                                   lengths=torch.from_numpy(np.concatenate(lengths) if lengths
+                                                            else np.zeros(0, dtype=np.int64)))
+        batch = Batch(torch.from_numpy(dense), sparse, labels)
+        if self.device.type == "cuda":
+            return Batch(batch.dense.pin_memory(), batch.sparse.pin_memory(),
+                         batch.labels.pin_memory()).to(self.device, non_blocking=True)
+        return batch if self.device.type == "cpu" else batch.to(self.device)
+
+
+def lookahead(batches) -> Iterator[tuple[Batch, Batch | None]]:
+    """`(item, next item)` over any iterable, the last paired with None."""
+    it = iter(batches)
+    current = next(it, None)
+    while current is not None:
+        following = next(it, None)
+        yield current, following
+        current = following
