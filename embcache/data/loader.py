@@ -163,7 +163,9 @@ class CTRBatches:
 
     def _open(self, path: Path) -> pq.ParquetFile:
         try:
-            pf = pq.ParquetFile(path)
+            # pre_buffer (on by default) would read every row group of the file up front:
+            # memory would grow with the shard's size.
+            pf = pq.ParquetFile(path, pre_buffer=False)
         except (OSError, pa.ArrowException) as err:
             raise format_error(path, None, f"cannot read Parquet shard: {err}") from None
         names = set(pf.schema_arrow.names)

@@ -1,0 +1,203 @@
+"""Canonical CTR format and its batch loader: every row once per epoch, right KJT layout,
+exact resume, deterministic shard order, bounded memory, clear errors for bad shards."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from embcache.data.bad_rows import DataFormatError
+from embcache.data.ctr_format import (CTRDatasetWriter, SparseFeature, load_id_frequencies, multi_hot,
+                                      read_meta)
+from embcache.data.loader import CTRBatches, lookahead
+
+N = 23  # rows of train: not a multiple of the shard, row-group or batch sizes below
+FEATURES = [SparseFeature("sparse_0", 5), SparseFeature("sparse_1", 7), SparseFeature("sparse_2", 4, multi_hot=True)]
+
+
+def row_lists(n, start=0):
+    """Row r (global index g=start+r) holds g in dense_0 and ids derived from g, so that
+    every value in a batch says which row it came from."""
+    g = np.arange(start, start + n)
+    lists = [[(g_ + k) % 4 for k in range(g_ % 3)] for g_ in g]  # 0, 1 or 2 genres
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in lists])])
+    values = np.array([v for x in lists for v in x], dtype=np.int64)
+    return g, (g % 2), np.stack([g, -g], 1).astype(np.float32), [g % 5, (3 * g) % 7, multi_hot(offsets, values)], lists
+
+
+@pytest.fixture
+def data(tmp_path):
+    w = CTRDatasetWriter(tmp_path, 2, FEATURES, source="test", rows_per_shard=7, row_group_rows=3)
+    for start, n in ((0, 10), (10, 13)):  # two chunks: a shard spans a chunk boundary
+        _, label, dense, sparse, _ = row_lists(n, start)
+        w.write("train", label, dense, sparse)
+    _, label, dense, sparse, _ = row_lists(4, 100)
+    w.write("val", label, dense, sparse)
+    w.finish(bad_rows={"x.txt": {"count": 0}}, note="hello")
+    return tmp_path
+
+
+def rows_of(batches):
+    return np.concatenate([b.dense[:, 0].numpy() for b in batches]).astype(np.int64)
+
+
+def test_meta_describes_what_was_written(data):
+    meta = json.loads((data / "meta.json").read_text())
+    assert meta["format"] == "embcache-ctr" and meta["version"] == 1 and meta["num_dense"] == 2
+    assert meta["sparse"] == [{"name": "sparse_0", "cardinality": 5, "multi_hot": False},
+                              {"name": "sparse_1", "cardinality": 7, "multi_hot": False},
+                              {"name": "sparse_2", "cardinality": 4, "multi_hot": True}]
+    # 23 rows at 7 per shard -> 7, 7, 7, 2
+    assert meta["splits"]["train"] == {"files": [f"train/part-0000{k}.parquet" for k in range(4)], "rows": 23}
+    assert meta["splits"]["val"] == {"files": ["val/part-00000.parquet"], "rows": 4}
+    assert meta["splits"]["test"] == {"files": [], "rows": 0}
+    assert meta["id_frequency_file"] == "id_freq.npz" and meta["note"] == "hello"
+    assert [pq.ParquetFile(data / f).metadata.num_rows for f in meta["splits"]["train"]["files"]] == [7, 7, 7, 2]
+    table = pq.read_table(data / "train/part-00000.parquet")
+    assert table.schema.field("label").type == pa.int8()
+    assert table.schema.field("dense_1").type == pa.float32()
+    assert table.schema.field("sparse_0").type == pa.int64()
+    assert table.schema.field("sparse_2").type == pa.list_(pa.int64())
+    assert table.column("sparse_2").to_pylist()[:4] == [[], [1], [2, 3], []]
+
+
+def test_id_frequencies_count_the_train_split_only(data):
+    freq = load_id_frequencies(data)
+    g = np.arange(N)
+    assert freq["sparse_0"].dtype == torch.int64
+    assert freq["sparse_0"].tolist() == [int((g % 5 == k).sum()) for k in range(5)]
+    assert freq["sparse_1"].tolist() == [int(((3 * g) % 7 == k).sum()) for k in range(7)]
+    genres = [(x + k) % 4 for x in g for k in range(x % 3)]
+    assert freq["sparse_2"].tolist() == [genres.count(k) for k in range(4)]
+
+
+def test_every_row_exactly_once_and_kjt_layout(data):
+    batches = CTRBatches(data, "train", batch_size=4)
+    assert len(batches) == 6  # 23 rows -> 5 full batches and one of 3
+    seen = list(batches)
+    assert [len(b) for b in seen] == [4, 4, 4, 4, 4, 3]
+    assert rows_of(seen).tolist() == list(range(N))
+    _, label, dense, _, lists = row_lists(N)
+    b = seen[1]  # rows 4..7
+    assert b.dense.dtype == torch.float32 and b.dense.shape == (4, 2)
+    assert b.labels.dtype == torch.float32 and b.labels.tolist() == label[4:8].tolist()
+    kjt = b.sparse
+    assert kjt.keys() == ["sparse_0", "sparse_1", "sparse_2"] and kjt.stride() == 4
+    by_key = kjt.to_dict()
+    assert by_key["sparse_0"].lengths().tolist() == [1, 1, 1, 1]
+    assert by_key["sparse_0"].values().tolist() == [4, 0, 1, 2]
+    assert by_key["sparse_1"].values().tolist() == [(3 * r) % 7 for r in range(4, 8)]
+    assert by_key["sparse_2"].lengths().tolist() == [len(lists[r]) for r in range(4, 8)]
+    assert by_key["sparse_2"].values().tolist() == [v for r in range(4, 8) for v in lists[r]]
+
+
+def test_drop_last_and_batch_larger_than_split(data):
+    assert [len(b) for b in CTRBatches(data, "train", 4, drop_last=True)] == [4] * 5
+    assert len(CTRBatches(data, "train", 4, drop_last=True)) == 5
+    big = list(CTRBatches(data, "train", 100))
+    assert len(big) == 1 and rows_of(big).tolist() == list(range(N))
+    assert list(CTRBatches(data, "train", 100, drop_last=True)) == []
+    assert list(CTRBatches(data, "test", 4)) == [] and len(CTRBatches(data, "test", 4)) == 0
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_resume_gives_the_same_remaining_batches(data, shuffle):
+    full = list(CTRBatches(data, "train", 4, shuffle_shards=shuffle, seed=3))
+    for start in range(len(full) + 2):
+        rest = CTRBatches(data, "train", 4, shuffle_shards=shuffle, seed=3, start_batch=start)
+        assert len(rest) == max(len(full) - start, 0)
+        got = list(rest)
+        assert len(got) == len(rest)
+        for a, b in zip(got, full[start:]):
+            assert torch.equal(a.dense, b.dense) and torch.equal(a.labels, b.labels)
+            assert torch.equal(a.sparse.values(), b.sparse.values())
+            assert torch.equal(a.sparse.lengths(), b.sparse.lengths())
+    skipped = CTRBatches(data, "train", 4, shuffle_shards=shuffle, seed=3).skip(2).skip(1)
+    assert rows_of(skipped).tolist() == rows_of(full[3:]).tolist()
+
+
+def test_shard_shuffle_is_a_seeded_permutation(data):
+    orders = {seed: tuple(rows_of(CTRBatches(data, "train", 5, shuffle_shards=True, seed=seed)))
+              for seed in range(8)}
+    for order in orders.values():
+        assert sorted(order) == list(range(N))
+    assert len(set(orders.values())) > 1  # the seed matters (4 shards: 24 possible orders)
+    again = tuple(rows_of(CTRBatches(data, "train", 5, shuffle_shards=True, seed=5)))
+    assert again == orders[5]
+    # rows within a shard stay together and in order
+    first = orders[5]
+    assert list(first[:7]) == list(range(first[0], first[0] + 7)) or first[0] == 21
+
+
+def test_lookahead_pairs_each_batch_with_the_next(data):
+    batches = CTRBatches(data, "train", 4)
+    pairs = list(batches.with_next())
+    assert len(pairs) == 6 and pairs[-1][1] is None
+    for (a, nxt), (b, _) in zip(pairs, pairs[1:]):
+        assert torch.equal(nxt.dense, b.dense)
+    assert list(lookahead([])) == [] and list(lookahead([1])) == [(1, None)]
+
+
+def test_memory_is_bounded_by_read_size_not_file_size(tmp_path):
+    n = 300_000
+    w = CTRDatasetWriter(tmp_path, 2, [SparseFeature("sparse_0", 1000)], source="t", row_group_rows=8192)
+    rng = np.random.default_rng(0)
+    w.write("train", rng.integers(0, 2, n), rng.random((n, 2)), [rng.integers(0, 1000, n)])
+    w.finish()
+    decoded = n * (1 + 2 * 4 + 8)
+    before, peak, rows = pa.total_allocated_bytes(), 0, 0
+    for batch in CTRBatches(tmp_path, "train", 1000, read_rows=4096):
+        peak = max(peak, pa.total_allocated_bytes() - before)
+        rows += len(batch)
+    assert rows == n
+    assert peak < decoded / 5, f"arrow held {peak} bytes while reading a {decoded}-byte split"
+
+
+def _write_raw(path, **columns):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(columns), path)
+
+
+def test_out_of_range_id_names_file_and_row(data):
+    meta = read_meta(data)
+    bad = data / meta["splits"]["val"]["files"][0]
+    _write_raw(bad, label=pa.array([0, 1, 0], pa.int8()), dense_0=pa.array([0, 0, 0], pa.float32()),
+               dense_1=pa.array([0, 0, 0], pa.float32()), sparse_0=pa.array([1, 2, 3]),
+               sparse_1=pa.array([0, 9, 0]), sparse_2=pa.array([[], [], []], pa.list_(pa.int64())))
+    with pytest.raises(DataFormatError, match=r"val/part-00000\.parquet: row 1: sparse_1 id 9 outside \[0, 7\)"):
+        list(CTRBatches(data, "val", 2))
+    _write_raw(bad, label=pa.array([0, 1], pa.int8()), dense_0=pa.array([0, 0], pa.float32()),
+               dense_1=pa.array([0, 0], pa.float32()), sparse_0=pa.array([1, 2]),
+               sparse_1=pa.array([0, 1]), sparse_2=pa.array([[0], [1, -1]], pa.list_(pa.int64())))
+    with pytest.raises(DataFormatError, match=r"row 1: sparse_2 id -1 outside \[0, 4\)"):
+        list(CTRBatches(data, "val", 2))
+    _write_raw(bad, label=pa.array([0, 1], pa.int8()))
+    with pytest.raises(DataFormatError, match=r"val/part-00000\.parquet: lacks column\(s\) dense_0"):
+        list(CTRBatches(data, "val", 2))
+
+
+def test_read_meta_refuses_bad_directories(tmp_path, data):
+    with pytest.raises(DataFormatError, match="meta.json: missing"):
+        read_meta(tmp_path / "nothing")
+    (data / "train/part-00002.parquet").unlink()
+    with pytest.raises(DataFormatError, match=r"lists train/part-00002\.parquet .* missing"):
+        read_meta(data)
+    (data / "meta.json").write_text('{"format": "something-else"}')
+    with pytest.raises(DataFormatError, match="not an embcache-ctr meta.json"):
+        read_meta(data)
+    (data / "meta.json").write_text('{"format": ')
+    with pytest.raises(DataFormatError, match="not JSON"):
+        read_meta(data)
+    with pytest.raises(DataFormatError, match="not JSON"):
+        CTRBatches(data, "train", 4)
+
+
+def test_writer_rejects_out_of_range_ids(tmp_path):
+    w = CTRDatasetWriter(tmp_path, 0, [SparseFeature("sparse_0", 3)], source="t")
+    with pytest.raises(ValueError, match=r"sparse_0: ids in \[0, 3\] outside \[0, 3\)"):
+        w.write("train", [0, 1], np.zeros((2, 0)), [np.array([0, 3])])
+    assert not (tmp_path / "meta.json").exists()  # nothing looks complete
