@@ -1,0 +1,293 @@
+"""Private numba kernels of HEAT. Only `cpu_kernels.train` calls them (it checks dtypes and
+shapes first); nothing else should know they exist.
+
+Why they look the way they do:
+- one parallel loop (`prange`) over threads, each walking its own slice of the shuffled
+  training pairs and writing rows without locks (Hogwild: collisions are rare and harmless
+  for sparse SGD);
+- each thread has its own splitmix64 stream, seeded from (seed, thread), so a run with one
+  thread is exactly reproducible;
+- similarities are dot products on the rows where they live (no gathered matrices), and the
+  forward norms and dot products are reused by the backward:
+  d cos(z,i)/dz = i/(|z||i|) - cos z/|z|^2;
+- every gradient is written by one fused pass over the row it touches;
+- `fastmath=False` everywhere except the two dot-product helpers, which may reassociate
+  their sums (and nothing else): without that LLVM keeps them scalar.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+_OPTS = dict(nogil=True, cache=True, fastmath=False)
+# Reductions only: may reorder the sum and fuse multiply-adds (so LLVM vectorises them);
+# NaN/inf semantics stay IEEE. Measured ~2x per epoch over the scalar sum (bench cf).
+_DOT_OPTS = dict(nogil=True, cache=True, fastmath={"reassoc", "contract"})
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+@njit(**_OPTS)
+def _splitmix(state):
+    """One step of splitmix64: (new state, 64 random bits)."""
+    state = state + _GOLDEN
+    z = state
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return state, z ^ (z >> np.uint64(31))
+
+
+@njit(**_OPTS)
+def _below(bits, n):
+    """A uniform integer in [0, n) from 64 random bits (multiply-shift, no division)."""
+    return np.int64(((bits >> np.uint64(32)) * np.uint64(n)) >> np.uint64(32))
+
+
+@njit(**_DOT_OPTS)
+def _dot(a, b):
+    """Dot product of two float32 rows."""
+    s = np.float32(0.0)
+    for k in range(a.shape[0]):
+        s += a[k] * b[k]
+    return s
+
+
+@njit(**_DOT_OPTS)
+def _dot_norm(z, r):
+    """(z . r, r . r) in one pass over r: the similarity and the norm of a row, read once."""
+    s = np.float32(0.0)
+    q = np.float32(0.0)
+    for k in range(z.shape[0]):
+        s += z[k] * r[k]
+        q += r[k] * r[k]
+    return s, q
+
+
+@njit(**_OPTS)
+def _user_vector(U, I, W, hist, hist_len, u, gamma, simplex, z, h):
+    """z = U[u] (MF-CCL) or gamma*U[u] + (1-gamma)*W @ mean(I[hist[u]]) (SimpleX); h holds
+    the mean of the history (kept for the backward)."""
+    d = U.shape[1]
+    if not simplex:
+        for k in range(d):
+            z[k] = U[u, k]
+        return
+    n = hist_len[u]
+    for k in range(d):
+        h[k] = 0.0
+    for j in range(n):
+        row = I[hist[u, j]]
+        for k in range(d):
+            h[k] += row[k]
+    if n > 0:
+        inv = np.float32(1.0) / np.float32(n)
+        for k in range(d):
+            h[k] *= inv
+    for a in range(d):
+        z[a] = gamma * U[u, a] + (np.float32(1.0) - gamma) * _dot(W[a], h)
+
+
+@njit(**_OPTS)
+def _sample(U, I, W, hist, hist_len, u, p, negs, margin, neg_w, gamma, simplex,
+            tU, tI, step, gW, z, h, gz, cos_n, inv_n):
+    """Forward and backward of one (user, positive, negatives) sample.
+
+    Each gradient g of a row r is applied as t[r] -= step * g: with t the parameters and
+    step the learning rate this is SGD in place; with t a zeroed gradient array and step -1
+    it accumulates the exact gradient (the test mode). The gradient of W is always added to
+    `gW` (the caller decides when to apply it). Returns (loss, negatives with a gradient).
+    """
+    d = U.shape[1]
+    K = negs.shape[0]
+    _user_vector(U, I, W, hist, hist_len, u, gamma, simplex, z, h)
+    zz = _dot(z, z)
+    inv_z = np.float32(1.0) / np.sqrt(zz)
+    # forward: cosines of the positive and of every negative, from in-place dot products
+    prow = I[p]
+    zp, pp = _dot_norm(z, prow)
+    inv_p = np.float32(1.0) / np.sqrt(pp)
+    cos_p = zp * inv_z * inv_p
+    loss = np.float32(1.0) - cos_p
+    wk = neg_w / np.float32(K)
+    for j in range(K):
+        zn, nn = _dot_norm(z, I[negs[j]])
+        inv_n[j] = np.float32(1.0) / np.sqrt(nn)
+        cos_n[j] = zn * inv_z * inv_n[j]
+        if cos_n[j] > margin:
+            loss += wk * (cos_n[j] - margin)
+    # backward: gz = sum_i c_i (i/(|z||i|) - cos_i z/|z|^2), item grads fused with their update
+    for k in range(d):
+        gz[k] = 0.0
+    c_cos = np.float32(0.0)  # sum_i c_i cos_i
+    c, a, b = np.float32(-1.0), inv_z * inv_p, inv_p * inv_p
+    c_cos += c * cos_p
+    trow = tI[p]
+    for k in range(d):
+        old = prow[k]
+        gz[k] += c * a * old
+        trow[k] -= step * (c * (a * z[k] - cos_p * b * old))
+    active = 0
+    for j in range(K):
+        if cos_n[j] <= margin:
+            continue
+        active += 1
+        n = negs[j]
+        nrow, trow = I[n], tI[n]
+        a, b = inv_z * inv_n[j], inv_n[j] * inv_n[j]
+        c_cos += wk * cos_n[j]
+        for k in range(d):
+            old = nrow[k]
+            gz[k] += wk * a * old
+            trow[k] -= step * (wk * (a * z[k] - cos_n[j] * b * old))
+    zscale = c_cos * inv_z * inv_z
+    for k in range(d):
+        gz[k] -= zscale * z[k]
+    if not simplex:
+        for k in range(d):
+            tU[u, k] -= step * gz[k]
+        return loss, active
+    # SimpleX: z = gamma*u + (1-gamma)*W h, h = mean of the history rows
+    g1 = np.float32(1.0) - gamma
+    for k in range(d):
+        tU[u, k] -= step * gamma * gz[k]
+    n_hist = hist_len[u]
+    for a_ in range(d):
+        ga = g1 * gz[a_]
+        for k in range(d):
+            gW[a_, k] += ga * h[k]
+    if n_hist == 0:
+        return loss, active
+    # gh = W^T ga / n, reusing h as the buffer (h is no longer needed)
+    for k in range(d):
+        h[k] = 0.0
+    for a_ in range(d):
+        ga = g1 * gz[a_]
+        for k in range(d):
+            h[k] += W[a_, k] * ga
+    inv_h = np.float32(1.0) / np.float32(n_hist)
+    for j in range(n_hist):
+        trow = tI[hist[u, j]]
+        for k in range(d):
+            trow[k] -= step * inv_h * h[k]
+    return loss, active
+
+
+@njit(parallel=True, **_OPTS)
+def train_pairs(U, I, W, hist, hist_len, users, items, order, K, margin, neg_w, gamma,
+                simplex, lr, tile, refresh, w_sync, rng, tile_state, gW_buf,
+                loss_out, active_out):
+    """SGD over the pairs order[...]; thread t walks its contiguous share of `order`.
+
+    rng[t] (uint64) and tile_state[t] = (tile start, samples since refresh) carry each
+    thread's state across calls, so an epoch may be cut into chunks (for a progress bar)
+    without changing the result. tile <= 0 draws negatives from all items. gW_buf[t]
+    accumulates thread t's gradient of W, applied to W every `w_sync` samples and at the end.
+    """
+    T = rng.shape[0]
+    n = order.shape[0]
+    d = U.shape[1]
+    ni = I.shape[0]
+    for t in prange(T):
+        lo = t * n // T
+        hi = (t + 1) * n // T
+        state = rng[t]
+        tile_start = tile_state[t, 0]
+        since = tile_state[t, 1]
+        z = np.empty(d, np.float32)
+        h = np.empty(d, np.float32)
+        gz = np.empty(d, np.float32)
+        negs = np.empty(K, np.int64)
+        cos_n = np.empty(K, np.float32)
+        inv_n = np.empty(K, np.float32)
+        gW = gW_buf[t]
+        loss = 0.0
+        active = 0
+        pending = 0
+        for idx in range(lo, hi):
+            pair = order[idx]
+            if tile > 0:
+                if since >= refresh or tile_start < 0:
+                    state, bits = _splitmix(state)
+                    tile_start = _below(bits, ni)
+                    since = 0
+                since += 1
+                for j in range(K):
+                    state, bits = _splitmix(state)
+                    negs[j] = (tile_start + _below(bits, tile)) % ni
+            else:
+                for j in range(K):
+                    state, bits = _splitmix(state)
+                    negs[j] = _below(bits, ni)
+            l, a = _sample(U, I, W, hist, hist_len, users[pair], items[pair], negs, margin,
+                           neg_w, gamma, simplex, U, I, lr, gW, z, h, gz, cos_n, inv_n)
+            loss += l
+            active += a
+            if simplex:
+                pending += 1
+                if pending >= w_sync:
+                    _apply_w(W, gW, lr)
+                    pending = 0
+        if simplex and pending > 0:
+            _apply_w(W, gW, lr)
+        rng[t] = state
+        tile_state[t, 0] = tile_start
+        tile_state[t, 1] = since
+        loss_out[t] = loss
+        active_out[t] = active
+
+
+@njit(**_OPTS)
+def _apply_w(W, gW, lr):
+    """W -= lr * gW; gW = 0 (lock-free, like the rows)."""
+    d = W.shape[0]
+    for a in range(d):
+        for k in range(d):
+            W[a, k] -= lr * gW[a, k]
+            gW[a, k] = 0.0
+
+
+@njit(**_OPTS)
+def loss_gradients(U, I, W, hist, hist_len, users, pos, negs, margin, neg_w, gamma, simplex,
+                   gU, gI, gW):
+    """Exact gradients of the summed loss over the given samples, parameters unchanged.
+
+    gU, gI and gW must be zeroed by the caller; returns the summed loss. Serial on purpose:
+    it is the test oracle's counterpart, not a training path.
+    """
+    d = U.shape[1]
+    K = negs.shape[1]
+    z = np.empty(d, np.float32)
+    h = np.empty(d, np.float32)
+    gz = np.empty(d, np.float32)
+    cos_n = np.empty(K, np.float32)
+    inv_n = np.empty(K, np.float32)
+    total = 0.0
+    for s in range(users.shape[0]):
+        l, _ = _sample(U, I, W, hist, hist_len, users[s], pos[s], negs[s], margin, neg_w,
+                       gamma, simplex, gU, gI, np.float32(-1.0), gW, z, h, gz, cos_n, inv_n)
+        total += l
+    return total
+
+
+@njit(parallel=True, **_OPTS)
+def user_vectors(U, I, W, hist, hist_len, gamma, simplex, out):
+    """out[u] = the user side z of every user (for evaluation)."""
+    d = U.shape[1]
+    for u in prange(U.shape[0]):
+        h = np.empty(d, np.float32)
+        _user_vector(U, I, W, hist, hist_len, u, gamma, simplex, out[u], h)
+
+
+@njit(parallel=True, **_OPTS)
+def stream_copy(src, dst, reps):
+    """dst[:] = src[:] `reps` times, split over threads: the memory-bandwidth yardstick."""
+    n = src.shape[0]
+    T = 64
+    for r in range(reps):
+        for t in prange(T):
+            lo = t * n // T
+            hi = (t + 1) * n // T
+            for i in range(lo, hi):
+                dst[i] = src[i]

@@ -1,0 +1,102 @@
+"""The PyTorch reference engine: the same models and loss as the HEAT kernels, written the
+way a user of the published PyTorch SimpleX would run them (mini-batches, embedding
+gathers, batched matmuls for the similarities, autograd, Adam). It is the accuracy oracle
+of the tests and the baseline that `embcache bench cf` measures HEAT against."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from cpu_kernels.model import CFConfig, CFParams
+
+
+def user_side(U, I, W, hist, hist_len, users, config: CFConfig):
+    """z for a batch of users: U[users], or SimpleX's gamma*U + (1-gamma)*W mean(history)."""
+    u = U[users]
+    if not config.simplex:
+        return u
+    rows = I[hist[users]]                                         # [B, H, d]
+    n = hist_len[users]
+    mask = (torch.arange(hist.shape[1]) < n[:, None]).to(rows.dtype)
+    h = (rows * mask[:, :, None]).sum(1) / n.clamp(min=1)[:, None].to(rows.dtype)
+    return config.gamma * u + (1.0 - config.gamma) * (h @ W.T)
+
+
+def cf_loss(U, I, W, hist, hist_len, users, pos, negs, config: CFConfig, reduction="mean"):
+    """Cosine contrastive loss (1 - cos(z,p)) + w/K sum_j max(0, cos(z,n_j) - m), per sample,
+    then summed or averaged over the batch. All arguments are torch tensors."""
+    z = F.normalize(user_side(U, I, W, hist, hist_len, users, config), dim=-1)
+    p = F.normalize(I[pos], dim=-1)
+    n = F.normalize(I[negs], dim=-1)                              # [B, K, d]
+    cos_p = (z * p).sum(-1)
+    cos_n = torch.bmm(n, z.unsqueeze(-1)).squeeze(-1)            # [B, K]
+    per_sample = (1.0 - cos_p) + config.neg_weight * F.relu(cos_n - config.margin).mean(-1)
+    return per_sample.sum() if reduction == "sum" else per_sample.mean()
+
+
+@dataclass(frozen=True)
+class TorchOptions:
+    """Args:
+        lr: Adam learning rate.
+        batch_size: training pairs per step.
+        threads: torch intra-op threads (None: torch's default).
+    """
+
+    lr: float = 1e-3
+    batch_size: int = 1024
+    threads: int | None = None
+
+
+class TorchEngine:
+    """Trains `CFParams` in place (the tensors share the numpy arrays' memory) with Adam.
+
+    Example:
+        >>> eng = TorchEngine(params, users, items, TorchOptions(batch_size=512))
+        >>> eng.epoch(epoch=0)["loss"]
+    """
+
+    def __init__(self, params: CFParams, users: np.ndarray, items: np.ndarray,
+                 options: TorchOptions = TorchOptions()):
+        self.params, self.options = params, options
+        self.config = params.config
+        self.users = torch.from_numpy(np.asarray(users, dtype=np.int64))
+        self.items = torch.from_numpy(np.asarray(items, dtype=np.int64))
+        self.U = torch.from_numpy(params.U).requires_grad_()
+        self.I = torch.from_numpy(params.I).requires_grad_()
+        self.W = torch.from_numpy(params.W).requires_grad_(self.config.simplex)
+        self.hist = torch.from_numpy(params.hist)
+        self.hist_len = torch.from_numpy(params.hist_len)
+        trainable = [self.U, self.I] + ([self.W] if self.config.simplex else [])
+        self.optimizer = torch.optim.Adam(trainable, lr=options.lr)
+        self.generator = torch.Generator().manual_seed(self.config.seed)
+        if options.threads:
+            torch.set_num_threads(options.threads)
+
+    def epoch(self, epoch: int, chunks: int = 1, progress=None) -> dict:
+        """One pass in the same seeded order as the HEAT engine; `progress(n, loss)` is called
+        about `chunks` times."""
+        c, o = self.config, self.options
+        order = torch.from_numpy(np.random.default_rng((c.seed, epoch)).permutation(len(self.users)))
+        n = len(order)
+        report_every = max(1, (n // o.batch_size) // max(chunks, 1))
+        total, since_n, since_loss = 0.0, 0, 0.0
+        for step, lo in enumerate(range(0, n, o.batch_size)):
+            idx = order[lo:lo + o.batch_size]
+            users, pos = self.users[idx], self.items[idx]
+            negs = torch.randint(0, len(self.params.I), (len(idx), c.negatives),
+                                 generator=self.generator)
+            loss = cf_loss(self.U, self.I, self.W, self.hist, self.hist_len, users, pos, negs, c)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            batch_loss = float(loss) * len(idx)
+            total += batch_loss
+            since_n += len(idx)
+            since_loss += batch_loss
+            if progress is not None and ((step + 1) % report_every == 0 or lo + o.batch_size >= n):
+                progress(since_n, since_loss / since_n)
+                since_n, since_loss = 0, 0.0
+        return {"loss": total / max(n, 1), "samples": n}

@@ -1,0 +1,132 @@
+"""HEAT engine: the thin Python side of the numba kernels. It checks dtypes and shapes,
+keeps the per-thread state (RNG streams, tiles, W-gradient buffers) and cuts an epoch into
+chunks for the progress bar; the arithmetic is all in `_kernels`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from cpu_kernels import _kernels
+from cpu_kernels.model import CFParams
+
+
+@dataclass(frozen=True)
+class HeatOptions:
+    """Kernel settings.
+
+    Args:
+        lr: SGD learning rate.
+        threads: worker threads (None: all cores numba sees).
+        tile: items per thread tile that negatives are drawn from (0: no tiling, draw from
+            all items). 2048 rows of d=64 float32 are 512 KiB: a private L2.
+        refresh: samples between two tiles of one thread.
+        w_sync: samples between two applications of a thread's W gradient (SimpleX).
+    """
+
+    lr: float = 0.05
+    threads: int | None = None
+    tile: int = 2048
+    refresh: int = 512
+    w_sync: int = 256
+
+
+def max_threads() -> int:
+    return numba.config.NUMBA_NUM_THREADS
+
+
+class HeatEngine:
+    """Trains `CFParams` in place, one epoch per `epoch()` call.
+
+    Example:
+        >>> eng = HeatEngine(params, users, items, HeatOptions(threads=2))
+        >>> stats = eng.epoch(epoch=0)   # {'loss': ..., 'samples': ..., 'active_negatives': ...}
+    """
+
+    def __init__(self, params: CFParams, users: np.ndarray, items: np.ndarray,
+                 options: HeatOptions = HeatOptions()):
+        _check_params(params)
+        if users.shape != items.shape or users.ndim != 1:
+            raise ValueError("users and items must be 1-D arrays of the same length")
+        self.params, self.options = params, options
+        self.users = np.ascontiguousarray(users, dtype=np.int32)
+        self.items = np.ascontiguousarray(items, dtype=np.int32)
+        if len(self.users) and (self.users.max() >= len(params.U) or self.items.max() >= len(params.I)
+                                or self.users.min() < 0 or self.items.min() < 0):
+            raise ValueError("a training pair has an id outside the embedding tables")
+        self.threads = options.threads or max_threads()
+        if not 1 <= self.threads <= max_threads():
+            raise ValueError(f"threads must be in 1..{max_threads()}")
+        ni, d = params.I.shape
+        self.tile = min(options.tile, ni) if options.tile > 0 else 0
+        seed = params.config.seed
+        # one independent stream per thread: splitmix64 of distinct, seed-derived states
+        self.rng = np.array([(seed * 0x1000193 + 0x51ED + t * 0x632BE59BD9B4E019) % 2**64
+                             for t in range(self.threads)], dtype=np.uint64)
+        self.tile_state = np.full((self.threads, 2), -1, dtype=np.int64)
+        self.gW = np.zeros((self.threads, d, d), dtype=np.float32)
+
+    def epoch(self, epoch: int, chunks: int = 1, progress=None) -> dict:
+        """One pass over the pairs in a seeded shuffled order; `progress(n_done, loss)` is
+        called after each of `chunks` equal parts."""
+        c, o = self.params.config, self.options
+        order = np.random.default_rng((c.seed, epoch)).permutation(len(self.users))
+        numba.set_num_threads(self.threads)
+        loss_out = np.zeros(self.threads)
+        active_out = np.zeros(self.threads, dtype=np.int64)
+        total_loss, total_active = 0.0, 0
+        bounds = np.linspace(0, len(order), chunks + 1).astype(np.int64)
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            _kernels.train_pairs(
+                self.params.U, self.params.I, self.params.W, self.params.hist,
+                self.params.hist_len, self.users, self.items, order[lo:hi], c.negatives,
+                np.float32(c.margin), np.float32(c.neg_weight), np.float32(c.gamma),
+                c.simplex, np.float32(o.lr), self.tile, max(o.refresh, 1), max(o.w_sync, 1),
+                self.rng, self.tile_state, self.gW, loss_out, active_out)
+            total_loss += float(loss_out.sum())
+            total_active += int(active_out.sum())
+            if progress is not None:
+                progress(int(hi - lo), float(loss_out.sum()) / max(hi - lo, 1))
+        n = len(order)
+        return {"loss": total_loss / max(n, 1), "samples": n, "active_negatives": total_active}
+
+
+def loss_gradients(params: CFParams, users, pos, negs) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+    """Summed loss and its exact gradients (gU, gI, gW) for the given samples (users [B],
+    pos [B], negs [B, K]); the parameters are not changed. For tests against autograd."""
+    _check_params(params)
+    c = params.config
+    users = np.ascontiguousarray(users, dtype=np.int64)
+    pos = np.ascontiguousarray(pos, dtype=np.int64)
+    negs = np.ascontiguousarray(negs, dtype=np.int64)
+    if negs.ndim != 2 or negs.shape[0] != len(users) or pos.shape != users.shape:
+        raise ValueError("expected users [B], pos [B], negs [B, K]")
+    gU, gI, gW = np.zeros_like(params.U), np.zeros_like(params.I), np.zeros_like(params.W)
+    loss = _kernels.loss_gradients(params.U, params.I, params.W, params.hist, params.hist_len,
+                                   users, pos, negs, np.float32(c.margin),
+                                   np.float32(c.neg_weight), np.float32(c.gamma), c.simplex,
+                                   gU, gI, gW)
+    return float(loss), gU, gI, gW
+
+
+def user_vectors(params: CFParams) -> np.ndarray:
+    """The user side z of every user: U (MF-CCL) or SimpleX's gated history mix."""
+    _check_params(params)
+    c = params.config
+    out = np.empty_like(params.U)
+    _kernels.user_vectors(params.U, params.I, params.W, params.hist, params.hist_len,
+                          np.float32(c.gamma), c.simplex, out)
+    return out
+
+
+def _check_params(p: CFParams) -> None:
+    for name in ("U", "I", "W"):
+        a = getattr(p, name)
+        if a.dtype != np.float32 or a.ndim != 2 or not a.flags.c_contiguous:
+            raise TypeError(f"{name} must be a C-contiguous 2-D float32 array")
+    d = p.U.shape[1]
+    if p.I.shape[1] != d or p.W.shape != (d, d) or p.U.shape[1] != p.config.dim:
+        raise ValueError("U, I and W disagree on the embedding dimension")
+    if p.hist.dtype != np.int64 or p.hist_len.dtype != np.int64 or len(p.hist) != len(p.U):
+        raise TypeError("hist and hist_len must be int64 with one row per user")
