@@ -1,0 +1,94 @@
+"""An image folder per identity: `root/<identity>/<image>.jpg|png|...`. Identities are the
+sub-directories in sorted order (label = position); images are sorted by name within each."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from embcache.data.bad_rows import BadRowLog, DataFormatError
+from .images import decode_image
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
+
+
+class IndexedFaces:
+    """What the identity and instance loaders need from a labelled image collection whose
+    samples are grouped by label: sample ids `offsets[y] .. offsets[y+1]-1` belong to `y`.
+    Unreadable samples are counted in `bad` (file and index) and reported, not raised."""
+
+    def __init__(self, labels: torch.Tensor, image_size: int, name: str):
+        self.labels = labels.long()
+        if self.labels.numel() and bool((self.labels[1:] < self.labels[:-1]).any()):
+            order = torch.argsort(self.labels, stable=True)
+            self.order = order
+            self.labels = self.labels[order]
+        else:
+            self.order = None
+        self.num_classes = int(self.labels.max()) + 1 if self.labels.numel() else 0
+        counts = torch.bincount(self.labels, minlength=self.num_classes)
+        self.counts = counts
+        self.offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+        self.num_samples = int(self.labels.numel())
+        self.sample_shape = (3, image_size, image_size)
+        self.image_size = image_size
+        self.name = name
+        self.bad = BadRowLog()
+
+    def count_of(self, labels: torch.Tensor) -> torch.Tensor:
+        return self.counts[labels]
+
+    def sample_ids(self, labels: torch.Tensor, ranks: torch.Tensor) -> torch.Tensor:
+        return self.offsets[labels] + ranks
+
+    def label_of(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.labels[ids]
+
+    def eligible_identities(self) -> torch.Tensor:
+        return torch.nonzero(self.counts >= 2).flatten()
+
+    def raw_index(self, sample_id: int) -> int:
+        """The position of a sample in the source (file list or RecordIO index order)."""
+        return int(self.order[sample_id]) if self.order is not None else int(sample_id)
+
+    def load(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = torch.zeros(ids.numel(), *self.sample_shape)
+        ok = torch.ones(ids.numel(), dtype=torch.bool)
+        for i, sid in enumerate(ids.tolist()):
+            try:
+                out[i] = self.read(self.raw_index(sid))
+            except DataFormatError as err:
+                file, _, rest = str(err).partition(": ")
+                self.bad.add(file, self.raw_index(sid), rest)
+                ok[i] = False
+        return out, ok
+
+    def read(self, index: int) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class ImageFolderFaces(IndexedFaces):
+    """Example:
+        >>> # ImageFolderFaces("datasets/my-faces")  # root/<identity>/*.jpg
+    """
+
+    def __init__(self, root: str | os.PathLike, image_size: int = 112):
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise DataFormatError(f"{self.root}: no such directory")
+        identities = sorted(p for p in self.root.iterdir() if p.is_dir())
+        paths, labels = [], []
+        for y, d in enumerate(identities):
+            files = sorted(p for p in d.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+            paths += files
+            labels += [y] * len(files)
+        if not paths:
+            raise DataFormatError(f"{self.root}: no images found (expected <root>/<identity>/<image>.jpg)")
+        self.paths = paths
+        self.identity_names = [d.name for d in identities]
+        super().__init__(torch.tensor(labels), image_size, f"image folder {self.root} "
+                                                           f"({len(identities):,} identities, {len(paths):,} images)")
+
+    def read(self, index: int) -> torch.Tensor:
+        return decode_image(self.paths[index], f"{self.paths[index]}#{index}", self.image_size)

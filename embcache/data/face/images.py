@@ -1,0 +1,51 @@
+"""Decoding and the few transforms face training needs (no torchvision): Pillow decodes
+JPEG/PNG bytes to RGB, the image is resized to the crop size if it is not already, and pixels
+are mapped to [-1, 1) as (x - 127.5) / 128."""
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import torch
+
+from embcache.data.bad_rows import DataFormatError
+
+
+def decode_image(data: bytes | str | os.PathLike, where: str, size: int = 112) -> torch.Tensor:
+    """[3, size, size] float tensor from encoded bytes or a file path; DataFormatError naming
+    `where` (file and index) if it cannot be decoded."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        src = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
+        with Image.open(src) as img:
+            img = img.convert("RGB")
+            if img.size != (size, size):
+                img = img.resize((size, size), Image.BILINEAR)
+            arr = np.asarray(img, dtype=np.uint8)
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as err:
+        raise DataFormatError(f"{where}: unreadable image ({type(err).__name__}: {err})") from None
+    return to_tensor(arr)
+
+
+def to_tensor(arr: np.ndarray) -> torch.Tensor:
+    """HWC uint8 -> CHW float in [-1, 1)."""
+    return (torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1).float() - 127.5) / 128.0
+
+
+def random_hflip(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Mirror each image of a [B, 3, H, W] batch with probability 1/2."""
+    flip = torch.rand(images.shape[0], generator=generator) < 0.5
+    out = images.clone()
+    out[flip] = images[flip].flip(-1)
+    return out
+
+
+def encode_jpeg(image: np.ndarray, quality: int = 95) -> bytes:
+    """HWC uint8 -> JPEG bytes (used to write RecordIO and test fixtures)."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()

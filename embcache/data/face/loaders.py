@@ -1,0 +1,118 @@
+"""The two loaders of F2C training and the pair batch they make together.
+
+- `IdentityLoader`: per epoch a shuffled order of the identities with at least two samples;
+  each step takes the next `pairs` identities and two different samples of each. Every
+  identity is seen once per epoch, so every identity enters the class pool.
+- `InstanceLoader`: ordinary shuffled samples, a new permutation each pass over the data.
+
+Both are pure functions of (seed, epoch, step): a resumed run sees exactly the batches an
+uninterrupted run would, with no loader state to save.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .images import random_hflip
+
+
+def _generator(*parts: int) -> torch.Generator:
+    seed = 0
+    for p in parts:
+        seed = (seed * 1_000_003 + int(p) + 1) % (2**63 - 1)
+    return torch.Generator().manual_seed(seed)
+
+
+class IdentityLoader:
+    def __init__(self, source, pairs: int, seed: int = 0):
+        self.source, self.pairs, self.seed = source, int(pairs), seed
+        self.identities = source.eligible_identities()
+        if self.identities.numel() == 0:
+            raise ValueError(f"{source.name}: no identity has two samples; the identity loader needs pairs")
+        self.pairs = min(self.pairs, self.identities.numel())
+        self.steps_per_epoch = self.identities.numel() // self.pairs
+        self._perm_epoch, self._perm = None, None
+
+    def batch(self, epoch: int, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(sample ids of first views, of second views, labels) of step `step` of `epoch`."""
+        if self._perm_epoch != epoch:
+            self._perm = torch.randperm(self.identities.numel(), generator=_generator(self.seed, 1, epoch))
+            self._perm_epoch = epoch
+        labels = self.identities[self._perm[step * self.pairs:(step + 1) * self.pairs]]
+        gen = _generator(self.seed, 2, epoch, step)
+        count = self.source.count_of(labels)
+        r1 = (torch.rand(labels.numel(), generator=gen, dtype=torch.float64) * count).long()
+        r2 = (r1 + 1 + (torch.rand(labels.numel(), generator=gen, dtype=torch.float64) * (count - 1)).long()) % count
+        return self.source.sample_ids(labels, r1), self.source.sample_ids(labels, r2), labels
+
+
+class InstanceLoader:
+    def __init__(self, source, batch_size: int, seed: int = 0):
+        self.source, self.batch_size, self.seed = source, int(batch_size), seed
+        self.n = source.num_samples
+        self._cycle, self._perm = None, None
+
+    def _permutation(self, cycle: int) -> torch.Tensor:
+        if self._cycle != cycle:
+            self._perm = torch.randperm(self.n, generator=_generator(self.seed, 3, cycle))
+            self._cycle = cycle
+        return self._perm
+
+    def batch(self, global_step: int) -> torch.Tensor:
+        """Sample ids of the `global_step`-th batch of the endless shuffled stream."""
+        if self.batch_size == 0:
+            return torch.empty(0, dtype=torch.long)
+        start, parts = global_step * self.batch_size, []
+        while sum(p.numel() for p in parts) < self.batch_size:
+            cycle, pos = divmod(start, self.n)
+            take = min(self.batch_size - sum(p.numel() for p in parts), self.n - pos)
+            parts.append(self._permutation(cycle)[pos:pos + take])
+            start += take
+        return torch.cat(parts)
+
+
+@dataclass
+class PairBatch:
+    """One training step's samples: `pairs` identities with two views each (`a`, `b`) and
+    `instances` shuffled samples (`c`), with their labels. `dropped` counts unreadable samples
+    left out (their rows are removed; they are also logged by the source)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    pair_labels: torch.Tensor
+    c: torch.Tensor
+    instance_labels: torch.Tensor
+    dropped: int = 0
+
+
+class PairBatches:
+    """Combines the identity loader (`batch_size // 4` pairs, i.e. half of the images) and the
+    instance loader (the other half) into one `PairBatch` per step.
+
+    Args:
+        source: a face source (synthetic, image folder, RecordIO).
+        batch_size: images per step (>= 4).
+        flip: random horizontal flips for image samples.
+    """
+
+    def __init__(self, source, batch_size: int, seed: int = 0, flip: bool = True):
+        if batch_size < 4:
+            raise ValueError(f"batch size must be at least 4 (pairs + instances), got {batch_size}")
+        self.source, self.seed = source, seed
+        self.identity = IdentityLoader(source, batch_size // 4, seed)
+        self.instance = InstanceLoader(source, batch_size - 2 * self.identity.pairs, seed)
+        self.flip = flip and len(source.sample_shape) == 3
+        self.steps_per_epoch = self.identity.steps_per_epoch
+
+    def get(self, epoch: int, step: int) -> PairBatch:
+        global_step = epoch * self.steps_per_epoch + step
+        ia, ib, y = self.identity.batch(epoch, step)
+        ic = self.instance.batch(global_step)
+        (xa, oka), (xb, okb), (xc, okc) = self.source.load(ia), self.source.load(ib), self.source.load(ic)
+        pair_ok = oka & okb
+        if self.flip:
+            gen = _generator(self.seed, 4, global_step)
+            xa, xb, xc = (random_hflip(x, gen) for x in (xa, xb, xc))
+        dropped = int((~oka).sum() + (~okb).sum() + (~okc).sum())
+        return PairBatch(xa[pair_ok], xb[pair_ok], y[pair_ok], xc[okc], self.source.label_of(ic)[okc], dropped)

@@ -1,0 +1,54 @@
+"""Verification pair files (`lfw.bin`, `cfp_fp.bin`, `agedb_30.bin`): a pickled pair
+`(list of encoded images, list of is-same flags)`, images 2i and 2i+1 forming pair i.
+
+The file is unpickled with a restricted unpickler that accepts only plain containers, bytes,
+booleans and numpy arrays, so a crafted file cannot run code."""
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from embcache.data.bad_rows import DataFormatError
+from .images import decode_image
+
+_ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+            ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
+            ("numpy._core.multiarray", "scalar"), ("builtins", "bytearray")}
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def load_verification_bin(path: str | os.PathLike, image_size: int = 112) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                       torch.Tensor]:
+    """(first images [n,3,S,S], second images, is-same [n] bool); DataFormatError naming the
+    file (and image index) for a missing, malformed or undecodable file."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataFormatError(f"{path}: no such verification file")
+    try:
+        with open(path, "rb") as f:
+            bins, issame = _SafeUnpickler(f, encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as err:
+        raise DataFormatError(f"{path}: not a verification .bin ({type(err).__name__}: {err})") from None
+    issame = np.asarray(issame, dtype=bool)
+    if len(bins) != 2 * len(issame):
+        raise DataFormatError(f"{path}: {len(bins)} images for {len(issame)} pairs (expected twice as many)")
+    images = torch.stack([decode_image(bytes(b), f"{path}#{i}", image_size) for i, b in enumerate(bins)])
+    return images[0::2], images[1::2], torch.from_numpy(issame)
+
+
+def write_verification_bin(path: str | os.PathLike, images: list[bytes], issame: list[bool]) -> Path:
+    """Write the format above (tests, and converting a pair list of one's own)."""
+    path = Path(path)
+    with open(path, "wb") as f:
+        pickle.dump((list(images), list(map(bool, issame))), f, protocol=4)
+    return path
