@@ -3,6 +3,7 @@ all (one line naming the file and line), `BadRowLog` for rows a converter skips 
 reports to the user and stores in meta.json."""
 from __future__ import annotations
 
+import bisect
 import os
 import sys
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ class FileBadRows:
 class BadRowLog:
     """Counts the rows a converter skips, per input file and reason.
 
-    Keeps the first `keep` line numbers (with their reason) of each file so that a user can
+    Keeps the `keep` smallest line numbers (with their reason) of each file so that a user can
     look at them; everything else is a count, so memory stays bounded however bad the file.
 
     Example:
@@ -54,9 +55,12 @@ class BadRowLog:
         entry.count += 1
         kind = reason.split(":")[0]
         entry.by_reason[kind] = entry.by_reason.get(kind, 0) + 1
-        if len(entry.first_lines) < self.keep:
-            entry.first_lines.append(line)
-            entry.first_reasons.append(reason)
+        # keep the `keep` smallest line numbers: rows are not always reported in line order
+        if len(entry.first_lines) < self.keep or line < entry.first_lines[-1]:
+            at = bisect.bisect(entry.first_lines, line)
+            entry.first_lines.insert(at, line)
+            entry.first_reasons.insert(at, reason)
+            del entry.first_lines[self.keep:], entry.first_reasons[self.keep:]
 
     def seen(self, path: str | os.PathLike) -> None:
         """Record that `path` was read, so a clean file shows up with count 0."""

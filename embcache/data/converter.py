@@ -1,0 +1,165 @@
+"""The two-pass conversion shared by the Criteo and Avazu converters.
+
+Pass 1 reads every input file once, block by block: it counts each categorical value, counts
+the good rows per file (the split protocols need them), and logs every malformed row. Between
+the passes the vocabularies are fixed. Pass 2 reads the files again, maps values to ids, routes
+each row to its split and writes the canonical format. Memory: one block of text plus the
+per-feature (key, count) arrays of pass 1 -- never a whole file.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from embcache.data.bad_rows import BadRowLog, format_error
+from embcache.data.ctr_format import CTRDatasetWriter, SPLITS, SparseFeature
+from embcache.data.delimited import BLOCK_BYTES, is_empty_line, read_blocks
+from embcache.data.vocabulary import ValueCounter, Vocabulary
+
+
+@dataclass
+class Parsed:
+    """One block parsed: `ok` marks good rows; label/dense/keys/aux cover the good rows only;
+    `reasons` gives, for each bad row index, why (`kind: detail`)."""
+
+    ok: np.ndarray
+    label: np.ndarray
+    dense: np.ndarray
+    keys: np.ndarray
+    reasons: dict[int, str] = field(default_factory=dict)
+    aux: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+class RowChecks:
+    """Collects per-column validity masks and explains the first failing check of each bad row."""
+
+    def __init__(self, block: pa.RecordBatch):
+        self.block = block
+        self.ok = np.ones(block.num_rows, dtype=bool)
+        self.reasons: dict[int, str] = {}
+        empty = is_empty_line(block)
+        self._fail(empty, lambda i: "empty line")
+
+    def require(self, mask: np.ndarray, kind: str, column: str) -> None:
+        col = self.block.column(column)
+        self._fail(~mask, lambda i: f"{kind}: {column}={col[i].as_py()[:40]!r}")
+
+    def _fail(self, bad: np.ndarray, why: Callable[[int], str]) -> None:
+        new = bad & self.ok
+        for i in np.flatnonzero(new):
+            self.reasons[int(i)] = why(int(i))
+        self.ok &= ~bad
+
+
+@dataclass
+class TextSource:
+    """What a converter tells the driver about its input.
+
+    Args:
+        files: the input files, in order.
+        columns: every column name of a line, in order.
+        delimiter, header: the text layout.
+        dense_names / sparse_names: output column descriptions (stored in meta.json).
+        parse: block -> Parsed.
+        assign: (file index, indices of the good rows within that file, good rows per file,
+            the block's aux arrays) -> split code per row (0 train, 1 val, 2 test).
+        observe: optional; called with each block's aux in pass 1 (e.g. to find the last day).
+    """
+
+    files: list[Path]
+    columns: list[str]
+    delimiter: str
+    header: bool
+    dense_names: list[str]
+    sparse_names: list[str]
+    parse: Callable[[pa.RecordBatch], Parsed]
+    assign: Callable[[int, np.ndarray, list[int], dict], np.ndarray]
+    observe: Callable[[dict], None] | None = None  # sees every good block's aux in pass 1
+
+
+def convert(src: TextSource, out_dir: str | os.PathLike, source: str, min_count: int = 1,
+            max_ids: int | None = None, progress: bool = True, block_bytes: int = BLOCK_BYTES,
+            rows_per_shard: int = 2_000_000, extra_meta: dict | None = None) -> dict:
+    """Run both passes; returns the written meta (bad rows are printed to stderr too)."""
+    for path in src.files:
+        if not Path(path).is_file():
+            raise format_error(path, None, "no such file")
+    bad = BadRowLog()
+    counters = [ValueCounter() for _ in src.sparse_names]
+    good_per_file = []
+    with _bar(progress, "pass 1/2: counting values") as bar:
+        for path in src.files:
+            good = 0
+            for block, first, lines in read_blocks(path, src.columns, src.delimiter, src.header, bad, block_bytes):
+                parsed = src.parse(block)
+                if parsed.reasons:
+                    idx = np.array(sorted(parsed.reasons), dtype=np.int64)
+                    for i, line in zip(idx, lines.of(first + idx)):
+                        bad.add(path, int(line), parsed.reasons[int(i)])
+                for f, counter in enumerate(counters):
+                    counter.update(parsed.keys[:, f])
+                if src.observe is not None:
+                    src.observe(parsed.aux)
+                good += len(parsed.label)
+                bar.update(block.num_rows)
+            good_per_file.append(good)
+    bad.report()
+    if sum(good_per_file) == 0:
+        raise format_error(src.files[0], None, f"no usable rows in {len(src.files)} file(s)")
+    vocabs = [Vocabulary.build(*c.result(), min_count=min_count, max_ids=max_ids) for c in counters]
+    del counters
+    features = [SparseFeature(f"sparse_{f}", v.cardinality) for f, v in enumerate(vocabs)]
+    writer = CTRDatasetWriter(out_dir, len(src.dense_names), features, source=source,
+                              rows_per_shard=rows_per_shard)
+    with _bar(progress, "pass 2/2: writing", total=sum(good_per_file)) as bar:
+        for file_index, path in enumerate(src.files):
+            done = 0
+            for block, _, _ in read_blocks(path, src.columns, src.delimiter, src.header, None, block_bytes):
+                parsed = src.parse(block)
+                n = len(parsed.label)
+                ids = [v.lookup(parsed.keys[:, f]) for f, v in enumerate(vocabs)]
+                codes = src.assign(file_index, np.arange(done, done + n), good_per_file, parsed.aux)
+                for code, split in enumerate(SPLITS):
+                    rows = np.flatnonzero(codes == code)
+                    if len(rows):
+                        writer.write(split, parsed.label[rows], parsed.dense[rows], [i[rows] for i in ids])
+                done += n
+                bar.update(n)
+    _save_vocabularies(Path(out_dir), vocabs)
+    meta = writer.finish(
+        bad_rows=bad.to_json(), min_count=min_count, max_ids_per_feature=max_ids,
+        id_rule="0 = missing or rarer than min_count; others 1.. in ascending order of the raw value's key"
+                + ("; folded by modulo onto 1..max_ids-1" if max_ids else ""),
+        vocabulary_file="vocabulary.npz", features={**dict(zip([f"dense_{j}" for j in range(len(src.dense_names))],
+                                                               src.dense_names)),
+                                                    **{f.name: n for f, n in zip(features, src.sparse_names)}},
+        input_files=[str(p) for p in src.files], good_rows_per_file=good_per_file, **(extra_meta or {}))
+    return meta
+
+
+def _save_vocabularies(out: Path, vocabs: list[Vocabulary]) -> None:
+    """vocabulary.npz: per feature, the sorted keys that own ids 1.. (for mapping new data)."""
+    tmp = out / f".vocabulary.tmp-{os.getpid()}.npz"
+    np.savez(tmp, **{f"sparse_{f}": v.keys for f, v in enumerate(vocabs)})
+    os.replace(tmp, out / "vocabulary.npz")
+
+
+def _bar(enabled: bool, desc: str, total: int | None = None):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="row", unit_scale=True, disable=not enabled, file=sys.stderr)
+
+
+def hashed_fraction(seed: int, file_index: int, rows: np.ndarray) -> np.ndarray:
+    """A deterministic uniform [0, 1) number per (seed, file, row): a random split that needs
+    no state and streams."""
+    from embcache.data.delimited import _splitmix64
+
+    x = (rows.astype(np.uint64) * np.uint64(0x100000001B3)) ^ np.uint64(file_index << 40) ^ np.uint64(seed * 7919 + 1)
+    return (_splitmix64(_splitmix64(x)) >> np.uint64(11)).astype(np.float64) / 2.0**53

@@ -1,0 +1,173 @@
+"""Streaming reader of large delimited text files (Criteo TSV, Avazu CSV, optionally gzip) and
+the vectorized field parsers the converters share.
+
+Files are read with pyarrow's streaming CSV reader, block by block, every field as a string,
+so memory is bounded by the block size and a malformed value never aborts a block. Every
+physical line is accounted for: a line with the wrong number of fields is skipped and logged
+(with its line number) by the reader itself, an empty line arrives as a row of empty strings
+for the caller to classify, and `LineNumbers` maps a delivered row back to its physical line.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from embcache.data.bad_rows import BadRowLog, format_error
+
+BLOCK_BYTES = 16 << 20  # ~100k Criteo lines per block
+_NUMBER = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
+
+
+class LineNumbers:
+    """Physical line of the k-th delivered row of a file, given the lines the reader skipped."""
+
+    def __init__(self, header_lines: int):
+        self.header = header_lines
+        self.skipped: list[int] = []  # ascending: the reader reports them in order
+
+    def of(self, rows: np.ndarray) -> np.ndarray:
+        """1-based line numbers of delivered rows (0-based indices among delivered rows)."""
+        skipped = np.asarray(self.skipped, dtype=np.int64)
+        line = rows.astype(np.int64) + 1 + self.header
+        while True:  # shift past every skipped line at or before the candidate line
+            moved = rows + 1 + self.header + np.searchsorted(skipped, line, side="right")
+            if np.array_equal(moved, line):
+                return line
+            line = moved
+
+
+def read_blocks(path: str | os.PathLike, column_names: list[str], delimiter: str, header: bool,
+                bad_rows: BadRowLog | None, block_bytes: int = BLOCK_BYTES
+                ) -> Iterator[tuple[pa.RecordBatch, int, LineNumbers]]:
+    """Yield `(block of string columns, index of its first row among delivered rows, line map)`.
+
+    Lines with a different number of fields are skipped and logged in `bad_rows` (when given).
+    With `header`, the first line must name exactly `column_names`. gzip is detected from a
+    `.gz` suffix. An unreadable or truncated file raises DataFormatError naming it.
+    """
+    path = Path(path)
+    lines = LineNumbers(1 if header else 0)
+    expected = len(column_names)
+
+    def on_invalid(row) -> str:
+        number = row.number if row.number is not None else -1
+        lines.skipped.append(number)
+        if bad_rows is not None:
+            bad_rows.add(path, number, f"wrong column count: {row.actual_columns} fields, expected {expected}")
+        return "skip"
+
+    try:
+        stream = pa.input_stream(str(path), compression="detect")
+        reader = pacsv.open_csv(
+            stream,
+            read_options=pacsv.ReadOptions(column_names=None if header else column_names,
+                                           block_size=block_bytes, use_threads=False),
+            parse_options=pacsv.ParseOptions(delimiter=delimiter, quote_char='"' if delimiter == "," else False,
+                                             ignore_empty_lines=False, invalid_row_handler=on_invalid),
+            convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in column_names},
+                                                 include_columns=column_names, strings_can_be_null=False,
+                                                 quoted_strings_can_be_null=False))
+    except FileNotFoundError:
+        raise format_error(path, None, "no such file") from None
+    except (OSError, pa.ArrowException) as err:
+        raise _read_error(path, lines, err) from None
+    if bad_rows is not None:
+        bad_rows.seen(path)
+    if header and reader.schema.names != column_names:
+        names = ",".join(reader.schema.names)
+        raise format_error(path, 1, f"header {names[:120]!r} does not name the expected columns "
+                                    f"{','.join(column_names)[:120]!r}")
+    delivered = 0
+    while True:
+        try:
+            block = reader.read_next_batch()
+        except StopIteration:
+            return
+        except (OSError, pa.ArrowException) as err:
+            raise _read_error(path, lines, err, delivered) from None
+        yield block, delivered, lines
+        delivered += block.num_rows
+
+
+def _read_error(path: Path, lines: LineNumbers, err: Exception, delivered: int | None = None):
+    near = "" if delivered is None else f" (after line {int(lines.of(np.array([delivered]))[0]) - 1})"
+    message = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return format_error(path, None, f"cannot read{near}: {message}")
+
+
+# --------------------------------------------------------------------------- field parsers
+def is_empty_line(block: pa.RecordBatch) -> np.ndarray:
+    """Rows whose every field is empty: the reader's form of an empty line."""
+    empty = np.ones(block.num_rows, dtype=bool)
+    for col in block.columns:
+        empty &= pc.equal(pc.utf8_length(col), 0).to_numpy(zero_copy_only=False)
+    return empty
+
+
+def parse_label(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 labels, mask of rows whose field is exactly "0" or "1")."""
+    one = pc.equal(col, "1").to_numpy(zero_copy_only=False)
+    zero = pc.equal(col, "0").to_numpy(zero_copy_only=False)
+    return one.astype(np.int8), one | zero
+
+
+def parse_count_feature(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(float32 `log(max(x, 0) + 1)` with empty -> 0, mask of rows whose field is empty or a number).
+
+    Clamping at 0 then log1p is the DLRM reference's transform of Criteo's integer counts
+    (which include -1 and -2)."""
+    empty = pc.equal(pc.utf8_length(col), 0).to_numpy(zero_copy_only=False)
+    number = pc.match_substring_regex(col, _NUMBER).to_numpy(zero_copy_only=False)
+    ok = empty | number
+    values = np.zeros(len(col), dtype=np.float64)
+    if number.any():
+        good = pc.filter(col, pa.array(number))
+        values[number] = pc.cast(good, pa.float64()).to_numpy()
+    return np.log1p(np.maximum(values, 0.0)).astype(np.float32), ok
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    z = x + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def string_keys(col: pa.Array) -> np.ndarray:
+    """A uint64 key per string: 0 for the empty string (missing), the bytes themselves for up to
+    8 bytes (exact, so Criteo's 8-hex-digit values never collide), a 64-bit hash with the top
+    bit set for longer strings. Vectorized over the Arrow buffers, no Python loop over rows."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    col = col.cast(pa.string())
+    n = len(col)
+    offsets = np.frombuffer(col.buffers()[1], dtype=np.int32)[col.offset: col.offset + n + 1].astype(np.int64)
+    data_buffer = col.buffers()[2]
+    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    if n == 0 or len(data) == 0:
+        return np.zeros(n, dtype=np.uint64)
+
+    def word(starts: np.ndarray, lengths: np.ndarray, k: int) -> np.ndarray:
+        """Bytes 8k..8k+7 of every string packed big-endian (zeros past the end)."""
+        j = np.arange(8)
+        idx = starts[:, None] + 8 * k + j[None, :]
+        inside = (8 * k + j)[None, :] < lengths[:, None]
+        b = np.where(inside, data[np.minimum(idx, len(data) - 1)], 0).astype(np.uint64)
+        return (b << (np.uint64(8) * (np.uint64(7) - j.astype(np.uint64)))[None, :]).sum(axis=1, dtype=np.uint64)
+
+    keys = word(starts, lengths, 0)
+    long = lengths > 8
+    if long.any():
+        ls, ll = starts[long], lengths[long]
+        h = _splitmix64(keys[long] ^ ll.astype(np.uint64))
+        for k in range(1, int((ll.max() + 7) // 8)):
+            h = _splitmix64(h ^ word(ls, ll, k))
+        keys[long] = h | np.uint64(1 << 63)
+    return keys
