@@ -62,6 +62,8 @@ def read_blocks(path: str | os.PathLike, column_names: list[str], delimiter: str
             bad_rows.add(path, number, f"wrong column count: {row.actual_columns} fields, expected {expected}")
         return "skip"
 
+    if header:
+        _check_header(path, column_names, delimiter)
     try:
         stream = pa.input_stream(str(path), compression="detect")
         reader = pacsv.open_csv(
@@ -79,10 +81,6 @@ def read_blocks(path: str | os.PathLike, column_names: list[str], delimiter: str
         raise _read_error(path, lines, err) from None
     if bad_rows is not None:
         bad_rows.seen(path)
-    if header and reader.schema.names != column_names:
-        names = ",".join(reader.schema.names)
-        raise format_error(path, 1, f"header {names[:120]!r} does not name the expected columns "
-                                    f"{','.join(column_names)[:120]!r}")
     delivered = 0
     while True:
         try:
@@ -93,6 +91,21 @@ def read_blocks(path: str | os.PathLike, column_names: list[str], delimiter: str
             raise _read_error(path, lines, err, delivered) from None
         yield block, delivered, lines
         delivered += block.num_rows
+
+
+def _check_header(path: Path, column_names: list[str], delimiter: str) -> None:
+    """The first line must name exactly `column_names` (before pyarrow sees the file, so the
+    error says what is wrong rather than which column pyarrow missed)."""
+    try:
+        with pa.input_stream(str(path), compression="detect") as stream:
+            first = stream.read(1 << 16).split(b"\n", 1)[0].decode("utf-8", "replace").rstrip("\r")
+    except FileNotFoundError:
+        raise format_error(path, None, "no such file") from None
+    except (OSError, pa.ArrowException) as err:
+        raise format_error(path, None, f"cannot read: {str(err).splitlines()[0] if str(err) else err!r}") from None
+    if first.split(delimiter) != column_names:
+        raise format_error(path, 1, f"header {first[:120]!r} does not name the expected columns "
+                                    f"{delimiter.join(column_names)[:120]!r}")
 
 
 def _read_error(path: Path, lines: LineNumbers, err: Exception, delivered: int | None = None):
