@@ -16,6 +16,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "dlrm": ("embcache.train.dlrm_cli", "train a DLRM through the embedding cache (the main job)"),
     "bench": ("embcache.bench.cli", "run a benchmark (cache, dlrm, cf, face); JSON lands in bench/results/"),
+    "data": ("embcache.data.cli", "prepare CTR data: Criteo Kaggle/Terabyte, Avazu, MovieLens-100k, synthetic"),
 }
 
 
