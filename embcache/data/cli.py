@@ -1,0 +1,177 @@
+"""`embcache data`: prepare CTR data in the canonical format (Parquet shards + meta.json) that
+`embcache dlrm train --data DIR` reads, and look at a prepared directory."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from embcache.cli import UserFacingError
+
+DATASETS = Path(__file__).resolve().parents[2] / "datasets"
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+
+    prep = sub.add_parser("prepare", help="convert a public data set (two streaming passes)")
+    which = prep.add_subparsers(dest="dataset", metavar="DATASET")
+    prep.set_defaults(func=lambda _args: prep.print_help() or 2)
+
+    def vocabulary_options(p):
+        p.add_argument("--min-count", type=int, default=1,
+                       help="values seen fewer times share id 0 with missing values (DLRM uses 15 on Terabyte)")
+        p.add_argument("--max-ids-per-feature", type=int, default=None,
+                       help="cap every table at this many rows by folding ids (a hashing cap)")
+        p.add_argument("--rows-per-shard", type=int, default=2_000_000, help="rows per Parquet file")
+        p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    p = which.add_parser("criteo-kaggle", formatter_class=fmt, help="Criteo Kaggle train.txt",
+                         description="Criteo Display Advertising Challenge train.txt (or .gz). The last "
+                                     "seventh of the rows is held out: first half val, second half test.")
+    p.add_argument("--input", required=True, help="path of train.txt or train.txt.gz")
+    p.add_argument("--out", required=True, help="output directory")
+    vocabulary_options(p)
+    p.set_defaults(func=_criteo_kaggle)
+
+    p = which.add_parser("criteo-terabyte", formatter_class=fmt, help="Criteo Terabyte day_N files",
+                         description="Criteo 1TB click logs: day_0..day_23, plain or .gz. The last listed "
+                                     "day is held out (first half val, second half test); the others train.")
+    p.add_argument("--input-dir", required=True, help="directory holding day_N or day_N.gz")
+    p.add_argument("--days", default="0-23", help="days to use, e.g. 0-23 or 0,1,23 (last = held out)")
+    p.add_argument("--out", required=True, help="output directory")
+    vocabulary_options(p)
+    p.set_defaults(func=_criteo_terabyte)
+
+    p = which.add_parser("avazu", formatter_class=fmt, help="Avazu train.csv",
+                         description="Avazu CTR train.csv (or train.gz), header required.")
+    p.add_argument("--input", required=True, help="path of train.csv or train.gz")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--split", choices=("random", "time"), default="random",
+                   help="random 8:1:1 by a seeded hash of the row position, or by day "
+                        "(last day test, the day before val)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random split")
+    vocabulary_options(p)
+    p.set_defaults(func=_avazu)
+
+    p = which.add_parser("ml-100k", formatter_class=fmt, help="MovieLens-100k as CTR (rating >= 4 is a click)",
+                         description="MovieLens-100k as CTR data. Without --input the RecBole copy is "
+                                     "fetched once with pip into datasets/ml-100k/ (not redistributed).")
+    p.add_argument("--input", default=None, help="directory with u.data/u.user/u.item (or RecBole's ml-100k.*)")
+    p.add_argument("--out", default=str(DATASETS / "ml-100k-ctr"), help="output directory")
+    p.add_argument("--split", choices=("random", "time"), default="random",
+                   help="seeded random 80/10/10, or chronological")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_ml100k)
+
+    p = sub.add_parser("synthetic", formatter_class=fmt, help="generate Criteo-shaped synthetic data",
+                       description="Criteo-shaped synthetic data: Kaggle's cardinalities times --scale, "
+                                   "Zipf ids, labels from a hidden logistic model whose AUC is stored "
+                                   "in meta.json as oracle_auc. val and test get a tenth of --rows each.")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--rows", type=int, default=200_000, help="training rows")
+    p.add_argument("--scale", type=float, default=0.01, help="multiplies Criteo Kaggle's cardinalities")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_synthetic)
+
+    p = sub.add_parser("info", help="show a prepared directory's meta.json at a glance")
+    p.add_argument("dir", help="a directory with meta.json")
+    p.add_argument("--head", type=int, default=0, help="also print the first N training rows")
+    p.add_argument("--json", action="store_true", help="print meta.json as it is")
+    p.set_defaults(func=_info)
+    return parser
+
+
+def _guard(fn, *args, **kwargs):
+    """Library ValueErrors (bad arguments) become one-line user errors."""
+    try:
+        return fn(*args, **kwargs)
+    except UserFacingError:
+        raise
+    except ValueError as err:
+        raise UserFacingError(str(err)) from None
+
+
+def _vocab_kwargs(args) -> dict:
+    return dict(min_count=args.min_count, max_ids=args.max_ids_per_feature, progress=not args.no_progress,
+                rows_per_shard=args.rows_per_shard)
+
+
+def _criteo_kaggle(args) -> int:
+    from embcache.data.criteo import convert_criteo_kaggle
+
+    _done(_guard(convert_criteo_kaggle, args.input, args.out, **_vocab_kwargs(args)), args.out)
+    return 0
+
+
+def _criteo_terabyte(args) -> int:
+    from embcache.data.criteo import convert_criteo_terabyte
+
+    _done(_guard(convert_criteo_terabyte, args.input_dir, args.out, days=args.days, **_vocab_kwargs(args)), args.out)
+    return 0
+
+
+def _avazu(args) -> int:
+    from embcache.data.avazu import convert_avazu
+
+    _done(_guard(convert_avazu, args.input, args.out, split=args.split, seed=args.seed, **_vocab_kwargs(args)),
+          args.out)
+    return 0
+
+
+def _ml100k(args) -> int:
+    from embcache.data.movielens_ctr import prepare_ml100k_ctr
+
+    _done(_guard(prepare_ml100k_ctr, args.out, args.input, split=args.split, seed=args.seed), args.out)
+    return 0
+
+
+def _synthetic(args) -> int:
+    from embcache.data.synthetic import generate_synthetic
+
+    _done(_guard(generate_synthetic, args.out, rows=args.rows, scale=args.scale, seed=args.seed,
+                 progress=not args.no_progress), args.out)
+    return 0
+
+
+def _done(meta: dict, out) -> None:
+    print(summary(meta, out))
+
+
+def summary(meta: dict, where) -> str:
+    """A few lines: rows per split, features, label rate where known, bad rows."""
+    splits = ", ".join(f"{s} {info['rows']:,} rows in {len(info['files'])} file(s)"
+                       for s, info in meta["splits"].items())
+    cards = [f["cardinality"] for f in meta["sparse"]]
+    multi = [f["name"] for f in meta["sparse"] if f.get("multi_hot")]
+    lines = [f"{where}: {meta.get('source', '?')}",
+             f"  splits      {splits}",
+             f"  dense       {meta['num_dense']} columns",
+             f"  sparse      {len(cards)} features, {sum(cards):,} ids in all (largest {max(cards, default=0):,})"
+             + (f"; multi-hot: {', '.join(multi)}" if multi else "")]
+    if meta.get("oracle_auc") is not None:
+        lines.append(f"  oracle AUC  {meta['oracle_auc']:.4f} on val (the hidden model's ceiling)")
+    bad = sum(v.get("count", 0) for v in meta.get("bad_rows", {}).values())
+    if meta.get("bad_rows"):
+        lines.append(f"  bad rows    {bad:,} skipped" + (" (details in meta.json)" if bad else ""))
+    return "\n".join(lines)
+
+
+def _info(args) -> int:
+    from embcache.data.ctr_format import head_rows, read_meta
+
+    meta = read_meta(args.dir)
+    if args.json:
+        print(json.dumps(meta, indent=1))
+        return 0
+    print(summary(meta, args.dir))
+    for name, info in meta.get("bad_rows", {}).items():
+        if info.get("count"):
+            print(f"  {name}: {info['count']:,} bad rows, first at lines {info['first_lines']}")
+    if args.head:
+        for row in head_rows(args.dir, "train", args.head):
+            print(json.dumps(row))
+    return 0
