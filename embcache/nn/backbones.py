@@ -1,6 +1,7 @@
 """Backbones that turn a sample into a face embedding, written here (no torchvision):
 
-- `MLP`: for feature-vector samples (the synthetic task's default, and tests).
+- `MLP`: for feature-vector samples (the synthetic task's default, and tests); batch-normed
+  layers and a batch-normed embedding, as face backbones end.
 - `SmallCNN`: three strided convolutions, for small synthetic images and CPU smoke runs.
 - `IResNet`: the improved ResNet used for 112x112 face crops (depths 18 and 50): a 3x3 stem,
   pre-activation-style blocks (BN, conv, BN, PReLU, conv, BN) in four stages of stride 2,
@@ -22,8 +23,9 @@ class MLP(nn.Module):
 
     def __init__(self, in_dim: int, feat_dim: int, hidden: int = 256):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                                 nn.Linear(hidden, feat_dim))
+        self.net = nn.Sequential(nn.Linear(in_dim, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
+                                 nn.Linear(hidden, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
+                                 nn.Linear(hidden, feat_dim), nn.BatchNorm1d(feat_dim))
 
     def forward(self, x):
         return self.net(x.flatten(1))

@@ -54,9 +54,9 @@ def verification(emb_a: torch.Tensor, emb_b: torch.Tensor, issame: torch.Tensor,
     scores = (emb_a * emb_b).sum(1).double().numpy()
     same = issame.numpy().astype(bool)
     n = len(scores)
-    if n < folds:
+    if n < 2 * folds:
         raise ValueError(f"{n} verification pairs are fewer than {folds} folds")
-    fold_of = np.arange(n) % folds
+    fold_of = np.arange(n) * folds // n  # contiguous folds, as the LFW protocol
     accs = []
     for k in range(folds):
         test = fold_of == k

@@ -121,7 +121,7 @@ class SyntheticFaces:
 
     def verification_pairs(self, num_pairs: int = 6000) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(first samples, second samples, is-same) over held-out identities, half positive,
-        interleaved so that each of 10 folds is balanced."""
+        alternating, so that every contiguous fold is balanced."""
         gen = torch.Generator().manual_seed(self.seed + 7)
         e = self.num_eval_classes
         same = torch.arange(num_pairs) % 2 == 0

@@ -1,0 +1,145 @@
+"""`embcache face`: face classification with a dynamic class pool (F2C), or the full FC /
+Partial FC baselines, on synthetic identities (the default: no download), an image folder
+per identity, or MXNet RecordIO (`train.rec`/`train.idx`, as MS1MV2 and Glint360K ship)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from embcache.cli import UserFacingError
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    from embcache.nn.backbones import BACKBONES
+    from embcache.nn.heads import HEADS, MARGINS
+    from embcache.train.face import FaceConfig
+
+    d = FaceConfig()
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    p = sub.add_parser("train", help="train a face embedding (and evaluate it after each epoch)", formatter_class=fmt,
+                       description="Train a probe net with the dcp / fc / pfc head. The progress bar shows loss, "
+                                   "learning rate and pool occupancy; verification accuracy (10-fold), TAR@FAR "
+                                   "and identification top-1 on held-out identities after each epoch; a summary "
+                                   "at the end. Checkpoints are atomic and include the pool and its LRU state; "
+                                   "--resume continues exactly where a killed run stopped.")
+    p.add_argument("--data", default=d.data, help="'synthetic', an image folder (<dir>/<identity>/<image>), "
+                                                  "or a directory with train.rec and train.idx")
+    p.add_argument("--val", nargs="*", default=[], metavar="BIN",
+                   help="verification .bin files (lfw.bin, cfp_fp.bin, agedb_30.bin) evaluated after each epoch")
+    p.add_argument("--head", choices=HEADS, default=d.head,
+                   help="dcp: dynamic class pool; fc: one weight row per class; pfc: Partial FC")
+    p.add_argument("--num-classes", type=int, default=d.num_classes,
+                   help="synthetic: number of training identities; real data: the label space (labels must be "
+                        "below it; default there: max label + 1)")
+    p.add_argument("--pool-ratio", type=float, default=d.pool_ratio, help="dcp: pool slots as a fraction of classes")
+    p.add_argument("--sample-rate", type=float, default=d.sample_rate, help="pfc: class centres sampled per step")
+    p.add_argument("--backbone", choices=("auto",) + BACKBONES, default=d.backbone,
+                   help="auto: mlp for feature vectors, iresnet18 for images")
+    p.add_argument("--feat-dim", type=int, default=d.feat_dim, help="embedding size")
+    p.add_argument("--margin-type", choices=MARGINS, default=d.margin_type)
+    p.add_argument("--margin", type=float, default=d.margin, help="additive angular (arcface) or cosine margin")
+    p.add_argument("--scale", type=float, default=d.scale, help="logit scale s")
+    p.add_argument("--topk", type=int, default=d.topk, help="dcp: k of the out-of-pool loss")
+    p.add_argument("--gallery-momentum", type=float, default=d.gallery_momentum,
+                   help="dcp: EMA momentum of the gallery net")
+    p.add_argument("--epochs", type=int, default=d.epochs, help="passes of the identity loader over the identities")
+    p.add_argument("--batch-size", type=int, default=d.batch_size,
+                   help="images per step: a quarter are identity pairs (two views each), the rest instances")
+    p.add_argument("--lr", type=float, default=d.lr, help="SGD learning rate (cosine decay to 0)")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--image-size", type=int, default=d.image_size,
+                   help="synthetic: 0 for feature vectors, S for S x S images; real data: crop size (0 = 112)")
+    p.add_argument("--synthetic-samples", type=int, default=d.synthetic_samples, help="samples per synthetic identity")
+    p.add_argument("--eval-classes", type=int, default=d.eval_classes, help="held-out synthetic identities")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps in all")
+    p.add_argument("--checkpoint-dir", default=None, help="write checkpoints here (atomically)")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="steps between checkpoints")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
+    p.add_argument("--metrics-out", default=None, help="JSON-lines metrics log")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=train)
+
+    e = sub.add_parser("evaluate", help="evaluate a checkpoint on held-out identities / verification files",
+                       formatter_class=fmt, description="Load the probe net of a face checkpoint and report "
+                                                        "verification (and, on synthetic data, identification).")
+    e.add_argument("checkpoint", help="a face checkpoint file (e.g. CHECKPOINT_DIR/face-last.pt)")
+    e.add_argument("--val", nargs="*", default=None, metavar="BIN", help="verification .bin files")
+    e.add_argument("--device", default=None)
+    e.set_defaults(func=evaluate)
+    return parser
+
+
+def _config(args):
+    from dataclasses import fields
+
+    from embcache.train.face import FaceConfig
+
+    names = {f.name for f in fields(FaceConfig)}
+    values = {k: v for k, v in vars(args).items() if k in names}
+    values["progress"] = not args.no_progress
+    return FaceConfig(**values)
+
+
+def train(args) -> int:
+    from embcache.checkpoint import CheckpointError
+    from embcache.train.face import FaceTrainer
+
+    cfg = _config(args)
+    try:
+        trainer = FaceTrainer(cfg)
+        print(f"data: {trainer.source.name}; head {cfg.head} over {trainer.num_classes:,} classes"
+              + (f" (pool of {trainer.head.pool.num_slots:,} slots)" if cfg.head == "dcp" else "")
+              + f"; backbone {trainer.backbone_name} on {trainer.device}")
+        summary = trainer.fit()
+    except (CheckpointError, ValueError, OSError) as err:
+        raise UserFacingError(str(err)) from None
+    print_summary(summary)
+    return 0
+
+
+def evaluate(args) -> int:
+    from embcache.checkpoint import CheckpointError, load_checkpoint
+    from embcache.train.face import FaceConfig, FaceTrainer, format_epoch
+
+    try:
+        ck = load_checkpoint(args.checkpoint, kind="face")
+        cfg = FaceConfig(**{**ck["config"], "device": args.device, "resume": False, "progress": False,
+                            "metrics_out": None})
+        if args.val is not None:
+            cfg.val = list(args.val)
+        trainer = FaceTrainer(cfg)
+        trainer.probe.load_state_dict(ck["probe"])
+        metrics = trainer.evaluate()
+    except (CheckpointError, ValueError, OSError) as err:
+        raise UserFacingError(str(err)) from None
+    print(format_epoch({"epoch": ck["epoch"], **metrics}))
+    print(json.dumps(metrics))
+    return 0
+
+
+def print_summary(s: dict) -> None:
+    rows = [("head", f"{s['head']} over {s['num_classes']:,} classes"), ("backbone", s["backbone"]),
+            ("steps", f"{s['steps']:,} ({s['epochs_done']} epochs{', stopped early' if s['stopped_early'] else ''})"),
+            ("throughput", f"{s['train_samples_per_s']:,.0f} images/s"),
+            ("head state", f"{s['head_state_bytes'] / 2**20:,.2f} MiB (parameters/pool + optimizer state)")]
+    final = s.get("final") or {}
+    for name, m in final.items():
+        if isinstance(m, dict):
+            rows.append((f"{name} verification", f"{m['accuracy']:.4f} ± {m['accuracy_std']:.4f}"))
+            rows.append((f"{name} TAR@FAR=1e-3 / 1e-4", f"{m['tar@far=0.001']:.4f} / {m['tar@far=0.0001']:.4f}"))
+            if "identification_top1" in m:
+                rows.append((f"{name} identification top-1", f"{m['identification_top1']:.4f}"))
+    if "pool" in s:
+        p = s["pool"]
+        rows.append(("pool", f"{p['slots']:,} slots; {p['admitted']:,} admissions, {p['evicted']:,} evictions"))
+    if s["skipped_samples"]:
+        rows.append(("skipped samples", f"{s['skipped_samples']:,} unreadable (listed above)"))
+    rows.append(("peak host memory", f"{s['peak_host_mib']:,.0f} MiB"))
+    width = max(len(k) for k, _ in rows)
+    print("\nsummary")
+    for k, v in rows:
+        print(f"  {k.ljust(width)}  {v}")
