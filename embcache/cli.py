@@ -15,6 +15,7 @@ import sys
 # name -> (module that builds its parser, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "dlrm": ("embcache.train.dlrm_cli", "train a DLRM through the embedding cache (the main job)"),
+    "face": ("embcache.train.face_cli", "face classification with a dynamic class pool (or full FC / Partial FC)"),
     "bench": ("embcache.bench.cli", "run a benchmark (cache, dlrm, cf, face); JSON lands in bench/results/"),
     "data": ("embcache.data.cli", "prepare CTR data: Criteo Kaggle/Terabyte, Avazu, MovieLens-100k, synthetic"),
 }
@@ -71,4 +72,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as a script this module is `__main__`, whose UserFacingError is not the one the
+    # command modules import: go through the package module instead.
+    from embcache.cli import main as package_main
+
+    sys.exit(package_main())
