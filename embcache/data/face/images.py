@@ -23,7 +23,7 @@ def decode_image(data: bytes | str | os.PathLike, where: str, size: int = 112) -
             img = img.convert("RGB")
             if img.size != (size, size):
                 img = img.resize((size, size), Image.BILINEAR)
-            arr = np.asarray(img, dtype=np.uint8)
+            arr = np.array(img, dtype=np.uint8)
     except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as err:
         raise DataFormatError(f"{where}: unreadable image ({type(err).__name__}: {err})") from None
     return to_tensor(arr)
@@ -31,7 +31,7 @@ def decode_image(data: bytes | str | os.PathLike, where: str, size: int = 112) -
 
 def to_tensor(arr: np.ndarray) -> torch.Tensor:
     """HWC uint8 -> CHW float in [-1, 1)."""
-    return (torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1).float() - 127.5) / 128.0
+    return (torch.from_numpy(np.array(arr, dtype=np.uint8, copy=True)).permute(2, 0, 1).float() - 127.5) / 128.0
 
 
 def random_hflip(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -1,0 +1,98 @@
+"""Face training end to end on small synthetic tasks: DCP with a pool of 10 % of the
+identities is as accurate as the full FC head trained the same steps; a stopped run resumes
+bit-identically (pool, LRU state, Partial FC sampler included); the command reports bad input
+in one line."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from embcache.train.face import FaceConfig, FaceTrainer
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def small(**kw):
+    base = dict(num_classes=1000, batch_size=64, epochs=10, pool_ratio=0.1, progress=False, eval_pairs=6000,
+                eval_classes=500)
+    return FaceConfig(**{**base, **kw})
+
+
+def test_dcp_with_a_tenth_of_the_classes_matches_full_fc():
+    fc = FaceTrainer(small(head="fc")).fit()
+    dcp_trainer = FaceTrainer(small(head="dcp"))
+    dcp = dcp_trainer.fit()
+    assert dcp_trainer.head.pool.num_slots == 100 and dcp["steps"] == fc["steps"]
+    acc_fc, acc_dcp = fc["final"]["synthetic"]["accuracy"], dcp["final"]["synthetic"]["accuracy"]
+    first = dcp_trainer.history[0]["synthetic"]["accuracy"]
+    assert acc_fc > 0.85, f"full FC did not learn the task: {acc_fc:.4f}"
+    assert acc_dcp > first + 0.1, "DCP did not improve over training"
+    assert acc_dcp >= acc_fc - 0.02, f"DCP {acc_dcp:.4f} vs full FC {acc_fc:.4f}"
+    # the pool stayed at Q while every identity passed through it
+    assert dcp["pool"]["admitted"] >= 1000 and dcp_trainer.head.pool.num_resident() <= 100
+
+
+@pytest.mark.parametrize("head", ["dcp", "pfc"])
+def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, head):
+    kw = dict(num_classes=120, batch_size=16, epochs=2, head=head, eval_pairs=200, eval_classes=40,
+              checkpoint_every=7)
+    whole = FaceTrainer(small(**kw))
+    whole.fit()
+    first = FaceTrainer(small(**kw, checkpoint_dir=str(tmp_path), max_steps=11))  # stops mid-epoch 1
+    assert first.fit()["stopped_early"]
+    resumed = FaceTrainer(small(**kw, checkpoint_dir=str(tmp_path), resume=True))
+    summary = resumed.fit()
+    assert summary["steps"] == whole.global_step
+    a, b = whole.state(), resumed.state()
+    for part in ("probe", "gallery", "head"):
+        if a[part] is None:
+            continue
+        for k, v in a[part].items():
+            if torch.is_tensor(v):
+                assert torch.equal(v, b[part][k]), f"{part}.{k} differs after resume"
+    if head == "dcp":
+        assert torch.equal(whole.head.pool.lru.keys(), resumed.head.pool.lru.keys())
+        assert torch.equal(whole.head.pool.slots.slot_to_id, resumed.head.pool.slots.slot_to_id)
+    else:
+        assert torch.equal(whole.head.generator.get_state(), resumed.head.generator.get_state())
+    assert a["history"] == b["history"]
+
+
+def test_images_with_the_cnn_backbone_train_one_epoch():
+    t = FaceTrainer(small(num_classes=40, batch_size=16, epochs=1, image_size=16, backbone="cnn", eval_pairs=100,
+                          eval_classes=20))
+    s = t.fit()
+    assert s["steps"] == 10 and 0.0 <= s["final"]["synthetic"]["accuracy"] <= 1.0
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "embcache.cli", "face", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_cli_trains_and_reports_bad_input_in_one_line(tmp_path):
+    out = run_cli("train", "--num-classes", "64", "--batch-size", "16", "--epochs", "1", "--eval-classes", "30",
+                  "--checkpoint-dir", str(tmp_path), "--metrics-out", str(tmp_path / "m.jsonl"), "--no-progress")
+    assert out.returncode == 0, out.stderr
+    assert "verification" in out.stdout and (tmp_path / "face-last.pt").is_file()
+    events = [json.loads(line)["event"] for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert events[-2:] == ["epoch", "summary"]
+
+    (tmp_path / "face-last.pt").write_bytes((tmp_path / "face-last.pt").read_bytes()[:100])
+    out = run_cli("train", "--num-classes", "64", "--batch-size", "16", "--checkpoint-dir", str(tmp_path), "--resume")
+    assert out.returncode == 1 and "corrupt or truncated checkpoint" in out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+    out = run_cli("train", "--data", str(tmp_path / "nowhere"))
+    assert out.returncode == 1 and "nowhere" in out.stderr and "Traceback" not in out.stderr
+
+    out = run_cli("train", "--num-classes", "1000", "--pool-ratio", "0.001", "--batch-size", "64")
+    assert out.returncode == 1 and "raise --pool-ratio" in out.stderr
