@@ -37,7 +37,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 
 def _variant(args, data_dir: Path, sparse: str, ratio: float | None) -> dict:
-    cmd = [sys.executable, "-m", "embcache.cli", "dlrm", "train", "--data", str(data_dir),
+    cmd = [sys.executable, "-m", "embcache", "dlrm", "train", "--data", str(data_dir),
            "--sparse", sparse, "--max-steps", str(args.steps), "--batch-size", str(args.batch_size),
            "--embedding-dim", str(args.embedding_dim), "--no-progress"]
     if ratio is not None:

@@ -29,6 +29,7 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.models.dlrm import DLRM
 
 from embcache.checkpoint import load_checkpoint, save_checkpoint
+from embcache.data.loader import CTRBatches, lookahead
 from embcache.nn.cached_collection import CachedEmbeddingBagCollection
 from embcache.train.metrics import MetricsLog, binary_metrics, peak_memory
 
@@ -196,8 +197,6 @@ class DLRMTrainer:
 
     # ------------------------------------------------------------------ training
     def _batches(self, split: str, batch_size: int, start: int = 0):
-        from embcache.data.loader import CTRBatches
-
         return CTRBatches(self.data_dir, split, batch_size, shuffle_shards=split == "train",
                           seed=self.cfg.seed + self.epoch, device=self.device, start_batch=start)
 
@@ -229,10 +228,11 @@ class DLRMTrainer:
                        desc=f"epoch {self.epoch + 1}/{cfg.epochs}", unit="batch",
                        disable=not cfg.progress, dynamic_ncols=True)
             ema = None
-            it = iter(batches)
-            batch = next(it, None)
-            while batch is not None and not self._done():
-                nxt = next(it, None)
+            finished = True
+            for batch, nxt in lookahead(batches):
+                if self._done():
+                    finished = False
+                    break
                 t0 = time.perf_counter()
                 loss = self.train_step(batch, nxt)
                 if self.device.type == "cuda":
@@ -254,9 +254,8 @@ class DLRMTrainer:
                                    **self._cache_fields())
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                     self.save()
-                batch = nxt
             bar.close()
-            if batch is None:  # the epoch ran to its end
+            if finished:  # the epoch ran to its end
                 result = self.evaluate("val")
                 self.history.append({"epoch": self.epoch + 1, **result})
                 self.log.write(event="eval", split="val", epoch=self.epoch + 1, step=self.step, **result)
