@@ -1,0 +1,218 @@
+"""`embcache bench face`: the classification head's step time and memory against the number of
+classes, for the full FC head, Partial FC (sample rate 0.1) and the dynamic class pool (1 % and
+10 % of the classes), side by side in one run; then verification accuracy of each head trained
+the same steps on the synthetic task. Writes bench/results/face[-<device>].json and .png.
+
+Head step = what the head adds to a training step, given the backbone's features for one batch:
+(dcp) the pool update from the gallery features of the batch's identity pairs, the loss, its
+backward and the head's own update; (fc) loss, backward, SGD step on the weight table; (pfc)
+sampling, loss, backward, per-row SGD on the sampled rows. The backbone is the same for all and
+left out of the timing.
+
+Head memory is counted, not sampled from the allocator (on CPU there is no per-tensor peak
+counter): persistent state (weight table or pool, pool table and LRU keys, optimizer state)
++ the tensors autograd saves for backward during one step (recorded with
+`torch.autograd.graph.saved_tensors_hooks`, each storage counted once) + the gradients the head
+receives (the weight table's, or the sampled rows'). Configurations whose persistent state alone
+would exceed `--max-gib` are skipped and listed as such.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+DEFAULT_CLASSES = (10**4, 10**5, 10**6, 10**7)
+VARIANTS = (("fc", None), ("pfc", 0.1), ("dcp", 0.01), ("dcp", 0.1))
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--classes", type=int, nargs="+", default=list(DEFAULT_CLASSES), help="numbers of classes")
+    p.add_argument("--batch-size", type=int, default=128, help="probe features per step")
+    p.add_argument("--feat-dim", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3, help="timed steps per configuration (after one warm-up)")
+    p.add_argument("--max-gib", type=float, default=6.0, help="skip configurations whose persistent state exceeds this")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 keeps ratios stable on a shared machine)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--accuracy-classes", type=int, default=5000, help="identities of the accuracy task (0: skip it)")
+    p.add_argument("--accuracy-epochs", type=int, default=10)
+    p.add_argument("--out-dir", default=None, help="default bench/results")
+    p.add_argument("--name", default=None, help="result file name (default face, or face-cuda on a GPU)")
+    p.set_defaults(func=run)
+    return p
+
+
+def label(head: str, rate) -> str:
+    if head == "fc":
+        return "fc"
+    return f"pfc {rate:g}" if head == "pfc" else f"dcp {rate:.0%}"
+
+
+def persistent_bytes(head: str, rate, classes: int, dim: int) -> int:
+    if head == "fc":
+        return 3 * classes * dim * 4  # weight, gradient, momentum
+    if head == "pfc":
+        return 2 * classes * dim * 4  # weight, momentum
+    return math.ceil(rate * classes) * (2 * dim * 4 + 8 * 5)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_head(head_kind: str, rate, classes: int, batch: int, dim: int, repeats: int, device) -> dict:
+    from embcache.nn.heads import build_head
+    from embcache.train.face import head_state_bytes
+
+    gen = torch.Generator().manual_seed(0)
+    head = build_head(head_kind, classes, dim, pool_ratio=rate or 0.1, sample_rate=rate or 0.1, device=device)
+    opt = torch.optim.SGD(head.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4) if head_kind == "fc" else None
+    pairs = batch // 4
+    times, saved, grads = [], 0, 0
+    for step in range(repeats + 1):
+        labels = torch.randint(0, classes, (batch,), generator=gen).to(device)
+        pair_labels = labels[:pairs]
+        labels[pairs:2 * pairs] = pair_labels  # the second views of the pairs
+        feats = torch.randn(batch, dim, generator=gen).to(device).requires_grad_()
+        gallery = F.normalize(torch.randn(2 * pairs, dim, generator=gen), dim=1).to(device)
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            try:
+                key = t.untyped_storage().data_ptr()
+                seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
+            except RuntimeError:
+                pass
+            return t
+
+        _sync(device)
+        start = time.perf_counter()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            if head_kind == "dcp":
+                head.update_pool(torch.cat([pair_labels, pair_labels]), gallery)
+                positives = torch.cat([gallery[pairs:], gallery[:pairs], torch.zeros(batch - 2 * pairs, dim,
+                                                                                     device=device)])
+                has_pos = torch.arange(batch, device=device) < 2 * pairs
+                loss = head.loss(feats, labels, positives, has_pos)
+            else:
+                loss = head.loss(feats, labels)
+        if opt is not None:
+            opt.zero_grad(set_to_none=False)
+        loss.backward()
+        if head_kind == "fc":
+            grads = head.weight.grad.numel() * 4
+            opt.step()
+        elif head_kind == "pfc":
+            grads = head._sub.grad.numel() * 4
+        head.after_backward(0.1)
+        _sync(device)
+        if step:  # the first step is a warm-up (allocations, optimizer state)
+            times.append(time.perf_counter() - start)
+        saved = max(saved, sum(seen.values()))
+    state = head_state_bytes(head, opt)
+    if head_kind == "fc":
+        state -= head.weight.grad.numel() * 4 if head.weight.grad is not None else 0  # counted under grads
+    times.sort()
+    return {"step_ms": 1e3 * times[len(times) // 2], "step_ms_all": [1e3 * t for t in times],
+            "state_bytes": state, "saved_activation_bytes": saved, "grad_bytes": grads,
+            "head_peak_bytes": state + saved + grads}
+
+
+def accuracy_runs(classes: int, epochs: int, device) -> dict:
+    from embcache.train.face import FaceConfig, FaceTrainer
+
+    out = {}
+    for head, rate in VARIANTS:
+        cfg = FaceConfig(head=head, num_classes=classes, batch_size=64, epochs=epochs, pool_ratio=rate or 0.1,
+                         sample_rate=rate or 0.1, progress=False, device=str(device))
+        q = math.ceil((rate or 0) * classes)
+        if head == "dcp" and q < cfg.batch_size // 4:
+            out[label(head, rate)] = {"skipped": f"pool of {q} slots < {cfg.batch_size // 4} identities per step"}
+            continue
+        start = time.perf_counter()
+        s = FaceTrainer(cfg).fit()
+        m = s["final"]["synthetic"]
+        out[label(head, rate)] = {"verification_accuracy": m["accuracy"], "accuracy_std": m["accuracy_std"],
+                                  "tar@far=1e-3": m["tar@far=0.001"], "identification_top1": m["identification_top1"],
+                                  "steps": s["steps"], "train_seconds": time.perf_counter() - start}
+        print(f"  accuracy {label(head, rate):8s} {m['accuracy']:.4f}  ({s['steps']} steps)")
+    return out
+
+
+def run(args) -> int:
+    from embcache.bench.common import write_json
+
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    load_before = os.getloadavg()
+    rows = []
+    for classes in args.classes:
+        for head, rate in VARIANTS:
+            name = label(head, rate)
+            need = persistent_bytes(head, rate, classes, args.feat_dim)
+            row = {"head": name, "classes": classes}
+            if need > args.max_gib * 2**30:
+                row["skipped"] = f"persistent state {need / 2**30:.1f} GiB > --max-gib {args.max_gib:g}"
+                print(f"{name:8s} {classes:>10,}  skipped ({row['skipped']})")
+            else:
+                row.update(time_head(head, rate, classes, args.batch_size, args.feat_dim, args.repeats, device))
+                print(f"{name:8s} {classes:>10,}  {row['step_ms']:9.2f} ms/step  head memory "
+                      f"{row['head_peak_bytes'] / 2**20:9.1f} MiB")
+            rows.append(row)
+    accuracy = {}
+    if args.accuracy_classes:
+        print(f"accuracy on the synthetic task ({args.accuracy_classes:,} identities, {args.accuracy_epochs} epochs):")
+        accuracy = accuracy_runs(args.accuracy_classes, args.accuracy_epochs, device)
+    by = {(r["head"], r["classes"]): r for r in rows}
+    ratios = {}
+    for c in args.classes:
+        fc, dcp = by.get(("fc", c), {}), by.get(("dcp 1%", c), {})
+        if "step_ms" in fc and "step_ms" in dcp:
+            ratios[str(c)] = fc["step_ms"] / dcp["step_ms"]
+    payload = {"benchmark": "face head: step time and memory vs number of classes",
+               "device": str(device), "batch_size": args.batch_size, "feat_dim": args.feat_dim,
+               "repeats": args.repeats, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+               "memory_method": "persistent state (weights or pool + table + LRU keys + optimizer state) + tensors "
+                                "saved for backward in one step (saved_tensors_hooks, per storage) + gradients "
+                                "received by the head; counted from tensor sizes",
+               "timing_method": "median of --repeats head steps after one warm-up; the backbone is left out",
+               "rows": rows, "fc_over_dcp1_step_time": ratios,
+               "accuracy": {"classes": args.accuracy_classes, "epochs": args.accuracy_epochs, "batch_size": 64,
+                            "results": accuracy}}
+    name = args.name or ("face" if device.type == "cpu" else "face-cuda")
+    path = write_json(payload, name, args.out_dir)
+    plot(rows, path.with_suffix(".png"), device)
+    print(f"wrote {path} and {path.with_suffix('.png')}")
+    return 0
+
+
+def plot(rows: list[dict], path, device) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for name in dict.fromkeys(r["head"] for r in rows):
+        pts = [r for r in rows if r["head"] == name and "step_ms" in r]
+        if not pts:
+            continue
+        xs = [r["classes"] for r in pts]
+        axes[0].plot(xs, [r["step_ms"] for r in pts], marker="o", label=name)
+        axes[1].plot(xs, [r["head_peak_bytes"] / 2**20 for r in pts], marker="o", label=name)
+    for ax, title in zip(axes, ("head step time (ms)", "head memory (MiB)")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("number of classes")
+        ax.set_title(f"{title}, {device.type}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
