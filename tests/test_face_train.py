@@ -96,3 +96,22 @@ def test_cli_trains_and_reports_bad_input_in_one_line(tmp_path):
 
     out = run_cli("train", "--num-classes", "1000", "--pool-ratio", "0.001", "--batch-size", "64")
     assert out.returncode == 1 and "raise --pool-ratio" in out.stderr
+
+
+def test_bench_face_writes_rows_and_dcp_cost_follows_the_pool_not_the_classes(tmp_path):
+    from embcache.bench.face import build_parser
+
+    args = build_parser("bench face").parse_args(["--classes", "10000", "20000", "--repeats", "1",
+                                                   "--accuracy-classes", "0", "--out-dir", str(tmp_path)])
+    assert args.func(args) == 0
+    result = json.loads((tmp_path / "face.json").read_text())
+    rows = {(r["head"], r["classes"]): r for r in result["rows"]}
+    assert "loadavg_before" in result and (tmp_path / "face.png").is_file()
+    # full FC's state doubles with the classes; a pool of fixed Q does not grow at all
+    assert rows[("fc", 20000)]["state_bytes"] == 2 * rows[("fc", 10000)]["state_bytes"]
+    fixed = [r for (h, c), r in rows.items() if h.startswith("dcp Q=")]
+    assert fixed[0]["slots"] == fixed[1]["slots"] == 10000
+    assert fixed[0]["state_bytes"] == fixed[1]["state_bytes"]
+    # activations differ only by how many probes happen to be in the pool
+    assert abs(fixed[0]["head_peak_bytes"] / fixed[1]["head_peak_bytes"] - 1) < 0.05
+    assert rows[("dcp 1%", 20000)]["head_peak_bytes"] < rows[("fc", 20000)]["head_peak_bytes"] / 10

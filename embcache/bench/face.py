@@ -3,6 +3,9 @@ classes, for the full FC head, Partial FC (sample rate 0.1) and the dynamic clas
 10 % of the classes), side by side in one run; then verification accuracy of each head trained
 the same steps on the synthetic task. Writes bench/results/face[-<device>].json and .png.
 
+Pools of 1 % and 10 % grow with the classes (Q = ratio x classes); a pool of fixed size
+(Q = 10,000) shows the cost at a given Q, whatever the number of classes.
+
 Head step = what the head adds to a training step, given the backbone's features for one batch:
 (dcp) the pool update from the gallery features of the batch's identity pairs, the loss, its
 backward and the head's own update; (fc) loss, backward, SGD step on the weight table; (pfc)
@@ -28,6 +31,7 @@ import torch.nn.functional as F
 
 DEFAULT_CLASSES = (10**4, 10**5, 10**6, 10**7)
 VARIANTS = (("fc", None), ("pfc", 0.1), ("dcp", 0.01), ("dcp", 0.1))
+FIXED_Q = 10_000  # a pool of fixed size besides the fixed ratios: the flat line
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -50,7 +54,14 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 def label(head: str, rate) -> str:
     if head == "fc":
         return "fc"
-    return f"pfc {rate:g}" if head == "pfc" else f"dcp {rate:.0%}"
+    if head == "pfc":
+        return f"pfc {rate:g}"
+    return f"dcp Q={rate:,}" if rate >= 1 else f"dcp {rate:.0%}"
+
+
+def num_slots(rate, classes: int) -> int:
+    """dcp pool size: a fraction of the classes, or a fixed number of slots when >= 1."""
+    return min(int(rate), classes) if rate >= 1 else math.ceil(rate * classes)
 
 
 def persistent_bytes(head: str, rate, classes: int, dim: int) -> int:
@@ -58,7 +69,7 @@ def persistent_bytes(head: str, rate, classes: int, dim: int) -> int:
         return 3 * classes * dim * 4  # weight, gradient, momentum
     if head == "pfc":
         return 2 * classes * dim * 4  # weight, momentum
-    return math.ceil(rate * classes) * (2 * dim * 4 + 8 * 5)
+    return num_slots(rate, classes) * (2 * dim * 4 + 8 * 5)
 
 
 def _sync(device):
@@ -71,7 +82,8 @@ def time_head(head_kind: str, rate, classes: int, batch: int, dim: int, repeats:
     from embcache.train.face import head_state_bytes
 
     gen = torch.Generator().manual_seed(0)
-    head = build_head(head_kind, classes, dim, pool_ratio=rate or 0.1, sample_rate=rate or 0.1, device=device)
+    ratio = num_slots(rate, classes) / classes if head_kind == "dcp" else 0.1
+    head = build_head(head_kind, classes, dim, pool_ratio=ratio, sample_rate=rate or 0.1, device=device)
     opt = torch.optim.SGD(head.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4) if head_kind == "fc" else None
     pairs = batch // 4
     times, saved, grads = [], 0, 0
@@ -153,16 +165,18 @@ def run(args) -> int:
     load_before = os.getloadavg()
     rows = []
     for classes in args.classes:
-        for head, rate in VARIANTS:
+        for head, rate in VARIANTS + (("dcp", FIXED_Q),):
             name = label(head, rate)
             need = persistent_bytes(head, rate, classes, args.feat_dim)
             row = {"head": name, "classes": classes}
+            if head == "dcp":
+                row["slots"] = num_slots(rate, classes)
             if need > args.max_gib * 2**30:
                 row["skipped"] = f"persistent state {need / 2**30:.1f} GiB > --max-gib {args.max_gib:g}"
-                print(f"{name:8s} {classes:>10,}  skipped ({row['skipped']})")
+                print(f"{name:12s} {classes:>10,}  skipped ({row['skipped']})")
             else:
                 row.update(time_head(head, rate, classes, args.batch_size, args.feat_dim, args.repeats, device))
-                print(f"{name:8s} {classes:>10,}  {row['step_ms']:9.2f} ms/step  head memory "
+                print(f"{name:12s} {classes:>10,}  {row['step_ms']:9.2f} ms/step  head memory "
                       f"{row['head_peak_bytes'] / 2**20:9.1f} MiB")
             rows.append(row)
     accuracy = {}
