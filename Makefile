@@ -21,14 +21,16 @@ $(STAMP): setup.py Makefile
 
 install: $(STAMP)
 
+# The main job: DLRM through the embedding cache on built-in synthetic Criteo-shaped data.
 run: install
-	$(VENV)/bin/embcache bench cache
+	$(VENV)/bin/embcache dlrm train --checkpoint-dir runs/dlrm --metrics-out runs/dlrm/metrics.jsonl
 
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: install
 	$(VENV)/bin/embcache bench cache
+	$(VENV)/bin/embcache bench dlrm
 
 clean:
 	rm -rf $(VENV) build *.egg-info

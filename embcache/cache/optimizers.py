@@ -17,7 +17,7 @@ OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
 
 
 def _sparse_like(grad: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    return torch.sparse_coo_tensor(indices, values, grad.size())
+    return torch.sparse_coo_tensor(indices, values, grad.size(), check_invariants=False)
 
 
 class RowOptimizer:

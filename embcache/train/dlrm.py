@@ -17,6 +17,7 @@ statistics, and the position in the data).
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,6 +35,8 @@ from embcache.nn.cached_collection import CachedEmbeddingBagCollection
 from embcache.train.metrics import MetricsLog, binary_metrics, peak_memory
 
 SPARSE_MODES = ("cached", "device", "host")
+# torchrec's DLRM trips a torch.fx deprecation warning on every run; it is not ours to fix.
+logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 TORCH_SPARSE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad,
                            "adam": torch.optim.SparseAdam}
 

@@ -30,9 +30,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="verification .bin files (lfw.bin, cfp_fp.bin, agedb_30.bin) evaluated after each epoch")
     p.add_argument("--head", choices=HEADS, default=d.head,
                    help="dcp: dynamic class pool; fc: one weight row per class; pfc: Partial FC")
-    p.add_argument("--num-classes", type=int, default=d.num_classes,
-                   help="synthetic: number of training identities; real data: the label space (labels must be "
-                        "below it; default there: max label + 1)")
+    p.add_argument("--num-classes", type=int, default=None,
+                   help=f"synthetic: number of training identities (default {d.num_classes}); real data: the label "
+                        f"space, labels must be below it (default there: max label + 1)")
     p.add_argument("--pool-ratio", type=float, default=d.pool_ratio, help="dcp: pool slots as a fraction of classes")
     p.add_argument("--sample-rate", type=float, default=d.sample_rate, help="pfc: class centres sampled per step")
     p.add_argument("--backbone", choices=("auto",) + BACKBONES, default=d.backbone,
@@ -81,6 +81,8 @@ def _config(args):
     names = {f.name for f in fields(FaceConfig)}
     values = {k: v for k, v in vars(args).items() if k in names}
     values["progress"] = not args.no_progress
+    if values.get("num_classes") is None:
+        values["num_classes"] = FaceConfig.num_classes if args.data == "synthetic" else 0
     return FaceConfig(**values)
 
 
