@@ -43,7 +43,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--max-gib", type=float, default=6.0, help="skip configurations whose persistent state exceeds this")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 keeps ratios stable on a shared machine)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--accuracy-classes", type=int, default=5000, help="identities of the accuracy task (0: skip it)")
+    p.add_argument("--accuracy-classes", type=int, default=2000, help="identities of the accuracy task (0: skip it)")
     p.add_argument("--accuracy-epochs", type=int, default=10)
     p.add_argument("--out-dir", default=None, help="default bench/results")
     p.add_argument("--name", default=None, help="result file name (default face, or face-cuda on a GPU)")
