@@ -6,15 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-# Rows per categorical feature of Criteo Kaggle (33.76 M in all).
-CRITEO_KAGGLE_CARDINALITIES = (
-    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27,
-    14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
-)
-
-
-def scaled_cardinalities(scale: float) -> list[int]:
-    return [max(2, int(round(c * scale))) for c in CRITEO_KAGGLE_CARDINALITIES]
+# The trace and the synthetic training data share the 26 Kaggle cardinalities.
+from embcache.data.synthetic import CRITEO_KAGGLE_CARDINALITIES, scaled_cardinalities  # noqa: F401
 
 
 def bounded_zipf(rng: np.random.Generator, n: int, s: float, size: int) -> np.ndarray:

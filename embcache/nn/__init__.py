@@ -2,13 +2,23 @@
 collection) and, for classification with huge label spaces, the class-pool heads."""
 from .cached_embedding_bag import CachedEmbeddingBag
 
-__all__ = ["CachedEmbeddingBag", "CachedEmbeddingBagCollection"]
+__all__ = ["CachedEmbeddingBag", "CachedEmbeddingBagCollection", "DynamicClassPool", "DCPHead",
+           "FullFC", "PartialFC", "build_head"]
+
+# name -> submodule; loaded on first use (the collection imports torchrec, ~3 s)
+_LAZY = {
+    "CachedEmbeddingBagCollection": "cached_collection",
+    "DynamicClassPool": "class_pool",
+    "DCPHead": "heads",
+    "FullFC": "heads",
+    "PartialFC": "heads",
+    "build_head": "heads",
+}
 
 
 def __getattr__(name):
-    # The collection imports torchrec (slow, ~3 s); load it only when asked for.
-    if name == "CachedEmbeddingBagCollection":
-        from .cached_collection import CachedEmbeddingBagCollection
+    if name in _LAZY:
+        import importlib
 
-        return CachedEmbeddingBagCollection
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'embcache.nn' has no attribute {name!r}")
