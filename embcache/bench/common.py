@@ -25,6 +25,8 @@ def hardware() -> dict:
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.is_available(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        # at the time of writing, i.e. the end of the run: a busy machine shows here
+        "loadavg_1_5_15min": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
     }
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
