@@ -115,3 +115,30 @@ def test_bench_face_writes_rows_and_dcp_cost_follows_the_pool_not_the_classes(tm
     # activations differ only by how many probes happen to be in the pool
     assert abs(fixed[0]["head_peak_bytes"] / fixed[1]["head_peak_bytes"] - 1) < 0.05
     assert rows[("dcp 1%", 20000)]["head_peak_bytes"] < rows[("fc", 20000)]["head_peak_bytes"] / 10
+
+
+def test_recordio_training_with_verification_bin_and_evaluate_command(tmp_path, capsys):
+    import numpy as np
+
+    from embcache.data.face.images import encode_jpeg
+    from embcache.data.face.recordio import write_recordio
+    from embcache.data.face.verification import write_verification_bin
+    from embcache.train.face_cli import build_parser
+
+    rng = np.random.default_rng(0)
+    jpeg = lambda: encode_jpeg(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8))
+    items = [(y, jpeg()) for y in range(12) for _ in range(3)]
+    items[5] = (1, b"garbage")  # one unreadable image: skipped and counted, not fatal
+    write_recordio(tmp_path / "train.rec", items)
+    write_verification_bin(tmp_path / "lfw.bin", [jpeg() for _ in range(40)], [i % 2 == 0 for i in range(20)])
+    ck = tmp_path / "ck"
+    args = build_parser("face").parse_args(
+        ["train", "--data", str(tmp_path), "--image-size", "16", "--backbone", "cnn", "--batch-size", "8",
+         "--epochs", "1", "--val", str(tmp_path / "lfw.bin"), "--checkpoint-dir", str(ck), "--no-progress"])
+    assert args.func(args) == 0
+    out = capsys.readouterr()
+    assert "lfw verification" in out.out and "head" in out.out
+    args = build_parser("face").parse_args(["evaluate", str(ck / "face-last.pt")])
+    assert args.func(args) == 0
+    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 0.0 <= metrics["lfw"]["accuracy"] <= 1.0 and metrics["lfw"]["pairs"] == 20
