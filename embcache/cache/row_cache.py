@@ -174,7 +174,7 @@ class RowCache:
         overflow = None
         if int(uses[0]):
             absent = torch.nonzero(slots < 0).flatten()
-            missing = torch.unique(ids[absent])
+            missing, where = torch.unique(ids[absent], return_inverse=True)
             free = self.slots.free_slots(missing.numel())
             victims = self.policy.select_victims(missing.numel() - free.numel(),
                                                  (self.pins > 0) | in_batch, self.slots.occupied())
@@ -186,11 +186,16 @@ class RowCache:
             self.policy.on_admit(fits, target)
             in_batch[target] = True
             admitted = fits.numel()
-            slots[absent] = self.slots.lookup(ids[absent])  # only the absent positions moved
+            # the absent positions' new slots, through the unique inverse (no second
+            # lookup in the per-id table); missing ids that did not fit stay -1, or point
+            # past the cache into the overflow rows, which keep `missing`'s order
+            new_slot = torch.full_like(missing, -1)
+            new_slot[: target.numel()] = target
             if fits.numel() < missing.numel() and serve_overflow:
                 overflow = self._serve_overflow(missing[fits.numel():])
-                outside = slots < 0
-                slots[outside] = self.num_slots + torch.searchsorted(overflow.ids, ids[outside])
+                new_slot[fits.numel():] = self.num_slots + torch.arange(
+                    missing.numel() - fits.numel(), device=missing.device)
+            slots[absent] = new_slot[where]
         touched = torch.nonzero(in_batch).flatten()
         self.policy.on_access(self.slots.slot_to_id[touched], touched)
         if count:
