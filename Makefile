@@ -28,9 +28,12 @@ run: install
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# Every benchmark at its README settings; results land in bench/results/.
 bench: install
-	$(VENV)/bin/embcache bench cache
+	$(VENV)/bin/embcache bench cache --batches 600
 	$(VENV)/bin/embcache bench dlrm
+	$(VENV)/bin/embcache bench cf
+	$(VENV)/bin/embcache bench face
 
 clean:
 	rm -rf $(VENV) build *.egg-info
