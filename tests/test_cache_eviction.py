@@ -60,3 +60,27 @@ def test_warm_up_loads_the_hottest_ids_first():
     freq = torch.arange(100, dtype=torch.float64)  # 99 is the hottest
     bag = CachedEmbeddingBag(100, 2, cache_ratio=0.1, ids_freq=freq, warmup_ratio=0.5, device="cpu")
     assert resident(bag) == {99, 98, 97, 96, 95}
+
+
+def test_sampled_victim_selection_equals_a_full_topk():
+    """The threshold read off a sample only narrows the search: the victims are exactly the
+    k smallest candidate keys, also when the sample misleads (small keys hidden between
+    the sampled positions) or few slots are candidates."""
+    from embcache.cache.eviction import select_victims
+
+    g = torch.Generator().manual_seed(0)
+    n = 50_000
+    cases = []
+    for k in (1, 37, 500, 6000, 20_000):
+        keys = torch.randperm(n, generator=g).to(torch.float64)  # distinct: the answer is unique
+        cases.append((keys, k, torch.rand(n, generator=g) > 0.3))
+    hidden = torch.arange(n, dtype=torch.float64) + 1e6
+    hidden[1::12] = torch.arange(len(hidden[1::12]), dtype=torch.float64)  # off the stride-12 sample
+    cases.append((hidden, 3000, torch.ones(n, dtype=torch.bool)))
+    cases.append((torch.randperm(n, generator=g).to(torch.float64), 400, torch.rand(n, generator=g) < 0.001))
+    for keys, k, cand in cases:
+        got = select_victims(keys, k, cand)
+        masked = torch.where(cand, keys, torch.full_like(keys, float("inf")))
+        want = torch.topk(masked, min(k, int(cand.sum())), largest=False).indices
+        assert sorted(got.tolist()) == sorted(want.tolist())
+        assert bool(cand[got].all())

