@@ -176,14 +176,15 @@ def _sample(U, I, W, hist, hist_len, u, p, negs, margin, neg_w, gamma, simplex,
 
 @njit(parallel=True, **_OPTS)
 def train_pairs(U, I, W, hist, hist_len, users, items, order, K, margin, neg_w, gamma,
-                simplex, lr, tile, refresh, w_sync, rng, tile_state, gW_buf,
+                simplex, lr, tile, refresh, w_sync, flush, rng, tile_state, gW_buf,
                 loss_out, active_out):
     """SGD over the pairs order[...]; thread t walks its contiguous share of `order`.
 
-    rng[t] (uint64) and tile_state[t] = (tile start, samples since refresh) carry each
-    thread's state across calls, so an epoch may be cut into chunks (for a progress bar)
-    without changing the result. tile <= 0 draws negatives from all items. gW_buf[t]
-    accumulates thread t's gradient of W, applied to W every `w_sync` samples and at the end.
+    rng[t] (uint64) and tile_state[t] = (tile start, samples since refresh, samples since
+    the last W update) carry each thread's state across calls, so with one thread an epoch
+    cut into chunks (for a progress bar) gives the same result as one call. tile <= 0 draws
+    negatives from all items. gW_buf[t] accumulates thread t's gradient of W, applied to W
+    every `w_sync` samples, and at the end of the call when `flush` (the epoch's last chunk).
     """
     T = rng.shape[0]
     n = order.shape[0]
@@ -202,9 +203,9 @@ def train_pairs(U, I, W, hist, hist_len, users, items, order, K, margin, neg_w, 
         cos_n = np.empty(K, np.float32)
         inv_n = np.empty(K, np.float32)
         gW = gW_buf[t]
+        pending = tile_state[t, 2]
         loss = 0.0
         active = 0
-        pending = 0
         for idx in range(lo, hi):
             pair = order[idx]
             if tile > 0:
@@ -215,7 +216,8 @@ def train_pairs(U, I, W, hist, hist_len, users, items, order, K, margin, neg_w, 
                 since += 1
                 for j in range(K):
                     state, bits = _splitmix(state)
-                    negs[j] = (tile_start + _below(bits, tile)) % ni
+                    n_ = tile_start + _below(bits, tile)
+                    negs[j] = n_ - ni if n_ >= ni else n_  # the tile wraps around the table
             else:
                 for j in range(K):
                     state, bits = _splitmix(state)
@@ -229,11 +231,13 @@ def train_pairs(U, I, W, hist, hist_len, users, items, order, K, margin, neg_w, 
                 if pending >= w_sync:
                     _apply_w(W, gW, lr)
                     pending = 0
-        if simplex and pending > 0:
+        if simplex and flush and pending > 0:
             _apply_w(W, gW, lr)
+            pending = 0
         rng[t] = state
         tile_state[t, 0] = tile_start
         tile_state[t, 1] = since
+        tile_state[t, 2] = pending
         loss_out[t] = loss
         active_out[t] = active
 

@@ -25,7 +25,7 @@ class HeatOptions:
         w_sync: samples between two applications of a thread's W gradient (SimpleX).
     """
 
-    lr: float = 0.05
+    lr: float = 0.1
     threads: int | None = None
     tile: int = 2048
     refresh: int = 512
@@ -64,7 +64,10 @@ class HeatEngine:
         # one independent stream per thread: splitmix64 of distinct, seed-derived states
         self.rng = np.array([(seed * 0x1000193 + 0x51ED + t * 0x632BE59BD9B4E019) % 2**64
                              for t in range(self.threads)], dtype=np.uint64)
-        self.tile_state = np.full((self.threads, 2), -1, dtype=np.int64)
+        # per thread: tile start (-1: draw one first), samples since the tile was drawn,
+        # samples since W was last updated
+        self.tile_state = np.zeros((self.threads, 3), dtype=np.int64)
+        self.tile_state[:, 0] = -1
         self.gW = np.zeros((self.threads, d, d), dtype=np.float32)
 
     def epoch(self, epoch: int, chunks: int = 1, progress=None) -> dict:
@@ -83,7 +86,8 @@ class HeatEngine:
                 self.params.hist_len, self.users, self.items, order[lo:hi], c.negatives,
                 np.float32(c.margin), np.float32(c.neg_weight), np.float32(c.gamma),
                 c.simplex, np.float32(o.lr), self.tile, max(o.refresh, 1), max(o.w_sync, 1),
-                self.rng, self.tile_state, self.gW, loss_out, active_out)
+                bool(hi == len(order)), self.rng, self.tile_state, self.gW, loss_out,
+                active_out)
             total_loss += float(loss_out.sum())
             total_active += int(active_out.sum())
             if progress is not None:
