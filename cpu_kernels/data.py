@@ -79,17 +79,19 @@ def from_pairs(train_u, train_i, test_u, test_i, num_users=None, num_items=None,
 
 # --- LightGCN text format ---------------------------------------------------------------
 
-def read_lightgcn_file(path: str | Path, bad_rows: BadRowLog | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Read `user item item ...` lines (space separated) into (users, items).
+def read_lightgcn_file(path: str | Path, bad_rows: BadRowLog | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+    """Read `user item item ...` lines (space separated) into (users, items, num_users).
 
-    Empty lines are ignored; a user with no items is allowed (it adds no pair). A token
-    that is not a non-negative integer raises `DataFormatError` naming file and line, or,
-    when a `bad_rows` log is given, the line is skipped and counted there.
+    Empty lines are ignored; a user with no items is allowed: it adds no pair but still
+    counts in num_users (the largest user id seen + 1), so it keeps its row. A token that
+    is not a non-negative integer raises `DataFormatError` naming file and line, or, when a
+    `bad_rows` log is given, the line is skipped and counted there.
     """
     path = Path(path)
     if not path.is_file():
         raise format_error(path, None, "no such file")
     users, items = [], []
+    num_users = 0
     with open(path, encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, 1):
             tokens = line.split()
@@ -104,9 +106,12 @@ def read_lightgcn_file(path: str | Path, bad_rows: BadRowLog | None = None) -> t
             if min(ids) < 0:
                 _bad_line(path, lineno, f"negative id {min(ids)}", bad_rows)
                 continue
+            num_users = max(num_users, ids[0] + 1)
             users.extend([ids[0]] * (len(ids) - 1))
             items.extend(ids[1:])
-    return np.array(users, dtype=np.int64), np.array(items, dtype=np.int64)
+    if bad_rows is not None:
+        bad_rows.seen(path)
+    return np.array(users, dtype=np.int64), np.array(items, dtype=np.int64), num_users
 
 
 def read_lightgcn(directory: str | Path, skip_bad: bool = False) -> Interactions:
@@ -115,9 +120,13 @@ def read_lightgcn(directory: str | Path, skip_bad: bool = False) -> Interactions
     if not directory.is_dir():
         raise format_error(directory, None, "no such directory (expected train.txt and test.txt)")
     log = BadRowLog() if skip_bad else None
-    tr = read_lightgcn_file(directory / "train.txt", log)
-    te = read_lightgcn_file(directory / "test.txt", log)
-    return from_pairs(*tr, *te, name=directory.name, bad_rows=log)
+    tr_u, tr_i, tr_n = read_lightgcn_file(directory / "train.txt", log)
+    te_u, te_i, te_n = read_lightgcn_file(directory / "test.txt", log)
+    num_items = int(max(tr_i.max(initial=-1), te_i.max(initial=-1))) + 1
+    if not len(tr_u):
+        raise format_error(directory / "train.txt", None, "no interactions")
+    return from_pairs(tr_u, tr_i, te_u, te_i, num_users=max(tr_n, te_n), num_items=num_items,
+                      name=directory.name, bad_rows=log)
 
 
 # --- MovieLens ratings -------------------------------------------------------------------

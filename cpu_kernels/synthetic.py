@@ -24,19 +24,24 @@ def power_law_interactions(num_users: int = 30_000, num_items: int = 40_000,
     """
     if interactions < num_users * min_degree:
         raise ValueError("interactions must be at least num_users * min_degree")
+    if interactions > num_users * num_items // 4:
+        raise ValueError("interactions must be at most a quarter of num_users * num_items")
     rng = np.random.default_rng(seed)
     u_w = _power_weights(num_users, user_exponent, rng)
     i_w = _power_weights(num_items, item_exponent, rng)
     user_comm = rng.integers(0, communities, num_users)
     item_comm = rng.integers(0, communities, num_items)
-    # popular pairs repeat, so draw more than wanted (rescaled once) and keep `interactions`
+    # popular pairs repeat, so draw more than wanted (growing the draws until the distinct
+    # pairs suffice) and keep exactly `interactions` of them
     draws = interactions
-    for _ in range(3):
+    for _ in range(30):
         pairs = _draw_pairs(draws, num_users, num_items, u_w, i_w, user_comm, item_comm,
                             communities, in_community, min_degree, rng)
         if len(pairs) >= interactions:
             break
-        draws = int(draws * interactions / len(pairs) * 1.05)
+        draws = int(draws * max(interactions / len(pairs), 1.0) * 1.2)
+    else:
+        raise ValueError(f"could not draw {interactions:,} distinct pairs; lower interactions or the skew")
     keep = np.sort(rng.permutation(len(pairs))[:interactions])
     users, items = np.divmod(pairs[keep], num_items)
     ratings = np.stack([users, items, np.ones_like(users), np.arange(len(users))], axis=1)
