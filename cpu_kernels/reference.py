@@ -29,10 +29,11 @@ def cf_loss(U, I, W, hist, hist_len, users, pos, negs, config: CFConfig, reducti
     """Cosine contrastive loss (1 - cos(z,p)) + w/K sum_j max(0, cos(z,n_j) - m), per sample,
     then summed or averaged over the batch. All arguments are torch tensors."""
     z = F.normalize(user_side(U, I, W, hist, hist_len, users, config), dim=-1)
-    p = F.normalize(I[pos], dim=-1)
-    n = F.normalize(I[negs], dim=-1)                              # [B, K, d]
-    cos_p = (z * p).sum(-1)
-    cos_n = torch.bmm(n, z.unsqueeze(-1)).squeeze(-1)            # [B, K]
+    # 1/|i| for the whole table once, gathered per use: cheaper than normalising the
+    # gathered [B, K, d] negatives (the dominant tensor) and identical in value
+    inv_norm = 1.0 / I.norm(dim=-1).clamp_min(1e-12)
+    cos_p = (z * I[pos]).sum(-1) * inv_norm[pos]
+    cos_n = torch.bmm(I[negs], z.unsqueeze(-1)).squeeze(-1) * inv_norm[negs]   # [B, K]
     per_sample = (1.0 - cos_p) + config.neg_weight * F.relu(cos_n - config.margin).mean(-1)
     return per_sample.sum() if reduction == "sum" else per_sample.mean()
 
@@ -40,12 +41,14 @@ def cf_loss(U, I, W, hist, hist_len, users, pos, negs, config: CFConfig, reducti
 @dataclass(frozen=True)
 class TorchOptions:
     """Args:
-        lr: Adam learning rate.
+        lr: Adam learning rate. 1e-2 (the published runs use 1e-3..1e-4 over ~100 epochs):
+            with it, on MovieLens-100k, torch follows HEAT's Recall@20 epoch by epoch, so
+            that equal epochs compare equal accuracy.
         batch_size: training pairs per step.
         threads: torch intra-op threads (None: torch's default).
     """
 
-    lr: float = 1e-3
+    lr: float = 1e-2
     batch_size: int = 1024
     threads: int | None = None
 
@@ -92,7 +95,7 @@ class TorchEngine:
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
-            batch_loss = float(loss) * len(idx)
+            batch_loss = float(loss.detach()) * len(idx)
             total += batch_loss
             since_n += len(idx)
             since_loss += batch_loss
