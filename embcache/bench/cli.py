@@ -4,5 +4,6 @@ seconds) and writes JSON, and a PNG where a picture helps, under bench/results/.
 COMMANDS: dict[str, tuple[str, str]] = {
     "cache": ("embcache.bench.cache", "hit rate of freq/lfu/lru vs Belady, bytes moved, bookkeeping cost"),
     "dlrm": ("embcache.bench.dlrm", "DLRM throughput: cached (0.5/1.5/5 %) vs whole tables on device / on host"),
+    "cf": ("embcache.bench.cf", "HEAT vs the PyTorch reference: epoch time (1 and all threads, tiling on/off), Recall@20, memory traffic"),
     "face": ("embcache.bench.face", "face head: step time and memory of fc / pfc 0.1 / dcp 1 % and 10 % vs classes, and accuracy"),
 }
