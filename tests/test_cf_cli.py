@@ -1,0 +1,139 @@
+"""`embcache cf` and `embcache bench cf`: metrics log, save/load round trip, one-line errors."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from cpu_kernels.model import load
+from cpu_kernels.synthetic import power_law_interactions
+from embcache.cli import main
+
+
+@pytest.fixture(scope="module")
+def lightgcn_dir(tmp_path_factory):
+    """A small LightGCN-format directory (train.txt, test.txt) written from the synthetic set."""
+    data = power_law_interactions(num_users=300, num_items=500, interactions=9000, communities=6, seed=2)
+    d = tmp_path_factory.mktemp("lightgcn")
+    for name, indptr, indices in (("train.txt", data.train_indptr, data.train_indices),
+                                  ("test.txt", data.test_indptr, data.test_indices)):
+        lines = [" ".join(map(str, [u, *indices[indptr[u]:indptr[u + 1]]])) for u in range(data.num_users)]
+        (d / name).write_text("\n".join(lines) + "\n")
+    return d
+
+
+def _train(args, capsys):
+    rc = main(["cf", "train", "--no-progress", "--negatives", "8", "--threads", "1", *map(str, args)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    return out.out
+
+
+def test_train_writes_metrics_lines_and_save_load_round_trips(lightgcn_dir, tmp_path, capsys):
+    log, first = tmp_path / "m.jsonl", tmp_path / "emb.npy"
+    out = _train(["--data", lightgcn_dir, "--epochs", 3, "--metrics-out", log, "--save", first], capsys)
+    assert "epoch   3/3" in out and "samples/s" in out and "Recall@20" in out
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["event"] for r in records] == ["start", "epoch", "epoch", "epoch", "summary"]
+    for r in records[1:4]:
+        assert {"seconds", "samples_per_s", "loss", "recall@20", "ndcg@20"} <= set(r) and r["seconds"] > 0
+    assert records[1]["loss"] > records[3]["loss"]
+    trained = records[3]["recall@20"]
+    assert trained > records[-1]["popularity"]["recall@20"]
+
+    # load -> no training -> save again: the same rows exactly, and the same evaluation
+    for second in (tmp_path / "again.npz", tmp_path / "again.parquet"):
+        out = _train(["--data", lightgcn_dir, "--epochs", 0, "--load", first, "--save", second], capsys)
+        assert f"Recall@20 {trained:.4f}" in out
+        a, b = load(first), load(second)
+        for x, y in zip(a[:3], b[:3]):
+            assert x.dtype == y.dtype == np.float32 and np.array_equal(x, y)
+        assert a[3] == b[3] and a[3].negatives == 8
+
+    rc = main(["cf", "evaluate", str(tmp_path / "again.parquet"), "--data", str(lightgcn_dir)])
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert rc == 0 and result["recall@20"] == pytest.approx(trained, abs=1e-12)
+
+
+def test_load_then_train_continues_from_the_file(lightgcn_dir, tmp_path, capsys):
+    start = tmp_path / "start.npz"
+    _train(["--data", lightgcn_dir, "--epochs", 1, "--save", start], capsys)
+    _train(["--data", lightgcn_dir, "--epochs", 1, "--load", start, "--save", tmp_path / "next.npz",
+            "--model", "simplex"], capsys)
+    before, after = load(start), load(tmp_path / "next.npz")
+    assert not np.array_equal(before[1], after[1])
+    # settings not given come from the file: K=8 was saved, not the default
+    assert after[3].negatives == 8
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--data", "/no/such/dir"], "/no/such/dir: no such file or directory"),
+    (["--data", "ml-100k", "--load", "/no/such.npy"], "/no/such.npy: no such embeddings file"),
+    (["--data", "ml-100k", "--save", "out.txt", "--epochs", "0"], "embeddings are saved as"),
+    (["--epochs", "-1"], "--epochs must be >= 0"),
+])
+def test_bad_input_is_one_line(args, message, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    rc = main(["cf", "train", "--no-progress", *args])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert message in err
+
+
+def test_malformed_lightgcn_line_is_reported_with_file_and_line(lightgcn_dir, tmp_path, capsys):
+    d = tmp_path / "bad"
+    d.mkdir()
+    lines = (lightgcn_dir / "train.txt").read_text().splitlines()
+    lines[6] = lines[6] + " -4"
+    (d / "train.txt").write_text("\n".join(lines) + "\n")
+    (d / "test.txt").write_text((lightgcn_dir / "test.txt").read_text())
+    rc = main(["cf", "train", "--no-progress", "--data", str(d)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and len(err.splitlines()) == 1 and f"{d / 'train.txt'}:7: negative id -4" in err
+    rc = main(["cf", "train", "--no-progress", "--data", str(d), "--skip-bad-lines", "--epochs", "1",
+               "--negatives", "4"])
+    captured = capsys.readouterr()
+    assert rc == 0 and "skipped 1 malformed" in captured.err
+
+
+def test_ratings_file_as_data(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    rows = {(int(u), int(i)) for u, i in zip(rng.integers(1, 60, 3000), rng.integers(1, 90, 3000))}
+    path = tmp_path / "u.data"
+    path.write_text("".join(f"{u}\t{i}\t4\t{881250949 + k}\n" for k, (u, i) in enumerate(sorted(rows))))
+    out = _train(["--data", path, "--epochs", 1, "--split", "time"], capsys)
+    assert "u.data: 59 users" in out and "Recall@20" in out
+
+
+def test_bench_cf_smoke(tmp_path, capsys):
+    rc = main(["bench", "cf", "--datasets", "synthetic", "--synthetic-users", "300", "--synthetic-items", "500",
+               "--synthetic-interactions", "9000", "--synthetic-negatives", "8", "16", "--synthetic-epochs", "2",
+               "--torch-max-pairs", "100000", "--copy-mib", "16", "--out-dir", str(tmp_path), "--no-plot"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "x torch" in out
+    res = json.loads((tmp_path / "cf.json").read_text())
+    assert res["hardware"]["cpu_count"] >= 1 and set(res["copy_bandwidth_bytes_per_s"]) == {str(t) for t in
+                                                                                            res["threads"]}
+    assert [c["negatives"] for c in res["cases"]] == [8, 16]
+    for case in res["cases"]:
+        rows = case["rows"]
+        assert [(r["variant"], r["threads"]) for r in rows] == [(v, t) for t in res["threads"] for v in
+                                                               ("torch", "heat, no tiling", "heat, tiling")]
+        for r in rows:
+            assert r["epoch_s"] > 0 and 0 < r["recall_at_20"] < 1 and len(r["epoch_s_all"]) == 2
+            if r["variant"] != "torch":
+                assert r["speedup_vs_torch"] > 1 and r["recall_vs_torch"] > 0.5
+                assert r["bytes_per_epoch"]["bytes"] > case["train_pairs"] * case["negatives"] * 4 * 64
+                assert r["fraction_of_copy_bandwidth"] > 0
+    assert res["topk_seconds"]["synthetic"]["faster"] in ("torch", "faiss")
+
+
+def test_bench_times_torch_on_a_subset_when_epochs_are_too_long():
+    from cpu_kernels.model import CFConfig
+    from embcache.bench.cf import run_variant
+
+    data = power_law_interactions(num_users=300, num_items=500, interactions=9000, communities=6, seed=2)
+    row = run_variant("torch", data, CFConfig(negatives=8), threads=1, epochs=3, torch_max_pairs=2000)
+    assert row["subset_pairs"] == 2000 and "recall_at_20" not in row and "subset" in row["timed_on"]
+    assert row["epoch_s"] == pytest.approx(data.num_train / row["samples_per_s"])

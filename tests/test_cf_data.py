@@ -1,0 +1,111 @@
+"""CF readers: LightGCN text format, MovieLens ratings, the split, the synthetic set."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cpu_kernels.data import read_lightgcn, read_ratings, split_ratings
+from cpu_kernels.synthetic import power_law_interactions
+from embcache.data.bad_rows import DataFormatError
+
+
+def _items(indptr, indices, u):
+    return indices[indptr[u]:indptr[u + 1]].tolist()
+
+
+def _lightgcn(tmp_path, train: str, test: str):
+    d = tmp_path / "lg"
+    d.mkdir()
+    (d / "train.txt").write_text(train)
+    (d / "test.txt").write_text(test)
+    return d
+
+
+def test_lightgcn_empty_lines_and_users_without_items(tmp_path):
+    # user 1 has no training items, user 4 appears only as an item-less line; blank lines,
+    # trailing spaces, duplicates and a missing final newline are all fine
+    d = _lightgcn(tmp_path, "0 5 3 3\n\n1\n2 0 7   \n   \n4", "0 1\n1 2\n2 6\n")
+    data = read_lightgcn(d)
+    assert (data.num_users, data.num_items) == (5, 8)
+    assert _items(data.train_indptr, data.train_indices, 0) == [3, 5]
+    assert _items(data.train_indptr, data.train_indices, 1) == []
+    assert _items(data.train_indptr, data.train_indices, 2) == [0, 7]
+    assert _items(data.train_indptr, data.train_indices, 4) == []
+    assert _items(data.test_indptr, data.test_indices, 1) == [2]
+    assert data.num_train == 4 and data.num_test == 3
+
+
+@pytest.mark.parametrize("line, why", [("2 7 x9", "non-integer token 'x9'"), ("2 -7 1", "negative id -7"),
+                                       ("-2 7", "negative id -2"), ("2 7.5", "non-integer token '7.5'")])
+def test_lightgcn_bad_line_names_file_and_line(tmp_path, line, why):
+    d = _lightgcn(tmp_path, "0 1 2\n\n" + line + "\n3 4\n", "0 3\n")
+    with pytest.raises(DataFormatError) as err:
+        read_lightgcn(d)
+    assert str(err.value).startswith(f"{d / 'train.txt'}:3: {why}")
+    # skipping instead: the line is counted with its number, the rest is read
+    data = read_lightgcn(d, skip_bad=True)
+    assert data.bad_rows.total == 1
+    assert data.bad_rows.to_json()[str(d / "train.txt")]["first_lines"] == [3]
+    assert data.num_train == 3
+
+
+def test_lightgcn_missing_files(tmp_path):
+    with pytest.raises(DataFormatError, match="no such directory"):
+        read_lightgcn(tmp_path / "nope")
+    d = tmp_path / "half"
+    d.mkdir()
+    (d / "train.txt").write_text("0 1\n")
+    with pytest.raises(DataFormatError, match=r"test\.txt: no such file"):
+        read_lightgcn(d)
+
+
+def test_ratings_both_movielens_layouts_and_bad_lines(tmp_path):
+    udata = tmp_path / "u.data"
+    udata.write_text("10\t3\t5\t881250949\n2\t7\t1\t881250950\n\n5\t3\t4\t881250951\n")
+    dat = tmp_path / "ratings.dat"
+    dat.write_text("10::3::5::881250949\n2::7::1::881250950\n5::3::4::881250951\n")
+    a, b = read_ratings(udata), read_ratings(dat)
+    assert np.array_equal(a, b)
+    # raw ids remapped to 0-based contiguous ids in the order of the raw ids
+    assert a[:, 0].tolist() == [2, 0, 1] and a[:, 1].tolist() == [0, 1, 0]
+    bad = tmp_path / "bad.dat"
+    bad.write_text("1::2::3::4\n1::2::3\n")
+    with pytest.raises(DataFormatError, match=r"bad\.dat:2: expected 4 fields, found 3"):
+        read_ratings(bad)
+    bad.write_text("1::2::3::4\n1::-2::3::4\n")
+    with pytest.raises(DataFormatError, match=r"bad\.dat:2: negative id -2"):
+        read_ratings(bad)
+    bad.write_text("1::2::3::4\n1::b::3::4\n")
+    with pytest.raises(DataFormatError, match=r"bad\.dat:2: non-integer field 'b'"):
+        read_ratings(bad)
+
+
+def test_split_by_time_takes_each_users_latest_and_random_is_seeded():
+    # user 0: items 0..4 rated at times 50, 40, .., 10; user 1: one rating (stays in train)
+    r = np.array([[0, i, 5, 50 - 10 * i] for i in range(5)] + [[1, 2, 3, 7]])
+    data = split_ratings(r, "time", test_fraction=0.4)
+    assert _items(data.test_indptr, data.test_indices, 0) == [0, 1]  # the two latest
+    assert _items(data.train_indptr, data.train_indices, 1) == [2] and data.num_test == 2
+    a, b = split_ratings(r, "random", seed=3), split_ratings(r, "random", seed=3)
+    assert np.array_equal(a.test_indices, b.test_indices) and a.num_test == 1
+    # no interaction is in both halves
+    assert not set(zip(*np.nonzero(_dense(a.train_indptr, a.train_indices, 5)))) & \
+        set(zip(*np.nonzero(_dense(a.test_indptr, a.test_indices, 5))))
+
+
+def _dense(indptr, indices, n):
+    m = np.zeros((len(indptr) - 1, n), bool)
+    for u in range(len(indptr) - 1):
+        m[u, indices[indptr[u]:indptr[u + 1]]] = True
+    return m
+
+
+def test_synthetic_set_is_seeded_and_power_law():
+    a = power_law_interactions(num_users=2000, num_items=3000, interactions=60_000, seed=1)
+    b = power_law_interactions(num_users=2000, num_items=3000, interactions=60_000, seed=1)
+    assert np.array_equal(a.train_indices, b.train_indices) and np.array_equal(a.test_indptr, b.test_indptr)
+    assert a.num_train + a.num_test == 60_000
+    deg = np.sort(a.item_degrees())[::-1]
+    # skewed: the top 1 % of items hold far more than 1 % of the interactions
+    assert deg[:30].sum() > 0.08 * deg.sum()
+    assert np.diff(a.train_indptr).min() >= 1
