@@ -31,7 +31,7 @@ def loop_dcp_loss(probe, slots, centres, valid, kind, m, s, k, positives, has_po
             lse = mx + torch.log(sum(torch.exp(x - mx) for x in logits))
             total = total + (lse - s * target)
         elif live:
-            top = sorted((cos[j] for j in live), key=float, reverse=True)[:min(k, len(live))]
+            top = sorted((cos[j] for j in live), key=lambda c: float(c.detach()), reverse=True)[:min(k, len(live))]
             total = total + sum(torch.clamp(c, min=0) for c in top) / len(top)
     return total / probe.shape[0]
 
