@@ -124,7 +124,7 @@ def test_full_fc_loss_drops_when_trained():
     labels = torch.arange(20) % 5
     feats = torch.randn(5, 8)[labels] + 0.1 * torch.randn(20, 8)
     opt = torch.optim.SGD(head.parameters(), lr=1.0)
-    first = float(head.loss(feats, labels))
+    first = float(head.loss(feats, labels).detach())
     for _ in range(50):
         opt.zero_grad()
         head.loss(feats, labels).backward()
