@@ -184,7 +184,9 @@ def train_pairs(U, I, W, hist, hist_len, users, items, order, K, margin, neg_w, 
     the last W update) carry each thread's state across calls, so with one thread an epoch
     cut into chunks (for a progress bar) gives the same result as one call. tile <= 0 draws
     negatives from all items. gW_buf[t] accumulates thread t's gradient of W, applied to W
-    every `w_sync` samples, and at the end of the call when `flush` (the epoch's last chunk).
+    every `w_sync` samples, and at the end of the call when `flush` (the epoch's last chunk),
+    as the mean over those samples: W is shared by every user, and applying the sum would be
+    a step `w_sync` times larger than the per-row steps, which diverges at the default lr.
     """
     T = rng.shape[0]
     n = order.shape[0]
@@ -229,10 +231,10 @@ def train_pairs(U, I, W, hist, hist_len, users, items, order, K, margin, neg_w, 
             if simplex:
                 pending += 1
                 if pending >= w_sync:
-                    _apply_w(W, gW, lr)
+                    _apply_w(W, gW, lr / np.float32(pending))
                     pending = 0
         if simplex and flush and pending > 0:
-            _apply_w(W, gW, lr)
+            _apply_w(W, gW, lr / np.float32(pending))
             pending = 0
         rng[t] = state
         tile_state[t, 0] = tile_start

@@ -12,7 +12,7 @@ from cpu_kernels.fit import fit, make_engine
 from cpu_kernels.model import CFConfig, CFParams
 from embcache.data.bad_rows import DataFormatError
 
-EPOCHS = 5
+EPOCHS = 10
 
 
 @pytest.fixture(scope="module")
