@@ -10,19 +10,14 @@ from cpu_kernels import metrics
 from cpu_kernels.data import load_ml100k
 from cpu_kernels.fit import fit, make_engine
 from cpu_kernels.model import CFConfig, CFParams
-from embcache.data.bad_rows import DataFormatError
+from tests.offline_data import load_or_skip
 
 EPOCHS = 10
 
 
 @pytest.fixture(scope="module")
 def ml100k():
-    try:
-        return load_ml100k()
-    except DataFormatError as err:
-        if "could not fetch" in str(err):
-            pytest.skip(f"MovieLens-100k not available offline and pip download failed: {err}")
-        raise
+    return load_or_skip(load_ml100k)
 
 
 def test_ml100k_split(ml100k):

