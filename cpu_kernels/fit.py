@@ -27,6 +27,27 @@ def make_engine(engine: str, params: CFParams, data: Interactions,
     raise ValueError(f"engine must be one of {ENGINES}")
 
 
+def compile_kernels() -> float:
+    """Compile every HEAT kernel (and the evaluation) on a toy problem, so that no epoch's
+    timing includes numba's compiler; returns the seconds it took. numba caches the machine
+    code on disk, so only the first call after an install or an edit is slow."""
+    import numpy as np
+
+    from cpu_kernels.data import from_pairs
+    from cpu_kernels.model import CFConfig
+
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(0)
+    u, i = rng.integers(0, 20, 200), rng.integers(0, 30, 200)
+    data = from_pairs(u[:150], i[:150], u[150:], i[150:], 20, 30)
+    for model in ("simplex", "mf-ccl"):
+        params = CFParams.init(CFConfig(model=model, negatives=4), 20, 30, data.train_indptr, data.train_indices)
+        for tile in (0, 8):
+            make_engine("heat", params, data, HeatOptions(threads=1, tile=tile)).epoch(0)
+        evaluate(params, data)
+    return time.perf_counter() - t0
+
+
 def evaluate(params: CFParams, data: Interactions, ks=(20,), backend="auto") -> dict:
     """Full-ranking metrics of the current parameters on the test split."""
     return metrics.evaluate(user_vectors(params), params.I, data.train_indptr, data.train_indices,

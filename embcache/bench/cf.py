@@ -85,23 +85,6 @@ def epoch_bytes(params, users: np.ndarray, active_negatives: int) -> dict:
     return {"bytes": sum(parts.values()), "parts": parts}
 
 
-def warm_up() -> None:
-    """Compile every kernel on a toy problem so that no timing includes numba's compiler."""
-    from cpu_kernels.data import from_pairs
-    from cpu_kernels.fit import evaluate, make_engine
-    from cpu_kernels.model import CFConfig, CFParams
-    from cpu_kernels.train import HeatOptions
-
-    rng = np.random.default_rng(0)
-    u, i = rng.integers(0, 20, 200), rng.integers(0, 30, 200)
-    data = from_pairs(u[:150], i[:150], u[150:], i[150:], 20, 30)
-    for model in ("simplex", "mf-ccl"):
-        params = CFParams.init(CFConfig(model=model, negatives=4), 20, 30, data.train_indptr, data.train_indices)
-        for tile in (0, 8):
-            make_engine("heat", params, data, HeatOptions(threads=1, tile=tile)).epoch(0)
-        evaluate(params, data)
-
-
 def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max_pairs: int) -> dict:
     """Train a fresh model with one engine; epoch times, throughput, final accuracy."""
     import torch
@@ -177,6 +160,7 @@ def run(args) -> int:
     from dataclasses import asdict
 
     from cpu_kernels import metrics
+    from cpu_kernels.fit import compile_kernels
     from cpu_kernels.model import CFConfig
     from cpu_kernels.train import max_threads
     from embcache.bench.common import write_json
@@ -189,7 +173,7 @@ def run(args) -> int:
     load_before = os.getloadavg()
     t_start = time.perf_counter()
     print("compiling the kernels ...", flush=True)
-    warm_up()
+    compile_kernels()
     bandwidth = {}
     for t in threads:
         bandwidth[str(t)] = copy_bandwidth(t, args.copy_mib)

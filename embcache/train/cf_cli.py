@@ -157,7 +157,7 @@ def train(args) -> int:
     from dataclasses import asdict
 
     from cpu_kernels.fit import evaluate as eval_params
-    from cpu_kernels.fit import fit, make_engine
+    from cpu_kernels.fit import compile_kernels, fit, make_engine
     from cpu_kernels.model import FORMATS, CFParams, load, save
     from cpu_kernels.reference import TorchOptions
     from cpu_kernels.train import HeatOptions, max_threads
@@ -190,6 +190,10 @@ def train(args) -> int:
           + f"; engine {args.engine}"
           + (f" (tile {engine.tile or 'off'})" if args.engine == "heat" else f" (batch {args.batch_size})")
           + f", {threads} thread(s)")
+    if args.engine == "heat" and args.epochs > 0:
+        seconds = compile_kernels()
+        if seconds > 1.0:
+            print(f"compiled the HEAT kernels in {seconds:.1f} s (numba caches them for later runs)")
     log = MetricsLog(args.metrics_out)
     run_info = {"data": data.name, "engine": args.engine, "model": config.model, "threads": threads}
     log.write(event="start", **run_info, config=asdict(config), users=data.num_users, items=data.num_items,
