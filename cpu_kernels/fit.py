@@ -56,15 +56,17 @@ def evaluate(params: CFParams, data: Interactions, ks=(20,), backend="auto") -> 
 
 def fit(engine, params: CFParams, data: Interactions, epochs: int, ks=(20,),
         eval_every: int = 1, backend: str = "auto", progress: bool = True,
-        on_epoch: Callable[[dict], None] | None = None, label: str = "") -> list[dict]:
-    """Train `epochs` epochs; evaluate every `eval_every` epochs and after the last one.
+        on_epoch: Callable[[dict], None] | None = None, label: str = "",
+        start_epoch: int = 0) -> list[dict]:
+    """Train epochs start_epoch+1 .. `epochs`; evaluate every `eval_every` epochs and after
+    the last one. A run resumed from a checkpoint passes the epochs it has done.
 
     Returns one record per epoch: epoch, seconds (training only), samples_per_s, loss, and
     recall@k / ndcg@k / eval_seconds where it was evaluated.
     """
     records = []
     n = data.num_train
-    for epoch in range(epochs):
+    for epoch in range(start_epoch, epochs):
         bar = tqdm(total=n, unit="pair", unit_scale=True, disable=not progress, leave=False,
                    desc=f"{label}epoch {epoch + 1}/{epochs}")
 

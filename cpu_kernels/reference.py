@@ -78,6 +78,18 @@ class TorchEngine:
         if options.threads:
             torch.set_num_threads(options.threads)
 
+    def state_dict(self) -> dict:
+        """What the next epoch needs besides the parameters: Adam's moments and the
+        negative sampler's generator."""
+        return {"engine": "torch", "optimizer": self.optimizer.state_dict(),
+                "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("engine") != "torch":
+            raise ValueError(f"the checkpoint was written by the {state.get('engine')} engine, not torch")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+
     def epoch(self, epoch: int, chunks: int = 1, progress=None) -> dict:
         """One pass in the same seeded order as the HEAT engine; `progress(n, loss)` is called
         about `chunks` times."""

@@ -70,6 +70,24 @@ class HeatEngine:
         self.tile_state[:, 0] = -1
         self.gW = np.zeros((self.threads, d, d), dtype=np.float32)
 
+    def state_dict(self) -> dict:
+        """What the next epoch needs besides the parameters: each thread's RNG, tile and
+        pending W gradient (zero after a whole epoch, kept for completeness)."""
+        return {"engine": "heat", "threads": self.threads, "rng": self.rng.copy(),
+                "tile_state": self.tile_state.copy(), "gW": self.gW.copy()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("engine") != "heat":
+            raise ValueError(f"the checkpoint was written by the {state.get('engine')} engine, not heat")
+        if state["threads"] != self.threads:
+            raise ValueError(f"the checkpoint was written with {state['threads']} thread(s); resume with "
+                             f"--threads {state['threads']} (each thread's random stream is part of the state)")
+        if state["gW"].shape != self.gW.shape:
+            raise ValueError("the checkpoint's W gradient has another dimension")
+        self.rng[:] = state["rng"]
+        self.tile_state[:] = state["tile_state"]
+        self.gW[:] = state["gW"]
+
     def epoch(self, epoch: int, chunks: int = 1, progress=None) -> dict:
         """One pass over the pairs in a seeded shuffled order; `progress(n_done, loss)` is
         called after each of `chunks` equal parts."""

@@ -137,3 +137,90 @@ def test_bench_times_torch_on_a_subset_when_epochs_are_too_long():
     row = run_variant("torch", data, CFConfig(negatives=8), threads=1, epochs=3, torch_max_pairs=2000)
     assert row["subset_pairs"] == 2000 and "recall_at_20" not in row and "subset" in row["timed_on"]
     assert row["epoch_s"] == pytest.approx(data.num_train / row["samples_per_s"])
+
+
+@pytest.mark.parametrize("engine", ["heat", "torch"])
+def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(engine, lightgcn_dir, tmp_path, capsys):
+    common = ["--data", lightgcn_dir, "--engine", engine, "--eval-every", 2]
+    _train([*common, "--epochs", 3, "--checkpoint-dir", tmp_path / "whole", "--save", tmp_path / "whole.npz"],
+           capsys)
+    _train([*common, "--epochs", 1, "--checkpoint-dir", tmp_path / "cut"], capsys)
+    log = tmp_path / "m.jsonl"
+    out = _train([*common, "--epochs", 3, "--checkpoint-dir", tmp_path / "cut", "--resume",
+                  "--save", tmp_path / "cut.npz", "--metrics-out", log], capsys)
+    assert f"resumed from {tmp_path / 'cut' / 'cf-last.pt'} after epoch 1" in out
+    assert [json.loads(line).get("epoch") for line in log.read_text().splitlines()] == [None, 2, 3, None]
+    a, b = load(tmp_path / "whole.npz"), load(tmp_path / "cut.npz")
+    for x, y in zip(a[:3], b[:3]):
+        assert np.array_equal(x, y)
+    # the checkpoint after the last epoch equals the run's final embeddings
+    ck = load_cf_checkpoint(tmp_path / "cut" / "cf-last.pt")
+    assert ck["epochs_done"] == 3 and np.array_equal(ck["I"], b[1])
+
+
+def load_cf_checkpoint(path):
+    """A cf checkpoint as a dict."""
+    from embcache.checkpoint import load_checkpoint
+    return load_checkpoint(path, "cf")
+
+
+def test_resume_refuses_a_checkpoint_of_other_settings_or_a_damaged_one(lightgcn_dir, tmp_path, capsys):
+    ck = tmp_path / "ck"
+    _train(["--data", lightgcn_dir, "--epochs", 1, "--checkpoint-dir", ck], capsys)
+
+    def refused(*args):
+        rc = main(["cf", "train", "--no-progress", "--data", str(lightgcn_dir), "--epochs", "2",
+                   "--checkpoint-dir", str(ck), "--resume", *map(str, args)])
+        err = capsys.readouterr().err.strip()
+        assert rc == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+        return err
+
+    assert "resume with --threads 1" in refused("--threads", 2)
+    assert "other model settings (margin)" in refused("--threads", 1, "--margin", 0.3)
+    assert "written by --engine heat, not torch" in refused("--threads", 1, "--engine", "torch")
+    assert "other engine options (lr)" in refused("--threads", 1, "--lr", 0.5)
+    assert "other data" in refused("--threads", 1, "--data", "synthetic", "--synthetic-users", 50,
+                                   "--synthetic-items", 60, "--synthetic-interactions", 700)
+    assert "no cf checkpoint" in refused("--threads", 1, "--checkpoint-dir", tmp_path / "empty")
+    path = ck / "cf-last.pt"
+    path.write_bytes(path.read_bytes()[:200])
+    assert f"{path}: corrupt or truncated checkpoint" in refused("--threads", 1)
+    rc = main(["cf", "train", "--resume"])
+    assert rc == 1 and "--resume needs --checkpoint-dir" in capsys.readouterr().err
+
+
+def test_a_killed_run_resumes_from_its_last_epoch(tmp_path):
+    """SIGKILL mid-run, resume: the same embeddings as a run never stopped (1 thread)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    data = ["--data", "synthetic", "--synthetic-users", "3000", "--synthetic-items", "4000",
+            "--synthetic-interactions", "100000", "--negatives", "16", "--threads", "1", "--no-progress",
+            "--eval-every", "1000"]
+
+    def cli(*args):
+        return subprocess.Popen([sys.executable, "-m", "embcache", "cf", "train", *data, *map(str, args)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    total = 8
+    whole = cli("--epochs", total, "--save", tmp_path / "whole.npz")
+    victim = cli("--epochs", 1000, "--checkpoint-dir", tmp_path / "ck")
+    path = tmp_path / "ck" / "cf-last.pt"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (path.exists() and load_cf_checkpoint(path)["epochs_done"] >= 2):
+        time.sleep(0.02)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert victim.returncode == -signal.SIGKILL
+    killed_at = load_cf_checkpoint(path)["epochs_done"]
+    assert 2 <= killed_at < total, killed_at
+    resumed = cli("--epochs", total, "--checkpoint-dir", tmp_path / "ck", "--resume", "--save", tmp_path / "cut.npz")
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    assert f"after epoch {killed_at}" in out
+    assert whole.wait(timeout=300) == 0
+    a, b = load(tmp_path / "whole.npz"), load(tmp_path / "cut.npz")
+    for x, y in zip(a[:3], b[:3]):
+        assert np.array_equal(x, y)

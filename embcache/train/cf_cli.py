@@ -64,6 +64,12 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--metrics-out", default=None, metavar="FILE", help="JSON-lines metrics log (appended)")
     p.add_argument("--save", default=None, metavar="FILE", help="write the embeddings (.npy, .npz or .parquet)")
     p.add_argument("--load", default=None, metavar="FILE", help="start from saved embeddings (and their settings)")
+    p.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                   help="write a checkpoint here after every epoch (atomically: a killed run loses at most "
+                        "the epoch it was in)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the checkpoint in --checkpoint-dir up to --epochs; settings not given "
+                        "come from the checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=train)
 
@@ -158,9 +164,10 @@ def train(args) -> int:
 
     from cpu_kernels.fit import evaluate as eval_params
     from cpu_kernels.fit import compile_kernels, fit, make_engine
-    from cpu_kernels.model import FORMATS, CFParams, load, save
+    from cpu_kernels.model import FORMATS, CFConfig, CFParams, load, save
     from cpu_kernels.reference import TorchOptions
     from cpu_kernels.train import HeatOptions, max_threads
+    from embcache.train import cf_checkpoint
     from embcache.train.metrics import MetricsLog
 
     if args.epochs < 0:
@@ -169,10 +176,15 @@ def train(args) -> int:
         raise UserFacingError(f"{args.save}: embeddings are saved as {', '.join(FORMATS)}")
     if args.threads is not None and not 1 <= args.threads <= max_threads():
         raise UserFacingError(f"--threads must be in 1..{max_threads()} on this machine")
+    if args.resume and not args.checkpoint_dir:
+        raise UserFacingError("--resume needs --checkpoint-dir")
+    if args.resume and args.load:
+        raise UserFacingError("--resume and --load both give starting embeddings: choose one")
     data = load_data(args)
     print(data.summary())
     try:
-        saved = load(args.load)[3] if args.load else None
+        ck = cf_checkpoint.load(args.checkpoint_dir) if args.resume else None
+        saved = load(args.load)[3] if args.load else (CFConfig(**ck["config"]) if ck else None)
         config = make_config(args, saved)
         if args.load:
             params = CFParams.from_file(args.load, data.num_items, data.train_indptr, data.train_indices, config)
@@ -182,6 +194,12 @@ def train(args) -> int:
                            refresh=args.refresh, w_sync=args.w_sync)
         torch_opts = TorchOptions(lr=args.lr or TorchOptions.lr, batch_size=args.batch_size, threads=args.threads)
         engine = make_engine(args.engine, params, data, heat, torch_opts)
+        options = engine_options(args.engine, heat, torch_opts)
+        done, previous = 0, []
+        if ck is not None:
+            cf_checkpoint.restore(ck, params, engine, args.engine, options, data)
+            done, previous = ck["epochs_done"], ck["records"]
+            print(f"resumed from {ck['path']} after epoch {done}")
     except (ValueError, OSError, KeyError) as err:
         raise UserFacingError(str(err)) from None
     threads = args.threads or max_threads()
@@ -200,13 +218,23 @@ def train(args) -> int:
               train=data.num_train, test=data.num_test)
     ks = tuple(args.k)
 
+    records = list(previous)
+
     def on_epoch(rec):
         print(format_epoch(rec, args.epochs, ks), flush=True)
         log.write(event="epoch", **run_info, **rec)
+        records.append(rec)
+        if args.checkpoint_dir:
+            cf_checkpoint.save(args.checkpoint_dir, params, engine, args.engine, options, data, rec["epoch"],
+                               records)
 
-    records = fit(engine, params, data, args.epochs, ks=ks, eval_every=args.eval_every, backend=args.topk,
-                  progress=not args.no_progress, on_epoch=on_epoch)
-    final = {k: v for k, v in records[-1].items() if "@" in k} if records else eval_params(params, data, ks, args.topk)
+    if done >= args.epochs > 0:
+        print(f"the checkpoint has {done} epoch(s) already: nothing to train (raise --epochs to go on)")
+    fit(engine, params, data, args.epochs, ks=ks, eval_every=args.eval_every, backend=args.topk,
+        progress=not args.no_progress, on_epoch=on_epoch, start_epoch=done)
+    last = records[-1] if records else {}
+    final = ({k: v for k, v in last.items() if "@" in k} if f"recall@{ks[0]}" in last
+             else eval_params(params, data, ks, args.topk))
     if not records:
         print("evaluation: " + _format_metrics(final, ks))
     baseline = popularity(data, ks, args.topk)
@@ -249,6 +277,14 @@ def evaluate(args) -> int:
     print(f"{params.config.model}: {_format_metrics(result, ks)}  (popularity baseline: {_format_metrics(baseline, ks)})")
     print(json.dumps({**result, "popularity": baseline}))
     return 0
+
+
+def engine_options(engine: str, heat, torch_opts) -> dict:
+    """The options a resumed run must share with its checkpoint (threads are checked by
+    the HEAT engine itself: each thread's random stream is part of its state)."""
+    if engine == "heat":
+        return {"lr": heat.lr, "tile": heat.tile, "refresh": heat.refresh, "w_sync": heat.w_sync}
+    return {"lr": torch_opts.lr, "batch_size": torch_opts.batch_size}
 
 
 def popularity(data, ks, backend) -> dict:
