@@ -29,7 +29,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                                    "(--engine torch). A progress bar per epoch, then one line per epoch: seconds, "
                                    "samples/s, loss, Recall@k and NDCG@k on the test split; --metrics-out keeps "
                                    "the same records as JSON lines. Model settings not given on the command line "
-                                   "come from --load's file when there is one, else from the defaults shown. "
+                                   "come from --load's file (or --resume's checkpoint) when there is one, else from the "
+                                   "defaults shown. --checkpoint-dir keeps a checkpoint of the last epoch; --resume "
+                                   "continues a stopped or killed run from it. "
                                    "Published per-dataset settings: datasets/<name>/README.md.")
     _data_args(p)
     p.add_argument("--model", choices=MODELS, default=None,
