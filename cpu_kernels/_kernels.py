@@ -66,6 +66,27 @@ def _dot_norm(z, r):
 
 
 @njit(**_OPTS)
+def _axpy(y, c, x):
+    """y += c * x."""
+    for k in range(y.shape[0]):
+        y[k] += c * x[k]
+
+
+@njit(**_OPTS)
+def _step_row(t, r, z, w, a, cb, step, inplace):
+    """t -= step * w * (a*z - cb*r): the update (or, in the test mode, the gradient) of an
+    item row r from its cosine with z. When training, t *is* r; reading and writing it
+    through one array (the `inplace` branch) lets LLVM vectorise the loop, where two views
+    of the same row fail its runtime alias check and run scalar (5x slower, measured)."""
+    if inplace:
+        for k in range(t.shape[0]):
+            t[k] -= step * (w * (a * z[k] - cb * t[k]))
+    else:
+        for k in range(t.shape[0]):
+            t[k] -= step * (w * (a * z[k] - cb * r[k]))
+
+
+@njit(**_OPTS)
 def _user_vector(U, I, W, hist, hist_len, u, gamma, simplex, z, h):
     """z = U[u] (MF-CCL) or gamma*U[u] + (1-gamma)*W @ mean(I[hist[u]]) (SimpleX); h holds
     the mean of the history (kept for the backward)."""
@@ -91,12 +112,13 @@ def _user_vector(U, I, W, hist, hist_len, u, gamma, simplex, z, h):
 
 @njit(**_OPTS)
 def _sample(U, I, W, hist, hist_len, u, p, negs, margin, neg_w, gamma, simplex,
-            tU, tI, step, gW, z, h, gz, cos_n, inv_n):
+            tU, tI, step, inplace, gW, z, h, gz, cos_n, inv_n):
     """Forward and backward of one (user, positive, negatives) sample.
 
     Each gradient g of a row r is applied as t[r] -= step * g: with t the parameters and
     step the learning rate this is SGD in place; with t a zeroed gradient array and step -1
-    it accumulates the exact gradient (the test mode). The gradient of W is always added to
+    it accumulates the exact gradient (the test mode; `inplace` says t is the parameters
+    themselves). Each row's share of gz is taken before the row moves. The gradient of W is always added to
     `gW` (the caller decides when to apply it). Returns (loss, negatives with a gradient).
     """
     d = U.shape[1]
@@ -123,24 +145,18 @@ def _sample(U, I, W, hist, hist_len, u, p, negs, margin, neg_w, gamma, simplex,
     c_cos = np.float32(0.0)  # sum_i c_i cos_i
     c, a, b = np.float32(-1.0), inv_z * inv_p, inv_p * inv_p
     c_cos += c * cos_p
-    trow = tI[p]
-    for k in range(d):
-        old = prow[k]
-        gz[k] += c * a * old
-        trow[k] -= step * (c * (a * z[k] - cos_p * b * old))
+    _axpy(gz, c * a, prow)
+    _step_row(tI[p], prow, z, c, a, cos_p * b, step, inplace)
     active = 0
     for j in range(K):
         if cos_n[j] <= margin:
             continue
         active += 1
         n = negs[j]
-        nrow, trow = I[n], tI[n]
         a, b = inv_z * inv_n[j], inv_n[j] * inv_n[j]
         c_cos += wk * cos_n[j]
-        for k in range(d):
-            old = nrow[k]
-            gz[k] += wk * a * old
-            trow[k] -= step * (wk * (a * z[k] - cos_n[j] * b * old))
+        _axpy(gz, wk * a, I[n])
+        _step_row(tI[n], I[n], z, wk, a, cos_n[j] * b, step, inplace)
     zscale = c_cos * inv_z * inv_z
     for k in range(d):
         gz[k] -= zscale * z[k]
@@ -225,7 +241,7 @@ def train_pairs(U, I, W, hist, hist_len, users, items, order, K, margin, neg_w, 
                     state, bits = _splitmix(state)
                     negs[j] = _below(bits, ni)
             l, a = _sample(U, I, W, hist, hist_len, users[pair], items[pair], negs, margin,
-                           neg_w, gamma, simplex, U, I, lr, gW, z, h, gz, cos_n, inv_n)
+                           neg_w, gamma, simplex, U, I, lr, True, gW, z, h, gz, cos_n, inv_n)
             loss += l
             active += a
             if simplex:
@@ -272,7 +288,7 @@ def loss_gradients(U, I, W, hist, hist_len, users, pos, negs, margin, neg_w, gam
     total = 0.0
     for s in range(users.shape[0]):
         l, _ = _sample(U, I, W, hist, hist_len, users[s], pos[s], negs[s], margin, neg_w,
-                       gamma, simplex, gU, gI, np.float32(-1.0), gW, z, h, gz, cos_n, inv_n)
+                       gamma, simplex, gU, gI, np.float32(-1.0), False, gW, z, h, gz, cos_n, inv_n)
         total += l
     return total
 
