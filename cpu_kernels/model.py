@@ -163,20 +163,31 @@ def load(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, CFConfig
         meta_path = Path(str(path) + ".json")
         if not meta_path.exists():
             raise FileNotFoundError(f"{meta_path}: the layout of {path.name} is missing")
-        meta = json.loads(meta_path.read_text())
-        stacked = np.load(path)
-    elif path.suffix == ".npz":
-        with np.load(path) as z:
-            meta = json.loads(str(z["meta"]))
-            stacked = np.concatenate([z["U"], z["I"], z["W"]])
-    else:
-        import pyarrow.parquet as pq
+    try:
+        if path.suffix == ".npy":
+            meta = json.loads(meta_path.read_text())
+            stacked = np.load(path)
+        elif path.suffix == ".npz":
+            with np.load(path) as z:
+                meta = json.loads(str(z["meta"]))
+                stacked = np.concatenate([z["U"], z["I"], z["W"]])
+        else:
+            import pyarrow.parquet as pq
 
-        table = pq.read_table(path)
-        meta = json.loads(table.schema.metadata[b"embcache_cf"])
-        col = table.column("vector").combine_chunks()
-        stacked = col.values.to_numpy().reshape(len(table), meta["dim"])
-    nu, ni = meta["num_users"], meta["num_items"]
-    stacked = np.ascontiguousarray(stacked, dtype=np.float32)
-    return (stacked[:nu].copy(), stacked[nu:nu + ni].copy(), stacked[nu + ni:].copy(),
-            CFConfig(**meta["config"]))
+            table = pq.read_table(path)
+            meta = json.loads(table.schema.metadata[b"embcache_cf"])
+            col = table.column("vector").combine_chunks()
+            stacked = col.values.to_numpy().reshape(len(table), meta["dim"])
+        nu, ni = meta["num_users"], meta["num_items"]
+        stacked = np.ascontiguousarray(stacked, dtype=np.float32)
+        config = CFConfig(**meta["config"])
+    except Exception as err:  # numpy, zipfile, pyarrow and json each raise their own types
+        raise ValueError(f"{path}: not a readable embeddings file ({type(err).__name__}: {err})") from None
+    if len(stacked) != nu + ni + meta["dim"]:
+        raise ValueError(f"{path}: {len(stacked)} rows, expected {nu} users + {ni} items + {meta['dim']} of W")
+    bad = np.flatnonzero(~np.isfinite(stacked).all(axis=1))
+    if len(bad):
+        row = int(bad[0])
+        where = (f"user {row}" if row < nu else f"item {row - nu}" if row < nu + ni else f"W row {row - nu - ni}")
+        raise ValueError(f"{path}: {len(bad)} row(s) hold NaN or infinity (first: {where})")
+    return stacked[:nu].copy(), stacked[nu:nu + ni].copy(), stacked[nu + ni:].copy(), config

@@ -224,3 +224,38 @@ def test_a_killed_run_resumes_from_its_last_epoch(tmp_path):
     a, b = load(tmp_path / "whole.npz"), load(tmp_path / "cut.npz")
     for x, y in zip(a[:3], b[:3]):
         assert np.array_equal(x, y)
+
+
+def test_embeddings_with_nan_or_a_damaged_file_are_refused_in_one_line(lightgcn_dir, tmp_path, capsys):
+    good = tmp_path / "good.npz"
+    _train(["--data", lightgcn_dir, "--epochs", 1, "--save", good], capsys)
+    with np.load(good) as z:
+        arrays = dict(z)
+    arrays["I"][7, 3] = np.nan
+    np.savez(tmp_path / "nan.npz", **arrays)
+    (tmp_path / "junk.npz").write_bytes(b"not a zip file")
+    (tmp_path / "junk.parquet").write_bytes(b"PAR1 broken")
+    for path, message in ((tmp_path / "nan.npz", "1 row(s) hold NaN or infinity (first: item 7)"),
+                          (tmp_path / "junk.npz", "not a readable embeddings file"),
+                          (tmp_path / "junk.parquet", "not a readable embeddings file")):
+        for cmd in (["cf", "evaluate", str(path)], ["cf", "train", "--load", str(path)]):
+            rc = main([*cmd, "--data", str(lightgcn_dir)])
+            err = capsys.readouterr().err.strip()
+            assert rc == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+            assert f"{path}: {message}" in err
+
+
+def test_a_diverged_epoch_stops_the_run_before_it_is_kept():
+    from cpu_kernels.fit import TrainingDiverged, fit, make_engine
+    from cpu_kernels.model import CFConfig, CFParams
+    from cpu_kernels.train import HeatOptions
+
+    data = power_law_interactions(num_users=100, num_items=150, interactions=2000, communities=4, seed=1)
+    params = CFParams.init(CFConfig(negatives=4), data.num_users, data.num_items, data.train_indptr,
+                           data.train_indices)
+    params.U[:] = np.nan
+    reported = []
+    with pytest.raises(TrainingDiverged, match="epoch 1: the loss is nan"):
+        fit(make_engine("heat", params, data, HeatOptions(threads=1)), params, data, 2, progress=False,
+            on_epoch=reported.append)
+    assert reported == []

@@ -165,7 +165,7 @@ def train(args) -> int:
     from dataclasses import asdict
 
     from cpu_kernels.fit import evaluate as eval_params
-    from cpu_kernels.fit import compile_kernels, fit, make_engine
+    from cpu_kernels.fit import TrainingDiverged, compile_kernels, fit, make_engine
     from cpu_kernels.model import FORMATS, CFConfig, CFParams, load, save
     from cpu_kernels.reference import TorchOptions
     from cpu_kernels.train import HeatOptions, max_threads
@@ -232,8 +232,12 @@ def train(args) -> int:
 
     if done >= args.epochs > 0:
         print(f"the checkpoint has {done} epoch(s) already: nothing to train (raise --epochs to go on)")
-    fit(engine, params, data, args.epochs, ks=ks, eval_every=args.eval_every, backend=args.topk,
-        progress=not args.no_progress, on_epoch=on_epoch, start_epoch=done)
+    try:
+        fit(engine, params, data, args.epochs, ks=ks, eval_every=args.eval_every, backend=args.topk,
+            progress=not args.no_progress, on_epoch=on_epoch, start_epoch=done)
+    except TrainingDiverged as err:
+        log.write(event="diverged", **run_info, message=str(err))
+        raise UserFacingError(str(err)) from None
     last = records[-1] if records else {}
     final = ({k: v for k, v in last.items() if "@" in k} if f"recall@{ks[0]}" in last
              else eval_params(params, data, ks, args.topk))
