@@ -198,3 +198,12 @@ def test_bad_row_log_keeps_the_smallest_lines():
         log.add("f", line, f"kind: {line}")
     assert log.to_json()["f"]["first_lines"] == [1, 4] and log.to_json()["f"]["count"] == 4
     assert np.array_equal(log.to_json()["f"]["first_reasons"], ["kind: 1", "kind: 4"])
+
+
+def test_count_fields_that_are_not_finite_numbers_are_bad():
+    from embcache.data.delimited import parse_count_feature
+
+    values, ok = parse_count_feature(pa.array(["3", "nan", "inf", "1e400", "-2", "", "0x10", "1.5e1"]))
+    assert ok.tolist() == [True, False, False, False, True, True, False, True]
+    assert np.isfinite(values).all()
+    assert values[ok].tolist() == pytest.approx([L(4), 0.0, 0.0, L(16)])
