@@ -3,7 +3,6 @@ engine (heat or torch), train epoch by epoch with a progress bar, evaluate, and 
 epoch's record (seconds, samples/s, loss, Recall@k, NDCG@k) to the caller."""
 from __future__ import annotations
 
-import math
 import time
 from typing import Callable
 
@@ -14,13 +13,9 @@ from cpu_kernels.data import Interactions
 from cpu_kernels.model import CFParams
 from cpu_kernels.reference import TorchEngine, TorchOptions
 from cpu_kernels.train import HeatEngine, HeatOptions, user_vectors
+from embcache.train.diverged import check_loss
 
 ENGINES = ("heat", "torch")
-
-
-class TrainingDiverged(ValueError):
-    """The loss of an epoch is NaN or infinite: raised before that epoch is reported, so
-    no checkpoint or saved file is written from it."""
 
 
 def make_engine(engine: str, params: CFParams, data: Interactions,
@@ -84,10 +79,7 @@ def fit(engine, params: CFParams, data: Interactions, epochs: int, ks=(20,),
         stats = engine.epoch(epoch, chunks=20 if progress else 1, progress=tick if progress else None)
         seconds = time.perf_counter() - t0
         bar.close()
-        if not math.isfinite(stats["loss"]):
-            raise TrainingDiverged(f"epoch {epoch + 1}: the loss is {stats['loss']}: training diverged "
-                                   f"(try a lower --lr); the parameters of this epoch are not kept in a "
-                                   f"checkpoint or a saved file")
+        check_loss(stats["loss"], f"epoch {epoch + 1}")
         rec = {"epoch": epoch + 1, "seconds": seconds, "samples_per_s": n / seconds,
                "loss": stats["loss"]}
         if "active_negatives" in stats:

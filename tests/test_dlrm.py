@@ -137,3 +137,23 @@ def test_movielens_100k_as_ctr_reaches_validation_auc_above_070(tmp_path):
                                        sparse_optimizer="adagrad", sparse_lr=0.05), tmp_path / "ml")
     summary = trainer.fit()
     assert summary["val_auc"] > 0.70, summary
+
+
+def test_a_nan_loss_stops_the_run_and_keeps_the_last_checkpoint(synthetic, tmp_path):
+    from embcache.train.diverged import TrainingDiverged
+
+    trainer = DLRMTrainer(small_config(checkpoint_dir=str(tmp_path), checkpoint_every=5, max_steps=20), synthetic)
+    step = trainer.train_step
+
+    def poisoned(batch, nxt=None):
+        if trainer.step == 7:  # the 8th step: a dense weight goes bad, the loss follows
+            with torch.no_grad():
+                next(trainer.model.dense_arch.parameters()).fill_(float("nan"))
+        return step(batch, nxt)
+
+    trainer.train_step = poisoned
+    with pytest.raises(TrainingDiverged, match="step 8: the loss is nan"):
+        trainer.fit()
+    ck = load_checkpoint(tmp_path / "last.pt", "dlrm")
+    assert ck["step"] == 5
+    assert all(torch.isfinite(v).all() for v in ck["model"].values() if torch.is_tensor(v) and v.is_floating_point())

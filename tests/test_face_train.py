@@ -142,3 +142,22 @@ def test_recordio_training_with_verification_bin_and_evaluate_command(tmp_path, 
     assert args.func(args) == 0
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert 0.0 <= metrics["lfw"]["accuracy"] <= 1.0 and metrics["lfw"]["pairs"] == 20
+
+
+def test_a_nan_loss_stops_the_run_before_the_next_checkpoint(tmp_path):
+    from embcache.checkpoint import load_checkpoint
+    from embcache.train.diverged import TrainingDiverged
+
+    trainer = FaceTrainer(small(head="dcp", epochs=1, checkpoint_dir=str(tmp_path), checkpoint_every=4))
+    step = trainer.train_step
+
+    def poisoned(batch):
+        if trainer.global_step == 5:
+            with torch.no_grad():
+                next(trainer.probe.parameters()).fill_(float("nan"))
+        return step(batch)
+
+    trainer.train_step = poisoned
+    with pytest.raises(TrainingDiverged, match="step 6: the loss is nan"):
+        trainer.fit()
+    assert load_checkpoint(tmp_path / "face-last.pt", "face")["global_step"] == 4

@@ -165,11 +165,12 @@ def train(args) -> int:
     from dataclasses import asdict
 
     from cpu_kernels.fit import evaluate as eval_params
-    from cpu_kernels.fit import TrainingDiverged, compile_kernels, fit, make_engine
+    from cpu_kernels.fit import compile_kernels, fit, make_engine
     from cpu_kernels.model import FORMATS, CFConfig, CFParams, load, save
     from cpu_kernels.reference import TorchOptions
     from cpu_kernels.train import HeatOptions, max_threads
     from embcache.train import cf_checkpoint
+    from embcache.train.diverged import TrainingDiverged
     from embcache.train.metrics import MetricsLog
 
     if args.epochs < 0:

@@ -32,6 +32,7 @@ from torchrec.models.dlrm import DLRM
 from embcache.checkpoint import load_checkpoint, save_checkpoint
 from embcache.data.loader import CTRBatches, lookahead
 from embcache.nn.cached_collection import CachedEmbeddingBagCollection
+from embcache.train.diverged import check_loss
 from embcache.train.metrics import MetricsLog, binary_metrics, peak_memory
 
 SPARSE_MODES = ("cached", "device", "host")
@@ -238,6 +239,7 @@ class DLRMTrainer:
                     break
                 t0 = time.perf_counter()
                 loss = self.train_step(batch, nxt)
+                check_loss(loss, f"step {self.step + 1}")
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 dt = time.perf_counter() - t0

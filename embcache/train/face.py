@@ -27,6 +27,7 @@ from embcache.checkpoint import CheckpointError, latest_checkpoint, load_checkpo
 from embcache.data.face.loaders import PairBatch, PairBatches
 from embcache.nn.backbones import build_backbone
 from embcache.nn.heads import build_head
+from embcache.train.diverged import check_loss
 from embcache.train.face_eval import embed, identification_top1, verification
 from embcache.train.metrics import MetricsLog, peak_memory
 
@@ -254,6 +255,7 @@ class FaceTrainer:
                 batch = self.batches.get(self.epoch, self.step_in_epoch)
                 self.dropped += batch.dropped
                 loss = self.train_step(batch)
+                check_loss(loss, f"step {self.global_step + 1}")
                 self.step_in_epoch += 1
                 self.global_step += 1
                 steps_run += 1
