@@ -1,7 +1,10 @@
 """Face data: synthetic identities are generated, not stored, and reproducible; the loaders
 are pure functions of (seed, epoch, step); RecordIO, image folders and verification .bin
 files are read, and bad input is named (file and index) or counted; evaluation metrics."""
+import os
 import pickle
+import struct
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -12,7 +15,7 @@ from embcache.data.bad_rows import DataFormatError
 from embcache.data.face.folder import ImageFolderFaces
 from embcache.data.face.images import encode_jpeg
 from embcache.data.face.loaders import PairBatches
-from embcache.data.face.recordio import RecordIOFaces, write_recordio
+from embcache.data.face.recordio import RecordFile, RecordIOFaces, encode_record, read_index, write_recordio
 from embcache.data.face.synthetic import SyntheticFaces
 from embcache.data.face.verification import load_verification_bin, write_verification_bin
 from embcache.train.face_eval import identification_top1, verification
@@ -90,6 +93,157 @@ def test_recordio_bad_input_names_file_and_index(tmp_path):
         RecordIOFaces(tmp_path / "cut.rec", progress=False)
     with pytest.raises(DataFormatError, match="no such file"):
         RecordIOFaces(tmp_path / "missing.rec")
+
+
+MAGIC = struct.pack("<I", 0xCED7230A)
+
+
+def dmlc_write_record(payload: bytes) -> bytes:
+    """A line-by-line transcription of dmlc-core's `RecordIOWriter::WriteRecord`, kept apart
+    from the library's writer so that the reader is checked against dmlc, not against itself."""
+    out, dptr = b"", 0
+    lower_align = (len(payload) >> 2) << 2
+    for i in range(0, lower_align, 4):
+        if payload[i:i + 4] == MAGIC:
+            out += MAGIC + struct.pack("<I", ((1 if dptr == 0 else 2) << 29) | (i - dptr)) + payload[dptr:i]
+            dptr = i + 4
+    out += MAGIC + struct.pack("<I", ((3 if dptr != 0 else 0) << 29) | (len(payload) - dptr)) + payload[dptr:]
+    upper_align = ((len(payload) + 3) >> 2) << 2
+    return out + b"\0" * (upper_align - len(payload))
+
+
+def write_dmlc(path, payloads):
+    with open(path, "wb") as rec, open(path.with_suffix(".idx"), "w") as idx:
+        for key, payload in enumerate(payloads):
+            idx.write(f"{key}\t{rec.tell()}\n")
+            rec.write(dmlc_write_record(payload))
+
+
+def part_flags(data: bytes, offset: int) -> list[int]:
+    """The continuation flags of the parts of the record at `offset`, read by hand."""
+    flags = []
+    while True:
+        magic, lrec = struct.unpack_from("<II", data, offset)
+        assert magic == 0xCED7230A
+        flags.append(lrec >> 29)
+        if flags[-1] in (0, 3):
+            return flags
+        offset += 8 + ((lrec & (2**29 - 1)) + 3) // 4 * 4
+
+
+def split_payload(label, image):
+    """A record that dmlc splits into five parts: the magic word as the header's `id` field
+    (offset 8), twice in a row in the image (an empty middle part) and as the last word (an
+    empty last part); one unaligned copy must not split."""
+    header = struct.pack("<IfQQ", 0, float(label), 0xCED7230A, 0)
+    image = image + b"\0" * (-(len(header) + len(image)) % 4)
+    return header + image + MAGIC + MAGIC + b"x" + MAGIC + b"yyy" + MAGIC
+
+
+def test_multi_part_records_are_joined_with_the_magic_put_back(tmp_path):
+    images = [_jpeg(0), _jpeg(1), _jpeg(2)]
+    payloads = [split_payload(0, images[0]), struct.pack("<IfQQ", 0, 0.0, 1, 0) + images[1],
+                split_payload(1, images[2])]
+    write_dmlc(tmp_path / "train.rec", payloads)
+    data, offsets = (tmp_path / "train.rec").read_bytes(), read_index(tmp_path / "train.idx")[1]
+    assert part_flags(data, int(offsets[0])) == [1, 2, 2, 2, 3]  # the file really is multi-part
+    assert part_flags(data, int(offsets[1])) == [0]
+    assert encode_record(payloads[0]) == dmlc_write_record(payloads[0])  # the library writes as dmlc does
+    records = RecordFile(tmp_path / "train.rec")
+    for key, payload in enumerate(payloads):
+        assert records.payload(key) == payload
+    assert records.first_label(2) == (0, 1.0)  # the header itself spans two parts
+    assert records.header(0)[2] == payloads[0][24:]
+    faces = RecordIOFaces(tmp_path / "train.rec", image_size=16, progress=False)
+    assert faces.labels.tolist() == [0, 0, 1]
+    x, ok = faces.load(torch.arange(3))
+    assert ok.all() and x.abs().max() <= 1.0  # Pillow stops at the end of the JPEG
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("cut", r"train\.rec#0: truncated record"),
+    ("flag", r"train\.rec#0: part 2 at byte \d+ has continuation flag 0, expected 2 or 3"),
+    ("magic", r"train\.rec#0: bad magic 0x[0-9a-f]{8} at byte \d+ \(part 3\)"),
+    ("middle", r"train\.rec#0: part 1 at byte \d+ has continuation flag 2, expected 0 or 1"),
+])
+def test_garbled_multi_part_records_are_one_line_errors(tmp_path, damage, message):
+    payload = split_payload(3, _jpeg(0))
+    data = bytearray(dmlc_write_record(payload))
+    offset, second = 0, 8 + 8  # parts: 8 bytes (up to the id field), then the rest of the header...
+    third = second + 8 + struct.unpack_from("<I", data, second + 4)[0] % 2**29
+    if damage == "cut":
+        data = data[:third + 20]
+    elif damage == "flag":
+        data[second + 7] &= 0x1F  # part 2 claims to be a whole record
+    elif damage == "magic":
+        data[third] ^= 0xFF
+    else:
+        offset = second  # the index points into the middle of the record
+    (tmp_path / "train.rec").write_bytes(bytes(data))
+    (tmp_path / "train.idx").write_text(f"0\t{offset}\n")
+    with pytest.raises(DataFormatError, match=message) as err:
+        RecordFile(tmp_path / "train.rec").payload(0)
+    assert "\n" not in str(err.value)
+
+
+def test_labels_are_cached_and_read_from_the_cache_on_the_next_open(tmp_path, monkeypatch):
+    items = [(y, _jpeg(i)) for i, y in enumerate([0, 0, 1, 1, 2])]
+    write_recordio(tmp_path / "train.rec", items)
+    first_label = RecordFile.first_label
+    asked = []
+    monkeypatch.setattr(RecordFile, "first_label", lambda self, key: asked.append(key) or first_label(self, key))
+    assert RecordIOFaces(tmp_path / "train.rec", progress=False).labels.tolist() == [0, 0, 1, 1, 2]
+    assert asked == [0, 1, 2, 3, 4, 5]
+    asked.clear()
+    assert RecordIOFaces(tmp_path / "train.rec", progress=False).labels.tolist() == [0, 0, 1, 1, 2]
+    assert asked == [0]  # only the header record, which says where the images are
+    saved = np.load(tmp_path / "train.labels.npy")
+    assert saved.dtype == np.int64 and saved[1] == os.stat(tmp_path / "train.rec").st_mtime_ns  # exact
+    st = os.stat(tmp_path / "train.rec")
+    os.utime(tmp_path / "train.rec", ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # a changed file: read again
+    RecordIOFaces(tmp_path / "train.rec", progress=False)
+    assert asked == [0, 0, 1, 2, 3, 4, 5]
+
+
+def test_a_label_is_read_without_reading_the_image(tmp_path):
+    write_recordio(tmp_path / "train.rec", [(4, b"\xff" * 100_000)])
+    records = RecordFile(tmp_path / "train.rec")
+    read = []
+    f = records._file()
+    records._f = type("Counting", (), {"seek": lambda self, pos: f.seek(pos),
+                                       "read": lambda self, n: read.append(n) or f.read(n)})()
+    assert records.first_label(1) == (0, 4.0)
+    assert sum(read) <= 8 + 28
+
+
+@pytest.mark.parametrize("label, reason", [
+    (float("nan"), "non-finite label nan"), (float("inf"), "non-finite label inf"), (-1, "negative label -1"),
+    (2.5, "label 2.5 is not an integer"), (3e9, "label 3e\\+09 out of range: not below the 3 image records"),
+])
+def test_a_bad_label_is_one_line_naming_file_and_record(tmp_path, label, reason):
+    write_recordio(tmp_path / "train.rec", [(0, _jpeg(0)), (label, _jpeg(1)), (1, _jpeg(2))])
+    with pytest.raises(DataFormatError, match=rf"train\.rec#2: {reason}") as err:
+        RecordIOFaces(tmp_path / "train.rec", progress=False)
+    assert "\n" not in str(err.value)
+
+
+def test_the_index_is_two_int64_arrays_not_a_dict_per_record(tmp_path):
+    n = 200_000
+    keys = np.random.default_rng(0).permutation(n)
+    (tmp_path / "train.idx").write_text("".join(f"{k}\t{8 * k}\n" for k in keys) + f"{n - 1}\t7\n")
+    (tmp_path / "train.rec").write_bytes(b"")
+    tracemalloc.start()
+    records = RecordFile(tmp_path / "train.rec")
+    kept = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    assert kept < 20 * n  # 16 bytes a record; a dict of Python ints costs well over 50
+    assert records.keys.tolist() == list(range(n)) and records.offset_of(12_345) == 8 * 12_345
+    assert records.offset_of(n - 1) == 7  # a key listed twice: the later line wins, as in mxnet
+    with pytest.raises(DataFormatError, match=rf"train\.rec#{n}: record not in train\.idx"):
+        records.offset_of(n)
+    (tmp_path / "bad.idx").write_text("0\t0\n1\t8\n2 16 x\n")
+    with pytest.raises(DataFormatError, match=r"bad\.idx:3: expected 'index<TAB>offset', got '2 16 x'"):
+        read_index(tmp_path / "bad.idx")
 
 
 def test_unreadable_images_are_counted_and_reported_not_raised(tmp_path, capsys):
