@@ -66,6 +66,49 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, head):
     assert a["history"] == b["history"]
 
 
+def test_a_resume_with_other_settings_is_refused_in_one_line_naming_them(tmp_path):
+    from embcache.checkpoint import CheckpointError
+
+    kw = dict(num_classes=40, batch_size=16, epochs=2, eval_pairs=100, eval_classes=20, checkpoint_dir=str(tmp_path))
+    assert FaceTrainer(small(**kw, max_steps=2)).fit()["stopped_early"]
+    with pytest.raises(CheckpointError, match=r"face-last\.pt: cannot resume with other settings: "
+                                              r"margin 0\.3 in the checkpoint, 0\.5 now$") as err:
+        FaceTrainer(small(**kw, margin=0.5, resume=True)).fit()
+    assert "\n" not in str(err.value)
+    with pytest.raises(CheckpointError, match=r"lr 0\.1 in the checkpoint, 0\.2 now; weight_decay 0\.0005 in the "
+                                              r"checkpoint, 0\.0 now; epochs 2 in the checkpoint, 1 now"):
+        FaceTrainer(small(**{**kw, "epochs": 1}, lr=0.2, weight_decay=0.0, resume=True)).fit()
+    for name, value in (("scale", 16.0), ("topk", 3), ("gallery_momentum", 0.9), ("batch_size", 8)):
+        with pytest.raises(CheckpointError, match=rf"{name} .* in the checkpoint, {value!r} now"):
+            FaceTrainer(small(**{**kw, name: value}, resume=True)).fit()
+    more = FaceTrainer(small(**{**kw, "epochs": 3}, resume=True)).fit()  # a run may be extended
+    assert more["epochs_done"] == 3
+
+
+def test_resume_keeps_the_list_of_skipped_samples(tmp_path):
+    import numpy as np
+
+    from embcache.data.face.images import encode_jpeg
+    from embcache.data.face.recordio import write_recordio
+
+    rng = np.random.default_rng(0)
+    items = [(y, encode_jpeg(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8))) for y in range(12) for _ in range(3)]
+    items[5] = items[20] = (items[5][0], b"garbage")
+    write_recordio(tmp_path / "train.rec", items)
+    kw = dict(data=str(tmp_path), num_classes=0, image_size=16, backbone="cnn", batch_size=8, epochs=2)
+    whole = FaceTrainer(small(**kw))
+    summary = whole.fit()
+    first = FaceTrainer(small(**kw, checkpoint_dir=str(tmp_path / "ck"), max_steps=5))
+    first.fit()
+    assert 0 < first.source.bad.total < whole.source.bad.total  # samples skipped before and after the stop
+    resumed = FaceTrainer(small(**kw, checkpoint_dir=str(tmp_path / "ck"), resume=True))
+    assert resumed.fit()["skipped_samples"] == summary["skipped_samples"] == whole.source.bad.total
+    assert resumed.source.bad.to_json() == whole.source.bad.to_json()
+    skipped = whole.source.bad.to_json()
+    assert list(skipped) == [str(tmp_path / "train.rec")]  # one entry for the file, by record index
+    assert set(skipped[str(tmp_path / "train.rec")]["first_lines"]) == {6, 21}
+
+
 def test_images_with_the_cnn_backbone_train_one_epoch():
     t = FaceTrainer(small(num_classes=40, batch_size=16, epochs=1, image_size=16, backbone="cnn", eval_pairs=100,
                           eval_classes=20))

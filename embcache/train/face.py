@@ -32,9 +32,12 @@ from embcache.train.face_eval import embed, identification_top1, verification
 from embcache.train.metrics import MetricsLog, peak_memory
 
 CHECKPOINT_NAME = "face-last.pt"
-# settings a resumed run must share with its checkpoint
+# settings a resumed run must share with its checkpoint: all that shape the data, the nets, the
+# loss or the optimizer (epochs may be raised: see `resume_mismatches`)
 _MUST_MATCH = ("data", "head", "num_classes", "pool_ratio", "sample_rate", "backbone", "feat_dim", "batch_size",
-               "seed", "margin_type", "synthetic_dim", "synthetic_id_dim", "synthetic_samples", "image_size")
+               "seed", "margin_type", "margin", "scale", "topk", "gallery_momentum", "lr", "momentum",
+               "weight_decay", "image_size", "synthetic_dim", "synthetic_id_dim", "synthetic_samples",
+               "synthetic_noise")
 
 
 @dataclass
@@ -99,6 +102,31 @@ def build_source(cfg: FaceConfig):
                                   f"{cfg.num_classes:,}")
         return source
     raise DataFormatError(f"{path}: not 'synthetic', an image folder, or a directory with train.rec/train.idx")
+
+
+def resume_mismatches(saved: dict, cfg: FaceConfig) -> list[str]:
+    """What stops `cfg` from resuming a checkpoint written with config `saved`, one phrase
+    per setting with both values. More epochs are allowed (a run can be extended); fewer
+    are not, since the checkpoint may already be past the new end."""
+    out = []
+    for k in _MUST_MATCH:
+        was, now = saved.get(k), getattr(cfg, k)
+        if k == "data" and was != now and "synthetic" not in (was, now) and None not in (was, now):
+            if Path(was).resolve() == Path(now).resolve():  # the same directory, named another way
+                continue
+        if was != now:
+            out.append(f"{k} {was!r} in the checkpoint, {now!r} now")
+    if cfg.epochs < saved.get("epochs", 0):
+        out.append(f"epochs {saved['epochs']!r} in the checkpoint, {cfg.epochs!r} now (epochs may only be raised)")
+    return out
+
+
+def _restore_bad_rows(log, saved: dict) -> None:
+    """Put the skipped-sample log of a checkpoint (`BadRowLog.to_json()`) back into `log`."""
+    from embcache.data.bad_rows import FileBadRows
+
+    log.files = {path: FileBadRows(e["count"], dict(e["by_reason"]), list(e["first_lines"]),
+                                   list(e["first_reasons"])) for path, e in saved.items()}
 
 
 class FaceTrainer:
@@ -206,7 +234,9 @@ class FaceTrainer:
                 "global_step": self.global_step, "probe": self.probe.state_dict(),
                 "gallery": self.gallery.state_dict() if self.gallery is not None else None,
                 "head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "history": self.history, "dropped": self.dropped}
+                "history": self.history, "dropped": self.dropped,
+                "bad_samples": self.source.bad.to_json() if hasattr(self.source, "bad") else {},
+                "num_slots": self.head.pool.num_slots if self.cfg.head == "dcp" else None}
 
     def save(self) -> Path | None:
         if not self.cfg.checkpoint_dir:
@@ -215,11 +245,11 @@ class FaceTrainer:
 
     def load(self, path) -> None:
         ck = load_checkpoint(path, kind="face")
-        saved = ck["config"]
-        diff = [k for k in _MUST_MATCH if saved.get(k) != getattr(self.cfg, k)]
+        diff = resume_mismatches(ck["config"], self.cfg)
+        if self.cfg.head == "dcp" and ck.get("num_slots") not in (None, self.head.pool.num_slots):
+            diff.append(f"pool slots {ck['num_slots']} in the checkpoint, {self.head.pool.num_slots} now")
         if diff:
-            raise CheckpointError(f"{path}: written with different settings: " +
-                                  ", ".join(f"{k}={saved.get(k)!r} (now {getattr(self.cfg, k)!r})" for k in diff))
+            raise CheckpointError(f"{path}: cannot resume with other settings: " + "; ".join(diff))
         self.probe.load_state_dict(ck["probe"])
         if self.gallery is not None:
             self.gallery.load_state_dict(ck["gallery"])
@@ -227,6 +257,8 @@ class FaceTrainer:
         self.optimizer.load_state_dict(ck["optimizer"])
         self.epoch, self.step_in_epoch, self.global_step = ck["epoch"], ck["step_in_epoch"], ck["global_step"]
         self.history, self.dropped = ck["history"], ck["dropped"]
+        if hasattr(self.source, "bad"):  # so that the skipped list agrees with the skipped count
+            _restore_bad_rows(self.source.bad, ck.get("bad_samples", {}))
 
     # -- the loop ------------------------------------------------------------------------
     def fit(self) -> dict:

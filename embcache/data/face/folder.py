@@ -16,7 +16,8 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
 class IndexedFaces:
     """What the identity and instance loaders need from a labelled image collection whose
     samples are grouped by label: sample ids `offsets[y] .. offsets[y+1]-1` belong to `y`.
-    Unreadable samples are counted in `bad` (file and index) and reported, not raised."""
+    Unreadable samples are counted in `bad` (file and index) and reported, not raised;
+    `read` names a sample `file#index` in its errors."""
 
     def __init__(self, labels: torch.Tensor, image_size: int, name: str):
         self.labels = labels.long()
@@ -58,9 +59,10 @@ class IndexedFaces:
         for i, sid in enumerate(ids.tolist()):
             try:
                 out[i] = self.read(self.raw_index(sid))
-            except DataFormatError as err:
-                file, _, rest = str(err).partition(": ")
-                self.bad.add(file, self.raw_index(sid), rest)
+            except DataFormatError as err:  # "file#index: reason": counted per file, by index
+                where, _, rest = str(err).partition(": ")
+                file, _, index = where.rpartition("#")
+                self.bad.add(file or where, int(index) if index.isdigit() else self.raw_index(sid), rest)
                 ok[i] = False
         return out, ok
 

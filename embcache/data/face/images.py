@@ -17,15 +17,18 @@ def decode_image(data: bytes | str | os.PathLike, where: str, size: int = 112) -
     `where` (file and index) if it cannot be decoded."""
     from PIL import Image, UnidentifiedImageError
 
+    in_memory = isinstance(data, (bytes, bytearray, memoryview))
+    src = io.BytesIO(data) if in_memory else data
     try:
-        src = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
         with Image.open(src) as img:
             img = img.convert("RGB")
             if img.size != (size, size):
                 img = img.resize((size, size), Image.BILINEAR)
             arr = np.array(img, dtype=np.uint8)
     except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as err:
-        raise DataFormatError(f"{where}: unreadable image ({type(err).__name__}: {err})") from None
+        # Pillow names an in-memory source by its repr, an address that differs between runs
+        reason = str(err).replace(repr(src), "encoded bytes") if in_memory else str(err)
+        raise DataFormatError(f"{where}: unreadable image ({type(err).__name__}: {reason})") from None
     return to_tensor(arr)
 
 
