@@ -201,3 +201,91 @@ def test_writer_rejects_out_of_range_ids(tmp_path):
     with pytest.raises(ValueError, match=r"sparse_0: ids in \[0, 3\] outside \[0, 3\)"):
         w.write("train", [0, 1], np.zeros((2, 0)), [np.array([0, 3])])
     assert not (tmp_path / "meta.json").exists()  # nothing looks complete
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5])
+def test_writer_refuses_shard_and_row_group_sizes_below_one(tmp_path, bad):
+    with pytest.raises(ValueError, match=r"rows_per_shard must be a whole number >= 1"):
+        CTRDatasetWriter(tmp_path, 1, FEATURES[:1], source="t", rows_per_shard=bad)
+    with pytest.raises(ValueError, match=r"row_group_rows must be a whole number >= 1"):
+        CTRDatasetWriter(tmp_path, 1, FEATURES[:1], source="t", row_group_rows=bad)
+
+
+def test_interleaved_splits_fill_their_own_shards(tmp_path):
+    """Writes alternate between splits (as a random split does): each split's shards still
+    hold rows_per_shard rows, in the order that split's rows were written."""
+    w = CTRDatasetWriter(tmp_path, 1, FEATURES[:1], source="t", rows_per_shard=5)
+    sent = {"train": [], "val": []}
+    for k in range(12):  # train 3 rows, val 1 row, train 3, val 1, ...
+        split, n = ("train", 3) if k % 2 == 0 else ("val", 1)
+        g = np.arange(100 * k, 100 * k + n)
+        w.write(split, g % 2, g[:, None].astype(np.float32), [g % 5])
+        sent[split] += g.tolist()
+    meta = w.finish()
+    for split, rows in sent.items():
+        files = meta["splits"][split]["files"]
+        sizes = [pq.ParquetFile(tmp_path / f).metadata.num_rows for f in files]
+        assert sizes == [5] * (len(rows) // 5) + ([len(rows) % 5] if len(rows) % 5 else []), split
+        got = pa.concat_tables([pq.read_table(tmp_path / f) for f in files])
+        assert got.column("dense_0").to_pylist() == rows
+        assert rows_of(CTRBatches(tmp_path, split, 4)).tolist() == rows
+
+
+def test_damaged_shard_is_one_line_naming_it(data):
+    """A shard whose footer is intact but whose data pages are damaged fails while reading
+    rows, not when opened: still one line naming the shard."""
+    meta = read_meta(data)
+    path = data / meta["splits"]["train"]["files"][1]
+    n = 4000
+    rng = np.random.default_rng(0)
+    _write_raw(path, label=pa.array(rng.integers(0, 2, n).astype(np.int8)),
+               dense_0=pa.array(rng.random(n).astype(np.float32)), dense_1=pa.array(rng.random(n).astype(np.float32)),
+               sparse_0=pa.array(rng.integers(0, 5, n)), sparse_1=pa.array(rng.integers(0, 7, n)),
+               sparse_2=pa.array([[1]] * n, pa.list_(pa.int64())))
+    column = pq.ParquetFile(path).metadata.row_group(0).column(1)  # dense_0
+    raw = bytearray(path.read_bytes())
+    start = column.data_page_offset + 20
+    raw[start: column.data_page_offset + column.total_compressed_size - 4] = \
+        bytes(column.total_compressed_size - 24)
+    path.write_bytes(bytes(raw))
+    pq.ParquetFile(path)  # still opens
+    with pytest.raises(DataFormatError, match=r"train/part-00001\.parquet: cannot read Parquet shard") as err:
+        list(CTRBatches(data, "train", 4))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("column,values,kind", [
+    ("sparse_1", pa.array([0.0, 6.9], pa.float64()), "double"),
+    ("sparse_1", pa.array(["0", "6"]), "string"),
+    ("sparse_2", pa.array([[0.5], []], pa.list_(pa.float32())), "list<element: float>"),
+    ("label", pa.array(["0", "1"]), "string"),
+    ("dense_0", pa.array([1, 2], pa.int64()), "int64"),
+])
+def test_shard_column_types_are_checked(data, column, values, kind):
+    """Float ids would be truncated to ints and string ids fail deep in numpy: the type is
+    checked when the shard is opened, and the error names the file and the column."""
+    meta = read_meta(data)
+    bad = data / meta["splits"]["val"]["files"][0]
+    columns = dict(label=pa.array([0, 1], pa.int8()), dense_0=pa.array([0, 0], pa.float32()),
+                   dense_1=pa.array([0, 0], pa.float32()), sparse_0=pa.array([1, 2]),
+                   sparse_1=pa.array([0, 6]), sparse_2=pa.array([[0], [1]], pa.list_(pa.int64())))
+    columns[column] = values
+    _write_raw(bad, **columns)
+    with pytest.raises(DataFormatError, match=rf"val/part-00000\.parquet: column {column} is ") as err:
+        list(CTRBatches(data, "val", 2))
+    assert kind in str(err.value) and "\n" not in str(err.value)
+
+
+def test_shard_types_that_are_accepted(data):
+    """bool labels, float64 dense values and int32 ids are fine and read as usual."""
+    meta = read_meta(data)
+    path = data / meta["splits"]["val"]["files"][0]
+    _write_raw(path, label=pa.array([False, True]), dense_0=pa.array([3.0, 4.0]), dense_1=pa.array([0.0, 0.0]),
+               sparse_0=pa.array([1, 2], pa.int32()), sparse_1=pa.array([0, 6], pa.int16()),
+               sparse_2=pa.array([[0], [1, 3]], pa.list_(pa.int32())))
+    meta["splits"]["val"]["rows"] = 2
+    (data / "meta.json").write_text(json.dumps(meta))
+    (batch,) = list(CTRBatches(data, "val", 2))
+    assert batch.labels.tolist() == [0.0, 1.0] and batch.dense[:, 0].tolist() == [3.0, 4.0]
+    assert batch.sparse.to_dict()["sparse_1"].values().tolist() == [0, 6]
+    assert batch.sparse.to_dict()["sparse_2"].values().tolist() == [0, 1, 3]

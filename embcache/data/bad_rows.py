@@ -1,9 +1,11 @@
 """Malformed input, never dropped silently: `DataFormatError` for input that cannot be used at
 all (one line naming the file and line), `BadRowLog` for rows a converter skips and counts,
-reports to the user and stores in meta.json."""
+reports to the user and stores in meta.json. `DataOutputError` is the same one line for an
+output that cannot be written (an unwritable directory, a full disk)."""
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 import sys
 from dataclasses import dataclass, field
@@ -21,6 +23,24 @@ def format_error(path: str | os.PathLike, line: int | None, what: str) -> DataFo
     """`DataFormatError("path:line: what")`, the compiler-style location editors understand."""
     where = f"{os.fspath(path)}:{line}" if line is not None else os.fspath(path)
     return DataFormatError(f"{where}: {what}")
+
+
+class DataOutputError(UserFacingError, OSError):
+    """An output file or directory that cannot be written. An OSError for library callers;
+    the `embcache` command prints it as one line without a traceback."""
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike):
+    """Turn an OSError raised while writing `path` into a DataOutputError naming the file."""
+    try:
+        yield
+    except DataOutputError:
+        raise
+    except OSError as err:
+        where = os.fspath(err.filename) if getattr(err, "filename", None) else os.fspath(path)
+        what = err.strerror or (str(err).splitlines()[0] if str(err) else type(err).__name__)
+        raise DataOutputError(f"{where}: cannot write: {what}") from None
 
 
 @dataclass

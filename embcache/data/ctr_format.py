@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embcache.data.bad_rows import DataFormatError, format_error
+from embcache.data.bad_rows import DataFormatError, DataOutputError, format_error, writing
 from embcache.data.frequency import IdFrequency, load_frequency_file
 
 FORMAT = "embcache-ctr"
@@ -81,24 +81,28 @@ class CTRDatasetWriter:
 
     def __init__(self, out_dir: str | os.PathLike, num_dense: int, sparse: list[SparseFeature],
                  source: str, rows_per_shard: int = 2_000_000, row_group_rows: int = 65_536):
+        for name, value in (("rows_per_shard", rows_per_shard), ("row_group_rows", row_group_rows)):
+            if isinstance(value, bool) or int(value) != value or value < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
         self.out = Path(out_dir)
         self.num_dense, self.sparse, self.source = num_dense, list(sparse), source
         self.rows_per_shard, self.row_group_rows = int(rows_per_shard), int(row_group_rows)
         self.schema = arrow_schema(num_dense, self.sparse)
         self.frequency = IdFrequency({f.name: f.cardinality for f in self.sparse})
         self.splits: dict[str, dict] = {s: {"files": [], "rows": 0} for s in SPLITS}
-        self._writer: pq.ParquetWriter | None = None
-        self._writer_split: str | None = None
-        self._rows_in_shard = 0
+        # one open shard per split, so interleaved writes to several splits (a random split)
+        # still fill every shard to rows_per_shard: split -> [writer, rows in its shard]
+        self._open: dict[str, list] = {}
         self._prepare_directory()
 
     def _prepare_directory(self) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
-        for name in (META, FREQ):
-            (self.out / name).unlink(missing_ok=True)
-        for split in SPLITS:
-            for old in (self.out / split).glob("part-*.parquet"):
-                old.unlink()
+        with writing(self.out):
+            self.out.mkdir(parents=True, exist_ok=True)
+            for name in (META, FREQ):
+                (self.out / name).unlink(missing_ok=True)
+            for split in SPLITS:
+                for old in (self.out / split).glob("part-*.parquet"):
+                    old.unlink()
 
     def write(self, split: str, label, dense, sparse: list) -> None:
         """Append one chunk of rows to `split`.
@@ -141,38 +145,57 @@ class CTRDatasetWriter:
         table = pa.Table.from_arrays(columns, schema=self.schema)
         start = 0
         while start < n:  # cut at shard boundaries
-            if self._writer is None or self._writer_split != split or self._rows_in_shard >= self.rows_per_shard:
-                self._open_shard(split)
-            take = min(n - start, self.rows_per_shard - self._rows_in_shard)
-            self._writer.write_table(table.slice(start, take), row_group_size=self.row_group_rows)
-            self._rows_in_shard += take
+            shard = self._open.get(split)
+            if shard is None or shard[1] >= self.rows_per_shard:
+                shard = self._open_shard(split)
+            take = min(n - start, self.rows_per_shard - shard[1])
+            with writing(self.out / self.splits[split]["files"][-1]):
+                shard[0].write_table(table.slice(start, take), row_group_size=self.row_group_rows)
+            shard[1] += take
             self.splits[split]["rows"] += take
             start += take
 
-    def _open_shard(self, split: str) -> None:
-        self._close_shard()
+    def _open_shard(self, split: str) -> list:
+        """Close `split`'s full shard (if any) and open its next one; the others stay open."""
+        self._close_shard(split)
         relative = f"{split}/part-{len(self.splits[split]['files']):05d}.parquet"
-        (self.out / split).mkdir(parents=True, exist_ok=True)
-        self._writer = pq.ParquetWriter(self.out / relative, self.schema, compression="zstd")
-        self._writer_split, self._rows_in_shard = split, 0
+        with writing(self.out / relative):
+            (self.out / split).mkdir(parents=True, exist_ok=True)
+            self._open[split] = [pq.ParquetWriter(self.out / relative, self.schema, compression="zstd"), 0]
         self.splits[split]["files"].append(relative)
+        return self._open[split]
 
-    def _close_shard(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+    def _close_shard(self, split: str) -> None:
+        shard = self._open.pop(split, None)
+        if shard is not None:
+            with writing(self.out / self.splits[split]["files"][-1]):
+                shard[0].close()
 
     def finish(self, bad_rows: dict | None = None, **extra) -> dict:
-        """Close the last shard, write id_freq.npz, then meta.json (atomically); return meta."""
-        self._close_shard()
-        self.frequency.save(self.out / FREQ)
+        """Close the open shards, write id_freq.npz, then meta.json (atomically); return meta."""
+        for split in list(self._open):
+            self._close_shard(split)
         meta = {"format": FORMAT, "version": VERSION, "num_dense": self.num_dense,
                 "sparse": [asdict(f) for f in self.sparse], "splits": self.splits,
                 "id_frequency_file": FREQ, "source": self.source, "bad_rows": bad_rows or {}, **extra}
-        tmp = self.out / f".{META}.tmp-{os.getpid()}"
-        tmp.write_text(json.dumps(meta, indent=1) + "\n")
-        os.replace(tmp, self.out / META)
+        with writing(self.out):
+            self.frequency.save(self.out / FREQ)
+            tmp = self.out / f".{META}.tmp-{os.getpid()}"
+            tmp.write_text(json.dumps(meta, indent=1) + "\n")
+            os.replace(tmp, self.out / META)
         return meta
+
+
+def check_output_dir(out_dir: str | os.PathLike) -> Path:
+    """Create `out_dir` if needed and make sure a file can be written there, so that a converter
+    fails at once, not after an hour-long first pass. DataOutputError (one line) otherwise."""
+    out = Path(out_dir)
+    with writing(out):
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    return out
 
 
 def read_meta(data_dir: str | os.PathLike) -> dict:
@@ -230,13 +253,20 @@ def head_rows(data_dir: str | os.PathLike, split: str, n: int = 5) -> list[dict]
     """The first `n` rows of a split as dicts (reads one record batch, whatever the size)."""
     meta = read_meta(data_dir)
     rows: list[dict] = []
+    if n <= 0:
+        return rows
     for rel in meta["splits"].get(split, {}).get("files", []):
-        for batch in pq.ParquetFile(Path(data_dir) / rel).iter_batches(batch_size=max(n, 1)):
-            rows += batch.to_pylist()[: n - len(rows)]
-            if len(rows) >= n:
-                return rows
+        try:
+            for batch in pq.ParquetFile(Path(data_dir) / rel).iter_batches(batch_size=n):
+                rows += batch.to_pylist()[: n - len(rows)]
+                if len(rows) >= n:
+                    return rows
+        except (OSError, pa.ArrowException) as err:
+            message = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise format_error(Path(data_dir) / rel, None, f"cannot read Parquet shard: {message}") from None
     return rows
 
 
 __all__ = ["FORMAT", "VERSION", "SPLITS", "SparseFeature", "CTRDatasetWriter", "arrow_schema",
-           "multi_hot", "read_meta", "load_id_frequencies", "sparse_features", "head_rows", "DataFormatError"]
+           "multi_hot", "read_meta", "load_id_frequencies", "sparse_features", "head_rows", "DataFormatError",
+           "DataOutputError", "check_output_dir"]

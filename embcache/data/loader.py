@@ -65,8 +65,9 @@ class CTRBatches:
             only the batches still to come.
         read_rows: rows per Parquet read; bounds memory together with `batch_size`.
 
-    Ids outside `[0, cardinality)`, nulls, or a shard whose columns differ from meta.json raise
-    DataFormatError naming the file and row.
+    Ids outside `[0, cardinality)`, nulls, a shard whose columns or column types differ from
+    meta.json (label integer/bool, dense floating point, sparse integer ids), or a damaged shard
+    raise DataFormatError naming the file (and the row where there is one).
 
     Example:
         >>> for batch in CTRBatches("datasets/synthetic", "train", 2048):  # doctest: +SKIP
@@ -93,6 +94,7 @@ class CTRBatches:
         self.rows = int(self.meta["splits"][split]["rows"])
         self._columns = (["label"] + [f"dense_{j}" for j in range(self.num_dense)]
                          + [f.name for f in self.features])
+        self._multi_hot = {f.name: f.multi_hot for f in self.features}
 
     # -------------------------------------------------------------- size and order
     def batches_per_epoch(self) -> int:
@@ -151,8 +153,8 @@ class CTRBatches:
                 step = pf.metadata.row_group(groups.pop(0)).num_rows
                 skip -= step
                 first_row += step
-            for record in pf.iter_batches(batch_size=self.read_rows, row_groups=groups,
-                                          columns=self._columns, use_threads=False):
+            for record in _read_shard(pf, path, batch_size=self.read_rows, row_groups=groups,
+                                      columns=self._columns, use_threads=False):
                 if skip:
                     cut = min(skip, record.num_rows)
                     record, skip, first_row = record.slice(cut), skip - cut, first_row + cut
@@ -172,6 +174,20 @@ class CTRBatches:
         missing = [c for c in self._columns if c not in names]
         if missing:
             raise format_error(path, None, f"lacks column(s) {', '.join(missing[:5])} that meta.json describes")
+        schema = pf.schema_arrow
+        for name in self._columns:
+            kind = schema.field(name).type
+            if name == "label":
+                ok, want = pa.types.is_integer(kind) or pa.types.is_boolean(kind), "integer or bool"
+            elif name.startswith("dense_"):
+                ok, want = pa.types.is_floating(kind), "floating point"
+            elif self._multi_hot[name]:
+                ok = (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_integer(kind.value_type)
+                want = "a list of integer ids"
+            else:
+                ok, want = pa.types.is_integer(kind), "integer ids"
+            if not ok:
+                raise format_error(path, None, f"column {name} is {kind}, expected {want}")
         return pf
 
     def _check(self, record: pa.RecordBatch, path: Path, first_row: int) -> None:
@@ -220,6 +236,20 @@ class CTRBatches:
             return Batch(batch.dense.pin_memory(), batch.sparse.pin_memory(),
                          batch.labels.pin_memory()).to(self.device, non_blocking=True)
         return batch if self.device.type == "cpu" else batch.to(self.device)
+
+
+def _read_shard(pf: pq.ParquetFile, path: Path, **kwargs) -> Iterator[pa.RecordBatch]:
+    """`pf.iter_batches(**kwargs)`, a damaged or truncated shard being one line naming it."""
+    batches = pf.iter_batches(**kwargs)
+    while True:
+        try:
+            record = next(batches)
+        except StopIteration:
+            return
+        except (OSError, pa.ArrowException) as err:
+            message = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise format_error(path, None, f"cannot read Parquet shard (damaged or truncated?): {message}") from None
+        yield record
 
 
 def lookahead(batches) -> Iterator[tuple[Batch, Batch | None]]:
