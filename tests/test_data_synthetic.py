@@ -107,3 +107,35 @@ def test_default_size_generates_quickly(tmp_path):
     elapsed = time.perf_counter() - t0
     assert meta["splits"]["train"]["rows"] == 200_000
     assert elapsed < 30, f"default synthetic set took {elapsed:.1f}s"
+
+
+def test_label_bookkeeping_does_not_grow_with_the_training_rows(tmp_path, monkeypatch):
+    """Train labels are only counted; val/test keep two arrays sized once by their row count.
+    Python-side memory seen at each chunk write stays flat over 256 training chunks."""
+    import tracemalloc
+
+    from embcache.data import synthetic
+
+    seen = []
+    real_write = synthetic.CTRDatasetWriter.write
+
+    def write(self, split, label, dense, sparse):
+        real_write(self, split, label, dense, sparse)
+        if split == "train":
+            seen.append(tracemalloc.get_traced_memory()[0])
+
+    monkeypatch.setattr(synthetic.CTRDatasetWriter, "write", write)
+    tracemalloc.start()
+    try:
+        meta = generate_synthetic(tmp_path, rows=262_144, scale=0.0005, seed=1, val_rows=3_000, test_rows=3_000,
+                                  chunk_rows=1_024)
+    finally:
+        tracemalloc.stop()
+    assert len(seen) == 256
+    growth = max(seen[128:]) - min(seen[1:8])
+    assert growth < 64_000, f"memory grew by {growth} bytes over 256 chunks of 1,024 labels"
+    # what the bookkeeping reports is still right: label rates match the written labels
+    for split in ("train", "val", "test"):
+        labels = read_split(tmp_path, split).column("label").to_numpy()
+        assert meta["label_rate"][split] == pytest.approx(labels.mean(), abs=1e-12)
+    assert 0.7 < meta["oracle_auc"] < 1 and 0.7 < meta["oracle_auc_test"] < 1

@@ -25,21 +25,52 @@ _NUMBER = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
 
 
 class LineNumbers:
-    """Physical line of the k-th delivered row of a file, given the lines the reader skipped."""
+    """Physical line of the k-th delivered row of a file, given the lines the reader skipped.
+
+    Memory is bounded by the block, not the file: skipped lines before the last row the
+    consumer has finished with (`forget_before`) are kept as a count only; the numbers of the
+    others (at most those of a block or two) are kept for the exact mapping.
+    """
 
     def __init__(self, header_lines: int):
         self.header = header_lines
-        self.skipped: list[int] = []  # ascending: the reader reports them in order
+        self.before = 0            # skipped lines before every row still to be asked about
+        self.recent: list[int] = []  # ascending line numbers of the other skipped lines
+        self._recent_array: np.ndarray | None = None
+
+    def skip(self, number: int | None) -> None:
+        """The reader skipped a line (reported in line order); None when it does not know which:
+        such a line is taken to lie before every row (as any skip before a row shifts it)."""
+        if number is None or number < 0:
+            self.before += 1
+        else:
+            self.recent.append(int(number))
+            self._recent_array = None
 
     def of(self, rows: np.ndarray) -> np.ndarray:
-        """1-based line numbers of delivered rows (0-based indices among delivered rows)."""
-        skipped = np.asarray(self.skipped, dtype=np.int64)
-        line = rows.astype(np.int64) + 1 + self.header
-        while True:  # shift past every skipped line at or before the candidate line
-            moved = rows + 1 + self.header + np.searchsorted(skipped, line, side="right")
-            if np.array_equal(moved, line):
-                return line
-            line = moved
+        """1-based line numbers of delivered rows (0-based indices among delivered rows, none
+        before the `forget_before` mark)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if self._recent_array is None:
+            self._recent_array = np.asarray(self.recent, dtype=np.int64)
+        skipped = self._recent_array
+        # row r is the first line L with L - header - (skipped lines <= L) = r + 1. With the
+        # skipped lines s_0 < s_1 < ..., s_i lies before it exactly when s_i - i <= r + 1 +
+        # header + before (s_i - i does not decrease), so one search counts them.
+        base = rows + 1 + self.header + self.before
+        return base + np.searchsorted(skipped - np.arange(len(skipped)), base, side="right")
+
+    def forget_before(self, delivered: int) -> None:
+        """Rows below `delivered` will not be asked about again: fold the skipped lines before
+        the last of them into a count."""
+        if delivered <= 0 or not self.recent:
+            return
+        last = int(self.of(np.array([delivered - 1]))[0])
+        folded = int(np.searchsorted(self._recent_array, last))
+        if folded:
+            self.before += folded
+            del self.recent[:folded]
+            self._recent_array = None
 
 
 def read_blocks(path: str | os.PathLike, column_names: list[str], delimiter: str, header: bool,
@@ -57,7 +88,7 @@ def read_blocks(path: str | os.PathLike, column_names: list[str], delimiter: str
 
     def on_invalid(row) -> str:
         number = row.number if row.number is not None else -1
-        lines.skipped.append(number)
+        lines.skip(row.number)
         if bad_rows is not None:
             bad_rows.add(path, number, f"wrong column count: {row.actual_columns} fields, expected {expected}")
         return "skip"
@@ -91,6 +122,7 @@ def read_blocks(path: str | os.PathLike, column_names: list[str], delimiter: str
             raise _read_error(path, lines, err, delivered) from None
         yield block, delivered, lines
         delivered += block.num_rows
+        lines.forget_before(delivered)  # the consumer is done with this block's rows
 
 
 def _check_header(path: Path, column_names: list[str], delimiter: str) -> None:

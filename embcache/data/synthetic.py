@@ -35,8 +35,8 @@ ZIPF_RANGE = (1.05, 1.4)
 
 def scaled_cardinalities(scale: float) -> list[int]:
     """Criteo Kaggle's cardinalities times `scale`, at least 2 each."""
-    if not scale > 0:
-        raise ValueError(f"scale must be > 0, got {scale}")
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number > 0, got {scale}")
     return [max(2, int(round(c * scale))) for c in CRITEO_KAGGLE_CARDINALITIES]
 
 
@@ -164,10 +164,15 @@ def generate_synthetic(out_dir: str | os.PathLike, rows: int = 200_000, scale: f
         >>> meta["oracle_auc"] > 0.7  # doctest: +SKIP
         True
     """
-    if rows < 1:
-        raise ValueError(f"rows must be >= 1, got {rows}")
+    if isinstance(rows, bool) or int(rows) != rows or rows < 1:
+        raise ValueError(f"rows must be a whole number >= 1, got {rows!r}")
+    if not (isinstance(seed, (int, np.integer)) and seed >= 0):
+        raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
     val_rows = max(1, rows // 10) if val_rows is None else val_rows
     test_rows = max(1, rows // 10) if test_rows is None else test_rows
+    for name, value in (("val_rows", val_rows), ("test_rows", test_rows), ("chunk_rows", chunk_rows)):
+        if isinstance(value, bool) or int(value) != value or value < (1 if name == "chunk_rows" else 0):
+            raise ValueError(f"{name} must be a whole number >= {1 if name == 'chunk_rows' else 0}, got {value!r}")
     cards = scaled_cardinalities(scale)
     model = HiddenModel(cards, seed)
     features = [SparseFeature(f"sparse_{f}", c) for f, c in enumerate(cards)]
@@ -177,21 +182,25 @@ def generate_synthetic(out_dir: str | os.PathLike, rows: int = 200_000, scale: f
     rates: dict[str, float] = {}
     bar = _progress(rows + val_rows + test_rows, progress)
     for split_index, (split, n) in enumerate((("train", rows), ("val", val_rows), ("test", test_rows))):
-        probs, labels = [], []
+        # train needs only the count of positives; val and test keep (prob, label) per row for
+        # the oracle AUC, in arrays sized once by the known row count
+        scored = split != "train"
+        probs = np.empty(n if scored else 0, dtype=np.float64)
+        labels = np.empty(n if scored else 0, dtype=np.int8)
+        positives = 0
         for chunk, start in enumerate(range(0, n, chunk_rows)):
             size = min(chunk_rows, n - start)
             rng = np.random.default_rng([seed, split_index, chunk])
             dense, ids, prob, _ = model.sample(rng, size)
             label = (rng.random(size) < prob).astype(np.int8)
             writer.write(split, label, dense, [ids[:, f] for f in range(len(cards))])
-            labels.append(label)
-            if split != "train":
-                probs.append(prob)
+            positives += int(label.sum())
+            if scored:
+                probs[start:start + size], labels[start:start + size] = prob, label
             bar.update(size)
-        all_labels = np.concatenate(labels) if labels else np.zeros(0, np.int8)
-        rates[split] = float(all_labels.mean()) if len(all_labels) else float("nan")
-        if split != "train" and probs:
-            oracle[split] = roc_auc(np.concatenate(probs), all_labels)
+        rates[split] = positives / n if n else float("nan")
+        if scored and n:
+            oracle[split] = roc_auc(probs, labels)
     bar.close()
     generator = {"rows": rows, "val_rows": val_rows, "test_rows": test_rows, "scale": scale, "seed": seed,
                  "zipf_exponents": [round(float(s), 4) for s in model.zipf],
