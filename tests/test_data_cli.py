@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from embcache.cli import main
 from tests.test_data_converters import kaggle_text
 
@@ -48,3 +50,66 @@ def test_prepare_without_dataset_shows_help(capsys):
     out = capsys.readouterr().out
     for name in ("criteo-kaggle", "criteo-terabyte", "avazu", "ml-100k"):
         assert name in out
+
+
+BAD_OPTIONS = [
+    (["synthetic", "--rows", "0"], "--rows: 0 is out of range: must be >= 1"),
+    (["synthetic", "--rows", "ten"], "--rows: 'ten' is not a whole number"),
+    (["synthetic", "--scale", "0"], "--scale: 0 is out of range: must be a finite number > 0"),
+    (["synthetic", "--scale", "-1"], "--scale: -1 is out of range"),
+    (["synthetic", "--scale", "nan"], "--scale: nan is out of range"),
+    (["synthetic", "--seed", "-1"], "--seed: -1 is out of range: must be >= 0"),
+    (["prepare", "criteo-kaggle", "--input", "x", "--rows-per-shard", "0"], "--rows-per-shard: 0 is out of range"),
+    (["prepare", "avazu", "--input", "x", "--rows-per-shard", "-5"], "--rows-per-shard: -5 is out of range"),
+    (["prepare", "avazu", "--input", "x", "--seed", "-1"], "--seed: -1 is out of range: must be from 0 to"),
+    (["prepare", "criteo-terabyte", "--input-dir", "x", "--min-count", "0"], "--min-count: 0 is out of range"),
+    (["prepare", "criteo-kaggle", "--input", "x", "--max-ids-per-feature", "1"],
+     "--max-ids-per-feature: 1 is out of range: must be >= 2"),
+    (["prepare", "ml-100k", "--seed", "-2"], "--seed: -2 is out of range"),
+]
+
+
+@pytest.mark.parametrize("argv,message", BAD_OPTIONS)
+def test_bad_numbers_are_refused_before_any_work(tmp_path, capsys, argv, message):
+    """A usage error (exit 2) with the option and the reason, never a traceback or a run that
+    never ends (--rows-per-shard 0 used to open shard files forever)."""
+    argv = ["data", *argv]
+    if argv[1] != "info":
+        argv += ["--out", str(tmp_path / "o")]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_bad_days_and_head_are_one_line(tmp_path, capsys):
+    assert main(["data", "prepare", "criteo-terabyte", "--input-dir", str(tmp_path), "--days", "0,99",
+                 "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "day 99 does not exist" in err
+    with pytest.raises(SystemExit):
+        main(["data", "info", str(tmp_path), "--head", "-1"])
+    assert "--head: -1 is out of range" in capsys.readouterr().err
+
+
+def test_unwritable_output_is_one_line_before_reading_the_input(tmp_path, capsys, monkeypatch):
+    import embcache.data.converter as converter
+
+    src = tmp_path / "train.txt"
+    src.write_text(kaggle_text())
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    passes = []
+    monkeypatch.setattr(converter, "read_blocks", lambda *a, **k: passes.append(a) or iter(()))
+    for out in (blocker / "out", blocker, "/proc/x"):
+        assert main(["data", "prepare", "criteo-kaggle", "--input", str(src), "--out", str(out),
+                     "--no-progress"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err and "cannot write" in err, err
+        assert str(out) in err
+    assert passes == []  # refused before pass 1 read a single block
+    assert main(["data", "synthetic", "--out", str(blocker / "syn"), "--rows", "10", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(blocker) in err and "cannot write" in err

@@ -85,9 +85,38 @@ def test_kaggle_frequency_threshold_and_hash_cap(tmp_path):
     assert split_table(tmp_path / "t", "train")["sparse_0"] == [1, 2, 1, 0, 0, 1, 2, 1, 0, 1, 2, 1]
     assert split_table(tmp_path / "t", "test")["sparse_1"] == [0]
     meta = convert_criteo_kaggle(src, tmp_path / "h", max_ids=3, progress=False)
-    assert meta["sparse"][0]["cardinality"] == 3
-    # ids aa1 bb2 cc3 dd4 ee5 folded onto 1 + (id-1) % 2
-    assert split_table(tmp_path / "h", "train")["sparse_0"] == [1, 2, 1, 0, 1, 1, 2, 1, 2, 1, 2, 1]
+    # C1 (aa..ee) and C2 (x, y, z) have more than max_ids - 1 = 2 distinct values: hashed into
+    # buckets 1 + splitmix64(key) % 2, then the occupied buckets get ids 1.. in bucket order
+    expected = {}
+    for f, values in ((0, ["aa", "bb", "cc", "dd", "ee"]), (1, ["x", "y", "z"])):
+        bucket = {v: 1 + splitmix64_reference(key_reference(v)) % 2 for v in values}
+        rank = {b: i + 1 for i, b in enumerate(sorted(set(bucket.values())))}
+        expected[f] = ({v: rank[b] for v, b in bucket.items()}, 1 + len(rank))
+    assert [f["cardinality"] for f in meta["sparse"][:3]] == [expected[0][1], expected[1][1], 1]
+    assert meta["hashed_features"] == ["sparse_0", "sparse_1"] and meta["max_ids_per_feature"] == 3
+    train = split_table(tmp_path / "h", "train")
+    assert train["sparse_0"] == [expected[0][0].get(g[2], 0) for g in GOOD[:12]]
+    assert train["sparse_1"] == [expected[1][0].get(g[3], 0) for g in GOOD[:12]]
+    # under the cap nothing changes: C1 has 5 distinct values, a cap of 6 keeps exact ids
+    meta = convert_criteo_kaggle(src, tmp_path / "e", max_ids=6, progress=False)
+    assert meta["sparse"][0]["cardinality"] == 6 and meta["hashed_features"] == []
+    assert split_table(tmp_path / "e", "train")["sparse_0"] == [1, 2, 1, 0, 3, 1, 2, 1, 4, 1, 2, 1]
+
+
+def key_reference(value: str) -> int:
+    """string_keys for a value of up to 8 bytes: its bytes, big-endian, zero-padded."""
+    raw = value.encode()
+    assert len(raw) <= 8
+    return int.from_bytes(raw.ljust(8, b"\0"), "big")
+
+
+def splitmix64_reference(x: int) -> int:
+    """SplitMix64's finalizer in plain Python integers (independent of the numpy version)."""
+    mask = (1 << 64) - 1
+    z = (x + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
 
 
 def test_terabyte_days_plain_and_gzip(tmp_path):
@@ -207,3 +236,147 @@ def test_count_fields_that_are_not_finite_numbers_are_bad():
     assert ok.tolist() == [True, False, False, False, True, True, False, True]
     assert np.isfinite(values).all()
     assert values[ok].tolist() == pytest.approx([L(4), 0.0, 0.0, L(16)])
+
+
+def test_avazu_random_split_fills_one_shard_per_split(tmp_path):
+    """Rows of the three splits arrive interleaved, block after block; each split still gets
+    one shard when rows_per_shard exceeds its rows, holding exactly its rows in file order."""
+    from embcache.data.converter import hashed_fraction
+
+    n = 300
+    src = tmp_path / "train.csv"
+    # C1 = the row number, zero-padded: its ids (sparse_2) are row + 1, so rows can be traced
+    src.write_text("\n".join([AVAZU_HEADER] + [f"{r},{r % 2},1410{21 + r % 9:02d}{r % 24:02d},{r:05d},{TAIL_A}"
+                                               for r in range(n)]) + "\n")
+    meta = convert_avazu(src, tmp_path / "out", seed=3, progress=False, block_bytes=2048,
+                         rows_per_shard=1_000)
+    assert [len(meta["splits"][s]["files"]) for s in ("train", "val", "test")] == [1, 1, 1]
+    u = hashed_fraction(3, 0, np.arange(n))
+    expected = {"train": np.flatnonzero(u < 0.8), "val": np.flatnonzero((u >= 0.8) & (u < 0.9)),
+                "test": np.flatnonzero(u >= 0.9)}
+    assert all(len(rows) for rows in expected.values())
+    for split, rows in expected.items():
+        table = split_table(tmp_path / "out", split)
+        assert np.array_equal(np.array(table["sparse_2"]) - 1, rows), split
+        assert table["label"] == (rows % 2).tolist()
+        assert table["dense_0"] == pytest.approx((rows % 24 / 23).tolist())
+    # shards are still cut at rows_per_shard: 7 rows each, the last one shorter
+    meta = convert_avazu(src, tmp_path / "small", seed=3, progress=False, block_bytes=2048, rows_per_shard=7)
+    for split, rows in expected.items():
+        sizes = [pq.ParquetFile(tmp_path / "small" / f).metadata.num_rows for f in meta["splits"][split]["files"]]
+        assert sizes == [7] * (len(rows) // 7) + ([len(rows) % 7] if len(rows) % 7 else []), split
+
+
+def line_of_reference(rows, skipped, header):
+    """Physical line of each delivered row by walking the lines one by one."""
+    skipped, out, line, delivered = set(skipped), {}, header, -1
+    wanted = set(int(r) for r in rows)
+    while len(out) < len(wanted):
+        line += 1
+        if line not in skipped:
+            delivered += 1
+            if delivered in wanted:
+                out[delivered] = line
+    return np.array([out[int(r)] for r in rows])
+
+
+def test_line_numbers_exact_while_forgetting():
+    from embcache.data.delimited import LineNumbers
+
+    rng = np.random.default_rng(5)
+    for trial in range(30):
+        header = trial % 2
+        total = int(rng.integers(20, 400))
+        bad = np.flatnonzero(rng.random(total) < rng.choice([0.05, 0.5, 0.95]))
+        skipped = [int(b) + 1 + header for b in bad]
+        delivered_rows = total - len(bad)
+        lines, fed, done = LineNumbers(header), 0, 0
+        while done < delivered_rows:  # blocks of a random size, skips reported up to block end
+            block = int(rng.integers(1, 30))
+            end = min(done + block, delivered_rows)
+            last_line = line_of_reference([end - 1], skipped, header)[0]
+            while fed < len(skipped) and skipped[fed] < last_line + int(rng.integers(0, 3)):
+                lines.skip(skipped[fed])
+                fed += 1
+            rows = np.arange(done, end)
+            assert lines.of(rows).tolist() == line_of_reference(rows, skipped, header).tolist()
+            done = end
+            lines.forget_before(done)
+            assert all(s > last_line for s in lines.recent)  # only skips past the last row kept
+
+
+def test_wrong_delimiter_file_keeps_bounded_line_bookkeeping(tmp_path):
+    """Most lines have the wrong field count: each is counted and the first few listed, and the
+    line map holds no more than a block's worth of line numbers however long the file."""
+    import tracemalloc
+
+    from embcache.data.delimited import read_blocks
+
+    good = criteo_line("1", "2", "aa", "x")
+    text = "\n".join(good if k % 1000 == 999 else f"0;{k};{k}" for k in range(60_000)) + "\n"
+    src = tmp_path / "train.txt"
+    src.write_text(text)
+    log = BadRowLog()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        grown, delivered = 0, 0
+        for block, first, lines in read_blocks(src, COLUMNS_CRITEO, "\t", False, log, block_bytes=4096):
+            assert lines.of(np.arange(first, first + block.num_rows)).tolist() == \
+                [1000 * (first + r) + 1000 for r in range(block.num_rows)]
+            delivered += block.num_rows
+            grown = max(grown, tracemalloc.get_traced_memory()[0] - base)
+    finally:
+        tracemalloc.stop()
+    assert delivered == 60 and log.files[str(src)].count == 59_940
+    assert log.to_json()[str(src)]["first_lines"] == [1, 2, 3, 4, 5]
+    assert grown < 400_000, f"line bookkeeping grew to {grown} bytes over 59,940 skipped lines"
+    assert len(lines.recent) < 1000 and lines.before > 59_000
+
+
+COLUMNS_CRITEO = ["label", *[f"I{j}" for j in range(1, 14)], *[f"C{j}" for j in range(1, 27)]]
+
+
+def test_hashed_counting_matches_a_plain_bucket_count():
+    rng = np.random.default_rng(2)
+    keys = rng.integers(0, 2**63, size=5_000, dtype=np.uint64)
+    keys[::7] = 0  # missing values are never counted
+    stream = np.concatenate([keys, keys[:1000]])
+    counter = ValueCounter(max_ids=50)
+    for chunk in np.array_split(stream, 13):
+        counter.update(chunk)
+    k, c = counter.result()
+    expected: dict[int, int] = {}
+    for key in stream.tolist():
+        if key:
+            b = 1 + splitmix64_reference(key) % 49
+            expected[b] = expected.get(b, 0) + 1
+    assert counter.hashed and dict(zip(k.tolist(), c.tolist())) == expected
+    vocab = Vocabulary.build(k, c, max_ids=50, hashed=True)
+    assert vocab.cardinality == 50  # 5,000 values fill all 49 buckets
+    assert vocab.lookup(keys[:20]).tolist() == [0 if x == 0 else 1 + splitmix64_reference(x) % 49
+                                               for x in keys[:20].tolist()]
+    # exact counts of more keys than the cap, hashed at build time, give the same vocabulary
+    exact = ValueCounter()
+    exact.update(stream)
+    again = Vocabulary.build(*exact.result(), max_ids=50)
+    assert again.hashed and np.array_equal(again.keys, vocab.keys)
+
+
+def test_hash_cap_bounds_counting_memory():
+    """3M distinct values under a cap of 1,024: counting memory follows the cap, not the values
+    (exact counting would hold 3M x 16 bytes = 48 MB)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    counter = ValueCounter(max_ids=1024)
+    tracemalloc.start()
+    try:
+        for _ in range(30):
+            counter.update(rng.integers(1, 2**63, size=100_000, dtype=np.uint64))
+        k, c = counter.result()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert counter.hashed and len(k) == 1023 and int(c.sum()) == 3_000_000
+    assert peak < 12_000_000, f"counting peaked at {peak} bytes"

@@ -4,7 +4,9 @@ Pass 1 reads every input file once, block by block: it counts each categorical v
 the good rows per file (the split protocols need them), and logs every malformed row. Between
 the passes the vocabularies are fixed. Pass 2 reads the files again, maps values to ids, routes
 each row to its split and writes the canonical format. Memory: one block of text plus the
-per-feature (key, count) arrays of pass 1 -- never a whole file.
+per-feature (key, count) arrays of pass 1 -- never a whole file. Those arrays grow with the
+number of distinct values (16 bytes each) unless `max_ids` caps them: a feature with more
+distinct values than the cap is counted in `max_ids` hash buckets instead (see `vocabulary`).
 """
 from __future__ import annotations
 
@@ -17,10 +19,10 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from embcache.data.bad_rows import BadRowLog, format_error
-from embcache.data.ctr_format import CTRDatasetWriter, SPLITS, SparseFeature
+from embcache.data.bad_rows import BadRowLog, format_error, writing
+from embcache.data.ctr_format import CTRDatasetWriter, SPLITS, SparseFeature, check_output_dir
 from embcache.data.delimited import BLOCK_BYTES, is_empty_line, read_blocks
-from embcache.data.vocabulary import ValueCounter, Vocabulary
+from embcache.data.vocabulary import ValueCounter, Vocabulary, check_max_ids
 
 
 @dataclass
@@ -86,12 +88,20 @@ class TextSource:
 def convert(src: TextSource, out_dir: str | os.PathLike, source: str, min_count: int = 1,
             max_ids: int | None = None, progress: bool = True, block_bytes: int = BLOCK_BYTES,
             rows_per_shard: int = 2_000_000, extra_meta: dict | None = None) -> dict:
-    """Run both passes; returns the written meta (bad rows are printed to stderr too)."""
+    """Run both passes; returns the written meta (bad rows are printed to stderr too).
+
+    Arguments are checked and the output directory is made (and must be writable) before pass
+    1 starts, so a mistake costs seconds, not a pass over the input."""
+    check_max_ids(max_ids)
+    for name, value in (("min_count", min_count), ("rows_per_shard", rows_per_shard), ("block_bytes", block_bytes)):
+        if isinstance(value, bool) or int(value) != value or value < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
     for path in src.files:
         if not Path(path).is_file():
             raise format_error(path, None, "no such file")
+    check_output_dir(out_dir)
     bad = BadRowLog()
-    counters = [ValueCounter() for _ in src.sparse_names]
+    counters = [ValueCounter(max_ids) for _ in src.sparse_names]
     good_per_file = []
     with _bar(progress, "pass 1/2: counting values") as bar:
         for path in src.files:
@@ -112,7 +122,10 @@ def convert(src: TextSource, out_dir: str | os.PathLike, source: str, min_count:
     bad.report()
     if sum(good_per_file) == 0:
         raise format_error(src.files[0], None, f"no usable rows in {len(src.files)} file(s)")
-    vocabs = [Vocabulary.build(*c.result(), min_count=min_count, max_ids=max_ids) for c in counters]
+    vocabs = []
+    for counter in counters:
+        keys, counts = counter.result()
+        vocabs.append(Vocabulary.build(keys, counts, min_count=min_count, max_ids=max_ids, hashed=counter.hashed))
     del counters
     features = [SparseFeature(f"sparse_{f}", v.cardinality) for f, v in enumerate(vocabs)]
     writer = CTRDatasetWriter(out_dir, len(src.dense_names), features, source=source,
@@ -132,10 +145,14 @@ def convert(src: TextSource, out_dir: str | os.PathLike, source: str, min_count:
                 done += n
                 bar.update(n)
     _save_vocabularies(Path(out_dir), vocabs)
+    hashed = [f.name for f, v in zip(features, vocabs) if v.hashed]
     meta = writer.finish(
         bad_rows=bad.to_json(), min_count=min_count, max_ids_per_feature=max_ids,
         id_rule="0 = missing or rarer than min_count; others 1.. in ascending order of the raw value's key"
-                + ("; folded by modulo onto 1..max_ids-1" if max_ids else ""),
+                + ("; a feature with more than max_ids-1 distinct values (hashed_features) is hashed first: "
+                   "bucket = 1 + splitmix64(key) % (max_ids-1), min_count applies to buckets, kept buckets "
+                   "get 1.. in ascending order" if max_ids else ""),
+        hashed_features=hashed,
         vocabulary_file="vocabulary.npz", features={**dict(zip([f"dense_{j}" for j in range(len(src.dense_names))],
                                                                src.dense_names)),
                                                     **{f.name: n for f, n in zip(features, src.sparse_names)}},
@@ -144,10 +161,12 @@ def convert(src: TextSource, out_dir: str | os.PathLike, source: str, min_count:
 
 
 def _save_vocabularies(out: Path, vocabs: list[Vocabulary]) -> None:
-    """vocabulary.npz: per feature, the sorted keys that own ids 1.. (for mapping new data)."""
+    """vocabulary.npz: per feature, the sorted keys that own ids 1.. (for mapping new data;
+    hash buckets for the features meta.json lists in hashed_features)."""
     tmp = out / f".vocabulary.tmp-{os.getpid()}.npz"
-    np.savez(tmp, **{f"sparse_{f}": v.keys for f, v in enumerate(vocabs)})
-    os.replace(tmp, out / "vocabulary.npz")
+    with writing(out / "vocabulary.npz"):
+        np.savez(tmp, **{f"sparse_{f}": v.keys for f, v in enumerate(vocabs)})
+        os.replace(tmp, out / "vocabulary.npz")
 
 
 def _bar(enabled: bool, desc: str, total: int | None = None):

@@ -77,7 +77,7 @@ def convert_criteo_kaggle(input_path: str | os.PathLike, out_dir: str | os.PathL
 
 
 def parse_days(spec: str) -> list[int]:
-    """'0-22,23' -> [0, ..., 23]; order kept, duplicates refused."""
+    """'0-22,23' -> [0, ..., 23]; order kept, duplicates and days outside 0-23 refused."""
     days: list[int] = []
     for part in spec.split(","):
         m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
@@ -86,6 +86,9 @@ def parse_days(spec: str) -> list[int]:
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
         if hi < lo:
             raise DataFormatError(f"--days {spec!r}: range {lo}-{hi} runs backwards")
+        if hi >= TERABYTE_DAYS:
+            raise DataFormatError(f"--days {spec!r}: day {hi} does not exist (the Terabyte set has days "
+                                  f"0-{TERABYTE_DAYS - 1})")
         days += range(lo, hi + 1)
     if len(set(days)) != len(days):
         raise DataFormatError(f"--days {spec!r}: a day is listed twice")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embcache.data.bad_rows import DataFormatError, format_error
+from embcache.data.bad_rows import DataFormatError, format_error, writing
 
 #: The 19 genres, in the order of u.item's flag columns (and of `genre_names`).
 GENRES = ("unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
@@ -122,7 +122,12 @@ def fetch_recbole_copy(dest: str | os.PathLike) -> Path:
     """Extract RecBole's copy of MovieLens-100k into `dest` (via `pip download` of the pinned
     wheel, no install). Files appear atomically: all three or none."""
     dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
+    with writing(dest):
+        dest.mkdir(parents=True, exist_ok=True)
+        return _fetch_into(dest)
+
+
+def _fetch_into(dest: Path) -> Path:
     with tempfile.TemporaryDirectory(prefix="ml100k-", dir=dest) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", RECBOLE_PIN, "-d", tmp]
         proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from embcache.data.ctr_format import CTRDatasetWriter, SparseFeature
+from embcache.data.ctr_format import CTRDatasetWriter, SparseFeature, check_output_dir
 from embcache.data.movielens import load_ml100k
 
 AGE_BOUNDS = (18, 25, 35, 45, 50, 56)  # bucket k holds ages in [AGE_BOUNDS[k-1], AGE_BOUNDS[k])
@@ -55,6 +55,7 @@ def prepare_ml100k_ctr(out_dir: str | os.PathLike, source: str | os.PathLike | N
         raise ValueError(f"split must be one of {SPLIT_METHODS}, got {split!r}")
     if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-9:
         raise ValueError(f"fractions must be three shares summing to 1, got {fractions}")
+    check_output_dir(out_dir)  # before a possible download
     ml = load_ml100k(source)
     r = ml.ratings
     n = len(r)
