@@ -79,13 +79,27 @@ def from_pairs(train_u, train_i, test_u, test_i, num_users=None, num_items=None,
 
 # --- LightGCN text format ---------------------------------------------------------------
 
-def read_lightgcn_file(path: str | Path, bad_rows: BadRowLog | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+def far_id_limit(train_count: int) -> int:
+    """The bound a test.txt id must stay below, given the users (or items) of train.txt.
+
+    An id that train.txt never names (a user or item seen only in test) is kept: the table
+    grows to hold it and its row is never trained, so it counts as a miss, as before. But
+    the tables are dense (one row per id up to the largest), so a single corrupt id such as
+    10000000000 would ask for terabytes; an id at or above twice the training count plus
+    1,000 is taken for a bad line instead.
+    """
+    return 2 * train_count + 1000
+
+
+def read_lightgcn_file(path: str | Path, bad_rows: BadRowLog | None = None,
+                       train_counts: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray, int]:
     """Read `user item item ...` lines (space separated) into (users, items, num_users).
 
     Empty lines are ignored; a user with no items is allowed: it adds no pair but still
     counts in num_users (the largest user id seen + 1), so it keeps its row. A token that
-    is not a non-negative integer raises `DataFormatError` naming file and line, or, when a
-    `bad_rows` log is given, the line is skipped and counted there.
+    is not a non-negative integer, or, for a test file (`train_counts` = the users and items
+    of train.txt), an id at or above its `far_id_limit`, raises `DataFormatError` naming
+    file and line, or, when a `bad_rows` log is given, the line is skipped and counted there.
     """
     path = Path(path)
     if not path.is_file():
@@ -106,6 +120,11 @@ def read_lightgcn_file(path: str | Path, bad_rows: BadRowLog | None = None) -> t
             if min(ids) < 0:
                 _bad_line(path, lineno, f"negative id {min(ids)}", bad_rows)
                 continue
+            if train_counts is not None:
+                far = _far_id(ids, train_counts)
+                if far:
+                    _bad_line(path, lineno, far, bad_rows)
+                    continue
             num_users = max(num_users, ids[0] + 1)
             users.extend([ids[0]] * (len(ids) - 1))
             items.extend(ids[1:])
@@ -121,10 +140,10 @@ def read_lightgcn(directory: str | Path, skip_bad: bool = False) -> Interactions
         raise format_error(directory, None, "no such directory (expected train.txt and test.txt)")
     log = BadRowLog() if skip_bad else None
     tr_u, tr_i, tr_n = read_lightgcn_file(directory / "train.txt", log)
-    te_u, te_i, te_n = read_lightgcn_file(directory / "test.txt", log)
-    num_items = int(max(tr_i.max(initial=-1), te_i.max(initial=-1))) + 1
     if not len(tr_u):
         raise format_error(directory / "train.txt", None, "no interactions")
+    te_u, te_i, te_n = read_lightgcn_file(directory / "test.txt", log, train_counts=(tr_n, int(tr_i.max()) + 1))
+    num_items = int(max(tr_i.max(initial=-1), te_i.max(initial=-1))) + 1
     return from_pairs(tr_u, tr_i, te_u, te_i, num_users=max(tr_n, te_n), num_items=num_items,
                       name=directory.name, bad_rows=log)
 
@@ -178,6 +197,9 @@ def split_ratings(ratings: np.ndarray, how: str = "random", test_fraction: float
     if how not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}")
     r = ratings[ratings[:, 2] >= min_rating] if min_rating > 0 else ratings
+    if not len(r):
+        raise ValueError(f"no rating is >= {min_rating} (--min-rating) among {len(ratings):,}" if len(ratings)
+                         else "no ratings")
     users, items = r[:, 0], r[:, 1]
     rng = np.random.default_rng(seed)
     if how == "random":
@@ -213,6 +235,16 @@ def _is_int(token: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def _far_id(ids: list[int], train_counts: tuple[int, int]) -> str:
+    """Why a test line's user or item id is out of all proportion to train.txt ('' if not)."""
+    for kind, value, count in (("user", ids[0], train_counts[0]), ("item", max(ids[1:], default=0), train_counts[1])):
+        limit = far_id_limit(count)
+        if value >= limit:
+            return (f"{kind} id {value} is far beyond the {count:,} {kind}s of train.txt; "
+                    f"a test {kind} id must be below 2 x {count:,} + 1,000 = {limit:,}")
+    return ""
 
 
 def _bad_line(path, lineno, why, bad_rows):

@@ -19,7 +19,8 @@ DEFAULT_BACKEND = "torch"
 def evaluate(user_vecs: np.ndarray, item_vecs: np.ndarray, train_indptr, train_indices,
              test_indptr, test_indices, ks=(20,), batch_size: int = 1024,
              backend: str = "auto", cosine: bool = True) -> dict:
-    """{"recall@k": ..., "ndcg@k": ..., "users": evaluated users} for each k in ks.
+    """{"recall@k": ..., "ndcg@k": ..., "users": evaluated users} for each k in ks. With no
+    test users the metrics are None (not 0.0: nothing was measured).
 
     Args:
         user_vecs, item_vecs: [users, d] and [items, d]; scores are their inner products,
@@ -27,6 +28,8 @@ def evaluate(user_vecs: np.ndarray, item_vecs: np.ndarray, train_indptr, train_i
         train_indptr/train_indices, test_indptr/test_indices: CSR user -> items.
         backend: "torch", "faiss" or "auto" (DEFAULT_BACKEND).
     """
+    if not len(ks) or min(ks) < 1:
+        raise ValueError(f"every cut-off k must be >= 1, not {list(ks)}")
     backend = DEFAULT_BACKEND if backend == "auto" else backend
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS} or 'auto'")
@@ -53,8 +56,8 @@ def evaluate(user_vecs: np.ndarray, item_vecs: np.ndarray, train_indptr, train_i
             dcg = (hits_k * discounts[:kk]).sum(1)
             ideal = np.cumsum(discounts[:kk])[np.minimum(n_test, kk) - 1]
             sums[f"ndcg@{k}"] += float((dcg / ideal).sum())
-    n = max(len(users), 1)
-    out = {key: v / n for key, v in sums.items()}
+    n = len(users)
+    out = {key: (v / n if n else None) for key, v in sums.items()}
     out["users"] = int(len(users))
     return out
 

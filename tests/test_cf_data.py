@@ -109,3 +109,31 @@ def test_synthetic_set_is_seeded_and_power_law():
     # skewed: the top 1 % of items hold far more than 1 % of the interactions
     assert deg[:30].sum() > 0.08 * deg.sum()
     assert np.diff(a.train_indptr).min() >= 1
+
+
+def test_lightgcn_test_ids_beyond_train_grow_the_table_unless_absurd(tmp_path):
+    train = "".join(f"{u} {u} {u + 20}\n" for u in range(30))  # 30 users, items 0..49
+    # a modest overshoot (an item and a user seen only in test) keeps growing the tables
+    data = read_lightgcn(_lightgcn(tmp_path, train, "0 60\n40 3\n"))
+    assert (data.num_users, data.num_items) == (41, 61) and data.num_test == 2
+    # the bound: twice the training count + 1,000 (items: 2 * 50 + 1000; users: 2 * 30 + 1000)
+    far = (("0 1\n2 1100\n", "item id 1100 is far beyond the 50 items of train.txt; a test item id must be "
+                             "below 2 x 50 + 1,000 = 1,100"),
+           ("0 1\n1060 3\n", "user id 1060 is far beyond the 30 users of train.txt"),
+           ("0 1\n2 10000000000\n", "item id 10000000000 is far beyond"))
+    for case, (test, why) in enumerate(far):
+        (tmp_path / str(case)).mkdir()
+        d = _lightgcn(tmp_path / str(case), train, test)
+        with pytest.raises(DataFormatError) as err:
+            read_lightgcn(d)
+        assert str(err.value).startswith(f"{d / 'test.txt'}:2: {why}")
+        skipped = read_lightgcn(d, skip_bad=True)
+        assert skipped.bad_rows.total == 1 and skipped.num_test == 1 and skipped.num_items == 50
+    (tmp_path / "edge").mkdir()
+    assert read_lightgcn(_lightgcn(tmp_path / "edge", train, "2 1099\n")).num_items == 1100
+
+
+def test_min_rating_that_keeps_nothing_is_an_error_not_a_crash():
+    r = np.array([[0, 1, 3, 10], [1, 2, 2, 11]])
+    with pytest.raises(ValueError, match=r"no rating is >= 4 \(--min-rating\) among 2"):
+        split_ratings(r, min_rating=4)

@@ -88,3 +88,13 @@ def test_popularity_baseline_ranks_by_training_degree():
     got = metrics.evaluate(u, v, *train, *test, ks=(1, 2), cosine=False)
     # item 0 (3 users) then item 1 (2 users): user 3's test item 1 is second
     assert got["recall@1"] == 0 and got["recall@2"] == pytest.approx(0.5)
+
+
+def test_no_test_users_gives_none_not_zero_and_k_must_be_positive():
+    train, empty = _csr({0: {0}}, 2), (np.zeros(3, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    u, v = np.ones((2, 2), np.float32), np.ones((4, 2), np.float32)
+    got = metrics.evaluate(u, v, *train, *empty, ks=(1, 20))
+    assert got == {"recall@1": None, "ndcg@1": None, "recall@20": None, "ndcg@20": None, "users": 0}
+    for ks in ((0,), (20, -1), ()):
+        with pytest.raises(ValueError, match="cut-off k must be >= 1"):
+            metrics.evaluate(u, v, *train, *_csr({1: {2}}, 2), ks=ks)
