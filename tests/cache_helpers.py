@@ -46,7 +46,7 @@ class RowWiseAdagradReference:
         rows, vals = g.indices()[0], g.values()
         with torch.no_grad():
             self.sum[rows] += vals.pow(2).mean(1, keepdim=True)
-            self.weight[rows] -= self.lr * vals / (self.sum[rows].sqrt() + self.eps)
+            self.weight[rows] -= self.lr * (vals / (self.sum[rows].sqrt() + self.eps))
 
 
 def reference_bag(weight, mode, optimizer, lr):

@@ -25,8 +25,8 @@ class RowOptimizer:
     gradient over a table, in place on `weight` and `state` (dict of tables)."""
 
     name = ""
-    # Non-linear updates need one gradient row per table row; the cache can provide that
-    # without a sort, because it knows each batch's distinct slots.
+    # Non-linear updates need one gradient row per table row; the cache sums a row's terms
+    # in the order torch's `coalesce` would for the uncached table (RowCache._in_torch_order).
     needs_coalesced = True
 
     def __init__(self, lr: float):
@@ -120,7 +120,8 @@ class RowWiseAdagrad(RowOptimizer):
         state_sum = state["sum"]
         state_sum.index_add_(0, rows, values.pow(2).mean(dim=1, keepdim=True))
         std = state_sum.index_select(0, rows).sqrt_().add_(self.eps)
-        weight.index_add_(0, rows, values / std, alpha=-self.lr)
+        # w + (-lr * (g / std)), each product rounded on its own (no fused multiply-add)
+        weight.index_add_(0, rows, (values / std).mul_(-self.lr))
 
     def hyperparameters(self):
         return {**super().hyperparameters(), "eps": self.eps,

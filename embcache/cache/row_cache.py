@@ -10,8 +10,14 @@ the cache holds) are served from a temporary side table and written back after t
 update: counted in `overflow_rows`, never an error.
 
 Gradients arrive as sparse COO tensors over the working table and are applied by a
-row-wise optimizer whose state lives beside the rows, so the result equals training the
-whole table directly.
+row-wise optimizer whose state lives beside the rows. A row's duplicate gradients are
+summed exactly as torch's `coalesce` sums them for the uncached table (it sorts the ids
+with an unstable sort, so the order of the sum depends on the ids, not on the slots), so
+the result equals training the whole table directly, to the bit.
+
+A checkpoint (`state_dict`) is an observation: it writes dirty rows back without clearing
+their dirty bits or counting them as cache traffic, and it records residency, dirty bits
+and pending prefetches, so a run resumed from it continues exactly, statistics included.
 """
 from __future__ import annotations
 
@@ -42,17 +48,25 @@ class Overflow:
 @dataclass
 class Lookup:
     """Where one batch's lookups point: `indices` index `cache.weight` (then the
-    overflow rows, from `num_slots` on); `pinned` slots stay resident until released."""
+    overflow rows, from `num_slots` on); `pinned` slots stay resident until released.
+    `ids` are the batch's ids in lookup order and `segments` the runs of lookups that an
+    uncached model keeps apart: per table, the number of lookups of each of its features
+    (None: one table, one feature); together they let the gradient be summed exactly as
+    torch sums it."""
 
     indices: torch.Tensor
     overflow: Overflow | None
     pinned: torch.Tensor | None
+    ids: torch.Tensor | None = None
+    segments: list[list[int]] | None = None
 
 
 @dataclass
 class _Prefetched:
     ids: torch.Tensor
     pinned: torch.Tensor
+    hits: int
+    misses: int
 
 
 class RowCache:
@@ -83,7 +97,6 @@ class RowCache:
         self.policy = EvictionPolicy(eviction, num_rows, self.num_slots, ids_freq, self.device)
         self.dirty = torch.zeros(self.num_slots, dtype=torch.bool, device=self.device)
         self.pins = torch.zeros(self.num_slots, dtype=torch.int32, device=self.device)
-        self._position = torch.zeros(self.num_slots, dtype=torch.long, device=self.device)
         self.stats = CacheStats()
         self.step = 0  # optimizer steps taken (Adam's bias correction counts these)
         self._row_bytes = self.host.row_bytes()
@@ -107,19 +120,25 @@ class RowCache:
         self.policy.on_admit(hot, target)
         return hot.numel()
 
-    def prepare(self, ids: torch.Tensor, keep: bool) -> Lookup:
+    def prepare(self, ids: torch.Tensor, keep: bool, segments: list[list[int]] | None = None) -> Lookup:
         """Make the rows of one batch available; `keep` pins them until `release`
-        (needed when a backward will update them). Consumes a matching prefetch."""
+        (needed when a backward will update them). Consumes a matching prefetch, whose
+        hits and misses are counted now, as this batch's."""
         self._wait_for_prefetch()
         consumed = self._take_prefetched(ids)
-        indices, touched, overflow = self._admit(ids, count=consumed is None, serve_overflow=True)
+        indices, touched, overflow, hits, misses = self._admit(ids, serve_overflow=True)
+        if consumed is not None:
+            hits, misses = consumed.hits, consumed.misses
+        self.stats.hits += hits
+        self.stats.misses += misses
+        self.stats.batches += 1
         pinned = None
         if keep:
             pinned = touched
             self._pin(pinned, +1)
         if consumed is not None:
             self._pin(consumed.pinned, -1)
-        return Lookup(indices, overflow, pinned)
+        return Lookup(indices, overflow, pinned, ids if keep else None, segments)
 
     def prefetch(self, ids: torch.Tensor) -> None:
         """Load the rows of a coming batch now (on a side stream with CUDA, so the copies
@@ -134,16 +153,19 @@ class RowCache:
             self._prefetch(ids)
 
     def _prefetch(self, ids: torch.Tensor) -> None:
-        _, touched, _ = self._admit(ids, count=True, serve_overflow=False)
+        _, touched, _, hits, misses = self._admit(ids, serve_overflow=False)
         self._pin(touched, +1)
-        self._prefetched.append(_Prefetched(ids, touched))
+        self._prefetched.append(_Prefetched(ids, touched, hits, misses))
 
     def _wait_for_prefetch(self) -> None:
+        """Order the compute stream after the side stream: every touch of the maps, pins
+        or rows on the compute stream comes after the prefetches issued before it."""
         if self._stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self._stream)
 
     def _take_prefetched(self, ids: torch.Tensor) -> _Prefetched | None:
-        """The prefetch made for exactly these ids, if any; older ones are dropped."""
+        """The prefetch made for exactly these ids, if any; older ones are dropped
+        (their rows stay resident, their counts are not the batch's)."""
         for i, entry in enumerate(self._prefetched):
             if entry.ids.shape == ids.shape and torch.equal(entry.ids, ids):
                 for _ in range(i):
@@ -156,15 +178,18 @@ class RowCache:
         self.pins[slots] += delta
 
     def release(self, lookup: Lookup) -> None:
+        """Unpin a batch's rows: after its update, or when its forward's graph is freed
+        without a backward. Idempotent."""
         if lookup.pinned is not None:
+            self._wait_for_prefetch()
             self._pin(lookup.pinned, -1)
             lookup.pinned = None
 
-    def _admit(self, ids: torch.Tensor, count: bool, serve_overflow: bool):
+    def _admit(self, ids: torch.Tensor, serve_overflow: bool):
         """Returns (per-lookup indices, the distinct resident slots the batch touches,
-        overflow rows or None). Per-access bookkeeping runs on the distinct slots (found
-        by one bincount over the slots), not on every lookup."""
-        clock = self.policy.tick()
+        overflow rows or None, hits, misses). Per-access bookkeeping runs on the distinct
+        slots (found by one bincount over the slots), not on every lookup."""
+        self.policy.tick()
         slots = self.slots.lookup(ids)
         # bin 0 collects absent ids (-1); bin s+1 counts slot s
         uses = torch.bincount(slots + 1, minlength=self.num_slots + 1)
@@ -198,11 +223,7 @@ class RowCache:
             slots[absent] = new_slot[where]
         touched = torch.nonzero(in_batch).flatten()
         self.policy.on_access(self.slots.slot_to_id[touched], touched)
-        if count:
-            self.stats.hits += touched.numel() - admitted
-            self.stats.misses += missing.numel()
-            self.stats.batches += 1
-        return slots, touched, overflow
+        return slots, touched, overflow, touched.numel() - admitted, missing.numel()
 
     def _evict(self, victims: torch.Tensor) -> None:
         if victims.numel() == 0:
@@ -239,39 +260,88 @@ class RowCache:
     def apply_gradient(self, grad: torch.Tensor, lookup: Lookup) -> None:
         """One optimizer step from a sparse gradient over the working table (the cache,
         then the batch's overflow rows), then release the batch's pins."""
+        self._wait_for_prefetch()
         self.step += 1
         overflow = lookup.overflow
         grad = grad.to(self.weight.dtype)
+        if self.optimizer.needs_coalesced:
+            grad = self._in_torch_order(grad, lookup, coalesce=True)
+        elif lookup.segments is not None and any(len(t) > 1 for t in lookup.segments):
+            grad = self._in_torch_order(grad, lookup, coalesce=False)
         if overflow is None:
-            if self.optimizer.needs_coalesced and lookup.pinned is not None:
-                grad = self._coalesce(grad, lookup.pinned)
             self.optimizer.update(self.weight, self.state, grad, self.step)
             # the batch's pinned slots are exactly the cached rows it looked up
             self.dirty[lookup.pinned if lookup.pinned is not None else grad._indices()[0]] = True
         else:
             rows, values = grad._indices()[0], grad._values()
             inside = rows < self.num_slots
+            flag = {"is_coalesced": True} if grad.is_coalesced() else {}
             in_cache = torch.sparse_coo_tensor(rows[inside].unsqueeze(0), values[inside],
-                                               (self.num_slots, self.dim), check_invariants=False)
+                                               (self.num_slots, self.dim), check_invariants=False, **flag)
             outside = torch.sparse_coo_tensor((rows[~inside] - self.num_slots).unsqueeze(0),
                                               values[~inside], (overflow.ids.numel(), self.dim),
-                                              check_invariants=False)
+                                              check_invariants=False, **flag)
             self.optimizer.update(self.weight, self.state, in_cache, self.step)
             self.optimizer.update(overflow.weight, overflow.state, outside, self.step)
             self.dirty[lookup.pinned if lookup.pinned is not None else rows[inside]] = True
             self.host.scatter(overflow.ids, overflow.weight, overflow.state)
             self.stats.bytes_d2h += overflow.ids.numel() * self._row_bytes
+            self._refresh_admitted_overflow(overflow)
         self.release(lookup)
 
-    def _coalesce(self, grad: torch.Tensor, touched: torch.Tensor) -> torch.Tensor:
-        """Sum the per-lookup gradient rows into the batch's distinct slots (`touched`,
-        sorted), with one index_add instead of the sort inside `Tensor.coalesce()`."""
+    def _in_torch_order(self, grad: torch.Tensor, lookup: Lookup, coalesce: bool) -> torch.Tensor:
+        """The gradient with each row's per-lookup terms combined in torch's order for the
+        uncached table: summed as `coalesce()` sums them (`coalesce=True`), or left as
+        terms in the order a sparse `add_` applies them (SGD).
+
+        `coalesce()` sums over an unstable sort of the indices, so the order of a row's
+        terms depends on the index values: sorting slots instead of ids moves the last
+        bit. Sorting the key `id * W + row` (W = working rows) makes the same comparisons
+        as sorting the ids, since each id has one row in a batch, and the row comes back
+        as `key % W`. An uncached collection (torchrec's) keeps a gradient per table, so
+        each table is summed on its own; for a table read by several features, autograd
+        adds the features' sparse gradients with `+`, which merges the index sequences by
+        comparing them, and the same `+` on the keys makes the same comparisons."""
         rows, values = grad._indices()[0], grad._values()
-        position = self._position
-        position[touched] = torch.arange(touched.numel(), device=self.device)
-        summed = values.new_zeros((touched.numel(), self.dim)).index_add_(0, position[rows], values)
-        return torch.sparse_coo_tensor(touched.unsqueeze(0), summed, grad.size(), is_coalesced=True,
-                                       check_invariants=False)
+        ids, width = lookup.ids, grad.size(0)
+        if ids is None or ids.numel() != rows.numel() or ids.numel() == 0 \
+                or self.num_rows * width >= 2**62:  # not a per-lookup gradient
+            return grad.coalesce() if coalesce else grad
+        keys = ids * width + rows
+        size = (self.num_rows * width, self.dim)
+        tables = [[keys.numel()]] if lookup.segments is None else lookup.segments
+        key_parts, value_parts = [], []
+        for features, k, v in zip(tables, keys.split([sum(t) for t in tables]),
+                                  values.split([sum(t) for t in tables])):
+            if k.numel() == 0:
+                continue
+            per_feature = [torch.sparse_coo_tensor(fk.unsqueeze(0), fv, size, check_invariants=False)
+                           for fk, fv in zip(k.split(features), v.split(features))]
+            summed = per_feature[0]
+            for more in per_feature[1:]:
+                summed = summed + more
+            if coalesce:
+                summed = summed.coalesce()
+            key_parts.append(summed._indices()[0])
+            value_parts.append(summed._values())
+        target, terms = torch.cat(key_parts) % width, torch.cat(value_parts)
+        if not coalesce:
+            return torch.sparse_coo_tensor(target.unsqueeze(0), terms, grad.size(), check_invariants=False)
+        target, order = torch.sort(target)
+        return torch.sparse_coo_tensor(target.unsqueeze(0), terms[order], grad.size(),
+                                       is_coalesced=True, check_invariants=False)
+
+    def _refresh_admitted_overflow(self, overflow: Overflow) -> None:
+        """An overflow row a prefetch admitted after this batch's forward was copied in
+        before its update: give the cached copy the updated row (and state)."""
+        slots = self.slots.lookup(overflow.ids)
+        now_cached = slots >= 0
+        if bool(now_cached.any()):
+            target = slots[now_cached]
+            self.weight[target] = overflow.weight[now_cached]
+            for k, v in self.state.items():
+                v[target] = overflow.state[k][now_cached]
+            self.dirty[target] = True
 
     # ------------------------------------------------------------------ host side
     def flush(self) -> None:
@@ -279,39 +349,85 @@ class RowCache:
         self._wait_for_prefetch()
         out = torch.nonzero(self.dirty).flatten()
         if out.numel():
-            ids = self.slots.slot_to_id[out]
-            self.host.scatter(ids, self.weight[out], {k: v[out] for k, v in self.state.items()})
+            self._write_back(out)
             self.stats.bytes_d2h += out.numel() * self._row_bytes
             self.dirty[out] = False
+
+    def sync_host(self) -> None:
+        """Make the host store current without changing the cache: dirty rows are copied
+        back but stay dirty, and the copy is not cache traffic. What a checkpoint or a
+        snapshot of the table needs, with no effect on what the run does next."""
+        self._wait_for_prefetch()
+        out = torch.nonzero(self.dirty).flatten()
+        if out.numel():
+            self._write_back(out)
+
+    def _write_back(self, slots: torch.Tensor) -> None:
+        self.host.scatter(self.slots.slot_to_id[slots], self.weight[slots],
+                          {k: v[slots] for k, v in self.state.items()})
 
     def drop_prefetches(self) -> None:
         while self._prefetched:
             self._pin(self._prefetched.popleft().pinned, -1)
 
     def state_dict(self) -> dict:
-        """The full table in id order with its optimizer state, after a flush, plus what
-        makes a resumed run continue exactly (step count, residency, policy, stats)."""
-        self.flush()
+        """The full table in id order with its optimizer state, plus what makes a resumed
+        run continue exactly: step count, residency and dirty bits, policy, statistics
+        and the prefetches not yet consumed. Taking it changes nothing."""
+        self.sync_host()
+        pending = list(self._prefetched)
         return {
             "weight": self.host.weight,
             **{f"optimizer.{k}": v for k, v in self.host.state.items()},
             "step": torch.tensor(self.step),
             "slot_to_id": self.slots.slot_to_id.cpu().clone(),
+            "dirty": self.dirty.cpu().clone(),
             "stats": self.stats.to_tensor(),
+            "prefetch.ids": torch.cat([p.ids.cpu() for p in pending]) if pending
+            else torch.zeros(0, dtype=torch.long),
+            "prefetch.sizes": torch.tensor([p.ids.numel() for p in pending], dtype=torch.long),
+            "prefetch.counts": torch.tensor([[p.hits, p.misses] for p in pending],
+                                            dtype=torch.long).reshape(-1, 2),
             **{f"policy.{k}": (torch.tensor(POLICIES.index(v)) if k == "kind" else
                                v if torch.is_tensor(v) else torch.tensor(v))
                for k, v in self.policy.state_dict().items()},
         }
 
+    # keys a checkpoint may lack: written by later versions, or per policy
+    OPTIONAL_KEYS = ("dirty", "prefetch.ids", "prefetch.sizes", "prefetch.counts", "policy.id_count")
+
     def load_state_dict(self, sd: dict) -> None:
+        """Restore a `state_dict`. Everything is checked before anything changes. A
+        checkpoint taken with another cache size or eviction policy still restores the
+        table, optimizer state, step and statistics exactly; the cache then starts empty."""
         weight = sd["weight"]
         if tuple(weight.shape) != (self.num_rows, self.dim):
             raise ValueError(f"checkpoint table is {tuple(weight.shape)}, this cache's is "
                              f"{(self.num_rows, self.dim)}")
-        for k in self.host.state:
+        for k, v in self.host.state.items():
             if f"optimizer.{k}" not in sd:
                 raise ValueError(f"checkpoint lacks optimizer state {k!r} (was it saved with "
                                  f"another optimizer than {self.optimizer.name!r}?)")
+            if tuple(sd[f"optimizer.{k}"].shape) != tuple(v.shape):
+                raise ValueError(f"checkpoint optimizer state {k!r} is {tuple(sd[f'optimizer.{k}'].shape)}, "
+                                 f"this cache's is {tuple(v.shape)}")
+        for k in ("step", "slot_to_id", "stats", "policy.kind", "policy.clock"):
+            if k not in sd:
+                raise ValueError(f"checkpoint lacks {k!r}: not a CachedEmbeddingBag state_dict")
+        if not (bool(torch.isfinite(weight).all()) and
+                all(bool(torch.isfinite(sd[f"optimizer.{k}"]).all()) for k in self.host.state)):
+            raise ValueError("checkpoint table or optimizer state holds NaN or inf")
+        slot_to_id = sd["slot_to_id"]
+        policy = {k[len("policy."):]: v for k, v in sd.items() if k.startswith("policy.")}
+        policy["clock"] = int(policy["clock"])
+        policy["kind"] = POLICIES[int(policy["kind"])]
+        same_cache = slot_to_id.numel() == self.num_slots and policy["kind"] == self.policy.kind
+        if same_cache:
+            resident = slot_to_id[slot_to_id >= 0]
+            if bool(((resident < 0) | (resident >= self.num_rows)).any()) or \
+                    resident.unique().numel() != resident.numel():
+                raise ValueError("checkpoint residency is damaged (ids out of range or held twice)")
+        # ---- checked: now change
         self.drop_prefetches()
         self.pins.zero_()
         self.host.weight.copy_(weight)
@@ -319,11 +435,25 @@ class RowCache:
             v.copy_(sd[f"optimizer.{k}"])
         self.step = int(sd["step"])
         self.stats.load_tensor(sd["stats"])
-        policy = {k[len("policy."):]: v for k, v in sd.items() if k.startswith("policy.")}
-        policy["clock"] = int(policy["clock"])
-        policy["kind"] = POLICIES[int(policy["kind"])]
-        self.policy.load_state_dict(policy)
-        self.slots.load_state_dict({"slot_to_id": sd["slot_to_id"]})
+        self.slots.clear()
         self.dirty.zero_()
+        if not same_cache:
+            if self.policy.id_count is not None and "policy.id_count" in sd:
+                self.policy.id_count.copy_(sd["policy.id_count"])
+            self.policy.clock = policy["clock"]
+            return
+        self.policy.load_state_dict(policy)
+        self.slots.load_state_dict({"slot_to_id": slot_to_id})
         occupied = torch.nonzero(self.slots.slot_to_id >= 0).flatten()
         self._load(self.slots.slot_to_id[occupied], occupied, count_bytes=False)
+        if "dirty" in sd:
+            self.dirty.copy_(sd["dirty"].to(self.device) & (self.slots.slot_to_id >= 0))
+        if "prefetch.ids" in sd:
+            self._restore_prefetches(sd["prefetch.ids"], sd["prefetch.sizes"], sd["prefetch.counts"])
+
+    def _restore_prefetches(self, ids: torch.Tensor, sizes: torch.Tensor, counts: torch.Tensor) -> None:
+        for part, (hits, misses) in zip(ids.to(self.device).split(sizes.tolist()), counts.tolist()):
+            slots = torch.unique(self.slots.lookup(part))
+            pinned = slots[slots >= 0]
+            self._pin(pinned, +1)
+            self._prefetched.append(_Prefetched(part, pinned, int(hits), int(misses)))

@@ -124,10 +124,14 @@ class CachedEmbeddingBagCollection(nn.Module):
         return self._device
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        per_group = self._split(features)
+        # every group's input is checked before any group's cache changes
+        per_group = [(bag, bag.normalize_input(ids, offsets, weights), segments, feats, batch)
+                     for bag, (ids, offsets, weights, feats, batch, segments)
+                     in zip(self.bags, self._split(features))]
         pooled: dict[str, torch.Tensor] = {}
-        for bag, g, (ids, offsets, weights, feats, batch) in zip(self.bags, self._groups, per_group):
-            out = bag(ids, offsets, weights).view(len(feats), batch, bag.embedding_dim)
+        for bag, normalized, segments, feats, batch in per_group:
+            out = bag.lookup_normalized(*normalized, segments=segments)
+            out = out.view(len(feats), batch, bag.embedding_dim)
             if len(self._groups) == 1:
                 values = out.transpose(0, 1).reshape(batch, -1)
                 return KeyedTensor(keys=feats, length_per_key=self._lengths_per_embedding,
@@ -139,12 +143,14 @@ class CachedEmbeddingBagCollection(nn.Module):
 
     def prefetch(self, features: KeyedJaggedTensor) -> None:
         """Load the rows a coming batch needs (see `CachedEmbeddingBag.prefetch`)."""
-        for bag, (ids, offsets, _, _, _) in zip(self.bags, self._split(features)):
-            bag.cache.prefetch(ids)
+        for bag, (ids, offsets, _, _, _, _) in zip(self.bags, self._split(features)):
+            bag.prefetch(ids, offsets)
 
     def _split(self, kjt: KeyedJaggedTensor):
         """Per group: 1-D ids in the concatenated id space, bag offsets, weights, the
-        group's feature names and the batch size; checks every id against its table."""
+        group's feature names, the batch size and, per table, the number of lookups of
+        each of its features (an uncached collection sums each table's gradient on its
+        own); checks every id against its table."""
         keys = kjt.keys()
         missing = [f for f in self._feature_names if f not in keys]
         if missing:
@@ -164,8 +170,9 @@ class CachedEmbeddingBagCollection(nn.Module):
         key_index = {k: i for i, k in enumerate(keys)}
         out = []
         for g in self._groups:
-            feats, id_parts, len_parts, w_parts = [], [], [], []
+            feats, id_parts, len_parts, w_parts, segments = [], [], [], [], []
             for t, row_offset in zip(g.tables, g.row_offsets):
+                segments.append([])
                 for f in t.feature_names:
                     i = key_index[f]
                     s, n = int(starts[i]), int(per_key[i])
@@ -175,6 +182,7 @@ class CachedEmbeddingBagCollection(nn.Module):
                         raise ValueError(f"feature {f!r}: id {int(ids[pos])} at position {pos} is "
                                          f"outside table {t.name!r} [0, {t.num_embeddings})")
                     id_parts.append(ids.long() + row_offset)
+                    segments[-1].append(n)
                     len_parts.append(lengths[i])
                     if weights is not None:
                         w_parts.append(weights[s: s + n])
@@ -182,7 +190,7 @@ class CachedEmbeddingBagCollection(nn.Module):
             all_lengths = torch.cat(len_parts)
             offsets = torch.cumsum(all_lengths, 0) - all_lengths
             out.append((torch.cat(id_parts), offsets, torch.cat(w_parts) if w_parts else None,
-                        feats, batch))
+                        feats, batch, segments))
         return out
 
     # --------------------------------------------------------- the cache's interface
@@ -191,11 +199,12 @@ class CachedEmbeddingBagCollection(nn.Module):
             bag.flush()
 
     def table_weight(self, name: str) -> torch.Tensor:
-        """Table `name`'s `[num_embeddings, D]` rows (a view of the live host store)."""
+        """Table `name`'s `[num_embeddings, D]` rows, current to the last update (a view
+        of the live host store, not a copy: it changes as training goes on)."""
         for bag, g in zip(self.bags, self._groups):
             for t, off in zip(g.tables, g.row_offsets):
                 if t.name == name:
-                    return bag.full_weight()[off: off + t.num_embeddings]
+                    return bag.host_weight()[off: off + t.num_embeddings]
         raise KeyError(f"no table named {name!r}")
 
     def cache_stats(self) -> dict:

@@ -5,11 +5,15 @@ The optimizer step for the looked-up rows happens during `loss.backward()`: when
 gradient of a forward call reaches the cache, the row-wise optimizer updates those rows
 (and their state) in place. There is no separate `step()` to call, and the module has no
 `nn.Parameter` for an outer optimizer to see. Call each bag once per training step
-(one forward, one backward), as a fused embedding kernel expects.
+(one forward, one backward), as a fused embedding kernel expects. A training forward
+pins its rows until its backward; if the output is dropped without one (validation with
+gradients on, an exception), the pins go with the autograd graph.
 """
 from __future__ import annotations
 
 import math
+import numbers
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -88,16 +92,26 @@ class CachedEmbeddingBag(nn.Module):
     def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
                 per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
         ids, offsets, weights = self.normalize_input(input, offsets, per_sample_weights)
+        return self.lookup_normalized(ids, offsets, weights)
+
+    def lookup_normalized(self, ids: torch.Tensor, offsets: torch.Tensor,
+                          weights: torch.Tensor | None,
+                          segments: list[list[int]] | None = None) -> torch.Tensor:
+        """Forward on input already checked by `normalize_input`. `segments`: per table
+        of an uncached collection, the number of lookups of each of its features, so that
+        gradients are summed per table, as torch sums them."""
         train = self.training and torch.is_grad_enabled()
-        lookup = self.cache.prepare(ids, keep=train)
+        lookup = self.cache.prepare(ids, keep=train, segments=segments)
         table = self.cache.weight
         if lookup.overflow is not None:
             table = torch.cat([table, lookup.overflow.weight])
         if train:
             # A fresh leaf aliasing the working table: its sparse gradient is handed to
-            # the row-wise optimizer as soon as backward produces it.
+            # the row-wise optimizer as soon as backward produces it. The leaf lives as
+            # long as the autograd graph: when it goes without a backward, so do the pins.
             table = table.data.requires_grad_()
             table.register_post_accumulate_grad_hook(self._update_hook(lookup))
+            weakref.finalize(table, self.cache.release, lookup).atexit = False
         return F.embedding_bag(lookup.indices, table, offsets, mode=self.mode, sparse=True,
                                per_sample_weights=weights)
 
@@ -129,9 +143,15 @@ class CachedEmbeddingBag(nn.Module):
         self.cache.flush()
 
     def full_weight(self) -> torch.Tensor:
-        """The whole `[N, D]` table on CPU, id order, after a flush. This is the live
-        host store, not a copy: clone it to keep a snapshot across training."""
-        self.cache.flush()
+        """The whole `[N, D]` table on CPU, id order, current to the last update: a
+        snapshot (a copy), so training on does not change it. Taking it does not change
+        the cache (dirty rows stay dirty; no cache traffic is counted)."""
+        return self.host_weight().clone()
+
+    def host_weight(self) -> torch.Tensor:
+        """The live host store, made current (no copy: for views of big tables). It
+        changes as training goes on."""
+        self.cache.sync_host()
         return self.cache.host.weight
 
     def cache_stats(self) -> dict:
@@ -147,8 +167,8 @@ class CachedEmbeddingBag(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict,
                               missing_keys, unexpected_keys, error_msgs):
         mine = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)
-                and "." not in k[len(prefix):].replace("optimizer.", "", 1).replace("policy.", "", 1)}
-        expected = set(self.cache.state_dict().keys())
+                and _is_cache_key(k[len(prefix):])}
+        expected = set(self.cache.state_dict().keys()) - set(self.cache.OPTIONAL_KEYS)
         missing = expected - set(mine)
         if missing:
             missing_keys.extend(prefix + k for k in sorted(missing))
@@ -157,6 +177,13 @@ class CachedEmbeddingBag(nn.Module):
             self.cache.load_state_dict(mine)
         except ValueError as err:
             error_msgs.append(f"{prefix or 'CachedEmbeddingBag'}: {err}")
+
+
+def _is_cache_key(key: str) -> bool:
+    """A key of this bag's own state (not of a submodule's): `weight`, `step`, ... or
+    one group's `optimizer.sum`, `policy.clock`, `prefetch.ids`."""
+    head, _, rest = key.partition(".")
+    return not rest or (head in ("optimizer", "policy", "prefetch") and "." not in rest)
 
 
 def normalize_bag_input(input, offsets, per_sample_weights, num_embeddings: int, mode: str,
@@ -208,8 +235,8 @@ def normalize_bag_input(input, offsets, per_sample_weights, num_embeddings: int,
     if weights is not None:
         if mode != "sum":
             raise ValueError(f"per_sample_weights need mode='sum', this bag uses {mode!r}")
-        if not weights.is_floating_point():
-            raise ValueError(f"per_sample_weights must be floating point, got {weights.dtype}")
+        if weights.dtype != torch.float32:
+            raise ValueError(f"per_sample_weights must be float32 (the table's dtype), got {weights.dtype}")
         if not bool(torch.isfinite(weights).all()):
             pos = int(torch.nonzero(~torch.isfinite(weights))[0])
             raise ValueError(f"per_sample_weights[{pos}] is {float(weights[pos])}: weights must be finite")
@@ -224,19 +251,28 @@ def _check_config(num_embeddings, embedding_dim, mode, cache_ratio, warmup_ratio
                          f"{num_embeddings} and {embedding_dim}")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if not (isinstance(cache_ratio, (int, float)) and 0 < cache_ratio <= 1):
+    if isinstance(cache_ratio, bool) or not isinstance(cache_ratio, numbers.Real) \
+            or not 0 < cache_ratio <= 1:
         raise ValueError(f"cache_ratio must lie in (0, 1], got {cache_ratio!r}")
-    if not 0 <= warmup_ratio <= 1:
+    if isinstance(warmup_ratio, bool) or not isinstance(warmup_ratio, numbers.Real) \
+            or not 0 <= warmup_ratio <= 1:
         raise ValueError(f"warmup_ratio must lie in [0, 1], got {warmup_ratio!r}")
     if eviction not in POLICIES:
         raise ValueError(f"eviction must be one of {POLICIES}, got {eviction!r}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
-    if ids_freq is not None and (ids_freq.dim() != 1 or ids_freq.numel() != num_embeddings):
-        raise ValueError(f"ids_freq must be 1-D with {num_embeddings} counts, got shape "
-                         f"{tuple(ids_freq.shape)}")
-    if ids_freq is not None and bool((ids_freq < 0).any()):
-        raise ValueError("ids_freq holds negative counts")
+    if ids_freq is not None:
+        if not torch.is_tensor(ids_freq):
+            raise ValueError(f"ids_freq must be a 1-D tensor of counts, got {type(ids_freq).__name__}")
+        if ids_freq.dim() != 1 or ids_freq.numel() != num_embeddings:
+            raise ValueError(f"ids_freq must be 1-D with {num_embeddings} counts, got shape "
+                             f"{tuple(ids_freq.shape)}")
+        if ids_freq.dtype == torch.bool or ids_freq.is_complex():
+            raise ValueError(f"ids_freq must hold real counts, got {ids_freq.dtype}")
+        if ids_freq.is_floating_point() and not bool(torch.isfinite(ids_freq).all()):
+            raise ValueError("ids_freq holds NaN or inf")
+        if bool((ids_freq < 0).any()):
+            raise ValueError("ids_freq holds negative counts")
     if weight is not None and tuple(weight.shape) != (num_embeddings, embedding_dim):
         raise ValueError(f"weight must be [{num_embeddings}, {embedding_dim}], got "
                          f"{list(weight.shape)}")
