@@ -52,6 +52,12 @@ class TorchOptions:
     batch_size: int = 1024
     threads: int | None = None
 
+    def __post_init__(self):
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, not {self.lr}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, not {self.batch_size}")
+
 
 class TorchEngine:
     """Trains `CFParams` in place (the tensors share the numpy arrays' memory) with Adam.

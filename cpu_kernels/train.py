@@ -31,6 +31,15 @@ class HeatOptions:
     refresh: int = 512
     w_sync: int = 256
 
+    def __post_init__(self):
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, not {self.lr}")
+        if self.tile < 0:
+            raise ValueError(f"tile must be >= 0 (0: no tiling), not {self.tile}")
+        for name in ("refresh", "w_sync"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, not {getattr(self, name)}")
+
 
 def max_threads() -> int:
     return numba.config.NUMBA_NUM_THREADS

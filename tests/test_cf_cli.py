@@ -71,7 +71,6 @@ def test_load_then_train_continues_from_the_file(lightgcn_dir, tmp_path, capsys)
     (["--data", "/no/such/dir"], "/no/such/dir: no such file or directory"),
     (["--data", "ml-100k", "--load", "/no/such.npy"], "/no/such.npy: no such embeddings file"),
     (["--data", "ml-100k", "--save", "out.txt", "--epochs", "0"], "embeddings are saved as"),
-    (["--epochs", "-1"], "--epochs must be >= 0"),
 ])
 def test_bad_input_is_one_line(args, message, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
@@ -79,6 +78,140 @@ def test_bad_input_is_one_line(args, message, capsys, monkeypatch, tmp_path):
     err = capsys.readouterr().err.strip()
     assert rc == 1 and "Traceback" not in err and len(err.splitlines()) == 1, err
     assert message in err
+
+
+def _refused(argv, capsys) -> str:
+    """Run `embcache ...argv`, expect a one-line refusal (status 1) and return it."""
+    rc = main([*map(str, argv)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and "Traceback" not in err and len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("action", ["train", "evaluate"])
+@pytest.mark.parametrize("args, message", [
+    (["-k", "0"], "argument -k/--k: must be a positive integer, not 0"),
+    (["-k", "20", "-5"], "argument -k/--k: must be a positive integer, not -5"),
+    (["--test-fraction", "1.5"], "argument --test-fraction: must be a fraction strictly between 0 and 1, not 1.5"),
+    (["--test-fraction", "0"], "argument --test-fraction: must be a fraction strictly between 0 and 1, not 0"),
+    (["--min-rating", "-1"], "argument --min-rating: must be >= 0, not -1"),
+    (["--split-seed", "x"], "argument --split-seed: 'x' is not an integer"),
+    (["--synthetic-users", "0"], "argument --synthetic-users: must be a positive integer, not 0"),
+    (["--threads", "0"], "argument --threads: must be a positive integer, not 0"),
+])
+def test_bad_numbers_are_refused_by_the_parser_naming_the_option(action, args, message, capsys):
+    lead = ["cf", "train", "--no-progress"] if action == "train" else ["cf", "evaluate", "emb.npz"]
+    with pytest.raises(SystemExit) as stop:
+        main([*lead, *args])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == f"embcache cf {action}: error: {message}"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--epochs", "-1"], "argument --epochs: must be >= 0, not -1"),
+    (["--engine", "torch", "--batch-size", "0"], "argument --batch-size: must be a positive integer, not 0"),
+    (["--lr", "0"], "argument --lr: must be > 0, not 0"),
+    (["--lr", "-0.1"], "argument --lr: must be > 0, not -0.1"),
+    (["--lr", "nan"], "argument --lr: 'nan' is not a finite number"),
+    (["--negatives", "0"], "argument --negatives: must be a positive integer, not 0"),
+    (["--dim", "0"], "argument --dim: must be a positive integer, not 0"),
+    (["--history", "-3"], "argument --history: must be >= 0, not -3"),
+    (["--gamma", "1.5"], "argument --gamma: must be in [0, 1], not 1.5"),
+    (["--neg-weight", "-1"], "argument --neg-weight: must be >= 0, not -1"),
+    (["--margin", "inf"], "argument --margin: 'inf' is not a finite number"),
+    (["--tile", "-1"], "argument --tile: must be >= 0, not -1"),
+    (["--refresh", "0"], "argument --refresh: must be a positive integer, not 0"),
+    (["--w-sync", "0"], "argument --w-sync: must be a positive integer, not 0"),
+    (["--eval-every", "0"], "argument --eval-every: must be a positive integer, not 0"),
+    (["--seed", "-2"], "argument --seed: must be >= 0, not -2"),
+])
+def test_bad_training_numbers_are_refused_by_the_parser(args, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["cf", "train", "--no-progress", *args])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == f"embcache cf train: error: {message}"
+
+
+def test_engine_options_refuse_what_the_kernels_cannot_run():
+    # the library side of the same checks: no ZeroDivisionError deep in an epoch
+    from cpu_kernels.reference import TorchOptions
+    from cpu_kernels.train import HeatOptions
+
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        TorchOptions(batch_size=0)
+    for bad, match in (({"lr": 0.0}, "lr must be > 0"), ({"refresh": 0}, "refresh must be >= 1"),
+                       ({"tile": -1}, "tile must be >= 0"), ({"w_sync": 0}, "w_sync must be >= 1")):
+        with pytest.raises(ValueError, match=match):
+            HeatOptions(**bad)
+    with pytest.raises(ValueError, match="lr must be > 0"):
+        TorchOptions(lr=0.0)
+
+
+def _ratings(path, users_items, rating=3):
+    path.write_text("".join(f"{u}\t{i}\t{rating}\t{881250949 + k}\n" for k, (u, i) in enumerate(users_items)))
+    return path
+
+
+def test_min_rating_that_keeps_nothing_is_one_line(tmp_path, capsys):
+    path = _ratings(tmp_path / "u.data", [(u, i) for u in range(1, 20) for i in range(1, 6)], rating=3)
+    for action in (["train"], ["evaluate", tmp_path / "emb.npz"]):
+        err = _refused(["cf", *action, "--data", path, "--min-rating", 4], capsys)
+        assert f"{path}: no rating is >= 4 (--min-rating) among 95" in err
+
+
+def test_a_split_with_no_training_pairs_is_refused(tmp_path, capsys):
+    # every user has two ratings; --test-fraction 0.9 rounds both into test
+    path = _ratings(tmp_path / "u.data", [(u, i) for u in range(1, 20) for i in (1, 2)])
+    err = _refused(["cf", "train", "--data", path, "--test-fraction", 0.9, "--no-progress"], capsys)
+    assert f"{path}: no training interactions after the split (38 in test" in err and "nothing to train" in err
+
+
+def test_an_empty_test_split_warns_and_reports_null_metrics(lightgcn_dir, tmp_path, capsys):
+    d = tmp_path / "notest"
+    d.mkdir()
+    (d / "train.txt").write_text((lightgcn_dir / "train.txt").read_text())
+    (d / "test.txt").write_text("")
+    log, emb = tmp_path / "m.jsonl", tmp_path / "emb.npz"
+    rc = main(["cf", "train", "--no-progress", "--negatives", "4", "--threads", "1", "--data", str(d),
+               "--epochs", "1", "--metrics-out", str(log), "--save", str(emb)])
+    out = capsys.readouterr()
+    assert rc == 0 and "warning:" in out.err and "test split is empty" in out.err and "null" in out.err
+    assert "Recall/NDCG not computed (no test users)" in out.out and "Recall@20 0.0000" not in out.out
+    summary = json.loads(log.read_text().splitlines()[-1])
+    assert summary["recall@20"] is None and summary["ndcg@20"] is None
+    assert summary["popularity"]["recall@20"] is None and summary["popularity"]["users"] == 0
+    rc = main(["cf", "evaluate", str(emb), "--data", str(d)])
+    out = capsys.readouterr()
+    result = json.loads(out.out.splitlines()[-1])
+    assert rc == 0 and "test split is empty" in out.err and result["recall@20"] is None
+
+
+def test_a_huge_test_id_is_a_bad_line_not_a_terabyte_table(lightgcn_dir, tmp_path, capsys):
+    d = tmp_path / "huge"
+    d.mkdir()
+    (d / "train.txt").write_text((lightgcn_dir / "train.txt").read_text())
+    lines = (lightgcn_dir / "test.txt").read_text().splitlines()
+    lines[3] += " 10000000000"
+    (d / "test.txt").write_text("\n".join(lines) + "\n")
+    err = _refused(["cf", "train", "--no-progress", "--data", d], capsys)
+    assert f"{d / 'test.txt'}:4: item id 10000000000 is far beyond the" in err
+    rc = main(["cf", "train", "--no-progress", "--data", str(d), "--skip-bad-lines", "--epochs", "1",
+               "--negatives", "4", "--threads", "1"])
+    captured = capsys.readouterr()
+    assert rc == 0 and "skipped 1 malformed" in captured.err and "500 items" in captured.out
+
+
+def test_running_out_of_memory_is_one_line(lightgcn_dir, monkeypatch, capsys):
+    from cpu_kernels.model import CFParams
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 4.66 TiB for an array with shape (10000000001, 64)")
+
+    monkeypatch.setattr(CFParams, "init", no_memory)
+    err = _refused(["cf", "train", "--no-progress", "--data", lightgcn_dir], capsys)
+    assert "out of memory for the embedding tables of 300 users and 500 items" in err
 
 
 def test_malformed_lightgcn_line_is_reported_with_file_and_line(lightgcn_dir, tmp_path, capsys):

@@ -8,11 +8,78 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
 from pathlib import Path
 
 from embcache.cli import UserFacingError
 
 DATA_CHOICES = "'ml-100k', 'synthetic', a LightGCN directory (train.txt, test.txt) or a MovieLens ratings file"
+
+
+# --------------------------------------------------------------------------- option types
+# argparse calls these on the text of an option; an ArgumentTypeError becomes argparse's own
+# one-line "argument --name: ..." error (exit status 2), so no bad number reaches the code.
+def _number(text: str, kind):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    value = _number(text, int)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0."""
+    value = _number(text, int)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    value = _number(text, float)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, not {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0."""
+    value = _number(text, float)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, not {text}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    return _number(text, float)
+
+
+def open_fraction(text: str) -> float:
+    """A share strictly between 0 and 1."""
+    value = _number(text, float)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction strictly between 0 and 1, not {text}")
+    return value
+
+
+def unit_interval(text: str) -> float:
+    """A weight in [0, 1]."""
+    value = _number(text, float)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], not {text}")
+    return value
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -38,31 +105,33 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help=f"simplex: user side g*u + (1-g)*W*mean(history); mf-ccl: the user row (default {c.model})")
     p.add_argument("--engine", choices=("heat", "torch"), default="heat",
                    help="heat: numba kernels (SGD); torch: batched PyTorch reference (Adam)")
-    p.add_argument("--dim", type=int, default=None, help=f"embedding dimension (default {c.dim})")
-    p.add_argument("--negatives", type=int, default=None,
+    p.add_argument("--dim", type=positive_int, default=None, help=f"embedding dimension (default {c.dim})")
+    p.add_argument("--negatives", type=positive_int, default=None,
                    help=f"K uniformly sampled negatives per training pair (default {c.negatives})")
-    p.add_argument("--margin", type=float, default=None,
+    p.add_argument("--margin", type=finite_float, default=None,
                    help=f"m: negatives with cosine above m are pushed away (default {c.margin})")
-    p.add_argument("--neg-weight", type=float, default=None,
+    p.add_argument("--neg-weight", type=non_negative_float, default=None,
                    help=f"w: weight of the mean negative term (default {c.neg_weight})")
-    p.add_argument("--gamma", type=float, default=None,
+    p.add_argument("--gamma", type=unit_interval, default=None,
                    help=f"SimpleX: weight g of the user row against the history (default {c.gamma})")
-    p.add_argument("--history", type=int, default=None,
+    p.add_argument("--history", type=non_negative_int, default=None,
                    help=f"SimpleX: most history items per user, drawn once (default {c.history})")
-    p.add_argument("--epochs", type=int, default=20, help="passes over the training pairs (0: only evaluate)")
-    p.add_argument("--lr", type=float, default=None,
+    p.add_argument("--epochs", type=non_negative_int, default=20,
+                   help="passes over the training pairs (0: only evaluate)")
+    p.add_argument("--lr", type=positive_float, default=None,
                    help=f"learning rate (default {h.lr} for heat's SGD, {TorchOptions.lr:g} for torch's Adam)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--seed", type=int, default=None, help=f"initial rows, histories, order, negatives "
+    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--seed", type=non_negative_int, default=None, help=f"initial rows, histories, order, negatives "
                                                           f"(default {c.seed})")
-    p.add_argument("--tile", type=int, default=h.tile,
+    p.add_argument("--tile", type=non_negative_int, default=h.tile,
                    help="heat: items per thread tile that negatives are drawn from (sized for a private L2)")
-    p.add_argument("--refresh", type=int, default=h.refresh, help="heat: samples between two tiles of a thread")
+    p.add_argument("--refresh", type=positive_int, default=h.refresh,
+                   help="heat: samples between two tiles of a thread")
     p.add_argument("--no-tiling", action="store_true", help="heat: draw negatives from all items")
-    p.add_argument("--w-sync", type=int, default=h.w_sync,
+    p.add_argument("--w-sync", type=positive_int, default=h.w_sync,
                    help="heat, SimpleX: samples between two applications of a thread's W gradient")
-    p.add_argument("--batch-size", type=int, default=1024, help="torch: training pairs per Adam step")
-    p.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs (and after the last)")
+    p.add_argument("--batch-size", type=positive_int, default=1024, help="torch: training pairs per Adam step")
+    p.add_argument("--eval-every", type=positive_int, default=1, help="evaluate every N epochs (and after the last)")
     p.add_argument("--metrics-out", default=None, metavar="FILE", help="JSON-lines metrics log (appended)")
     p.add_argument("--save", default=None, metavar="FILE", help="write the embeddings (.npy, .npz or .parquet)")
     p.add_argument("--load", default=None, metavar="FILE", help="start from saved embeddings (and their settings)")
@@ -81,7 +150,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                                    "next to the popularity baseline.")
     e.add_argument("load", metavar="FILE", help="embeddings file (.npy, .npz or .parquet)")
     _data_args(e)
-    e.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    e.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all cores)")
     e.set_defaults(func=evaluate)
     return parser
 
@@ -90,20 +159,47 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default="ml-100k", help=DATA_CHOICES)
     p.add_argument("--split", choices=("random", "time"), default="random",
                    help="ratings only: per user, a seeded random 20 %% or the latest 20 %% is the test set")
-    p.add_argument("--test-fraction", type=float, default=0.2, help="ratings and synthetic: test share per user")
-    p.add_argument("--split-seed", type=int, default=0, help="ratings and synthetic: seed of the split and data")
-    p.add_argument("--min-rating", type=int, default=0, help="ratings: keep ratings >= this (0: all)")
-    p.add_argument("--synthetic-users", type=int, default=30_000)
-    p.add_argument("--synthetic-items", type=int, default=40_000)
-    p.add_argument("--synthetic-interactions", type=int, default=1_000_000)
+    p.add_argument("--test-fraction", type=open_fraction, default=0.2,
+                   help="ratings and synthetic: test share per user, strictly between 0 and 1")
+    p.add_argument("--split-seed", type=non_negative_int, default=0,
+                   help="ratings and synthetic: seed of the split and data")
+    p.add_argument("--min-rating", type=non_negative_int, default=0, help="ratings: keep ratings >= this (0: all)")
+    p.add_argument("--synthetic-users", type=positive_int, default=30_000)
+    p.add_argument("--synthetic-items", type=positive_int, default=40_000)
+    p.add_argument("--synthetic-interactions", type=positive_int, default=1_000_000)
     p.add_argument("--skip-bad-lines", action="store_true",
                    help="skip and count malformed input lines instead of stopping at the first")
-    p.add_argument("-k", "--k", type=int, nargs="+", default=[20], help="cut-offs of Recall@k and NDCG@k")
+    p.add_argument("-k", "--k", type=positive_int, nargs="+", default=[20], help="cut-offs of Recall@k and NDCG@k")
     p.add_argument("--topk", choices=("auto", "torch", "faiss"), default="auto", help="top-k back-end")
 
 
 def load_data(args):
-    """`Interactions` for --data; bad input raises a one-line error naming file and line."""
+    """`Interactions` for --data. Bad input (a malformed line, a split with no training
+    pairs, data too large for memory) raises a one-line `UserFacingError` naming the file;
+    an empty test split is allowed, with a warning: its metrics are reported as null."""
+    from embcache.data.bad_rows import DataFormatError
+
+    try:
+        data = _read_data(args)
+    except DataFormatError:
+        raise
+    except (ValueError, OSError) as err:
+        raise UserFacingError(f"{args.data}: {err}") from None
+    except MemoryError as err:
+        raise UserFacingError(f"{args.data}: out of memory reading the data ({err}); are the ids dense, "
+                              f"0..n-1?") from None
+    where = args.data if args.data in ("ml-100k", "synthetic") else Path(args.data)
+    if data.num_train == 0:
+        raise UserFacingError(f"{where}: no training interactions after the split ({data.num_test:,} in test; "
+                              f"--min-rating {args.min_rating}, --test-fraction {args.test_fraction:g}): "
+                              f"nothing to train on")
+    if data.num_test == 0:
+        print(f"warning: {where}: the test split is empty, so Recall and NDCG cannot be computed: they are "
+              f"reported as null", file=sys.stderr)
+    return data
+
+
+def _read_data(args):
     from cpu_kernels import data as cfdata
 
     spec = args.data
@@ -112,11 +208,8 @@ def load_data(args):
     if spec == "synthetic":
         from cpu_kernels.synthetic import power_law_interactions
 
-        try:
-            return power_law_interactions(args.synthetic_users, args.synthetic_items, args.synthetic_interactions,
-                                          seed=args.split_seed, test_fraction=args.test_fraction)
-        except ValueError as err:
-            raise UserFacingError(f"synthetic data: {err}") from None
+        return power_law_interactions(args.synthetic_users, args.synthetic_items, args.synthetic_interactions,
+                                      seed=args.split_seed, test_fraction=args.test_fraction)
     path = Path(spec)
     log = cfdata.BadRowLog() if args.skip_bad_lines else None
     if path.is_dir():
@@ -173,8 +266,6 @@ def train(args) -> int:
     from embcache.train.diverged import TrainingDiverged
     from embcache.train.metrics import MetricsLog
 
-    if args.epochs < 0:
-        raise UserFacingError("--epochs must be >= 0")
     if args.save and Path(args.save).suffix not in FORMATS:
         raise UserFacingError(f"{args.save}: embeddings are saved as {', '.join(FORMATS)}")
     if args.threads is not None and not 1 <= args.threads <= max_threads():
@@ -193,9 +284,11 @@ def train(args) -> int:
             params = CFParams.from_file(args.load, data.num_items, data.train_indptr, data.train_indices, config)
         else:
             params = CFParams.init(config, data.num_users, data.num_items, data.train_indptr, data.train_indices)
-        heat = HeatOptions(lr=args.lr or HeatOptions.lr, threads=args.threads, tile=0 if args.no_tiling else args.tile,
-                           refresh=args.refresh, w_sync=args.w_sync)
-        torch_opts = TorchOptions(lr=args.lr or TorchOptions.lr, batch_size=args.batch_size, threads=args.threads)
+        # `is None`, not `or`: a given --lr is never replaced (the parser refuses <= 0)
+        heat = HeatOptions(lr=HeatOptions.lr if args.lr is None else args.lr, threads=args.threads,
+                           tile=0 if args.no_tiling else args.tile, refresh=args.refresh, w_sync=args.w_sync)
+        torch_opts = TorchOptions(lr=TorchOptions.lr if args.lr is None else args.lr, batch_size=args.batch_size,
+                                  threads=args.threads)
         engine = make_engine(args.engine, params, data, heat, torch_opts)
         options = engine_options(args.engine, heat, torch_opts)
         done, previous = 0, []
@@ -205,6 +298,9 @@ def train(args) -> int:
             print(f"resumed from {ck['path']} after epoch {done}")
     except (ValueError, OSError, KeyError) as err:
         raise UserFacingError(str(err)) from None
+    except MemoryError as err:
+        raise UserFacingError(f"{args.data}: out of memory for the embedding tables of {data.num_users:,} users "
+                              f"and {data.num_items:,} items ({err})") from None
     threads = args.threads or max_threads()
     print(f"{config.model} d={config.dim} K={config.negatives} m={config.margin:g} w={config.neg_weight:g}"
           + (f" g={config.gamma:g} H={config.history}" if config.simplex else "")
@@ -278,6 +374,8 @@ def evaluate(args) -> int:
         params = CFParams.from_file(args.load, data.num_items, data.train_indptr, data.train_indices)
     except (ValueError, OSError, KeyError) as err:
         raise UserFacingError(str(err)) from None
+    except MemoryError as err:
+        raise UserFacingError(f"{args.load}: out of memory loading the embeddings ({err})") from None
     ks = tuple(args.k)
     result = eval_params(params, data, ks, args.topk)
     baseline = popularity(data, ks, args.topk)
@@ -304,6 +402,8 @@ def popularity(data, ks, backend) -> dict:
 
 
 def _format_metrics(m: dict, ks) -> str:
+    if m.get(f"recall@{ks[0]}") is None:
+        return "Recall/NDCG not computed (no test users)"
     return "  ".join(f"Recall@{k} {m[f'recall@{k}']:.4f}  NDCG@{k} {m[f'ndcg@{k}']:.4f}" for k in ks)
 
 
