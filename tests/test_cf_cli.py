@@ -258,8 +258,55 @@ def test_bench_cf_smoke(tmp_path, capsys):
             if r["variant"] != "torch":
                 assert r["speedup_vs_torch"] > 1 and r["recall_vs_torch"] > 0.5
                 assert r["bytes_per_epoch"]["bytes"] > case["train_pairs"] * case["negatives"] * 4 * 64
-                assert r["fraction_of_copy_bandwidth"] > 0
+                assert r["touched_rate_vs_copy_bandwidth"] > 0 and r["dram_model_fraction_of_copy_bandwidth"] > 0
+                assert r["dram_model_bytes_per_epoch"]["bytes"] <= r["bytes_per_epoch"]["bytes"]
     assert res["topk_seconds"]["synthetic"]["faster"] in ("torch", "faiss")
+
+
+def test_bench_defaults_compare_accuracy_on_ml100k_at_k1000():
+    from embcache.bench.cf import build_parser
+
+    args = build_parser("bench cf").parse_args([])
+    assert args.ml_negatives == [64, 1000] and len(args.ml_epochs) == 2
+
+
+def test_bench_ml100k_runs_full_torch_epochs_per_k_with_a_real_tile(tmp_path, capsys):
+    rc = main(["bench", "cf", "--datasets", "ml-100k", "--ml-negatives", "4", "8", "--ml-epochs", "1", "2",
+               "--threads", "1", "--copy-mib", "16", "--out-dir", str(tmp_path), "--no-plot"])
+    assert rc == 0, capsys.readouterr().err
+    res = json.loads((tmp_path / "cf.json").read_text())
+    assert [(c["negatives"], c["epochs"]) for c in res["cases"]] == [(4, 1), (8, 2)]
+    for case in res["cases"]:
+        rows = {r["variant"]: r for r in case["rows"]}
+        # torch's accuracy is measured (full epochs), not projected
+        assert "timed_on" not in rows["torch"] and 0 < rows["torch"]["recall_at_20"] < 1
+        assert len(rows["torch"]["epoch_s_all"]) == case["epochs"]
+        # the tile is a strict part of ml-100k's 1,682 items, so tiling is really exercised
+        assert rows["heat, no tiling"]["tile"] == 0 and 1 < rows["heat, tiling"]["tile"] < case["items"]
+    assert main(["bench", "cf", "--ml-negatives", "4", "8", "--ml-epochs", "1", "2", "3", "--no-plot",
+                 "--out-dir", str(tmp_path)]) == 2
+
+
+def test_dram_model_keeps_the_tiled_negative_reads_out():
+    """Tiled: the K negative reads come from the thread's tile (one load per refresh); untiled:
+    the model is every access, the same as the bytes touched."""
+    from cpu_kernels.model import CFConfig, CFParams
+    from embcache.bench.cf import epoch_bytes
+
+    data = power_law_interactions(num_users=300, num_items=500, interactions=9000, communities=6, seed=2)
+    params = CFParams.init(CFConfig(negatives=1000, dim=8), data.num_users, data.num_items, data.train_indptr,
+                           data.train_indices)
+    users, _ = data.train_pairs()
+    n, row = len(users), 4 * 8
+    untiled = epoch_bytes(params, users, active_negatives=50 * n, tile=0)
+    assert untiled["model"]["bytes"] == untiled["bytes"]
+    assert untiled["parts"]["negative_reads"] == n * 1000 * row
+    tiled = epoch_bytes(params, users, active_negatives=50 * n, tile=100, refresh=512, threads=2)
+    loads = (-(-n // 512) + 2) * 100 * row
+    assert tiled["bytes"] == untiled["bytes"]  # the same accesses are touched
+    assert tiled["model"]["parts"]["tile_loads"] == loads and "negative_reads" not in tiled["model"]["parts"]
+    assert tiled["model"]["parts"]["tile_writebacks"] == min(50 * n * row, loads)
+    assert tiled["model"]["bytes"] < tiled["bytes"] / 10
 
 
 def test_bench_times_torch_on_a_subset_when_epochs_are_too_long():

@@ -1,21 +1,33 @@
 """`embcache bench cf`: HEAT against the PyTorch reference, side by side in one run on the same
 cores and data (MovieLens-100k and the Gowalla-scale synthetic set): epoch time of the torch
 engine, HEAT without tiling and HEAT with tiling, with 1 thread and with all cores; Recall@20
-and NDCG@20 of each after the same number of epochs; the bytes a HEAT epoch must move and the
-fraction of this machine's memory bandwidth (a copy kernel measured in the same run) that it
-achieves. Writes bench/results/cf.json and cf.png.
+and NDCG@20 of each after the same number of epochs; the bytes a HEAT epoch touches and a
+model of the part of them that must come from memory, each against this machine's memory
+bandwidth (a copy kernel measured in the same run). Writes bench/results/cf.json and cf.png.
 
 Epoch time is the median over the epochs run (the kernels are compiled before any timing).
 On the synthetic set, where a full torch epoch would take too long (more training pairs
 than --torch-max-pairs), torch is timed on a fixed seeded subset of the pairs and its epoch
 time is projected from its pairs/s; its accuracy is then not measured (the row says so).
-Accuracy is compared on MovieLens-100k, where every engine runs the same full epochs.
+Accuracy is compared on MovieLens-100k, where every engine runs the same full epochs, at
+K=64 and at K=1000, the K of the largest speed-up (fewer epochs there: a torch epoch at
+K=1000 takes over a minute on one core). On MovieLens-100k the tile is --ml-tile items, by
+default the size at which the tiles cover its item table as many times per epoch as the
+default tile (2048 items) covers the synthetic set's: 861 of its 1,682 items (a tile of
+2048 would hold them all, and tiled would sample exactly like untiled).
 
-Bytes per HEAT epoch count the embedding-row traffic the kernel cannot avoid, each row access
-once, float32: per sample the user row (read + write), SimpleX's history rows (read + write),
-the positive (read + write), the K negatives (read) and the negatives inside the margin
-(write); W (d x d) stays in cache and is left out. With tiling the negative reads are served
-by the thread's cache-sized tile, so that share need not come from memory.
+Bytes touched per HEAT epoch count the embedding-row accesses of the kernel, each once,
+float32: per sample the user row (read + write), SimpleX's history rows (read + write), the
+positive (read + write), the K negatives (read) and the negatives inside the margin
+(write); W (d x d) stays in cache and is left out. Their rate is reported against the copy
+bandwidth, but it is not a fraction of DRAM bandwidth: with tiling most negative reads are
+served by the thread's tile in its private L2 and the rate can exceed the copy kernel's.
+The memory-traffic model counts what cannot come from that tile: the user, history and
+positive rows as above, and for the negatives, with tiling, one load of the tile per
+refresh (tile x d x 4 bytes) and at most that much written back; without tiling every
+negative read and write. It is an upper bound of the DRAM traffic (it assumes nothing else
+stays cached), so its fraction of the copy bandwidth should stay at or below 1; above 1
+means a larger cache (a shared L3 that holds the whole table) served part of it.
 """
 from __future__ import annotations
 
@@ -31,22 +43,31 @@ VARIANTS = ("torch", "heat, no tiling", "heat, tiling")
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
+    from embcache.train.cf_cli import positive_int
+
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS))
-    p.add_argument("--ml-epochs", type=int, default=10, help="epochs per engine on ml-100k")
-    p.add_argument("--synthetic-epochs", type=int, default=3, help="epochs per engine on the synthetic set")
-    p.add_argument("--ml-negatives", type=int, nargs="+", default=[64], help="K values run on ml-100k")
-    p.add_argument("--synthetic-negatives", type=int, nargs="+", default=[64, 1000],
+    p.add_argument("--ml-epochs", type=positive_int, nargs="+", default=[10, 3],
+                   help="epochs per engine on ml-100k: one value per --ml-negatives value, or one for all "
+                        "(default 10 at K=64, 3 at K=1000)")
+    p.add_argument("--synthetic-epochs", type=positive_int, default=3, help="epochs per engine on the synthetic set")
+    p.add_argument("--ml-negatives", type=positive_int, nargs="+", default=[64, 1000],
+                   help="K values run on ml-100k (1000: accuracy measured at the K of the largest speed-up)")
+    p.add_argument("--synthetic-negatives", type=positive_int, nargs="+", default=[64, 1000],
                    help="K values run on the synthetic set (the published SimpleX runs use K = 800..2000)")
-    p.add_argument("--threads", type=int, nargs="+", default=None, help="thread counts (default: 1 and all cores)")
+    p.add_argument("--ml-tile", type=positive_int, default=None,
+                   help="items per thread tile on ml-100k (default: the tiles cover its item table as often "
+                        "per epoch as the default tile covers the synthetic set's)")
+    p.add_argument("--threads", type=positive_int, nargs="+", default=None,
+                   help="thread counts (default: 1 and all cores)")
     p.add_argument("--model", choices=("simplex", "mf-ccl"), default="simplex")
-    p.add_argument("--torch-max-pairs", type=int, default=50_000,
+    p.add_argument("--torch-max-pairs", type=positive_int, default=50_000,
                    help="synthetic set: above this many training pairs torch is timed on a seeded "
                         "subset of this size (ml-100k always runs full torch epochs)")
-    p.add_argument("--synthetic-users", type=int, default=30_000)
-    p.add_argument("--synthetic-items", type=int, default=40_000)
-    p.add_argument("--synthetic-interactions", type=int, default=1_000_000)
-    p.add_argument("--copy-mib", type=int, default=512, help="size of each array of the copy kernel")
+    p.add_argument("--synthetic-users", type=positive_int, default=30_000)
+    p.add_argument("--synthetic-items", type=positive_int, default=40_000)
+    p.add_argument("--synthetic-interactions", type=positive_int, default=1_000_000)
+    p.add_argument("--copy-mib", type=positive_int, default=512, help="size of each array of the copy kernel")
     p.add_argument("--out-dir", default=None, help="default bench/results")
     p.add_argument("--name", default="cf", help="result file name")
     p.add_argument("--no-plot", action="store_true", help="no PNG")
@@ -74,19 +95,31 @@ def copy_bandwidth(threads: int, mib: int, reps: int = 5) -> float:
     return 2 * src.nbytes / best
 
 
-def epoch_bytes(params, users: np.ndarray, active_negatives: int) -> dict:
-    """Row traffic of one HEAT epoch (see the module docstring)."""
+def epoch_bytes(params, users: np.ndarray, active_negatives: int, tile: int = 0, refresh: int = 512,
+                threads: int = 1) -> dict:
+    """Bytes of one HEAT epoch (see the module docstring): {"bytes", "parts"} touched, and
+    "model": {"bytes", "parts"}, the traffic that cannot come from a thread's tile."""
     c = params.config
     row = 4 * c.dim
     n = len(users)
     hist = int(params.hist_len[users].sum()) if c.simplex else 0
-    parts = {"user": 2 * n * row, "history": 2 * hist * row, "positive": 2 * n * row,
-             "negative_reads": n * c.negatives * row, "negative_writes": int(active_negatives) * row}
-    return {"bytes": sum(parts.values()), "parts": parts}
+    rows = {"user": 2 * n * row, "history": 2 * hist * row, "positive": 2 * n * row}
+    touched = {**rows, "negative_reads": n * c.negatives * row, "negative_writes": int(active_negatives) * row}
+    if tile > 0:
+        # each thread draws a tile first, then again every `refresh` of its samples
+        tile_bytes = (-(-n // max(refresh, 1)) + threads) * tile * row
+        negatives = {"tile_loads": tile_bytes, "tile_writebacks": min(touched["negative_writes"], tile_bytes)}
+    else:
+        negatives = {"negative_reads": touched["negative_reads"], "negative_writes": touched["negative_writes"]}
+    model = {**rows, **negatives}
+    return {"bytes": sum(touched.values()), "parts": touched,
+            "model": {"bytes": sum(model.values()), "parts": model}}
 
 
-def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max_pairs: int) -> dict:
-    """Train a fresh model with one engine; epoch times, throughput, final accuracy."""
+def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max_pairs: int,
+                tile: int | None = None) -> dict:
+    """Train a fresh model with one engine; epoch times, throughput, final accuracy. `tile`:
+    items per tile of "heat, tiling" (default HeatOptions.tile)."""
     import torch
 
     from cpu_kernels.fit import fit, make_engine
@@ -111,8 +144,10 @@ def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max
                             f"tenth of them); epoch time projected from pairs/s; accuracy not measured",
                    subset_pairs=torch_max_pairs, samples_per_s=rate, epoch_s=data.num_train / rate)
         return row
-    heat = HeatOptions(threads=threads, tile=0 if variant == "heat, no tiling" else HeatOptions.tile)
+    heat = HeatOptions(threads=threads, tile=0 if variant == "heat, no tiling" else tile or HeatOptions.tile)
     engine = make_engine("torch" if variant == "torch" else "heat", params, data, heat, TorchOptions(threads=threads))
+    if variant != "torch":
+        row.update(tile=engine.tile, refresh=heat.refresh)
     records = fit(engine, params, data, epochs, eval_every=epochs, progress=False)
     times = [r["seconds"] for r in records]
     last = records[-1]
@@ -122,8 +157,23 @@ def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max
     if variant != "torch":
         users, _ = data.train_pairs()
         active = statistics.median(r["active_negatives"] for r in records)
-        row["bytes_per_epoch"] = epoch_bytes(params, users, active)
+        counted = epoch_bytes(params, users, active, engine.tile, heat.refresh, engine.threads)
+        model = counted.pop("model")
+        row["bytes_per_epoch"] = counted
+        row["dram_model_bytes_per_epoch"] = model
     return row
+
+
+def ml_tile(data, args) -> int:
+    """The ml-100k tile whose draws cover its item table as many times per epoch as the
+    default tile's cover the synthetic set's (train pairs / refresh x tile / items equal)."""
+    from cpu_kernels.train import HeatOptions
+
+    if args.ml_tile:
+        return min(args.ml_tile, data.num_items)
+    synthetic_pairs = 0.8 * args.synthetic_interactions  # the synthetic split keeps 80 % for training
+    per_item = (synthetic_pairs / args.synthetic_items) / (data.num_train / data.num_items)
+    return int(min(max(round(HeatOptions.tile * per_item), 1), data.num_items))
 
 
 def topk_backends(data, config) -> dict:
@@ -170,6 +220,9 @@ def run(args) -> int:
     if any(not 1 <= t <= all_threads for t in threads):
         print(f"bench cf: --threads must be in 1..{all_threads}")
         return 2
+    if len(args.ml_epochs) not in (1, len(args.ml_negatives)):
+        print(f"bench cf: --ml-epochs takes one value or one per --ml-negatives value ({len(args.ml_negatives)})")
+        return 2
     load_before = os.getloadavg()
     t_start = time.perf_counter()
     print("compiling the kernels ...", flush=True)
@@ -184,8 +237,14 @@ def run(args) -> int:
         u, v = metrics.popularity_scores(data.train_indices, data.num_users, data.num_items)
         pop = metrics.evaluate(u, v, data.train_indptr, data.train_indices, data.test_indptr, data.test_indices,
                                cosine=False)
-        epochs = args.ml_epochs if name == "ml-100k" else args.synthetic_epochs
-        for k in (args.ml_negatives if name == "ml-100k" else args.synthetic_negatives):
+        if name == "ml-100k":
+            ks = args.ml_negatives
+            epochs_of = dict(zip(ks, args.ml_epochs * len(ks) if len(args.ml_epochs) == 1 else args.ml_epochs))
+            tile = ml_tile(data, args)
+        else:
+            ks, epochs_of, tile = args.synthetic_negatives, {}, None
+        for k in ks:
+            epochs = epochs_of.get(k, args.synthetic_epochs)
             config = CFConfig(model=args.model, negatives=k)
             print(f"\n{data.summary()}; K={k}, {epochs} epochs per engine", flush=True)
             rows = []
@@ -193,11 +252,9 @@ def run(args) -> int:
                 for variant in VARIANTS:
                     # accuracy is compared on MovieLens-100k: torch runs its full epochs there
                     max_pairs = None if name == "ml-100k" else args.torch_max_pairs
-                    row = run_variant(variant, data, config, t, epochs, max_pairs)
+                    row = run_variant(variant, data, config, t, epochs, max_pairs, tile)
                     if "bytes_per_epoch" in row:
-                        rate = row["bytes_per_epoch"]["bytes"] / row["epoch_s"]
-                        row["achieved_bytes_per_s"] = rate
-                        row["fraction_of_copy_bandwidth"] = rate / bandwidth[str(t)]
+                        add_rates(row, bandwidth[str(t)])
                     rows.append(row)
                     print("  " + format_row(row), flush=True)
             add_ratios(rows)
@@ -216,8 +273,18 @@ def run(args) -> int:
                "timing_method": "median epoch over the epochs run, kernels compiled beforehand; torch on the synthetic set above "
                                 "--torch-max-pairs training pairs: one timed pass over a seeded subset after a "
                                 "warm-up on a tenth of it, epoch time projected from pairs/s",
-               "bytes_method": "embedding-row traffic per epoch: user, history (SimpleX) and positive rows read + "
-                               "written, K negatives read, negatives inside the margin written; float32; W excluded",
+               "bytes_method": "bytes touched: embedding-row accesses per epoch: user, history (SimpleX) and "
+                               "positive rows read + written, K negatives read, negatives inside the margin written; "
+                               "float32; W excluded. touched_rate_vs_copy_bandwidth is their rate over the copy "
+                               "kernel's, not a fraction of DRAM bandwidth (tiled negative reads hit L2)",
+               "dram_model_method": "upper bound of the DRAM traffic per epoch: user, history and positive rows as "
+                                    "above; negatives with tiling: one tile load per refresh per thread "
+                                    "(tile x d x 4 bytes) and at most as much written back; without tiling every "
+                                    "negative read and write. Its fraction of the copy bandwidth should be <= 1; "
+                                    "above 1, a shared cache (L3) held part of the table",
+               "ml_tile_method": "heat, tiling on ml-100k: --ml-tile, or by default the tile whose draws cover "
+                                 "the item table as often per epoch as the default tile's cover the synthetic "
+                                 "set's (train pairs / refresh x tile / items equal)",
                "topk_seconds": topk, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
                "wall_seconds": time.perf_counter() - t_start, "cases": cases}
     path = write_json(payload, args.name, args.out_dir)
@@ -226,6 +293,14 @@ def run(args) -> int:
     print_table(cases)
     print(f"\nwrote {path}" + ("" if args.no_plot else f" and {path.with_suffix('.png')}"))
     return 0
+
+
+def add_rates(row: dict, copy_bandwidth: float) -> None:
+    """Bytes touched and the DRAM model per second, each against the copy bandwidth."""
+    touched = row["bytes_per_epoch"]["bytes"] / row["epoch_s"]
+    model = row["dram_model_bytes_per_epoch"]["bytes"] / row["epoch_s"]
+    row.update(achieved_bytes_per_s=touched, touched_rate_vs_copy_bandwidth=touched / copy_bandwidth,
+               dram_model_bytes_per_s=model, dram_model_fraction_of_copy_bandwidth=model / copy_bandwidth)
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -271,9 +346,11 @@ def format_row(r: dict) -> str:
         s += f"  Recall@20 {r['recall_at_20']:.4f}  NDCG@20 {r['ndcg_at_20']:.4f}"
     if "timed_on" in r:
         s += "  (subset timing, projected)"
-    if "fraction_of_copy_bandwidth" in r:
-        s += (f"  {r['bytes_per_epoch']['bytes'] / 2**30:.2f} GiB/epoch, "
-              f"{r['fraction_of_copy_bandwidth']:.0%} of copy bandwidth")
+    if "touched_rate_vs_copy_bandwidth" in r:
+        s += (f"  touched {r['bytes_per_epoch']['bytes'] / 2**30:.2f} GiB/epoch "
+              f"({r['touched_rate_vs_copy_bandwidth']:.0%} of copy bw), DRAM model "
+              f"{r['dram_model_bytes_per_epoch']['bytes'] / 2**30:.2f} GiB "
+              f"({r['dram_model_fraction_of_copy_bandwidth']:.0%})")
     return s
 
 
@@ -283,7 +360,7 @@ def fmt_topk(t: dict) -> str:
 
 def print_table(cases: list[dict]) -> None:
     head = (f"{'data':9s} {'K':>5} {'engine':16s} {'thr':>3} {'s/epoch':>9} {'pairs/s':>11} {'x torch':>8} "
-            f"{'Recall@20':>9} {'NDCG@20':>8} {'GiB/ep':>7} {'% bw':>5}")
+            f"{'Recall@20':>9} {'NDCG@20':>8} {'touched':>7} {'%copy':>5} {'DRAM<=':>7} {'%copy':>5}")
     print("\n" + head)
     print("-" * len(head))
     for c in cases:
@@ -292,11 +369,18 @@ def print_table(cases: list[dict]) -> None:
             rec = f"{r['recall_at_20']:.4f}" if "recall_at_20" in r else "-"
             nd = f"{r['ndcg_at_20']:.4f}" if "ndcg_at_20" in r else "-"
             gib = f"{r['bytes_per_epoch']['bytes'] / 2**30:.2f}" if "bytes_per_epoch" in r else "-"
-            bw = f"{100 * r['fraction_of_copy_bandwidth']:.0f}" if "fraction_of_copy_bandwidth" in r else "-"
+            bw = f"{100 * r['touched_rate_vs_copy_bandwidth']:.0f}" if "touched_rate_vs_copy_bandwidth" in r else "-"
+            dram = (f"{r['dram_model_bytes_per_epoch']['bytes'] / 2**30:.2f}" if "dram_model_bytes_per_epoch" in r
+                    else "-")
+            dbw = (f"{100 * r['dram_model_fraction_of_copy_bandwidth']:.0f}"
+                   if "dram_model_fraction_of_copy_bandwidth" in r else "-")
             print(f"{c['data']:9s} {c['negatives']:>5} {r['variant']:16s} {r['threads']:>3} {r['epoch_s']:9.3f} "
-                  f"{r['samples_per_s']:>11,.0f} {sp:>8} {rec:>9} {nd:>8} {gib:>7} {bw:>5}")
+                  f"{r['samples_per_s']:>11,.0f} {sp:>8} {rec:>9} {nd:>8} {gib:>7} {bw:>5} {dram:>7} {dbw:>5}")
         print(f"{c['data']:9s} {'':>5} {'popularity':16s} {'':>3} {'':>9} {'':>11} {'':>8} "
               f"{c['popularity_recall_at_20']:>9.4f} {c['popularity_ndcg_at_20']:>8.4f}")
+    print("touched: GiB of embedding rows a HEAT epoch accesses, %copy: their rate over the copy kernel's "
+          "(not a DRAM fraction: tiled negatives are read from L2); DRAM<=: GiB the memory-traffic model says "
+          "must come from beyond the tile (an upper bound), %copy: its share of the copy bandwidth")
     if any("timed_on" in r for c in cases for r in c["rows"]):
         print("* torch timed on a seeded subset of the training pairs, epoch time projected from its pairs/s; "
               "its accuracy is not measured there")
