@@ -9,7 +9,7 @@ call per group (in DLRM: one call).
 """
 from __future__ import annotations
 
-import math
+from contextlib import ExitStack, contextmanager
 
 import torch
 from torch import nn
@@ -208,14 +208,15 @@ class CachedEmbeddingBagCollection(nn.Module):
         raise KeyError(f"no table named {name!r}")
 
     def cache_stats(self) -> dict:
-        total: dict = {}
-        for bag in self.bags:
-            for k, v in bag.cache_stats().items():
-                if k != "hit_rate":
-                    total[k] = total.get(k, 0) + v
-        lookups = total["hits"] + total["misses"]
-        total["hit_rate"] = total["hits"] / lookups if lookups else 0.0
-        return total
+        return combine_stats(bag.cache_stats() for bag in self.bags)
+
+    @contextmanager
+    def separate_stats(self):
+        """Count the lookups of a block (say, validation) apart: yields a function that
+        returns the block's combined statistics; `cache_stats()` is as before the block."""
+        with ExitStack() as stack:
+            inner = [stack.enter_context(bag.separate_stats()) for bag in self.bags]
+            yield lambda: combine_stats(s.as_dict() for s in inner)
 
     def reset_cache_stats(self) -> None:
         for bag in self.bags:
@@ -225,5 +226,13 @@ class CachedEmbeddingBagCollection(nn.Module):
         return sum(bag.cache.num_slots for bag in self.bags)
 
 
-def cache_rows_for(num_rows: int, cache_ratio: float) -> int:
-    return math.ceil(cache_ratio * num_rows)
+def combine_stats(per_cache) -> dict:
+    """Several caches' statistics as one: counts add up; the hit rate is recomputed."""
+    total: dict = {}
+    for stats in per_cache:
+        for k, v in stats.items():
+            if k != "hit_rate":
+                total[k] = total.get(k, 0) + v
+    lookups = total["hits"] + total["misses"]
+    total["hit_rate"] = total["hits"] / lookups if lookups else 0.0
+    return total

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import numbers
 import weakref
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,7 @@ from torch import nn
 from embcache.cache.eviction import POLICIES
 from embcache.cache.optimizers import OPTIMIZERS, make_optimizer
 from embcache.cache.row_cache import Lookup, RowCache
+from embcache.cache.stats import CacheStats
 
 MODES = ("sum", "mean")
 
@@ -159,6 +161,16 @@ class CachedEmbeddingBag(nn.Module):
 
     def reset_cache_stats(self) -> None:
         self.cache.stats.reset()
+
+    @contextmanager
+    def separate_stats(self):
+        """Count the lookups of a block (say, validation) apart from the bag's own:
+        yields the block's `CacheStats`; afterwards `cache_stats()` is as before it."""
+        outer, self.cache.stats = self.cache.stats, CacheStats()
+        try:
+            yield self.cache.stats
+        finally:
+            self.cache.stats = outer
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         for key, value in self.cache.state_dict().items():

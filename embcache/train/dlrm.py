@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -71,7 +72,33 @@ class DLRMConfig:
     prefetch: bool = True
 
     def resolved_device(self) -> torch.device:
-        return torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if self.device is None:
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            device = torch.device(self.device)
+        except RuntimeError:
+            raise ValueError(f"--device {self.device!r} is not a device (cpu, cuda or cuda:N)") from None
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"--device {self.device!r}: only cpu and cuda are supported")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"--device {self.device}: no CUDA device is available on this machine")
+        return device
+
+
+# Settings a resumed run must share with its checkpoint: they change the arithmetic.
+# The cache's own settings (ratio, eviction, warm-up, prefetch) change only which rows
+# are resident, never a result, so a resume may change them: the cache then starts cold.
+RESUME_MUST_MATCH = ("sparse", "sparse_optimizer", "sparse_lr", "dense_lr", "embedding_dim",
+                     "dense_arch", "over_arch", "batch_size", "seed")
+CACHE_SETTINGS = ("cache_ratio", "eviction", "warmup_ratio")
+
+
+def data_fingerprint(meta: dict) -> dict:
+    """What identifies a prepared dataset for a resume: its features, their
+    cardinalities and the rows of each split (not its path: a moved copy is the same)."""
+    return {"num_dense": meta["num_dense"],
+            "sparse": [(f["name"], f["cardinality"]) for f in meta["sparse"]],
+            "rows": {name: split.get("rows") for name, split in sorted(meta.get("splits", {}).items())}}
 
 
 def _init_table(weight: torch.Tensor, seed: int, num_rows: int) -> None:
@@ -169,7 +196,8 @@ class DLRMTrainer:
     def save(self) -> Path | None:
         if self.checkpoint_path is None:
             return None
-        payload = {"config": asdict(self.cfg), "model": self.model.state_dict(),
+        payload = {"config": asdict(self.cfg), "data": data_fingerprint(self.meta),
+                   "model": self.model.state_dict(),
                    "dense_optimizer": self.dense_opt.state_dict(),
                    "sparse_optimizer": self.sparse_opt.state_dict() if self.sparse_opt else None,
                    "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "step": self.step,
@@ -185,14 +213,29 @@ class DLRMTrainer:
             print(f"no checkpoint at {path}; starting from scratch")
             return
         ckpt = load_checkpoint(path, kind="dlrm")
-        for key in ("sparse", "embedding_dim", "sparse_optimizer", "batch_size", "seed"):
-            if ckpt["config"][key] != getattr(self.cfg, key):
-                raise ValueError(f"{path}: checkpoint has {key}={ckpt['config'][key]!r}, this run "
-                                 f"{getattr(self.cfg, key)!r}; resume with the same settings")
-        self.model.load_state_dict(ckpt["model"])
-        self.dense_opt.load_state_dict(ckpt["dense_optimizer"])
-        if self.sparse_opt is not None:
-            self.sparse_opt.load_state_dict(ckpt["sparse_optimizer"])
+        saved = ckpt["config"]
+        differ = [f"{k}={saved.get(k)!r} (this run: {getattr(self.cfg, k)!r})"
+                  for k in RESUME_MUST_MATCH if saved.get(k) != getattr(self.cfg, k)]
+        if "data" in ckpt and ckpt["data"] != data_fingerprint(self.meta):
+            differ.append(f"data (checkpoint trained on {saved.get('data')!r}, this run reads "
+                          f"{str(self.data_dir)!r}: other features, cardinalities or rows)")
+        if differ:
+            raise ValueError(f"{path}: the checkpoint was written with other settings: "
+                             f"{'; '.join(differ)}. Resume with the same settings, or start afresh "
+                             f"in another --checkpoint-dir")
+        changed = [f"{k} {saved.get(k)!r} -> {getattr(self.cfg, k)!r}" for k in CACHE_SETTINGS
+                   if self.cfg.sparse == "cached" and saved.get(k) != getattr(self.cfg, k)]
+        try:
+            self.model.load_state_dict(ckpt["model"])
+            self.dense_opt.load_state_dict(ckpt["dense_optimizer"])
+            if self.sparse_opt is not None:
+                self.sparse_opt.load_state_dict(ckpt["sparse_optimizer"])
+        except (RuntimeError, KeyError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ValueError(f"{path}: the checkpoint does not fit this model: {first}") from None
+        if changed:
+            print(f"cache settings changed ({', '.join(changed)}): the cache starts cold; "
+                  f"parameters continue exactly")
         self.epoch, self.batch_in_epoch, self.step = ckpt["epoch"], ckpt["batch_in_epoch"], ckpt["step"]
         self.history = ckpt["history"]
         self.train_seconds, self.train_samples = ckpt["train_seconds"], ckpt["train_samples"]
@@ -233,16 +276,19 @@ class DLRMTrainer:
                        disable=not cfg.progress, dynamic_ncols=True)
             ema = None
             finished = True
+            # a step's time runs from the end of the previous one: reading and collating
+            # its batch count, checkpoints and evaluation do not
+            t_last = time.perf_counter()
             for batch, nxt in lookahead(batches):
                 if self._done():
                     finished = False
                     break
-                t0 = time.perf_counter()
                 loss = self.train_step(batch, nxt)
                 check_loss(loss, f"step {self.step + 1}")
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
-                dt = time.perf_counter() - t0
+                now = time.perf_counter()
+                dt, t_last = now - t_last, now
                 self.train_seconds += dt
                 self.train_samples += batch.labels.numel()
                 self.step += 1
@@ -259,6 +305,7 @@ class DLRMTrainer:
                                    **self._cache_fields())
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                     self.save()
+                    t_last = time.perf_counter()
             bar.close()
             if finished:  # the epoch ran to its end
                 result = self.evaluate("val")
@@ -272,14 +319,22 @@ class DLRMTrainer:
 
     @torch.no_grad()
     def evaluate(self, split: str = "val") -> dict:
+        """AUC and log loss on a split. Its lookups go through the cache but are counted
+        apart (as `cache_hit_rate` of the result): the run's hit rate and bytes moved
+        are training's."""
         self.model.eval()
         logits, labels = [], []
-        for batch in self._batches(split, self.cfg.eval_batch_size):
-            logits.append(self.model(batch.dense, batch.sparse).squeeze(-1).cpu())
-            labels.append(batch.labels.cpu())
+        cached = self.cfg.sparse == "cached"
+        with self.sparse.separate_stats() if cached else nullcontext() as eval_stats:
+            for batch in self._batches(split, self.cfg.eval_batch_size):
+                logits.append(self.model(batch.dense, batch.sparse).squeeze(-1).cpu())
+                labels.append(batch.labels.cpu())
         if not logits:
             return {"auc": float("nan"), "logloss": float("nan"), "samples": 0}
-        return binary_metrics(torch.cat(logits), torch.cat(labels))
+        result = binary_metrics(torch.cat(logits), torch.cat(labels))
+        if cached:
+            result["cache_hit_rate"] = eval_stats()["hit_rate"]
+        return result
 
     def _cache_fields(self) -> dict:
         if self.cfg.sparse != "cached":

@@ -7,6 +7,7 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
+from embcache.arg_types import fraction, positive_float, positive_int, ratio
 from embcache.cli import UserFacingError
 
 REPO_DATASETS = Path(__file__).resolve().parents[2] / "datasets"
@@ -30,32 +31,33 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                         "(MovieLens-100k as CTR), or a directory with meta.json")
     p.add_argument("--data-cache", default=str(REPO_DATASETS),
                    help="where 'synthetic' and 'ml-100k' are prepared")
-    p.add_argument("--synthetic-rows", type=int, default=200_000,
+    p.add_argument("--synthetic-rows", type=positive_int, default=200_000,
                    help="training rows of the synthetic set (val/test get a tenth each)")
-    p.add_argument("--synthetic-scale", type=float, default=0.1,
+    p.add_argument("--synthetic-scale", type=positive_float, default=0.1,
                    help="multiplies Criteo Kaggle's cardinalities for the synthetic set "
                         "(0.1: 3.4 M embedding rows, so the 1.5 %% cache holds 51 k)")
     p.add_argument("--sparse", choices=SPARSE_MODES, default=d.sparse,
                    help="cached tables, whole tables on the device, or whole tables on the host")
-    p.add_argument("--cache-ratio", type=float, default=d.cache_ratio,
+    p.add_argument("--cache-ratio", type=ratio, default=d.cache_ratio,
                    help="fraction of all embedding rows kept on the device")
     p.add_argument("--eviction", choices=POLICIES, default=d.eviction)
-    p.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio)
+    p.add_argument("--warmup-ratio", type=fraction, default=d.warmup_ratio,
+                   help="fraction of the cache filled with the hottest ids before training")
     p.add_argument("--sparse-optimizer", choices=OPTIMIZERS, default=d.sparse_optimizer)
-    p.add_argument("--lr", type=float, default=d.sparse_lr, help="learning rate of the embeddings")
-    p.add_argument("--dense-lr", type=float, default=d.dense_lr, help="learning rate of the MLPs (Adagrad)")
-    p.add_argument("--embedding-dim", type=int, default=d.embedding_dim)
-    p.add_argument("--dense-arch", type=int, nargs="+", default=d.dense_arch,
+    p.add_argument("--lr", type=positive_float, default=d.sparse_lr, help="learning rate of the embeddings")
+    p.add_argument("--dense-lr", type=positive_float, default=d.dense_lr, help="learning rate of the MLPs (Adagrad)")
+    p.add_argument("--embedding-dim", type=positive_int, default=d.embedding_dim)
+    p.add_argument("--dense-arch", type=positive_int, nargs="+", default=d.dense_arch,
                    help="hidden sizes of the bottom MLP (the embedding dim is appended)")
-    p.add_argument("--over-arch", type=int, nargs="+", default=d.over_arch,
+    p.add_argument("--over-arch", type=positive_int, nargs="+", default=d.over_arch,
                    help="hidden sizes of the top MLP (the output 1 is appended)")
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
+    p.add_argument("--batch-size", type=positive_int, default=d.batch_size)
+    p.add_argument("--epochs", type=positive_int, default=d.epochs)
+    p.add_argument("--max-steps", type=positive_int, default=None, help="stop after this many steps")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--checkpoint-dir", default=None, help="write checkpoints here (atomically)")
-    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="steps between checkpoints")
+    p.add_argument("--checkpoint-every", type=positive_int, default=d.checkpoint_every, help="steps between checkpoints")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
     p.add_argument("--metrics-out", default=None, help="JSON-lines metrics log")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -101,12 +103,16 @@ def train(args) -> int:
     values = {k: v for k, v in vars(args).items() if k in names}
     values.update(sparse_lr=args.lr, progress=not args.no_progress, prefetch=not args.no_prefetch)
     cfg = DLRMConfig(**values)
-    data_dir = resolve_data(args)
     try:
+        cfg.resolved_device()
+        data_dir = resolve_data(args)
         trainer = DLRMTrainer(cfg, data_dir)
         summary = trainer.fit()
     except (CheckpointError, ValueError) as err:
         raise UserFacingError(str(err)) from None
+    except OSError as err:  # an unwritable --data-cache or --checkpoint-dir, a full disk
+        where = f"{err.filename}: " if err.filename else ""
+        raise UserFacingError(f"{where}{err.strerror or err}") from None
     print_summary(summary)
     return 0
 
