@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embcache.data.bad_rows import BadRowLog, DataFormatError, format_error
+from embcache.data.bad_rows import BadRowLog, format_error
 
 SPLITS = ("random", "time")
 

@@ -1,6 +1,7 @@
-"""Argparse `type=` checkers shared by every command: a bad number is a one-line usage
-error naming the option (argparse adds the name), never a traceback from deep inside a
-run. Light on purpose: no torch import, so `--help` stays instant."""
+"""Argparse `type=` checkers shared by every command: a bad number is argparse's own
+one-line usage error naming the option ("argument --lr: must be > 0, not 0", exit
+status 2), never a traceback from deep inside a run. Light on purpose: no torch import,
+so `--help` stays instant."""
 from __future__ import annotations
 
 import argparse
@@ -14,19 +15,28 @@ def int_in(low: int, high: int | None = None):
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
         if value < low or (high is not None and value > high):
-            bound = f"from {low} to {high}" if high is not None else f">= {low}"
-            raise argparse.ArgumentTypeError(f"{value} is out of range: must be {bound}")
+            if high is not None:
+                bound = f"from {low} to {high}"
+            else:
+                bound = "a positive integer" if low == 1 else f">= {low}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, not {value}")
         return value
 
-    parse.__name__ = "whole number"
+    parse.__name__ = "integer"
     return parse
 
 
 def float_in(low: float | None = None, high: float | None = None, *,
              low_open: bool = False, high_open: bool = False):
     """A finite number within the given bounds (open or closed at each end)."""
+    if low is not None and high is not None:
+        bound = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    elif low is not None:
+        bound = f"{'>' if low_open else '>='} {low:g}"
+    elif high is not None:
+        bound = f"{'<' if high_open else '<='} {high:g}"
 
     def parse(text: str) -> float:
         try:
@@ -38,9 +48,7 @@ def float_in(low: float | None = None, high: float | None = None, *,
         too_low = low is not None and (value <= low if low_open else value < low)
         too_high = high is not None and (value >= high if high_open else value > high)
         if too_low or too_high:
-            left = "any" if low is None else f"{'(' if low_open else '['}{low:g}"
-            right = "any" if high is None else f"{high:g}{')' if high_open else ']'}"
-            raise argparse.ArgumentTypeError(f"{text} is out of range: must lie in {left}, {right}")
+            raise argparse.ArgumentTypeError(f"must be {bound}, not {text}")
         return value
 
     parse.__name__ = "number"
@@ -52,6 +60,6 @@ non_negative_int = int_in(0)
 positive_float = float_in(0, low_open=True)
 non_negative_float = float_in(0)
 finite_float = float_in()
-fraction = float_in(0, 1)                                   # [0, 1]
+fraction = float_in(0, 1)                                      # [0, 1]
 open_fraction = float_in(0, 1, low_open=True, high_open=True)  # (0, 1)
-ratio = float_in(0, 1, low_open=True)                       # (0, 1]
+ratio = float_in(0, 1, low_open=True)                          # (0, 1]

@@ -92,8 +92,8 @@ def _refused(argv, capsys) -> str:
 @pytest.mark.parametrize("args, message", [
     (["-k", "0"], "argument -k/--k: must be a positive integer, not 0"),
     (["-k", "20", "-5"], "argument -k/--k: must be a positive integer, not -5"),
-    (["--test-fraction", "1.5"], "argument --test-fraction: must be a fraction strictly between 0 and 1, not 1.5"),
-    (["--test-fraction", "0"], "argument --test-fraction: must be a fraction strictly between 0 and 1, not 0"),
+    (["--test-fraction", "1.5"], "argument --test-fraction: must be in (0, 1), not 1.5"),
+    (["--test-fraction", "0"], "argument --test-fraction: must be in (0, 1), not 0"),
     (["--min-rating", "-1"], "argument --min-rating: must be >= 0, not -1"),
     (["--split-seed", "x"], "argument --split-seed: 'x' is not an integer"),
     (["--synthetic-users", "0"], "argument --synthetic-users: must be a positive integer, not 0"),

@@ -53,19 +53,19 @@ def test_prepare_without_dataset_shows_help(capsys):
 
 
 BAD_OPTIONS = [
-    (["synthetic", "--rows", "0"], "--rows: 0 is out of range: must be >= 1"),
-    (["synthetic", "--rows", "ten"], "--rows: 'ten' is not a whole number"),
-    (["synthetic", "--scale", "0"], "--scale: 0 is out of range: must be a finite number > 0"),
-    (["synthetic", "--scale", "-1"], "--scale: -1 is out of range"),
-    (["synthetic", "--scale", "nan"], "--scale: nan is out of range"),
-    (["synthetic", "--seed", "-1"], "--seed: -1 is out of range: must be >= 0"),
-    (["prepare", "criteo-kaggle", "--input", "x", "--rows-per-shard", "0"], "--rows-per-shard: 0 is out of range"),
-    (["prepare", "avazu", "--input", "x", "--rows-per-shard", "-5"], "--rows-per-shard: -5 is out of range"),
-    (["prepare", "avazu", "--input", "x", "--seed", "-1"], "--seed: -1 is out of range: must be from 0 to"),
-    (["prepare", "criteo-terabyte", "--input-dir", "x", "--min-count", "0"], "--min-count: 0 is out of range"),
+    (["synthetic", "--rows", "0"], "--rows: must be a positive integer, not 0"),
+    (["synthetic", "--rows", "ten"], "--rows: 'ten' is not an integer"),
+    (["synthetic", "--scale", "0"], "--scale: must be > 0, not 0"),
+    (["synthetic", "--scale", "-1"], "--scale: must be > 0, not -1"),
+    (["synthetic", "--scale", "nan"], "--scale: 'nan' is not a finite number"),
+    (["synthetic", "--seed", "-1"], "--seed: must be >= 0, not -1"),
+    (["prepare", "criteo-kaggle", "--input", "x", "--rows-per-shard", "0"], "--rows-per-shard: must be a positive integer, not 0"),
+    (["prepare", "avazu", "--input", "x", "--rows-per-shard", "-5"], "--rows-per-shard: must be a positive integer, not -5"),
+    (["prepare", "avazu", "--input", "x", "--seed", "-1"], "--seed: must be from 0 to 4294967295, not -1"),
+    (["prepare", "criteo-terabyte", "--input-dir", "x", "--min-count", "0"], "--min-count: must be a positive integer, not 0"),
     (["prepare", "criteo-kaggle", "--input", "x", "--max-ids-per-feature", "1"],
-     "--max-ids-per-feature: 1 is out of range: must be >= 2"),
-    (["prepare", "ml-100k", "--seed", "-2"], "--seed: -2 is out of range"),
+     "--max-ids-per-feature: must be >= 2, not 1"),
+    (["prepare", "ml-100k", "--seed", "-2"], "--seed: must be >= 0, not -2"),
 ]
 
 
@@ -91,7 +91,7 @@ def test_bad_days_and_head_are_one_line(tmp_path, capsys):
     assert err.count("\n") == 1 and "day 99 does not exist" in err
     with pytest.raises(SystemExit):
         main(["data", "info", str(tmp_path), "--head", "-1"])
-    assert "--head: -1 is out of range" in capsys.readouterr().err
+    assert "--head: must be >= 0, not -1" in capsys.readouterr().err
 
 
 def test_unwritable_output_is_one_line_before_reading_the_input(tmp_path, capsys, monkeypatch):

@@ -12,7 +12,11 @@ import pytest
 
 from embcache.data.avazu import convert_avazu
 from embcache.data.bad_rows import BadRowLog, DataFormatError
-from embcache.data.criteo import convert_criteo_kaggle, convert_criteo_terabyte, parse_days
+from embcache.data.criteo import (
+    convert_criteo_kaggle,
+    convert_criteo_terabyte,
+    parse_days,
+)
 from embcache.data.ctr_format import load_id_frequencies, read_meta
 from embcache.data.delimited import string_keys
 from embcache.data.vocabulary import ValueCounter, Vocabulary

@@ -11,8 +11,13 @@ import pytest
 import torch
 
 from embcache.data.bad_rows import DataFormatError
-from embcache.data.ctr_format import (CTRDatasetWriter, SparseFeature, load_id_frequencies, multi_hot,
-                                      read_meta)
+from embcache.data.ctr_format import (
+    CTRDatasetWriter,
+    SparseFeature,
+    load_id_frequencies,
+    multi_hot,
+    read_meta,
+)
 from embcache.data.loader import CTRBatches, lookahead
 
 N = 23  # rows of train: not a multiple of the shard, row-group or batch sizes below

@@ -10,8 +10,8 @@ from embcache.data.bad_rows import DataFormatError
 from embcache.data.ctr_format import load_id_frequencies, read_meta
 from embcache.data.loader import CTRBatches
 from embcache.data.movielens_ctr import prepare_ml100k_ctr
-from tests.test_data_movielens import write_atomic, write_standard
 from tests.offline_data import load_or_skip
+from tests.test_data_movielens import write_atomic, write_standard
 
 
 def table(d, split):

@@ -1,6 +1,5 @@
 """DLRM training through the cache: equal to torchrec's plain tables, learns, resumes."""
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -15,9 +15,18 @@ from embcache.data.bad_rows import DataFormatError
 from embcache.data.face.folder import ImageFolderFaces
 from embcache.data.face.images import encode_jpeg
 from embcache.data.face.loaders import PairBatches
-from embcache.data.face.recordio import RecordFile, RecordIOFaces, encode_record, read_index, write_recordio
+from embcache.data.face.recordio import (
+    RecordFile,
+    RecordIOFaces,
+    encode_record,
+    read_index,
+    write_recordio,
+)
 from embcache.data.face.synthetic import SyntheticFaces
-from embcache.data.face.verification import load_verification_bin, write_verification_bin
+from embcache.data.face.verification import (
+    load_verification_bin,
+    write_verification_bin,
+)
 from embcache.train.face_eval import identification_top1, verification
 
 

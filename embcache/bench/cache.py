@@ -25,6 +25,7 @@ from embcache.bench.belady import belady_hit_rate
 from embcache.bench.common import DEFAULT_RESULTS_DIR, write_json
 from embcache.bench.criteo_trace import CriteoTrace
 from embcache.cache.eviction import POLICIES
+from embcache.device import resolve_device
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
 
 
@@ -177,7 +178,7 @@ def plot(hits: dict, path) -> None:
 
 
 def run(args) -> int:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(args.device)
     print(f"hit rates ({args.batches} batches of {args.batch_size}, scale {args.scale}) on {device}:")
     hits = hit_rates(args, device)
     print(f"bookkeeping cost (dim {args.dim}, scale {args.timing_scale}):")

@@ -29,6 +29,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from embcache.device import resolve_device
+
 DEFAULT_CLASSES = (10**4, 10**5, 10**6, 10**7)
 VARIANTS = (("fc", None), ("pfc", 0.1), ("dcp", 0.01), ("dcp", 0.1))
 FIXED_Q = 10_000  # a pool of fixed size besides the fixed ratios: the flat line
@@ -161,7 +163,7 @@ def run(args) -> int:
     from embcache.bench.common import write_json
 
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(args.device)
     load_before = os.getloadavg()
     rows = []
     for classes in args.classes:

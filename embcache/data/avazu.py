@@ -21,7 +21,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from embcache.data.converter import Parsed, RowChecks, TextSource, convert, hashed_fraction
+from embcache.data.converter import (
+    Parsed,
+    RowChecks,
+    TextSource,
+    convert,
+    hashed_fraction,
+)
 from embcache.data.delimited import parse_label, string_keys
 
 CATEGORICAL = ["C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id", "app_domain",

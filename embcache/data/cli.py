@@ -4,39 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
+from embcache.arg_types import int_in, positive_float
 from embcache.cli import UserFacingError
 
 DATASETS = Path(__file__).resolve().parents[2] / "datasets"
-
-
-def whole_number(low: int, high: int | None = None):
-    """An argparse `type`: an integer in [low, high]; anything else is a one-line usage error."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < low or (high is not None and value > high):
-            bound = f"from {low} to {high}" if high is not None else f">= {low}"
-            raise argparse.ArgumentTypeError(f"{value} is out of range: must be {bound}")
-        return value
-
-    parse.__name__ = "whole number"
-    return parse
-
-
-def positive_number(text: str) -> float:
-    """An argparse `type`: a finite float > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text} is out of range: must be a finite number > 0")
-    return value
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -49,12 +22,12 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     prep.set_defaults(func=lambda _args: prep.print_help() or 2)
 
     def vocabulary_options(p):
-        p.add_argument("--min-count", type=whole_number(1), default=1,
+        p.add_argument("--min-count", type=int_in(1), default=1,
                        help="values seen fewer times share id 0 with missing values (DLRM uses 15 on Terabyte)")
-        p.add_argument("--max-ids-per-feature", type=whole_number(2), default=None,
+        p.add_argument("--max-ids-per-feature", type=int_in(2), default=None,
                        help="cap every table at this many rows: a feature with more distinct values is "
                             "hashed into buckets, which also bounds pass 1's memory")
-        p.add_argument("--rows-per-shard", type=whole_number(1), default=2_000_000, help="rows per Parquet file")
+        p.add_argument("--rows-per-shard", type=int_in(1), default=2_000_000, help="rows per Parquet file")
         p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     p = which.add_parser("criteo-kaggle", formatter_class=fmt, help="Criteo Kaggle train.txt",
@@ -82,7 +55,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--split", choices=("random", "time"), default="random",
                    help="random 8:1:1 by a seeded hash of the row position, or by day "
                         "(last day test, the day before val)")
-    p.add_argument("--seed", type=whole_number(0, 2**32 - 1), default=0, help="seed of the random split")
+    p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, help="seed of the random split")
     vocabulary_options(p)
     p.set_defaults(func=_avazu)
 
@@ -93,7 +66,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--out", default=str(DATASETS / "ml-100k-ctr"), help="output directory")
     p.add_argument("--split", choices=("random", "time"), default="random",
                    help="seeded random 80/10/10, or chronological")
-    p.add_argument("--seed", type=whole_number(0), default=0)
+    p.add_argument("--seed", type=int_in(0), default=0)
     p.set_defaults(func=_ml100k)
 
     p = sub.add_parser("synthetic", formatter_class=fmt, help="generate Criteo-shaped synthetic data",
@@ -101,15 +74,15 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                                    "Zipf ids, labels from a hidden logistic model whose AUC is stored "
                                    "in meta.json as oracle_auc. val and test get a tenth of --rows each.")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--rows", type=whole_number(1), default=200_000, help="training rows")
-    p.add_argument("--scale", type=positive_number, default=0.01, help="multiplies Criteo Kaggle's cardinalities")
-    p.add_argument("--seed", type=whole_number(0), default=0)
+    p.add_argument("--rows", type=int_in(1), default=200_000, help="training rows")
+    p.add_argument("--scale", type=positive_float, default=0.01, help="multiplies Criteo Kaggle's cardinalities")
+    p.add_argument("--seed", type=int_in(0), default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_synthetic)
 
     p = sub.add_parser("info", help="show a prepared directory's meta.json at a glance")
     p.add_argument("dir", help="a directory with meta.json")
-    p.add_argument("--head", type=whole_number(0), default=0, help="also print the first N training rows")
+    p.add_argument("--head", type=int_in(0), default=0, help="also print the first N training rows")
     p.add_argument("--json", action="store_true", help="print meta.json as it is")
     p.set_defaults(func=_info)
     return parser

@@ -20,7 +20,12 @@ import numpy as np
 import pyarrow as pa
 
 from embcache.data.bad_rows import BadRowLog, format_error, writing
-from embcache.data.ctr_format import CTRDatasetWriter, SPLITS, SparseFeature, check_output_dir
+from embcache.data.ctr_format import (
+    SPLITS,
+    CTRDatasetWriter,
+    SparseFeature,
+    check_output_dir,
+)
 from embcache.data.delimited import BLOCK_BYTES, is_empty_line, read_blocks
 from embcache.data.vocabulary import ValueCounter, Vocabulary, check_max_ids
 

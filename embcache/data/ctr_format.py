@@ -29,7 +29,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embcache.data.bad_rows import DataFormatError, DataOutputError, format_error, writing
+from embcache.data.bad_rows import (
+    DataFormatError,
+    DataOutputError,
+    format_error,
+    writing,
+)
 from embcache.data.frequency import IdFrequency, load_frequency_file
 
 FORMAT = "embcache-ctr"

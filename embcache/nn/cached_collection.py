@@ -16,7 +16,9 @@ from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from .cached_embedding_bag import CachedEmbeddingBag, default_device
+from embcache.device import resolve_device
+
+from .cached_embedding_bag import CachedEmbeddingBag
 
 _POOLING = {PoolingType.SUM: "sum", PoolingType.MEAN: "mean"}
 
@@ -70,7 +72,7 @@ class CachedEmbeddingBagCollection(nn.Module):
             raise ValueError(f"table names must be unique, got {names}")
         self._configs = list(tables)
         self._is_weighted = is_weighted
-        self._device = torch.device(device) if device is not None else default_device()
+        self._device = resolve_device(device)
         self._feature_names = [f for t in tables for f in t.feature_names]
         if len(set(self._feature_names)) != len(self._feature_names):
             raise ValueError("a feature may be served by one table only")

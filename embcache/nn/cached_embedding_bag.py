@@ -24,12 +24,9 @@ from embcache.cache.eviction import POLICIES
 from embcache.cache.optimizers import OPTIMIZERS, make_optimizer
 from embcache.cache.row_cache import Lookup, RowCache
 from embcache.cache.stats import CacheStats
+from embcache.device import resolve_device
 
 MODES = ("sum", "mean")
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 class CachedEmbeddingBag(nn.Module):
@@ -70,7 +67,7 @@ class CachedEmbeddingBag(nn.Module):
                       eviction, optimizer, ids_freq, weight)
         self.num_embeddings, self.embedding_dim, self.mode = int(num_embeddings), int(embedding_dim), mode
         self.cache_ratio = float(cache_ratio)
-        device = torch.device(device) if device is not None else default_device()
+        device = resolve_device(device)
         if weight is None:
             weight = torch.randn(num_embeddings, embedding_dim)
         else:

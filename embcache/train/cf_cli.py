@@ -8,78 +8,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
+from embcache.arg_types import (
+    finite_float,
+    fraction,
+    non_negative_float,
+    non_negative_int,
+    open_fraction,
+    positive_float,
+    positive_int,
+)
 from embcache.cli import UserFacingError
 
 DATA_CHOICES = "'ml-100k', 'synthetic', a LightGCN directory (train.txt, test.txt) or a MovieLens ratings file"
-
-
-# --------------------------------------------------------------------------- option types
-# argparse calls these on the text of an option; an ArgumentTypeError becomes argparse's own
-# one-line "argument --name: ..." error (exit status 2), so no bad number reaches the code.
-def _number(text: str, kind):
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
-    if kind is float and not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """An integer >= 1."""
-    value = _number(text, int)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    """An integer >= 0."""
-    value = _number(text, int)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """A finite number > 0."""
-    value = _number(text, float)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, not {text}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    """A finite number >= 0."""
-    value = _number(text, float)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, not {text}")
-    return value
-
-
-def finite_float(text: str) -> float:
-    return _number(text, float)
-
-
-def open_fraction(text: str) -> float:
-    """A share strictly between 0 and 1."""
-    value = _number(text, float)
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be a fraction strictly between 0 and 1, not {text}")
-    return value
-
-
-def unit_interval(text: str) -> float:
-    """A weight in [0, 1]."""
-    value = _number(text, float)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], not {text}")
-    return value
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -112,7 +55,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help=f"m: negatives with cosine above m are pushed away (default {c.margin})")
     p.add_argument("--neg-weight", type=non_negative_float, default=None,
                    help=f"w: weight of the mean negative term (default {c.neg_weight})")
-    p.add_argument("--gamma", type=unit_interval, default=None,
+    p.add_argument("--gamma", type=fraction, default=None,
                    help=f"SimpleX: weight g of the user row against the history (default {c.gamma})")
     p.add_argument("--history", type=non_negative_int, default=None,
                    help=f"SimpleX: most history items per user, drawn once (default {c.history})")
@@ -257,8 +200,8 @@ def make_config(args, saved=None):
 def train(args) -> int:
     from dataclasses import asdict
 
-    from cpu_kernels.fit import evaluate as eval_params
     from cpu_kernels.fit import compile_kernels, fit, make_engine
+    from cpu_kernels.fit import evaluate as eval_params
     from cpu_kernels.model import FORMATS, CFConfig, CFParams, load, save
     from cpu_kernels.reference import TorchOptions
     from cpu_kernels.train import HeatOptions, max_threads

@@ -32,6 +32,7 @@ from torchrec.models.dlrm import DLRM
 
 from embcache.checkpoint import load_checkpoint, save_checkpoint
 from embcache.data.loader import CTRBatches, lookahead
+from embcache.device import resolve_device
 from embcache.nn.cached_collection import CachedEmbeddingBagCollection
 from embcache.train.diverged import check_loss
 from embcache.train.metrics import MetricsLog, binary_metrics, peak_memory
@@ -72,17 +73,7 @@ class DLRMConfig:
     prefetch: bool = True
 
     def resolved_device(self) -> torch.device:
-        if self.device is None:
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        try:
-            device = torch.device(self.device)
-        except RuntimeError:
-            raise ValueError(f"--device {self.device!r} is not a device (cpu, cuda or cuda:N)") from None
-        if device.type not in ("cpu", "cuda"):
-            raise ValueError(f"--device {self.device!r}: only cpu and cuda are supported")
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"--device {self.device}: no CUDA device is available on this machine")
-        return device
+        return resolve_device(self.device)
 
 
 # Settings a resumed run must share with its checkpoint: they change the arithmetic.

@@ -16,7 +16,7 @@ REPO_DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 def build_parser(prog: str) -> argparse.ArgumentParser:
     from embcache.cache.eviction import POLICIES
     from embcache.cache.optimizers import OPTIMIZERS
-    from embcache.train.dlrm import DLRMConfig, SPARSE_MODES
+    from embcache.train.dlrm import SPARSE_MODES, DLRMConfig
 
     d = DLRMConfig()
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)

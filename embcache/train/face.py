@@ -23,8 +23,14 @@ from pathlib import Path
 
 import torch
 
-from embcache.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from embcache.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from embcache.data.face.loaders import PairBatch, PairBatches
+from embcache.device import resolve_device
 from embcache.nn.backbones import build_backbone
 from embcache.nn.heads import build_head
 from embcache.train.diverged import check_loss
@@ -134,7 +140,7 @@ class FaceTrainer:
 
     def __init__(self, cfg: FaceConfig, source=None):
         self.cfg = cfg
-        self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = resolve_device(cfg.device)
         torch.manual_seed(cfg.seed)
         self.source = source if source is not None else build_source(cfg)
         self.num_classes = self.source.num_classes if cfg.data != "synthetic" else cfg.num_classes

@@ -6,6 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 
+from embcache.arg_types import (
+    fraction,
+    int_in,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    ratio,
+)
 from embcache.cli import UserFacingError
 
 
@@ -30,34 +39,34 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="verification .bin files (lfw.bin, cfp_fp.bin, agedb_30.bin) evaluated after each epoch")
     p.add_argument("--head", choices=HEADS, default=d.head,
                    help="dcp: dynamic class pool; fc: one weight row per class; pfc: Partial FC")
-    p.add_argument("--num-classes", type=int, default=None,
+    p.add_argument("--num-classes", type=positive_int, default=None,
                    help=f"synthetic: number of training identities (default {d.num_classes}); real data: the label "
                         f"space, labels must be below it (default there: max label + 1)")
-    p.add_argument("--pool-ratio", type=float, default=d.pool_ratio, help="dcp: pool slots as a fraction of classes")
-    p.add_argument("--sample-rate", type=float, default=d.sample_rate, help="pfc: class centres sampled per step")
+    p.add_argument("--pool-ratio", type=ratio, default=d.pool_ratio, help="dcp: pool slots as a fraction of classes")
+    p.add_argument("--sample-rate", type=ratio, default=d.sample_rate, help="pfc: class centres sampled per step")
     p.add_argument("--backbone", choices=("auto",) + BACKBONES, default=d.backbone,
                    help="auto: mlp for feature vectors, iresnet18 for images")
-    p.add_argument("--feat-dim", type=int, default=d.feat_dim, help="embedding size")
+    p.add_argument("--feat-dim", type=positive_int, default=d.feat_dim, help="embedding size")
     p.add_argument("--margin-type", choices=MARGINS, default=d.margin_type)
-    p.add_argument("--margin", type=float, default=d.margin, help="additive angular (arcface) or cosine margin")
-    p.add_argument("--scale", type=float, default=d.scale, help="logit scale s")
-    p.add_argument("--topk", type=int, default=d.topk, help="dcp: k of the out-of-pool loss")
-    p.add_argument("--gallery-momentum", type=float, default=d.gallery_momentum,
+    p.add_argument("--margin", type=non_negative_float, default=d.margin, help="additive angular (arcface) or cosine margin")
+    p.add_argument("--scale", type=positive_float, default=d.scale, help="logit scale s")
+    p.add_argument("--topk", type=positive_int, default=d.topk, help="dcp: k of the out-of-pool loss")
+    p.add_argument("--gallery-momentum", type=fraction, default=d.gallery_momentum,
                    help="dcp: EMA momentum of the gallery net")
-    p.add_argument("--epochs", type=int, default=d.epochs, help="passes of the identity loader over the identities")
-    p.add_argument("--batch-size", type=int, default=d.batch_size,
+    p.add_argument("--epochs", type=positive_int, default=d.epochs, help="passes of the identity loader over the identities")
+    p.add_argument("--batch-size", type=int_in(4), default=d.batch_size,
                    help="images per step: a quarter are identity pairs (two views each), the rest instances")
-    p.add_argument("--lr", type=float, default=d.lr, help="SGD learning rate (cosine decay to 0)")
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    p.add_argument("--image-size", type=int, default=d.image_size,
+    p.add_argument("--lr", type=positive_float, default=d.lr, help="SGD learning rate (cosine decay to 0)")
+    p.add_argument("--weight-decay", type=non_negative_float, default=d.weight_decay)
+    p.add_argument("--image-size", type=non_negative_int, default=d.image_size,
                    help="synthetic: 0 for feature vectors, S for S x S images; real data: crop size (0 = 112)")
-    p.add_argument("--synthetic-samples", type=int, default=d.synthetic_samples, help="samples per synthetic identity")
-    p.add_argument("--eval-classes", type=int, default=d.eval_classes, help="held-out synthetic identities")
+    p.add_argument("--synthetic-samples", type=int_in(2), default=d.synthetic_samples, help="samples per synthetic identity")
+    p.add_argument("--eval-classes", type=positive_int, default=d.eval_classes, help="held-out synthetic identities")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps in all")
+    p.add_argument("--seed", type=non_negative_int, default=d.seed)
+    p.add_argument("--max-steps", type=positive_int, default=None, help="stop after this many steps in all")
     p.add_argument("--checkpoint-dir", default=None, help="write checkpoints here (atomically)")
-    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="steps between checkpoints")
+    p.add_argument("--checkpoint-every", type=positive_int, default=d.checkpoint_every, help="steps between checkpoints")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
     p.add_argument("--metrics-out", default=None, help="JSON-lines metrics log")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from embcache.data.bad_rows import BadRowLog, DataFormatError
+
 from .images import decode_image
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from embcache.data.bad_rows import DataFormatError
+
 from .folder import IndexedFaces
 from .images import decode_image
 

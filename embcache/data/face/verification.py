@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from embcache.data.bad_rows import DataFormatError
+
 from .images import decode_image
 
 _ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),

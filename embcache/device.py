@@ -1,0 +1,26 @@
+"""Which device a run uses: one rule for every module, trainer and benchmark."""
+from __future__ import annotations
+
+import torch
+
+
+def default_device() -> torch.device:
+    """CUDA when a GPU is present, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_device(name: str | torch.device | None) -> torch.device:
+    """`name` as a device (None: `default_device()`). A name that is not a device, a
+    device kind other than cpu/cuda, or cuda on a machine without a GPU is a ValueError
+    saying so, not a failure somewhere inside the first step."""
+    if name is None:
+        return default_device()
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {str(name)!r} is not a device (cpu, cuda or cuda:N)") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {str(name)!r}: only cpu and cuda are supported")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(name)!r}: no CUDA device is available on this machine")
+    return device
