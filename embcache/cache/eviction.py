@@ -10,6 +10,9 @@ entries the one used longer ago goes first.
 - `freq`: primary = the id's frequency in the training data (`ids_freq`) + the online count.
 
 Counts are per batch: an id used five times in one batch counts once.
+
+Gathers and scatters use `index_select` / `index_fill_` / `index_copy_` rather than
+`t[idx]` indexing: the same result, several times cheaper per call on the CPU.
 """
 from __future__ import annotations
 
@@ -58,29 +61,29 @@ class EvictionPolicy:
 
     def on_access(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
         """Record one batch's use of distinct resident slots (`ids` are their ids)."""
-        self.slot_last[slots] = float(self.clock)
+        self.slot_last.index_fill_(0, slots, float(self.clock))
         if self.id_count is not None:
-            self.slot_primary[slots] += 1.0
+            self.slot_primary.index_add_(0, slots, self.slot_primary.new_ones(1).expand(slots.numel()))
 
     def on_admit(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
         """New `ids` entered `slots` (their access is recorded by `on_access`)."""
-        self.slot_last[slots] = float(self.clock)
+        self.slot_last.index_fill_(0, slots, float(self.clock))
         if self.id_count is None:
-            self.slot_primary[slots] = 0.0
+            self.slot_primary.index_fill_(0, slots, 0.0)
             return
-        primary = self.id_count[ids].to(torch.float64)
+        primary = self.id_count.index_select(0, ids).to(torch.float64)
         if self.prior is not None:
-            primary = primary + self.prior[ids]
-        self.slot_primary[slots] = primary
+            primary = primary + self.prior.index_select(0, ids)
+        self.slot_primary.index_copy_(0, slots, primary)
 
     def on_evict(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
         """`ids` are about to leave `slots`: keep their online counts."""
         if self.id_count is None or ids.numel() == 0:
             return
-        count = self.slot_primary[slots]
+        count = self.slot_primary.index_select(0, slots)
         if self.prior is not None:
-            count = count - self.prior[ids]
-        self.id_count[ids] = count.round().to(torch.int32)
+            count = count - self.prior.index_select(0, ids)
+        self.id_count.index_copy_(0, ids, count.round().to(torch.int32))
 
     def keys(self) -> torch.Tensor:
         return self.slot_primary + self.slot_last / (self.clock + 1)

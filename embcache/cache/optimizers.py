@@ -1,11 +1,14 @@
 """Row-wise optimizers whose state lives beside each row.
 
-Every optimizer here updates only the rows named by a sparse gradient, and keeps its
-per-row state in tables shaped like the weight table (or one column for row-wise
-Adagrad). Because a row's state moves with the row between host store and device cache,
-a cached table trains exactly as an uncached one: the arithmetic below repeats torch's
-sparse code paths op for op (`torch.optim.SGD`, `Adagrad`, `SparseAdam`), so results
-match to the bit on CPU.
+Every optimizer here updates only the rows it is given, and keeps its per-row state in
+tables shaped like the weight table (or one column for row-wise Adagrad). Because a
+row's state moves with the row between host store and device cache, a cached table
+trains exactly as an uncached one: the arithmetic below repeats torch's sparse code
+paths op for op (`torch.optim.SGD`, `Adagrad`, `SparseAdam`), so results match to the
+bit. The sparse ops are written as row ops: `dense.add_(sparse, alpha)` as
+`index_add_(rows, values, alpha)` and `sparse_mask` as `index_select` (the same
+arithmetic, checked element for element), which need no sorted index, so the cache can
+hand over its rows in any order.
 """
 from __future__ import annotations
 
@@ -16,17 +19,16 @@ import torch
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
 
 
-def _sparse_like(grad: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    return torch.sparse_coo_tensor(indices, values, grad.size(), check_invariants=False)
-
-
 class RowOptimizer:
-    """Base: `update` applies one step to the rows named by `grad`, a sparse COO
-    gradient over a table, in place on `weight` and `state` (dict of tables)."""
+    """Base: `update` applies one step, in place on `weight` and `state` (dict of
+    tables), from gradient `values` for table `rows`.
+
+    With `needs_coalesced` (non-linear updates) `rows` are distinct and each value is a
+    row's whole gradient, summed as torch's `coalesce` sums it (the cache sees to that:
+    RowCache._in_torch_order); otherwise `rows` may repeat, one term per lookup, in the
+    order torch applies them."""
 
     name = ""
-    # Non-linear updates need one gradient row per table row; the cache sums a row's terms
-    # in the order torch's `coalesce` would for the uncached table (RowCache._in_torch_order).
     needs_coalesced = True
 
     def __init__(self, lr: float):
@@ -48,7 +50,8 @@ class RowOptimizer:
     def initial_state_value(self, name: str) -> float:
         return 0.0
 
-    def update(self, weight: torch.Tensor, state: dict[str, torch.Tensor], grad: torch.Tensor, step: int) -> None:
+    def update(self, weight: torch.Tensor, state: dict[str, torch.Tensor], rows: torch.Tensor,
+               values: torch.Tensor, step: int) -> None:
         raise NotImplementedError
 
     def hyperparameters(self) -> dict:
@@ -61,7 +64,9 @@ class SGD(RowOptimizer):
     name = "sgd"
     needs_coalesced = False  # a sum of per-lookup updates: kept in torch's order, bit-exact
 
-    def update(self, weight, state, grad, step):
+    def update(self, weight, state, rows, values, step):
+        # as torch's dense += uncoalesced sparse gradient (the same op on the same terms)
+        grad = torch.sparse_coo_tensor(rows.unsqueeze(0), values, weight.shape, check_invariants=False)
         weight.add_(grad, alpha=-self.lr)
 
 
@@ -83,14 +88,12 @@ class Adagrad(RowOptimizer):
     def initial_state_value(self, name):
         return self.initial_accumulator_value
 
-    def update(self, weight, state, grad, step):
+    def update(self, weight, state, rows, values, step):
         clr = self.lr / (1 + (step - 1) * self.lr_decay)
-        grad = grad.coalesce()
-        indices, values = grad._indices(), grad._values()
         state_sum = state["sum"]
-        state_sum.add_(_sparse_like(grad, indices, values.pow(2)))
-        std_values = state_sum.sparse_mask(grad)._values().sqrt_().add_(self.eps)
-        weight.add_(_sparse_like(grad, indices, values / std_values), alpha=-clr)
+        state_sum.index_add_(0, rows, values.pow(2))
+        std_values = state_sum.index_select(0, rows).sqrt_().add_(self.eps)
+        weight.index_add_(0, rows, values / std_values, alpha=-clr)
 
     def hyperparameters(self):
         return {**super().hyperparameters(), "eps": self.eps, "lr_decay": self.lr_decay,
@@ -114,9 +117,7 @@ class RowWiseAdagrad(RowOptimizer):
     def initial_state_value(self, name):
         return self.initial_accumulator_value
 
-    def update(self, weight, state, grad, step):
-        grad = grad.coalesce()
-        rows, values = grad._indices()[0], grad._values()
+    def update(self, weight, state, rows, values, step):
         state_sum = state["sum"]
         state_sum.index_add_(0, rows, values.pow(2).mean(dim=1, keepdim=True))
         std = state_sum.index_select(0, rows).sqrt_().add_(self.eps)
@@ -144,25 +145,23 @@ class Adam(RowOptimizer):
     def state_widths(self, dim):
         return {"exp_avg": dim, "exp_avg_sq": dim}
 
-    def update(self, weight, state, grad, step):
-        grad = grad.coalesce()
-        indices, values = grad._indices(), grad._values()
+    def update(self, weight, state, rows, values, step):
         if values.numel() == 0:
             return
         exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-        old_exp_avg = exp_avg.sparse_mask(grad)._values()
+        old_exp_avg = exp_avg.index_select(0, rows)
         exp_avg_update = values.sub(old_exp_avg).mul_(1 - self.beta1)
-        exp_avg.add_(_sparse_like(grad, indices, exp_avg_update))
-        old_exp_avg_sq = exp_avg_sq.sparse_mask(grad)._values()
+        exp_avg.index_add_(0, rows, exp_avg_update)
+        old_exp_avg_sq = exp_avg_sq.index_select(0, rows)
         exp_avg_sq_update = values.pow(2).sub_(old_exp_avg_sq).mul_(1 - self.beta2)
-        exp_avg_sq.add_(_sparse_like(grad, indices, exp_avg_sq_update))
+        exp_avg_sq.index_add_(0, rows, exp_avg_sq_update)
         numer = exp_avg_update.add_(old_exp_avg)
         exp_avg_sq_update.add_(old_exp_avg_sq)
         denom = exp_avg_sq_update.sqrt_().add_(self.eps)
         bias_correction1 = 1 - self.beta1**step
         bias_correction2 = 1 - self.beta2**step
         step_size = self.lr * math.sqrt(bias_correction2) / bias_correction1
-        weight.add_(_sparse_like(grad, indices, -step_size * numer.div_(denom)))
+        weight.index_add_(0, rows, -step_size * numer.div_(denom))
 
     def hyperparameters(self):
         return {**super().hyperparameters(), "betas": (self.beta1, self.beta2), "eps": self.eps}

@@ -175,7 +175,7 @@ class RowCache:
 
     def _pin(self, slots: torch.Tensor, delta: int) -> None:
         """Pin (delta=+1) or unpin (-1) distinct `slots`."""
-        self.pins[slots] += delta
+        self.pins.index_add_(0, slots, self.pins.new_full((1,), delta).expand(slots.numel()))
 
     def release(self, lookup: Lookup) -> None:
         """Unpin a batch's rows: after its update, or when its forward's graph is freed
@@ -199,7 +199,7 @@ class RowCache:
         overflow = None
         if int(uses[0]):
             absent = torch.nonzero(slots < 0).flatten()
-            missing, where = torch.unique(ids[absent], return_inverse=True)
+            missing, where = torch.unique(ids.index_select(0, absent), return_inverse=True)
             free = self.slots.free_slots(missing.numel())
             victims = self.policy.select_victims(missing.numel() - free.numel(),
                                                  (self.pins > 0) | in_batch, self.slots.occupied())
@@ -209,7 +209,7 @@ class RowCache:
             self._load(fits, target)
             self.slots.assign(fits, target)
             self.policy.on_admit(fits, target)
-            in_batch[target] = True
+            in_batch.index_fill_(0, target, True)
             admitted = fits.numel()
             # the absent positions' new slots, through the unique inverse (no second
             # lookup in the per-id table); missing ids that did not fit stay -1, or point
@@ -220,22 +220,24 @@ class RowCache:
                 overflow = self._serve_overflow(missing[fits.numel():])
                 new_slot[fits.numel():] = self.num_slots + torch.arange(
                     missing.numel() - fits.numel(), device=missing.device)
-            slots[absent] = new_slot[where]
+            slots.index_copy_(0, absent, new_slot.index_select(0, where))
         touched = torch.nonzero(in_batch).flatten()
-        self.policy.on_access(self.slots.slot_to_id[touched], touched)
+        self.policy.on_access(self.slots.slot_to_id.index_select(0, touched), touched)
         return slots, touched, overflow, touched.numel() - admitted, missing.numel()
 
     def _evict(self, victims: torch.Tensor) -> None:
         if victims.numel() == 0:
             return
-        self.policy.on_evict(self.slots.slot_to_id[victims], victims)
-        ids = self.slots.release(victims)
-        dirty = self.dirty[victims]
+        ids = self.slots.slot_to_id.index_select(0, victims)
+        self.policy.on_evict(ids, victims)
+        self.slots.release(victims)
+        dirty = self.dirty.index_select(0, victims)
         if bool(dirty.any()):
             out = victims[dirty]
-            self.host.scatter(ids[dirty], self.weight[out], {k: v[out] for k, v in self.state.items()})
+            self.host.scatter(ids[dirty], self.weight.index_select(0, out),
+                              {k: v.index_select(0, out) for k, v in self.state.items()})
             self.stats.bytes_d2h += out.numel() * self._row_bytes
-            self.dirty[victims] = False
+            self.dirty.index_fill_(0, victims, False)
         self.stats.evictions += victims.numel()
 
     def _load(self, ids: torch.Tensor, target: torch.Tensor, count_bytes: bool = True) -> None:
@@ -246,7 +248,7 @@ class RowCache:
         self.weight.index_copy_(0, target, weight.to(self.device, non_blocking=nb))
         for k, v in state.items():
             self.state[k].index_copy_(0, target, v.to(self.device, non_blocking=nb))
-        self.dirty[target] = False
+        self.dirty.index_fill_(0, target, False)
         if count_bytes:
             self.stats.bytes_h2d += ids.numel() * self._row_bytes
 
@@ -263,35 +265,27 @@ class RowCache:
         self._wait_for_prefetch()
         self.step += 1
         overflow = lookup.overflow
-        grad = grad.to(self.weight.dtype)
-        if self.optimizer.needs_coalesced:
-            grad = self._in_torch_order(grad, lookup, coalesce=True)
-        elif lookup.segments is not None and any(len(t) > 1 for t in lookup.segments):
-            grad = self._in_torch_order(grad, lookup, coalesce=False)
+        rows, values = self._in_torch_order(grad.to(self.weight.dtype), lookup,
+                                            coalesce=self.optimizer.needs_coalesced)
         if overflow is None:
-            self.optimizer.update(self.weight, self.state, grad, self.step)
-            # the batch's pinned slots are exactly the cached rows it looked up
-            self.dirty[lookup.pinned if lookup.pinned is not None else grad._indices()[0]] = True
+            self.optimizer.update(self.weight, self.state, rows, values, self.step)
         else:
-            rows, values = grad._indices()[0], grad._values()
             inside = rows < self.num_slots
-            flag = {"is_coalesced": True} if grad.is_coalesced() else {}
-            in_cache = torch.sparse_coo_tensor(rows[inside].unsqueeze(0), values[inside],
-                                               (self.num_slots, self.dim), check_invariants=False, **flag)
-            outside = torch.sparse_coo_tensor((rows[~inside] - self.num_slots).unsqueeze(0),
-                                              values[~inside], (overflow.ids.numel(), self.dim),
-                                              check_invariants=False, **flag)
-            self.optimizer.update(self.weight, self.state, in_cache, self.step)
-            self.optimizer.update(overflow.weight, overflow.state, outside, self.step)
-            self.dirty[lookup.pinned if lookup.pinned is not None else rows[inside]] = True
+            self.optimizer.update(self.weight, self.state, rows[inside], values[inside], self.step)
+            self.optimizer.update(overflow.weight, overflow.state, rows[~inside] - self.num_slots,
+                                  values[~inside], self.step)
             self.host.scatter(overflow.ids, overflow.weight, overflow.state)
             self.stats.bytes_d2h += overflow.ids.numel() * self._row_bytes
             self._refresh_admitted_overflow(overflow)
+            rows = rows[inside]
+        # the batch's pinned slots are exactly the cached rows it looked up
+        self.dirty[lookup.pinned if lookup.pinned is not None else rows] = True
         self.release(lookup)
 
-    def _in_torch_order(self, grad: torch.Tensor, lookup: Lookup, coalesce: bool) -> torch.Tensor:
-        """The gradient with each row's per-lookup terms combined in torch's order for the
-        uncached table: summed as `coalesce()` sums them (`coalesce=True`), or left as
+    def _in_torch_order(self, grad: torch.Tensor, lookup: Lookup, coalesce: bool):
+        """The gradient as (rows, values) of the working table, with each row's
+        per-lookup terms combined in torch's order for the uncached table: summed as
+        `coalesce()` sums them (`coalesce=True`: distinct rows, in id order), or left as
         terms in the order a sparse `add_` applies them (SGD).
 
         `coalesce()` sums over an unstable sort of the indices, so the order of a row's
@@ -304,9 +298,13 @@ class RowCache:
         comparing them, and the same `+` on the keys makes the same comparisons."""
         rows, values = grad._indices()[0], grad._values()
         ids, width = lookup.ids, grad.size(0)
+        multi_feature = lookup.segments is not None and any(len(t) > 1 for t in lookup.segments)
+        if not coalesce and not multi_feature:
+            return rows, values  # already torch's order: one table's terms in lookup order
         if ids is None or ids.numel() != rows.numel() or ids.numel() == 0 \
                 or self.num_rows * width >= 2**62:  # not a per-lookup gradient
-            return grad.coalesce() if coalesce else grad
+            grad = grad.coalesce() if coalesce else grad
+            return grad._indices()[0], grad._values()
         keys = ids * width + rows
         size = (self.num_rows * width, self.dim)
         tables = [[keys.numel()]] if lookup.segments is None else lookup.segments
@@ -324,12 +322,9 @@ class RowCache:
                 summed = summed.coalesce()
             key_parts.append(summed._indices()[0])
             value_parts.append(summed._values())
-        target, terms = torch.cat(key_parts) % width, torch.cat(value_parts)
-        if not coalesce:
-            return torch.sparse_coo_tensor(target.unsqueeze(0), terms, grad.size(), check_invariants=False)
-        target, order = torch.sort(target)
-        return torch.sparse_coo_tensor(target.unsqueeze(0), terms[order], grad.size(),
-                                       is_coalesced=True, check_invariants=False)
+        if len(key_parts) == 1:
+            return key_parts[0] % width, value_parts[0]
+        return torch.cat(key_parts) % width, torch.cat(value_parts)
 
     def _refresh_admitted_overflow(self, overflow: Overflow) -> None:
         """An overflow row a prefetch admitted after this batch's forward was copied in
