@@ -95,6 +95,11 @@ class BadRowLog:
                        "first_reasons": list(e.first_reasons)}
                 for path, e in self.files.items()}
 
+    def load_json(self, saved: dict) -> None:
+        """Take back what `to_json` wrote (a checkpoint's record of skipped rows)."""
+        self.files = {path: FileBadRows(e["count"], dict(e["by_reason"]), list(e["first_lines"]),
+                                        list(e["first_reasons"])) for path, e in saved.items()}
+
     def report(self, stream=None) -> None:
         """Print one line per file with skipped rows (nothing when every row was good)."""
         stream = stream or sys.stderr

@@ -127,14 +127,6 @@ def resume_mismatches(saved: dict, cfg: FaceConfig) -> list[str]:
     return out
 
 
-def _restore_bad_rows(log, saved: dict) -> None:
-    """Put the skipped-sample log of a checkpoint (`BadRowLog.to_json()`) back into `log`."""
-    from embcache.data.bad_rows import FileBadRows
-
-    log.files = {path: FileBadRows(e["count"], dict(e["by_reason"]), list(e["first_lines"]),
-                                   list(e["first_reasons"])) for path, e in saved.items()}
-
-
 class FaceTrainer:
     """Trains `cfg.head` on `source` (built from the config when not given)."""
 
@@ -264,7 +256,7 @@ class FaceTrainer:
         self.epoch, self.step_in_epoch, self.global_step = ck["epoch"], ck["step_in_epoch"], ck["global_step"]
         self.history, self.dropped = ck["history"], ck["dropped"]
         if hasattr(self.source, "bad"):  # so that the skipped list agrees with the skipped count
-            _restore_bad_rows(self.source.bad, ck.get("bad_samples", {}))
+            self.source.bad.load_json(ck.get("bad_samples", {}))
 
     # -- the loop ------------------------------------------------------------------------
     def fit(self) -> dict:
