@@ -225,3 +225,18 @@ def test_validation_lookups_are_counted_apart_from_training(synthetic):
     result = trainer.evaluate("val")
     assert trainer.sparse.cache_stats() == before
     assert 0 < result["cache_hit_rate"] <= 1
+
+
+def test_evaluate_a_checkpoint_on_the_test_split(synthetic, tmp_path):
+    trainer = DLRMTrainer(small_config(max_steps=8, checkpoint_dir=str(tmp_path), checkpoint_every=8), synthetic)
+    trainer.fit()
+    want = trainer.evaluate("test")
+    proc = subprocess.run([sys.executable, "-m", "embcache", "dlrm", "evaluate", str(tmp_path), "--split", "test",
+                           "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["split"] == "test" and got["step"] == 8
+    assert got["auc"] == want["auc"] and got["samples"] == want["samples"]
+    missing = subprocess.run([sys.executable, "-m", "embcache", "dlrm", "evaluate", str(tmp_path / "none")],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 1 and "no checkpoint here" in missing.stderr and "Traceback" not in missing.stderr

@@ -188,6 +188,7 @@ class DLRMTrainer:
         if self.checkpoint_path is None:
             return None
         payload = {"config": asdict(self.cfg), "data": data_fingerprint(self.meta),
+                   "data_dir": str(self.data_dir.resolve()),
                    "model": self.model.state_dict(),
                    "dense_optimizer": self.dense_opt.state_dict(),
                    "sparse_optimizer": self.sparse_opt.state_dict() if self.sparse_opt else None,
@@ -203,6 +204,16 @@ class DLRMTrainer:
         if not path.exists():
             print(f"no checkpoint at {path}; starting from scratch")
             return
+        ckpt = self.restore(path)
+        self.epoch, self.batch_in_epoch, self.step = ckpt["epoch"], ckpt["batch_in_epoch"], ckpt["step"]
+        self.history = ckpt["history"]
+        self.train_seconds, self.train_samples = ckpt["train_seconds"], ckpt["train_samples"]
+        torch.set_rng_state(ckpt["rng"])
+        print(f"resumed from {path}: epoch {self.epoch + 1}, batch {self.batch_in_epoch}, step {self.step}")
+
+    def restore(self, path: Path) -> dict:
+        """Load the model and optimizers of checkpoint `path` after checking that it was
+        written with this run's arithmetic and data; returns the checkpoint."""
         ckpt = load_checkpoint(path, kind="dlrm")
         saved = ckpt["config"]
         differ = [f"{k}={saved.get(k)!r} (this run: {getattr(self.cfg, k)!r})"
@@ -227,11 +238,7 @@ class DLRMTrainer:
         if changed:
             print(f"cache settings changed ({', '.join(changed)}): the cache starts cold; "
                   f"parameters continue exactly")
-        self.epoch, self.batch_in_epoch, self.step = ckpt["epoch"], ckpt["batch_in_epoch"], ckpt["step"]
-        self.history = ckpt["history"]
-        self.train_seconds, self.train_samples = ckpt["train_seconds"], ckpt["train_samples"]
-        torch.set_rng_state(ckpt["rng"])
-        print(f"resumed from {path}: epoch {self.epoch + 1}, batch {self.batch_in_epoch}, step {self.step}")
+        return ckpt
 
     # ------------------------------------------------------------------ training
     def _batches(self, split: str, batch_size: int, start: int = 0):

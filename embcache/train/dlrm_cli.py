@@ -63,6 +63,18 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-prefetch", action="store_true", help="do not prefetch the next batch's rows")
     p.set_defaults(func=train)
+
+    e = sub.add_parser("evaluate", help="AUC and log loss of a checkpoint on the test (or val) split",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       description="Evaluate a checkpoint written by `dlrm train --checkpoint-dir`: the model "
+                                   "and settings come from the checkpoint, the data from the directory it "
+                                   "trained on (or --data, for a moved copy: it must have the same features, "
+                                   "cardinalities and rows).")
+    e.add_argument("checkpoint", help="a checkpoint file, or the --checkpoint-dir holding last.pt")
+    e.add_argument("--split", choices=("test", "val"), default="test")
+    e.add_argument("--data", default=None, help="prepared data directory (default: the checkpoint's)")
+    e.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    e.set_defaults(func=evaluate)
     return parser
 
 
@@ -114,6 +126,38 @@ def train(args) -> int:
         where = f"{err.filename}: " if err.filename else ""
         raise UserFacingError(f"{where}{err.strerror or err}") from None
     print_summary(summary)
+    return 0
+
+
+def evaluate(args) -> int:
+    from embcache.checkpoint import CheckpointError, load_checkpoint
+    from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+
+    path = Path(args.checkpoint)
+    if path.is_dir():
+        path = path / "last.pt"
+    try:
+        if not path.is_file():
+            raise ValueError(f"{path}: no checkpoint here")
+        ckpt = load_checkpoint(path, kind="dlrm")
+        names = {f.name for f in fields(DLRMConfig)}
+        cfg = DLRMConfig(**{k: v for k, v in ckpt["config"].items() if k in names})
+        cfg.device, cfg.resume, cfg.checkpoint_dir, cfg.metrics_out, cfg.progress = \
+            args.device, False, None, None, False
+        data_dir = args.data or ckpt.get("data_dir")
+        if data_dir is None:
+            raise ValueError(f"{path}: the checkpoint does not name its data directory; give --data")
+        data_dir = Path(data_dir)
+        if not (data_dir / "meta.json").is_file():
+            raise ValueError(f"{data_dir}: no meta.json here (the checkpoint's data moved? give --data)")
+        trainer = DLRMTrainer(cfg, data_dir)
+        trainer.restore(path)
+        result = trainer.evaluate(args.split)
+    except (CheckpointError, ValueError) as err:
+        raise UserFacingError(str(err)) from None
+    print(f"{args.split}: AUC {result['auc']:.4f}  log loss {result['logloss']:.4f}  "
+          f"({result['samples']:,} samples, step {ckpt['step']})")
+    print(json.dumps({"split": args.split, "step": ckpt["step"], **result}, default=float))
     return 0
 
 
