@@ -68,3 +68,32 @@ def test_bad_per_sample_weights(bag):
 def test_bad_configuration(kwargs, message):
     with pytest.raises(ValueError, match=message):
         CachedEmbeddingBag(N, D, device="cpu", **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"cache_ratio": True}, r"cache_ratio must lie in \(0, 1\], got True"),
+    ({"cache_ratio": "0.1"}, r"cache_ratio must lie in \(0, 1\]"),
+    ({"warmup_ratio": 1.5}, r"warmup_ratio must lie in \[0, 1\]"),
+    ({"ids_freq": [1] * N}, "ids_freq must be a 1-D tensor of counts, got list"),
+    ({"ids_freq": torch.full((N,), float("nan"))}, "ids_freq holds NaN or inf"),
+    ({"ids_freq": -torch.ones(N)}, "ids_freq holds negative counts"),
+    ({"device": "tpu"}, "is not a device"),
+])
+def test_more_bad_configuration(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        CachedEmbeddingBag(N, D, **{"device": "cpu", **kwargs})
+
+
+def test_numpy_ratios_are_accepted():
+    import numpy as np
+
+    bag = CachedEmbeddingBag(N, D, cache_ratio=np.float32(0.1), device="cpu")
+    assert bag.cache.num_slots == 10
+
+
+def test_float64_per_sample_weights_raise_and_change_nothing(bag):
+    before = snapshot(bag)
+    with pytest.raises(ValueError, match="per_sample_weights must be float32"):
+        bag(torch.tensor([1, 2]), torch.tensor([0]), torch.tensor([1.0, 2.0], dtype=torch.float64))
+    for a, b in zip(before, snapshot(bag)):
+        assert (torch.equal(a, b) if torch.is_tensor(a) else a == b)

@@ -123,3 +123,21 @@ def test_ids_freq_by_feature_name_warms_the_hottest_rows():
                                           warmup_ratio=1.0)
     resident = set(cached.bags[0].cache.slots.slot_to_id.tolist())
     assert {3, 4, 500 + 10} <= resident
+
+
+def test_bad_input_in_a_later_group_changes_no_group():
+    """Two groups (dims 4 and 6): a NaN weight of the second is refused before the
+    first group's cache admits, counts or pins anything."""
+    two = [EmbeddingBagConfig(name="a", embedding_dim=4, num_embeddings=50, feature_names=["fa"]),
+           EmbeddingBagConfig(name="b", embedding_dim=6, num_embeddings=50, feature_names=["fb"])]
+    cached = CachedEmbeddingBagCollection(two, cache_ratio=0.2, device="cpu", is_weighted=True)
+    assert len(cached.bags) == 2
+    kjt = KeyedJaggedTensor(keys=["fa", "fb"], values=torch.tensor([1, 2, 3, 4]),
+                            lengths=torch.tensor([1, 1, 1, 1]),
+                            weights=torch.tensor([1.0, 1.0, 1.0, float("nan")]))
+    before = [(b.cache.slots.slot_to_id.clone(), b.cache_stats()) for b in cached.bags]
+    with pytest.raises(ValueError, match="per_sample_weights"):
+        cached(kjt)
+    for bag, (slots, stats) in zip(cached.bags, before):
+        assert torch.equal(bag.cache.slots.slot_to_id, slots) and bag.cache_stats() == stats
+        assert int(bag.cache.pins.sum()) == 0
