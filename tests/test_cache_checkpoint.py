@@ -135,6 +135,9 @@ def test_a_failed_load_changes_nothing():
     nan["weight"][3, 1] = float("nan")
     with pytest.raises(RuntimeError, match="NaN or inf"):
         bag.load_state_dict(nan)
+    no_policy = {k: v for k, v in before.items() if k != "policy.id_count"}  # freq keeps counts per id
+    with pytest.raises(RuntimeError, match="lacks 'policy.id_count'"):
+        bag.load_state_dict(no_policy)
     after = bag.state_dict()
     for k in before:
         assert torch.equal(before[k], after[k]), k

@@ -239,4 +239,4 @@ def test_evaluate_a_checkpoint_on_the_test_split(synthetic, tmp_path):
     assert got["auc"] == want["auc"] and got["samples"] == want["samples"]
     missing = subprocess.run([sys.executable, "-m", "embcache", "dlrm", "evaluate", str(tmp_path / "none")],
                              capture_output=True, text=True, timeout=120)
-    assert missing.returncode == 1 and "no checkpoint here" in missing.stderr and "Traceback" not in missing.stderr
+    assert missing.returncode == 1 and "no such checkpoint file" in missing.stderr and "Traceback" not in missing.stderr

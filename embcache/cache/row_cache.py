@@ -228,16 +228,14 @@ class RowCache:
     def _evict(self, victims: torch.Tensor) -> None:
         if victims.numel() == 0:
             return
-        ids = self.slots.slot_to_id.index_select(0, victims)
-        self.policy.on_evict(ids, victims)
-        self.slots.release(victims)
+        self.policy.on_evict(self.slots.slot_to_id.index_select(0, victims), victims)
         dirty = self.dirty.index_select(0, victims)
         if bool(dirty.any()):
             out = victims[dirty]
-            self.host.scatter(ids[dirty], self.weight.index_select(0, out),
-                              {k: v.index_select(0, out) for k, v in self.state.items()})
+            self._write_back(out)
             self.stats.bytes_d2h += out.numel() * self._row_bytes
             self.dirty.index_fill_(0, victims, False)
+        self.slots.release(victims)
         self.stats.evictions += victims.numel()
 
     def _load(self, ids: torch.Tensor, target: torch.Tensor, count_bytes: bool = True) -> None:
@@ -341,25 +339,26 @@ class RowCache:
     # ------------------------------------------------------------------ host side
     def flush(self) -> None:
         """Write every dirty row (and its state) back to the host store."""
-        self._wait_for_prefetch()
-        out = torch.nonzero(self.dirty).flatten()
+        out = self.sync_host()
         if out.numel():
-            self._write_back(out)
             self.stats.bytes_d2h += out.numel() * self._row_bytes
-            self.dirty[out] = False
+            self.dirty.index_fill_(0, out, False)
 
-    def sync_host(self) -> None:
+    def sync_host(self) -> torch.Tensor:
         """Make the host store current without changing the cache: dirty rows are copied
         back but stay dirty, and the copy is not cache traffic. What a checkpoint or a
-        snapshot of the table needs, with no effect on what the run does next."""
+        snapshot of the table needs, with no effect on what the run does next. Returns
+        the dirty slots."""
         self._wait_for_prefetch()
         out = torch.nonzero(self.dirty).flatten()
         if out.numel():
             self._write_back(out)
+        return out
 
     def _write_back(self, slots: torch.Tensor) -> None:
-        self.host.scatter(self.slots.slot_to_id[slots], self.weight[slots],
-                          {k: v[slots] for k, v in self.state.items()})
+        """Copy resident `slots` (rows and optimizer state) to their ids' host rows."""
+        self.host.scatter(self.slots.slot_to_id.index_select(0, slots), self.weight.index_select(0, slots),
+                          {k: v.index_select(0, slots) for k, v in self.state.items()})
 
     def drop_prefetches(self) -> None:
         while self._prefetched:
@@ -388,8 +387,17 @@ class RowCache:
                for k, v in self.policy.state_dict().items()},
         }
 
-    # keys a checkpoint may lack: written by later versions, or per policy
-    OPTIONAL_KEYS = ("dirty", "prefetch.ids", "prefetch.sizes", "prefetch.counts", "policy.id_count")
+    def required_keys(self) -> list[str]:
+        """The `state_dict` keys a checkpoint must have to be loaded at all (the rest
+        restore residency, which a checkpoint of another cache size does not carry, or
+        were added by later versions)."""
+        return ["weight", *(f"optimizer.{k}" for k in self.host.state), "step", "slot_to_id", "stats",
+                "policy.kind", "policy.clock"]
+
+    def _residency_keys(self) -> list[str]:
+        """The keys that restore this cache's residency and policy exactly."""
+        keys = ["policy.slot_last", "policy.slot_primary"]
+        return keys + ["policy.id_count"] if self.policy.id_count is not None else keys
 
     def load_state_dict(self, sd: dict) -> None:
         """Restore a `state_dict`. Everything is checked before anything changes. A
@@ -406,9 +414,12 @@ class RowCache:
             if tuple(sd[f"optimizer.{k}"].shape) != tuple(v.shape):
                 raise ValueError(f"checkpoint optimizer state {k!r} is {tuple(sd[f'optimizer.{k}'].shape)}, "
                                  f"this cache's is {tuple(v.shape)}")
-        for k in ("step", "slot_to_id", "stats", "policy.kind", "policy.clock"):
+        for k in self.required_keys():
             if k not in sd:
                 raise ValueError(f"checkpoint lacks {k!r}: not a CachedEmbeddingBag state_dict")
+        if sd["stats"].numel() != self.stats.to_tensor().numel():
+            raise ValueError(f"checkpoint statistics have {sd['stats'].numel()} fields, this cache's "
+                             f"{self.stats.to_tensor().numel()}")
         if not (bool(torch.isfinite(weight).all()) and
                 all(bool(torch.isfinite(sd[f"optimizer.{k}"]).all()) for k in self.host.state)):
             raise ValueError("checkpoint table or optimizer state holds NaN or inf")
@@ -418,6 +429,13 @@ class RowCache:
         policy["kind"] = POLICIES[int(policy["kind"])]
         same_cache = slot_to_id.numel() == self.num_slots and policy["kind"] == self.policy.kind
         if same_cache:
+            sizes = {"policy.slot_last": self.num_slots, "policy.slot_primary": self.num_slots,
+                     "policy.id_count": self.num_rows, "dirty": self.num_slots}
+            for k in self._residency_keys() + (["dirty"] if "dirty" in sd else []):
+                if k not in sd:
+                    raise ValueError(f"checkpoint lacks {k!r} (its {policy['kind']!r} eviction state)")
+                if sd[k].numel() != sizes[k]:
+                    raise ValueError(f"checkpoint {k!r} has {sd[k].numel()} entries, this cache's {sizes[k]}")
             resident = slot_to_id[slot_to_id >= 0]
             if bool(((resident < 0) | (resident >= self.num_rows)).any()) or \
                     resident.unique().numel() != resident.numel():

@@ -145,8 +145,8 @@ class CachedEmbeddingBagCollection(nn.Module):
 
     def prefetch(self, features: KeyedJaggedTensor) -> None:
         """Load the rows a coming batch needs (see `CachedEmbeddingBag.prefetch`)."""
-        for bag, (ids, offsets, _, _, _, _) in zip(self.bags, self._split(features)):
-            bag.prefetch(ids, offsets)
+        for bag, (ids, _, _, _, _, _) in zip(self.bags, self._split(features)):
+            bag.cache.prefetch(ids.to(bag.device))  # ids checked by _split already
 
     def _split(self, kjt: KeyedJaggedTensor):
         """Per group: 1-D ids in the concatenated id space, bag offsets, weights, the

@@ -177,8 +177,7 @@ class CachedEmbeddingBag(nn.Module):
                               missing_keys, unexpected_keys, error_msgs):
         mine = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)
                 and _is_cache_key(k[len(prefix):])}
-        expected = set(self.cache.state_dict().keys()) - set(self.cache.OPTIONAL_KEYS)
-        missing = expected - set(mine)
+        missing = set(self.cache.required_keys()) - set(mine)
         if missing:
             missing_keys.extend(prefix + k for k in sorted(missing))
             return

@@ -137,8 +137,6 @@ def evaluate(args) -> int:
     if path.is_dir():
         path = path / "last.pt"
     try:
-        if not path.is_file():
-            raise ValueError(f"{path}: no checkpoint here")
         ckpt = load_checkpoint(path, kind="dlrm")
         names = {f.name for f in fields(DLRMConfig)}
         cfg = DLRMConfig(**{k: v for k, v in ckpt["config"].items() if k in names})
