@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from embcache.data.bad_rows import check_whole
 from embcache.data.converter import (
     Parsed,
     RowChecks,
@@ -63,8 +64,7 @@ def convert_avazu(input_path: str | os.PathLike, out_dir: str | os.PathLike, spl
     """Convert Avazu's `train.csv` / `train.gz`; returns meta. `kwargs` go to `convert`."""
     if split not in SPLIT_METHODS:
         raise ValueError(f"split must be one of {SPLIT_METHODS}, got {split!r}")
-    if isinstance(seed, bool) or int(seed) != seed or not 0 <= seed < 2**32:
-        raise ValueError(f"seed must be a whole number in [0, 2**32), got {seed!r}")
+    check_whole("seed", seed, 0, 2**32)
     last_day = [None]
 
     def observe(aux):

@@ -25,6 +25,26 @@ def format_error(path: str | os.PathLike, line: int | None, what: str) -> DataFo
     return DataFormatError(f"{where}: {what}")
 
 
+def is_whole(value, low: int, high: int | None = None) -> bool:
+    """`value` is a whole number (an int, or a float equal to one; never a bool) in
+    `[low, high)` (no upper bound when `high` is None)."""
+    return not (isinstance(value, bool) or int(value) != value or value < low
+                or (high is not None and value >= high))
+
+
+def check_whole(name: str, value, low: int, high: int | None = None) -> None:
+    """ValueError("NAME must be a whole number >= LOW, got VALUE") unless `is_whole` (the
+    bound reads "in [LOW, HIGH)" when `high` is given)."""
+    if not is_whole(value, low, high):
+        bound = f">= {low}" if high is None else f"in [{low}, {_power_text(high)})"
+        raise ValueError(f"{name} must be a whole number {bound}, got {value!r}")
+
+
+def _power_text(n: int) -> str:
+    """`2**32` rather than 4294967296 for a large power of two."""
+    return f"2**{n.bit_length() - 1}" if n >= 1 << 16 and n & (n - 1) == 0 else str(n)
+
+
 class DataOutputError(UserFacingError, OSError):
     """An output file or directory that cannot be written. An OSError for library callers;
     the `embcache` command prints it as one line without a traceback."""

@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from embcache.data.bad_rows import BadRowLog, format_error, writing
+from embcache.data.bad_rows import BadRowLog, check_whole, format_error, writing
 from embcache.data.ctr_format import (
     SPLITS,
     CTRDatasetWriter,
@@ -98,9 +98,10 @@ def convert(src: TextSource, out_dir: str | os.PathLike, source: str, min_count:
     Arguments are checked and the output directory is made (and must be writable) before pass
     1 starts, so a mistake costs seconds, not a pass over the input."""
     check_max_ids(max_ids)
-    for name, value in (("min_count", min_count), ("rows_per_shard", rows_per_shard), ("block_bytes", block_bytes)):
-        if isinstance(value, bool) or int(value) != value or value < 1:
-            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    check_whole("min_count", min_count, 1)
+    check_whole("block_bytes", block_bytes, 1)
+    # CTRDatasetWriter checks rows_per_shard too, but it is made only after pass 1
+    check_whole("rows_per_shard", rows_per_shard, 1)
     for path in src.files:
         if not Path(path).is_file():
             raise format_error(path, None, "no such file")

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from embcache.data.bad_rows import (
     DataFormatError,
     DataOutputError,
+    check_whole,
     format_error,
     writing,
 )
@@ -86,9 +87,8 @@ class CTRDatasetWriter:
 
     def __init__(self, out_dir: str | os.PathLike, num_dense: int, sparse: list[SparseFeature],
                  source: str, rows_per_shard: int = 2_000_000, row_group_rows: int = 65_536):
-        for name, value in (("rows_per_shard", rows_per_shard), ("row_group_rows", row_group_rows)):
-            if isinstance(value, bool) or int(value) != value or value < 1:
-                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        check_whole("rows_per_shard", rows_per_shard, 1)
+        check_whole("row_group_rows", row_group_rows, 1)
         self.out = Path(out_dir)
         self.num_dense, self.sparse, self.source = num_dense, list(sparse), source
         self.rows_per_shard, self.row_group_rows = int(rows_per_shard), int(row_group_rows)

@@ -23,6 +23,7 @@ import os
 
 import numpy as np
 
+from embcache.data.bad_rows import check_whole
 from embcache.data.ctr_format import CTRDatasetWriter, SparseFeature
 
 CRITEO_KAGGLE_CARDINALITIES = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683,
@@ -163,15 +164,14 @@ def generate_synthetic(out_dir: str | os.PathLike, rows: int = 200_000, scale: f
         >>> meta["oracle_auc"] > 0.7  # doctest: +SKIP
         True
     """
-    if isinstance(rows, bool) or int(rows) != rows or rows < 1:
-        raise ValueError(f"rows must be a whole number >= 1, got {rows!r}")
+    check_whole("rows", rows, 1)
     if not (isinstance(seed, (int, np.integer)) and seed >= 0):
         raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
     val_rows = max(1, rows // 10) if val_rows is None else val_rows
     test_rows = max(1, rows // 10) if test_rows is None else test_rows
-    for name, value in (("val_rows", val_rows), ("test_rows", test_rows), ("chunk_rows", chunk_rows)):
-        if isinstance(value, bool) or int(value) != value or value < (1 if name == "chunk_rows" else 0):
-            raise ValueError(f"{name} must be a whole number >= {1 if name == 'chunk_rows' else 0}, got {value!r}")
+    check_whole("val_rows", val_rows, 0)
+    check_whole("test_rows", test_rows, 0)
+    check_whole("chunk_rows", chunk_rows, 1)
     cards = scaled_cardinalities(scale)
     model = HiddenModel(cards, seed)
     features = [SparseFeature(f"sparse_{f}", c) for f, c in enumerate(cards)]

@@ -18,13 +18,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from embcache.data.bad_rows import is_whole
 from embcache.data.delimited import _splitmix64
 
 _MERGE_MIN = 1 << 20
 
 
 def check_max_ids(max_ids: int | None) -> None:
-    if max_ids is not None and (isinstance(max_ids, bool) or int(max_ids) != max_ids or max_ids < 2):
+    if max_ids is not None and not is_whole(max_ids, 2):
         raise ValueError(f"max_ids must be >= 2 (id 0 is missing/rare), got {max_ids}")
 
 
