@@ -45,6 +45,23 @@ def _power_text(n: int) -> str:
     return f"2**{n.bit_length() - 1}" if n >= 1 << 16 and n & (n - 1) == 0 else str(n)
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of `str(err)`, or the exception's type name when that is empty."""
+    text = str(err)
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def describe_os_error(err: OSError, path: str | os.PathLike | None = None, doing: str = "") -> str:
+    """One line for an OSError: "FILE: DOING: REASON". FILE is the error's own filename, else
+    `path`, else left out with its colon; "DOING: " is left out when `doing` is empty; REASON
+    is `err.strerror`, else the message's `first_line`."""
+    if getattr(err, "filename", None):
+        where = f"{err.filename}: "
+    else:
+        where = f"{os.fspath(path)}: " if path is not None else ""
+    return f"{where}{doing + ': ' if doing else ''}{err.strerror or first_line(err)}"
+
+
 class DataOutputError(UserFacingError, OSError):
     """An output file or directory that cannot be written. An OSError for library callers;
     the `embcache` command prints it as one line without a traceback."""
@@ -58,9 +75,7 @@ def writing(path: str | os.PathLike):
     except DataOutputError:
         raise
     except OSError as err:
-        where = os.fspath(err.filename) if getattr(err, "filename", None) else os.fspath(path)
-        what = err.strerror or (str(err).splitlines()[0] if str(err) else type(err).__name__)
-        raise DataOutputError(f"{where}: cannot write: {what}") from None
+        raise DataOutputError(describe_os_error(err, path, "cannot write")) from None
 
 
 @dataclass

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from embcache.arg_types import int_in, positive_float
 from embcache.cli import UserFacingError
+from embcache.data.bad_rows import describe_os_error
 
 DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 
@@ -98,9 +99,7 @@ def _guard(fn, *args, **kwargs):
     except ValueError as err:
         raise UserFacingError(str(err)) from None
     except OSError as err:
-        where = f"{err.filename}: " if getattr(err, "filename", None) else ""
-        what = err.strerror or (str(err).splitlines()[0] if str(err) else type(err).__name__)
-        raise UserFacingError(f"{where}{what}") from None
+        raise UserFacingError(describe_os_error(err)) from None
 
 
 def _vocab_kwargs(args) -> dict:

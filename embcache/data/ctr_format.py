@@ -33,6 +33,7 @@ from embcache.data.bad_rows import (
     DataFormatError,
     DataOutputError,
     check_whole,
+    first_line,
     format_error,
     writing,
 )
@@ -267,8 +268,7 @@ def head_rows(data_dir: str | os.PathLike, split: str, n: int = 5) -> list[dict]
                 if len(rows) >= n:
                     return rows
         except (OSError, pa.ArrowException) as err:
-            message = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise format_error(Path(data_dir) / rel, None, f"cannot read Parquet shard: {message}") from None
+            raise format_error(Path(data_dir) / rel, None, f"cannot read Parquet shard: {first_line(err)}") from None
     return rows
 
 

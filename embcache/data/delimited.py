@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from embcache.data.bad_rows import BadRowLog, format_error
+from embcache.data.bad_rows import BadRowLog, first_line, format_error
 
 BLOCK_BYTES = 16 << 20  # ~100k Criteo lines per block
 _NUMBER = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
@@ -134,7 +134,7 @@ def _check_header(path: Path, column_names: list[str], delimiter: str) -> None:
     except FileNotFoundError:
         raise format_error(path, None, "no such file") from None
     except (OSError, pa.ArrowException) as err:
-        raise format_error(path, None, f"cannot read: {str(err).splitlines()[0] if str(err) else err!r}") from None
+        raise format_error(path, None, f"cannot read: {first_line(err)}") from None
     if first.split(delimiter) != column_names:
         raise format_error(path, 1, f"header {first[:120]!r} does not name the expected columns "
                                     f"{delimiter.join(column_names)[:120]!r}")
@@ -142,8 +142,7 @@ def _check_header(path: Path, column_names: list[str], delimiter: str) -> None:
 
 def _read_error(path: Path, lines: LineNumbers, err: Exception, delivered: int | None = None):
     near = "" if delivered is None else f" (after line {int(lines.of(np.array([delivered]))[0]) - 1})"
-    message = str(err).splitlines()[0] if str(err) else type(err).__name__
-    return format_error(path, None, f"cannot read{near}: {message}")
+    return format_error(path, None, f"cannot read{near}: {first_line(err)}")
 
 
 # --------------------------------------------------------------------------- field parsers

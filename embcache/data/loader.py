@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from embcache.data.bad_rows import format_error
+from embcache.data.bad_rows import first_line, format_error
 from embcache.data.ctr_format import read_meta, sparse_features
 
 
@@ -247,8 +247,8 @@ def _read_shard(pf: pq.ParquetFile, path: Path, **kwargs) -> Iterator[pa.RecordB
         except StopIteration:
             return
         except (OSError, pa.ArrowException) as err:
-            message = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise format_error(path, None, f"cannot read Parquet shard (damaged or truncated?): {message}") from None
+            raise format_error(path, None,
+                               f"cannot read Parquet shard (damaged or truncated?): {first_line(err)}") from None
         yield record
 
 
