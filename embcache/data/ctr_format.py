@@ -24,6 +24,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -255,6 +256,20 @@ def sparse_features(meta: dict) -> list[SparseFeature]:
             for f in meta["sparse"]]
 
 
+def read_shard(pf: pq.ParquetFile, path: str | os.PathLike, **kwargs) -> Iterator[pa.RecordBatch]:
+    """`pf.iter_batches(**kwargs)`, a damaged or truncated shard being one line naming `path`."""
+    batches = pf.iter_batches(**kwargs)
+    while True:
+        try:
+            record = next(batches)
+        except StopIteration:
+            return
+        except (OSError, pa.ArrowException) as err:
+            raise format_error(path, None,
+                               f"cannot read Parquet shard (damaged or truncated?): {first_line(err)}") from None
+        yield record
+
+
 def head_rows(data_dir: str | os.PathLike, split: str, n: int = 5) -> list[dict]:
     """The first `n` rows of a split as dicts (reads one record batch, whatever the size)."""
     meta = read_meta(data_dir)
@@ -262,16 +277,18 @@ def head_rows(data_dir: str | os.PathLike, split: str, n: int = 5) -> list[dict]
     if n <= 0:
         return rows
     for rel in meta["splits"].get(split, {}).get("files", []):
+        path = Path(data_dir) / rel
         try:
-            for batch in pq.ParquetFile(Path(data_dir) / rel).iter_batches(batch_size=n):
-                rows += batch.to_pylist()[: n - len(rows)]
-                if len(rows) >= n:
-                    return rows
+            pf = pq.ParquetFile(path)
         except (OSError, pa.ArrowException) as err:
-            raise format_error(Path(data_dir) / rel, None, f"cannot read Parquet shard: {first_line(err)}") from None
+            raise format_error(path, None, f"cannot read Parquet shard: {first_line(err)}") from None
+        for batch in read_shard(pf, path, batch_size=n):
+            rows += batch.to_pylist()[: n - len(rows)]
+            if len(rows) >= n:
+                return rows
     return rows
 
 
 __all__ = ["FORMAT", "VERSION", "SPLITS", "SparseFeature", "CTRDatasetWriter", "arrow_schema",
-           "multi_hot", "read_meta", "load_id_frequencies", "sparse_features", "head_rows", "DataFormatError",
-           "DataOutputError", "check_output_dir"]
+           "multi_hot", "read_meta", "load_id_frequencies", "sparse_features", "read_shard", "head_rows",
+           "DataFormatError", "DataOutputError", "check_output_dir"]

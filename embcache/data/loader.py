@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from embcache.data.bad_rows import first_line, format_error
-from embcache.data.ctr_format import read_meta, sparse_features
+from embcache.data.bad_rows import format_error
+from embcache.data.ctr_format import read_meta, read_shard, sparse_features
 
 
 @dataclass
@@ -153,7 +153,7 @@ class CTRBatches:
                 step = pf.metadata.row_group(groups.pop(0)).num_rows
                 skip -= step
                 first_row += step
-            for record in _read_shard(pf, path, batch_size=self.read_rows, row_groups=groups,
+            for record in read_shard(pf, path, batch_size=self.read_rows, row_groups=groups,
                                       columns=self._columns, use_threads=False):
                 if skip:
                     cut = min(skip, record.num_rows)
@@ -236,20 +236,6 @@ class CTRBatches:
             return Batch(batch.dense.pin_memory(), batch.sparse.pin_memory(),
                          batch.labels.pin_memory()).to(self.device, non_blocking=True)
         return batch if self.device.type == "cpu" else batch.to(self.device)
-
-
-def _read_shard(pf: pq.ParquetFile, path: Path, **kwargs) -> Iterator[pa.RecordBatch]:
-    """`pf.iter_batches(**kwargs)`, a damaged or truncated shard being one line naming it."""
-    batches = pf.iter_batches(**kwargs)
-    while True:
-        try:
-            record = next(batches)
-        except StopIteration:
-            return
-        except (OSError, pa.ArrowException) as err:
-            raise format_error(path, None,
-                               f"cannot read Parquet shard (damaged or truncated?): {first_line(err)}") from None
-        yield record
 
 
 def lookahead(batches) -> Iterator[tuple[Batch, Batch | None]]:
