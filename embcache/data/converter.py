@@ -184,7 +184,7 @@ def _bar(enabled: bool, desc: str, total: int | None = None):
 def hashed_fraction(seed: int, file_index: int, rows: np.ndarray) -> np.ndarray:
     """A deterministic uniform [0, 1) number per (seed, file, row): a random split that needs
     no state and streams."""
-    from embcache.data.delimited import _splitmix64
+    from embcache.data.delimited import splitmix64
 
     x = (rows.astype(np.uint64) * np.uint64(0x100000001B3)) ^ np.uint64(file_index << 40) ^ np.uint64(seed * 7919 + 1)
-    return (_splitmix64(_splitmix64(x)) >> np.uint64(11)).astype(np.float64) / 2.0**53
+    return (splitmix64(splitmix64(x)) >> np.uint64(11)).astype(np.float64) / 2.0**53

@@ -179,7 +179,9 @@ def parse_count_feature(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return np.log1p(np.maximum(values, 0.0)).astype(np.float32), ok
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """A good 64-bit integer hash (SplitMix64's finalizer) of a uint64 array, vectorized; wraps
+    on overflow."""
     z = x + np.uint64(0x9E3779B97F4A7C15)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -219,8 +221,8 @@ def string_keys(col: pa.Array) -> np.ndarray:
     long = lengths > 8
     if long.any():
         ls, ll = starts[long], lengths[long]
-        h = _splitmix64(keys[long] ^ ll.astype(np.uint64))
+        h = splitmix64(keys[long] ^ ll.astype(np.uint64))
         for k in range(1, int((ll.max() + 7) // 8)):
-            h = _splitmix64(h ^ word(ls, ll, k))
+            h = splitmix64(h ^ word(ls, ll, k))
         keys[long] = h | np.uint64(1 << 63)
     return keys

@@ -25,6 +25,7 @@ import numpy as np
 
 from embcache.data.bad_rows import check_whole
 from embcache.data.ctr_format import CTRDatasetWriter, SparseFeature
+from embcache.data.delimited import splitmix64
 
 CRITEO_KAGGLE_CARDINALITIES = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683,
                                8351593, 3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18,
@@ -38,14 +39,6 @@ def scaled_cardinalities(scale: float) -> list[int]:
     if not (scale > 0 and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite number > 0, got {scale}")
     return [max(2, int(round(c * scale))) for c in CRITEO_KAGGLE_CARDINALITIES]
-
-
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """A good 64-bit integer hash (SplitMix64's finalizer), vectorized; wraps on overflow."""
-    z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
 
 
 class HiddenModel:
@@ -89,7 +82,7 @@ class HiddenModel:
 
     def effects(self, f: int, ids: np.ndarray) -> np.ndarray:
         """Feature f's fixed random effect of each id: uniform, mean 0, std `effect_std`."""
-        h = _splitmix64(ids.astype(np.uint64) ^ self.salt[f])
+        h = splitmix64(ids.astype(np.uint64) ^ self.salt[f])
         u = (h >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
         return (2.0 * u - 1.0) * (math.sqrt(3.0) * self.effect_std)
 

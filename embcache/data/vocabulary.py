@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from embcache.data.bad_rows import is_whole
-from embcache.data.delimited import _splitmix64
+from embcache.data.delimited import splitmix64
 
 _MERGE_MIN = 1 << 20
 
@@ -32,8 +32,15 @@ def check_max_ids(max_ids: int | None) -> None:
 def hash_bucket(keys: np.ndarray, max_ids: int) -> np.ndarray:
     """uint64 bucket in `1..max_ids-1` of every non-zero key; key 0 (missing) stays 0."""
     keys = np.asarray(keys, dtype=np.uint64)
-    buckets = _splitmix64(keys) % np.uint64(max_ids - 1) + np.uint64(1)
+    buckets = splitmix64(keys) % np.uint64(max_ids - 1) + np.uint64(1)
     return np.where(keys == 0, np.uint64(0), buckets)
+
+
+def _bucket_counts(keys: np.ndarray, counts: np.ndarray, max_ids: int) -> np.ndarray:
+    """int64 counts of the `max_ids` hash buckets, from the counts of (distinct) keys."""
+    buckets = np.zeros(max_ids, dtype=np.int64)
+    np.add.at(buckets, hash_bucket(keys, max_ids).astype(np.int64), np.asarray(counts, dtype=np.int64))
+    return buckets
 
 
 class ValueCounter:
@@ -80,8 +87,7 @@ class ValueCounter:
             self.counts = np.zeros(len(self.keys), dtype=np.int64)
             np.add.at(self.counts, inverse, counts)
         if self.max_ids is not None and len(self.keys) > self.max_ids - 1:
-            self.bucket_counts = np.zeros(self.max_ids, dtype=np.int64)
-            np.add.at(self.bucket_counts, hash_bucket(self.keys, self.max_ids).astype(np.int64), self.counts)
+            self.bucket_counts = _bucket_counts(self.keys, self.counts, self.max_ids)
             self.keys, self.counts = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
@@ -118,8 +124,7 @@ class Vocabulary:
         if hashed and max_ids is None:
             raise ValueError("hashed counts need the max_ids they were hashed with")
         if not hashed and max_ids is not None and len(keys) > max_ids - 1:
-            buckets = np.zeros(max_ids, dtype=np.int64)
-            np.add.at(buckets, hash_bucket(keys, max_ids).astype(np.int64), np.asarray(counts, dtype=np.int64))
+            buckets = _bucket_counts(keys, counts, max_ids)
             keys = np.flatnonzero(buckets).astype(np.uint64)
             counts, hashed = buckets[keys.astype(np.int64)], True
         return cls(keys[counts >= max(min_count, 1)], max_ids, hashed)
