@@ -130,30 +130,29 @@ class RecordFile:
 
     def first_label(self, key: int) -> tuple[int, float]:
         """(flag, first label) of a record, reading only its header (not the image)."""
-        data = self.payload(key, limit=_HEADER.size + 4)
-        if len(data) < _HEADER.size:
-            raise DataFormatError(f"{self.rec_path}#{key}: record shorter than its 24-byte header")
-        flag, label, _, _ = _HEADER.unpack_from(data)
-        if flag > 0:
-            if len(data) < _HEADER.size + 4:
-                raise DataFormatError(f"{self.rec_path}#{key}: header names {flag} labels, record too short")
-            label = struct.unpack_from("<f", data, _HEADER.size)[0]
-        return flag, label
+        flag, labels, _ = self._unpack(self.payload(key, limit=_HEADER.size + 4), key, max_labels=1)
+        return flag, float(labels[0])
 
     def header(self, key: int) -> tuple[int, np.ndarray, bytes]:
         """(flag, labels, image bytes) of a record."""
         data = self.payload(key)
+        flag, labels, end = self._unpack(data, key)
+        return flag, labels, data[end:]
+
+    def _unpack(self, data: bytes, key: int, max_labels: int | None = None) -> tuple[int, np.ndarray, int]:
+        """(flag, float32 labels, where the image starts) of record `key`'s payload `data`:
+        the header's label when `flag` is 0, else the `flag` labels after it (only the first
+        `max_labels` of them, which is all `data` must hold, when that is given)."""
         if len(data) < _HEADER.size:
             raise DataFormatError(f"{self.rec_path}#{key}: record shorter than its 24-byte header")
         flag, label, _, _ = _HEADER.unpack_from(data)
         start = _HEADER.size
         if flag > 0:
-            end = start + 4 * flag
+            end = start + 4 * (flag if max_labels is None else min(flag, max_labels))
             if len(data) < end:
                 raise DataFormatError(f"{self.rec_path}#{key}: header names {flag} labels, record too short")
-            labels = np.frombuffer(data[start:end], dtype="<f4")
-            return flag, labels, data[end:]
-        return flag, np.array([label], dtype=np.float32), data[start:]
+            return flag, np.frombuffer(data[start:end], dtype="<f4"), end
+        return flag, np.array([label], dtype=np.float32), start
 
     def close(self):
         if self._f is not None:
