@@ -13,6 +13,7 @@ import numpy as np
 from embcache.data.bad_rows import BadRowLog, format_error
 
 SPLITS = ("random", "time")
+TEST_FRACTION = 0.2  # the default test share per user of every split here
 
 
 @dataclass
@@ -184,7 +185,7 @@ def read_ratings(path: str | Path, bad_rows: BadRowLog | None = None) -> np.ndar
     return r
 
 
-def split_ratings(ratings: np.ndarray, how: str = "random", test_fraction: float = 0.2,
+def split_ratings(ratings: np.ndarray, how: str = "random", test_fraction: float = TEST_FRACTION,
                   seed: int = 0, min_rating: int = 0, name: str = "", num_users=None,
                   num_items=None, bad_rows=None) -> Interactions:
     """Ratings [n, >=2] (user, item[, rating, timestamp]) -> implicit train/test.
@@ -220,7 +221,7 @@ def split_ratings(ratings: np.ndarray, how: str = "random", test_fraction: float
                       num_users=num_users, num_items=num_items, name=name, bad_rows=bad_rows)
 
 
-def load_ml100k(path=None, how="random", seed=0, test_fraction=0.2, min_rating=0) -> Interactions:
+def load_ml100k(path=None, how="random", seed=0, test_fraction=TEST_FRACTION, min_rating=0) -> Interactions:
     """MovieLens-100k through `embcache.data.movielens` (the offline copy when path is None)."""
     from embcache.data import movielens
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from cpu_kernels.data import Interactions, split_ratings
+from cpu_kernels.data import TEST_FRACTION, Interactions, split_ratings
 
 
 def power_law_interactions(num_users: int = 30_000, num_items: int = 40_000,
                            interactions: int = 1_000_000, communities: int = 100,
                            in_community: float = 0.8, user_exponent: float = 0.8,
                            item_exponent: float = 0.9, min_degree: int = 3, seed: int = 0,
-                           test_fraction: float = 0.2) -> Interactions:
+                           test_fraction: float = TEST_FRACTION) -> Interactions:
     """Draw distinct interactions, then split each user 80/20 at random.
 
     Args:

@@ -43,7 +43,7 @@ VARIANTS = ("torch", "heat, no tiling", "heat, tiling")
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
-    from embcache.train.cf_cli import positive_int
+    from embcache.arg_types import positive_int
 
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS))
@@ -95,10 +95,14 @@ def copy_bandwidth(threads: int, mib: int, reps: int = 5) -> float:
     return 2 * src.nbytes / best
 
 
-def epoch_bytes(params, users: np.ndarray, active_negatives: int, tile: int = 0, refresh: int = 512,
+def epoch_bytes(params, users: np.ndarray, active_negatives: int, tile: int = 0, refresh: int | None = None,
                 threads: int = 1) -> dict:
     """Bytes of one HEAT epoch (see the module docstring): {"bytes", "parts"} touched, and
-    "model": {"bytes", "parts"}, the traffic that cannot come from a thread's tile."""
+    "model": {"bytes", "parts"}, the traffic that cannot come from a thread's tile.
+    `refresh` defaults to HeatOptions.refresh."""
+    from cpu_kernels.train import HeatOptions
+
+    refresh = HeatOptions.refresh if refresh is None else refresh
     c = params.config
     row = 4 * c.dim
     n = len(users)
@@ -107,7 +111,7 @@ def epoch_bytes(params, users: np.ndarray, active_negatives: int, tile: int = 0,
     touched = {**rows, "negative_reads": n * c.negatives * row, "negative_writes": int(active_negatives) * row}
     if tile > 0:
         # each thread draws a tile first, then again every `refresh` of its samples
-        tile_bytes = (-(-n // max(refresh, 1)) + threads) * tile * row
+        tile_bytes = (-(-n // refresh) + threads) * tile * row
         negatives = {"tile_loads": tile_bytes, "tile_writebacks": min(touched["negative_writes"], tile_bytes)}
     else:
         negatives = {"negative_reads": touched["negative_reads"], "negative_writes": touched["negative_writes"]}
@@ -167,11 +171,13 @@ def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max
 def ml_tile(data, args) -> int:
     """The ml-100k tile whose draws cover its item table as many times per epoch as the
     default tile's cover the synthetic set's (train pairs / refresh x tile / items equal)."""
+    from cpu_kernels.synthetic import TEST_FRACTION
     from cpu_kernels.train import HeatOptions
 
     if args.ml_tile:
         return min(args.ml_tile, data.num_items)
-    synthetic_pairs = 0.8 * args.synthetic_interactions  # the synthetic split keeps 80 % for training
+    # `load` splits the synthetic set with power_law_interactions' default test fraction
+    synthetic_pairs = (1 - TEST_FRACTION) * args.synthetic_interactions
     per_item = (synthetic_pairs / args.synthetic_items) / (data.num_train / data.num_items)
     return int(min(max(round(HeatOptions.tile * per_item), 1), data.num_items))
 
