@@ -80,6 +80,11 @@ def from_pairs(train_u, train_i, test_u, test_i, num_users=None, num_items=None,
 
 # --- LightGCN text format ---------------------------------------------------------------
 
+# a test.txt id must be below _FAR_ID_FACTOR x the training count + _FAR_ID_SLACK
+_FAR_ID_FACTOR = 2
+_FAR_ID_SLACK = 1000
+
+
 def far_id_limit(train_count: int) -> int:
     """The bound a test.txt id must stay below, given the users (or items) of train.txt.
 
@@ -89,7 +94,7 @@ def far_id_limit(train_count: int) -> int:
     10000000000 would ask for terabytes; an id at or above twice the training count plus
     1,000 is taken for a bad line instead.
     """
-    return 2 * train_count + 1000
+    return _FAR_ID_FACTOR * train_count + _FAR_ID_SLACK
 
 
 def read_lightgcn_file(path: str | Path, bad_rows: BadRowLog | None = None,
@@ -244,7 +249,7 @@ def _far_id(ids: list[int], train_counts: tuple[int, int]) -> str:
         limit = far_id_limit(count)
         if value >= limit:
             return (f"{kind} id {value} is far beyond the {count:,} {kind}s of train.txt; "
-                    f"a test {kind} id must be below 2 x {count:,} + 1,000 = {limit:,}")
+                    f"a test {kind} id must be below {_FAR_ID_FACTOR} x {count:,} + {_FAR_ID_SLACK:,} = {limit:,}")
     return ""
 
 
