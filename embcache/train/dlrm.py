@@ -233,8 +233,9 @@ class DLRMTrainer:
             if self.sparse_opt is not None:
                 self.sparse_opt.load_state_dict(ckpt["sparse_optimizer"])
         except (RuntimeError, KeyError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ValueError(f"{path}: the checkpoint does not fit this model: {first}") from None
+            # torch's message is a heading ("Error(s) in loading state_dict ...:") over the details
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+            raise ValueError(f"{path}: the checkpoint does not fit this model: {' '.join(lines[:2])}") from None
         if changed:
             print(f"cache settings changed ({', '.join(changed)}): the cache starts cold; "
                   f"parameters continue exactly")

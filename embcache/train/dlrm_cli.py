@@ -123,8 +123,9 @@ def train(args) -> int:
     except (CheckpointError, ValueError) as err:
         raise UserFacingError(str(err)) from None
     except OSError as err:  # an unwritable --data-cache or --checkpoint-dir, a full disk
-        where = f"{err.filename}: " if err.filename else ""
-        raise UserFacingError(f"{where}{err.strerror or err}") from None
+        from embcache.data.bad_rows import describe_os_error
+
+        raise UserFacingError(describe_os_error(err)) from None
     print_summary(summary)
     return 0
 
