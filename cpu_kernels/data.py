@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from embcache.data.bad_rows import BadRowLog, format_error
+from embcache.data.bad_rows import BadRowLog
+from embcache.errors import format_error
 
 SPLITS = ("random", "time")
 TEST_FRACTION = 0.2  # the default test share per user of every split here

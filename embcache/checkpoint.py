@@ -9,12 +9,10 @@ from typing import Any
 
 import torch
 
+from embcache.errors import CheckpointError
+
 FORMAT_KEY = "embcache_checkpoint"
 FORMAT_VERSION = 1
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used (missing, truncated, corrupt, or another kind)."""
 
 
 def save_checkpoint(payload: dict[str, Any], path: str | os.PathLike, kind: str) -> Path:

@@ -12,6 +12,8 @@ import argparse
 import importlib
 import sys
 
+from embcache.errors import UserFacingError
+
 # name -> (module that builds its parser, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "dlrm": ("embcache.train.dlrm_cli", "train a DLRM through the embedding cache (the main job)"),
@@ -57,11 +59,6 @@ def _listing(prog: str, commands: dict[str, tuple[str, str]]) -> str:
     return "commands:\n" + "\n".join(lines) + f"\n\n`{prog} COMMAND --help` explains each."
 
 
-class UserFacingError(Exception):
-    """An error caused by the user's input (a missing file, a bad row): printed as one
-    line, without a traceback, and the command exits with status 1."""
-
-
 def main(argv: list[str] | None = None) -> int:
     return dispatch(
         "embcache",
@@ -73,8 +70,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run as a script this module is `__main__`, whose UserFacingError is not the one the
-    # command modules import: go through the package module instead.
-    from embcache.cli import main as package_main
-
-    sys.exit(package_main())
+    sys.exit(main())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from embcache.data.bad_rows import DataFormatError
+from embcache.errors import DataFormatError
 
 
 def load_or_skip(loader, *args, **kwargs):

@@ -429,7 +429,7 @@ def test_a_diverged_epoch_stops_the_run_before_it_is_kept():
     from cpu_kernels.fit import fit, make_engine
     from cpu_kernels.model import CFConfig, CFParams
     from cpu_kernels.train import HeatOptions
-    from embcache.train.diverged import TrainingDiverged
+    from embcache.errors import TrainingDiverged
 
     data = power_law_interactions(num_users=100, num_items=150, interactions=2000, communities=4, seed=1)
     params = CFParams.init(CFConfig(negatives=4), data.num_users, data.num_items, data.train_indptr,

@@ -6,7 +6,7 @@ import pytest
 
 from cpu_kernels.data import read_lightgcn, read_ratings, split_ratings
 from cpu_kernels.synthetic import power_law_interactions
-from embcache.data.bad_rows import DataFormatError
+from embcache.errors import DataFormatError
 
 
 def _items(indptr, indices, u):

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from embcache.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from embcache.checkpoint import load_checkpoint, save_checkpoint
+from embcache.errors import CheckpointError
 
 
 def test_round_trip_and_kind_check(tmp_path):

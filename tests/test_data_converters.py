@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from embcache.data.avazu import convert_avazu
-from embcache.data.bad_rows import BadRowLog, DataFormatError
+from embcache.data.bad_rows import BadRowLog
+from embcache.errors import DataFormatError
 from embcache.data.criteo import (
     convert_criteo_kaggle,
     convert_criteo_terabyte,

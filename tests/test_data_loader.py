@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from embcache.data.bad_rows import DataFormatError
+from embcache.errors import DataFormatError
 from embcache.data.ctr_format import (
     CTRDatasetWriter,
     SparseFeature,

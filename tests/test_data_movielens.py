@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from embcache.data.bad_rows import DataFormatError
+from embcache.errors import DataFormatError
 from embcache.data.movielens import GENRES, load_ml100k, ml100k_dir
 from tests.offline_data import load_or_skip
 

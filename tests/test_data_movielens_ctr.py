@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from embcache.data.bad_rows import DataFormatError
+from embcache.errors import DataFormatError
 from embcache.data.ctr_format import load_id_frequencies, read_meta
 from embcache.data.loader import CTRBatches
 from embcache.data.movielens_ctr import prepare_ml100k_ctr

@@ -132,7 +132,7 @@ def test_movielens_100k_as_ctr_reaches_validation_auc_above_070(tmp_path):
 
 
 def test_a_nan_loss_stops_the_run_and_keeps_the_last_checkpoint(synthetic, tmp_path):
-    from embcache.train.diverged import TrainingDiverged
+    from embcache.errors import TrainingDiverged
 
     trainer = DLRMTrainer(small_config(checkpoint_dir=str(tmp_path), checkpoint_every=5, max_steps=20), synthetic)
     step = trainer.train_step

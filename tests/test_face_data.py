@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from embcache.data.bad_rows import DataFormatError
+from embcache.errors import DataFormatError
 from embcache.data.face.folder import ImageFolderFaces
 from embcache.data.face.images import encode_jpeg
 from embcache.data.face.loaders import PairBatches

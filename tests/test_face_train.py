@@ -67,7 +67,7 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, head):
 
 
 def test_a_resume_with_other_settings_is_refused_in_one_line_naming_them(tmp_path):
-    from embcache.checkpoint import CheckpointError
+    from embcache.errors import CheckpointError
 
     kw = dict(num_classes=40, batch_size=16, epochs=2, eval_pairs=100, eval_classes=20, checkpoint_dir=str(tmp_path))
     assert FaceTrainer(small(**kw, max_steps=2)).fit()["stopped_early"]
@@ -189,7 +189,7 @@ def test_recordio_training_with_verification_bin_and_evaluate_command(tmp_path, 
 
 def test_a_nan_loss_stops_the_run_before_the_next_checkpoint(tmp_path):
     from embcache.checkpoint import load_checkpoint
-    from embcache.train.diverged import TrainingDiverged
+    from embcache.errors import TrainingDiverged
 
     trainer = FaceTrainer(small(head="dcp", epochs=1, checkpoint_dir=str(tmp_path), checkpoint_every=4))
     step = trainer.train_step

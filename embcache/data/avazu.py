@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from embcache.data.bad_rows import check_whole
+from embcache.errors import check_whole
 from embcache.data.converter import (
     Parsed,
     RowChecks,

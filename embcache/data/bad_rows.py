@@ -1,81 +1,12 @@
-"""Malformed input, never dropped silently: `DataFormatError` for input that cannot be used at
-all (one line naming the file and line), `BadRowLog` for rows a converter skips and counts,
-reports to the user and stores in meta.json. `DataOutputError` is the same one line for an
-output that cannot be written (an unwritable directory, a full disk)."""
+"""Rows skipped, never dropped silently: `BadRowLog` counts the rows a reader skips, per
+file and reason, keeps the first line numbers, reports them to the user and is stored in
+meta.json and checkpoints. The exceptions and error wording live in `embcache.errors`."""
 from __future__ import annotations
 
 import bisect
-import contextlib
 import os
 import sys
 from dataclasses import dataclass, field
-
-from embcache.cli import UserFacingError
-
-
-class DataFormatError(UserFacingError, ValueError):
-    """Input that cannot be used: a missing or unreadable file, or a line that cannot be
-    parsed where skipping it would change the data set's meaning. A ValueError for library
-    callers; the `embcache` command prints it as one line without a traceback."""
-
-
-def format_error(path: str | os.PathLike, line: int | None, what: str) -> DataFormatError:
-    """`DataFormatError("path:line: what")`, the compiler-style location editors understand."""
-    where = f"{os.fspath(path)}:{line}" if line is not None else os.fspath(path)
-    return DataFormatError(f"{where}: {what}")
-
-
-def is_whole(value, low: int, high: int | None = None) -> bool:
-    """`value` is a whole number (an int, or a float equal to one; never a bool) in
-    `[low, high)` (no upper bound when `high` is None)."""
-    return not (isinstance(value, bool) or int(value) != value or value < low
-                or (high is not None and value >= high))
-
-
-def check_whole(name: str, value, low: int, high: int | None = None) -> None:
-    """ValueError("NAME must be a whole number >= LOW, got VALUE") unless `is_whole` (the
-    bound reads "in [LOW, HIGH)" when `high` is given)."""
-    if not is_whole(value, low, high):
-        bound = f">= {low}" if high is None else f"in [{low}, {_power_text(high)})"
-        raise ValueError(f"{name} must be a whole number {bound}, got {value!r}")
-
-
-def _power_text(n: int) -> str:
-    """`2**32` rather than 4294967296 for a large power of two."""
-    return f"2**{n.bit_length() - 1}" if n >= 1 << 16 and n & (n - 1) == 0 else str(n)
-
-
-def first_line(err: BaseException) -> str:
-    """The first line of `str(err)`, or the exception's type name when that is empty."""
-    text = str(err)
-    return text.splitlines()[0] if text else type(err).__name__
-
-
-def describe_os_error(err: OSError, path: str | os.PathLike | None = None, doing: str = "") -> str:
-    """One line for an OSError: "FILE: DOING: REASON". FILE is the error's own filename, else
-    `path`, else left out with its colon; "DOING: " is left out when `doing` is empty; REASON
-    is `err.strerror`, else the message's `first_line`."""
-    if getattr(err, "filename", None):
-        where = f"{err.filename}: "
-    else:
-        where = f"{os.fspath(path)}: " if path is not None else ""
-    return f"{where}{doing + ': ' if doing else ''}{err.strerror or first_line(err)}"
-
-
-class DataOutputError(UserFacingError, OSError):
-    """An output file or directory that cannot be written. An OSError for library callers;
-    the `embcache` command prints it as one line without a traceback."""
-
-
-@contextlib.contextmanager
-def writing(path: str | os.PathLike):
-    """Turn an OSError raised while writing `path` into a DataOutputError naming the file."""
-    try:
-        yield
-    except DataOutputError:
-        raise
-    except OSError as err:
-        raise DataOutputError(describe_os_error(err, path, "cannot write")) from None
 
 
 @dataclass

@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 from embcache.arg_types import int_in, positive_float
-from embcache.cli import UserFacingError
-from embcache.data.bad_rows import describe_os_error
+from embcache.errors import UserFacingError, describe_os_error
 
 DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 

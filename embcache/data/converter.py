@@ -19,7 +19,8 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from embcache.data.bad_rows import BadRowLog, check_whole, format_error, writing
+from embcache.data.bad_rows import BadRowLog
+from embcache.errors import check_whole, format_error, writing
 from embcache.data.ctr_format import (
     SPLITS,
     CTRDatasetWriter,

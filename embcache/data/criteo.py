@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from embcache.data.bad_rows import DataFormatError, format_error
+from embcache.errors import DataFormatError, format_error
 from embcache.data.converter import Parsed, RowChecks, TextSource, convert
 from embcache.data.delimited import parse_count_feature, parse_label, string_keys
 

@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embcache.data.bad_rows import (
+from embcache.errors import (
     DataFormatError,
     DataOutputError,
     check_whole,

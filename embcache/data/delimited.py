@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from embcache.data.bad_rows import BadRowLog, first_line, format_error
+from embcache.data.bad_rows import BadRowLog
+from embcache.errors import first_line, format_error
 
 BLOCK_BYTES = 16 << 20  # ~100k Criteo lines per block
 _NUMBER = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from embcache.data.bad_rows import format_error
+from embcache.errors import format_error
 from embcache.data.ctr_format import read_meta, read_shard, sparse_features
 
 

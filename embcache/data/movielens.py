@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embcache.data.bad_rows import DataFormatError, format_error, writing
+from embcache.errors import DataFormatError, format_error, writing
 
 #: The 19 genres, in the order of u.item's flag columns (and of `genre_names`).
 GENRES = ("unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",

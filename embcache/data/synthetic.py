@@ -23,7 +23,7 @@ import os
 
 import numpy as np
 
-from embcache.data.bad_rows import check_whole
+from embcache.errors import check_whole
 from embcache.data.ctr_format import CTRDatasetWriter, SparseFeature
 from embcache.data.delimited import splitmix64
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from embcache.data.bad_rows import is_whole
+from embcache.errors import is_whole
 from embcache.data.delimited import splitmix64
 
 _MERGE_MIN = 1 << 20

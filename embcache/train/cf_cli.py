@@ -20,7 +20,7 @@ from embcache.arg_types import (
     positive_float,
     positive_int,
 )
-from embcache.cli import UserFacingError
+from embcache.errors import UserFacingError
 
 DATA_CHOICES = "'ml-100k', 'synthetic', a LightGCN directory (train.txt, test.txt) or a MovieLens ratings file"
 
@@ -120,7 +120,7 @@ def load_data(args):
     """`Interactions` for --data. Bad input (a malformed line, a split with no training
     pairs, data too large for memory) raises a one-line `UserFacingError` naming the file;
     an empty test split is allowed, with a warning: its metrics are reported as null."""
-    from embcache.data.bad_rows import DataFormatError
+    from embcache.errors import DataFormatError
 
     try:
         data = _read_data(args)
@@ -206,7 +206,7 @@ def train(args) -> int:
     from cpu_kernels.reference import TorchOptions
     from cpu_kernels.train import HeatOptions, max_threads
     from embcache.train import cf_checkpoint
-    from embcache.train.diverged import TrainingDiverged
+    from embcache.errors import TrainingDiverged
     from embcache.train.metrics import MetricsLog
 
     if args.save and Path(args.save).suffix not in FORMATS:

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import math
 
-
-class TrainingDiverged(ValueError):
-    """The loss became NaN or infinite."""
+from embcache.errors import TrainingDiverged
 
 
 def check_loss(loss: float, where: str) -> None:

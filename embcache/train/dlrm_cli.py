@@ -8,7 +8,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from embcache.arg_types import fraction, positive_float, positive_int, ratio
-from embcache.cli import UserFacingError
+from embcache.errors import UserFacingError
 
 REPO_DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 
@@ -123,7 +123,7 @@ def train(args) -> int:
     except (CheckpointError, ValueError) as err:
         raise UserFacingError(str(err)) from None
     except OSError as err:  # an unwritable --data-cache or --checkpoint-dir, a full disk
-        from embcache.data.bad_rows import describe_os_error
+        from embcache.errors import describe_os_error
 
         raise UserFacingError(describe_os_error(err)) from None
     print_summary(summary)

@@ -85,7 +85,7 @@ class FaceConfig:
 
 def build_source(cfg: FaceConfig):
     """The training data named by `cfg.data`."""
-    from embcache.data.bad_rows import DataFormatError
+    from embcache.errors import DataFormatError
 
     if cfg.data == "synthetic":
         from embcache.data.face.synthetic import SyntheticFaces

@@ -15,7 +15,7 @@ from embcache.arg_types import (
     positive_int,
     ratio,
 )
-from embcache.cli import UserFacingError
+from embcache.errors import UserFacingError
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:

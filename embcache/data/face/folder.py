@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from embcache.data.bad_rows import BadRowLog, DataFormatError
+from embcache.data.bad_rows import BadRowLog
+from embcache.errors import DataFormatError
 
 from .images import decode_image
 

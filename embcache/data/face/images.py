@@ -9,7 +9,7 @@ import os
 import numpy as np
 import torch
 
-from embcache.data.bad_rows import DataFormatError
+from embcache.errors import DataFormatError
 
 
 def decode_image(data: bytes | str | os.PathLike, where: str, size: int = 112) -> torch.Tensor:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from embcache.data.bad_rows import DataFormatError
+from embcache.errors import DataFormatError
 
 from .folder import IndexedFaces
 from .images import decode_image

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from embcache.data.bad_rows import DataFormatError
+from embcache.errors import DataFormatError
 
 from .images import decode_image
 
