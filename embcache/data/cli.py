@@ -10,82 +10,133 @@ from embcache.arg_types import int_in, positive_float
 from embcache.errors import UserFacingError, describe_os_error
 
 DATASETS = Path(__file__).resolve().parents[2] / "datasets"
+FORMATTER = argparse.ArgumentDefaultsHelpFormatter  # every action but `info` shows its defaults
+ACTION_TEXTS = {  # action: (one line in the list of actions, description atop its --help)
+    "criteo-kaggle": ("Criteo Kaggle train.txt",
+                      "Criteo Display Advertising Challenge train.txt (or .gz). The last seventh of the rows "
+                      "is held out: first half val, second half test."),
+    "criteo-terabyte": ("Criteo Terabyte day_N files",
+                        "Criteo 1TB click logs: day_0..day_23, plain or .gz. The last listed day is held out "
+                        "(first half val, second half test); the others train."),
+    "avazu": ("Avazu train.csv", "Avazu CTR train.csv (or train.gz), header required."),
+    "ml-100k": ("MovieLens-100k as CTR (rating >= 4 is a click)",
+                "MovieLens-100k as CTR data. Without --input the RecBole copy is fetched once with pip "
+                "into datasets/ml-100k/ (not redistributed)."),
+    "synthetic": ("generate Criteo-shaped synthetic data",
+                  "Criteo-shaped synthetic data: Kaggle's cardinalities times --scale, Zipf ids, labels from "
+                  "a hidden logistic model whose AUC is stored in meta.json as oracle_auc. val and test get "
+                  "a tenth of --rows each."),
+}
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
+    """The `embcache data` parser: `prepare DATASET`, `synthetic` and `info`; the parsed
+    namespace's `func(args)` runs the action and returns the exit status.
+
+    Example:
+        >>> args = build_parser("embcache data").parse_args(["synthetic", "--out", "syn"])
+        >>> args.rows, args.scale, args.func is _synthetic
+        (200000, 0.01, True)
+    """
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    which = _add_prepare(sub)
+    for add_dataset in (_add_criteo_kaggle, _add_criteo_terabyte, _add_avazu, _add_ml100k):
+        add_dataset(which)
+    _add_synthetic(sub)
+    _add_info(sub)
+    return parser
 
+
+def _add_prepare(sub) -> argparse._SubParsersAction:
+    """`prepare` (alone it prints its help, exit 2); returns the group its DATASETs join."""
     prep = sub.add_parser("prepare", help="convert a public data set (two streaming passes)")
     which = prep.add_subparsers(dest="dataset", metavar="DATASET")
     prep.set_defaults(func=lambda _args: prep.print_help() or 2)
+    return which
 
-    def vocabulary_options(p):
-        p.add_argument("--min-count", type=int_in(1), default=1,
-                       help="values seen fewer times share id 0 with missing values (DLRM uses 15 on Terabyte)")
-        p.add_argument("--max-ids-per-feature", type=int_in(2), default=None,
-                       help="cap every table at this many rows: a feature with more distinct values is "
-                            "hashed into buckets, which also bounds pass 1's memory")
-        p.add_argument("--rows-per-shard", type=int_in(1), default=2_000_000, help="rows per Parquet file")
-        p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
-    p = which.add_parser("criteo-kaggle", formatter_class=fmt, help="Criteo Kaggle train.txt",
-                         description="Criteo Display Advertising Challenge train.txt (or .gz). The last "
-                                     "seventh of the rows is held out: first half val, second half test.")
-    p.add_argument("--input", required=True, help="path of train.txt or train.txt.gz")
+def _action_parser(group, name: str, func) -> argparse.ArgumentParser:
+    """A sub-parser of `group` with its ACTION_TEXTS that runs `func` and shows its defaults in --help."""
+    help_line, description = ACTION_TEXTS[name]
+    p = group.add_parser(name, formatter_class=FORMATTER, help=help_line, description=description)
+    p.set_defaults(func=func)
+    return p
+
+
+def _add_out(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory")
-    vocabulary_options(p)
-    p.set_defaults(func=_criteo_kaggle)
 
-    p = which.add_parser("criteo-terabyte", formatter_class=fmt, help="Criteo Terabyte day_N files",
-                         description="Criteo 1TB click logs: day_0..day_23, plain or .gz. The last listed "
-                                     "day is held out (first half val, second half test); the others train.")
+
+def _add_split(p: argparse.ArgumentParser, split_help: str, seed_type, seed_help: str | None = None) -> None:
+    """--split random|time and the --seed of the random split."""
+    p.add_argument("--split", choices=("random", "time"), default="random", help=split_help)
+    p.add_argument("--seed", type=seed_type, default=0, help=seed_help)
+
+
+def _add_vocabulary_options(p: argparse.ArgumentParser) -> None:
+    """The options of the two-pass converters (`converter.convert`)."""
+    p.add_argument("--min-count", type=int_in(1), default=1,
+                   help="values seen fewer times share id 0 with missing values (DLRM uses 15 on Terabyte)")
+    p.add_argument("--max-ids-per-feature", type=int_in(2), default=None,
+                   help="cap every table at this many rows: a feature with more distinct values is "
+                        "hashed into buckets, which also bounds pass 1's memory")
+    p.add_argument("--rows-per-shard", type=int_in(1), default=2_000_000, help="rows per Parquet file")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _one_file_dataset(which, name: str, func, input_help: str) -> argparse.ArgumentParser:
+    """A `prepare DATASET` sub-parser whose input is one file: --input and --out, both required."""
+    p = _action_parser(which, name, func)
+    p.add_argument("--input", required=True, help=input_help)
+    _add_out(p)
+    return p
+
+
+def _add_criteo_kaggle(which) -> None:
+    p = _one_file_dataset(which, "criteo-kaggle", _criteo_kaggle, "path of train.txt or train.txt.gz")
+    _add_vocabulary_options(p)
+
+
+def _add_criteo_terabyte(which) -> None:
+    p = _action_parser(which, "criteo-terabyte", _criteo_terabyte)
     p.add_argument("--input-dir", required=True, help="directory holding day_N or day_N.gz")
     p.add_argument("--days", default="0-23",
                    help="days to use, e.g. 0-23 or 0,1,23 (last = held out); checked before any reading")
-    p.add_argument("--out", required=True, help="output directory")
-    vocabulary_options(p)
-    p.set_defaults(func=_criteo_terabyte)
+    _add_out(p)
+    _add_vocabulary_options(p)
 
-    p = which.add_parser("avazu", formatter_class=fmt, help="Avazu train.csv",
-                         description="Avazu CTR train.csv (or train.gz), header required.")
-    p.add_argument("--input", required=True, help="path of train.csv or train.gz")
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--split", choices=("random", "time"), default="random",
-                   help="random 8:1:1 by a seeded hash of the row position, or by day "
-                        "(last day test, the day before val)")
-    p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, help="seed of the random split")
-    vocabulary_options(p)
-    p.set_defaults(func=_avazu)
 
-    p = which.add_parser("ml-100k", formatter_class=fmt, help="MovieLens-100k as CTR (rating >= 4 is a click)",
-                         description="MovieLens-100k as CTR data. Without --input the RecBole copy is "
-                                     "fetched once with pip into datasets/ml-100k/ (not redistributed).")
+def _add_avazu(which) -> None:
+    p = _one_file_dataset(which, "avazu", _avazu, "path of train.csv or train.gz")
+    _add_split(p, "random 8:1:1 by a seeded hash of the row position, or by day "
+                  "(last day test, the day before val)",
+               int_in(0, 2**32 - 1), "seed of the random split")
+    _add_vocabulary_options(p)
+
+
+def _add_ml100k(which) -> None:
+    p = _action_parser(which, "ml-100k", _ml100k)
     p.add_argument("--input", default=None, help="directory with u.data/u.user/u.item (or RecBole's ml-100k.*)")
     p.add_argument("--out", default=str(DATASETS / "ml-100k-ctr"), help="output directory")
-    p.add_argument("--split", choices=("random", "time"), default="random",
-                   help="seeded random 80/10/10, or chronological")
-    p.add_argument("--seed", type=int_in(0), default=0)
-    p.set_defaults(func=_ml100k)
+    _add_split(p, "seeded random 80/10/10, or chronological", int_in(0))
 
-    p = sub.add_parser("synthetic", formatter_class=fmt, help="generate Criteo-shaped synthetic data",
-                       description="Criteo-shaped synthetic data: Kaggle's cardinalities times --scale, "
-                                   "Zipf ids, labels from a hidden logistic model whose AUC is stored "
-                                   "in meta.json as oracle_auc. val and test get a tenth of --rows each.")
-    p.add_argument("--out", required=True, help="output directory")
+
+def _add_synthetic(sub) -> None:
+    p = _action_parser(sub, "synthetic", _synthetic)
+    _add_out(p)
     p.add_argument("--rows", type=int_in(1), default=200_000, help="training rows")
     p.add_argument("--scale", type=positive_float, default=0.01, help="multiplies Criteo Kaggle's cardinalities")
     p.add_argument("--seed", type=int_in(0), default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_synthetic)
 
+
+def _add_info(sub) -> None:
     p = sub.add_parser("info", help="show a prepared directory's meta.json at a glance")
     p.add_argument("dir", help="a directory with meta.json")
     p.add_argument("--head", type=int_in(0), default=0, help="also print the first N training rows")
     p.add_argument("--json", action="store_true", help="print meta.json as it is")
     p.set_defaults(func=_info)
-    return parser
 
 
 def _guard(fn, *args, **kwargs):
