@@ -98,6 +98,30 @@ def convert(src: TextSource, out_dir: str | os.PathLike, source: str, min_count:
 
     Arguments are checked and the output directory is made (and must be writable) before pass
     1 starts, so a mistake costs seconds, not a pass over the input."""
+    _check_arguments(src, out_dir, min_count, max_ids, block_bytes, rows_per_shard)
+    bad = BadRowLog()
+    counters, good_per_file = _count_values(src, bad, max_ids, progress, block_bytes)
+    bad.report()
+    if sum(good_per_file) == 0:
+        raise format_error(src.files[0], None, f"no usable rows in {len(src.files)} file(s)")
+    vocabs = _build_vocabularies(counters, min_count, max_ids)
+    del counters
+    features = [SparseFeature(f"sparse_{f}", v.cardinality) for f, v in enumerate(vocabs)]
+    writer = CTRDatasetWriter(out_dir, len(src.dense_names), features, source=source,
+                              rows_per_shard=rows_per_shard)
+    _write_rows(src, vocabs, writer, good_per_file, progress, block_bytes)
+    _save_vocabularies(Path(out_dir), vocabs)
+    return writer.finish(
+        bad_rows=bad.to_json(), min_count=min_count, max_ids_per_feature=max_ids, id_rule=_id_rule(max_ids),
+        hashed_features=[f.name for f, v in zip(features, vocabs) if v.hashed],
+        vocabulary_file="vocabulary.npz", features=_feature_names(src, features),
+        input_files=[str(p) for p in src.files], good_rows_per_file=good_per_file, **(extra_meta or {}))
+
+
+def _check_arguments(src: TextSource, out_dir: str | os.PathLike, min_count: int, max_ids: int | None,
+                     block_bytes: int, rows_per_shard: int) -> None:
+    """Everything `convert` can check before reading: the numbers, the input files, the output
+    directory (made, and writable)."""
     check_max_ids(max_ids)
     check_whole("min_count", min_count, 1)
     check_whole("block_bytes", block_bytes, 1)
@@ -107,7 +131,12 @@ def convert(src: TextSource, out_dir: str | os.PathLike, source: str, min_count:
         if not Path(path).is_file():
             raise format_error(path, None, "no such file")
     check_output_dir(out_dir)
-    bad = BadRowLog()
+
+
+def _count_values(src: TextSource, bad: BadRowLog, max_ids: int | None, progress: bool,
+                  block_bytes: int) -> tuple[list[ValueCounter], list[int]]:
+    """Pass 1: one ValueCounter per sparse feature fed with every good row, and the good rows
+    per file; malformed rows go to `bad`, every good block's aux to `src.observe`."""
     counters = [ValueCounter(max_ids) for _ in src.sparse_names]
     good_per_file = []
     with _bar(progress, "pass 1/2: counting values") as bar:
@@ -115,10 +144,7 @@ def convert(src: TextSource, out_dir: str | os.PathLike, source: str, min_count:
             good = 0
             for block, first, lines in read_blocks(path, src.columns, src.delimiter, src.header, bad, block_bytes):
                 parsed = src.parse(block)
-                if parsed.reasons:
-                    idx = np.array(sorted(parsed.reasons), dtype=np.int64)
-                    for i, line in zip(idx, lines.of(first + idx)):
-                        bad.add(path, int(line), parsed.reasons[int(i)])
+                _log_bad_rows(bad, path, parsed, first, lines)
                 for f, counter in enumerate(counters):
                     counter.update(parsed.keys[:, f])
                 if src.observe is not None:
@@ -126,17 +152,30 @@ def convert(src: TextSource, out_dir: str | os.PathLike, source: str, min_count:
                 good += len(parsed.label)
                 bar.update(block.num_rows)
             good_per_file.append(good)
-    bad.report()
-    if sum(good_per_file) == 0:
-        raise format_error(src.files[0], None, f"no usable rows in {len(src.files)} file(s)")
+    return counters, good_per_file
+
+
+def _log_bad_rows(bad: BadRowLog, path: Path, parsed: Parsed, first: int, lines) -> None:
+    """Add a block's bad rows to `bad` under their line numbers in `path` (the block starts at
+    row `first` of the file; `lines.of` maps rows to lines)."""
+    if parsed.reasons:
+        idx = np.array(sorted(parsed.reasons), dtype=np.int64)
+        for i, line in zip(idx, lines.of(first + idx)):
+            bad.add(path, int(line), parsed.reasons[int(i)])
+
+
+def _build_vocabularies(counters: list[ValueCounter], min_count: int, max_ids: int | None) -> list[Vocabulary]:
+    """Between the passes: each feature's counts become its fixed value -> id map."""
     vocabs = []
     for counter in counters:
         keys, counts = counter.result()
         vocabs.append(Vocabulary.build(keys, counts, min_count=min_count, max_ids=max_ids, hashed=counter.hashed))
-    del counters
-    features = [SparseFeature(f"sparse_{f}", v.cardinality) for f, v in enumerate(vocabs)]
-    writer = CTRDatasetWriter(out_dir, len(src.dense_names), features, source=source,
-                              rows_per_shard=rows_per_shard)
+    return vocabs
+
+
+def _write_rows(src: TextSource, vocabs: list[Vocabulary], writer: CTRDatasetWriter, good_per_file: list[int],
+                progress: bool, block_bytes: int) -> None:
+    """Pass 2: read the files again, map values to ids and write each good row to its split."""
     with _bar(progress, "pass 2/2: writing", total=sum(good_per_file)) as bar:
         for file_index, path in enumerate(src.files):
             done = 0
@@ -151,20 +190,20 @@ def convert(src: TextSource, out_dir: str | os.PathLike, source: str, min_count:
                         writer.write(split, parsed.label[rows], parsed.dense[rows], [i[rows] for i in ids])
                 done += n
                 bar.update(n)
-    _save_vocabularies(Path(out_dir), vocabs)
-    hashed = [f.name for f, v in zip(features, vocabs) if v.hashed]
-    meta = writer.finish(
-        bad_rows=bad.to_json(), min_count=min_count, max_ids_per_feature=max_ids,
-        id_rule="0 = missing or rarer than min_count; others 1.. in ascending order of the raw value's key"
-                + ("; a feature with more than max_ids-1 distinct values (hashed_features) is hashed first: "
-                   "bucket = 1 + splitmix64(key) % (max_ids-1), min_count applies to buckets, kept buckets "
-                   "get 1.. in ascending order" if max_ids else ""),
-        hashed_features=hashed,
-        vocabulary_file="vocabulary.npz", features={**dict(zip([f"dense_{j}" for j in range(len(src.dense_names))],
-                                                               src.dense_names)),
-                                                    **{f.name: n for f, n in zip(features, src.sparse_names)}},
-        input_files=[str(p) for p in src.files], good_rows_per_file=good_per_file, **(extra_meta or {}))
-    return meta
+
+
+def _id_rule(max_ids: int | None) -> str:
+    """meta.json's "id_rule": how raw values became ids."""
+    return ("0 = missing or rarer than min_count; others 1.. in ascending order of the raw value's key"
+            + ("; a feature with more than max_ids-1 distinct values (hashed_features) is hashed first: "
+               "bucket = 1 + splitmix64(key) % (max_ids-1), min_count applies to buckets, kept buckets "
+               "get 1.. in ascending order" if max_ids else ""))
+
+
+def _feature_names(src: TextSource, features: list[SparseFeature]) -> dict[str, str]:
+    """meta.json's "features": output column -> the input column it came from."""
+    return {**dict(zip([f"dense_{j}" for j in range(len(src.dense_names))], src.dense_names)),
+            **{f.name: n for f, n in zip(features, src.sparse_names)}}
 
 
 def _save_vocabularies(out: Path, vocabs: list[Vocabulary]) -> None:
