@@ -22,7 +22,7 @@ import os
 import numpy as np
 
 from embcache.data.ctr_format import CTRDatasetWriter, SparseFeature, check_output_dir
-from embcache.data.movielens import load_ml100k
+from embcache.data.movielens import MovieLens100k, load_ml100k
 
 AGE_BOUNDS = (18, 25, 35, 45, 50, 56)  # bucket k holds ages in [AGE_BOUNDS[k-1], AGE_BOUNDS[k])
 AGE_BUCKETS = ("<18", "18-24", "25-34", "35-44", "45-49", "50-55", "56+")
@@ -30,6 +30,12 @@ SPLIT_METHODS = ("random", "time")
 
 
 def age_bucket(age: np.ndarray) -> np.ndarray:
+    """The AGE_BUCKETS index of each age.
+
+    Example:
+        >>> age_bucket(np.array([17, 18, 34, 56])).tolist()
+        [0, 1, 2, 6]
+    """
     return np.searchsorted(np.array(AGE_BOUNDS), age, side="right").astype(np.int64)
 
 
@@ -47,56 +53,82 @@ def prepare_ml100k_ctr(out_dir: str | os.PathLike, source: str | os.PathLike | N
         fractions: train / val / test shares; rounded down, test takes the remainder.
 
     Example:
+        >>> prepare_ml100k_ctr("ml-100k-ctr", split="weekly")
+        Traceback (most recent call last):
+        ValueError: split must be one of ('random', 'time'), got 'weekly'
         >>> meta = prepare_ml100k_ctr("datasets/ml-100k-ctr")  # doctest: +SKIP
         >>> meta["splits"]["train"]["rows"]  # doctest: +SKIP
         80000
     """
+    _check_split(split, fractions)
+    check_output_dir(out_dir)  # before a possible download
+    ml = load_ml100k(source)
+    prefixes, zip_code = np.unique(np.array([z[:3] for z in ml.user_zip]), return_inverse=True)
+    writer = CTRDatasetWriter(out_dir, 2, _sparse_features(ml, len(prefixes)),
+                              source=f"MovieLens-100k ({ml.source})")
+    for name, rows in _split_rows(ml.ratings[:, 3], split, seed, fractions).items():
+        _write_ratings(writer, name, ml, ml.ratings[rows], zip_code)
+    return writer.finish(
+        label="rating >= 4",
+        split={"method": split, "seed": seed if split == "random" else None, "fractions": list(fractions)},
+        features=_feature_descriptions(ml),
+        vocabularies={"sparse_4": list(ml.occupation_names), "sparse_5": prefixes.tolist(),
+                      "sparse_6": list(ml.genre_names)},
+    )
+
+
+def _check_split(split: str, fractions: tuple[float, float, float]) -> None:
     if split not in SPLIT_METHODS:
         raise ValueError(f"split must be one of {SPLIT_METHODS}, got {split!r}")
     if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-9:
         raise ValueError(f"fractions must be three shares summing to 1, got {fractions}")
-    check_output_dir(out_dir)  # before a possible download
-    ml = load_ml100k(source)
-    r = ml.ratings
-    n = len(r)
+
+
+def _split_rows(timestamps: np.ndarray, split: str, seed: int,
+                fractions: tuple[float, float, float]) -> dict[str, np.ndarray]:
+    """The rating indices of train, val and test: a seeded shuffle or chronological order
+    (ties in file order), cut by `fractions` rounded down."""
+    n = len(timestamps)
     if split == "random":
         order = np.random.default_rng(seed).permutation(n)
     else:
-        order = np.argsort(r[:, 3], kind="stable")
+        order = np.argsort(timestamps, kind="stable")
     n_train, n_val = int(n * fractions[0]), int(n * fractions[1])
-    parts = {"train": order[:n_train], "val": order[n_train:n_train + n_val], "test": order[n_train + n_val:]}
+    return {"train": order[:n_train], "val": order[n_train:n_train + n_val], "test": order[n_train + n_val:]}
 
-    zip_prefix = np.array([z[:3] for z in ml.user_zip])
-    prefixes, zip_code = np.unique(zip_prefix, return_inverse=True)
-    genre_lengths = np.diff(ml.item_genre_offsets)
+
+def _sparse_features(ml: MovieLens100k, zip_prefixes: int) -> list[SparseFeature]:
+    return [SparseFeature("sparse_0", ml.num_users), SparseFeature("sparse_1", ml.num_items),
+            SparseFeature("sparse_2", len(AGE_BUCKETS)), SparseFeature("sparse_3", len(ml.gender_names)),
+            SparseFeature("sparse_4", len(ml.occupation_names)), SparseFeature("sparse_5", zip_prefixes),
+            SparseFeature("sparse_6", len(ml.genre_names), multi_hot=True)]
+
+
+def _write_ratings(writer: CTRDatasetWriter, split: str, ml: MovieLens100k, ratings: np.ndarray,
+                   zip_code: np.ndarray) -> None:
+    """Write `ratings` (rows of (user, item, rating, timestamp)) to `split` as CTR rows."""
+    users, items = ratings[:, 0], ratings[:, 1]
     year = ml.item_year.astype(np.float64)
     item_year = np.where(year >= 0, (year - 1900.0) / 100.0, 0.0)
+    dense = np.stack([ml.user_age[users] / 100.0, item_year[items]], 1)
+    writer.write(split, (ratings[:, 2] >= 4).astype(np.int8), dense,
+                 [users, items, age_bucket(ml.user_age)[users], ml.user_gender[users], ml.user_occupation[users],
+                  zip_code[users], _genres_of(ml, items)])
 
-    features = [SparseFeature("sparse_0", ml.num_users), SparseFeature("sparse_1", ml.num_items),
-                SparseFeature("sparse_2", len(AGE_BUCKETS)), SparseFeature("sparse_3", len(ml.gender_names)),
-                SparseFeature("sparse_4", len(ml.occupation_names)), SparseFeature("sparse_5", len(prefixes)),
-                SparseFeature("sparse_6", len(ml.genre_names), multi_hot=True)]
-    writer = CTRDatasetWriter(out_dir, 2, features, source=f"MovieLens-100k ({ml.source})")
-    user_bucket = age_bucket(ml.user_age)
-    for name, rows in parts.items():
-        users, items = r[rows, 0], r[rows, 1]
-        lengths = genre_lengths[items]
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        starts = ml.item_genre_offsets[items]
-        # flat genre ids of the selected items, without a Python loop over rows
-        flat = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
-        genres = ml.item_genre_ids[flat]
-        dense = np.stack([ml.user_age[users] / 100.0, item_year[items]], 1)
-        writer.write(name, (r[rows, 2] >= 4).astype(np.int8), dense,
-                     [users, items, user_bucket[users], ml.user_gender[users], ml.user_occupation[users],
-                      zip_code[users], (offsets, genres)])
-    return writer.finish(
-        label="rating >= 4",
-        split={"method": split, "seed": seed if split == "random" else None, "fractions": list(fractions)},
-        features={"sparse_0": "user", "sparse_1": "item", "sparse_2": "age bucket " + ",".join(AGE_BUCKETS),
-                  "sparse_3": "gender " + ",".join(ml.gender_names), "sparse_4": "occupation",
-                  "sparse_5": "zip prefix (3 chars)", "sparse_6": "genres (multi-hot)",
-                  "dense_0": "age / 100", "dense_1": "(release year - 1900) / 100, 0 if unknown"},
-        vocabularies={"sparse_4": list(ml.occupation_names), "sparse_5": prefixes.tolist(),
-                      "sparse_6": list(ml.genre_names)},
-    )
+
+def _genres_of(ml: MovieLens100k, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The multi-hot genre column of `items`: (offsets, flat genre ids), without a Python loop
+    over rows."""
+    lengths = np.diff(ml.item_genre_offsets)[items]
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    starts = ml.item_genre_offsets[items]
+    flat = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+    return offsets, ml.item_genre_ids[flat]
+
+
+def _feature_descriptions(ml: MovieLens100k) -> dict[str, str]:
+    """meta.json's "features": what each column holds."""
+    return {"sparse_0": "user", "sparse_1": "item", "sparse_2": "age bucket " + ",".join(AGE_BUCKETS),
+            "sparse_3": "gender " + ",".join(ml.gender_names), "sparse_4": "occupation",
+            "sparse_5": "zip prefix (3 chars)", "sparse_6": "genres (multi-hot)",
+            "dense_0": "age / 100", "dense_1": "(release year - 1900) / 100, 0 if unknown"}
