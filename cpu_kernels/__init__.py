@@ -1,6 +1,15 @@
-"""HEAT: collaborative filtering (SimpleX, MF-CCL) trained by tiled, multithreaded,
-lock-free numba kernels on CPUs, with its data readers, metrics and a PyTorch reference."""
+"""HEAT's numba kernels (`_kernels`), their checked wrapper (`heat`), the model both engines
+share (`model`) and the PyTorch reference engine (`torch_reference`); nothing from embcache."""
+from cpu_kernels.heat import (
+    HeatEngine,
+    HeatOptions,
+    compile_kernels,
+    copy_bandwidth,
+    loss_gradients,
+    max_threads,
+    user_vectors,
+)
 from cpu_kernels.model import CFConfig, CFParams
-from cpu_kernels.train import HeatEngine, HeatOptions
 
-__all__ = ["CFConfig", "CFParams", "HeatEngine", "HeatOptions"]
+__all__ = ["CFConfig", "CFParams", "HeatEngine", "HeatOptions", "compile_kernels", "copy_bandwidth",
+           "loss_gradients", "max_threads", "user_vectors"]

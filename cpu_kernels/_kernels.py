@@ -1,4 +1,4 @@
-"""Private numba kernels of HEAT. Only `cpu_kernels.train` calls them (it checks dtypes and
+"""Private numba kernels of HEAT. Only `cpu_kernels.heat` calls them (it checks dtypes and
 shapes first); nothing else should know they exist.
 
 Why they look the way they do:

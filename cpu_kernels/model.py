@@ -1,11 +1,10 @@
 """The CF model both engines train: its settings (`CFConfig`) and its parameters
-(`CFParams`: user rows, item rows, SimpleX's W and the fixed user histories), plus saving
-and loading them. Plain numpy so that the numba kernels and torch share the same memory."""
+(`CFParams`: user rows, item rows, SimpleX's W and the fixed user histories). Plain numpy so
+that the numba kernels and torch share the same memory; saving and loading them to a file
+is `embcache.data.cf.embeddings_file`'s job."""
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -78,22 +77,6 @@ class CFParams:
         W = np.eye(d, dtype=np.float32)
         return cls(U, I, W, *histories(config, train_indptr, train_indices), config)
 
-    @classmethod
-    def from_file(cls, path: str | Path, num_items: int, train_indptr: np.ndarray,
-                  train_indices: np.ndarray, config: "CFConfig | None" = None) -> "CFParams":
-        """Parameters saved by `save`, with the histories drawn again from the training data
-        (they depend only on the data, H and the seed, so they are the ones training used).
-        `config` replaces the saved settings (its model and dim must agree with the file)."""
-        U, I, W, saved = load(path)
-        config = config or saved
-        if (config.dim, config.model) != (saved.dim, saved.model):
-            raise ValueError(f"{path}: holds a {saved.model} model of dim {saved.dim}, "
-                             f"not {config.model} of dim {config.dim}")
-        if (len(U), len(I)) != (len(train_indptr) - 1, num_items):
-            raise ValueError(f"{path}: has {len(U)} users and {len(I)} items, the data "
-                             f"{len(train_indptr) - 1} and {num_items}")
-        return cls(U, I, W, *histories(config, train_indptr, train_indices), config)
-
     def copy(self) -> "CFParams":
         return CFParams(self.U.copy(), self.I.copy(), self.W.copy(), self.hist, self.hist_len,
                         self.config)
@@ -116,78 +99,3 @@ def sample_histories(indptr: np.ndarray, indices: np.ndarray, H: int, rng) -> tu
             items = rng.choice(items, size=H, replace=False)
         hist[u, :len(items)] = items
     return hist, lens
-
-
-FORMATS = (".npy", ".npz", ".parquet")
-
-
-def save(params: CFParams, path: str | Path) -> Path:
-    """Write the embeddings: `.npy` (rows U, then I, then W, with the layout and config in
-    `<path>.json`), `.npz` (arrays U, I, W and the same metadata as a JSON string, one file)
-    or `.parquet` (columns kind, id, vector; the metadata in the schema)."""
-    path = Path(path)
-    meta = {"config": asdict(params.config), "num_users": len(params.U),
-            "num_items": len(params.I), "dim": params.U.shape[1]}
-    if path.suffix not in FORMATS:
-        raise ValueError(f"{path}: embeddings are saved as {', '.join(FORMATS)}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    stacked = np.concatenate([params.U, params.I, params.W])
-    if path.suffix == ".npy":
-        np.save(path, stacked)
-        Path(str(path) + ".json").write_text(json.dumps(meta, indent=2) + "\n")
-    elif path.suffix == ".npz":
-        np.savez(path, U=params.U, I=params.I, W=params.W, meta=np.array(json.dumps(meta)))
-    elif path.suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        kinds = (["user"] * len(params.U) + ["item"] * len(params.I) + ["W"] * len(params.W))
-        ids = np.concatenate([np.arange(len(params.U)), np.arange(len(params.I)),
-                              np.arange(len(params.W))])
-        d = stacked.shape[1]
-        vec = pa.FixedSizeListArray.from_arrays(pa.array(stacked.reshape(-1)), d)
-        table = pa.table({"kind": kinds, "id": ids, "vector": vec})
-        table = table.replace_schema_metadata({"embcache_cf": json.dumps(meta)})
-        pq.write_table(table, path)
-    return path
-
-
-def load(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, CFConfig]:
-    """Read what `save` wrote: (U, I, W, config)."""
-    path = Path(path)
-    if path.suffix not in FORMATS:
-        raise ValueError(f"{path}: embeddings are loaded from {', '.join(FORMATS)}")
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such embeddings file")
-    if path.suffix == ".npy":
-        meta_path = Path(str(path) + ".json")
-        if not meta_path.exists():
-            raise FileNotFoundError(f"{meta_path}: the layout of {path.name} is missing")
-    try:
-        if path.suffix == ".npy":
-            meta = json.loads(meta_path.read_text())
-            stacked = np.load(path)
-        elif path.suffix == ".npz":
-            with np.load(path) as z:
-                meta = json.loads(str(z["meta"]))
-                stacked = np.concatenate([z["U"], z["I"], z["W"]])
-        else:
-            import pyarrow.parquet as pq
-
-            table = pq.read_table(path)
-            meta = json.loads(table.schema.metadata[b"embcache_cf"])
-            col = table.column("vector").combine_chunks()
-            stacked = col.values.to_numpy().reshape(len(table), meta["dim"])
-        nu, ni = meta["num_users"], meta["num_items"]
-        stacked = np.ascontiguousarray(stacked, dtype=np.float32)
-        config = CFConfig(**meta["config"])
-    except Exception as err:  # numpy, zipfile, pyarrow and json each raise their own types
-        raise ValueError(f"{path}: not a readable embeddings file ({type(err).__name__}: {err})") from None
-    if len(stacked) != nu + ni + meta["dim"]:
-        raise ValueError(f"{path}: {len(stacked)} rows, expected {nu} users + {ni} items + {meta['dim']} of W")
-    bad = np.flatnonzero(~np.isfinite(stacked).all(axis=1))
-    if len(bad):
-        row = int(bad[0])
-        where = (f"user {row}" if row < nu else f"item {row - nu}" if row < nu + ni else f"W row {row - nu - ni}")
-        raise ValueError(f"{path}: {len(bad)} row(s) hold NaN or infinity (first: {where})")
-    return stacked[:nu].copy(), stacked[nu:nu + ni].copy(), stacked[nu + ni:].copy(), config

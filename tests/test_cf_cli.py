@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from cpu_kernels.model import load
-from cpu_kernels.synthetic import power_law_interactions
 from embcache.cli import main
+from embcache.data.cf.embeddings_file import load
+from embcache.data.cf.synthetic import power_law_interactions
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +136,8 @@ def test_bad_training_numbers_are_refused_by_the_parser(args, message, capsys):
 
 def test_engine_options_refuse_what_the_kernels_cannot_run():
     # the library side of the same checks: no ZeroDivisionError deep in an epoch
-    from cpu_kernels.reference import TorchOptions
-    from cpu_kernels.train import HeatOptions
+    from cpu_kernels.heat import HeatOptions
+    from cpu_kernels.torch_reference import TorchOptions
 
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         TorchOptions(batch_size=0)
@@ -426,9 +426,9 @@ def test_embeddings_with_nan_or_a_damaged_file_are_refused_in_one_line(lightgcn_
 
 
 def test_a_diverged_epoch_stops_the_run_before_it_is_kept():
-    from cpu_kernels.fit import fit, make_engine
+    from cpu_kernels.heat import HeatOptions
     from cpu_kernels.model import CFConfig, CFParams
-    from cpu_kernels.train import HeatOptions
+    from embcache.train.cf import fit, make_engine
     from embcache.errors import TrainingDiverged
 
     data = power_law_interactions(num_users=100, num_items=150, interactions=2000, communities=4, seed=1)

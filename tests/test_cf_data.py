@@ -4,8 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cpu_kernels.data import read_lightgcn, read_ratings, split_ratings
-from cpu_kernels.synthetic import power_law_interactions
+from embcache.data.cf.lightgcn import read_lightgcn
+from embcache.data.cf.ratings import read_ratings, split_ratings
+from embcache.data.cf.synthetic import power_law_interactions
 from embcache.errors import DataFormatError
 
 

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from cpu_kernels.data import from_pairs
-from cpu_kernels.fit import evaluate
+from cpu_kernels.heat import HeatEngine, HeatOptions, loss_gradients, user_vectors
 from cpu_kernels.model import CFConfig, CFParams
-from cpu_kernels.reference import cf_loss
-from cpu_kernels.synthetic import power_law_interactions
-from cpu_kernels.train import HeatEngine, HeatOptions, loss_gradients, user_vectors
+from cpu_kernels.torch_reference import cf_loss
+from embcache.data.cf.interactions import from_pairs
+from embcache.data.cf.synthetic import power_law_interactions
+from embcache.train.cf_eval import evaluate_params as evaluate
 
 
 def _small_params(model: str, seed: int = 1):
@@ -72,7 +72,7 @@ def test_kernel_gradients_equal_autograd(model):
 
 
 def test_user_vectors_equal_the_reference_user_side():
-    from cpu_kernels.reference import user_side
+    from cpu_kernels.torch_reference import user_side
 
     params, _ = _small_params("simplex", seed=4)
     t = {name: torch.from_numpy(getattr(params, name)) for name in ("U", "I", "W", "hist", "hist_len")}
@@ -110,7 +110,7 @@ def test_cutting_an_epoch_into_chunks_changes_nothing(small):
 
 @pytest.mark.parametrize("tile", [0, 64])
 def test_training_learns_with_and_without_tiling(small, tile):
-    from cpu_kernels import metrics
+    from embcache.train import cf_eval as metrics
 
     u, v = metrics.popularity_scores(small.train_indices, small.num_users, small.num_items)
     pop = metrics.evaluate(u, v, small.train_indptr, small.train_indices, small.test_indptr, small.test_indices,

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cpu_kernels import metrics
-from cpu_kernels.data import to_csr
+from embcache.data.cf.interactions import to_csr
+from embcache.train import cf_eval as metrics
 
 
 def _direct(scores: np.ndarray, train: dict, test: dict, k: int) -> tuple[float, float]:

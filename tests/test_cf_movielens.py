@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from cpu_kernels import metrics
-from cpu_kernels.data import load_ml100k
-from cpu_kernels.fit import fit, make_engine
 from cpu_kernels.model import CFConfig, CFParams
+from embcache.data.cf.ratings import load_ml100k
+from embcache.train import cf_eval as metrics
+from embcache.train.cf import fit, make_engine
 from tests.offline_data import load_or_skip
 
 EPOCHS = 10

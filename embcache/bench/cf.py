@@ -76,31 +76,12 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 
 # --------------------------------------------------------------------------- measurements
-def copy_bandwidth(threads: int, mib: int, reps: int = 5) -> float:
-    """Bytes/s of a parallel array copy (read + write counted), best of `reps` passes."""
-    import numba
-
-    from cpu_kernels import _kernels
-
-    n = mib * 2**20 // 8
-    src = np.ones(n, dtype=np.float64)
-    dst = np.empty_like(src)
-    numba.set_num_threads(threads)
-    _kernels.stream_copy(src, dst, 1)  # compile, touch the pages
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        _kernels.stream_copy(src, dst, 1)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * src.nbytes / best
-
-
 def epoch_bytes(params, users: np.ndarray, active_negatives: int, tile: int = 0, refresh: int | None = None,
                 threads: int = 1) -> dict:
     """Bytes of one HEAT epoch (see the module docstring): {"bytes", "parts"} touched, and
     "model": {"bytes", "parts"}, the traffic that cannot come from a thread's tile.
     `refresh` defaults to HeatOptions.refresh."""
-    from cpu_kernels.train import HeatOptions
+    from cpu_kernels.heat import HeatOptions
 
     refresh = HeatOptions.refresh if refresh is None else refresh
     c = params.config
@@ -126,10 +107,10 @@ def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max
     items per tile of "heat, tiling" (default HeatOptions.tile)."""
     import torch
 
-    from cpu_kernels.fit import fit, make_engine
+    from cpu_kernels.heat import HeatOptions
     from cpu_kernels.model import CFParams
-    from cpu_kernels.reference import TorchEngine, TorchOptions
-    from cpu_kernels.train import HeatOptions
+    from cpu_kernels.torch_reference import TorchEngine, TorchOptions
+    from embcache.train.cf import fit, make_engine
 
     torch.set_num_threads(threads)
     params = CFParams.init(config, data.num_users, data.num_items, data.train_indptr, data.train_indices)
@@ -171,8 +152,8 @@ def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max
 def ml_tile(data, args) -> int:
     """The ml-100k tile whose draws cover its item table as many times per epoch as the
     default tile's cover the synthetic set's (train pairs / refresh x tile / items equal)."""
-    from cpu_kernels.synthetic import TEST_FRACTION
-    from cpu_kernels.train import HeatOptions
+    from cpu_kernels.heat import HeatOptions
+    from embcache.data.cf.interactions import TEST_FRACTION
 
     if args.ml_tile:
         return min(args.ml_tile, data.num_items)
@@ -184,27 +165,27 @@ def ml_tile(data, args) -> int:
 
 def topk_backends(data, config) -> dict:
     """Seconds of one full evaluation with each top-k back-end (same ranking either way)."""
-    from cpu_kernels import metrics
+    from cpu_kernels.heat import user_vectors
     from cpu_kernels.model import CFParams
-    from cpu_kernels.train import user_vectors
+    from embcache.train import cf_eval
 
     params = CFParams.init(config, data.num_users, data.num_items, data.train_indptr, data.train_indices)
     z = user_vectors(params)
     out = {}
-    for backend in metrics.BACKENDS:
+    for backend in cf_eval.BACKENDS:
         t0 = time.perf_counter()
-        res = metrics.evaluate(z, params.I, data.train_indptr, data.train_indices, data.test_indptr,
+        res = cf_eval.evaluate(z, params.I, data.train_indptr, data.train_indices, data.test_indptr,
                                data.test_indices, backend=backend)
         out[f"{backend}_s"] = time.perf_counter() - t0
         out[f"{backend}_recall@20"] = res["recall@20"]
-    out["faster"] = min(metrics.BACKENDS, key=lambda b: out[f"{b}_s"])
+    out["faster"] = min(cf_eval.BACKENDS, key=lambda b: out[f"{b}_s"])
     return out
 
 
 def load(name: str, args):
     """The data set of one case: the offline MovieLens-100k or the seeded synthetic set."""
-    from cpu_kernels.data import load_ml100k
-    from cpu_kernels.synthetic import power_law_interactions
+    from embcache.data.cf.ratings import load_ml100k
+    from embcache.data.cf.synthetic import power_law_interactions
 
     if name == "ml-100k":
         return load_ml100k()
@@ -213,92 +194,121 @@ def load(name: str, args):
 
 # --------------------------------------------------------------------------- the run
 def run(args) -> int:
-    from dataclasses import asdict
-
-    from cpu_kernels import metrics
-    from cpu_kernels.fit import compile_kernels
+    from cpu_kernels.heat import compile_kernels
     from cpu_kernels.model import CFConfig
-    from cpu_kernels.train import max_threads
     from embcache.bench.common import write_json
 
-    all_threads = max_threads()
-    threads = sorted(set(args.threads or (1, all_threads)))
-    if any(not 1 <= t <= all_threads for t in threads):
-        print(f"bench cf: --threads must be in 1..{all_threads}")
-        return 2
-    if len(args.ml_epochs) not in (1, len(args.ml_negatives)):
-        print(f"bench cf: --ml-epochs takes one value or one per --ml-negatives value ({len(args.ml_negatives)})")
+    threads = thread_counts(args)
+    if threads is None:
         return 2
     load_before = os.getloadavg()
     t_start = time.perf_counter()
     print("compiling the kernels ...", flush=True)
     compile_kernels()
-    bandwidth = {}
-    for t in threads:
-        bandwidth[str(t)] = copy_bandwidth(t, args.copy_mib)
-        print(f"copy bandwidth, {t} thread(s): {bandwidth[str(t)] / 1e9:.2f} GB/s", flush=True)
+    bandwidth = measure_bandwidth(threads, args.copy_mib)
     cases, topk = [], {}
     for name in args.datasets:
         data = load(name, args)
-        u, v = metrics.popularity_scores(data.train_indices, data.num_users, data.num_items)
-        pop = metrics.evaluate(u, v, data.train_indptr, data.train_indices, data.test_indptr, data.test_indices,
-                               cosine=False)
-        if name == "ml-100k":
-            ks = args.ml_negatives
-            epochs_of = dict(zip(ks, args.ml_epochs * len(ks) if len(args.ml_epochs) == 1 else args.ml_epochs))
-            tile = ml_tile(data, args)
-        else:
-            ks, epochs_of, tile = args.synthetic_negatives, {}, None
-        for k in ks:
-            epochs = epochs_of.get(k, args.synthetic_epochs)
-            config = CFConfig(model=args.model, negatives=k)
-            print(f"\n{data.summary()}; K={k}, {epochs} epochs per engine", flush=True)
-            rows = []
-            for t in threads:
-                for variant in VARIANTS:
-                    # accuracy is compared on MovieLens-100k: torch runs its full epochs there
-                    max_pairs = None if name == "ml-100k" else args.torch_max_pairs
-                    row = run_variant(variant, data, config, t, epochs, max_pairs, tile)
-                    if "bytes_per_epoch" in row:
-                        add_rates(row, bandwidth[str(t)])
-                    rows.append(row)
-                    print("  " + format_row(row), flush=True)
-            add_ratios(rows)
-            cases.append({"data": name, "negatives": k, "config": asdict(config), "users": data.num_users,
-                          "items": data.num_items, "train_pairs": data.num_train, "test_pairs": data.num_test,
-                          "epochs": epochs, "popularity_recall_at_20": pop["recall@20"],
-                          "popularity_ndcg_at_20": pop["ndcg@20"], "rows": rows})
+        cases += run_dataset(name, data, args, threads, bandwidth)
         topk[name] = topk_backends(data, CFConfig(model=args.model))
         print(f"  top-k back-ends, one full evaluation: {fmt_topk(topk[name])}", flush=True)
-    payload = {"benchmark": "HEAT vs PyTorch reference: epoch time, accuracy, memory traffic",
-               "command": " ".join(["embcache bench cf"] + _argv(args)),
-               "heat_options": _options("heat"), "torch_options": _options("torch"), "threads": threads,
-               "copy_bandwidth_bytes_per_s": bandwidth,
-               "bandwidth_method": f"numba parallel copy of two {args.copy_mib} MiB float64 arrays, best of 5, "
-                                   f"read + write bytes counted",
-               "timing_method": "median epoch over the epochs run, kernels compiled beforehand; torch on the synthetic set above "
-                                "--torch-max-pairs training pairs: one timed pass over a seeded subset after a "
-                                "warm-up on a tenth of it, epoch time projected from pairs/s",
-               "bytes_method": "bytes touched: embedding-row accesses per epoch: user, history (SimpleX) and "
-                               "positive rows read + written, K negatives read, negatives inside the margin written; "
-                               "float32; W excluded. touched_rate_vs_copy_bandwidth is their rate over the copy "
-                               "kernel's, not a fraction of DRAM bandwidth (tiled negative reads hit L2)",
-               "dram_model_method": "upper bound of the DRAM traffic per epoch: user, history and positive rows as "
-                                    "above; negatives with tiling: one tile load per refresh per thread "
-                                    "(tile x d x 4 bytes) and at most as much written back; without tiling every "
-                                    "negative read and write. Its fraction of the copy bandwidth should be <= 1; "
-                                    "above 1, a shared cache (L3) held part of the table",
-               "ml_tile_method": "heat, tiling on ml-100k: --ml-tile, or by default the tile whose draws cover "
-                                 "the item table as often per epoch as the default tile's cover the synthetic "
-                                 "set's (train pairs / refresh x tile / items equal)",
-               "topk_seconds": topk, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-               "wall_seconds": time.perf_counter() - t_start, "cases": cases}
+    payload = {**describe(args, threads, bandwidth), "topk_seconds": topk, "loadavg_before": load_before,
+               "loadavg_after": os.getloadavg(), "wall_seconds": time.perf_counter() - t_start, "cases": cases}
     path = write_json(payload, args.name, args.out_dir)
     if not args.no_plot:
         plot(cases, path.with_suffix(".png"))
     print_table(cases)
     print(f"\nwrote {path}" + ("" if args.no_plot else f" and {path.with_suffix('.png')}"))
     return 0
+
+
+def thread_counts(args) -> list[int] | None:
+    """The sorted thread counts to run, or None (after saying why) when the flags are wrong."""
+    from cpu_kernels.heat import max_threads
+
+    all_threads = max_threads()
+    threads = sorted(set(args.threads or (1, all_threads)))
+    if any(not 1 <= t <= all_threads for t in threads):
+        print(f"bench cf: --threads must be in 1..{all_threads}")
+        return None
+    if len(args.ml_epochs) not in (1, len(args.ml_negatives)):
+        print(f"bench cf: --ml-epochs takes one value or one per --ml-negatives value ({len(args.ml_negatives)})")
+        return None
+    return threads
+
+
+def measure_bandwidth(threads: list[int], mib: int) -> dict[str, float]:
+    """The copy kernel's bytes/s on each thread count, keyed by the count as a string."""
+    from cpu_kernels.heat import copy_bandwidth
+
+    bandwidth = {}
+    for t in threads:
+        bandwidth[str(t)] = copy_bandwidth(t, mib)
+        print(f"copy bandwidth, {t} thread(s): {bandwidth[str(t)] / 1e9:.2f} GB/s", flush=True)
+    return bandwidth
+
+
+def run_dataset(name: str, data, args, threads: list[int], bandwidth: dict[str, float]) -> list[dict]:
+    """One case per K of this data set: every variant on every thread count, with the ratios
+    to torch and the popularity baseline."""
+    from dataclasses import asdict
+
+    from cpu_kernels.model import CFConfig
+    from embcache.train.cf_eval import popularity
+
+    pop = popularity(data)
+    if name == "ml-100k":
+        ks = args.ml_negatives
+        epochs_of = dict(zip(ks, args.ml_epochs * len(ks) if len(args.ml_epochs) == 1 else args.ml_epochs))
+        tile = ml_tile(data, args)
+    else:
+        ks, epochs_of, tile = args.synthetic_negatives, {}, None
+    # accuracy is compared on MovieLens-100k: torch runs its full epochs there
+    max_pairs = None if name == "ml-100k" else args.torch_max_pairs
+    cases = []
+    for k in ks:
+        epochs = epochs_of.get(k, args.synthetic_epochs)
+        config = CFConfig(model=args.model, negatives=k)
+        print(f"\n{data.summary()}; K={k}, {epochs} epochs per engine", flush=True)
+        rows = []
+        for t in threads:
+            for variant in VARIANTS:
+                row = run_variant(variant, data, config, t, epochs, max_pairs, tile)
+                if "bytes_per_epoch" in row:
+                    add_rates(row, bandwidth[str(t)])
+                rows.append(row)
+                print("  " + format_row(row), flush=True)
+        add_ratios(rows)
+        cases.append({"data": name, "negatives": k, "config": asdict(config), "users": data.num_users,
+                      "items": data.num_items, "train_pairs": data.num_train, "test_pairs": data.num_test,
+                      "epochs": epochs, "popularity_recall_at_20": pop["recall@20"],
+                      "popularity_ndcg_at_20": pop["ndcg@20"], "rows": rows})
+    return cases
+
+
+def describe(args, threads: list[int], bandwidth: dict[str, float]) -> dict:
+    """The head of the result file: the command, the settings and how each figure is measured."""
+    return {"benchmark": "HEAT vs PyTorch reference: epoch time, accuracy, memory traffic",
+            "command": " ".join(["embcache bench cf"] + _argv(args)),
+            "heat_options": _options("heat"), "torch_options": _options("torch"), "threads": threads,
+            "copy_bandwidth_bytes_per_s": bandwidth,
+            "bandwidth_method": f"numba parallel copy of two {args.copy_mib} MiB float64 arrays, best of 5, "
+                                f"read + write bytes counted",
+            "timing_method": "median epoch over the epochs run, kernels compiled beforehand; torch on the synthetic set above "
+                             "--torch-max-pairs training pairs: one timed pass over a seeded subset after a "
+                             "warm-up on a tenth of it, epoch time projected from pairs/s",
+            "bytes_method": "bytes touched: embedding-row accesses per epoch: user, history (SimpleX) and "
+                            "positive rows read + written, K negatives read, negatives inside the margin written; "
+                            "float32; W excluded. touched_rate_vs_copy_bandwidth is their rate over the copy "
+                            "kernel's, not a fraction of DRAM bandwidth (tiled negative reads hit L2)",
+            "dram_model_method": "upper bound of the DRAM traffic per epoch: user, history and positive rows as "
+                                 "above; negatives with tiling: one tile load per refresh per thread "
+                                 "(tile x d x 4 bytes) and at most as much written back; without tiling every "
+                                 "negative read and write. Its fraction of the copy bandwidth should be <= 1; "
+                                 "above 1, a shared cache (L3) held part of the table",
+            "ml_tile_method": "heat, tiling on ml-100k: --ml-tile, or by default the tile whose draws cover "
+                              "the item table as often per epoch as the default tile's cover the synthetic "
+                              "set's (train pairs / refresh x tile / items equal)"}
 
 
 def add_rates(row: dict, copy_bandwidth: float) -> None:
@@ -339,8 +349,8 @@ def _argv(args) -> list[str]:
 def _options(engine: str) -> dict:
     from dataclasses import asdict
 
-    from cpu_kernels.reference import TorchOptions
-    from cpu_kernels.train import HeatOptions
+    from cpu_kernels.heat import HeatOptions
+    from cpu_kernels.torch_reference import TorchOptions
 
     return asdict(HeatOptions() if engine == "heat" else TorchOptions())
 

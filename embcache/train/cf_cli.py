@@ -26,9 +26,9 @@ DATA_CHOICES = "'ml-100k', 'synthetic', a LightGCN directory (train.txt, test.tx
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
+    from cpu_kernels.heat import HeatOptions
     from cpu_kernels.model import MODELS, CFConfig
-    from cpu_kernels.reference import TorchOptions
-    from cpu_kernels.train import HeatOptions
+    from cpu_kernels.torch_reference import TorchOptions
 
     c, h = CFConfig(), HeatOptions()
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
@@ -143,21 +143,23 @@ def load_data(args):
 
 
 def _read_data(args):
-    from cpu_kernels import data as cfdata
+    from embcache.data.bad_rows import BadRowLog
+    from embcache.data.cf.lightgcn import read_lightgcn
+    from embcache.data.cf.ratings import load_ml100k, read_ratings, split_ratings
 
     spec = args.data
     if spec == "ml-100k":
-        return cfdata.load_ml100k(None, args.split, args.split_seed, args.test_fraction, args.min_rating)
+        return load_ml100k(None, args.split, args.split_seed, args.test_fraction, args.min_rating)
     if spec == "synthetic":
-        from cpu_kernels.synthetic import power_law_interactions
+        from embcache.data.cf.synthetic import power_law_interactions
 
         return power_law_interactions(args.synthetic_users, args.synthetic_items, args.synthetic_interactions,
                                       seed=args.split_seed, test_fraction=args.test_fraction)
     path = Path(spec)
-    log = cfdata.BadRowLog() if args.skip_bad_lines else None
+    log = BadRowLog() if args.skip_bad_lines else None
     if path.is_dir():
         if (path / "train.txt").exists() or (path / "test.txt").exists():
-            data = cfdata.read_lightgcn(path, skip_bad=args.skip_bad_lines)
+            data = read_lightgcn(path, skip_bad=args.skip_bad_lines)
             _report_bad(data.bad_rows)
             return data
         for name in ("u.data", "ratings.dat"):
@@ -166,14 +168,14 @@ def _read_data(args):
                 break
         else:
             if (path / "ml-100k.inter").is_file():
-                return cfdata.load_ml100k(path, args.split, args.split_seed, args.test_fraction, args.min_rating)
+                return load_ml100k(path, args.split, args.split_seed, args.test_fraction, args.min_rating)
             raise UserFacingError(f"{path}: no train.txt/test.txt (LightGCN format), u.data or ratings.dat here")
     elif not path.exists():
         raise UserFacingError(f"{path}: no such file or directory (--data takes {DATA_CHOICES})")
-    ratings = cfdata.read_ratings(path, log)
+    ratings = read_ratings(path, log)
     if log is not None:
         _report_bad(log)
-    return cfdata.split_ratings(ratings, args.split, args.test_fraction, args.split_seed, args.min_rating,
+    return split_ratings(ratings, args.split, args.test_fraction, args.split_seed, args.min_rating,
                                 name=path.name, bad_rows=log)
 
 
@@ -200,12 +202,14 @@ def make_config(args, saved=None):
 def train(args) -> int:
     from dataclasses import asdict
 
-    from cpu_kernels.fit import compile_kernels, fit, make_engine
-    from cpu_kernels.fit import evaluate as eval_params
-    from cpu_kernels.model import FORMATS, CFConfig, CFParams, load, save
-    from cpu_kernels.reference import TorchOptions
-    from cpu_kernels.train import HeatOptions, max_threads
+    from cpu_kernels.heat import HeatOptions, compile_kernels, max_threads
+    from cpu_kernels.model import CFConfig, CFParams
+    from cpu_kernels.torch_reference import TorchOptions
+    from embcache.data.cf.embeddings_file import FORMATS, load, load_params, save
     from embcache.train import cf_checkpoint
+    from embcache.train.cf import fit, make_engine
+    from embcache.train.cf_eval import evaluate_params as eval_params
+    from embcache.train.cf_eval import popularity
     from embcache.errors import TrainingDiverged
     from embcache.train.metrics import MetricsLog
 
@@ -224,7 +228,7 @@ def train(args) -> int:
         saved = load(args.load)[3] if args.load else (CFConfig(**ck["config"]) if ck else None)
         config = make_config(args, saved)
         if args.load:
-            params = CFParams.from_file(args.load, data.num_items, data.train_indptr, data.train_indices, config)
+            params = load_params(args.load, data.num_items, data.train_indptr, data.train_indices, config)
         else:
             params = CFParams.init(config, data.num_users, data.num_items, data.train_indptr, data.train_indices)
         # `is None`, not `or`: a given --lr is never replaced (the parser refuses <= 0)
@@ -301,9 +305,10 @@ def train(args) -> int:
 
 
 def evaluate(args) -> int:
-    from cpu_kernels.fit import evaluate as eval_params
-    from cpu_kernels.model import CFParams
-    from cpu_kernels.train import max_threads
+    from cpu_kernels.heat import max_threads
+    from embcache.data.cf.embeddings_file import load_params
+    from embcache.train.cf_eval import evaluate_params as eval_params
+    from embcache.train.cf_eval import popularity
 
     if args.threads is not None:
         import numba
@@ -314,7 +319,7 @@ def evaluate(args) -> int:
     data = load_data(args)
     print(data.summary())
     try:
-        params = CFParams.from_file(args.load, data.num_items, data.train_indptr, data.train_indices)
+        params = load_params(args.load, data.num_items, data.train_indptr, data.train_indices)
     except (ValueError, OSError, KeyError) as err:
         raise UserFacingError(str(err)) from None
     except MemoryError as err:
@@ -333,15 +338,6 @@ def engine_options(engine: str, heat, torch_opts) -> dict:
     if engine == "heat":
         return {"lr": heat.lr, "tile": heat.tile, "refresh": heat.refresh, "w_sync": heat.w_sync}
     return {"lr": torch_opts.lr, "batch_size": torch_opts.batch_size}
-
-
-def popularity(data, ks, backend) -> dict:
-    """Recall/NDCG of ranking every user's unseen items by training popularity."""
-    from cpu_kernels import metrics
-
-    u, v = metrics.popularity_scores(data.train_indices, data.num_users, data.num_items)
-    return metrics.evaluate(u, v, data.train_indptr, data.train_indices, data.test_indptr, data.test_indices,
-                            ks=ks, backend=backend, cosine=False)
 
 
 def _format_metrics(m: dict, ks) -> str:

@@ -1,15 +1,28 @@
-"""Full-ranking evaluation: every user with test items is scored against all items, its
-training items are masked, and Recall@k / NDCG@k are averaged over those users. Users go in
-batches, so memory is bounded by batch x items scores however large the data.
+"""Full-ranking evaluation of CF models: every user with test items is scored against all
+items, its training items are masked, and Recall@k / NDCG@k are averaged over those users.
+Users go in batches, so memory is bounded by batch x items scores however large the data.
+`evaluate` works on any user and item vectors, `evaluate_params` on a model's parameters
+and `popularity` gives the baseline (items ranked by training popularity).
 
 Two top-k back-ends give the same ranking: `torch` (matmul, mask, `topk`) and `faiss`
 (exact inner-product search for k + the batch's largest training count, then the training
 items are dropped). `embcache bench cf` measures both; `auto` picks the faster one
-(`DEFAULT_BACKEND`, set from that measurement)."""
+(`DEFAULT_BACKEND`, set from that measurement).
+
+Example:
+    >>> from embcache.data.cf.interactions import from_pairs
+    >>> data = from_pairs([0, 1, 1, 2], [0, 0, 1, 0], [0, 2], [1, 1])
+    >>> popularity(data, ks=(1,))   # item 0 is the most popular, item 1 next
+    {'recall@1': 1.0, 'ndcg@1': 1.0, 'users': 2}
+"""
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from cpu_kernels.heat import user_vectors
+from cpu_kernels.model import CFParams
+from embcache.data.cf.interactions import Interactions
 
 BACKENDS = ("torch", "faiss")
 # bench/results/cf.json, "topk": torch was faster on this 2-core machine (see README)
@@ -67,6 +80,19 @@ def popularity_scores(train_indices: np.ndarray, num_users: int, num_items: int)
     them with cosine=False. The floor any trained model must clear."""
     deg = np.bincount(train_indices, minlength=num_items).astype(np.float32)
     return np.ones((num_users, 1), np.float32), deg[:, None]
+
+
+def evaluate_params(params: CFParams, data: Interactions, ks=(20,), backend="auto") -> dict:
+    """Full-ranking metrics of a model's current parameters on the test split of `data`."""
+    return evaluate(user_vectors(params), params.I, data.train_indptr, data.train_indices,
+                    data.test_indptr, data.test_indices, ks=ks, backend=backend)
+
+
+def popularity(data: Interactions, ks=(20,), backend="auto") -> dict:
+    """Recall/NDCG of ranking every user's unseen items by training popularity."""
+    u, v = popularity_scores(data.train_indices, data.num_users, data.num_items)
+    return evaluate(u, v, data.train_indptr, data.train_indices, data.test_indptr, data.test_indices,
+                    ks=ks, backend=backend, cosine=False)
 
 
 def _hits(top: np.ndarray, users: np.ndarray, indptr, indices, num_items) -> np.ndarray:

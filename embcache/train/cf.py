@@ -1,6 +1,19 @@
-"""The training loop both `embcache cf train` and `embcache bench cf` run: build the
+"""The CF training loop both `embcache cf train` and `embcache bench cf` run: build the
 engine (heat or torch), train epoch by epoch with a progress bar, evaluate, and hand each
-epoch's record (seconds, samples/s, loss, Recall@k, NDCG@k) to the caller."""
+epoch's record (seconds, samples/s, loss, Recall@k, NDCG@k) to the caller.
+
+Example:
+    >>> from cpu_kernels.model import CFConfig, CFParams
+    >>> from cpu_kernels.heat import HeatOptions
+    >>> from embcache.data.cf.synthetic import power_law_interactions
+    >>> data = power_law_interactions(100, 150, 2000, communities=4, seed=1)
+    >>> params = CFParams.init(CFConfig(negatives=4), data.num_users, data.num_items,
+    ...                        data.train_indptr, data.train_indices)
+    >>> engine = make_engine("heat", params, data, HeatOptions(threads=1))
+    >>> records = fit(engine, params, data, epochs=2, progress=False)
+    >>> [r["epoch"] for r in records], sorted(records[-1])[:3]
+    ([1, 2], ['active_negatives', 'epoch', 'eval_seconds'])
+"""
 from __future__ import annotations
 
 import time
@@ -8,11 +21,11 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from cpu_kernels import metrics
-from cpu_kernels.data import Interactions
+from cpu_kernels.heat import HeatEngine, HeatOptions
 from cpu_kernels.model import CFParams
-from cpu_kernels.reference import TorchEngine, TorchOptions
-from cpu_kernels.train import HeatEngine, HeatOptions, user_vectors
+from cpu_kernels.torch_reference import TorchEngine, TorchOptions
+from embcache.data.cf.interactions import Interactions
+from embcache.train.cf_eval import evaluate_params
 from embcache.train.diverged import check_loss
 
 ENGINES = ("heat", "torch")
@@ -26,33 +39,6 @@ def make_engine(engine: str, params: CFParams, data: Interactions,
     if engine == "torch":
         return TorchEngine(params, users, items, torch_opts)
     raise ValueError(f"engine must be one of {ENGINES}")
-
-
-def compile_kernels() -> float:
-    """Compile every HEAT kernel (and the evaluation) on a toy problem, so that no epoch's
-    timing includes numba's compiler; returns the seconds it took. numba caches the machine
-    code on disk, so only the first call after an install or an edit is slow."""
-    import numpy as np
-
-    from cpu_kernels.data import from_pairs
-    from cpu_kernels.model import CFConfig
-
-    t0 = time.perf_counter()
-    rng = np.random.default_rng(0)
-    u, i = rng.integers(0, 20, 200), rng.integers(0, 30, 200)
-    data = from_pairs(u[:150], i[:150], u[150:], i[150:], 20, 30)
-    for model in ("simplex", "mf-ccl"):
-        params = CFParams.init(CFConfig(model=model, negatives=4), 20, 30, data.train_indptr, data.train_indices)
-        for tile in (0, 8):
-            make_engine("heat", params, data, HeatOptions(threads=1, tile=tile)).epoch(0)
-        evaluate(params, data)
-    return time.perf_counter() - t0
-
-
-def evaluate(params: CFParams, data: Interactions, ks=(20,), backend="auto") -> dict:
-    """Full-ranking metrics of the current parameters on the test split."""
-    return metrics.evaluate(user_vectors(params), params.I, data.train_indptr, data.train_indices,
-                            data.test_indptr, data.test_indices, ks=ks, backend=backend)
 
 
 def fit(engine, params: CFParams, data: Interactions, epochs: int, ks=(20,),
@@ -86,7 +72,7 @@ def fit(engine, params: CFParams, data: Interactions, epochs: int, ks=(20,),
             rec["active_negatives"] = stats["active_negatives"]
         if (epoch + 1) % max(eval_every, 1) == 0 or epoch + 1 == epochs:
             t1 = time.perf_counter()
-            rec.update(evaluate(params, data, ks, backend))
+            rec.update(evaluate_params(params, data, ks, backend))
             rec["eval_seconds"] = time.perf_counter() - t1
         records.append(rec)
         if on_epoch is not None:

@@ -63,8 +63,14 @@ class TorchEngine:
     """Trains `CFParams` in place (the tensors share the numpy arrays' memory) with Adam.
 
     Example:
-        >>> eng = TorchEngine(params, users, items, TorchOptions(batch_size=512))
-        >>> eng.epoch(epoch=0)["loss"]
+        >>> import numpy as np
+        >>> users, items = np.array([0, 0, 1, 2]), np.array([1, 3, 2, 0])   # training pairs
+        >>> indptr, indices = np.array([0, 2, 3, 4]), np.array([1, 3, 2, 0])  # the same, as CSR
+        >>> params = CFParams.init(CFConfig(dim=8, negatives=2), 3, 4, indptr, indices)
+        >>> eng = TorchEngine(params, users, items, TorchOptions(batch_size=2))
+        >>> stats = eng.epoch(epoch=0)
+        >>> stats["samples"], stats["loss"] > 0
+        (4, True)
     """
 
     def __init__(self, params: CFParams, users: np.ndarray, items: np.ndarray,

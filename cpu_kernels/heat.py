@@ -1,15 +1,18 @@
 """HEAT engine: the thin Python side of the numba kernels. It checks dtypes and shapes,
 keeps the per-thread state (RNG streams, tiles, W-gradient buffers) and cuts an epoch into
-chunks for the progress bar; the arithmetic is all in `_kernels`."""
+chunks for the progress bar; the arithmetic is all in `_kernels`. Also the checked entry
+points of the other kernels: `loss_gradients`, `user_vectors`, `copy_bandwidth` (the memory
+yardstick of `embcache bench cf`) and `compile_kernels`."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numba
 import numpy as np
 
 from cpu_kernels import _kernels
-from cpu_kernels.model import CFParams
+from cpu_kernels.model import CFConfig, CFParams
 
 
 @dataclass(frozen=True)
@@ -49,8 +52,14 @@ class HeatEngine:
     """Trains `CFParams` in place, one epoch per `epoch()` call.
 
     Example:
-        >>> eng = HeatEngine(params, users, items, HeatOptions(threads=2))
-        >>> stats = eng.epoch(epoch=0)   # {'loss': ..., 'samples': ..., 'active_negatives': ...}
+        >>> import numpy as np
+        >>> users, items = np.array([0, 0, 1, 2]), np.array([1, 3, 2, 0])   # training pairs
+        >>> indptr, indices = np.array([0, 2, 3, 4]), np.array([1, 3, 2, 0])  # the same, as CSR
+        >>> params = CFParams.init(CFConfig(dim=8, negatives=2), 3, 4, indptr, indices)
+        >>> eng = HeatEngine(params, users, items, HeatOptions(threads=1, tile=2))
+        >>> stats = eng.epoch(epoch=0)
+        >>> sorted(stats), stats["samples"]
+        (['active_negatives', 'loss', 'samples'], 4)
     """
 
     def __init__(self, params: CFParams, users: np.ndarray, items: np.ndarray,
@@ -149,6 +158,56 @@ def user_vectors(params: CFParams) -> np.ndarray:
     _kernels.user_vectors(params.U, params.I, params.W, params.hist, params.hist_len,
                           np.float32(c.gamma), c.simplex, out)
     return out
+
+
+def copy_bandwidth(threads: int, mib: int, reps: int = 5) -> float:
+    """Bytes/s of a parallel array copy (read + write counted), best of `reps` passes, on
+    `threads` threads: two float64 arrays of `mib` MiB each.
+
+    Example:
+        >>> copy_bandwidth(threads=1, mib=1, reps=2) > 0
+        True
+    """
+    if not 1 <= threads <= max_threads():
+        raise ValueError(f"threads must be in 1..{max_threads()}")
+    if mib < 1 or reps < 1:
+        raise ValueError("mib and reps must be >= 1")
+    n = mib * 2**20 // 8
+    src = np.ones(n, dtype=np.float64)
+    dst = np.empty_like(src)
+    numba.set_num_threads(threads)
+    _kernels.stream_copy(src, dst, 1)  # compile, touch the pages
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        _kernels.stream_copy(src, dst, 1)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.nbytes / best
+
+
+def compile_kernels() -> float:
+    """Compile every HEAT kernel on a toy problem (20 users, 30 items; both models, with and
+    without tiling), so that no epoch's timing includes numba's compiler; returns the
+    seconds it took. numba caches the machine code on disk, so only the first call after an
+    install or an edit is slow.
+
+    Example:
+        >>> compile_kernels() >= 0
+        True
+    """
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(0)
+    num_users, num_items = 20, 30
+    keys = np.unique(rng.integers(0, num_users * num_items, 150))  # distinct (user, item) pairs, sorted
+    users, items = np.divmod(keys, num_items)
+    indptr = np.searchsorted(users, np.arange(num_users + 1)).astype(np.int64)
+    for model in ("simplex", "mf-ccl"):
+        params = CFParams.init(CFConfig(model=model, negatives=4), num_users, num_items, indptr, items)
+        for tile in (0, 8):
+            HeatEngine(params, users, items, HeatOptions(threads=1, tile=tile)).epoch(0)
+        user_vectors(params)
+        loss_gradients(params, users[:4], items[:4], items[4:12].reshape(4, 2))
+    return time.perf_counter() - t0
 
 
 def _check_params(p: CFParams) -> None:

@@ -1,0 +1,101 @@
+"""The LightGCN text format of Gowalla, Yelp2018 and Amazon-Books: a directory with
+`train.txt` and `test.txt`, one `user item item ...` line per user (space separated).
+Bad lines stop the reader with file and line, or are counted and skipped on request.
+
+Example:
+    >>> far_id_limit(50)
+    1100
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from embcache.data.bad_rows import BadRowLog
+from embcache.data.cf.bad_lines import bad_line, is_int
+from embcache.data.cf.interactions import Interactions, from_pairs
+from embcache.errors import format_error
+
+# a test.txt id must be below _FAR_ID_FACTOR x the training count + _FAR_ID_SLACK
+_FAR_ID_FACTOR = 2
+_FAR_ID_SLACK = 1000
+
+
+def far_id_limit(train_count: int) -> int:
+    """The bound a test.txt id must stay below, given the users (or items) of train.txt.
+
+    An id that train.txt never names (a user or item seen only in test) is kept: the table
+    grows to hold it and its row is never trained, so it counts as a miss, as before. But
+    the tables are dense (one row per id up to the largest), so a single corrupt id such as
+    10000000000 would ask for terabytes; an id at or above twice the training count plus
+    1,000 is taken for a bad line instead.
+    """
+    return _FAR_ID_FACTOR * train_count + _FAR_ID_SLACK
+
+
+def read_lightgcn_file(path: str | Path, bad_rows: BadRowLog | None = None,
+                       train_counts: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+    """Read `user item item ...` lines (space separated) into (users, items, num_users).
+
+    Empty lines are ignored; a user with no items is allowed: it adds no pair but still
+    counts in num_users (the largest user id seen + 1), so it keeps its row. A token that
+    is not a non-negative integer, or, for a test file (`train_counts` = the users and items
+    of train.txt), an id at or above its `far_id_limit`, raises `DataFormatError` naming
+    file and line, or, when a `bad_rows` log is given, the line is skipped and counted there.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise format_error(path, None, "no such file")
+    users, items = [], []
+    num_users = 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for lineno, line in enumerate(f, 1):
+            tokens = line.split()
+            if not tokens:
+                continue
+            try:
+                ids = [int(t) for t in tokens]
+            except ValueError:
+                bad = next(t for t in tokens if not is_int(t))
+                bad_line(path, lineno, f"non-integer token {bad!r}", bad_rows)
+                continue
+            if min(ids) < 0:
+                bad_line(path, lineno, f"negative id {min(ids)}", bad_rows)
+                continue
+            if train_counts is not None:
+                far = _far_id(ids, train_counts)
+                if far:
+                    bad_line(path, lineno, far, bad_rows)
+                    continue
+            num_users = max(num_users, ids[0] + 1)
+            users.extend([ids[0]] * (len(ids) - 1))
+            items.extend(ids[1:])
+    if bad_rows is not None:
+        bad_rows.seen(path)
+    return np.array(users, dtype=np.int64), np.array(items, dtype=np.int64), num_users
+
+
+def read_lightgcn(directory: str | Path, skip_bad: bool = False) -> Interactions:
+    """`train.txt` and `test.txt` of a LightGCN-format dataset directory."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise format_error(directory, None, "no such directory (expected train.txt and test.txt)")
+    log = BadRowLog() if skip_bad else None
+    tr_u, tr_i, tr_n = read_lightgcn_file(directory / "train.txt", log)
+    if not len(tr_u):
+        raise format_error(directory / "train.txt", None, "no interactions")
+    te_u, te_i, te_n = read_lightgcn_file(directory / "test.txt", log, train_counts=(tr_n, int(tr_i.max()) + 1))
+    num_items = int(max(tr_i.max(initial=-1), te_i.max(initial=-1))) + 1
+    return from_pairs(tr_u, tr_i, te_u, te_i, num_users=max(tr_n, te_n), num_items=num_items,
+                      name=directory.name, bad_rows=log)
+
+
+def _far_id(ids: list[int], train_counts: tuple[int, int]) -> str:
+    """Why a test line's user or item id is out of all proportion to train.txt ('' if not)."""
+    for kind, value, count in (("user", ids[0], train_counts[0]), ("item", max(ids[1:], default=0), train_counts[1])):
+        limit = far_id_limit(count)
+        if value >= limit:
+            return (f"{kind} id {value} is far beyond the {count:,} {kind}s of train.txt; "
+                    f"a test {kind} id must be below {_FAR_ID_FACTOR} x {count:,} + {_FAR_ID_SLACK:,} = {limit:,}")
+    return ""
