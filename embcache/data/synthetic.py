@@ -153,18 +153,13 @@ def generate_synthetic(out_dir: str | os.PathLike, rows: int = 200_000, scale: f
     "base_rate", and "generator" (the arguments and hidden parameters worth knowing).
 
     Example:
-        >>> meta = generate_synthetic("datasets/synthetic", rows=20_000)  # doctest: +SKIP
-        >>> meta["oracle_auc"] > 0.7  # doctest: +SKIP
-        True
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     meta = generate_synthetic(tmp, rows=2_000, scale=0.001)
+        >>> meta["splits"]["val"]["rows"], meta["oracle_auc"] > 0.7
+        (200, True)
     """
-    check_whole("rows", rows, 1)
-    if not (isinstance(seed, (int, np.integer)) and seed >= 0):
-        raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
-    val_rows = max(1, rows // 10) if val_rows is None else val_rows
-    test_rows = max(1, rows // 10) if test_rows is None else test_rows
-    check_whole("val_rows", val_rows, 0)
-    check_whole("test_rows", test_rows, 0)
-    check_whole("chunk_rows", chunk_rows, 1)
+    val_rows, test_rows = _check_rows(rows, seed, val_rows, test_rows, chunk_rows)
     cards = scaled_cardinalities(scale)
     model = HiddenModel(cards, seed)
     features = [SparseFeature(f"sparse_{f}", c) for f, c in enumerate(cards)]
@@ -174,32 +169,61 @@ def generate_synthetic(out_dir: str | os.PathLike, rows: int = 200_000, scale: f
     rates: dict[str, float] = {}
     bar = _progress(rows + val_rows + test_rows, progress)
     for split_index, (split, n) in enumerate((("train", rows), ("val", val_rows), ("test", test_rows))):
-        # train needs only the count of positives; val and test keep (prob, label) per row for
-        # the oracle AUC, in arrays sized once by the known row count
-        scored = split != "train"
-        probs = np.empty(n if scored else 0, dtype=np.float64)
-        labels = np.empty(n if scored else 0, dtype=np.int8)
-        positives = 0
-        for chunk, start in enumerate(range(0, n, chunk_rows)):
-            size = min(chunk_rows, n - start)
-            rng = np.random.default_rng([seed, split_index, chunk])
-            dense, ids, prob, _ = model.sample(rng, size)
-            label = (rng.random(size) < prob).astype(np.int8)
-            writer.write(split, label, dense, [ids[:, f] for f in range(len(cards))])
-            positives += int(label.sum())
-            if scored:
-                probs[start:start + size], labels[start:start + size] = prob, label
-            bar.update(size)
-        rates[split] = positives / n if n else float("nan")
-        if scored and n:
-            oracle[split] = roc_auc(probs, labels)
+        rates[split], auc = _write_split(writer, model, split, n, [seed, split_index], chunk_rows, bar)
+        if auc is not None:
+            oracle[split] = auc
     bar.close()
     generator = {"rows": rows, "val_rows": val_rows, "test_rows": test_rows, "scale": scale, "seed": seed,
-                 "zipf_exponents": [round(float(s), 4) for s in model.zipf],
-                 "informative_features": [f"sparse_{f}" for f in model.informative],
-                 "effect_std": model.effect_std, "dense_weights": [round(float(w), 4) for w in model.dense_weight]}
+                 **_hidden_parameters(model)}
     return writer.finish(oracle_auc=oracle.get("val"), oracle_auc_test=oracle.get("test"),
                          base_rate=model.base_rate, label_rate=rates, generator=generator)
+
+
+def _check_rows(rows: int, seed: int, val_rows: int | None, test_rows: int | None,
+                chunk_rows: int) -> tuple[int, int]:
+    """Check the row counts and the seed; returns val_rows and test_rows, a tenth of `rows`
+    (at least 1) where None."""
+    check_whole("rows", rows, 1)
+    if not (isinstance(seed, (int, np.integer)) and seed >= 0):
+        raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
+    val_rows = max(1, rows // 10) if val_rows is None else val_rows
+    test_rows = max(1, rows // 10) if test_rows is None else test_rows
+    check_whole("val_rows", val_rows, 0)
+    check_whole("test_rows", test_rows, 0)
+    check_whole("chunk_rows", chunk_rows, 1)
+    return val_rows, test_rows
+
+
+def _write_split(writer: CTRDatasetWriter, model: HiddenModel, split: str, n: int, seed: list[int],
+                 chunk_rows: int, bar) -> tuple[float, float | None]:
+    """Draw and write `n` rows of `split`, chunk k from the generator seeded `seed + [k]`;
+    returns the label rate and, for val and test, the hidden model's AUC (None for train or
+    no rows)."""
+    # train needs only the count of positives; val and test keep (prob, label) per row for
+    # the oracle AUC, in arrays sized once by the known row count
+    scored = split != "train"
+    probs = np.empty(n if scored else 0, dtype=np.float64)
+    labels = np.empty(n if scored else 0, dtype=np.int8)
+    positives = 0
+    for chunk, start in enumerate(range(0, n, chunk_rows)):
+        size = min(chunk_rows, n - start)
+        rng = np.random.default_rng([*seed, chunk])
+        dense, ids, prob, _ = model.sample(rng, size)
+        label = (rng.random(size) < prob).astype(np.int8)
+        writer.write(split, label, dense, [ids[:, f] for f in range(ids.shape[1])])
+        positives += int(label.sum())
+        if scored:
+            probs[start:start + size], labels[start:start + size] = prob, label
+        bar.update(size)
+    rate = positives / n if n else float("nan")
+    return rate, (roc_auc(probs, labels) if scored and n else None)
+
+
+def _hidden_parameters(model: HiddenModel) -> dict:
+    """The hidden parameters meta.json's "generator" records."""
+    return {"zipf_exponents": [round(float(s), 4) for s in model.zipf],
+            "informative_features": [f"sparse_{f}" for f in model.informative],
+            "effect_std": model.effect_std, "dense_weights": [round(float(w), 4) for w in model.dense_weight]}
 
 
 def _progress(total: int, enabled: bool):
