@@ -1,4 +1,5 @@
-"""HEAT kernels: exact gradients against PyTorch autograd, determinism, tiling, chunking."""
+"""HEAT kernels: exact gradients against PyTorch autograd, determinism, tiling, chunking, the
+kernels run as plain Python (JIT off) against the compiled ones, and cpu_kernels standing alone."""
 from __future__ import annotations
 
 import numpy as np
@@ -131,3 +132,96 @@ def test_engine_checks_its_inputs(small):
     params.U = params.U.astype(np.float64)
     with pytest.raises(TypeError, match="float32"):
         HeatEngine(params, users, items)
+
+
+def _tiny_kernel_run() -> dict:
+    """One HEAT epoch and `loss_gradients` on a tiny input, for each model: 12 users, 15 items,
+    d=4, K=3, one thread, tiling on (tile 5, refresh 4) and W applied every 3 samples. Imports
+    only numpy and cpu_kernels, so that a subprocess with the JIT disabled can run it too."""
+    import numpy as np
+
+    from cpu_kernels import _kernels
+    from cpu_kernels.heat import HeatEngine, HeatOptions, loss_gradients
+    from cpu_kernels.model import CFConfig, CFParams
+
+    rng = np.random.default_rng(11)
+    nu, ni = 12, 15
+    keys = np.unique(rng.integers(0, nu * ni, 50))  # distinct (user, item) pairs, sorted
+    users, items = np.divmod(keys, ni)
+    indptr = np.searchsorted(users, np.arange(nu + 1))
+    out = {"jit": np.array(hasattr(_kernels.train_pairs, "py_func"))}
+    for model in ("simplex", "mf-ccl"):
+        config = CFConfig(model=model, dim=4, negatives=3, margin=0.2, neg_weight=3.0, history=3, init_std=0.5,
+                          seed=2)
+        params = CFParams.init(config, nu, ni, indptr, items)
+        if model == "simplex":
+            params.W += (0.3 * rng.standard_normal(params.W.shape)).astype(np.float32)
+        b_users, b_pos, b_negs = users[:6], items[:6], rng.integers(0, ni, (6, 3))
+        loss, gU, gI, gW = loss_gradients(params, b_users, b_pos, b_negs)
+        engine = HeatEngine(params, users, items, HeatOptions(threads=1, tile=5, refresh=4, w_sync=3))
+        stats = engine.epoch(0)
+        out.update({f"{model}/grad_loss": np.array(loss), f"{model}/gU": gU, f"{model}/gI": gI,
+                    f"{model}/gW": gW, f"{model}/U": params.U, f"{model}/I": params.I, f"{model}/W": params.W,
+                    f"{model}/epoch_loss": np.array(stats["loss"]),
+                    f"{model}/active_negatives": np.array(stats["active_negatives"]),
+                    f"{model}/rng": engine.rng, f"{model}/tile_state": engine.tile_state})
+    return out
+
+
+def test_kernels_as_plain_python_equal_the_compiled_kernels(tmp_path):
+    """The numba kernels run once as plain Python (NUMBA_DISABLE_JIT=1, set in a subprocess:
+    numba reads it at import) and once compiled, on the same tiny input: the trained U, I, W
+    after one epoch and `loss_gradients` agree to rtol 1e-5 / atol 1e-6, not bit for bit:
+    the compiled dot product may reassociate and fuse its sum (fastmath reassoc, contract),
+    which moves float32 results by a few ulps, and plain Python adds the per-sample losses
+    in float32 where numba uses float64. The random streams, tiles and active-negative
+    counts are integer work and must agree exactly."""
+    import inspect
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "plain.npz"
+    script = (inspect.getsource(_tiny_kernel_run)
+              + f"\nimport numpy as np\nnp.savez({str(out)!r}, **_tiny_kernel_run())\n")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1", "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-W", "ignore::RuntimeWarning", "-c", script], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    compiled = _tiny_kernel_run()
+    with np.load(out) as plain:
+        assert not plain["jit"] and compiled.pop("jit")  # the subprocess really ran the Python functions
+        assert set(plain.files) == set(compiled) | {"jit"}
+        for key in sorted(compiled):
+            if key.endswith(("active_negatives", "rng", "tile_state")):
+                assert np.array_equal(plain[key], compiled[key]), key
+            else:
+                np.testing.assert_allclose(plain[key], compiled[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    for model in ("simplex", "mf-ccl"):  # the input exercises what it should
+        assert compiled[f"{model}/active_negatives"] > 0 and np.abs(compiled[f"{model}/gI"]).max() > 1e-3
+    assert np.abs(compiled["simplex/gW"]).max() > 1e-3
+
+
+def test_cpu_kernels_imports_nothing_from_embcache():
+    """cpu_kernels stands alone: no module of it names embcache in an import, and importing
+    all of them loads no embcache module."""
+    import ast
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "cpu_kernels"
+    modules = sorted(package.glob("*.py"))
+    assert {m.name for m in modules} >= {"__init__.py", "_kernels.py", "heat.py", "model.py", "torch_reference.py"}
+    for path in modules:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n.split(".")[0] == "embcache" for n in names), f"{path.name}:{node.lineno}: {names}"
+    imports = "; ".join(f"import cpu_kernels.{m.stem}" for m in modules if m.stem != "__init__")
+    check = f"import sys; {imports}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'embcache'))"
+    done = subprocess.run([sys.executable, "-c", check], cwd=package.parent, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
