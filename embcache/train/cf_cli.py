@@ -176,7 +176,7 @@ def _read_data(args):
     if log is not None:
         _report_bad(log)
     return split_ratings(ratings, args.split, args.test_fraction, args.split_seed, args.min_rating,
-                                name=path.name, bad_rows=log)
+                         name=path.name, bad_rows=log)
 
 
 def _report_bad(log) -> None:
