@@ -141,3 +141,46 @@ def test_bad_input_in_a_later_group_changes_no_group():
     for bag, (slots, stats) in zip(cached.bags, before):
         assert torch.equal(bag.cache.slots.slot_to_id, slots) and bag.cache_stats() == stats
         assert int(bag.cache.pins.sum()) == 0
+
+
+@pytest.mark.parametrize("values, message", [
+    # the position is the position within that feature's ids
+    ([1, 2, 3, 4, 5, 6, 900, 1, 2, 3], r"feature 'item_hist': id 900 at position 2 is outside table 't_item' \[0, 800\)"),
+    ([1, -4, 3, 4, 5, 6, 7, 1, 2, 3], r"feature 'user': id -4 at position 1 is outside table 't_user' \[0, 500\)"),
+    ([1, 2, 800, 4, 5, 6, 7, 1, 2, 3], r"feature 'item': id 800 at position 0 is outside table 't_item' \[0, 800\)"),
+])
+def test_collection_names_the_feature_and_the_position_within_it(values, message):
+    cached = CachedEmbeddingBagCollection(tables(), cache_ratio=0.05, device="cpu")
+    kjt = KeyedJaggedTensor(keys=FEATURES, values=torch.tensor(values, dtype=torch.int32),
+                            lengths=torch.tensor([1, 1, 1, 1, 2, 3, 1, 1]))
+    with pytest.raises(ValueError, match=message):
+        cached(kjt)
+    with pytest.raises(ValueError, match=message):
+        cached.prefetch(kjt)
+
+
+def test_collection_checks_each_group_once(monkeypatch):
+    """One range check per group, none per feature and none again in the bag's lookup."""
+    from embcache.nn import bag_input, cached_collection, cached_embedding_bag
+
+    two = [EmbeddingBagConfig(name="a", embedding_dim=4, num_embeddings=50, feature_names=["fa", "fa2"]),
+           EmbeddingBagConfig(name="b", embedding_dim=4, num_embeddings=9, feature_names=["fb"]),
+           EmbeddingBagConfig(name="c", embedding_dim=6, num_embeddings=50, feature_names=["fc"])]
+    cached = CachedEmbeddingBagCollection(two, cache_ratio=0.2, device="cpu")
+    calls = []
+
+    def counting(*args):
+        calls.append(args)
+        return bag_input.check_feature_ids(*args)
+
+    def refuse(*args):
+        raise AssertionError("the collection's input was checked again")
+
+    monkeypatch.setattr(cached_collection, "check_feature_ids", counting)
+    monkeypatch.setattr(cached_embedding_bag, "check_bag_input", refuse)
+    kjt = KeyedJaggedTensor(keys=["fa", "fa2", "fb", "fc"], values=torch.tensor([1, 49, 2, 8, 3]),
+                            lengths=torch.tensor([1, 0, 1, 1, 1, 0, 0, 1]))
+    out = cached(kjt)
+    assert out.values().shape == (2, 4 + 4 + 4 + 6) and len(calls) == 2
+    cached.prefetch(kjt)
+    assert len(calls) == 4

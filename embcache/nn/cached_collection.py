@@ -10,6 +10,7 @@ call per group (in DLRM: one call).
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -18,6 +19,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from embcache.device import resolve_device
 
+from .bag_input import ID_DTYPES, check_feature_ids, check_layout, check_weights, to_device
 from .cached_embedding_bag import CachedEmbeddingBag
 
 _POOLING = {PoolingType.SUM: "sum", PoolingType.MEAN: "mean"}
@@ -36,6 +38,20 @@ class _Group:
         self.tables.append(config)
         self.row_offsets.append(self.num_rows)
         self.num_rows += config.num_embeddings
+
+
+@dataclass
+class _GroupInput:
+    """One group's share of a batch, as its bag takes it. `segments`: per table, the
+    number of lookups of each of its features (an uncached collection sums each table's
+    gradient on its own, and the cache must sum in the same order)."""
+
+    ids: torch.Tensor  # 1-D, int64, in the group's concatenated id space
+    offsets: torch.Tensor
+    weights: torch.Tensor | None
+    features: list[str]
+    batch: int
+    segments: list[list[int]]
 
 
 class CachedEmbeddingBagCollection(nn.Module):
@@ -126,33 +142,35 @@ class CachedEmbeddingBagCollection(nn.Module):
         return self._device
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        # every group's input is checked before any group's cache changes
-        per_group = [(bag, bag.normalize_input(ids, offsets, weights), segments, feats, batch)
-                     for bag, (ids, offsets, weights, feats, batch, segments)
-                     in zip(self.bags, self._split(features))]
+        groups = self._group_inputs(features)
+        for bag, group in zip(self.bags, groups):
+            check_layout(group.ids, group.offsets, group.weights)
+            check_weights(group.weights, bag.mode)
+        # every group is checked before any group's cache changes; a batch from the host
+        # is checked there (no device sync), and only checked input moves to the device
         pooled: dict[str, torch.Tensor] = {}
-        for bag, normalized, segments, feats, batch in per_group:
-            out = bag.lookup_normalized(*normalized, segments=segments)
-            out = out.view(len(feats), batch, bag.embedding_dim)
+        for bag, group in zip(self.bags, groups):
+            out = bag.lookup_normalized(*to_device(group.ids, group.offsets, group.weights, bag.device),
+                                        segments=group.segments)
+            out = out.view(len(group.features), group.batch, bag.embedding_dim)
             if len(self._groups) == 1:
-                values = out.transpose(0, 1).reshape(batch, -1)
-                return KeyedTensor(keys=feats, length_per_key=self._lengths_per_embedding,
+                values = out.transpose(0, 1).reshape(group.batch, -1)
+                return KeyedTensor(keys=group.features, length_per_key=self._lengths_per_embedding,
                                    values=values)
-            pooled.update(zip(feats, out.unbind(0)))
+            pooled.update(zip(group.features, out.unbind(0)))
         values = torch.cat([pooled[f] for f in self._feature_names], dim=1)
         return KeyedTensor(keys=self._feature_names, length_per_key=self._lengths_per_embedding,
                            values=values)
 
     def prefetch(self, features: KeyedJaggedTensor) -> None:
         """Load the rows a coming batch needs (see `CachedEmbeddingBag.prefetch`)."""
-        for bag, (ids, _, _, _, _, _) in zip(self.bags, self._split(features)):
-            bag.cache.prefetch(ids.to(bag.device))  # ids checked by _split already
+        for bag, group in zip(self.bags, self._group_inputs(features)):
+            bag.cache.prefetch(group.ids.to(bag.device))
 
-    def _split(self, kjt: KeyedJaggedTensor):
-        """Per group: 1-D ids in the concatenated id space, bag offsets, weights, the
-        group's feature names, the batch size and, per table, the number of lookups of
-        each of its features (an uncached collection sums each table's gradient on its
-        own); checks every id against its table."""
+    def _group_inputs(self, kjt: KeyedJaggedTensor) -> list[_GroupInput]:
+        """Each group's lookups in its concatenated id space, every id checked against
+        its own table (one comparison per group); the layout and weights are left to
+        check."""
         keys = kjt.keys()
         missing = [f for f in self._feature_names if f not in keys]
         if missing:
@@ -162,38 +180,17 @@ class CachedEmbeddingBagCollection(nn.Module):
         batch = kjt.stride()
         lengths = kjt.lengths().view(len(keys), batch)
         values = kjt.values()
-        if values.dtype not in (torch.int64, torch.int32):
+        if values.dtype not in ID_DTYPES:
             raise ValueError(f"feature ids must be int64 or int32, got {values.dtype}")
         weights = kjt.weights_or_none() if self._is_weighted else None
         if self._is_weighted and weights is None:
             raise ValueError("this collection is weighted but the KeyedJaggedTensor has no weights")
-        per_key = lengths.sum(1)
-        starts = torch.cumsum(per_key, 0) - per_key
-        key_index = {k: i for i, k in enumerate(keys)}
-        out = []
-        for g in self._groups:
-            feats, id_parts, len_parts, w_parts, segments = [], [], [], [], []
-            for t, row_offset in zip(g.tables, g.row_offsets):
-                segments.append([])
-                for f in t.feature_names:
-                    i = key_index[f]
-                    s, n = int(starts[i]), int(per_key[i])
-                    ids = values[s: s + n]
-                    if n and (bool((ids < 0).any()) or bool((ids >= t.num_embeddings).any())):
-                        pos = int(torch.nonzero((ids < 0) | (ids >= t.num_embeddings))[0])
-                        raise ValueError(f"feature {f!r}: id {int(ids[pos])} at position {pos} is "
-                                         f"outside table {t.name!r} [0, {t.num_embeddings})")
-                    id_parts.append(ids.long() + row_offset)
-                    segments[-1].append(n)
-                    len_parts.append(lengths[i])
-                    if weights is not None:
-                        w_parts.append(weights[s: s + n])
-                    feats.append(f)
-            all_lengths = torch.cat(len_parts)
-            offsets = torch.cumsum(all_lengths, 0) - all_lengths
-            out.append((torch.cat(id_parts), offsets, torch.cat(w_parts) if w_parts else None,
-                        feats, batch, segments))
-        return out
+        per_key = lengths.sum(1).tolist()  # one sync for all features (none on the host)
+        spans, start = {}, 0
+        for i, (key, n) in enumerate(zip(keys, per_key)):
+            spans[key] = (i, start, n)
+            start += n
+        return [_group_input(g, values, lengths, weights, batch, spans) for g in self._groups]
 
     # --------------------------------------------------------- the cache's interface
     def flush(self) -> None:
@@ -226,6 +223,36 @@ class CachedEmbeddingBagCollection(nn.Module):
 
     def cache_rows(self) -> int:
         return sum(bag.cache.num_slots for bag in self.bags)
+
+
+def _group_input(group: _Group, values: torch.Tensor, lengths: torch.Tensor,
+                 weights: torch.Tensor | None, batch: int, spans: dict) -> _GroupInput:
+    """`spans`: feature -> (its row of `lengths`, where its ids start in `values`, how
+    many there are)."""
+    features, id_parts, counts, len_parts, w_parts, segments = [], [], [], [], [], []
+    tables, row_offsets = [], []
+    for t, row_offset in zip(group.tables, group.row_offsets):
+        segments.append([])
+        for f in t.feature_names:
+            i, s, n = spans[f]
+            id_parts.append(values[s: s + n])
+            counts.append(id_parts[-1].numel())
+            tables.append((f, t.name, t.num_embeddings))
+            row_offsets.append(row_offset)
+            segments[-1].append(n)
+            len_parts.append(lengths[i])
+            if weights is not None:
+                w_parts.append(weights[s: s + n])
+            features.append(f)
+    ids = torch.cat(id_parts)
+    check_feature_ids(ids, counts, tables)
+    ids = ids.long()
+    if any(row_offsets):  # into the group's id space
+        ids += torch.repeat_interleave(torch.tensor(row_offsets, device=ids.device),
+                                       torch.tensor(counts, device=ids.device), output_size=ids.numel())
+    all_lengths = torch.cat(len_parts)
+    offsets = torch.cumsum(all_lengths, 0) - all_lengths
+    return _GroupInput(ids, offsets, torch.cat(w_parts) if w_parts else None, features, batch, segments)
 
 
 def combine_stats(per_cache) -> dict:

@@ -26,6 +26,8 @@ from embcache.cache.row_cache import Lookup, RowCache
 from embcache.cache.stats import CacheStats
 from embcache.device import resolve_device
 
+from .bag_input import check_bag_input, to_device
+
 MODES = ("sum", "mean")
 
 
@@ -96,9 +98,11 @@ class CachedEmbeddingBag(nn.Module):
     def lookup_normalized(self, ids: torch.Tensor, offsets: torch.Tensor,
                           weights: torch.Tensor | None,
                           segments: list[list[int]] | None = None) -> torch.Tensor:
-        """Forward on input already checked by `normalize_input`. `segments`: per table
-        of an uncached collection, the number of lookups of each of its features, so that
-        gradients are summed per table, as torch sums them."""
+        """Forward on input already checked and on the cache's device (by
+        `normalize_input`, or by a collection for its whole group), so that it is not
+        checked twice. `segments`: per table of an uncached collection, the number of
+        lookups of each of its features, so that gradients are summed per table, as torch
+        sums them."""
         train = self.training and torch.is_grad_enabled()
         lookup = self.cache.prepare(ids, keep=train, segments=segments)
         table = self.cache.weight
@@ -130,11 +134,11 @@ class CachedEmbeddingBag(nn.Module):
         self.cache.prefetch(ids)
 
     def normalize_input(self, input, offsets=None, per_sample_weights=None):
-        """Check a batch like `nn.EmbeddingBag` would, and more (id range, offsets
-        order, finite weights), before anything changes; return 1-D ids on the cache's
-        device, offsets and weights. Raises ValueError naming the problem."""
-        return normalize_bag_input(input, offsets, per_sample_weights, self.num_embeddings,
-                                   self.mode, self.device)
+        """Check a batch where it is (see `bag_input`), before anything changes, then
+        return 1-D ids, offsets and weights on the cache's device. Raises ValueError
+        naming the problem."""
+        checked = check_bag_input(input, offsets, per_sample_weights, self.num_embeddings, self.mode)
+        return to_device(*checked, self.device)
 
     # ------------------------------------------------------------------ host side
     def flush(self) -> None:
@@ -192,64 +196,6 @@ def _is_cache_key(key: str) -> bool:
     one group's `optimizer.sum`, `policy.clock`, `prefetch.ids`."""
     head, _, rest = key.partition(".")
     return not rest or (head in ("optimizer", "policy", "prefetch") and "." not in rest)
-
-
-def normalize_bag_input(input, offsets, per_sample_weights, num_embeddings: int, mode: str,
-                        device: torch.device):
-    if not torch.is_tensor(input):
-        raise ValueError(f"input must be a tensor of ids, got {type(input).__name__}")
-    if input.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"input must hold int64 or int32 ids, got {input.dtype}")
-    weights = per_sample_weights
-    if input.dim() == 2:
-        if offsets is not None:
-            raise ValueError("offsets must be None when input is 2-D (each row is one bag)")
-        bags, width = input.shape
-        offsets = torch.arange(0, bags * width, width, device=input.device) if width else \
-            torch.zeros(bags, dtype=torch.long, device=input.device)
-        input = input.reshape(-1)
-        if weights is not None:
-            if weights.shape != (bags, width):
-                raise ValueError(f"per_sample_weights shape {tuple(weights.shape)} does not match "
-                                 f"input shape {(bags, width)}")
-            weights = weights.reshape(-1)
-    elif input.dim() == 1:
-        if offsets is None:
-            raise ValueError("1-D input needs offsets (the start of each bag)")
-        if not torch.is_tensor(offsets) or offsets.dim() != 1 or \
-                offsets.dtype not in (torch.int64, torch.int32):
-            raise ValueError("offsets must be a 1-D int64 or int32 tensor")
-        if offsets.numel() == 0:
-            raise ValueError("offsets is empty: at least one bag is needed")
-        if int(offsets[0]) != 0:
-            raise ValueError(f"offsets must start at 0, got {int(offsets[0])}")
-        if offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
-            bad = int(torch.nonzero(offsets[1:] < offsets[:-1])[0]) + 1
-            raise ValueError(f"offsets must be non-decreasing; offsets[{bad}]={int(offsets[bad])} "
-                             f"< offsets[{bad - 1}]={int(offsets[bad - 1])}")
-        if int(offsets[-1]) > input.numel():
-            raise ValueError(f"offsets[-1]={int(offsets[-1])} exceeds the number of ids ({input.numel()})")
-        if weights is not None and weights.shape != input.shape:
-            raise ValueError(f"per_sample_weights shape {tuple(weights.shape)} does not match "
-                             f"input shape {tuple(input.shape)}")
-    else:
-        raise ValueError(f"input must be 1-D (with offsets) or 2-D, got {input.dim()}-D")
-    if input.numel():
-        lo, hi = torch.aminmax(input)
-        if int(lo) < 0 or int(hi) >= num_embeddings:
-            pos = int(torch.nonzero((input < 0) | (input >= num_embeddings))[0])
-            raise ValueError(f"id {int(input[pos])} at position {pos} is outside "
-                             f"[0, {num_embeddings})")
-    if weights is not None:
-        if mode != "sum":
-            raise ValueError(f"per_sample_weights need mode='sum', this bag uses {mode!r}")
-        if weights.dtype != torch.float32:
-            raise ValueError(f"per_sample_weights must be float32 (the table's dtype), got {weights.dtype}")
-        if not bool(torch.isfinite(weights).all()):
-            pos = int(torch.nonzero(~torch.isfinite(weights))[0])
-            raise ValueError(f"per_sample_weights[{pos}] is {float(weights[pos])}: weights must be finite")
-        weights = weights.to(device)
-    return input.to(device, torch.long), offsets.to(device, torch.long), weights
 
 
 def _check_config(num_embeddings, embedding_dim, mode, cache_ratio, warmup_ratio, eviction,
