@@ -3,6 +3,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from embcache.cache.optimizers import torch_equivalent
+
 
 def zipf_batches(num_rows, steps, bags, bag_size, seed=0, a=1.2, two_d=False):
     """Batches of Zipf-distributed ids (hot ids scattered over the table)."""
@@ -19,16 +21,6 @@ def zipf_batches(num_rows, steps, bags, bag_size, seed=0, a=1.2, two_d=False):
             offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
             out.append((torch.from_numpy(ids), torch.from_numpy(offsets)))
     return out
-
-
-def torch_optimizer(name, params, lr):
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "adagrad":
-        return torch.optim.Adagrad(params, lr=lr)
-    if name == "adam":
-        return torch.optim.SparseAdam(params, lr=lr)
-    raise ValueError(name)
 
 
 class RowWiseAdagradReference:
@@ -54,4 +46,4 @@ def reference_bag(weight, mode, optimizer, lr):
                           _weight=weight.clone())
     if optimizer == "rowwise_adagrad":
         return ref, RowWiseAdagradReference(ref.weight, lr)
-    return ref, torch_optimizer(optimizer, ref.parameters(), lr)
+    return ref, torch_equivalent(optimizer, ref.parameters(), lr)

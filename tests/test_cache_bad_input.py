@@ -97,3 +97,13 @@ def test_float64_per_sample_weights_raise_and_change_nothing(bag):
         bag(torch.tensor([1, 2]), torch.tensor([0]), torch.tensor([1.0, 2.0], dtype=torch.float64))
     for a, b in zip(before, snapshot(bag)):
         assert (torch.equal(a, b) if torch.is_tensor(a) else a == b)
+
+
+def test_an_optimizer_without_a_torch_equivalent_names_the_choices():
+    from embcache.cache.optimizers import torch_equivalent
+
+    weight = torch.nn.Parameter(torch.zeros(3, 2))
+    assert isinstance(torch_equivalent("adam", [weight], 0.1), torch.optim.SparseAdam)
+    with pytest.raises(ValueError, match=r"'rowwise_adagrad' has no torch equivalent; choose from "
+                                         r"\['adagrad', 'adam', 'sgd'\]"):
+        torch_equivalent("rowwise_adagrad", [weight], 0.1)

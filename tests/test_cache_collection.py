@@ -11,7 +11,7 @@ from torchrec.models.dlrm import DLRM
 from torchrec.modules.embedding_configs import PoolingType
 
 from embcache import CachedEmbeddingBagCollection
-from tests.cache_helpers import torch_optimizer
+from embcache.cache.optimizers import torch_equivalent
 
 D = 4
 
@@ -62,7 +62,7 @@ def test_collection_trains_like_torchrec(optimizer, pooling, weighted):
     for bag in ebc.embedding_bags.values():
         bag.sparse = True
     copy_weights(cached, ebc)
-    opt = torch_optimizer(optimizer, ebc.parameters(), 0.01)
+    opt = torch_equivalent(optimizer, ebc.parameters(), 0.01)
     target = torch.randn(32, 4 * D)
     for kjt in kjt_batches(150, 32, weighted=weighted):
         got, want = cached(kjt), ebc(kjt)

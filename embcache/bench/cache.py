@@ -25,6 +25,7 @@ from embcache.bench.belady import belady_hit_rate
 from embcache.bench.common import DEFAULT_RESULTS_DIR, write_json
 from embcache.bench.criteo_trace import CriteoTrace
 from embcache.cache.eviction import POLICIES
+from embcache.cache.optimizers import TORCH_EQUIVALENTS, torch_equivalent
 from embcache.device import resolve_device
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
 
@@ -45,7 +46,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--timing-steps", type=int, default=30)
     p.add_argument("--dim", type=int, default=16, help="embedding dim of the timing run")
     p.add_argument("--optimizers", nargs="+", default=["sgd", "adagrad"],
-                   choices=["sgd", "adagrad", "adam"])
+                   choices=list(TORCH_EQUIVALENTS))
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR), help="results directory")
@@ -87,15 +88,6 @@ def hit_rates(args, device) -> dict:
     return out
 
 
-def _torch_optimizer(name, params, lr):
-    # torch's Adagrad rebuilds a sparse tensor each step and warns that it skips the
-    # invariant checks; that is the baseline working as intended, not something to report
-    warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
-    return {"sgd": lambda: torch.optim.SGD(params, lr=lr),
-            "adagrad": lambda: torch.optim.Adagrad(params, lr=lr),
-            "adam": lambda: torch.optim.SparseAdam(params, lr=lr)}[name]()
-
-
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -110,11 +102,14 @@ def timing(args, device) -> dict:
     freq = trace.frequencies()
     batches = list(trace)
     target = torch.randn(args.batch_size, d, device=device)
+    # torch's Adagrad rebuilds a sparse tensor each step and warns that it skips the
+    # invariant checks; that is the baseline working as intended, not something to report
+    warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
     results = []
     for opt_name in args.optimizers:
         weight = torch.randn(n, d) * 0.01
         ref = torch.nn.EmbeddingBag(n, d, mode="sum", sparse=True, _weight=weight.clone()).to(device)
-        opt = _torch_optimizer(opt_name, ref.parameters(), 0.01)
+        opt = torch_equivalent(opt_name, ref.parameters(), 0.01)
         for ratio in args.ratios:
             bag = CachedEmbeddingBag(n, d, cache_ratio=ratio, ids_freq=freq, optimizer=opt_name,
                                      lr=0.01, device=device, weight=weight)

@@ -22,10 +22,6 @@ class HostStore:
         self.state = {k: (v.pin_memory() if pin and not v.is_pinned() else v) for k, v in state.items()}
         self.pinned = pin
 
-    @property
-    def num_rows(self) -> int:
-        return self.weight.shape[0]
-
     def row_bytes(self) -> int:
         """Bytes one row occupies with its state: what moving it costs."""
         per = self.weight.shape[1] * self.weight.element_size()

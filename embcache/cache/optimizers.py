@@ -17,6 +17,8 @@ import math
 import torch
 
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
+# what each optimizer here equals on an uncached table (row-wise Adagrad has none in torch)
+TORCH_EQUIVALENTS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.SparseAdam}
 
 
 class RowOptimizer:
@@ -40,12 +42,10 @@ class RowOptimizer:
         """Per-row state tables: name -> number of columns."""
         return {}
 
-    def init_state(self, rows: int, dim: int, device="cpu", pin: bool = False) -> dict[str, torch.Tensor]:
-        state = {}
-        for name, width in self.state_widths(dim).items():
-            t = torch.full((rows, width), self.initial_state_value(name), dtype=torch.float32, device=device)
-            state[name] = t.pin_memory() if pin else t
-        return state
+    def init_state(self, rows: int, dim: int, device="cpu") -> dict[str, torch.Tensor]:
+        return {name: torch.full((rows, width), self.initial_state_value(name), dtype=torch.float32,
+                                 device=device)
+                for name, width in self.state_widths(dim).items()}
 
     def initial_state_value(self, name: str) -> float:
         return 0.0
@@ -53,9 +53,6 @@ class RowOptimizer:
     def update(self, weight: torch.Tensor, state: dict[str, torch.Tensor], rows: torch.Tensor,
                values: torch.Tensor, step: int) -> None:
         raise NotImplementedError
-
-    def hyperparameters(self) -> dict:
-        return {"name": self.name, "lr": self.lr}
 
 
 class SGD(RowOptimizer):
@@ -95,10 +92,6 @@ class Adagrad(RowOptimizer):
         std_values = state_sum.index_select(0, rows).sqrt_().add_(self.eps)
         weight.index_add_(0, rows, values / std_values, alpha=-clr)
 
-    def hyperparameters(self):
-        return {**super().hyperparameters(), "eps": self.eps, "lr_decay": self.lr_decay,
-                "initial_accumulator_value": self.initial_accumulator_value}
-
 
 class RowWiseAdagrad(RowOptimizer):
     """Adagrad with one accumulator per row (the mean of the squared gradient over the
@@ -123,10 +116,6 @@ class RowWiseAdagrad(RowOptimizer):
         std = state_sum.index_select(0, rows).sqrt_().add_(self.eps)
         # w + (-lr * (g / std)), each product rounded on its own (no fused multiply-add)
         weight.index_add_(0, rows, (values / std).mul_(-self.lr))
-
-    def hyperparameters(self):
-        return {**super().hyperparameters(), "eps": self.eps,
-                "initial_accumulator_value": self.initial_accumulator_value}
 
 
 class Adam(RowOptimizer):
@@ -163,9 +152,6 @@ class Adam(RowOptimizer):
         step_size = self.lr * math.sqrt(bias_correction2) / bias_correction1
         weight.index_add_(0, rows, -step_size * numer.div_(denom))
 
-    def hyperparameters(self):
-        return {**super().hyperparameters(), "betas": (self.beta1, self.beta2), "eps": self.eps}
-
 
 def make_optimizer(name: str, lr: float, **kwargs) -> RowOptimizer:
     """Build a row-wise optimizer by name; keyword arguments follow torch's names."""
@@ -176,3 +162,12 @@ def make_optimizer(name: str, lr: float, **kwargs) -> RowOptimizer:
         return classes[name](lr, **kwargs)
     except TypeError as err:
         raise ValueError(f"bad argument for optimizer {name!r}: {err}") from None
+
+
+def torch_equivalent(name: str, params, lr: float) -> torch.optim.Optimizer:
+    """The torch optimizer that trains an uncached sparse table as optimizer `name`
+    trains a cached one: the baseline of benchmarks and the reference of tests."""
+    if name not in TORCH_EQUIVALENTS:
+        raise ValueError(f"optimizer {name!r} has no torch equivalent; choose from "
+                         f"{sorted(TORCH_EQUIVALENTS)}")
+    return TORCH_EQUIVALENTS[name](params, lr=lr)
