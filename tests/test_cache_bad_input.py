@@ -17,7 +17,7 @@ def bag():
 def snapshot(b):
     c = b.cache
     return (c.slots.slot_to_id.clone(), c.weight.clone(), c.host.weight.clone(), c.dirty.clone(),
-            c.pins.clone(), dict(b.cache_stats()), c.policy.clock)
+            c.holds.clone(), dict(b.cache_stats()), c.policy.clock)
 
 
 @pytest.mark.parametrize("args, message", [

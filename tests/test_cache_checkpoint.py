@@ -69,7 +69,7 @@ def test_loading_a_checkpoint_of_another_shape_or_optimizer_fails_clearly():
 
 def test_checkpoint_with_a_prefetch_in_flight_resumes_exactly_stats_included(tmp_path):
     """A pipeline checkpoints between prefetching batch t+1 and training it: the pending
-    prefetch (its ids, pins and counts) is part of the checkpoint."""
+    prefetch (its ids, holds and counts) is part of the checkpoint."""
     batches = zipf_batches(N, 60, 32, 3, seed=4)
 
     def pipeline(bag, start, stop, save_at=None):

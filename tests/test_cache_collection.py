@@ -127,7 +127,7 @@ def test_ids_freq_by_feature_name_warms_the_hottest_rows():
 
 def test_bad_input_in_a_later_group_changes_no_group():
     """Two groups (dims 4 and 6): a NaN weight of the second is refused before the
-    first group's cache admits, counts or pins anything."""
+    first group's cache admits, counts or holds anything."""
     two = [EmbeddingBagConfig(name="a", embedding_dim=4, num_embeddings=50, feature_names=["fa"]),
            EmbeddingBagConfig(name="b", embedding_dim=6, num_embeddings=50, feature_names=["fb"])]
     cached = CachedEmbeddingBagCollection(two, cache_ratio=0.2, device="cpu", is_weighted=True)
@@ -140,7 +140,7 @@ def test_bad_input_in_a_later_group_changes_no_group():
         cached(kjt)
     for bag, (slots, stats) in zip(cached.bags, before):
         assert torch.equal(bag.cache.slots.slot_to_id, slots) and bag.cache_stats() == stats
-        assert int(bag.cache.pins.sum()) == 0
+        assert int(bag.cache.holds.sum()) == 0
 
 
 @pytest.mark.parametrize("values, message", [

@@ -112,24 +112,24 @@ def test_prefetch_keeps_results_exact_and_does_not_double_count():
     assert_same_table(bag, ref, "adam")
 
 
-def test_a_forward_without_backward_leaves_no_pins():
+def test_a_forward_without_backward_leaves_no_holds():
     """Validation run with gradients on, or an output dropped after an exception: the
-    rows are pinned while the graph lives and unpinned when it goes."""
+    rows are held while the graph lives and let go when it goes."""
     bag = CachedEmbeddingBag(N, D, cache_ratio=0.01, device="cpu")
     batches = zipf_batches(N, 20, 16, 3)
     out = bag(*batches[0])
-    assert int((bag.cache.pins > 0).sum()) > 0
+    assert int((bag.cache.holds > 0).sum()) > 0
     del out
-    assert int(bag.cache.pins.sum()) == 0
+    assert int(bag.cache.holds.sum()) == 0
     for ids, offsets in batches:
         bag(ids, offsets)  # dropped at once
-    assert int(bag.cache.pins.sum()) == 0
+    assert int(bag.cache.holds.sum()) == 0
     assert bag.cache_stats()["overflow_rows"] == 0
-    # and a forward whose backward did run is unpinned once, not twice
+    # and a forward whose backward did run lets go once, not twice
     out = bag(*batches[1])
     out.sum().backward()
     del out
-    assert int(bag.cache.pins.min()) == 0 and int(bag.cache.pins.sum()) == 0
+    assert int(bag.cache.holds.min()) == 0 and int(bag.cache.holds.sum()) == 0
 
 
 def test_full_weight_is_a_snapshot():

@@ -1,5 +1,5 @@
 """Invariants of the cache on random traces (hypothesis): the maps stay inverse, no id is
-cached twice, every row read equals the host row or its newer cached copy, pins are held
+cached twice, every row read equals the host row or its newer cached copy, slots are held
 only by batches still in flight, and the table equals an uncached one trained alongside
 with the matching torch optimizer, to the bit, through evictions, prefetches, dropped
 forwards and checkpoint round-trips."""
@@ -28,11 +28,11 @@ def check_cache(bag, shadow):
     # a clean cached row equals its host row; every cached row equals the true table
     assert torch.equal(cache.weight[clean], cache.host.weight[cache.slots.slot_to_id[clean]])
     assert torch.equal(cache.weight[occ], shadow[ids])
-    # pins are held by pending prefetches only (no batch is between forward and backward)
-    held = torch.zeros_like(cache.pins)
+    # slots are held by pending prefetches only (no batch is between forward and backward)
+    expected = torch.zeros_like(cache.holds)
     for entry in cache._prefetched:
-        held[entry.pinned] += 1
-    assert torch.equal(cache.pins, held)
+        expected[entry.held] += 1
+    assert torch.equal(cache.holds, expected)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,7 +1,9 @@
 """The full table and its optimizer state in host memory, in id order, always.
 
-When CUDA is present the tensors are pinned so that rows gathered for the device can be
-copied asynchronously; on a CPU-only machine they are ordinary tensors.
+When CUDA is present the tensors are pinned (page-locked host memory, in torch's words)
+so that rows gathered for the device can be copied asynchronously; on a CPU-only machine
+they are ordinary tensors. (Not to be confused with a slot *held* in the device cache by
+a batch in flight, which only keeps it from eviction.)
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ class HostStore:
     Args:
         weight: the initial table (id order); taken over, not copied, unless pinning.
         state: optimizer state tables with N rows each.
-        pin: pin the memory (only meaningful with CUDA).
+        pin: page-lock the memory (`pin_memory`; only meaningful with CUDA).
     """
 
     def __init__(self, weight: torch.Tensor, state: dict[str, torch.Tensor], pin: bool = False):

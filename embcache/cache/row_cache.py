@@ -48,7 +48,7 @@ class Overflow:
 @dataclass
 class Lookup:
     """Where one batch's lookups point: `indices` index `cache.weight` (then the
-    overflow rows, from `num_slots` on); `pinned` slots stay resident until released.
+    overflow rows, from `num_slots` on); `held` slots cannot be evicted until released.
     `ids` are the batch's ids in lookup order and `segments` the runs of lookups that an
     uncached model keeps apart: per table, the number of lookups of each of its features
     (None: one table, one feature); together they let the gradient be summed exactly as
@@ -56,7 +56,7 @@ class Lookup:
 
     indices: torch.Tensor
     overflow: Overflow | None
-    pinned: torch.Tensor | None
+    held: torch.Tensor | None
     ids: torch.Tensor | None = None
     segments: list[list[int]] | None = None
 
@@ -64,7 +64,7 @@ class Lookup:
 @dataclass
 class _Prefetched:
     ids: torch.Tensor
-    pinned: torch.Tensor
+    held: torch.Tensor
     hits: int
     misses: int
 
@@ -96,7 +96,9 @@ class RowCache:
         self.slots = SlotMap(num_rows, self.num_slots, self.device)
         self.policy = EvictionPolicy(eviction, num_rows, self.num_slots, ids_freq, self.device)
         self.dirty = torch.zeros(self.num_slots, dtype=torch.bool, device=self.device)
-        self.pins = torch.zeros(self.num_slots, dtype=torch.int32, device=self.device)
+        # per slot, the batches in flight (prefetched, or between forward and backward)
+        # that need its row: a held slot cannot be evicted
+        self.holds = torch.zeros(self.num_slots, dtype=torch.int32, device=self.device)
         self.stats = CacheStats()
         self.step = 0  # optimizer steps taken (Adam's bias correction counts these)
         self._row_bytes = self.host.row_bytes()
@@ -121,7 +123,7 @@ class RowCache:
         return hot.numel()
 
     def prepare(self, ids: torch.Tensor, keep: bool, segments: list[list[int]] | None = None) -> Lookup:
-        """Make the rows of one batch available; `keep` pins them until `release`
+        """Make the rows of one batch available; `keep` holds them until `release`
         (needed when a backward will update them). Consumes a matching prefetch, whose
         hits and misses are counted now, as this batch's."""
         self._wait_for_prefetch()
@@ -132,19 +134,19 @@ class RowCache:
         self.stats.hits += hits
         self.stats.misses += misses
         self.stats.batches += 1
-        pinned = None
+        held = None
         if keep:
-            pinned = touched
-            self._pin(pinned, +1)
+            held = touched
+            self._hold(held, +1)
         if consumed is not None:
-            self._pin(consumed.pinned, -1)
-        return Lookup(indices, overflow, pinned, ids if keep else None, segments)
+            self._hold(consumed.held, -1)
+        return Lookup(indices, overflow, held, ids if keep else None, segments)
 
     def prefetch(self, ids: torch.Tensor) -> None:
         """Load the rows of a coming batch now (on a side stream with CUDA, so the copies
-        overlap the current step); they stay pinned until that batch's `prepare`."""
+        overlap the current step); they are held until that batch's `prepare`."""
         if len(self._prefetched) >= MAX_PENDING_PREFETCHES:
-            self._pin(self._prefetched.popleft().pinned, -1)
+            self._hold(self._prefetched.popleft().held, -1)
         if self._stream is None:
             self._prefetch(ids)
             return
@@ -154,11 +156,11 @@ class RowCache:
 
     def _prefetch(self, ids: torch.Tensor) -> None:
         _, touched, _, hits, misses = self._admit(ids, serve_overflow=False)
-        self._pin(touched, +1)
+        self._hold(touched, +1)
         self._prefetched.append(_Prefetched(ids, touched, hits, misses))
 
     def _wait_for_prefetch(self) -> None:
-        """Order the compute stream after the side stream: every touch of the maps, pins
+        """Order the compute stream after the side stream: every touch of the maps, holds
         or rows on the compute stream comes after the prefetches issued before it."""
         if self._stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self._stream)
@@ -169,21 +171,21 @@ class RowCache:
         for i, entry in enumerate(self._prefetched):
             if entry.ids.shape == ids.shape and torch.equal(entry.ids, ids):
                 for _ in range(i):
-                    self._pin(self._prefetched.popleft().pinned, -1)
+                    self._hold(self._prefetched.popleft().held, -1)
                 return self._prefetched.popleft()
         return None
 
-    def _pin(self, slots: torch.Tensor, delta: int) -> None:
-        """Pin (delta=+1) or unpin (-1) distinct `slots`."""
-        self.pins.index_add_(0, slots, self.pins.new_full((1,), delta).expand(slots.numel()))
+    def _hold(self, slots: torch.Tensor, delta: int) -> None:
+        """Hold (delta=+1) or let go of (-1) distinct `slots`."""
+        self.holds.index_add_(0, slots, self.holds.new_full((1,), delta).expand(slots.numel()))
 
     def release(self, lookup: Lookup) -> None:
-        """Unpin a batch's rows: after its update, or when its forward's graph is freed
-        without a backward. Idempotent."""
-        if lookup.pinned is not None:
+        """Let go of a batch's rows: after its update, or when its forward's graph is
+        freed without a backward. Idempotent."""
+        if lookup.held is not None:
             self._wait_for_prefetch()
-            self._pin(lookup.pinned, -1)
-            lookup.pinned = None
+            self._hold(lookup.held, -1)
+            lookup.held = None
 
     def _admit(self, ids: torch.Tensor, serve_overflow: bool):
         """Returns (per-lookup indices, the distinct resident slots the batch touches,
@@ -202,7 +204,7 @@ class RowCache:
             missing, where = torch.unique(ids.index_select(0, absent), return_inverse=True)
             free = self.slots.free_slots(missing.numel())
             victims = self.policy.select_victims(missing.numel() - free.numel(),
-                                                 (self.pins > 0) | in_batch, self.slots.occupied())
+                                                 (self.holds > 0) | in_batch, self.slots.occupied())
             self._evict(victims)
             target = torch.cat([free, victims])
             fits = missing[: target.numel()]
@@ -259,7 +261,7 @@ class RowCache:
     # ------------------------------------------------------------------ updates
     def apply_gradient(self, grad: torch.Tensor, lookup: Lookup) -> None:
         """One optimizer step from a sparse gradient over the working table (the cache,
-        then the batch's overflow rows), then release the batch's pins."""
+        then the batch's overflow rows), then release the batch's holds."""
         self._wait_for_prefetch()
         self.step += 1
         overflow = lookup.overflow
@@ -276,8 +278,8 @@ class RowCache:
             self.stats.bytes_d2h += overflow.ids.numel() * self._row_bytes
             self._refresh_admitted_overflow(overflow)
             rows = rows[inside]
-        # the batch's pinned slots are exactly the cached rows it looked up
-        self.dirty[lookup.pinned if lookup.pinned is not None else rows] = True
+        # the batch's held slots are exactly the cached rows it looked up
+        self.dirty[lookup.held if lookup.held is not None else rows] = True
         self.release(lookup)
 
     def _in_torch_order(self, grad: torch.Tensor, lookup: Lookup, coalesce: bool):
@@ -362,7 +364,7 @@ class RowCache:
 
     def drop_prefetches(self) -> None:
         while self._prefetched:
-            self._pin(self._prefetched.popleft().pinned, -1)
+            self._hold(self._prefetched.popleft().held, -1)
 
     def state_dict(self) -> dict:
         """The full table in id order with its optimizer state, plus what makes a resumed
@@ -442,7 +444,7 @@ class RowCache:
                 raise ValueError("checkpoint residency is damaged (ids out of range or held twice)")
         # ---- checked: now change
         self.drop_prefetches()
-        self.pins.zero_()
+        self.holds.zero_()
         self.host.weight.copy_(weight)
         for k, v in self.host.state.items():
             v.copy_(sd[f"optimizer.{k}"])
@@ -467,6 +469,6 @@ class RowCache:
     def _restore_prefetches(self, ids: torch.Tensor, sizes: torch.Tensor, counts: torch.Tensor) -> None:
         for part, (hits, misses) in zip(ids.to(self.device).split(sizes.tolist()), counts.tolist()):
             slots = torch.unique(self.slots.lookup(part))
-            pinned = slots[slots >= 0]
-            self._pin(pinned, +1)
-            self._prefetched.append(_Prefetched(part, pinned, int(hits), int(misses)))
+            held = slots[slots >= 0]
+            self._hold(held, +1)
+            self._prefetched.append(_Prefetched(part, held, int(hits), int(misses)))

@@ -6,8 +6,9 @@ gradient of a forward call reaches the cache, the row-wise optimizer updates tho
 (and their state) in place. There is no separate `step()` to call, and the module has no
 `nn.Parameter` for an outer optimizer to see. Call each bag once per training step
 (one forward, one backward), as a fused embedding kernel expects. A training forward
-pins its rows until its backward; if the output is dropped without one (validation with
-gradients on, an exception), the pins go with the autograd graph.
+holds its rows (they cannot be evicted) until its backward; if the output is dropped
+without one (validation with gradients on, an exception), the holds go with the autograd
+graph.
 """
 from __future__ import annotations
 
@@ -111,7 +112,7 @@ class CachedEmbeddingBag(nn.Module):
         if train:
             # A fresh leaf aliasing the working table: its sparse gradient is handed to
             # the row-wise optimizer as soon as backward produces it. The leaf lives as
-            # long as the autograd graph: when it goes without a backward, so do the pins.
+            # long as the autograd graph: when it goes without a backward, so do the holds.
             table = table.data.requires_grad_()
             table.register_post_accumulate_grad_hook(self._update_hook(lookup))
             weakref.finalize(table, self.cache.release, lookup).atexit = False
