@@ -405,6 +405,57 @@ class RowCache:
         """Restore a `state_dict`. Everything is checked before anything changes. A
         checkpoint taken with another cache size or eviction policy still restores the
         table, optimizer state, step and statistics exactly; the cache then starts empty."""
+        policy, same_cache = self._check_state_dict(sd)
+        # ---- checked: now change
+        self.drop_prefetches()
+        self.holds.zero_()
+        self.host.weight.copy_(sd["weight"])
+        for k, v in self.host.state.items():
+            v.copy_(sd[f"optimizer.{k}"])
+        self.step = int(sd["step"])
+        self.stats.load_tensor(sd["stats"])
+        self.slots.clear()
+        self.dirty.zero_()
+        if not same_cache:
+            if self.policy.id_count is not None and "policy.id_count" in sd:
+                self.policy.id_count.copy_(sd["policy.id_count"])
+            self.policy.clock = policy["clock"]
+            return
+        self.policy.load_state_dict(policy)
+        self.slots.load_state_dict({"slot_to_id": sd["slot_to_id"]})
+        occupied = torch.nonzero(self.slots.slot_to_id >= 0).flatten()
+        self._load(self.slots.slot_to_id[occupied], occupied, count_bytes=False)
+        if "dirty" in sd:
+            self.dirty.copy_(sd["dirty"].to(self.device) & (self.slots.slot_to_id >= 0))
+        if "prefetch.ids" in sd:
+            self._restore_prefetches(sd["prefetch.ids"], sd["prefetch.sizes"], sd["prefetch.counts"])
+
+    def _check_state_dict(self, sd: dict) -> tuple[dict, bool]:
+        """Raise ValueError for a checkpoint this cache cannot load, so that a failed load
+        changes nothing. Returns the policy state and whether the checkpoint's residency
+        fits this cache (same number of slots and eviction policy)."""
+        self._check_tables(sd)
+        slot_to_id = sd["slot_to_id"]
+        policy = {k[len("policy."):]: v for k, v in sd.items() if k.startswith("policy.")}
+        policy["clock"] = int(policy["clock"])
+        policy["kind"] = POLICIES[int(policy["kind"])]
+        same_cache = slot_to_id.numel() == self.num_slots and policy["kind"] == self.policy.kind
+        if same_cache:
+            sizes = {"policy.slot_last": self.num_slots, "policy.slot_primary": self.num_slots,
+                     "policy.id_count": self.num_rows, "dirty": self.num_slots}
+            for k in self._residency_keys() + (["dirty"] if "dirty" in sd else []):
+                if k not in sd:
+                    raise ValueError(f"checkpoint lacks {k!r} (its {policy['kind']!r} eviction state)")
+                if sd[k].numel() != sizes[k]:
+                    raise ValueError(f"checkpoint {k!r} has {sd[k].numel()} entries, this cache's {sizes[k]}")
+            resident = slot_to_id[slot_to_id >= 0]
+            if bool(((resident < 0) | (resident >= self.num_rows)).any()) or \
+                    resident.unique().numel() != resident.numel():
+                raise ValueError("checkpoint residency is damaged (ids out of range or held twice)")
+        return policy, same_cache
+
+    def _check_tables(self, sd: dict) -> None:
+        """What every load restores: the table, its optimizer state and the counters."""
         weight = sd["weight"]
         if tuple(weight.shape) != (self.num_rows, self.dim):
             raise ValueError(f"checkpoint table is {tuple(weight.shape)}, this cache's is "
@@ -425,46 +476,6 @@ class RowCache:
         if not (bool(torch.isfinite(weight).all()) and
                 all(bool(torch.isfinite(sd[f"optimizer.{k}"]).all()) for k in self.host.state)):
             raise ValueError("checkpoint table or optimizer state holds NaN or inf")
-        slot_to_id = sd["slot_to_id"]
-        policy = {k[len("policy."):]: v for k, v in sd.items() if k.startswith("policy.")}
-        policy["clock"] = int(policy["clock"])
-        policy["kind"] = POLICIES[int(policy["kind"])]
-        same_cache = slot_to_id.numel() == self.num_slots and policy["kind"] == self.policy.kind
-        if same_cache:
-            sizes = {"policy.slot_last": self.num_slots, "policy.slot_primary": self.num_slots,
-                     "policy.id_count": self.num_rows, "dirty": self.num_slots}
-            for k in self._residency_keys() + (["dirty"] if "dirty" in sd else []):
-                if k not in sd:
-                    raise ValueError(f"checkpoint lacks {k!r} (its {policy['kind']!r} eviction state)")
-                if sd[k].numel() != sizes[k]:
-                    raise ValueError(f"checkpoint {k!r} has {sd[k].numel()} entries, this cache's {sizes[k]}")
-            resident = slot_to_id[slot_to_id >= 0]
-            if bool(((resident < 0) | (resident >= self.num_rows)).any()) or \
-                    resident.unique().numel() != resident.numel():
-                raise ValueError("checkpoint residency is damaged (ids out of range or held twice)")
-        # ---- checked: now change
-        self.drop_prefetches()
-        self.holds.zero_()
-        self.host.weight.copy_(weight)
-        for k, v in self.host.state.items():
-            v.copy_(sd[f"optimizer.{k}"])
-        self.step = int(sd["step"])
-        self.stats.load_tensor(sd["stats"])
-        self.slots.clear()
-        self.dirty.zero_()
-        if not same_cache:
-            if self.policy.id_count is not None and "policy.id_count" in sd:
-                self.policy.id_count.copy_(sd["policy.id_count"])
-            self.policy.clock = policy["clock"]
-            return
-        self.policy.load_state_dict(policy)
-        self.slots.load_state_dict({"slot_to_id": slot_to_id})
-        occupied = torch.nonzero(self.slots.slot_to_id >= 0).flatten()
-        self._load(self.slots.slot_to_id[occupied], occupied, count_bytes=False)
-        if "dirty" in sd:
-            self.dirty.copy_(sd["dirty"].to(self.device) & (self.slots.slot_to_id >= 0))
-        if "prefetch.ids" in sd:
-            self._restore_prefetches(sd["prefetch.ids"], sd["prefetch.sizes"], sd["prefetch.counts"])
 
     def _restore_prefetches(self, ids: torch.Tensor, sizes: torch.Tensor, counts: torch.Tensor) -> None:
         for part, (hits, misses) in zip(ids.to(self.device).split(sizes.tolist()), counts.tolist()):
