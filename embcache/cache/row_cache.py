@@ -176,7 +176,8 @@ class RowCache:
         return None
 
     def _hold(self, slots: torch.Tensor, delta: int) -> None:
-        """Hold (delta=+1) or let go of (-1) distinct `slots`."""
+        """Hold (delta=+1) or let go of (-1) distinct `slots`. A count, not a flag: a
+        training batch and several prefetches may hold one slot at once."""
         self.holds.index_add_(0, slots, self.holds.new_full((1,), delta).expand(slots.numel()))
 
     def release(self, lookup: Lookup) -> None:

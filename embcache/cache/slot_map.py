@@ -27,6 +27,7 @@ class SlotMap:
             re-sorted after each assign/release).
 
     Example:
+        >>> import torch
         >>> m = SlotMap(10, 3)
         >>> m.assign(torch.tensor([7, 2]), torch.tensor([0, 1]))
         >>> m.lookup(torch.tensor([2, 5])).tolist()

@@ -15,7 +15,15 @@ ID_DTYPES = (torch.int64, torch.int32)
 
 def check_bag_input(input, offsets, per_sample_weights, num_embeddings: int, mode: str):
     """Check a batch as `nn.EmbeddingBag` would, and more (id range, offsets order,
-    finite weights). Returns 1-D ids, offsets and weights, where they were."""
+    finite weights). Returns 1-D ids, offsets and weights, where they were.
+
+    Example:
+        >>> import torch
+        >>> check_bag_input(torch.tensor([[1, 7]]), None, None, num_embeddings=5, mode="sum")
+        Traceback (most recent call last):
+        ...
+        ValueError: id 7 at position 1 is outside [0, 5)
+    """
     ids, offsets, weights = check_layout(input, offsets, per_sample_weights)
     check_id_range(ids, num_embeddings)
     check_weights(weights, mode)
@@ -23,8 +31,8 @@ def check_bag_input(input, offsets, per_sample_weights, num_embeddings: int, mod
 
 
 def check_layout(input, offsets, weights):
-    """Dtypes and shapes; 2-D input becomes 1-D ids with one bag per row. Returns
-    (ids, offsets, weights)."""
+    """Dtypes and shapes, as torch checks them. The cache works on one layout, so 2-D
+    input comes back as 1-D ids with offsets (one bag per row)."""
     if not torch.is_tensor(input):
         raise ValueError(f"input must be a tensor of ids, got {type(input).__name__}")
     if input.dtype not in ID_DTYPES:
@@ -69,6 +77,7 @@ def check_offsets(offsets, num_ids: int) -> None:
 
 
 def check_id_range(ids: torch.Tensor, num_embeddings: int) -> None:
+    """An id out of range would fail deep in the cache's admission, half-way through."""
     if ids.numel():
         lo, hi = torch.aminmax(ids)
         if int(lo) < 0 or int(hi) >= num_embeddings:
@@ -78,8 +87,9 @@ def check_id_range(ids: torch.Tensor, num_embeddings: int) -> None:
 
 
 def check_feature_ids(ids: torch.Tensor, counts: list[int], features: list[tuple[str, str, int]]) -> None:
-    """The ids of several features, concatenated, each against its own table: one
-    vectorised comparison with a per-lookup bound, whatever the number of features.
+    """The ids of several features, concatenated, each against its own table, in one
+    comparison with a per-lookup bound: a few tensor ops per batch, not per feature.
+    The message names the feature and the position within its ids.
 
     Args:
         ids: the features' ids, one after the other.

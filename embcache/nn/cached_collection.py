@@ -67,6 +67,7 @@ class CachedEmbeddingBagCollection(nn.Module):
         **kwargs: passed to each `CachedEmbeddingBag` (eviction, optimizer, lr, eps, ...).
 
     Example:
+        >>> import torch
         >>> from torchrec import EmbeddingBagConfig, KeyedJaggedTensor
         >>> tables = [EmbeddingBagConfig(name="t0", embedding_dim=4, num_embeddings=100,
         ...                              feature_names=["f0"])]

@@ -53,6 +53,7 @@ class CachedEmbeddingBag(nn.Module):
             `nn.EmbeddingBag`).
 
     Example:
+        >>> import torch
         >>> bag = CachedEmbeddingBag(1000, 8, cache_ratio=0.05, device="cpu")
         >>> out = bag(torch.tensor([[1, 2], [3, 999]]))
         >>> out.sum().backward()          # rows 1, 2, 3, 999 are updated here
@@ -99,11 +100,10 @@ class CachedEmbeddingBag(nn.Module):
     def lookup_normalized(self, ids: torch.Tensor, offsets: torch.Tensor,
                           weights: torch.Tensor | None,
                           segments: list[list[int]] | None = None) -> torch.Tensor:
-        """Forward on input already checked and on the cache's device (by
-        `normalize_input`, or by a collection for its whole group), so that it is not
-        checked twice. `segments`: per table of an uncached collection, the number of
-        lookups of each of its features, so that gradients are summed per table, as torch
-        sums them."""
+        """Forward on input already checked and moved (by `normalize_input`, or by a
+        collection for its whole group), so that nothing is checked twice. `segments`: per
+        table of an uncached collection, its features' numbers of lookups, so that each
+        table's gradient is summed as torch sums it."""
         train = self.training and torch.is_grad_enabled()
         lookup = self.cache.prepare(ids, keep=train, segments=segments)
         table = self.cache.weight
@@ -135,9 +135,9 @@ class CachedEmbeddingBag(nn.Module):
         self.cache.prefetch(ids)
 
     def normalize_input(self, input, offsets=None, per_sample_weights=None):
-        """Check a batch where it is (see `bag_input`), before anything changes, then
-        return 1-D ids, offsets and weights on the cache's device. Raises ValueError
-        naming the problem."""
+        """Check a batch before anything changes, where it is (host input costs no
+        device sync), then move it to the cache's device as 1-D ids, offsets and weights.
+        Raises ValueError naming the problem."""
         checked = check_bag_input(input, offsets, per_sample_weights, self.num_embeddings, self.mode)
         return to_device(*checked, self.device)
 
