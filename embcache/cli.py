@@ -9,7 +9,9 @@ or is a group with a ``COMMANDS`` table of its own (dispatched the same way).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import logging
 import sys
 
 from embcache.errors import UserFacingError
@@ -47,10 +49,36 @@ def dispatch(prog: str, description: str, commands: dict[str, tuple[str, str]], 
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        with console_logging():
+            return int(args.func(args) or 0)
     except UserFacingError as err:
         print(f"{prog} {name}: error: {err}", file=sys.stderr)
         return 1
+
+
+class _ConsoleHandler(logging.Handler):
+    """The library's log lines as a command prints them: information on stdout, warnings
+    on stderr, each looked up when the line is written (so a redirected stream is used)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        warning = record.levelno >= logging.WARNING
+        text = ("warning: " if warning else "") + self.format(record)
+        print(text, file=sys.stderr if warning else sys.stdout, flush=True)
+
+
+@contextlib.contextmanager
+def console_logging():
+    """While a command runs, what the library logs at INFO and above (resumed from ...,
+    epoch results, warnings) reaches the user; a library caller configures logging itself."""
+    log = logging.getLogger("embcache")
+    handler, level = _ConsoleHandler(), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
 
 
 def _listing(prog: str, commands: dict[str, tuple[str, str]]) -> str:

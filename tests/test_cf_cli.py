@@ -335,7 +335,7 @@ def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(engine, lightgcn_
         assert np.array_equal(x, y)
     # the checkpoint after the last epoch equals the run's final embeddings
     ck = load_cf_checkpoint(tmp_path / "cut" / "cf-last.pt")
-    assert ck["epochs_done"] == 3 and np.array_equal(ck["I"], b[1])
+    assert ck["epoch"] == 3 and np.array_equal(ck["I"], b[1])
 
 
 def load_cf_checkpoint(path):
@@ -356,9 +356,10 @@ def test_resume_refuses_a_checkpoint_of_other_settings_or_a_damaged_one(lightgcn
         return err
 
     assert "resume with --threads 1" in refused("--threads", 2)
-    assert "other model settings (margin)" in refused("--threads", 1, "--margin", 0.3)
-    assert "written by --engine heat, not torch" in refused("--threads", 1, "--engine", "torch")
-    assert "other engine options (lr)" in refused("--threads", 1, "--lr", 0.5)
+    assert "cannot resume with other settings: margin 0.5 in the checkpoint, 0.3 now" in refused(
+        "--threads", 1, "--margin", 0.3)
+    assert "engine 'heat' in the checkpoint, 'torch' now" in refused("--threads", 1, "--engine", "torch")
+    assert "lr 0.1 in the checkpoint, 0.5 now" in refused("--threads", 1, "--lr", 0.5)
     assert "other data" in refused("--threads", 1, "--data", "synthetic", "--synthetic-users", 50,
                                    "--synthetic-items", 60, "--synthetic-interactions", 700)
     assert "no cf checkpoint" in refused("--threads", 1, "--checkpoint-dir", tmp_path / "empty")
@@ -389,12 +390,12 @@ def test_a_killed_run_resumes_from_its_last_epoch(tmp_path):
     victim = cli("--epochs", 1000, "--checkpoint-dir", tmp_path / "ck")
     path = tmp_path / "ck" / "cf-last.pt"
     deadline = time.time() + 120
-    while time.time() < deadline and not (path.exists() and load_cf_checkpoint(path)["epochs_done"] >= 2):
+    while time.time() < deadline and not (path.exists() and load_cf_checkpoint(path)["epoch"] >= 2):
         time.sleep(0.02)
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     assert victim.returncode == -signal.SIGKILL
-    killed_at = load_cf_checkpoint(path)["epochs_done"]
+    killed_at = load_cf_checkpoint(path)["epoch"]
     assert 2 <= killed_at < total, killed_at
     resumed = cli("--epochs", total, "--checkpoint-dir", tmp_path / "ck", "--resume", "--save", tmp_path / "cut.npz")
     out, err = resumed.communicate(timeout=300)
@@ -425,18 +426,20 @@ def test_embeddings_with_nan_or_a_damaged_file_are_refused_in_one_line(lightgcn_
             assert f"{path}: {message}" in err
 
 
-def test_a_diverged_epoch_stops_the_run_before_it_is_kept():
-    from cpu_kernels.heat import HeatOptions
+def test_a_diverged_epoch_stops_the_run_before_it_is_kept(tmp_path):
     from cpu_kernels.model import CFConfig, CFParams
-    from embcache.train.cf import fit, make_engine
     from embcache.errors import TrainingDiverged
+    from embcache.train.cf import CFTrainConfig, CFTrainer
 
     data = power_law_interactions(num_users=100, num_items=150, interactions=2000, communities=4, seed=1)
     params = CFParams.init(CFConfig(negatives=4), data.num_users, data.num_items, data.train_indptr,
                            data.train_indices)
     params.U[:] = np.nan
-    reported = []
+    cfg = CFTrainConfig(epochs=2, negatives=4, threads=1, progress=False, checkpoint_dir=str(tmp_path),
+                        metrics_out=str(tmp_path / "m.jsonl"))
+    trainer = CFTrainer(cfg, data, params)
     with pytest.raises(TrainingDiverged, match="epoch 1: the loss is nan"):
-        fit(make_engine("heat", params, data, HeatOptions(threads=1)), params, data, 2, progress=False,
-            on_epoch=reported.append)
-    assert reported == []
+        trainer.fit()
+    assert trainer.history == [] and not (tmp_path / "cf-last.pt").exists()
+    events = [json.loads(line)["event"] for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert events == ["start", "diverged"]

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from cpu_kernels.model import CFConfig, CFParams
+from cpu_kernels.model import CFConfig
 from embcache.data.cf.ratings import load_ml100k
 from embcache.train import cf_eval as metrics
-from embcache.train.cf import fit, make_engine
+from embcache.train.cf import CFTrainConfig, CFTrainer
 from tests.offline_data import load_or_skip
 
 EPOCHS = 10
@@ -27,9 +27,10 @@ def test_ml100k_split(ml100k):
 
 
 def _recall(data, engine: str, config: CFConfig) -> float:
-    params = CFParams.init(config, data.num_users, data.num_items, data.train_indptr, data.train_indices)
-    records = fit(make_engine(engine, params, data), params, data, EPOCHS, eval_every=EPOCHS, progress=False)
-    return records[-1]["recall@20"]
+    trainer = CFTrainer(CFTrainConfig.for_model(config, engine=engine, epochs=EPOCHS, eval_every=EPOCHS,
+                                                progress=False), data)
+    trainer.fit()
+    return trainer.history[-1]["recall@20"]
 
 
 def test_heat_matches_torch_and_beats_popularity(ml100k):

@@ -74,7 +74,7 @@ def test_resume_after_kill_equals_uninterrupted(synthetic, tmp_path):
     whole = _cli([*common, "--checkpoint-dir", str(tmp_path / "whole")])
     killed_dir = tmp_path / "killed"
     victim = _cli([*common, "--checkpoint-dir", str(killed_dir)])
-    ckpt = killed_dir / "last.pt"
+    ckpt = killed_dir / "dlrm-last.pt"
     deadline = time.time() + 120
     while time.time() < deadline:  # kill once a mid-run checkpoint exists
         if ckpt.exists() and load_checkpoint(ckpt, "dlrm")["step"] >= 30:
@@ -90,8 +90,8 @@ def test_resume_after_kill_equals_uninterrupted(synthetic, tmp_path):
     assert resumed.returncode == 0, err
     assert f"resumed from {ckpt}" in out
     whole.communicate(timeout=300)
-    a = load_checkpoint(killed_dir / "last.pt", "dlrm")
-    b = load_checkpoint(tmp_path / "whole" / "last.pt", "dlrm")
+    a = load_checkpoint(killed_dir / "dlrm-last.pt", "dlrm")
+    b = load_checkpoint(tmp_path / "whole" / "dlrm-last.pt", "dlrm")
     assert a["step"] == b["step"] == 90
     assert a["model"].keys() == b["model"].keys()
     for k in a["model"]:  # parameters, optimizer state, residency and cache statistics
@@ -102,7 +102,7 @@ def test_resume_after_kill_equals_uninterrupted(synthetic, tmp_path):
 def test_corrupt_checkpoint_is_refused_with_one_line(synthetic, tmp_path):
     ckdir = tmp_path / "ck"
     ckdir.mkdir()
-    (ckdir / "last.pt").write_bytes(b"not a checkpoint at all")
+    (ckdir / "dlrm-last.pt").write_bytes(b"not a checkpoint at all")
     proc = _cli(["--data", str(synthetic), "--device", "cpu", "--no-progress", "--max-steps", "2",
                  "--checkpoint-dir", str(ckdir), "--resume"])
     out, err = proc.communicate(timeout=120)
@@ -110,6 +110,30 @@ def test_corrupt_checkpoint_is_refused_with_one_line(synthetic, tmp_path):
     assert "last.pt: corrupt or truncated checkpoint" in err
     assert "Traceback" not in err
     assert err.strip().count("\n") == 0
+
+
+def test_resume_without_a_checkpoint_stops_with_one_line(synthetic, tmp_path):
+    """The policy of every trainer: a --resume that finds nothing to resume from stops
+    (a mistyped directory must not start a fresh run that overwrites nothing it meant to)."""
+    proc = _cli(["--data", str(synthetic), "--device", "cpu", "--no-progress", "--max-steps", "2",
+                 "--checkpoint-dir", str(tmp_path / "empty"), "--resume"])
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in err and err.strip().count("\n") == 0
+    assert "no dlrm checkpoint (dlrm-last.pt) to resume from; leave out --resume to start afresh" in err
+    assert not (tmp_path / "empty" / "dlrm-last.pt").exists()
+
+
+def test_a_checkpoint_of_an_earlier_version_named_last_pt_resumes_exactly(synthetic, tmp_path):
+    """Checkpoints were `last.pt` before every trainer named them `<kind>-last.pt`."""
+    whole = DLRMTrainer(small_config(max_steps=8, checkpoint_dir=str(tmp_path / "w")), synthetic)
+    whole.fit()
+    DLRMTrainer(small_config(max_steps=4, checkpoint_dir=str(tmp_path / "old")), synthetic).fit()
+    (tmp_path / "old" / "dlrm-last.pt").rename(tmp_path / "old" / "last.pt")
+    resumed = DLRMTrainer(small_config(max_steps=8, checkpoint_dir=str(tmp_path / "old"), resume=True), synthetic)
+    assert resumed.fit()["steps"] == 8
+    for t in whole.sparse.embedding_bag_configs():
+        assert torch.equal(whole.sparse.table_weight(t.name), resumed.sparse.table_weight(t.name))
+    assert load_checkpoint(tmp_path / "old" / "dlrm-last.pt", "dlrm")["step"] == 8
 
 
 def test_missing_data_directory_is_one_clear_line(tmp_path):
@@ -146,7 +170,7 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_checkpoint(synthetic, tmp_p
     trainer.train_step = poisoned
     with pytest.raises(TrainingDiverged, match="step 8: the loss is nan"):
         trainer.fit()
-    ck = load_checkpoint(tmp_path / "last.pt", "dlrm")
+    ck = load_checkpoint(tmp_path / "dlrm-last.pt", "dlrm")
     assert ck["step"] == 5
     assert all(torch.isfinite(v).all() for v in ck["model"].values() if torch.is_tensor(v) and v.is_floating_point())
 
@@ -164,7 +188,7 @@ def test_resume_with_other_settings_is_refused_in_one_line(synthetic, tmp_path):
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1 and "Traceback" not in err
     assert err.strip().count("\n") == 0
-    assert "sparse_lr=0.05 (this run: 0.5)" in err and "dense_arch=[16] (this run: [32])" in err
+    assert "sparse_lr 0.05 in the checkpoint, 0.5 now" in err and "dense_arch [16] in the checkpoint, [32] now" in err
 
 
 def test_resume_on_other_data_is_refused(synthetic, tmp_path):

@@ -50,7 +50,7 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, head):
     assert first.fit()["stopped_early"]
     resumed = FaceTrainer(small(**kw, checkpoint_dir=str(tmp_path), resume=True))
     summary = resumed.fit()
-    assert summary["steps"] == whole.global_step
+    assert summary["steps"] == whole.step
     a, b = whole.state(), resumed.state()
     for part in ("probe", "gallery", "head"):
         if a[part] is None:
@@ -195,7 +195,7 @@ def test_a_nan_loss_stops_the_run_before_the_next_checkpoint(tmp_path):
     step = trainer.train_step
 
     def poisoned(batch):
-        if trainer.global_step == 5:
+        if trainer.step == 5:
             with torch.no_grad():
                 next(trainer.probe.parameters()).fill_(float("nan"))
         return step(batch)
@@ -203,4 +203,4 @@ def test_a_nan_loss_stops_the_run_before_the_next_checkpoint(tmp_path):
     trainer.train_step = poisoned
     with pytest.raises(TrainingDiverged, match="step 6: the loss is nan"):
         trainer.fit()
-    assert load_checkpoint(tmp_path / "face-last.pt", "face")["global_step"] == 4
+    assert load_checkpoint(tmp_path / "face-last.pt", "face")["step"] == 4

@@ -110,7 +110,7 @@ def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max
     from cpu_kernels.heat import HeatOptions
     from cpu_kernels.model import CFParams
     from cpu_kernels.torch_reference import TorchEngine, TorchOptions
-    from embcache.train.cf import fit, make_engine
+    from embcache.train.cf import CFTrainConfig, CFTrainer
 
     torch.set_num_threads(threads)
     params = CFParams.init(config, data.num_users, data.num_items, data.train_indptr, data.train_indices)
@@ -129,11 +129,15 @@ def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max
                             f"tenth of them); epoch time projected from pairs/s; accuracy not measured",
                    subset_pairs=torch_max_pairs, samples_per_s=rate, epoch_s=data.num_train / rate)
         return row
-    heat = HeatOptions(threads=threads, tile=0 if variant == "heat, no tiling" else tile or HeatOptions.tile)
-    engine = make_engine("torch" if variant == "torch" else "heat", params, data, heat, TorchOptions(threads=threads))
+    tile = 0 if variant == "heat, no tiling" else tile or HeatOptions.tile
+    cfg = CFTrainConfig.for_model(config, engine="torch" if variant == "torch" else "heat", threads=threads,
+                                  tile=tile, epochs=epochs, eval_every=epochs, progress=False)
+    trainer = CFTrainer(cfg, data, params)
+    engine = trainer.engine
     if variant != "torch":
-        row.update(tile=engine.tile, refresh=heat.refresh)
-    records = fit(engine, params, data, epochs, eval_every=epochs, progress=False)
+        row.update(tile=engine.tile, refresh=cfg.refresh)
+    trainer.fit()
+    records = trainer.history
     times = [r["seconds"] for r in records]
     last = records[-1]
     row.update(epochs=epochs, epoch_s=statistics.median(times), epoch_s_all=times,
@@ -142,7 +146,7 @@ def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max
     if variant != "torch":
         users, _ = data.train_pairs()
         active = statistics.median(r["active_negatives"] for r in records)
-        counted = epoch_bytes(params, users, active, engine.tile, heat.refresh, engine.threads)
+        counted = epoch_bytes(params, users, active, engine.tile, cfg.refresh, engine.threads)
         model = counted.pop("model")
         row["bytes_per_epoch"] = counted
         row["dram_model_bytes_per_epoch"] = model

@@ -1,38 +1,142 @@
-"""The CF training loop both `embcache cf train` and `embcache bench cf` run: build the
-engine (heat or torch), train epoch by epoch with a progress bar, evaluate, and hand each
-epoch's record (seconds, samples/s, loss, Recall@k, NDCG@k) to the caller.
+"""Collaborative filtering (SimpleX, MF-CCL) trained by the HEAT kernels or the PyTorch
+reference engine, on the run skeleton (`embcache.train.run`) like the other two trainers.
 
-Example:
-    >>> from cpu_kernels.model import CFConfig, CFParams
-    >>> from cpu_kernels.heat import HeatOptions
-    >>> from embcache.data.cf.synthetic import power_law_interactions
-    >>> data = power_law_interactions(100, 150, 2000, communities=4, seed=1)
-    >>> params = CFParams.init(CFConfig(negatives=4), data.num_users, data.num_items,
-    ...                        data.train_indptr, data.train_indices)
-    >>> engine = make_engine("heat", params, data, HeatOptions(threads=1))
-    >>> records = fit(engine, params, data, epochs=2, progress=False)
-    >>> [r["epoch"] for r in records], sorted(records[-1])[:3]
-    ([1, 2], ['active_negatives', 'epoch', 'eval_seconds'])
+An epoch is one engine call over the shuffled training pairs (cut into chunks only for the
+progress bar), so a cf run checkpoints at each epoch's end. A checkpoint holds the
+parameters and the engine's own state (HEAT: each thread's random stream and tile; torch:
+Adam's moments and the sampler); the SimpleX histories are not stored, they are drawn again
+from the seed and the training data. Evaluation ranks all items for every test user
+(training items masked) every `eval_every` epochs and after the last.
 """
 from __future__ import annotations
 
+import logging
 import time
-from typing import Callable
+import zlib
+from dataclasses import dataclass, fields
+from pathlib import Path
 
-from tqdm import tqdm
+import numpy as np
 
-from cpu_kernels.heat import HeatEngine, HeatOptions
-from cpu_kernels.model import CFParams
+from cpu_kernels.heat import HeatEngine, HeatOptions, compile_kernels, max_threads
+from cpu_kernels.model import CFConfig, CFParams
 from cpu_kernels.torch_reference import TorchEngine, TorchOptions
-from embcache.data.cf.interactions import Interactions
+from embcache.data.cf.interactions import TEST_FRACTION, Interactions
+from embcache.errors import CheckpointError, DataFormatError
 from embcache.train.cf_eval import evaluate_params
-from embcache.train.diverged import check_loss
+from embcache.train.run import RunConfig, Trainer, check_loss
+
+logger = logging.getLogger(__name__)
 
 ENGINES = ("heat", "torch")
+MODEL_SETTINGS = tuple(f.name for f in fields(CFConfig))  # the seed is the run's
+ENGINE_SETTINGS = {"heat": ("lr", "tile", "refresh", "w_sync"), "torch": ("lr", "batch_size")}
 
 
-def make_engine(engine: str, params: CFParams, data: Interactions,
-                heat: HeatOptions = HeatOptions(), torch_opts: TorchOptions = TorchOptions()):
+@dataclass
+class CFTrainConfig(RunConfig):
+    """Everything a cf run depends on; stored in every checkpoint. Defaults come from
+    `CFConfig` (model), `HeatOptions` and `TorchOptions` (engines); the run settings
+    (seed, epochs, checkpoints, resume, metrics, progress) are `RunConfig`'s.
+
+    Args:
+        data: "ml-100k", "synthetic", a LightGCN directory or a MovieLens ratings file;
+            split, test_fraction, split_seed, min_rating and synthetic_* shape it (see
+            `embcache.data.cf.sources.read_interactions`).
+        model ... init_std: the model (`CFConfig`); `seed` seeds it too.
+        engine: "heat" (numba SGD kernels) or "torch" (batched reference, Adam).
+        lr: the engine's learning rate (None: its default).
+        threads: CPU threads (None: all numba sees).
+        tile, refresh, w_sync: HEAT's (`HeatOptions`); batch_size: torch's.
+        eval_every, ks, topk: evaluation every N epochs (and after the last), Recall@k and
+            NDCG@k cut-offs, top-k back-end.
+        load: start from these saved embeddings instead of fresh rows.
+    """
+
+    device: str | None = "cpu"
+    epochs: int = 20
+    data: str = "ml-100k"
+    split: str = "random"
+    test_fraction: float = TEST_FRACTION
+    split_seed: int = 0
+    min_rating: int = 0
+    synthetic_users: int = 30_000
+    synthetic_items: int = 40_000
+    synthetic_interactions: int = 1_000_000
+    skip_bad_lines: bool = False
+    model: str = CFConfig.model
+    dim: int = CFConfig.dim
+    negatives: int = CFConfig.negatives
+    margin: float = CFConfig.margin
+    neg_weight: float = CFConfig.neg_weight
+    gamma: float = CFConfig.gamma
+    history: int = CFConfig.history
+    init_std: float = CFConfig.init_std
+    engine: str = "heat"
+    lr: float | None = None
+    threads: int | None = None
+    tile: int = HeatOptions.tile
+    refresh: int = HeatOptions.refresh
+    w_sync: int = HeatOptions.w_sync
+    batch_size: int = TorchOptions.batch_size
+    eval_every: int = 1
+    ks: tuple[int, ...] = (20,)
+    topk: str = "auto"
+    load: str | None = None
+
+    def __post_init__(self):
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, not {self.engine!r}")
+        if self.lr is None:  # resolved here, so that a checkpoint records the rate used
+            self.lr = HeatOptions.lr if self.engine == "heat" else TorchOptions.lr
+        self.ks = tuple(self.ks)
+
+    @classmethod
+    def for_model(cls, config: CFConfig, **settings) -> "CFTrainConfig":
+        """The run of `config`'s model (its seed included) with the other `settings`."""
+        return cls(**{name: getattr(config, name) for name in MODEL_SETTINGS}, **settings)
+
+    def model_config(self) -> CFConfig:
+        return CFConfig(**{name: getattr(self, name) for name in MODEL_SETTINGS})
+
+    def heat_options(self) -> HeatOptions:
+        return HeatOptions(lr=self.lr, threads=self.threads, tile=self.tile, refresh=self.refresh,
+                           w_sync=self.w_sync)
+
+    def torch_options(self) -> TorchOptions:
+        return TorchOptions(lr=self.lr, batch_size=self.batch_size, threads=self.threads)
+
+
+def load_interactions(cfg: CFTrainConfig) -> Interactions:
+    """The training data `cfg` names, refused in one line when it leaves nothing to train
+    on; an empty test split is allowed, with a warning (its metrics are reported as null)."""
+    from embcache.data.cf.sources import read_interactions
+
+    try:
+        data = read_interactions(cfg.data, cfg.split, cfg.test_fraction, cfg.split_seed, cfg.min_rating,
+                                 (cfg.synthetic_users, cfg.synthetic_items, cfg.synthetic_interactions),
+                                 cfg.skip_bad_lines)
+    except DataFormatError:
+        raise
+    except (ValueError, OSError) as err:
+        raise DataFormatError(f"{cfg.data}: {err}") from None
+    except MemoryError as err:
+        raise DataFormatError(f"{cfg.data}: out of memory reading the data ({err}); are the ids dense, "
+                              f"0..n-1?") from None
+    where = cfg.data if cfg.data in ("ml-100k", "synthetic") else Path(cfg.data)
+    if data.num_train == 0:
+        raise DataFormatError(f"{where}: no training interactions after the split ({data.num_test:,} in test; "
+                              f"--min-rating {cfg.min_rating}, --test-fraction {cfg.test_fraction:g}): "
+                              f"nothing to train on")
+    if data.num_test == 0:
+        logger.warning(f"{where}: the test split is empty, so Recall and NDCG cannot be computed: they are "
+                       f"reported as null")
+    return data
+
+
+def make_engine(engine: str, params: CFParams, data: Interactions, heat: HeatOptions = HeatOptions(),
+                torch_opts: TorchOptions = TorchOptions()):
+    """The engine that trains `params` on `data`'s training pairs."""
     users, items = data.train_pairs()
     if engine == "heat":
         return HeatEngine(params, users, items, heat)
@@ -41,40 +145,150 @@ def make_engine(engine: str, params: CFParams, data: Interactions,
     raise ValueError(f"engine must be one of {ENGINES}")
 
 
-def fit(engine, params: CFParams, data: Interactions, epochs: int, ks=(20,),
-        eval_every: int = 1, backend: str = "auto", progress: bool = True,
-        on_epoch: Callable[[dict], None] | None = None, label: str = "",
-        start_epoch: int = 0) -> list[dict]:
-    """Train epochs start_epoch+1 .. `epochs`; evaluate every `eval_every` epochs and after
-    the last one. A run resumed from a checkpoint passes the epochs it has done.
+def data_fingerprint(data: Interactions) -> dict:
+    """Sizes and a CRC of the train/test split: a resume on other data must not pass."""
+    crc = 0
+    for a in (data.train_indptr, data.train_indices, data.test_indptr, data.test_indices):
+        crc = zlib.crc32(np.ascontiguousarray(a, dtype=np.int64).tobytes(), crc)
+    return {"users": data.num_users, "items": data.num_items, "train": data.num_train,
+            "test": data.num_test, "crc32": crc}
 
-    Returns one record per epoch: epoch, seconds (training only), samples_per_s, loss, and
-    recall@k / ndcg@k / eval_seconds where it was evaluated.
+
+class CFTrainer(Trainer):
+    """Trains `cfg`'s model on `data` (read from `cfg.data` when not given), starting from
+    `params` when given (else `cfg.load`'s file, else fresh seeded rows).
+
+    Example:
+        >>> from embcache.data.cf.synthetic import power_law_interactions
+        >>> data = power_law_interactions(100, 150, 2000, communities=4, seed=1)
+        >>> trainer = CFTrainer(CFTrainConfig(epochs=2, negatives=4, threads=1, progress=False), data)
+        >>> summary = trainer.fit()
+        >>> [r["epoch"] for r in trainer.history], summary["epochs_done"], summary["recall@20"] > 0
+        ([1, 2], 2, True)
     """
-    records = []
-    n = data.num_train
-    for epoch in range(start_epoch, epochs):
-        bar = tqdm(total=n, unit="pair", unit_scale=True, disable=not progress, leave=False,
-                   desc=f"{label}epoch {epoch + 1}/{epochs}")
 
-        def tick(done, loss):
-            bar.update(done)
-            bar.set_postfix(loss=f"{loss:.4f}")
+    kind = "cf"
 
+    def __init__(self, cfg: CFTrainConfig, data: Interactions | None = None, params: CFParams | None = None):
+        device = cfg.resolved_device()
+        if device.type != "cpu":
+            raise ValueError(f"device {cfg.device!r}: both cf engines run on the CPU")
+        if cfg.threads is not None and not 1 <= cfg.threads <= max_threads():
+            raise ValueError(f"--threads must be in 1..{max_threads()} on this machine")
+        super().__init__(cfg, device)
+        self.data = data if data is not None else load_interactions(cfg)
+        self.config = cfg.model_config()
+        if params is None and cfg.load:
+            from embcache.data.cf.embeddings_file import load_params
+
+            params = load_params(cfg.load, self.data.num_items, self.data.train_indptr, self.data.train_indices,
+                                 self.config)
+        if params is None:
+            params = CFParams.init(self.config, self.data.num_users, self.data.num_items, self.data.train_indptr,
+                                   self.data.train_indices)
+        self.params = params
+        self.engine = make_engine(cfg.engine, self.params, self.data, cfg.heat_options(), cfg.torch_options())
+        self.threads = cfg.threads or max_threads()
+
+    @property
+    def must_match(self) -> tuple[str, ...]:
+        return (*MODEL_SETTINGS, "engine", *ENGINE_SETTINGS[self.cfg.engine])
+
+    def fit(self) -> dict:
+        if self.cfg.engine == "heat" and self.cfg.epochs > 0:
+            seconds = compile_kernels()
+            if seconds > 1.0:
+                logger.info(f"compiled the HEAT kernels in {seconds:.1f} s (numba caches them for later runs)")
+        return super().fit()
+
+    # ------------------------------------------------------------------ one epoch
+    def train_epoch(self) -> dict:
+        n = self.data.num_train
+        self.begin_epoch(n, unit="pair")
+        progress = self.cfg.progress
         t0 = time.perf_counter()
-        stats = engine.epoch(epoch, chunks=20 if progress else 1, progress=tick if progress else None)
+        stats = self.engine.epoch(self.epoch, chunks=20 if progress else 1,
+                                  progress=(lambda done, loss: self.tick(done, loss=f"{loss:.4f}")) if progress
+                                  else None)
         seconds = time.perf_counter() - t0
-        bar.close()
-        check_loss(stats["loss"], f"epoch {epoch + 1}")
-        rec = {"epoch": epoch + 1, "seconds": seconds, "samples_per_s": n / seconds,
-               "loss": stats["loss"]}
+        check_loss(stats["loss"], f"epoch {self.epoch + 1}")
+        self.train_seconds += seconds
+        self.train_samples += n
+        record = {"seconds": seconds, "samples_per_s": n / seconds, "loss": stats["loss"]}
         if "active_negatives" in stats:
-            rec["active_negatives"] = stats["active_negatives"]
-        if (epoch + 1) % max(eval_every, 1) == 0 or epoch + 1 == epochs:
-            t1 = time.perf_counter()
-            rec.update(evaluate_params(params, data, ks, backend))
-            rec["eval_seconds"] = time.perf_counter() - t1
-        records.append(rec)
-        if on_epoch is not None:
-            on_epoch(rec)
-    return records
+            record["active_negatives"] = stats["active_negatives"]
+        return record
+
+    def evaluate_epoch(self) -> dict:
+        done = self.epoch + 1
+        if done % self.cfg.eval_every and done != self.cfg.epochs:
+            return {}
+        t0 = time.perf_counter()
+        result = evaluate_params(self.params, self.data, self.cfg.ks, self.cfg.topk)
+        return {**result, "eval_seconds": time.perf_counter() - t0}
+
+    def format_epoch(self, record: dict) -> str:
+        from embcache.train.cf_eval import format_metrics
+
+        s = (f"epoch {record['epoch']:>3}/{self.cfg.epochs}  {record['seconds']:7.2f} s  "
+             f"{record['samples_per_s']:>12,.0f} samples/s  loss {record['loss']:.4f}")
+        if f"recall@{self.cfg.ks[0]}" in record:
+            s += "  " + format_metrics(record, self.cfg.ks)
+        return s
+
+    # ------------------------------------------------------------------ checkpoints
+    def data_fingerprint(self) -> dict:
+        return data_fingerprint(self.data)
+
+    def data_mismatch(self, saved_config: dict, saved: dict, now: dict) -> str:
+        return (f"other data ({saved['users']:,} users, {saved['items']:,} items, {saved['train']:,} training "
+                f"pairs in the checkpoint; {now['users']:,}, {now['items']:,} and {now['train']:,} now)")
+
+    def trainer_state(self) -> dict:
+        return {"U": self.params.U, "I": self.params.I, "W": self.params.W, "engine_state": self.engine.state_dict()}
+
+    def load_trainer_state(self, ck: dict, path: Path) -> None:
+        for name in ("U", "I", "W"):
+            saved, live = ck[name], getattr(self.params, name)
+            if saved.shape != live.shape or saved.dtype != live.dtype:
+                raise CheckpointError(f"{path}: {name} has shape {saved.shape}, expected {live.shape}")
+            live[...] = saved
+        try:
+            self.engine.load_state_dict(ck["engine_state"])
+        except (ValueError, KeyError) as err:
+            raise CheckpointError(f"{path}: {err}") from None
+
+    def upgrade_checkpoint(self, ck: dict) -> dict:
+        """Checkpoints written before the shared skeleton kept the engine and its options
+        beside the model settings."""
+        ck = super().upgrade_checkpoint(ck)
+        if "options" in ck:
+            ck["config"] = {**ck["config"], "engine": ck.pop("engine"), **ck.pop("options")}
+        return ck
+
+    # ------------------------------------------------------------------ reporting
+    def _run_info(self) -> dict:
+        return {"data": self.data.name, "engine": self.cfg.engine, "model": self.config.model,
+                "threads": self.threads}
+
+    def start_fields(self) -> dict:
+        d = self.data
+        return {**self._run_info(), "users": d.num_users, "items": d.num_items, "train": d.num_train,
+                "test": d.num_test}
+
+    def epoch_log_fields(self) -> dict:
+        return self._run_info()
+
+    def final_metrics(self) -> dict:
+        """Recall@k / NDCG@k of the parameters as they stand (the last epoch's when it was
+        evaluated)."""
+        last = self.history[-1] if self.history else {}
+        if f"recall@{self.cfg.ks[0]}" in last:
+            return {k: v for k, v in last.items() if "@" in k}
+        return evaluate_params(self.params, self.data, self.cfg.ks, self.cfg.topk)
+
+    def summary_fields(self) -> dict:
+        from embcache.train.cf_eval import popularity
+
+        return {**self._run_info(), **self.final_metrics(),
+                "popularity": popularity(self.data, self.cfg.ks, self.cfg.topk)}

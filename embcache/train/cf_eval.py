@@ -95,6 +95,13 @@ def popularity(data: Interactions, ks=(20,), backend="auto") -> dict:
                     ks=ks, backend=backend, cosine=False)
 
 
+def format_metrics(m: dict, ks) -> str:
+    """"Recall@k R  NDCG@k N" for each k, or why they were not computed."""
+    if m.get(f"recall@{ks[0]}") is None:
+        return "Recall/NDCG not computed (no test users)"
+    return "  ".join(f"Recall@{k} {m[f'recall@{k}']:.4f}  NDCG@{k} {m[f'ndcg@{k}']:.4f}" for k in ks)
+
+
 def _hits(top: np.ndarray, users: np.ndarray, indptr, indices, num_items) -> np.ndarray:
     """hit[b, r] = 1.0 when top[b, r] is a test item of users[b]."""
     keys = np.repeat(users.astype(np.int64), np.diff(indptr)[users]) * num_items

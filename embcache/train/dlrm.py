@@ -10,18 +10,16 @@ For comparison (`--sparse`): `device` keeps whole torchrec tables on the device 
 `host` keeps them in host memory, both trained with the torch optimizer that matches the
 cache's (same arithmetic), so the three runs are directly comparable.
 
-Checkpoints are written atomically every `checkpoint_every` steps and at the end of every
-epoch; `resume` continues from the last one and gives the same result as a run never
-stopped (the checkpoint holds the full tables, optimizer states, cache residency and
-statistics, and the position in the data).
+The loop, checkpoints and resume are the run skeleton's (`embcache.train.run`). A
+checkpoint holds the full tables, optimizer states, cache residency and statistics, and
+the position in the data, so a resumed run equals one never stopped.
 """
 from __future__ import annotations
 
 import logging
 import math
-import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -30,23 +28,22 @@ from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.models.dlrm import DLRM
 
-from embcache.checkpoint import load_checkpoint, save_checkpoint
+from embcache.cache.optimizers import TORCH_EQUIVALENTS, torch_equivalent
 from embcache.data.loader import CTRBatches, lookahead
-from embcache.device import resolve_device
 from embcache.nn.cached_collection import CachedEmbeddingBagCollection
-from embcache.train.diverged import check_loss
-from embcache.train.metrics import MetricsLog, binary_metrics, peak_memory
+from embcache.train.dlrm_eval import binary_metrics
+from embcache.train.run import StepRunConfig, Trainer
 
+logger = logging.getLogger(__name__)
 SPARSE_MODES = ("cached", "device", "host")
 # torchrec's DLRM trips a torch.fx deprecation warning on every run; it is not ours to fix.
 logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
-TORCH_SPARSE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad,
-                           "adam": torch.optim.SparseAdam}
 
 
 @dataclass
-class DLRMConfig:
-    """Everything a run depends on; stored in every checkpoint."""
+class DLRMConfig(StepRunConfig):
+    """Everything a run depends on; stored in every checkpoint. The run settings (device,
+    seed, epochs, max_steps, checkpoints, resume, metrics, progress) are `StepRunConfig`'s."""
 
     data: str = "synthetic"
     sparse: str = "cached"
@@ -61,19 +58,7 @@ class DLRMConfig:
     over_arch: list[int] = field(default_factory=lambda: [64, 32])
     batch_size: int = 2048
     eval_batch_size: int = 8192
-    epochs: int = 1
-    max_steps: int | None = None  # stop after this many steps in all (tests, smoke runs)
-    device: str | None = None
-    seed: int = 0
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 200
-    resume: bool = False
-    metrics_out: str | None = None
-    progress: bool = True
     prefetch: bool = True
-
-    def resolved_device(self) -> torch.device:
-        return resolve_device(self.device)
 
 
 # Settings a resumed run must share with its checkpoint: they change the arithmetic.
@@ -140,14 +125,14 @@ def build_model(meta: dict, cfg: DLRMConfig, ids_freq: dict | None):
             eviction=cfg.eviction, warmup_ratio=cfg.warmup_ratio,
             optimizer=cfg.sparse_optimizer, lr=cfg.sparse_lr)
     elif cfg.sparse in ("device", "host"):
-        if cfg.sparse_optimizer not in TORCH_SPARSE_OPTIMIZERS:
+        if cfg.sparse_optimizer not in TORCH_EQUIVALENTS:
             raise ValueError(f"--sparse {cfg.sparse} supports optimizers "
-                             f"{sorted(TORCH_SPARSE_OPTIMIZERS)}, not {cfg.sparse_optimizer!r}")
+                             f"{sorted(TORCH_EQUIVALENTS)}, not {cfg.sparse_optimizer!r}")
         where = device if cfg.sparse == "device" else torch.device("cpu")
         ebc = EmbeddingBagCollection(tables, device=where)
         for bag in ebc.embedding_bags.values():
             bag.sparse = True
-        sparse_opt = TORCH_SPARSE_OPTIMIZERS[cfg.sparse_optimizer](ebc.parameters(), lr=cfg.sparse_lr)
+        sparse_opt = torch_equivalent(cfg.sparse_optimizer, ebc.parameters(), cfg.sparse_lr)
         sparse = ebc if cfg.sparse == "device" else HostTables(ebc, device)
     else:
         raise ValueError(f"sparse must be one of {SPARSE_MODES}, got {cfg.sparse!r}")
@@ -160,94 +145,60 @@ def build_model(meta: dict, cfg: DLRMConfig, ids_freq: dict | None):
     return model, sparse, dense_opt, sparse_opt
 
 
-class DLRMTrainer:
-    """Runs `DLRMConfig` on a prepared dataset directory (canonical CTR format)."""
+class DLRMTrainer(Trainer):
+    """Runs `DLRMConfig` on a prepared dataset directory (canonical CTR format).
+
+    Example:
+        >>> from embcache.data.synthetic import generate_synthetic
+        >>> data = generate_synthetic(getfixture("tmp_path") / "syn", rows=2000, scale=0.0005)
+        >>> cfg = DLRMConfig(batch_size=256, embedding_dim=4, dense_arch=[8], over_arch=[8],
+        ...                  max_steps=3, device="cpu", progress=False)
+        >>> DLRMTrainer(cfg, data).fit()["steps"]
+        3
+    """
+
+    kind = "dlrm"
+    must_match = RESUME_MUST_MATCH
 
     def __init__(self, cfg: DLRMConfig, data_dir: str | Path):
         from embcache.data.ctr_format import load_id_frequencies, read_meta
 
-        self.cfg, self.data_dir = cfg, Path(data_dir)
+        super().__init__(cfg, cfg.resolved_device())
+        self.data_dir = Path(data_dir)
         self.meta = read_meta(self.data_dir)
-        self.device = cfg.resolved_device()
         freq = load_id_frequencies(self.data_dir) if cfg.sparse == "cached" else None
         self.model, self.sparse, self.dense_opt, self.sparse_opt = build_model(self.meta, cfg, freq)
         self.loss_fn = nn.BCEWithLogitsLoss()
-        self.log = MetricsLog(cfg.metrics_out)
-        self.epoch, self.batch_in_epoch, self.step = 0, 0, 0
-        self.history: list[dict] = []
-        self.train_seconds, self.train_samples = 0.0, 0
-        if cfg.resume:
-            self._resume()
 
     # ------------------------------------------------------------------ checkpoints
-    @property
-    def checkpoint_path(self) -> Path | None:
-        return Path(self.cfg.checkpoint_dir) / "last.pt" if self.cfg.checkpoint_dir else None
+    def data_fingerprint(self) -> dict:
+        return data_fingerprint(self.meta)
 
-    def save(self) -> Path | None:
-        if self.checkpoint_path is None:
-            return None
-        payload = {"config": asdict(self.cfg), "data": data_fingerprint(self.meta),
-                   "data_dir": str(self.data_dir.resolve()),
-                   "model": self.model.state_dict(),
-                   "dense_optimizer": self.dense_opt.state_dict(),
-                   "sparse_optimizer": self.sparse_opt.state_dict() if self.sparse_opt else None,
-                   "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "step": self.step,
-                   "history": self.history, "train_seconds": self.train_seconds,
-                   "train_samples": self.train_samples, "rng": torch.get_rng_state()}
-        return save_checkpoint(payload, self.checkpoint_path, kind="dlrm")
+    def data_mismatch(self, saved_config: dict, saved: dict, now: dict) -> str:
+        return (f"data (checkpoint trained on {saved_config.get('data')!r}, this run reads {str(self.data_dir)!r}: "
+                f"other features, cardinalities or rows)")
 
-    def _resume(self) -> None:
-        path = self.checkpoint_path
-        if path is None:
-            raise ValueError("--resume needs --checkpoint-dir")
-        if not path.exists():
-            print(f"no checkpoint at {path}; starting from scratch")
-            return
-        ckpt = self.restore(path)
-        self.epoch, self.batch_in_epoch, self.step = ckpt["epoch"], ckpt["batch_in_epoch"], ckpt["step"]
-        self.history = ckpt["history"]
-        self.train_seconds, self.train_samples = ckpt["train_seconds"], ckpt["train_samples"]
-        torch.set_rng_state(ckpt["rng"])
-        print(f"resumed from {path}: epoch {self.epoch + 1}, batch {self.batch_in_epoch}, step {self.step}")
+    def trainer_state(self) -> dict:
+        return {"data_dir": str(self.data_dir.resolve()), "model": self.model.state_dict(),
+                "dense_optimizer": self.dense_opt.state_dict(),
+                "sparse_optimizer": self.sparse_opt.state_dict() if self.sparse_opt else None}
 
-    def restore(self, path: Path) -> dict:
-        """Load the model and optimizers of checkpoint `path` after checking that it was
-        written with this run's arithmetic and data; returns the checkpoint."""
-        ckpt = load_checkpoint(path, kind="dlrm")
-        saved = ckpt["config"]
-        differ = [f"{k}={saved.get(k)!r} (this run: {getattr(self.cfg, k)!r})"
-                  for k in RESUME_MUST_MATCH if saved.get(k) != getattr(self.cfg, k)]
-        if "data" in ckpt and ckpt["data"] != data_fingerprint(self.meta):
-            differ.append(f"data (checkpoint trained on {saved.get('data')!r}, this run reads "
-                          f"{str(self.data_dir)!r}: other features, cardinalities or rows)")
-        if differ:
-            raise ValueError(f"{path}: the checkpoint was written with other settings: "
-                             f"{'; '.join(differ)}. Resume with the same settings, or start afresh "
-                             f"in another --checkpoint-dir")
+    def load_trainer_state(self, ck: dict, path: Path) -> None:
+        saved = ck["config"]
+        self.model.load_state_dict(ck["model"])
+        self.dense_opt.load_state_dict(ck["dense_optimizer"])
+        if self.sparse_opt is not None:
+            self.sparse_opt.load_state_dict(ck["sparse_optimizer"])
         changed = [f"{k} {saved.get(k)!r} -> {getattr(self.cfg, k)!r}" for k in CACHE_SETTINGS
                    if self.cfg.sparse == "cached" and saved.get(k) != getattr(self.cfg, k)]
-        try:
-            self.model.load_state_dict(ckpt["model"])
-            self.dense_opt.load_state_dict(ckpt["dense_optimizer"])
-            if self.sparse_opt is not None:
-                self.sparse_opt.load_state_dict(ckpt["sparse_optimizer"])
-        except (RuntimeError, KeyError) as err:
-            # torch's message is a heading ("Error(s) in loading state_dict ...:") over the details
-            lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
-            raise ValueError(f"{path}: the checkpoint does not fit this model: {' '.join(lines[:2])}") from None
         if changed:
-            print(f"cache settings changed ({', '.join(changed)}): the cache starts cold; "
-                  f"parameters continue exactly")
-        return ckpt
+            logger.info(f"cache settings changed ({', '.join(changed)}): the cache starts cold; "
+                        f"parameters continue exactly")
 
     # ------------------------------------------------------------------ training
     def _batches(self, split: str, batch_size: int, start: int = 0):
         return CTRBatches(self.data_dir, split, batch_size, shuffle_shards=split == "train",
                           seed=self.cfg.seed + self.epoch, device=self.device, start_batch=start)
-
-    def _done(self) -> bool:
-        return self.cfg.max_steps is not None and self.step >= self.cfg.max_steps
 
     def train_step(self, batch, next_batch=None) -> float:
         self.model.train()
@@ -264,57 +215,20 @@ class DLRMTrainer:
             self.sparse_opt.step()
         return loss.item()
 
-    def fit(self) -> dict:
-        from tqdm import tqdm
+    def train_epoch(self) -> dict | None:
+        batches = self._batches("train", self.cfg.batch_size, start=self.step_in_epoch)
+        self.begin_epoch(len(batches) + self.step_in_epoch)
+        for batch, nxt in lookahead(batches):
+            if self.should_stop():
+                return None
+            self.after_step(self.train_step(batch, nxt), batch.labels.numel())
+        return {}
 
-        cfg = self.cfg
-        while self.epoch < cfg.epochs and not self._done():
-            batches = self._batches("train", cfg.batch_size, start=self.batch_in_epoch)
-            bar = tqdm(total=len(batches) + self.batch_in_epoch, initial=self.batch_in_epoch,
-                       desc=f"epoch {self.epoch + 1}/{cfg.epochs}", unit="batch",
-                       disable=not cfg.progress, dynamic_ncols=True)
-            ema = None
-            finished = True
-            # a step's time runs from the end of the previous one: reading and collating
-            # its batch count, checkpoints and evaluation do not
-            t_last = time.perf_counter()
-            for batch, nxt in lookahead(batches):
-                if self._done():
-                    finished = False
-                    break
-                loss = self.train_step(batch, nxt)
-                check_loss(loss, f"step {self.step + 1}")
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-                now = time.perf_counter()
-                dt, t_last = now - t_last, now
-                self.train_seconds += dt
-                self.train_samples += batch.labels.numel()
-                self.step += 1
-                self.batch_in_epoch += 1
-                ema = loss if ema is None else 0.95 * ema + 0.05 * loss
-                postfix = {"loss": f"{ema:.4f}", "samples/s": f"{batch.labels.numel() / dt:,.0f}"}
-                if cfg.sparse == "cached":
-                    postfix["hit"] = f"{self.sparse.cache_stats()['hit_rate']:.3f}"
-                bar.set_postfix(postfix)
-                bar.update(1)
-                if self.step % 50 == 0:
-                    self.log.write(event="step", step=self.step, epoch=self.epoch + 1, loss=loss,
-                                   loss_ema=ema, samples_per_s=batch.labels.numel() / dt,
-                                   **self._cache_fields())
-                if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
-                    self.save()
-                    t_last = time.perf_counter()
-            bar.close()
-            if finished:  # the epoch ran to its end
-                result = self.evaluate("val")
-                self.history.append({"epoch": self.epoch + 1, **result})
-                self.log.write(event="eval", split="val", epoch=self.epoch + 1, step=self.step, **result)
-                print(f"epoch {self.epoch + 1}: val AUC {result['auc']:.4f}  log loss {result['logloss']:.4f}")
-                self.epoch += 1
-                self.batch_in_epoch = 0
-            self.save()
-        return self.summary()
+    def evaluate_epoch(self) -> dict:
+        return {"split": "val", **self.evaluate("val")}
+
+    def format_epoch(self, record: dict) -> str:
+        return f"epoch {record['epoch']}: val AUC {record['auc']:.4f}  log loss {record['logloss']:.4f}"
 
     @torch.no_grad()
     def evaluate(self, split: str = "val") -> dict:
@@ -335,6 +249,7 @@ class DLRMTrainer:
             result["cache_hit_rate"] = eval_stats()["hit_rate"]
         return result
 
+    # ------------------------------------------------------------------ reporting
     def _cache_fields(self) -> dict:
         if self.cfg.sparse != "cached":
             return {}
@@ -342,15 +257,19 @@ class DLRMTrainer:
         return {"hit_rate": s["hit_rate"], "bytes_h2d": s["bytes_h2d"], "bytes_d2h": s["bytes_d2h"],
                 "overflow_rows": s["overflow_rows"]}
 
-    def summary(self) -> dict:
+    def step_log_fields(self) -> dict:
+        return self._cache_fields()
+
+    def progress_fields(self) -> dict:
+        if self.cfg.sparse != "cached":
+            return {}
+        return {"hit": f"{self.sparse.cache_stats()['hit_rate']:.3f}"}
+
+    def summary_fields(self) -> dict:
         last = self.history[-1] if self.history else {}
-        out = {"steps": self.step, "epochs_done": self.epoch,
-               "val_auc": last.get("auc"), "val_logloss": last.get("logloss"),
-               "train_samples_per_s": self.train_samples / self.train_seconds if self.train_seconds else 0.0,
-               "sparse": self.cfg.sparse, "device": str(self.device), **self._cache_fields(),
-               **peak_memory(self.device)}
+        out = {"val_auc": last.get("auc"), "val_logloss": last.get("logloss"), "sparse": self.cfg.sparse,
+               **self._cache_fields()}
         if self.cfg.sparse == "cached":
             out["cache_rows"] = self.sparse.cache_rows()
             out["table_rows"] = sum(t.num_embeddings for t in self.sparse.embedding_bag_configs())
-        self.log.write(event="summary", **out)
         return out

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import fields
 from pathlib import Path
 
 from embcache.arg_types import fraction, positive_float, positive_int, ratio
 from embcache.errors import UserFacingError
+from embcache.train.run_cli import add_run_arguments, config_values, print_summary, run_rows
 
 REPO_DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 
@@ -52,15 +52,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--over-arch", type=positive_int, nargs="+", default=d.over_arch,
                    help="hidden sizes of the top MLP (the output 1 is appended)")
     p.add_argument("--batch-size", type=positive_int, default=d.batch_size)
-    p.add_argument("--epochs", type=positive_int, default=d.epochs)
-    p.add_argument("--max-steps", type=positive_int, default=None, help="stop after this many steps")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--checkpoint-dir", default=None, help="write checkpoints here (atomically)")
-    p.add_argument("--checkpoint-every", type=positive_int, default=d.checkpoint_every, help="steps between checkpoints")
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
-    p.add_argument("--metrics-out", default=None, help="JSON-lines metrics log")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_run_arguments(p, "dlrm", epochs=d.epochs, epochs_help="passes over the training split",
+                      checkpoint_every=d.checkpoint_every)
     p.add_argument("--no-prefetch", action="store_true", help="do not prefetch the next batch's rows")
     p.set_defaults(func=train)
 
@@ -70,7 +63,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                                    "and settings come from the checkpoint, the data from the directory it "
                                    "trained on (or --data, for a moved copy: it must have the same features, "
                                    "cardinalities and rows).")
-    e.add_argument("checkpoint", help="a checkpoint file, or the --checkpoint-dir holding last.pt")
+    e.add_argument("checkpoint", help="a checkpoint file, or the --checkpoint-dir holding dlrm-last.pt "
+                                      "(or the last.pt of earlier versions)")
     e.add_argument("--split", choices=("test", "val"), default="test")
     e.add_argument("--data", default=None, help="prepared data directory (default: the checkpoint's)")
     e.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
@@ -108,41 +102,33 @@ def resolve_data(args) -> Path:
 
 
 def train(args) -> int:
-    from embcache.checkpoint import CheckpointError
     from embcache.train.dlrm import DLRMConfig, DLRMTrainer
 
-    names = {f.name for f in fields(DLRMConfig)}
-    values = {k: v for k, v in vars(args).items() if k in names}
-    values.update(sparse_lr=args.lr, progress=not args.no_progress, prefetch=not args.no_prefetch)
-    cfg = DLRMConfig(**values)
+    cfg = DLRMConfig(**{**config_values(args, DLRMConfig), "sparse_lr": args.lr, "prefetch": not args.no_prefetch})
     try:
         cfg.resolved_device()
         data_dir = resolve_data(args)
-        trainer = DLRMTrainer(cfg, data_dir)
-        summary = trainer.fit()
-    except (CheckpointError, ValueError) as err:
+        summary = DLRMTrainer(cfg, data_dir).fit()
+    except ValueError as err:
         raise UserFacingError(str(err)) from None
     except OSError as err:  # an unwritable --data-cache or --checkpoint-dir, a full disk
         from embcache.errors import describe_os_error
 
         raise UserFacingError(describe_os_error(err)) from None
-    print_summary(summary)
+    print_summary(summary_rows(summary), summary)
     return 0
 
 
 def evaluate(args) -> int:
-    from embcache.checkpoint import CheckpointError, load_checkpoint
+    from embcache.checkpoint import load_checkpoint
     from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+    from embcache.train.run import checkpoint_file, config_from_checkpoint
 
-    path = Path(args.checkpoint)
-    if path.is_dir():
-        path = path / "last.pt"
+    path = checkpoint_file(args.checkpoint, "dlrm")
     try:
         ckpt = load_checkpoint(path, kind="dlrm")
-        names = {f.name for f in fields(DLRMConfig)}
-        cfg = DLRMConfig(**{k: v for k, v in ckpt["config"].items() if k in names})
-        cfg.device, cfg.resume, cfg.checkpoint_dir, cfg.metrics_out, cfg.progress = \
-            args.device, False, None, None, False
+        cfg = config_from_checkpoint(DLRMConfig, ckpt["config"], device=args.device, resume=False,
+                                     checkpoint_dir=None, metrics_out=None, progress=False)
         data_dir = args.data or ckpt.get("data_dir")
         if data_dir is None:
             raise ValueError(f"{path}: the checkpoint does not name its data directory; give --data")
@@ -152,7 +138,7 @@ def evaluate(args) -> int:
         trainer = DLRMTrainer(cfg, data_dir)
         trainer.restore(path)
         result = trainer.evaluate(args.split)
-    except (CheckpointError, ValueError) as err:
+    except ValueError as err:
         raise UserFacingError(str(err)) from None
     print(f"{args.split}: AUC {result['auc']:.4f}  log loss {result['logloss']:.4f}  "
           f"({result['samples']:,} samples, step {ckpt['step']})")
@@ -160,11 +146,9 @@ def evaluate(args) -> int:
     return 0
 
 
-def print_summary(s: dict) -> None:
+def summary_rows(s: dict) -> list[tuple[str, str]]:
     rows = [("validation AUC", f"{s['val_auc']:.4f}" if s.get("val_auc") is not None else "-"),
             ("validation log loss", f"{s['val_logloss']:.4f}" if s.get("val_logloss") is not None else "-"),
-            ("training throughput", f"{s['train_samples_per_s']:,.0f} samples/s"),
-            ("steps", str(s["steps"])),
             ("sparse part", f"{s['sparse']} on {s['device']}")]
     if s["sparse"] == "cached":
         rows += [("cache", f"{s['cache_rows']:,} of {s['table_rows']:,} rows "
@@ -173,11 +157,4 @@ def print_summary(s: dict) -> None:
                  ("bytes host->device", f"{s['bytes_h2d'] / 2**20:,.1f} MiB"),
                  ("bytes device->host", f"{s['bytes_d2h'] / 2**20:,.1f} MiB"),
                  ("overflow rows", f"{s['overflow_rows']:,}")]
-    rows.append(("peak host memory", f"{s['peak_host_mib']:,.0f} MiB"))
-    if "peak_device_mib" in s:
-        rows.append(("peak device memory", f"{s['peak_device_mib']:,.0f} MiB"))
-    width = max(len(k) for k, _ in rows)
-    print("\nsummary")
-    for k, v in rows:
-        print(f"  {k.ljust(width)}  {v}")
-    print(json.dumps({k: v for k, v in s.items()}, default=float))
+    return rows + run_rows(s)

@@ -9,45 +9,40 @@
 - `fc`: full softmax over one weight row per class; `pfc`: Partial FC. Same batches, same
   backbone, same optimizer for the backbone.
 
-Checkpoints (atomic, one file) hold the nets, the head (with the pool's slots and LRU keys),
-the optimizer and the position in the data; the data order is a function of (seed, epoch,
-step), so a resumed run is bit-identical to an uninterrupted one on CPU.
+The loop, checkpoints and resume are the run skeleton's (`embcache.train.run`). A checkpoint
+holds the nets, the head (with the pool's slots and LRU keys), the optimizer and the
+position in the data; the data order is a function of (seed, epoch, step), so a resumed run
+is bit-identical to an uninterrupted one on CPU.
 """
 from __future__ import annotations
 
 import copy
 import math
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from embcache.checkpoint import (
-    CheckpointError,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
 from embcache.data.face.loaders import PairBatch, PairBatches
-from embcache.device import resolve_device
+from embcache.errors import CheckpointError
 from embcache.nn.backbones import build_backbone
 from embcache.nn.heads import build_head
-from embcache.train.diverged import check_loss
 from embcache.train.face_eval import embed, identification_top1, verification
-from embcache.train.metrics import MetricsLog, peak_memory
+from embcache.train.run import StepRunConfig, Trainer
 
-CHECKPOINT_NAME = "face-last.pt"
 # settings a resumed run must share with its checkpoint: all that shape the data, the nets, the
-# loss or the optimizer (epochs may be raised: see `resume_mismatches`)
-_MUST_MATCH = ("data", "head", "num_classes", "pool_ratio", "sample_rate", "backbone", "feat_dim", "batch_size",
+# loss or the optimizer (epochs may be raised: a run can be extended)
+MUST_MATCH = ("data", "head", "num_classes", "pool_ratio", "sample_rate", "backbone", "feat_dim", "batch_size",
                "seed", "margin_type", "margin", "scale", "topk", "gallery_momentum", "lr", "momentum",
                "weight_decay", "image_size", "synthetic_dim", "synthetic_id_dim", "synthetic_samples",
                "synthetic_noise")
 
 
 @dataclass
-class FaceConfig:
+class FaceConfig(StepRunConfig):
+    """Everything a run depends on; stored in every checkpoint. The run settings (device,
+    seed, epochs, max_steps, checkpoints, resume, metrics, progress) are `StepRunConfig`'s."""
+
     data: str = "synthetic"             # "synthetic", an image folder, or a directory with train.rec/train.idx
     head: str = "dcp"                   # dcp | fc | pfc
     num_classes: int = 2000             # synthetic: training identities; real data: checked against the labels
@@ -65,14 +60,6 @@ class FaceConfig:
     lr: float = 0.1
     momentum: float = 0.9
     weight_decay: float = 5e-4
-    seed: int = 0
-    device: str | None = None
-    max_steps: int | None = None        # stop after this many steps in all (a checkpoint is written there)
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 200
-    resume: bool = False
-    metrics_out: str | None = None
-    progress: bool = True
     eval_pairs: int = 6000              # synthetic verification pairs
     eval_classes: int = 500             # synthetic held-out identities
     val: list = field(default_factory=list)  # verification .bin files for real data
@@ -110,29 +97,23 @@ def build_source(cfg: FaceConfig):
     raise DataFormatError(f"{path}: not 'synthetic', an image folder, or a directory with train.rec/train.idx")
 
 
-def resume_mismatches(saved: dict, cfg: FaceConfig) -> list[str]:
-    """What stops `cfg` from resuming a checkpoint written with config `saved`, one phrase
-    per setting with both values. More epochs are allowed (a run can be extended); fewer
-    are not, since the checkpoint may already be past the new end."""
-    out = []
-    for k in _MUST_MATCH:
-        was, now = saved.get(k), getattr(cfg, k)
-        if k == "data" and was != now and "synthetic" not in (was, now) and None not in (was, now):
-            if Path(was).resolve() == Path(now).resolve():  # the same directory, named another way
-                continue
-        if was != now:
-            out.append(f"{k} {was!r} in the checkpoint, {now!r} now")
-    if cfg.epochs < saved.get("epochs", 0):
-        out.append(f"epochs {saved['epochs']!r} in the checkpoint, {cfg.epochs!r} now (epochs may only be raised)")
-    return out
+class FaceTrainer(Trainer):
+    """Trains `cfg.head` on `source` (built from the config when not given).
 
+    Example:
+        >>> cfg = FaceConfig(num_classes=40, batch_size=16, epochs=1, eval_pairs=100, eval_classes=20,
+        ...                  device="cpu", progress=False)
+        >>> summary = FaceTrainer(cfg).fit()
+        >>> summary["steps"], summary["pool"]["slots"]
+        (10, 4)
+    """
 
-class FaceTrainer:
-    """Trains `cfg.head` on `source` (built from the config when not given)."""
+    kind = "face"
+    must_match = MUST_MATCH
+    only_raised = ("epochs",)
 
     def __init__(self, cfg: FaceConfig, source=None):
-        self.cfg = cfg
-        self.device = resolve_device(cfg.device)
+        super().__init__(cfg, cfg.resolved_device())
         torch.manual_seed(cfg.seed)
         self.source = source if source is not None else build_source(cfg)
         self.num_classes = self.source.num_classes if cfg.data != "synthetic" else cfg.num_classes
@@ -157,10 +138,7 @@ class FaceTrainer:
         self.optimizer = torch.optim.SGD(list(self.probe.parameters()) + list(self.head.parameters()), lr=cfg.lr,
                                          momentum=cfg.momentum, weight_decay=cfg.weight_decay)
         self.total_steps = cfg.epochs * self.batches.steps_per_epoch
-        self.epoch = self.step_in_epoch = self.global_step = 0
-        self.history: list[dict] = []
         self.dropped = 0
-        self.log = MetricsLog(cfg.metrics_out)
         self.eval_data = None
 
     # -- one step ------------------------------------------------------------------------
@@ -183,7 +161,7 @@ class FaceTrainer:
             loss = self.head.loss(feats, labels, positives, has_positive)
         else:
             loss = self.head.loss(self.probe(torch.cat([a, b, c])), labels)
-        lr = self.lr_at(self.global_step)
+        lr = self.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
@@ -226,108 +204,67 @@ class FaceTrainer:
             out[Path(path).stem] = verification(embed(self.probe, a, **kw), embed(self.probe, b, **kw), same)
         return out
 
+    def evaluate_epoch(self) -> dict:
+        return self.evaluate()
+
+    def format_epoch(self, record: dict) -> str:
+        return format_epoch(record)
+
     # -- checkpoints ---------------------------------------------------------------------
-    def state(self) -> dict:
-        return {"config": asdict(self.cfg), "epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
-                "global_step": self.global_step, "probe": self.probe.state_dict(),
+    def trainer_state(self) -> dict:
+        return {"probe": self.probe.state_dict(),
                 "gallery": self.gallery.state_dict() if self.gallery is not None else None,
-                "head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "history": self.history, "dropped": self.dropped,
+                "head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(), "dropped": self.dropped,
                 "bad_samples": self.source.bad.to_json() if hasattr(self.source, "bad") else {},
                 "num_slots": self.head.pool.num_slots if self.cfg.head == "dcp" else None}
 
-    def save(self) -> Path | None:
-        if not self.cfg.checkpoint_dir:
-            return None
-        return save_checkpoint(self.state(), Path(self.cfg.checkpoint_dir) / CHECKPOINT_NAME, kind="face")
+    def state(self) -> dict:
+        """The checkpoint's parts beyond the run's position (for comparing two runs)."""
+        return {"history": self.history, **self.trainer_state()}
 
-    def load(self, path) -> None:
-        ck = load_checkpoint(path, kind="face")
-        diff = resume_mismatches(ck["config"], self.cfg)
+    def state_mismatches(self, ck: dict) -> list[str]:
         if self.cfg.head == "dcp" and ck.get("num_slots") not in (None, self.head.pool.num_slots):
-            diff.append(f"pool slots {ck['num_slots']} in the checkpoint, {self.head.pool.num_slots} now")
-        if diff:
-            raise CheckpointError(f"{path}: cannot resume with other settings: " + "; ".join(diff))
+            return [f"pool slots {ck['num_slots']} in the checkpoint, {self.head.pool.num_slots} now"]
+        return []
+
+    def load_trainer_state(self, ck: dict, path: Path) -> None:
         self.probe.load_state_dict(ck["probe"])
         if self.gallery is not None:
             self.gallery.load_state_dict(ck["gallery"])
         self.head.load_state_dict(ck["head"])
         self.optimizer.load_state_dict(ck["optimizer"])
-        self.epoch, self.step_in_epoch, self.global_step = ck["epoch"], ck["step_in_epoch"], ck["global_step"]
-        self.history, self.dropped = ck["history"], ck["dropped"]
+        self.dropped = ck["dropped"]
         if hasattr(self.source, "bad"):  # so that the skipped list agrees with the skipped count
             self.source.bad.load_json(ck.get("bad_samples", {}))
 
     # -- the loop ------------------------------------------------------------------------
-    def fit(self) -> dict:
-        cfg = self.cfg
-        if cfg.resume:
-            if not cfg.checkpoint_dir:
-                raise CheckpointError("--resume needs --checkpoint-dir")
-            path = latest_checkpoint(cfg.checkpoint_dir, "face-*.pt")
-            if path is None:
-                raise CheckpointError(f"{cfg.checkpoint_dir}: no face checkpoint to resume from")
-            self.load(path)
-            if cfg.progress:
-                print(f"resumed from {path} at epoch {self.epoch}, step {self.step_in_epoch}")
-        from tqdm import tqdm
+    def train_epoch(self) -> dict | None:
+        n = self.batches.steps_per_epoch
+        self.begin_epoch(n)
+        while self.step_in_epoch < n:
+            if self.should_stop():
+                return None
+            batch = self.batches.get(self.epoch, self.step_in_epoch)
+            self.dropped += batch.dropped
+            self.after_step(self.train_step(batch), 2 * batch.a.shape[0] + batch.c.shape[0])
+        return {}
 
-        start, steps_run, samples = time.perf_counter(), 0, 0
-        stopped = False
-        while self.epoch < cfg.epochs and not stopped:
-            n = self.batches.steps_per_epoch
-            bar = tqdm(total=n, initial=self.step_in_epoch, desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
-                       disable=not cfg.progress, dynamic_ncols=True)
-            while self.step_in_epoch < n:
-                if cfg.max_steps is not None and self.global_step >= cfg.max_steps:
-                    stopped = True
-                    break
-                batch = self.batches.get(self.epoch, self.step_in_epoch)
-                self.dropped += batch.dropped
-                loss = self.train_step(batch)
-                check_loss(loss, f"step {self.global_step + 1}")
-                self.step_in_epoch += 1
-                self.global_step += 1
-                steps_run += 1
-                samples += 2 * batch.a.shape[0] + batch.c.shape[0]
-                post = {"loss": f"{loss:.3f}", "lr": f"{self.lr_at(self.global_step):.3g}"}
-                if cfg.head == "dcp":
-                    post["pool"] = f"{self.head.pool.num_resident()}/{self.head.pool.num_slots}"
-                bar.set_postfix(post, refresh=False)
-                bar.update(1)
-                if self.global_step % 50 == 0:
-                    self.log.write(event="step", step=self.global_step, epoch=self.epoch, loss=loss,
-                                   lr=self.lr_at(self.global_step))
-                if cfg.checkpoint_every and self.global_step % cfg.checkpoint_every == 0:
-                    self.save()
-            bar.close()
-            if stopped:
-                break
-            metrics = self.evaluate()
-            record = {"epoch": self.epoch + 1, "step": self.global_step, **metrics}
-            self.history.append(record)
-            self.log.write(event="epoch", **record)
-            if cfg.progress:
-                print(format_epoch(record))
-            self.epoch += 1
-            self.step_in_epoch = 0
-            self.save()
-        if stopped:
-            self.save()
-        elapsed = time.perf_counter() - start
-        if self.dropped:
-            print(f"skipped {self.dropped:,} unreadable sample(s) in training batches:")
-            self.source.bad.report()
-        summary = {"head": cfg.head, "backbone": self.backbone_name, "num_classes": self.num_classes,
-                   "steps": self.global_step, "epochs_done": self.epoch, "stopped_early": stopped,
-                   "train_seconds": elapsed, "train_samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
-                   "head_state_bytes": head_state_bytes(self.head, self.optimizer),
-                   "skipped_samples": self.dropped, "device": str(self.device),
-                   "final": self.history[-1] if self.history else None, **peak_memory(self.device)}
-        if cfg.head == "dcp":
-            summary["pool"] = {"slots": self.head.pool.num_slots, **self.head.pool.stats}
-        self.log.write(event="summary", **summary)
-        return summary
+    def step_log_fields(self) -> dict:
+        return {"lr": self.lr_at(self.step)}
+
+    def progress_fields(self) -> dict:
+        post = {"lr": f"{self.lr_at(self.step):.3g}"}
+        if self.cfg.head == "dcp":
+            post["pool"] = f"{self.head.pool.num_resident()}/{self.head.pool.num_slots}"
+        return post
+
+    def summary_fields(self) -> dict:
+        out = {"head": self.cfg.head, "backbone": self.backbone_name, "num_classes": self.num_classes,
+               "head_state_bytes": head_state_bytes(self.head, self.optimizer), "skipped_samples": self.dropped,
+               "final": self.history[-1] if self.history else None}
+        if self.cfg.head == "dcp":
+            out["pool"] = {"slots": self.head.pool.num_slots, **self.head.pool.stats}
+        return out
 
 
 def head_state_bytes(head: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:

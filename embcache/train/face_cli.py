@@ -16,6 +16,7 @@ from embcache.arg_types import (
     ratio,
 )
 from embcache.errors import UserFacingError
+from embcache.train.run_cli import add_run_arguments, config_values, print_summary, run_rows
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -53,7 +54,6 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--topk", type=positive_int, default=d.topk, help="dcp: k of the out-of-pool loss")
     p.add_argument("--gallery-momentum", type=fraction, default=d.gallery_momentum,
                    help="dcp: EMA momentum of the gallery net")
-    p.add_argument("--epochs", type=positive_int, default=d.epochs, help="passes of the identity loader over the identities")
     p.add_argument("--batch-size", type=int_in(4), default=d.batch_size,
                    help="images per step: a quarter are identity pairs (two views each), the rest instances")
     p.add_argument("--lr", type=positive_float, default=d.lr, help="SGD learning rate (cosine decay to 0)")
@@ -62,20 +62,14 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="synthetic: 0 for feature vectors, S for S x S images; real data: crop size (0 = 112)")
     p.add_argument("--synthetic-samples", type=int_in(2), default=d.synthetic_samples, help="samples per synthetic identity")
     p.add_argument("--eval-classes", type=positive_int, default=d.eval_classes, help="held-out synthetic identities")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--seed", type=non_negative_int, default=d.seed)
-    p.add_argument("--max-steps", type=positive_int, default=None, help="stop after this many steps in all")
-    p.add_argument("--checkpoint-dir", default=None, help="write checkpoints here (atomically)")
-    p.add_argument("--checkpoint-every", type=positive_int, default=d.checkpoint_every, help="steps between checkpoints")
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
-    p.add_argument("--metrics-out", default=None, help="JSON-lines metrics log")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_run_arguments(p, "face", epochs=d.epochs, epochs_help="passes of the identity loader over the identities",
+                      checkpoint_every=d.checkpoint_every)
     p.set_defaults(func=train)
 
     e = sub.add_parser("evaluate", help="evaluate a checkpoint on held-out identities / verification files",
                        formatter_class=fmt, description="Load the probe net of a face checkpoint and report "
                                                         "verification (and, on synthetic data, identification).")
-    e.add_argument("checkpoint", help="a face checkpoint file (e.g. CHECKPOINT_DIR/face-last.pt)")
+    e.add_argument("checkpoint", help="a face checkpoint file, or the --checkpoint-dir holding face-last.pt")
     e.add_argument("--val", nargs="*", default=None, metavar="BIN", help="verification .bin files")
     e.add_argument("--device", default=None)
     e.set_defaults(func=evaluate)
@@ -83,20 +77,15 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 
 def _config(args):
-    from dataclasses import fields
-
     from embcache.train.face import FaceConfig
 
-    names = {f.name for f in fields(FaceConfig)}
-    values = {k: v for k, v in vars(args).items() if k in names}
-    values["progress"] = not args.no_progress
+    values = config_values(args, FaceConfig)
     if values.get("num_classes") is None:
         values["num_classes"] = FaceConfig.num_classes if args.data == "synthetic" else 0
     return FaceConfig(**values)
 
 
 def train(args) -> int:
-    from embcache.checkpoint import CheckpointError
     from embcache.train.face import FaceTrainer
 
     cfg = _config(args)
@@ -106,36 +95,39 @@ def train(args) -> int:
               + (f" (pool of {trainer.head.pool.num_slots:,} slots)" if cfg.head == "dcp" else "")
               + f"; backbone {trainer.backbone_name} on {trainer.device}")
         summary = trainer.fit()
-    except (CheckpointError, ValueError, OSError) as err:
+    except (ValueError, OSError) as err:
         raise UserFacingError(str(err)) from None
-    print_summary(summary)
+    if summary["skipped_samples"]:
+        print(f"skipped {summary['skipped_samples']:,} unreadable sample(s) in training batches:")
+        trainer.source.bad.report()
+    print_summary(summary_rows(summary), summary)
     return 0
 
 
 def evaluate(args) -> int:
-    from embcache.checkpoint import CheckpointError, load_checkpoint
+    from embcache.checkpoint import load_checkpoint
     from embcache.train.face import FaceConfig, FaceTrainer, format_epoch
+    from embcache.train.run import checkpoint_file, config_from_checkpoint
 
+    path = checkpoint_file(args.checkpoint, "face")
     try:
-        ck = load_checkpoint(args.checkpoint, kind="face")
-        cfg = FaceConfig(**{**ck["config"], "device": args.device, "resume": False, "progress": False,
-                            "metrics_out": None})
+        ck = load_checkpoint(path, kind="face")
+        cfg = config_from_checkpoint(FaceConfig, ck["config"], device=args.device, resume=False,
+                                     checkpoint_dir=None, progress=False, metrics_out=None)
         if args.val is not None:
             cfg.val = list(args.val)
         trainer = FaceTrainer(cfg)
         trainer.probe.load_state_dict(ck["probe"])
         metrics = trainer.evaluate()
-    except (CheckpointError, ValueError, OSError) as err:
+    except (ValueError, OSError) as err:
         raise UserFacingError(str(err)) from None
     print(format_epoch({"epoch": ck["epoch"], **metrics}))
     print(json.dumps(metrics))
     return 0
 
 
-def print_summary(s: dict) -> None:
+def summary_rows(s: dict) -> list[tuple[str, str]]:
     rows = [("head", f"{s['head']} over {s['num_classes']:,} classes"), ("backbone", s["backbone"]),
-            ("steps", f"{s['steps']:,} ({s['epochs_done']} epochs{', stopped early' if s['stopped_early'] else ''})"),
-            ("throughput", f"{s['train_samples_per_s']:,.0f} images/s"),
             ("head state", f"{s['head_state_bytes'] / 2**20:,.2f} MiB (parameters/pool + optimizer state)")]
     final = s.get("final") or {}
     for name, m in final.items():
@@ -149,8 +141,4 @@ def print_summary(s: dict) -> None:
         rows.append(("pool", f"{p['slots']:,} slots; {p['admitted']:,} admissions, {p['evicted']:,} evictions"))
     if s["skipped_samples"]:
         rows.append(("skipped samples", f"{s['skipped_samples']:,} unreadable (listed above)"))
-    rows.append(("peak host memory", f"{s['peak_host_mib']:,.0f} MiB"))
-    width = max(len(k) for k, _ in rows)
-    print("\nsummary")
-    for k, v in rows:
-        print(f"  {k.ljust(width)}  {v}")
+    return rows + run_rows(s)

@@ -1,0 +1,60 @@
+"""Which reader a `--data` value names: the built-in MovieLens-100k and synthetic sets, a
+LightGCN directory (train.txt/test.txt), a MovieLens ratings file (u.data, ratings.dat) or a
+directory holding one. Skipped lines are reported to the user here, once, as they are read."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from embcache.data.bad_rows import BadRowLog
+from embcache.data.cf.interactions import TEST_FRACTION, Interactions
+from embcache.errors import DataFormatError
+
+DATA_CHOICES = "'ml-100k', 'synthetic', a LightGCN directory (train.txt, test.txt) or a MovieLens ratings file"
+
+
+def read_interactions(spec: str, split: str = "random", test_fraction: float = TEST_FRACTION, split_seed: int = 0,
+                      min_rating: int = 0, synthetic: tuple[int, int, int] = (30_000, 40_000, 1_000_000),
+                      skip_bad_lines: bool = False) -> Interactions:
+    """`Interactions` for `spec`. `split`, `test_fraction`, `split_seed` and `min_rating`
+    split ratings (and the synthetic set: fraction and seed); `synthetic` is its (users,
+    items, interactions). A bad line stops the reader naming file and line, or with
+    `skip_bad_lines` is skipped, counted and reported.
+
+    Example:
+        >>> data = read_interactions("synthetic", synthetic=(50, 60, 600))
+        >>> data.num_users, data.num_items, data.num_train + data.num_test
+        (50, 60, 600)
+    """
+    from embcache.data.cf.ratings import load_ml100k, read_ratings, split_ratings
+
+    if spec == "ml-100k":
+        return load_ml100k(None, split, split_seed, test_fraction, min_rating)
+    if spec == "synthetic":
+        from embcache.data.cf.synthetic import power_law_interactions
+
+        return power_law_interactions(*synthetic, seed=split_seed, test_fraction=test_fraction)
+    path = Path(spec)
+    if path.is_dir():
+        if (path / "train.txt").exists() or (path / "test.txt").exists():
+            from embcache.data.cf.lightgcn import read_lightgcn
+
+            data = read_lightgcn(path, skip_bad=skip_bad_lines)
+            _report(data.bad_rows)
+            return data
+        ratings_file = next((path / n for n in ("u.data", "ratings.dat") if (path / n).is_file()), None)
+        if ratings_file is None:
+            if (path / "ml-100k.inter").is_file():
+                return load_ml100k(path, split, split_seed, test_fraction, min_rating)
+            raise DataFormatError(f"{path}: no train.txt/test.txt (LightGCN format), u.data or ratings.dat here")
+        path = ratings_file
+    elif not path.exists():
+        raise DataFormatError(f"{path}: no such file or directory (--data takes {DATA_CHOICES})")
+    log = BadRowLog() if skip_bad_lines else None
+    ratings = read_ratings(path, log)
+    _report(log)
+    return split_ratings(ratings, split, test_fraction, split_seed, min_rating, name=path.name, bad_rows=log)
+
+
+def _report(log: BadRowLog | None) -> None:
+    if log is not None and log.total:
+        log.report()

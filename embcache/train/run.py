@@ -1,0 +1,408 @@
+"""The run skeleton the three trainers (dlrm, face, cf) stand on.
+
+A trainer says how to train one epoch, how to evaluate, what its checkpoint holds beyond
+the common part and what its summary reports; the skeleton does the rest, the same way for
+all three:
+
+- **position**: epoch, step within it, steps in all, training seconds and samples;
+- **checkpoints**: one file per run, `<checkpoint_dir>/<kind>-last.pt`, written atomically
+  every `checkpoint_every` steps and at every epoch's end;
+- **resume**: `--resume` continues from that file and stops with one line when there is
+  none (a typo in the directory must not start a fresh run over an old one); settings that
+  shape the arithmetic or the data must match the checkpoint's, and a resume with others is
+  refused in one line naming each (setting, value in the checkpoint, value now);
+- **divergence guard**: a NaN or infinite loss stops the run before it reaches a
+  checkpoint, so the last checkpoint is always good to resume from;
+- **metrics log**: JSON lines, `start`, `step` (every `LOG_EVERY` steps), `epoch`, then
+  `summary` (or `diverged`);
+- **progress**: a bar per epoch, and one line per epoch through `logging` (the command line
+  prints it; a library user's logging configuration decides).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import resource
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from embcache.checkpoint import load_checkpoint, save_checkpoint
+from embcache.device import resolve_device
+from embcache.errors import CheckpointError, TrainingDiverged
+
+logger = logging.getLogger(__name__)
+
+LOG_EVERY = 50  # steps between two `step` records of the metrics log
+# checkpoints written before the kind-prefixed names: kind -> the file name they used
+LEGACY_CHECKPOINT_NAMES = {"dlrm": "last.pt"}
+# positions written under other names before the trainers shared this skeleton
+_LEGACY_POSITION_KEYS = {"step_in_epoch": ("batch_in_epoch",), "step": ("global_step",),
+                         "epoch": ("epochs_done",), "history": ("records",)}
+
+
+@dataclass
+class RunConfig:
+    """Settings every trainer shares: where it runs, its seed, how long, and how the run is
+    kept (checkpoints, metrics) and shown (progress).
+
+    Args:
+        device: "cpu", "cuda" or "cuda:N"; None: CUDA when present.
+        seed: seeds the initial parameters and the order of the data.
+        epochs: passes over the training data.
+        checkpoint_dir: where `<kind>-last.pt` is written (None: no checkpoints).
+        resume: continue from the checkpoint in `checkpoint_dir`.
+        metrics_out: JSON-lines metrics log (appended, so a resumed run continues it).
+        progress: show a progress bar.
+    """
+
+    device: str | None = None
+    seed: int = 0
+    epochs: int = 1
+    checkpoint_dir: str | None = None
+    resume: bool = False
+    metrics_out: str | None = None
+    progress: bool = True
+
+    def resolved_device(self) -> torch.device:
+        """`device` as a torch.device; ValueError in one line for a bad or absent one."""
+        return resolve_device(self.device)
+
+
+@dataclass
+class StepRunConfig(RunConfig):
+    """A run made of optimizer steps (dlrm, face), which can stop and checkpoint between
+    them. (cf trains whole epochs: it checkpoints at each epoch's end.)
+
+    Args:
+        max_steps: stop after this many steps in all (a checkpoint is written there).
+        checkpoint_every: steps between two checkpoints (and one at every epoch's end).
+    """
+
+    max_steps: int | None = None
+    checkpoint_every: int = 200
+
+
+class MetricsLog:
+    """Append-only JSON-lines file: one object per event. Opened in append mode so that a
+    resumed run continues the same file."""
+
+    def __init__(self, path: str | os.PathLike | None):
+        self.path = Path(path) if path else None
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, **record) -> None:
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record, default=float) + "\n")
+
+
+def check_loss(loss: float, where: str) -> None:
+    """Raise TrainingDiverged naming `where` (e.g. "step 120") when `loss` is not finite."""
+    if not math.isfinite(loss):
+        raise TrainingDiverged(f"{where}: the loss is {loss}: training diverged (try a lower learning rate); "
+                               f"nothing from it was checkpointed or saved, the last checkpoint is intact")
+
+
+def peak_memory(device: torch.device) -> dict:
+    """Peak resident host memory of this process and peak device memory allocated."""
+    out = {"peak_host_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if device.type == "cuda":
+        out["peak_device_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return out
+
+
+def checkpoint_file(path: str | os.PathLike, kind: str) -> Path:
+    """The checkpoint named by `path`: the file itself, or in a directory its
+    `<kind>-last.pt` (or the name a checkpoint of that kind had before, when only that one
+    is there)."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    current = path / f"{kind}-last.pt"
+    legacy = LEGACY_CHECKPOINT_NAMES.get(kind)
+    if not current.exists() and legacy and (path / legacy).exists():
+        return path / legacy
+    return current
+
+
+def config_from_checkpoint(config_cls, saved: dict, **overrides):
+    """A `config_cls` with the settings a checkpoint recorded (those the class still has),
+    then `overrides`."""
+    names = {f.name for f in fields(config_cls)}
+    return config_cls(**{**{k: v for k, v in saved.items() if k in names}, **overrides})
+
+
+def resume_mismatches(saved: dict, now: dict, must_match, only_raised=()) -> list[str]:
+    """One phrase per setting that stops `now` from resuming a run with settings `saved`:
+    "NAME SAVED in the checkpoint, NOW now". Settings in `only_raised` may grow (a run can
+    be extended), not shrink. Two names of one existing path are the same setting."""
+    out = []
+    for k in must_match:
+        was, cur = saved.get(k), now.get(k)
+        if was != cur and not _same_path(was, cur):
+            out.append(f"{k} {was!r} in the checkpoint, {cur!r} now")
+    for k in only_raised:
+        if k in saved and now.get(k) is not None and now[k] < saved[k]:
+            out.append(f"{k} {saved[k]!r} in the checkpoint, {now[k]!r} now ({k} may only be raised)")
+    return out
+
+
+def _same_path(a, b) -> bool:
+    if not (isinstance(a, str) and isinstance(b, str)) or not (os.path.exists(a) and os.path.exists(b)):
+        return False
+    return Path(a).resolve() == Path(b).resolve()
+
+
+class Trainer:
+    """Base of `DLRMTrainer`, `FaceTrainer` and `CFTrainer`: the loop, checkpoints, resume,
+    metrics log and divergence guard; see the module docstring.
+
+    A subclass sets `kind` (names its checkpoints and metrics), `must_match` (config fields
+    a resume may not change) and `only_raised` (fields a resume may only raise), and writes
+    `train_epoch`, `evaluate_epoch`, `trainer_state` / `load_trainer_state` and
+    `summary_fields`. A stepwise trainer calls `begin_epoch` before its first step and
+    `after_step` after each one; `should_stop` says when `max_steps` is reached.
+    """
+
+    kind: ClassVar[str] = ""
+    must_match: ClassVar[tuple[str, ...]] = ()
+    only_raised: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, cfg: RunConfig, device: torch.device | None = None):
+        if cfg.resume and not cfg.checkpoint_dir:
+            raise CheckpointError("--resume needs --checkpoint-dir")
+        self.cfg = cfg
+        self.device = device if device is not None else torch.device("cpu")
+        self.log = MetricsLog(cfg.metrics_out)
+        self.epoch = self.step_in_epoch = self.step = 0
+        self.history: list[dict] = []
+        self.train_seconds, self.train_samples = 0.0, 0
+        self.stopped_early = False
+        self._bar = None
+        self._t_last = 0.0
+        self._loss_ema: float | None = None
+
+    # ------------------------------------------------------------------ what a trainer writes
+    def train_epoch(self) -> dict | None:
+        """Train the rest of the current epoch. Returns fields for the epoch's record (may
+        be empty), or None when the run stopped before the epoch's end (`max_steps`)."""
+        raise NotImplementedError
+
+    def evaluate_epoch(self) -> dict:
+        """Evaluation fields for the record of the epoch just trained ({} to skip)."""
+        return {}
+
+    def trainer_state(self) -> dict:
+        """The checkpoint's parts beyond the skeleton's: parameters, optimizer state, ..."""
+        raise NotImplementedError
+
+    def load_trainer_state(self, ck: dict, path: Path) -> None:
+        """Put a checkpoint's `trainer_state` in place (settings already checked)."""
+        raise NotImplementedError
+
+    def data_fingerprint(self) -> dict | None:
+        """What identifies the training data for a resume (None: nothing beyond the config)."""
+        return None
+
+    def state_mismatches(self, ck: dict) -> list[str]:
+        """Phrases for what else in the checkpoint this trainer cannot take (beyond the
+        config and data), in the wording of `resume_mismatches`."""
+        return []
+
+    def data_mismatch(self, saved_config: dict, saved: dict, now: dict) -> str:
+        """The phrase for a resume on other data (`saved` and `now` are fingerprints,
+        `saved_config` the checkpoint's settings)."""
+        return "data: the checkpoint was written for other data"
+
+    def summary_fields(self) -> dict:
+        return {}
+
+    def upgrade_checkpoint(self, ck: dict) -> dict:
+        """A checkpoint written by an earlier version, in today's form (positions under
+        the skeleton's names); a trainer adds its own renames."""
+        for key, old_names in _LEGACY_POSITION_KEYS.items():
+            for old in old_names:
+                if key not in ck and old in ck:
+                    ck[key] = ck.pop(old)
+        return ck
+
+    def format_epoch(self, record: dict) -> str:
+        return f"epoch {record['epoch']}"
+
+    def start_fields(self) -> dict:
+        """Fields of the metrics log's `start` record beside the config."""
+        return {}
+
+    def epoch_log_fields(self) -> dict:
+        """Fields of every `epoch` record of the metrics log beside the epoch's own."""
+        return {}
+
+    def step_log_fields(self) -> dict:
+        """Fields of a `step` record of the metrics log beside loss and samples/s."""
+        return {}
+
+    def progress_fields(self) -> dict:
+        """Fields of the progress bar beside the loss and samples/s."""
+        return {}
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict:
+        """Train from where the run stands (resumed when the config says so) to the last
+        epoch or `max_steps`; returns the summary, also the metrics log's last record."""
+        if self.cfg.resume:
+            self.resume()
+        self.log.write(event="start", kind=self.kind, config=asdict(self.cfg), **self.start_fields())
+        try:
+            while self.epoch < self.cfg.epochs and not self.stopped_early:
+                stats = self.train_epoch()
+                self._close_bar()
+                if stats is None:
+                    self.stopped_early = True
+                else:
+                    self._end_epoch(stats)
+                self.save()
+        except TrainingDiverged as err:
+            self._close_bar()
+            self.log.write(event="diverged", message=str(err))
+            raise
+        summary = self.summary()
+        self.log.write(event="summary", **summary)
+        return summary
+
+    def _end_epoch(self, stats: dict) -> None:
+        record = {"epoch": self.epoch + 1, **({"step": self.step} if self._stepwise else {}), **stats,
+                  **self.evaluate_epoch()}
+        self.history.append(record)
+        self.log.write(event="epoch", **self.epoch_log_fields(), **record)
+        logger.info(self.format_epoch(record))
+        self.epoch += 1
+        self.step_in_epoch = 0
+
+    @property
+    def _stepwise(self) -> bool:
+        return isinstance(self.cfg, StepRunConfig)
+
+    def should_stop(self) -> bool:
+        """`max_steps` reached: the run ends here (after a checkpoint)."""
+        return self._stepwise and self.cfg.max_steps is not None and self.step >= self.cfg.max_steps
+
+    def begin_epoch(self, total: int, unit: str = "step") -> None:
+        """Open the epoch's progress bar (`total` units, the done ones already counted) and
+        start the step clock."""
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=total, initial=self.step_in_epoch if unit == "step" else 0,
+                         desc=f"epoch {self.epoch + 1}/{self.cfg.epochs}", unit=unit, unit_scale=unit != "step",
+                         disable=not self.cfg.progress, dynamic_ncols=True, leave=unit == "step")
+        self._t_last = time.perf_counter()
+
+    def tick(self, done: int, **postfix) -> None:
+        """Advance the progress bar by `done` units (for trainers without steps)."""
+        if self._bar is not None:
+            self._bar.set_postfix(postfix, refresh=False)
+            self._bar.update(done)
+
+    def after_step(self, loss: float, samples: int) -> None:
+        """Account for one step: the divergence guard, position, throughput (wall time
+        since the previous step's end, so loading the batch counts and checkpoints do
+        not), progress bar, metrics log, and the periodic checkpoint."""
+        check_loss(loss, f"step {self.step + 1}")
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        dt, self._t_last = now - self._t_last, now
+        self.train_seconds += dt
+        self.train_samples += samples
+        self.step += 1
+        self.step_in_epoch += 1
+        self._loss_ema = loss if self._loss_ema is None else 0.95 * self._loss_ema + 0.05 * loss
+        rate = samples / dt if dt > 0 else float("inf")
+        self.tick(1, loss=f"{self._loss_ema:.4f}", **{"samples/s": f"{rate:,.0f}"}, **self.progress_fields())
+        if self.step % LOG_EVERY == 0:
+            self.log.write(event="step", step=self.step, epoch=self.epoch + 1, loss=loss, loss_ema=self._loss_ema,
+                           samples_per_s=rate, **self.step_log_fields())
+        if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
+            self.save()
+            self._t_last = time.perf_counter()
+
+    def _close_bar(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def summary(self) -> dict:
+        out = {"epochs_done": self.epoch, "stopped_early": self.stopped_early,
+               **({"steps": self.step} if self._stepwise else {}),
+               "train_seconds": self.train_seconds,
+               "train_samples_per_s": self.train_samples / self.train_seconds if self.train_seconds else 0.0,
+               "device": str(self.device)}
+        return {**out, **self.summary_fields(), **peak_memory(self.device)}
+
+    # ------------------------------------------------------------------ checkpoints
+    @property
+    def checkpoint_path(self) -> Path | None:
+        return Path(self.cfg.checkpoint_dir) / f"{self.kind}-last.pt" if self.cfg.checkpoint_dir else None
+
+    def save(self) -> Path | None:
+        """Write the checkpoint (atomically: a reader sees the previous one or this one)."""
+        if self.checkpoint_path is None:
+            return None
+        payload = {"config": asdict(self.cfg), "data": self.data_fingerprint(), "epoch": self.epoch,
+                   "step_in_epoch": self.step_in_epoch, "step": self.step, "history": self.history,
+                   "train_seconds": self.train_seconds, "train_samples": self.train_samples,
+                   "rng": torch.get_rng_state(), **self.trainer_state()}
+        return save_checkpoint(payload, self.checkpoint_path, kind=self.kind)
+
+    def resume_checkpoint(self) -> Path:
+        """The checkpoint `--resume` continues from; CheckpointError when there is none."""
+        directory = Path(self.cfg.checkpoint_dir)
+        path = checkpoint_file(directory, self.kind) if directory.is_dir() else self.checkpoint_path
+        if not path.is_file():
+            raise CheckpointError(f"{self.cfg.checkpoint_dir}: no {self.kind} checkpoint ({path.name}) to resume "
+                                  f"from; leave out --resume to start afresh")
+        return path
+
+    def resume(self) -> dict:
+        """Continue from the checkpoint in `checkpoint_dir`: parameters and position."""
+        path = self.resume_checkpoint()
+        ck = self.restore(path)
+        self.epoch, self.step_in_epoch, self.step = ck["epoch"], ck["step_in_epoch"], ck["step"]
+        self.history = ck["history"]
+        self.train_seconds, self.train_samples = ck.get("train_seconds", 0.0), ck.get("train_samples", 0)
+        if "rng" in ck:
+            torch.set_rng_state(ck["rng"])
+        where = f" and {self.step_in_epoch} step(s) of epoch {self.epoch + 1}" if self.step_in_epoch else ""
+        logger.info(f"resumed from {path} after epoch {self.epoch}{where}"
+                    + (f" ({self.step} steps in all)" if self._stepwise else ""))
+        return ck
+
+    def restore(self, path: str | os.PathLike) -> dict:
+        """Load checkpoint `path` into this trainer after checking that it was written with
+        this run's settings and data; returns the checkpoint (positions under the
+        skeleton's names, whatever version wrote it)."""
+        path = Path(path)
+        ck = self.upgrade_checkpoint(load_checkpoint(path, kind=self.kind))
+        differ = resume_mismatches(ck["config"], asdict(self.cfg), self.must_match, self.only_raised)
+        saved_data, data = ck.get("data"), self.data_fingerprint()
+        if saved_data is not None and data is not None and saved_data != data:
+            differ.append(self.data_mismatch(ck["config"], saved_data, data))
+        differ += self.state_mismatches(ck)
+        if differ:
+            raise CheckpointError(f"{path}: cannot resume with other settings: " + "; ".join(differ))
+        try:
+            self.load_trainer_state(ck, path)
+        except (RuntimeError, KeyError, ValueError) as err:
+            if isinstance(err, CheckpointError):
+                raise
+            # torch's message is a heading ("Error(s) in loading state_dict ...:") over the details
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+            raise CheckpointError(f"{path}: the checkpoint does not fit this model: {' '.join(lines[:2])}") from None
+        return ck
+

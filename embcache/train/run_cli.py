@@ -1,0 +1,71 @@
+"""The command-line side of the run skeleton, shared by `embcache dlrm|face|cf train`: the
+run flags (device, seed, epochs, steps, checkpoints, resume, metrics, progress), the config
+they make, and the summary every run ends with. Light on purpose: no torch import, so
+`--help` stays instant."""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import fields
+
+from embcache.arg_types import non_negative_int, positive_int
+
+
+def add_run_arguments(p: argparse.ArgumentParser, kind: str, *, epochs: int, epochs_help: str,
+                      seed: int | None = 0, seed_help: str = "seeds the initial parameters and the data order",
+                      stepwise: bool = True, checkpoint_every: int = 200, device: bool = True,
+                      min_epochs: int = 1) -> None:
+    """The flags of `RunConfig` (and `StepRunConfig` when `stepwise`), worded the same in
+    every trainer. `kind` names the checkpoint file (`<kind>-last.pt`)."""
+    if device:
+        p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--seed", type=non_negative_int, default=seed, help=seed_help)
+    p.add_argument("--epochs", type=positive_int if min_epochs else non_negative_int, default=epochs,
+                   help=epochs_help)
+    if stepwise:
+        p.add_argument("--max-steps", type=positive_int, default=None,
+                       help="stop after this many steps in all (a checkpoint is written there)")
+    where = (f"every --checkpoint-every steps and at each epoch's end" if stepwise else "after every epoch")
+    p.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                   help=f"keep the run's checkpoint here as {kind}-last.pt, written atomically {where}: "
+                        f"a killed run loses at most the work since")
+    if stepwise:
+        p.add_argument("--checkpoint-every", type=positive_int, default=checkpoint_every,
+                       help="steps between checkpoints")
+    p.add_argument("--resume", action="store_true",
+                   help=f"continue from {kind}-last.pt in --checkpoint-dir, exactly where it stopped; without "
+                        f"one there the run stops with an error (leave out --resume to start afresh); settings "
+                        f"that change the arithmetic or the data must be the checkpoint's")
+    p.add_argument("--metrics-out", default=None, metavar="FILE",
+                   help="JSON-lines metrics log (appended): start, step, epoch and summary records")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def config_values(args: argparse.Namespace, config_cls) -> dict:
+    """The fields of `config_cls` that `args` has (under the same names), with `progress`
+    from `--no-progress`."""
+    names = {f.name for f in fields(config_cls)}
+    values = {k: v for k, v in vars(args).items() if k in names}
+    values["progress"] = not args.no_progress
+    return values
+
+
+def print_summary(rows: list[tuple[str, str]], summary: dict) -> None:
+    """The end of every run: an aligned table for people, then the whole summary as one
+    JSON line for programs (always the last line of the output)."""
+    width = max(len(k) for k, _ in rows)
+    print("\nsummary")
+    for k, v in rows:
+        print(f"  {k.ljust(width)}  {v}")
+    print(json.dumps(summary, default=float))
+
+
+def run_rows(s: dict) -> list[tuple[str, str]]:
+    """The summary rows every run has: throughput, steps or epochs, device and memory."""
+    done = f"{s['epochs_done']} epoch(s)" + (", stopped early" if s.get("stopped_early") else "")
+    rows = [("training throughput", f"{s['train_samples_per_s']:,.0f} samples/s over {s['train_seconds']:.1f} s"),
+            ("steps", f"{s['steps']:,} ({done})") if "steps" in s else ("epochs", done),
+            ("peak host memory", f"{s['peak_host_mib']:,.0f} MiB")]
+    if "peak_device_mib" in s:
+        rows.append(("peak device memory", f"{s['peak_device_mib']:,.0f} MiB"))
+    return rows
