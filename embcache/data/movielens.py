@@ -152,9 +152,9 @@ def _fetch_into(dest: Path) -> Path:
 def load_ml100k(path: str | os.PathLike | None = None) -> MovieLens100k:
     """Read MovieLens-100k from `path` (see `ml100k_dir`) into a `MovieLens100k`.
 
-    Example:
-        >>> ml = load_ml100k()                      # doctest: +SKIP
-        >>> ml.ratings.shape, ml.num_users, ml.num_items
+    Example (not run by the tests: it fetches the data on first use):
+        >>> ml = load_ml100k()                               # doctest: +SKIP
+        >>> ml.ratings.shape, ml.num_users, ml.num_items     # doctest: +SKIP
         ((100000, 4), 943, 1682)
     """
     directory = ml100k_dir(path)

@@ -150,7 +150,8 @@ class DLRMTrainer(Trainer):
 
     Example:
         >>> from embcache.data.synthetic import generate_synthetic
-        >>> data = generate_synthetic(getfixture("tmp_path") / "syn", rows=2000, scale=0.0005)
+        >>> data = getfixture("tmp_path") / "syn"
+        >>> meta = generate_synthetic(data, rows=2000, scale=0.0005)
         >>> cfg = DLRMConfig(batch_size=256, embedding_dim=4, dense_arch=[8], over_arch=[8],
         ...                  max_steps=3, device="cpu", progress=False)
         >>> DLRMTrainer(cfg, data).fit()["steps"]
