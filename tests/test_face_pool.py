@@ -13,12 +13,7 @@ from embcache.nn.class_pool import DynamicClassPool
 D = 3
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def run_shadow(pool, batches, feats):

@@ -12,12 +12,7 @@ import torch
 from embcache.train.face import FaceConfig, FaceTrainer
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def small(**kw):

@@ -120,15 +120,11 @@ def train(args) -> int:
 
 
 def evaluate(args) -> int:
-    from embcache.checkpoint import load_checkpoint
     from embcache.train.dlrm import DLRMConfig, DLRMTrainer
-    from embcache.train.run import checkpoint_file, config_from_checkpoint
+    from embcache.train.run import checkpoint_to_evaluate
 
-    path = checkpoint_file(args.checkpoint, "dlrm")
     try:
-        ckpt = load_checkpoint(path, kind="dlrm")
-        cfg = config_from_checkpoint(DLRMConfig, ckpt["config"], device=args.device, resume=False,
-                                     checkpoint_dir=None, metrics_out=None, progress=False)
+        path, ckpt, cfg = checkpoint_to_evaluate(args.checkpoint, "dlrm", DLRMConfig, args.device)
         data_dir = args.data or ckpt.get("data_dir")
         if data_dir is None:
             raise ValueError(f"{path}: the checkpoint does not name its data directory; give --data")

@@ -105,15 +105,11 @@ def train(args) -> int:
 
 
 def evaluate(args) -> int:
-    from embcache.checkpoint import load_checkpoint
     from embcache.train.face import FaceConfig, FaceTrainer, format_epoch
-    from embcache.train.run import checkpoint_file, config_from_checkpoint
+    from embcache.train.run import checkpoint_to_evaluate
 
-    path = checkpoint_file(args.checkpoint, "face")
     try:
-        ck = load_checkpoint(path, kind="face")
-        cfg = config_from_checkpoint(FaceConfig, ck["config"], device=args.device, resume=False,
-                                     checkpoint_dir=None, progress=False, metrics_out=None)
+        _, ck, cfg = checkpoint_to_evaluate(args.checkpoint, "face", FaceConfig, args.device)
         if args.val is not None:
             cfg.val = list(args.val)
         trainer = FaceTrainer(cfg)

@@ -139,6 +139,17 @@ def config_from_checkpoint(config_cls, saved: dict, **overrides):
     return config_cls(**{**{k: v for k, v in saved.items() if k in names}, **overrides})
 
 
+def checkpoint_to_evaluate(path: str | os.PathLike, kind: str, config_cls, device: str | None = None):
+    """(file, checkpoint, config) for evaluating the checkpoint `path` names (a file or a
+    checkpoint directory): the run's own settings on `device`, with no checkpoints, metrics
+    or progress of its own."""
+    path = checkpoint_file(path, kind)
+    ck = load_checkpoint(path, kind=kind)
+    cfg = config_from_checkpoint(config_cls, ck["config"], device=device, resume=False, checkpoint_dir=None,
+                                 metrics_out=None, progress=False)
+    return path, ck, cfg
+
+
 def resume_mismatches(saved: dict, now: dict, must_match, only_raised=()) -> list[str]:
     """One phrase per setting that stops `now` from resuming a run with settings `saved`:
     "NAME SAVED in the checkpoint, NOW now". Settings in `only_raised` may grow (a run can

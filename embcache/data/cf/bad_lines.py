@@ -20,8 +20,28 @@ def bad_line(path, lineno: int, why: str, bad_rows: BadRowLog | None) -> None:
     bad_rows.add(path, lineno, why)
 
 
-def is_int(token: str) -> bool:
-    """Whether `int(token)` succeeds (to name the first bad token of a line)."""
+def whole_numbers(tokens: list[str], path, lineno: int, noun: str, bad_rows: BadRowLog | None) -> list[int] | None:
+    """The line's `tokens` as integers, or None when one is not (the line then goes to
+    `bad_line`, naming the first such `noun`: "non-integer token 'x'").
+
+    Example:
+        >>> log = BadRowLog()
+        >>> whole_numbers(["3", "7"], "train.txt", 1, "token", log)
+        [3, 7]
+        >>> whole_numbers(["3", "x"], "train.txt", 2, "token", log) is None
+        True
+        >>> log.to_json()["train.txt"]["first_reasons"]
+        ["non-integer token 'x'"]
+    """
+    try:
+        return [int(t) for t in tokens]
+    except ValueError:
+        bad = next(t for t in tokens if not _is_int(t))
+        bad_line(path, lineno, f"non-integer {noun} {bad!r}", bad_rows)
+        return None
+
+
+def _is_int(token: str) -> bool:
     try:
         int(token)
         return True

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from embcache.data.bad_rows import BadRowLog
-from embcache.data.cf.bad_lines import bad_line, is_int
+from embcache.data.cf.bad_lines import bad_line, whole_numbers
 from embcache.data.cf.interactions import Interactions, from_pairs
 from embcache.errors import format_error
 
@@ -54,11 +54,8 @@ def read_lightgcn_file(path: str | Path, bad_rows: BadRowLog | None = None,
             tokens = line.split()
             if not tokens:
                 continue
-            try:
-                ids = [int(t) for t in tokens]
-            except ValueError:
-                bad = next(t for t in tokens if not is_int(t))
-                bad_line(path, lineno, f"non-integer token {bad!r}", bad_rows)
+            ids = whole_numbers(tokens, path, lineno, "token", bad_rows)
+            if ids is None:
                 continue
             if min(ids) < 0:
                 bad_line(path, lineno, f"negative id {min(ids)}", bad_rows)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from embcache.data.bad_rows import BadRowLog
-from embcache.data.cf.bad_lines import bad_line, is_int
+from embcache.data.cf.bad_lines import bad_line, whole_numbers
 from embcache.data.cf.interactions import SPLITS, TEST_FRACTION, Interactions, from_pairs
 from embcache.errors import format_error
 
@@ -36,11 +36,8 @@ def read_ratings(path: str | Path, bad_rows: BadRowLog | None = None) -> np.ndar
             if len(parts) != 4:
                 bad_line(path, lineno, f"expected 4 fields, found {len(parts)}", bad_rows)
                 continue
-            try:
-                row = [int(p) for p in parts]
-            except ValueError:
-                bad = next(p for p in parts if not is_int(p))
-                bad_line(path, lineno, f"non-integer field {bad!r}", bad_rows)
+            row = whole_numbers(parts, path, lineno, "field", bad_rows)
+            if row is None:
                 continue
             if row[0] < 0 or row[1] < 0:
                 bad_line(path, lineno, f"negative id {min(row[:2])}", bad_rows)
