@@ -1,2 +1,5 @@
-"""Training loops: DLRM over the embedding cache (`dlrm`), face classification with a
-dynamic class pool (`face`); each has a thin CLI module beside it."""
+"""The three trainers on one run skeleton (`run`: loop, checkpoints, resume, metrics log,
+divergence guard; `run_cli`: the flags and summary they share): DLRM over the embedding
+cache (`dlrm`), face classification with a dynamic class pool (`face`) and collaborative
+filtering with the HEAT kernels (`cf`); each has its evaluation (`*_eval`) and a thin CLI
+module (`*_cli`) beside it."""
