@@ -170,8 +170,8 @@ class CachedEmbeddingBagCollection(nn.Module):
 
     def _group_inputs(self, kjt: KeyedJaggedTensor) -> list[_GroupInput]:
         """Each group's lookups in its concatenated id space, every id checked against
-        its own table (one comparison per group); the layout and weights are left to
-        check."""
+        its own table (one comparison per group). Layout and weights are the caller's to
+        check: a prefetch does not need them."""
         keys = kjt.keys()
         missing = [f for f in self._feature_names if f not in keys]
         if missing:
