@@ -71,14 +71,16 @@ def console_logging():
     """While a command runs, what the library logs at INFO and above (resumed from ...,
     epoch results, warnings) reaches the user; a library caller configures logging itself."""
     log = logging.getLogger("embcache")
-    handler, level = _ConsoleHandler(), log.level
+    handler, level, propagate = _ConsoleHandler(), log.level, log.propagate
     log.addHandler(handler)
     log.setLevel(logging.INFO)
+    log.propagate = False  # printed once: some dependencies give the root logger a handler of its own
     try:
         yield
     finally:
         log.removeHandler(handler)
         log.setLevel(level)
+        log.propagate = propagate
 
 
 def _listing(prog: str, commands: dict[str, tuple[str, str]]) -> str:

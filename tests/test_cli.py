@@ -23,3 +23,24 @@ def test_help_does_not_import_torch():
     code = "import sys; from embcache.cli import main; main(['--help']); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().endswith("False")
+
+
+def test_library_log_lines_are_printed_once_on_stdout_and_warnings_on_stderr(capsys):
+    """The library reports through `logging`; a command prints those lines itself, once,
+    even when something else gave the root logger a handler (as some dependencies do)."""
+    import logging
+
+    from embcache.cli import console_logging
+
+    root_handler = logging.StreamHandler(sys.stderr)
+    logging.getLogger().addHandler(root_handler)
+    try:
+        with console_logging():
+            logging.getLogger("embcache.train.run").info("epoch 1: done")
+            logging.getLogger("embcache.train.cf").warning("the test split is empty")
+        logging.getLogger("embcache.train.run").info("after the command: not printed")
+    finally:
+        logging.getLogger().removeHandler(root_handler)
+    out, err = capsys.readouterr()
+    assert out == "epoch 1: done\n"
+    assert err == "warning: the test split is empty\n"
