@@ -338,6 +338,13 @@ def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(engine, lightgcn_
     assert ck["epoch"] == 3 and np.array_equal(ck["I"], b[1])
 
 
+def test_resuming_a_finished_run_says_there_is_nothing_to_train(lightgcn_dir, tmp_path, capsys):
+    _train(["--data", lightgcn_dir, "--epochs", 1, "--checkpoint-dir", tmp_path], capsys)
+    out = _train(["--data", lightgcn_dir, "--epochs", 1, "--checkpoint-dir", tmp_path, "--resume"], capsys)
+    assert "the checkpoint has 1 epoch(s) already: nothing to train (raise --epochs to go on)" in out
+    assert "epoch   1/1" not in out  # no epoch was trained again
+
+
 def load_cf_checkpoint(path):
     """A cf checkpoint as a dict."""
     from embcache.checkpoint import load_checkpoint

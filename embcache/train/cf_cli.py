@@ -143,9 +143,9 @@ def saved_model_settings(args) -> dict:
         return asdict(load(args.load)[3])
     if args.resume and args.checkpoint_dir:
         from embcache.checkpoint import load_checkpoint
-        from embcache.train.run import checkpoint_file
+        from embcache.train.run import checkpoint_in
 
-        path = checkpoint_file(args.checkpoint_dir, "cf")
+        path = checkpoint_in(args.checkpoint_dir, "cf")
         if path.is_file():
             saved = load_checkpoint(path, kind="cf")["config"]
             return {k: saved[k] for k in MODEL_SETTINGS if k in saved}

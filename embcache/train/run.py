@@ -120,15 +120,19 @@ def peak_memory(device: torch.device) -> dict:
 
 def checkpoint_file(path: str | os.PathLike, kind: str) -> Path:
     """The checkpoint named by `path`: the file itself, or in a directory its
-    `<kind>-last.pt` (or the name a checkpoint of that kind had before, when only that one
-    is there)."""
+    `checkpoint_in(directory, kind)`."""
     path = Path(path)
-    if not path.is_dir():
-        return path
-    current = path / f"{kind}-last.pt"
+    return checkpoint_in(path, kind) if path.is_dir() else path
+
+
+def checkpoint_in(directory: str | os.PathLike, kind: str) -> Path:
+    """A run's checkpoint in `directory`: `<kind>-last.pt`, or the name a checkpoint of that
+    kind had before when only that one is there (the directory need not exist)."""
+    directory = Path(directory)
+    current = directory / f"{kind}-last.pt"
     legacy = LEGACY_CHECKPOINT_NAMES.get(kind)
-    if not current.exists() and legacy and (path / legacy).exists():
-        return path / legacy
+    if not current.exists() and legacy and (directory / legacy).exists():
+        return directory / legacy
     return current
 
 
@@ -269,6 +273,9 @@ class Trainer:
         epoch or `max_steps`; returns the summary, also the metrics log's last record."""
         if self.cfg.resume:
             self.resume()
+            if self.epoch >= self.cfg.epochs:
+                logger.info(f"the checkpoint has {self.epoch} epoch(s) already: nothing to train "
+                            f"(raise --epochs to go on)")
         self.log.write(event="start", kind=self.kind, config=asdict(self.cfg), **self.start_fields())
         try:
             while self.epoch < self.cfg.epochs and not self.stopped_early:
@@ -373,8 +380,7 @@ class Trainer:
 
     def resume_checkpoint(self) -> Path:
         """The checkpoint `--resume` continues from; CheckpointError when there is none."""
-        directory = Path(self.cfg.checkpoint_dir)
-        path = checkpoint_file(directory, self.kind) if directory.is_dir() else self.checkpoint_path
+        path = checkpoint_in(self.cfg.checkpoint_dir, self.kind)
         if not path.is_file():
             raise CheckpointError(f"{self.cfg.checkpoint_dir}: no {self.kind} checkpoint ({path.name}) to resume "
                                   f"from; leave out --resume to start afresh")
@@ -409,9 +415,9 @@ class Trainer:
             raise CheckpointError(f"{path}: cannot resume with other settings: " + "; ".join(differ))
         try:
             self.load_trainer_state(ck, path)
+        except CheckpointError:
+            raise
         except (RuntimeError, KeyError, ValueError) as err:
-            if isinstance(err, CheckpointError):
-                raise
             # torch's message is a heading ("Error(s) in loading state_dict ...:") over the details
             lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
             raise CheckpointError(f"{path}: the checkpoint does not fit this model: {' '.join(lines[:2])}") from None
