@@ -1,0 +1,41 @@
+"""The data-parallel part of a hybrid-parallel model: `DistributedDataParallel` whose
+gradients are summed over the ranks, not averaged.
+
+Why summed: each rank's loss is its share of the *global* batch's mean (its samples' loss
+sum divided by the global batch size), so the gradient of the global loss is the sum of the
+ranks' gradients. That keeps the model-parallel embeddings (whose gradients come back by
+all-to-all, unaveraged) and the dense part on the same scale, and makes N ranks compute what
+one rank computes on the whole batch, up to the order of floating-point summation.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from .world import current
+
+
+def _sum_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    work = dist.all_reduce(bucket.buffer(), async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def data_parallel(module: nn.Module, device: torch.device) -> nn.Module:
+    """`module` under DDP with summed gradients, or `module` itself on one process."""
+    if not current().distributed or not any(p.requires_grad for p in module.parameters()):
+        return module
+    ddp = DistributedDataParallel(module, device_ids=[device] if device.type == "cuda" else None)
+    ddp.register_comm_hook(state=None, hook=_sum_hook)
+    return ddp
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """The module inside a DDP wrapper (checkpoints hold the plain module's state)."""
+    return module.module if isinstance(module, DistributedDataParallel) else module
+
+
+def gradient_bytes(module: nn.Module) -> int:
+    """Bytes a step all-reduces for `module`: one gradient of every trainable parameter."""
+    return sum(p.numel() * p.element_size() for p in unwrap(module).parameters() if p.requires_grad)
