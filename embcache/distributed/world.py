@@ -111,7 +111,8 @@ def launch(device: torch.device | None = None, timeout_s: float = DEFAULT_TIMEOU
     except PeerFailure:
         raise
     except UserFacingError as err:
-        _publish(f"rank {world.rank}: {err}")
+        err.args = (f"rank {world.rank}: {err}",)  # every rank's line says whose it is
+        _publish(str(err))
         raise
     except (RuntimeError, dist.DistBackendError) as err:
         if not _is_collective_failure(err):

@@ -16,7 +16,10 @@ all three:
 - **metrics log**: JSON lines, `start`, `step` (every `LOG_EVERY` steps), `epoch`, then
   `summary` (or `diverged`);
 - **progress**: a bar per epoch, and one line per epoch through `logging` (the command line
-  prints it; a library user's logging configuration decides).
+  prints it; a library user's logging configuration decides);
+- **several processes** (torchrun): every rank runs the same loop; rank 0 alone shows
+  progress, writes the metrics log and the checkpoint file; `save` and `summary` are
+  collective (a trainer's state may be spread over the ranks), so every rank calls them.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ import torch
 
 from embcache.checkpoint import load_checkpoint, save_checkpoint
 from embcache.device import resolve_device
+from embcache.distributed.world import DEFAULT_TIMEOUT_S, barrier, current
 from embcache.errors import CheckpointError, TrainingDiverged
 
 logger = logging.getLogger(__name__)
@@ -82,10 +86,13 @@ class StepRunConfig(RunConfig):
     Args:
         max_steps: stop after this many steps in all (a checkpoint is written there).
         checkpoint_every: steps between two checkpoints (and one at every epoch's end).
+        dist_timeout: under torchrun, seconds a rank waits for the others in a collective
+            before it stops with one line (a rank died or hung).
     """
 
     max_steps: int | None = None
     checkpoint_every: int = 200
+    dist_timeout: float = DEFAULT_TIMEOUT_S
 
 
 class MetricsLog:
@@ -194,8 +201,9 @@ class Trainer:
         if cfg.resume and not cfg.checkpoint_dir:
             raise CheckpointError("--resume needs --checkpoint-dir")
         self.cfg = cfg
-        self.device = device if device is not None else torch.device("cpu")
-        self.log = MetricsLog(cfg.metrics_out)
+        self.world = current()
+        self.device = self.world.device(device if device is not None else torch.device("cpu"))
+        self.log = MetricsLog(cfg.metrics_out if self.world.is_main else None)
         self.epoch = self.step_in_epoch = self.step = 0
         self.history: list[dict] = []
         self.train_seconds, self.train_samples = 0.0, 0
@@ -276,7 +284,8 @@ class Trainer:
             if self.epoch >= self.cfg.epochs:
                 logger.info(f"the checkpoint has {self.epoch} epoch(s) already: nothing to train "
                             f"(raise --epochs to go on)")
-        self.log.write(event="start", kind=self.kind, config=asdict(self.cfg), **self.start_fields())
+        self.log.write(event="start", kind=self.kind, config=asdict(self.cfg), world_size=self.world.size,
+                       **self.start_fields())
         try:
             while self.epoch < self.cfg.epochs and not self.stopped_early:
                 stats = self.train_epoch()
@@ -318,7 +327,7 @@ class Trainer:
 
         self._bar = tqdm(total=total, initial=self.step_in_epoch if unit == "step" else 0,
                          desc=f"epoch {self.epoch + 1}/{self.cfg.epochs}", unit=unit, unit_scale=unit != "step",
-                         disable=not self.cfg.progress, dynamic_ncols=True, leave=unit == "step")
+                         disable=not (self.cfg.progress and self.world.is_main), dynamic_ncols=True, leave=unit == "step")
         self._t_last = time.perf_counter()
 
     def tick(self, done: int, **postfix) -> None:
@@ -360,7 +369,7 @@ class Trainer:
                **({"steps": self.step} if self._stepwise else {}),
                "train_seconds": self.train_seconds,
                "train_samples_per_s": self.train_samples / self.train_seconds if self.train_seconds else 0.0,
-               "device": str(self.device)}
+               "device": str(self.device), "world_size": self.world.size}
         return {**out, **self.summary_fields(), **peak_memory(self.device)}
 
     # ------------------------------------------------------------------ checkpoints
@@ -369,14 +378,23 @@ class Trainer:
         return Path(self.cfg.checkpoint_dir) / f"{self.kind}-last.pt" if self.cfg.checkpoint_dir else None
 
     def save(self) -> Path | None:
-        """Write the checkpoint (atomically: a reader sees the previous one or this one)."""
+        """Write the checkpoint (atomically: a reader sees the previous one or this one).
+        Collective: every rank calls it; `trainer_state` may write parts of its own, and
+        rank 0 writes the file that makes them the checkpoint."""
         if self.checkpoint_path is None:
             return None
         payload = {"config": asdict(self.cfg), "data": self.data_fingerprint(), "epoch": self.epoch,
                    "step_in_epoch": self.step_in_epoch, "step": self.step, "history": self.history,
                    "train_seconds": self.train_seconds, "train_samples": self.train_samples,
-                   "rng": torch.get_rng_state(), **self.trainer_state()}
-        return save_checkpoint(payload, self.checkpoint_path, kind=self.kind)
+                   "rng": torch.get_rng_state(), "world_size": self.world.size, **self.trainer_state()}
+        if self.world.is_main:
+            save_checkpoint(payload, self.checkpoint_path, kind=self.kind)
+            self.after_save(payload)
+        barrier()  # no rank runs ahead of a checkpoint that is not yet in place
+        return self.checkpoint_path
+
+    def after_save(self, payload: dict) -> None:
+        """Rank 0, once the checkpoint file is in place: drop what it superseded."""
 
     def resume_checkpoint(self) -> Path:
         """The checkpoint `--resume` continues from; CheckpointError when there is none."""

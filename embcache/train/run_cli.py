@@ -8,7 +8,7 @@ import argparse
 import json
 from dataclasses import fields
 
-from embcache.arg_types import non_negative_int, positive_int
+from embcache.arg_types import non_negative_int, positive_float, positive_int
 
 
 def add_run_arguments(p: argparse.ArgumentParser, kind: str, *, epochs: int, epochs_help: str,
@@ -39,6 +39,24 @@ def add_run_arguments(p: argparse.ArgumentParser, kind: str, *, epochs: int, epo
     p.add_argument("--metrics-out", default=None, metavar="FILE",
                    help="JSON-lines metrics log (appended): start, step, epoch and summary records")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    if stepwise:
+        p.add_argument("--dist-timeout", type=positive_float, default=300.0, metavar="SECONDS",
+                       help="under torchrun: how long a rank waits for the others before it stops with one "
+                            "line (a rank died or hung); the last checkpoint stays intact")
+
+
+def run_launched(cfg, body):
+    """Run `body()` (which builds a trainer and returns its summary) in the process group
+    torchrun set up, or plainly without torchrun. Returns `(summary, world)`. Ranks other
+    than 0 print only warnings and errors: one progress bar, one summary per run."""
+    import logging
+
+    from embcache.distributed.world import launch
+
+    with launch(cfg.resolved_device(), getattr(cfg, "dist_timeout", 300.0)) as world:
+        if not world.is_main:
+            logging.getLogger("embcache").setLevel(logging.WARNING)
+        return body(), world
 
 
 def config_values(args: argparse.Namespace, config_cls) -> dict:
@@ -52,7 +70,12 @@ def config_values(args: argparse.Namespace, config_cls) -> dict:
 
 def print_summary(rows: list[tuple[str, str]], summary: dict) -> None:
     """The end of every run: an aligned table for people, then the whole summary as one
-    JSON line for programs (always the last line of the output)."""
+    JSON line for programs (always the last line of the output). Under torchrun, rank 0
+    alone prints it."""
+    import os
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
     width = max(len(k) for k, _ in rows)
     print("\nsummary")
     for k, v in rows:
@@ -66,6 +89,8 @@ def run_rows(s: dict) -> list[tuple[str, str]]:
     rows = [("training throughput", f"{s['train_samples_per_s']:,.0f} samples/s over {s['train_seconds']:.1f} s"),
             ("steps", f"{s['steps']:,} ({done})") if "steps" in s else ("epochs", done),
             ("peak host memory", f"{s['peak_host_mib']:,.0f} MiB")]
+    if s.get("world_size", 1) > 1:
+        rows.insert(1, ("processes", f"{s['world_size']} (torchrun)"))
     if "peak_device_mib" in s:
         rows.append(("peak device memory", f"{s['peak_device_mib']:,.0f} MiB"))
     return rows
