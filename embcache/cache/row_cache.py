@@ -431,6 +431,25 @@ class RowCache:
         if "prefetch.ids" in sd:
             self._restore_prefetches(sd["prefetch.ids"], sd["prefetch.sizes"], sd["prefetch.counts"])
 
+    def restore_rows(self, weight: torch.Tensor, state: dict[str, torch.Tensor], step: int) -> None:
+        """Put a table and its optimizer state in place with the cache empty: how a run
+        resumes from rows saved in id order (by another number of processes, say), where
+        no residency fits. Shapes are checked before anything changes."""
+        if tuple(weight.shape) != (self.num_rows, self.dim):
+            raise ValueError(f"table is {tuple(weight.shape)}, this cache's is {(self.num_rows, self.dim)}")
+        for k, v in self.host.state.items():
+            if k not in state or tuple(state[k].shape) != tuple(v.shape):
+                raise ValueError(f"optimizer state {k!r} missing or of another shape (saved with another "
+                                 f"optimizer than {self.optimizer.name!r}?)")
+        self.drop_prefetches()
+        self.holds.zero_()
+        self.host.weight.copy_(weight)
+        for k, v in self.host.state.items():
+            v.copy_(state[k])
+        self.step = int(step)
+        self.slots.clear()
+        self.dirty.zero_()
+
     def _check_state_dict(self, sd: dict) -> tuple[dict, bool]:
         """Raise ValueError for a checkpoint this cache cannot load, so that a failed load
         changes nothing. Returns the policy state and whether the checkpoint's residency

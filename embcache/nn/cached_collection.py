@@ -210,6 +210,56 @@ class CachedEmbeddingBagCollection(nn.Module):
     def cache_stats(self) -> dict:
         return combine_stats(bag.cache_stats() for bag in self.bags)
 
+    # --------------------------------------------------------- tables in id order
+    def table_rows(self, name: str) -> dict[str, torch.Tensor]:
+        """Table `name`'s rows and their optimizer state (`weight`, `optimizer.<k>`), in
+        id order and current: views of the live host store, not copies."""
+        for bag, g in zip(self.bags, self._groups):
+            for t, off in zip(g.tables, g.row_offsets):
+                if t.name == name:
+                    bag.cache.sync_host()
+                    host = bag.cache.host
+                    return {"weight": host.weight[off: off + t.num_embeddings],
+                            **{f"optimizer.{k}": v[off: off + t.num_embeddings] for k, v in host.state.items()}}
+        raise KeyError(f"no table named {name!r}")
+
+    def optimizer_steps(self) -> int:
+        """Row-optimizer steps taken (the same in every bag: one per training step)."""
+        return self.bags[0].cache.step
+
+    def restore_tables(self, rows: dict[str, dict[str, torch.Tensor]], step: int) -> None:
+        """Every table's rows and optimizer state (as `table_rows` gives them), with the
+        caches empty: the resume of a run whose residency does not fit this one."""
+        missing = [t.name for t in self._configs if t.name not in rows]
+        if missing:
+            raise ValueError(f"no saved rows for table(s) {', '.join(missing)}")
+        for bag, g in zip(self.bags, self._groups):
+            parts = [rows[t.name] for t in g.tables]
+            bag.cache.restore_rows(torch.cat([p["weight"] for p in parts]),
+                                   {k: torch.cat([p[f"optimizer.{k}"] for p in parts]) for k in bag.cache.host.state},
+                                   step)
+
+    def residency_state(self) -> dict[str, torch.Tensor]:
+        """`state_dict()` without the tables and optimizer state: what the cache holds and
+        its counters, which with the tables saved apart restore a run exactly."""
+        return {k: v for k, v in self.state_dict().items() if not _is_table_key(k)}
+
+    def load_residency(self, residency: dict[str, torch.Tensor]) -> None:
+        """Restore `residency_state()` over the tables already in place."""
+        full = self.state_dict()
+        full.update(residency)
+        self.load_state_dict(full)
+
+    def load_stats(self, totals: dict) -> None:
+        """Set the statistics to `totals` (kept by the first bag, the rest zero): counts
+        carried over from a run whose caches were laid out otherwise."""
+        for i, bag in enumerate(self.bags):
+            bag.reset_cache_stats()
+            if i == 0:
+                for k, v in totals.items():
+                    if hasattr(bag.cache.stats, k) and k != "hit_rate":
+                        setattr(bag.cache.stats, k, int(v))
+
     @contextmanager
     def separate_stats(self):
         """Count the lookups of a block (say, validation) apart: yields a function that
@@ -254,6 +304,11 @@ def _group_input(group: _Group, values: torch.Tensor, lengths: torch.Tensor,
     all_lengths = torch.cat(len_parts)
     offsets = torch.cumsum(all_lengths, 0) - all_lengths
     return _GroupInput(ids, offsets, torch.cat(w_parts) if w_parts else None, features, batch, segments)
+
+
+def _is_table_key(key: str) -> bool:
+    tail = key.split(".", 2)[-1]  # "bags.0.weight" -> "weight", "bags.0.optimizer.sum" -> "optimizer.sum"
+    return tail == "weight" or tail.startswith("optimizer.")
 
 
 def combine_stats(per_cache) -> dict:
