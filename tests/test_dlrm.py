@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from embcache.checkpoint import load_checkpoint
+from embcache.distributed.table_checkpoint import full_tables, saved_residency
 from embcache.train.dlrm import DLRMConfig, DLRMTrainer
 
 
@@ -93,10 +94,29 @@ def test_resume_after_kill_equals_uninterrupted(synthetic, tmp_path):
     a = load_checkpoint(killed_dir / "dlrm-last.pt", "dlrm")
     b = load_checkpoint(tmp_path / "whole" / "dlrm-last.pt", "dlrm")
     assert a["step"] == b["step"] == 90
-    assert a["model"].keys() == b["model"].keys()
-    for k in a["model"]:  # parameters, optimizer state, residency and cache statistics
-        assert torch.equal(a["model"][k], b["model"][k]), k
+    assert_same_checkpoint(killed_dir / "dlrm-last.pt", tmp_path / "whole" / "dlrm-last.pt", residency=True)
     assert a["history"] == b["history"]
+
+
+def assert_same_checkpoint(path_a, path_b, residency: bool = False, atol: float = 0.0):
+    """Dense parameters and optimizer state, every table with its optimizer state and (with
+    `residency`) rank 0's cache residency and statistics, equal (to `atol`)."""
+    a, b = load_checkpoint(path_a, "dlrm"), load_checkpoint(path_b, "dlrm")
+    same = (lambda x, y: torch.equal(x, y)) if atol == 0 else (lambda x, y: torch.allclose(x, y, rtol=0, atol=atol))
+    assert a["dense_model"].keys() == b["dense_model"].keys()
+    for k in a["dense_model"]:
+        assert same(a["dense_model"][k], b["dense_model"][k]), k
+    ta, tb = full_tables(path_a, a["tables"]), full_tables(path_b, b["tables"])
+    assert ta.keys() == tb.keys()
+    for name in ta:
+        for k in ta[name]:
+            assert same(ta[name][k], tb[name][k]), (name, k)
+    assert a["tables"]["optimizer_steps"] == b["tables"]["optimizer_steps"]
+    if residency:
+        ra, rb = saved_residency(path_a, a["tables"], 0), saved_residency(path_b, b["tables"], 0)
+        assert ra.keys() == rb.keys()
+        for k in ra:
+            assert torch.equal(ra[k], rb[k]), k
 
 
 def test_corrupt_checkpoint_is_refused_with_one_line(synthetic, tmp_path):
@@ -172,7 +192,9 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_checkpoint(synthetic, tmp_p
         trainer.fit()
     ck = load_checkpoint(tmp_path / "dlrm-last.pt", "dlrm")
     assert ck["step"] == 5
-    assert all(torch.isfinite(v).all() for v in ck["model"].values() if torch.is_tensor(v) and v.is_floating_point())
+    assert all(torch.isfinite(v).all() for v in ck["dense_model"].values() if v.is_floating_point())
+    tables = full_tables(tmp_path / "dlrm-last.pt", ck["tables"])
+    assert all(torch.isfinite(v).all() for rows in tables.values() for v in rows.values())
 
 
 def _resume_args(synthetic, ckdir, *extra):

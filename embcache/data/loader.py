@@ -23,6 +23,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embcache.errors import format_error
 from embcache.data.ctr_format import read_meta, read_shard, sparse_features
+from embcache.distributed.world import slice_bounds
 
 
 @dataclass
@@ -34,16 +35,19 @@ class Batch:
         sparse: keys = sparse feature names in meta order; lengths are 1 per sample for a
             one-hot feature, the list length for a multi-hot one.
         labels: float32 `[B]` of 0.0 / 1.0 (what `BCEWithLogitsLoss` takes).
+        global_size: rows of the global batch this one is a rank's slice of (its own
+            length when the batch is not split).
     """
 
     dense: torch.Tensor
     sparse: KeyedJaggedTensor
     labels: torch.Tensor
+    global_size: int | None = None
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
         return Batch(self.dense.to(device, non_blocking=non_blocking),
                      self.sparse.to(torch.device(device), non_blocking=non_blocking),
-                     self.labels.to(device, non_blocking=non_blocking))
+                     self.labels.to(device, non_blocking=non_blocking), self.global_size)
 
     def __len__(self) -> int:
         return self.labels.shape[0]
@@ -64,6 +68,9 @@ class CTRBatches:
         start_batch: begin at this batch index of the epoch (for resume); `len()` then counts
             only the batches still to come.
         read_rows: rows per Parquet read; bounds memory together with `batch_size`.
+        part: `(rank, world_size)`: yield only this rank's slice of every global batch of
+            `batch_size` rows (`world.slice_bounds`), so N ranks together see the batches
+            one process sees.
 
     Ids outside `[0, cardinality)`, nulls, a shard whose columns or column types differ from
     meta.json (label integer/bool, dense floating point, sparse integer ids), or a damaged shard
@@ -76,7 +83,8 @@ class CTRBatches:
 
     def __init__(self, data_dir: str | os.PathLike, split: str, batch_size: int,
                  shuffle_shards: bool = False, seed: int = 0, drop_last: bool = False,
-                 device: torch.device | str = "cpu", start_batch: int = 0, read_rows: int = 65_536):
+                 device: torch.device | str = "cpu", start_batch: int = 0, read_rows: int = 65_536,
+                 part: tuple[int, int] = (0, 1)):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if start_batch < 0:
@@ -89,6 +97,7 @@ class CTRBatches:
         self.batch_size, self.shuffle_shards, self.seed = int(batch_size), shuffle_shards, seed
         self.drop_last, self.device = drop_last, torch.device(device)
         self.start_batch, self.read_rows = int(start_batch), max(int(read_rows), 1)
+        self.part = (int(part[0]), int(part[1]))
         self.features = sparse_features(self.meta)
         self.num_dense = int(self.meta["num_dense"])
         self.rows = int(self.meta["splits"][split]["rows"])
@@ -116,7 +125,7 @@ class CTRBatches:
     def skip(self, batches: int) -> "CTRBatches":
         """The same iterable, starting `batches` further on."""
         return CTRBatches(self.data_dir, self.split, self.batch_size, self.shuffle_shards, self.seed,
-                          self.drop_last, self.device, self.start_batch + batches, self.read_rows)
+                          self.drop_last, self.device, self.start_batch + batches, self.read_rows, self.part)
 
     # -------------------------------------------------------------- iteration
     def __iter__(self) -> Iterator[Batch]:
@@ -211,6 +220,10 @@ class CTRBatches:
                                                f"outside [0, {f.cardinality})")
 
     def _to_batch(self, table: pa.Table) -> Batch:
+        global_size = table.num_rows
+        if self.part[1] > 1:
+            start, stop = slice_bounds(global_size, self.part[1], self.part[0])
+            table = table.slice(start, stop - start)
         n = table.num_rows
         labels = torch.from_numpy(table.column("label").to_numpy().astype(np.float32))
         dense = np.empty((n, self.num_dense), dtype=np.float32)
@@ -231,10 +244,10 @@ class CTRBatches:
                                                            else np.zeros(0, dtype=np.int64)),
                                    lengths=torch.from_numpy(np.concatenate(lengths) if lengths
                                                             else np.zeros(0, dtype=np.int64)))
-        batch = Batch(torch.from_numpy(dense), sparse, labels)
+        batch = Batch(torch.from_numpy(dense), sparse, labels, global_size)
         if self.device.type == "cuda":
             return Batch(batch.dense.pin_memory(), batch.sparse.pin_memory(),
-                         batch.labels.pin_memory()).to(self.device, non_blocking=True)
+                         batch.labels.pin_memory(), global_size).to(self.device, non_blocking=True)
         return batch if self.device.type == "cpu" else batch.to(self.device)
 
 

@@ -54,6 +54,18 @@ class _GroupInput:
     segments: list[list[int]]
 
 
+def group_tables(tables: list[EmbeddingBagConfig]) -> list[_Group]:
+    """The tables that share a cache: one group per (dim, pooling), in order of first
+    appearance; each table's rows follow the previous table's in its group."""
+    groups: dict[tuple, _Group] = {}
+    for t in tables:
+        if t.pooling not in _POOLING:
+            raise ValueError(f"table {t.name!r}: pooling {t.pooling} not supported (SUM or MEAN)")
+        key = (t.embedding_dim, _POOLING[t.pooling])
+        groups.setdefault(key, _Group(key)).add(t)
+    return list(groups.values())
+
+
 class CachedEmbeddingBagCollection(nn.Module):
     """torchrec-compatible collection of cached embedding bags.
 
@@ -94,13 +106,7 @@ class CachedEmbeddingBagCollection(nn.Module):
         if len(set(self._feature_names)) != len(self._feature_names):
             raise ValueError("a feature may be served by one table only")
         self._lengths_per_embedding = [t.embedding_dim for t in tables for _ in t.feature_names]
-        groups: dict[tuple, _Group] = {}
-        for t in tables:
-            if t.pooling not in _POOLING:
-                raise ValueError(f"table {t.name!r}: pooling {t.pooling} not supported (SUM or MEAN)")
-            key = (t.embedding_dim, _POOLING[t.pooling])
-            groups.setdefault(key, _Group(key)).add(t)
-        self._groups = list(groups.values())
+        self._groups = group_tables(tables)
         self.bags = nn.ModuleList()
         for g in self._groups:
             dim, mode = g.key

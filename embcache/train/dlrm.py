@@ -10,9 +10,18 @@ For comparison (`--sparse`): `device` keeps whole torchrec tables on the device 
 `host` keeps them in host memory, both trained with the torch optimizer that matches the
 cache's (same arithmetic), so the three runs are directly comparable.
 
-The loop, checkpoints and resume are the run skeleton's (`embcache.train.run`). A
-checkpoint holds the full tables, optimizer states, cache residency and statistics, and
-the position in the data, so a resumed run equals one never stopped.
+Under torchrun the run is hybrid parallel (`embcache.distributed`): each table (or, for
+one too large, each range of its rows) has one owner rank holding it in its own cache;
+pooled embeddings travel by all-to-all; the dense MLPs are data-parallel under DDP. Each
+rank reads its slice of every global batch (`--batch-size` is the global batch), and its
+loss is its samples' share of the global batch's mean, so N ranks compute what one does.
+One process is the world-size-1 case of the same code.
+
+The loop, checkpoints and resume are the run skeleton's (`embcache.train.run`). A cached
+run's checkpoint is one logical checkpoint (`embcache.distributed.table_checkpoint`): the
+tables and optimizer states in id order, cache residency and statistics per rank, and the
+position in the data, so a resumed run equals one never stopped, and any world size
+resumes it.
 """
 from __future__ import annotations
 
@@ -24,13 +33,19 @@ from functools import partial
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.models.dlrm import DLRM
 
 from embcache.cache.optimizers import TORCH_EQUIVALENTS, torch_equivalent
 from embcache.data.loader import CTRBatches, lookahead
-from embcache.nn.cached_collection import CachedEmbeddingBagCollection
+from embcache.distributed import placement, table_checkpoint
+from embcache.distributed.data_parallel import data_parallel, unwrap
+from embcache.distributed.sharded_collection import ShardedEmbeddingBagCollection
+from embcache.distributed.world import all_sum, current, gather_objects
+from embcache.errors import CheckpointError
+from embcache.nn.cached_collection import CachedEmbeddingBagCollection, group_tables
 from embcache.train.dlrm_eval import binary_metrics
 from embcache.train.run import StepRunConfig, Trainer
 
@@ -59,6 +74,7 @@ class DLRMConfig(StepRunConfig):
     batch_size: int = 2048
     eval_batch_size: int = 8192
     prefetch: bool = True
+    row_wise_rows: int | None = None  # under torchrun: split a table with more rows by rows (None: past a fair share)
 
 
 # Settings a resumed run must share with its checkpoint: they change the arithmetic.
@@ -113,17 +129,35 @@ class HostTables(nn.Module):
                         values=kt.values().to(self._device, non_blocking=True))
 
 
-def build_model(meta: dict, cfg: DLRMConfig, ids_freq: dict | None):
+def sharded_cache(tables, cfg: DLRMConfig, ids_freq: dict | None, device: torch.device):
+    """The cached sparse part, its rows placed on the ranks (all on this one without torchrun)."""
+    freq = ids_freq or {}
+    loads = [placement.TableLoad(t.name, tuple(t.feature_names), t.num_embeddings,
+                                 float(sum(freq[f].sum() for f in t.feature_names if f in freq)))
+             for t in tables]
+    shards = placement.plan(loads, current().size, cfg.row_wise_rows)
+    shard_freq = {s.feature_key(f): freq[f][s.row_start: s.row_stop] for s in shards for f in s.features if f in freq}
+
+    def make_local(configs):
+        return CachedEmbeddingBagCollection(
+            configs, cache_ratio=cfg.cache_ratio, ids_freq=shard_freq or None, device=device,
+            eviction=cfg.eviction, warmup_ratio=cfg.warmup_ratio, optimizer=cfg.sparse_optimizer, lr=cfg.sparse_lr)
+
+    if current().distributed:
+        logger.info("placement:\n" + placement.describe(shards, current().size))
+    return ShardedEmbeddingBagCollection(tables, shards, make_local)
+
+
+def build_model(meta: dict, cfg: DLRMConfig, ids_freq: dict | None, device: torch.device | None = None):
     """DLRM with the chosen sparse part; returns (model, sparse part, dense optimizer,
-    torch sparse optimizer or None)."""
-    device = cfg.resolved_device()
+    torch sparse optimizer or None). Under torchrun the dense MLPs are wrapped in DDP."""
+    device = device or cfg.resolved_device()
     tables = table_configs(meta, cfg)
     sparse_opt = None
     if cfg.sparse == "cached":
-        sparse = CachedEmbeddingBagCollection(
-            tables, cache_ratio=cfg.cache_ratio, ids_freq=ids_freq, device=device,
-            eviction=cfg.eviction, warmup_ratio=cfg.warmup_ratio,
-            optimizer=cfg.sparse_optimizer, lr=cfg.sparse_lr)
+        sparse = sharded_cache(tables, cfg, ids_freq, device)
+    elif current().distributed:
+        raise ValueError(f"--sparse {cfg.sparse} is a single-process baseline; under torchrun use --sparse cached")
     elif cfg.sparse in ("device", "host"):
         if cfg.sparse_optimizer not in TORCH_EQUIVALENTS:
             raise ValueError(f"--sparse {cfg.sparse} supports optimizers "
@@ -142,7 +176,22 @@ def build_model(meta: dict, cfg: DLRMConfig, ids_freq: dict | None):
                  over_arch_layer_sizes=[*cfg.over_arch, 1], dense_device=device)
     dense_params = [p for n, p in model.named_parameters() if not n.startswith("sparse_arch.")]
     dense_opt = torch.optim.Adagrad(dense_params, lr=cfg.dense_lr)
+    model.dense_arch = data_parallel(model.dense_arch, device)
+    model.over_arch = data_parallel(model.over_arch, device)
     return model, sparse, dense_opt, sparse_opt
+
+
+def dense_state(model: nn.Module) -> dict:
+    """The dense part's parameters under their single-process names (no DDP wrappers)."""
+    return {f"{name}.{k}": v for name, child in model.named_children() if name != "sparse_arch"
+            for k, v in unwrap(child).state_dict().items()}
+
+
+def load_dense_state(model: nn.Module, state: dict) -> None:
+    for name, child in model.named_children():
+        if name != "sparse_arch":
+            part = {k[len(name) + 1:]: v for k, v in state.items() if k.startswith(name + ".")}
+            unwrap(child).load_state_dict(part)
 
 
 class DLRMTrainer(Trainer):
@@ -168,7 +217,7 @@ class DLRMTrainer(Trainer):
         self.data_dir = Path(data_dir)
         self.meta = read_meta(self.data_dir)
         freq = load_id_frequencies(self.data_dir) if cfg.sparse == "cached" else None
-        self.model, self.sparse, self.dense_opt, self.sparse_opt = build_model(self.meta, cfg, freq)
+        self.model, self.sparse, self.dense_opt, self.sparse_opt = build_model(self.meta, cfg, freq, self.device)
         self.loss_fn = nn.BCEWithLogitsLoss()
 
     # ------------------------------------------------------------------ checkpoints
@@ -180,13 +229,26 @@ class DLRMTrainer(Trainer):
                 f"other features, cardinalities or rows)")
 
     def trainer_state(self) -> dict:
-        return {"data_dir": str(self.data_dir.resolve()), "model": self.model.state_dict(),
-                "dense_optimizer": self.dense_opt.state_dict(),
-                "sparse_optimizer": self.sparse_opt.state_dict() if self.sparse_opt else None}
+        """Collective. The dense part from rank 0's copy (identical on every rank); a cached
+        sparse part as one logical checkpoint: each rank writes its own shards."""
+        state = {"data_dir": str(self.data_dir.resolve()), "dense_optimizer": self.dense_opt.state_dict()}
+        if self.cfg.sparse != "cached":
+            return {**state, "model": self.model.state_dict(), "sparse_optimizer": self.sparse_opt.state_dict()}
+        manifest = table_checkpoint.write_tables(self.cfg.checkpoint_dir, self.kind, self.step, self.sparse)
+        return {**state, "dense_model": dense_state(self.model), "tables": manifest}
+
+    def after_save(self, payload: dict) -> None:
+        if "tables" in payload:
+            table_checkpoint.remove_stale(self.cfg.checkpoint_dir, self.kind, keep=payload["tables"]["dir"])
 
     def load_trainer_state(self, ck: dict, path: Path) -> None:
         saved = ck["config"]
-        self.model.load_state_dict(ck["model"])
+        if "tables" in ck:  # the logical checkpoint, from any world size
+            load_dense_state(self.model, ck["dense_model"])
+            warm = table_checkpoint.read_tables(path, ck["tables"], self.sparse)
+            cold = not all(gather_objects(warm))
+        else:  # one process's checkpoint of earlier versions: the whole model in one state dict
+            cold = self._load_single_process_state(ck)
         self.dense_opt.load_state_dict(ck["dense_optimizer"])
         if self.sparse_opt is not None:
             self.sparse_opt.load_state_dict(ck["sparse_optimizer"])
@@ -195,18 +257,53 @@ class DLRMTrainer(Trainer):
         if changed:
             logger.info(f"cache settings changed ({', '.join(changed)}): the cache starts cold; "
                         f"parameters continue exactly")
+        elif cold and self.cfg.sparse == "cached":
+            logger.info(f"checkpoint written by {ck.get('world_size', 1)} process(es), resumed on {self.world.size}: "
+                        f"the caches start cold; parameters continue exactly")
+
+    def _load_single_process_state(self, ck: dict) -> bool:
+        """Load a checkpoint holding the whole model's state dict; returns whether the
+        cache starts cold (its rows are spread over other ranks now)."""
+        if self.cfg.sparse != "cached" or not self.world.distributed:
+            model = ck["model"]
+            if self.cfg.sparse == "cached":  # the cached collection sits one level deeper now
+                prefix = "sparse_arch.embedding_bag_collection."
+                model = {(prefix + "local." + k[len(prefix):] if k.startswith(prefix) else k): v
+                         for k, v in model.items()}
+            load_dense_state(self.model, {k: v for k, v in model.items() if not k.startswith("sparse_arch.")})
+            self.model.sparse_arch.load_state_dict({k[len("sparse_arch."):]: v for k, v in model.items()
+                                                    if k.startswith("sparse_arch.")})
+            return False
+        prefix = "sparse_arch.embedding_bag_collection."
+        sparse = {k[len(prefix):]: v for k, v in ck["model"].items() if k.startswith(prefix)}
+        rows, steps, stats = table_checkpoint.legacy_rows(sparse, group_tables(self.sparse.embedding_bag_configs()))
+        load_dense_state(self.model, {k: v for k, v in ck["model"].items() if not k.startswith("sparse_arch.")})
+        if self.sparse.local is not None:
+            mine = {s.name: {k: v[s.row_start: s.row_stop] for k, v in rows[s.table].items()}
+                    for s in self.sparse.shards if s.rank == self.world.rank}
+            self.sparse.local.restore_tables(mine, steps)
+            self.sparse.local.load_stats(stats if self.world.is_main else {})
+        return True
 
     # ------------------------------------------------------------------ training
     def _batches(self, split: str, batch_size: int, start: int = 0):
         return CTRBatches(self.data_dir, split, batch_size, shuffle_shards=split == "train",
-                          seed=self.cfg.seed + self.epoch, device=self.device, start_batch=start)
+                          seed=self.cfg.seed + self.epoch, device=self.device, start_batch=start,
+                          part=(self.world.rank, self.world.size))
+
+    def _loss(self, logits: torch.Tensor, batch) -> torch.Tensor:
+        """One process: the batch mean. Several: this rank's share of the global batch's
+        mean (summed gradients then equal one process's)."""
+        if not self.world.distributed:
+            return self.loss_fn(logits, batch.labels)
+        return F.binary_cross_entropy_with_logits(logits, batch.labels, reduction="sum") / batch.global_size
 
     def train_step(self, batch, next_batch=None) -> float:
         self.model.train()
         logits = self.model(batch.dense, batch.sparse).squeeze(-1)
         if next_batch is not None and self.cfg.prefetch and self.cfg.sparse == "cached":
             self.sparse.prefetch(next_batch.sparse)  # copies overlap this step's backward
-        loss = self.loss_fn(logits, batch.labels)
+        loss = self._loss(logits, batch)
         self.dense_opt.zero_grad()
         if self.sparse_opt is not None:
             self.sparse_opt.zero_grad()
@@ -214,7 +311,7 @@ class DLRMTrainer(Trainer):
         self.dense_opt.step()
         if self.sparse_opt is not None:
             self.sparse_opt.step()
-        return loss.item()
+        return all_sum({"loss": loss.item()})["loss"]
 
     def train_epoch(self) -> dict | None:
         batches = self._batches("train", self.cfg.batch_size, start=self.step_in_epoch)
@@ -222,7 +319,7 @@ class DLRMTrainer(Trainer):
         for batch, nxt in lookahead(batches):
             if self.should_stop():
                 return None
-            self.after_step(self.train_step(batch, nxt), batch.labels.numel())
+            self.after_step(self.train_step(batch, nxt), batch.global_size or batch.labels.numel())
         return {}
 
     def evaluate_epoch(self) -> dict:
@@ -233,36 +330,48 @@ class DLRMTrainer(Trainer):
 
     @torch.no_grad()
     def evaluate(self, split: str = "val") -> dict:
-        """AUC and log loss on a split. Its lookups go through the cache but are counted
+        """AUC and log loss on a split (every rank its slice; the scores gathered in the
+        order one process sees them). Its lookups go through the cache but are counted
         apart (as `cache_hit_rate` of the result): the run's hit rate and bytes moved
         are training's."""
         self.model.eval()
         logits, labels = [], []
-        cached = self.cfg.sparse == "cached"
+        cached = self.cfg.sparse == "cached" and self.sparse.local is not None
         with self.sparse.separate_stats() if cached else nullcontext() as eval_stats:
             for batch in self._batches(split, self.cfg.eval_batch_size):
                 logits.append(self.model(batch.dense, batch.sparse).squeeze(-1).cpu())
                 labels.append(batch.labels.cpu())
+        stats = eval_stats() if cached else {}
+        if self.world.distributed:  # batch by batch, rank by rank: one process's order
+            per_rank = gather_objects((logits, labels))
+            logits = [part for i in range(len(logits)) for lg, _ in per_rank for part in [lg[i]]]
+            labels = [part for i in range(len(labels)) for _, lb in per_rank for part in [lb[i]]]
         if not logits:
             return {"auc": float("nan"), "logloss": float("nan"), "samples": 0}
         result = binary_metrics(torch.cat(logits), torch.cat(labels))
-        if cached:
-            result["cache_hit_rate"] = eval_stats()["hit_rate"]
+        if self.cfg.sparse == "cached":
+            total = all_sum({k: stats.get(k, 0) for k in ("hits", "misses")})
+            lookups = total["hits"] + total["misses"]
+            result["cache_hit_rate"] = total["hits"] / lookups if lookups else 0.0
         return result
 
     # ------------------------------------------------------------------ reporting
     def _cache_fields(self) -> dict:
+        """Cache statistics summed over the ranks (collective)."""
         if self.cfg.sparse != "cached":
             return {}
-        s = self.sparse.cache_stats()
-        return {"hit_rate": s["hit_rate"], "bytes_h2d": s["bytes_h2d"], "bytes_d2h": s["bytes_d2h"],
-                "overflow_rows": s["overflow_rows"]}
+        keys = ("hits", "misses", "bytes_h2d", "bytes_d2h", "overflow_rows")
+        local = self.sparse.cache_stats()
+        s = all_sum({k: local.get(k, 0) for k in keys})
+        lookups = s["hits"] + s["misses"]
+        return {"hit_rate": s["hits"] / lookups if lookups else 0.0, "bytes_h2d": s["bytes_h2d"],
+                "bytes_d2h": s["bytes_d2h"], "overflow_rows": s["overflow_rows"]}
 
     def step_log_fields(self) -> dict:
         return self._cache_fields()
 
     def progress_fields(self) -> dict:
-        if self.cfg.sparse != "cached":
+        if self.cfg.sparse != "cached" or self.sparse.local is None:
             return {}
         return {"hit": f"{self.sparse.cache_stats()['hit_rate']:.3f}"}
 
@@ -271,6 +380,20 @@ class DLRMTrainer(Trainer):
         out = {"val_auc": last.get("auc"), "val_logloss": last.get("logloss"), "sparse": self.cfg.sparse,
                **self._cache_fields()}
         if self.cfg.sparse == "cached":
-            out["cache_rows"] = self.sparse.cache_rows()
+            out["cache_rows"] = all_sum({"rows": self.sparse.cache_rows()})["rows"]
             out["table_rows"] = sum(t.num_embeddings for t in self.sparse.embedding_bag_configs())
+            if self.world.distributed:
+                out["comm_bytes_per_step"] = self.comm_per_step()
         return out
+
+    def comm_per_step(self) -> dict:
+        """Bytes this run sent between ranks per training step, summed over ranks:
+        ids and pooled embeddings (forward; the gradients go back the same size), and the
+        dense gradients DDP all-reduces."""
+        from embcache.distributed.data_parallel import gradient_bytes
+
+        sent = all_sum(dict(self.sparse.comm_bytes))
+        steps = max(self.step, 1)
+        dense = gradient_bytes(self.model.dense_arch) + gradient_bytes(self.model.over_arch)
+        return {"ids": sent["ids"] / steps, "pooled": sent["pooled"] / steps, "pooled_grad": sent["pooled"] / steps,
+                "dense_allreduce": dense}

@@ -1,0 +1,179 @@
+"""One logical checkpoint of a sharded sparse part, readable at any world size.
+
+Layout under the checkpoint directory (`kind` = "dlrm"):
+
+    dlrm-last.pt                  the run (config, position, dense part) + a manifest
+    dlrm-tables-<step>/           one version of the tables
+        <table>.<start>-<stop>.pt   rows [start, stop) of a table and their optimizer
+                                    state, in id order (written by the rows' owner)
+        cache.rank<r>.pt            rank r's cache residency and statistics
+
+Every rank writes its own shards into the step's directory; once all have (a barrier),
+rank 0 replaces `dlrm-last.pt`, whose manifest names that directory, and only then removes
+older versions. The replace is the commit: a run killed at any moment leaves the previous
+`dlrm-last.pt` and the directory it names intact.
+
+A resume on M ranks reads, for each shard it owns, the rows of the saved parts that
+overlap it, whatever the saving world size: the parameters continue exactly. Residency is
+restored only when the world size and placement are the saved ones (then the run continues
+bit for bit, cache statistics included); otherwise the caches start empty and the summed
+statistics carry over on rank 0.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import torch
+
+from embcache.cache.stats import CacheStats
+from embcache.errors import CheckpointError
+
+from .placement import Shard
+from .world import all_sum, barrier, current
+
+MANIFEST_VERSION = 1
+
+
+def tables_dir_name(kind: str, step: int) -> str:
+    return f"{kind}-tables-{step:09d}"
+
+
+def _save(obj, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_tables(checkpoint_dir: str | os.PathLike, kind: str, step: int, sharded) -> dict:
+    """Collective: every rank writes its shards' rows and its cache state; returns the
+    manifest (the same on every rank) once all files are written."""
+    world = current()
+    name = tables_dir_name(kind, step)
+    directory = Path(checkpoint_dir) / name
+    directory.mkdir(parents=True, exist_ok=True)
+    local = sharded.local
+    for shard in sharded.shards:
+        if shard.rank == world.rank:
+            rows = {k: v.clone() for k, v in local.table_rows(shard.name).items()}  # a view would save the whole store
+            _save(rows, directory / _part_file(shard))
+    if local is not None:
+        _save(local.residency_state(), directory / f"cache.rank{world.rank}.pt")
+    totals = all_sum({k: v for k, v in sharded.cache_stats().items() if k != "hit_rate"} or _zero_stats())
+    steps = all_sum({"steps": local.optimizer_steps() if local is not None else 0})["steps"]
+    owners = all_sum({"owners": int(local is not None)})["owners"]
+    barrier()  # every part is on disk before rank 0 commits the manifest
+    return {"version": MANIFEST_VERSION, "dir": name, "world_size": world.size,
+            "optimizer_steps": steps // max(owners, 1), "stats": totals,
+            "placement": [asdict(s) for s in sharded.shards],
+            "tables": {t.name: {"rows": t.num_embeddings, "dim": t.embedding_dim,
+                                "parts": [[s.row_start, s.row_stop, _part_file(s)] for s in sharded.shards
+                                          if s.table == t.name]}
+                       for t in sharded.embedding_bag_configs()}}
+
+
+def _part_file(shard: Shard) -> str:
+    return f"{shard.table}.{shard.row_start}-{shard.row_stop}.pt"
+
+
+def _zero_stats() -> dict:
+    return {f.name: 0 for f in fields(CacheStats)}
+
+
+def remove_stale(checkpoint_dir: str | os.PathLike, kind: str, keep: str) -> None:
+    """Rank 0, after the commit: drop table versions other than `keep`."""
+    for d in Path(checkpoint_dir).glob(f"{kind}-tables-*"):
+        if d.name != keep and d.is_dir():
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def read_tables(checkpoint: Path, manifest: dict, sharded) -> bool:
+    """Put the saved rows of every shard this rank owns in place; returns whether the
+    cache residency was restored too (same world size and placement)."""
+    world = current()
+    directory = checkpoint.parent / manifest["dir"]
+    local = sharded.local
+    if local is None:
+        return False
+    rows = {}
+    for shard in sharded.shards:
+        if shard.rank == world.rank:
+            rows[shard.name] = _rows_of(directory, manifest, shard)
+    local.restore_tables(rows, manifest["optimizer_steps"])
+    same = (manifest["world_size"] == world.size
+            and manifest["placement"] == [asdict(s) for s in sharded.shards])
+    cache_file = directory / f"cache.rank{world.rank}.pt"
+    if same and cache_file.is_file():
+        local.load_residency(_load(cache_file))
+        return True
+    local.load_stats(manifest["stats"] if world.is_main else {})
+    return False
+
+
+def _rows_of(directory: Path, manifest: dict, shard: Shard) -> dict[str, torch.Tensor]:
+    """Rows `[row_start, row_stop)` of the shard's table, from the saved parts overlapping them."""
+    table = manifest["tables"].get(shard.table)
+    if table is None or table["rows"] != shard.table_rows:
+        raise CheckpointError(f"{directory}: no table {shard.table!r} of {shard.table_rows:,} rows in the checkpoint")
+    pieces = []
+    for start, stop, file in table["parts"]:
+        lo, hi = max(start, shard.row_start), min(stop, shard.row_stop)
+        if lo < hi:
+            part = _load(directory / file)
+            if part["weight"].shape[0] != stop - start:
+                raise CheckpointError(f"{directory / file}: {part['weight'].shape[0]} rows, the manifest says "
+                                      f"{stop - start}")
+            pieces.append({k: v[lo - start: hi - start] for k, v in part.items()})
+    got = sum(p["weight"].shape[0] for p in pieces)
+    if got != shard.rows:
+        raise CheckpointError(f"{directory}: the saved parts of {shard.table!r} cover {got} of rows "
+                              f"[{shard.row_start}, {shard.row_stop})")
+    return {k: torch.cat([p[k] for p in pieces]) for k in pieces[0]}
+
+
+def _load(path: Path) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (the checkpoint's tables are incomplete)")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # a damaged zip or pickle raises many types
+        raise CheckpointError(f"{path}: corrupt or truncated ({type(err).__name__}: {err})") from None
+
+
+def legacy_rows(sparse_state: dict[str, torch.Tensor], groups) -> tuple[dict, int, dict]:
+    """(rows by table, optimizer steps, summed statistics) from the sparse part of a
+    checkpoint written before the sharded format (one `CachedEmbeddingBagCollection`
+    state dict; `groups` is that collection's grouping of the tables)."""
+    rows, totals = {}, CacheStats()
+    for i, group in enumerate(groups):
+        state_keys = [k[len(f"bags.{i}."):] for k in sparse_state if k.startswith(f"bags.{i}.optimizer.")]
+        for t, off in zip(group.tables, group.row_offsets):
+            rows[t.name] = {k: sparse_state[f"bags.{i}.{k}"][off: off + t.num_embeddings]
+                            for k in ["weight", *state_keys]}
+        stats = CacheStats()
+        stats.load_tensor(sparse_state[f"bags.{i}.stats"])
+        for f in fields(CacheStats):
+            setattr(totals, f.name, getattr(totals, f.name) + getattr(stats, f.name))
+    steps = int(sparse_state["bags.0.step"])
+    return rows, steps, {k: v for k, v in totals.as_dict().items() if k != "hit_rate"}
+
+
+def full_tables(checkpoint: str | os.PathLike, manifest: dict) -> dict[str, dict[str, torch.Tensor]]:
+    """Every saved table whole, in id order, with its optimizer state (for inspection,
+    comparison and export: it reads all the tables into memory)."""
+    directory = Path(checkpoint).parent / manifest["dir"]
+    out = {}
+    for name, table in manifest["tables"].items():
+        whole = Shard(name, (), 0, 0, table["rows"], table["rows"])
+        out[name] = _rows_of(directory, manifest, whole)
+    return out
+
+
+def saved_residency(checkpoint: str | os.PathLike, manifest: dict, rank: int) -> dict[str, torch.Tensor]:
+    """Rank `rank`'s saved cache state (residency, policy, statistics)."""
+    return _load(Path(checkpoint).parent / manifest["dir"] / f"cache.rank{rank}.pt")
