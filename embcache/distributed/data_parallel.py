@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from .world import current
 
 
-def _sum_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def _sum_hook(state, bucket):  # no annotations: DDP checks them, and they are strings here
     work = dist.all_reduce(bucket.buffer(), async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])
 

@@ -27,7 +27,6 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.nn.functional import all_to_all_single as differentiable_all_to_all
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
@@ -172,9 +171,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         width = [sum(self._dim[f] for _, f in served) for served in self._served]
         send_splits = [b * pooled.shape[1] for b in routed.batch_per_rank]
         recv_splits = [batch * w for w in width]
-        out = pooled.new_empty(sum(recv_splits))
         send = pooled.reshape(-1)
-        recv = (differentiable_all_to_all(out, send, recv_splits, send_splits, group=self._group)
+        recv = (_AllToAll.apply(send, send_splits, recv_splits, self._group)
                 if torch.is_grad_enabled() and send.requires_grad else self._exchange(send, send_splits, recv_splits))
         self.comm_bytes["pooled"] += sum(n for r, n in enumerate(send_splits) if r != self.world.rank) * pooled.element_size()
         return [block.view(batch, w) for block, w in zip(recv.split(recv_splits), width)]
@@ -204,6 +202,24 @@ class ShardedEmbeddingBagCollection(nn.Module):
     def table_weight(self, name: str) -> torch.Tensor:
         """A whole table this rank holds (every table, on one process)."""
         return self.local.table_weight(name)
+
+
+class _AllToAll(torch.autograd.Function):
+    """`all_to_all_single` whose backward sends the gradients back the way the values came."""
+
+    @staticmethod
+    def forward(ctx, send, send_splits, recv_splits, group):
+        ctx.splits, ctx.group = (send_splits, recv_splits), group
+        out = send.new_empty(sum(recv_splits))
+        dist.all_to_all_single(out, send.contiguous(), recv_splits, send_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        send_splits, recv_splits = ctx.splits
+        back = grad.new_empty(sum(send_splits))
+        dist.all_to_all_single(back, grad.contiguous(), send_splits, recv_splits, group=ctx.group)
+        return back, None, None, None
 
 
 def _lookups_into(shard: Shard, lengths: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

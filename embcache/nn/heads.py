@@ -59,7 +59,7 @@ def margin_softmax_loss(cos: torch.Tensor, target: torch.Tensor, kind: str, marg
     return F.cross_entropy(logits, target, reduction="none")
 
 
-def _check_labels(labels: torch.Tensor, num_classes: int) -> None:
+def check_labels(labels: torch.Tensor, num_classes: int) -> None:
     if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
         bad = torch.nonzero((labels < 0) | (labels >= num_classes)).flatten()
         raise ValueError(f"label {int(labels[bad[0]])} at batch index {int(bad[0])} is outside "
@@ -87,12 +87,39 @@ class FullFC(nn.Module):
         self.weight = nn.Parameter(torch.randn(self.num_classes, feat_dim, generator=gen) * 0.01)
 
     def loss(self, feats: torch.Tensor, labels: torch.Tensor, **_) -> torch.Tensor:
-        _check_labels(labels, self.num_classes)
+        check_labels(labels, self.num_classes)
         cos = F.normalize(feats, dim=1) @ F.normalize(self.weight, dim=1).t()
         return margin_softmax_loss(cos, labels, self.kind, self.margin, self.scale).mean()
 
     def after_backward(self, lr: float) -> None:
         """Nothing: the weight is a parameter of the main optimizer."""
+
+
+def sample_classes(labels: torch.Tensor, num_classes: int, num_sample: int,
+                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial FC's classes of a step: (sorted class ids, column of each label among them).
+    All positives, topped up to `num_sample` with uniformly drawn others; the draw is of
+    `num_classes` scores from `generator`, so every rank that holds the same generator
+    draws the same sample (the class-sharded head relies on that)."""
+    positives = torch.unique(labels)
+    if positives.numel() >= num_sample:
+        rows = positives
+    else:
+        score = torch.rand(num_classes, generator=generator).to(labels.device)
+        score[positives] = 2.0  # positives always in
+        rows = torch.sort(torch.topk(score, num_sample, sorted=False).indices).values
+    return rows, torch.searchsorted(rows, labels)
+
+
+@torch.no_grad()
+def sgd_rows(weight: torch.Tensor, momentum_buffer: torch.Tensor, rows: torch.Tensor, sub: torch.Tensor,
+             grad: torch.Tensor, lr: float, momentum: float, weight_decay: float) -> None:
+    """SGD with momentum and weight decay on rows `rows` of `weight` (whose values are `sub`),
+    as torch.optim.SGD would do on those rows alone."""
+    grad = grad + weight_decay * sub
+    buf = momentum_buffer[rows].mul_(momentum).add_(grad)
+    momentum_buffer[rows] = buf
+    weight[rows] = sub - lr * buf
 
 
 class PartialFC(nn.Module):
@@ -124,17 +151,10 @@ class PartialFC(nn.Module):
 
     def sample(self, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(sorted class ids scored this step, column of each label among them)."""
-        positives = torch.unique(labels)
-        if positives.numel() >= self.num_sample:
-            rows = positives
-        else:
-            score = torch.rand(self.num_classes, generator=self.generator).to(labels.device)
-            score[positives] = 2.0  # positives always in
-            rows = torch.sort(torch.topk(score, self.num_sample, sorted=False).indices).values
-        return rows, torch.searchsorted(rows, labels)
+        return sample_classes(labels, self.num_classes, self.num_sample, self.generator)
 
     def loss(self, feats: torch.Tensor, labels: torch.Tensor, **_) -> torch.Tensor:
-        _check_labels(labels, self.num_classes)
+        check_labels(labels, self.num_classes)
         rows, target = self.sample(labels)
         self._rows, self._sub = rows, self.weight[rows].requires_grad_()
         cos = F.normalize(feats, dim=1) @ F.normalize(self._sub, dim=1).t()
@@ -144,11 +164,8 @@ class PartialFC(nn.Module):
     def after_backward(self, lr: float) -> None:
         if self._sub is None or self._sub.grad is None:
             return
-        rows, sub = self._rows, self._sub.detach()
-        grad = self._sub.grad + self.weight_decay * sub
-        buf = self.momentum_buffer[rows].mul_(self.momentum).add_(grad)
-        self.momentum_buffer[rows] = buf
-        self.weight[rows] = sub - lr * buf
+        sgd_rows(self.weight, self.momentum_buffer, self._rows, self._sub.detach(), self._sub.grad, lr,
+                 self.momentum, self.weight_decay)
         self._rows = self._sub = None
 
     def get_extra_state(self) -> dict:
@@ -160,8 +177,9 @@ class PartialFC(nn.Module):
 
 def dcp_loss(probe: torch.Tensor, slots: torch.Tensor, centres: torch.Tensor, valid: torch.Tensor, kind: str,
              margin: float, scale: float, topk: int, positives: torch.Tensor | None = None,
-             has_positive: torch.Tensor | None = None) -> torch.Tensor:
-    """The dynamic class pool's loss, averaged over the batch.
+             has_positive: torch.Tensor | None = None, batch_total: int | None = None) -> torch.Tensor:
+    """The dynamic class pool's loss, averaged over the batch (summed over these probes and
+    divided by `batch_total`, the global batch size, when the batch is split over ranks).
 
     A probe whose identity is in the pool (`slots[i] >= 0`) gets a margin softmax over the
     pool's occupied slots with its slot as the target; where `has_positive[i]`, the target
@@ -191,7 +209,7 @@ def dcp_loss(probe: torch.Tensor, slots: torch.Tensor, centres: torch.Tensor, va
         k = min(topk, n_valid)
         outside = cos[~inside].masked_fill(~valid[None, :], float("-inf"))
         total = total + torch.topk(outside, k, dim=1).values.clamp_min(0).mean(1).sum()
-    return total / probe.shape[0]
+    return total / (probe.shape[0] if batch_total is None else batch_total)
 
 
 class DCPHead(nn.Module):
@@ -220,12 +238,12 @@ class DCPHead(nn.Module):
         self.pool.update(labels, F.normalize(gallery_feats.detach(), dim=1))
 
     def loss(self, feats: torch.Tensor, labels: torch.Tensor, positives: torch.Tensor | None = None,
-             has_positive: torch.Tensor | None = None) -> torch.Tensor:
+             has_positive: torch.Tensor | None = None, batch_total: int | None = None) -> torch.Tensor:
         slots = self.pool.lookup(labels)
         if positives is not None:
             positives = F.normalize(positives.detach(), dim=1)
         return dcp_loss(feats, slots, self.pool.centres(), self.pool.occupied(), self.kind, self.margin,
-                        self.scale, self.topk, positives, has_positive)
+                        self.scale, self.topk, positives, has_positive, batch_total)
 
     def after_backward(self, lr: float) -> None:
         """Nothing: the pool is written by `update_pool` from the gallery net."""
@@ -234,8 +252,17 @@ class DCPHead(nn.Module):
 def build_head(kind: str, num_classes: int, feat_dim: int, *, pool_ratio: float = 0.1, sample_rate: float = 0.1,
                margin_type: str = "arcface", margin: float = 0.5, scale: float = 64.0, topk: int = 5,
                momentum: float = 0.9, weight_decay: float = 5e-4, seed: int = 0,
-               device: torch.device | str | None = None) -> nn.Module:
-    """`dcp` | `fc` | `pfc` with the shared margin settings (`pool_ratio` sets Q for dcp)."""
+               device: torch.device | str | None = None, world=None) -> nn.Module:
+    """`dcp` | `fc` | `pfc` with the shared margin settings (`pool_ratio` sets Q for dcp).
+    With a `world` of several ranks, fc and pfc are their class-sharded versions (this
+    rank's range of classes); dcp's pool is the same on every rank."""
+    if world is not None and world.distributed and kind in ("fc", "pfc"):
+        from embcache.distributed.class_sharded import ShardedFullFC, ShardedPartialFC
+
+        if kind == "fc":
+            return ShardedFullFC(num_classes, feat_dim, margin, scale, margin_type, seed, world).to(device or "cpu")
+        return ShardedPartialFC(num_classes, feat_dim, sample_rate, margin, scale, margin_type, momentum,
+                                weight_decay, seed, world).to(device or "cpu")
     if kind == "dcp":
         q = max(1, math.ceil(pool_ratio * num_classes))
         return DCPHead(num_classes, feat_dim, q, margin, scale, margin_type, topk, device=device)

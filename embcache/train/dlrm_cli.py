@@ -8,7 +8,7 @@ from pathlib import Path
 
 from embcache.arg_types import fraction, positive_float, positive_int, ratio
 from embcache.errors import UserFacingError
-from embcache.train.run_cli import add_run_arguments, config_values, print_summary, run_rows
+from embcache.train.run_cli import add_run_arguments, config_values, print_summary, run_launched, run_rows
 
 REPO_DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 
@@ -55,6 +55,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     add_run_arguments(p, "dlrm", epochs=d.epochs, epochs_help="passes over the training split",
                       checkpoint_every=d.checkpoint_every)
     p.add_argument("--no-prefetch", action="store_true", help="do not prefetch the next batch's rows")
+    p.add_argument("--row-wise-rows", type=positive_int, default=None, metavar="N",
+                   help="under torchrun: split a table with more than N rows by rows over all ranks "
+                        "(default: a table holding more than its fair share, all rows / ranks)")
     p.set_defaults(func=train)
 
     e = sub.add_parser("evaluate", help="AUC and log loss of a checkpoint on the test (or val) split",
@@ -101,14 +104,38 @@ def resolve_data(args) -> Path:
     return path
 
 
+def _prepared_once(args) -> Path:
+    """`resolve_data`, run by one rank per node under torchrun (the others wait for its
+    files rather than write the same ones at once)."""
+    import os
+    import time
+
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0 or args.data not in ("synthetic", "ml-100k"):
+        return resolve_data(args)
+    deadline = time.monotonic() + 1800
+    while not _ready(args):
+        if time.monotonic() > deadline:
+            raise UserFacingError(f"{args.data}: local rank 0 did not finish preparing the data in 30 minutes")
+        time.sleep(0.5)
+    return resolve_data(args)
+
+
+def _ready(args) -> bool:
+    """The built-in data set exists in full (its meta.json is written last)."""
+    cache = Path(args.data_cache)
+    name = (f"synthetic-criteo-r{args.synthetic_rows}-s{args.synthetic_scale:g}-seed{args.seed}"
+            if args.data == "synthetic" else "ml-100k-ctr")
+    return (cache / name / "meta.json").is_file()
+
+
 def train(args) -> int:
     from embcache.train.dlrm import DLRMConfig, DLRMTrainer
 
     cfg = DLRMConfig(**{**config_values(args, DLRMConfig), "sparse_lr": args.lr, "prefetch": not args.no_prefetch})
     try:
         cfg.resolved_device()
-        data_dir = resolve_data(args)
-        summary = DLRMTrainer(cfg, data_dir).fit()
+        data_dir = _prepared_once(args)
+        summary, _ = run_launched(cfg, lambda: DLRMTrainer(cfg, data_dir).fit())
     except ValueError as err:
         raise UserFacingError(str(err)) from None
     except OSError as err:  # an unwritable --data-cache or --checkpoint-dir, a full disk

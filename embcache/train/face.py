@@ -13,6 +13,15 @@ The loop, checkpoints and resume are the run skeleton's (`embcache.train.run`). 
 holds the nets, the head (with the pool's slots and LRU keys), the optimizer and the
 position in the data; the data order is a function of (seed, epoch, step), so a resumed run
 is bit-identical to an uninterrupted one on CPU.
+
+Under torchrun (DESIGN.md section 5) every rank takes its slice of the same global batch: the
+probe net is under DDP with summed gradients (each rank's loss is its samples' share of the
+global batch's mean) and its batch norms use the global batch's statistics, so N ranks train
+what one process trains. dcp: the gallery net is the same on every rank, and the gallery
+features of the whole global batch are gathered (in rank order, which is the one-process
+batch order) so that every rank's pool and LRU table stay identical. fc / pfc: the class
+centres are sharded by class (`embcache.distributed.class_sharded`). The checkpoint is one
+file in the one-process format whatever the world size.
 """
 from __future__ import annotations
 
@@ -24,11 +33,19 @@ from pathlib import Path
 import torch
 
 from embcache.data.face.loaders import PairBatch, PairBatches
-from embcache.errors import CheckpointError
+from embcache.distributed import data_parallel as _data_parallel
+from embcache.distributed.data_parallel import data_parallel
+from embcache.distributed.global_norm import global_batch_norm
+from embcache.distributed.world import all_sum, broadcast_object
 from embcache.nn.backbones import build_backbone
 from embcache.nn.heads import build_head
 from embcache.train.face_eval import embed, identification_top1, verification
 from embcache.train.run import StepRunConfig, Trainer
+
+# DDP checks a comm hook's annotations against the classes, and the postponed annotations of
+# data_parallel.py make them strings: give its hook the classes (harmless once it is fixed)
+_data_parallel._sum_hook.__annotations__.update(bucket=torch.distributed.GradBucket,
+                                                 **{"return": torch.futures.Future[torch.Tensor]})
 
 # settings a resumed run must share with its checkpoint: all that shape the data, the nets, the
 # loss or the optimizer (epochs may be raised: a run can be extended)
@@ -125,21 +142,25 @@ class FaceTrainer(Trainer):
             backbone = "mlp" if len(self.source.sample_shape) == 1 else "iresnet18"
         self.backbone_name = backbone
         self.probe = build_backbone(backbone, cfg.feat_dim, self.source.sample_shape).to(self.device)
+        if self.world.distributed:
+            self.probe = global_batch_norm(self.probe)
         self.head = build_head(cfg.head, self.num_classes, cfg.feat_dim, pool_ratio=cfg.pool_ratio,
                                sample_rate=cfg.sample_rate, margin_type=cfg.margin_type, margin=cfg.margin,
                                scale=cfg.scale, topk=cfg.topk, momentum=cfg.momentum,
-                               weight_decay=cfg.weight_decay, seed=cfg.seed, device=self.device)
+                               weight_decay=cfg.weight_decay, seed=cfg.seed, device=self.device, world=self.world)
         self.gallery = None
         if cfg.head == "dcp":
             if self.batches.identity.pairs > self.head.pool.num_slots:
                 raise ValueError(f"the pool has {self.head.pool.num_slots} slots but a step brings "
                                  f"{self.batches.identity.pairs} identities; raise --pool-ratio or lower --batch-size")
             self.gallery = copy.deepcopy(self.probe).requires_grad_(False)
+        self.model = data_parallel(self.probe, self.device)  # the probe itself on one process
         self.optimizer = torch.optim.SGD(list(self.probe.parameters()) + list(self.head.parameters()), lr=cfg.lr,
                                          momentum=cfg.momentum, weight_decay=cfg.weight_decay)
         self.total_steps = cfg.epochs * self.batches.steps_per_epoch
         self.dropped = 0
         self.eval_data = None
+        self._counts = None  # per step, under several ranks: [size, 3] (pairs, instances, dropped) of each
 
     # -- one step ------------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
@@ -147,20 +168,17 @@ class FaceTrainer(Trainer):
         return self.cfg.lr * 0.5 * (1.0 + math.cos(math.pi * step / max(1, self.total_steps)))
 
     def train_step(self, batch: PairBatch) -> float:
+        """One optimizer step on this rank's part of the global batch; returns the global
+        batch's mean loss (the same on every rank)."""
         dev = self.device
         a, b, c = batch.a.to(dev), batch.b.to(dev), batch.c.to(dev)
         y, z = batch.pair_labels.to(dev), batch.instance_labels.to(dev)
         labels = torch.cat([y, y, z])
         if self.cfg.head == "dcp":
-            with torch.no_grad():
-                ga, gb = self.gallery(a), self.gallery(b)
-            self.head.update_pool(torch.cat([y, y]), torch.cat([ga, gb]))
-            feats = self.probe(torch.cat([a, b, c]))
-            positives = torch.cat([gb, ga, torch.zeros(c.shape[0], ga.shape[1], device=dev)])
-            has_positive = torch.arange(labels.numel(), device=dev) < 2 * y.numel()
-            loss = self.head.loss(feats, labels, positives, has_positive)
+            loss = self._dcp_loss(a, b, c, y, labels)
         else:
-            loss = self.head.loss(self.probe(torch.cat([a, b, c])), labels)
+            kw = {} if self._counts is None else {"counts": (2 * self._counts[:, 0] + self._counts[:, 1]).tolist()}
+            loss = self.head.loss(self.model(torch.cat([a, b, c])), labels, **kw)
         lr = self.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -170,7 +188,31 @@ class FaceTrainer(Trainer):
         self.head.after_backward(lr)
         if self.gallery is not None:
             self._update_gallery()
-        return float(loss.detach())
+        if self._counts is None or getattr(self.head, "global_loss", False):
+            return float(loss.detach())
+        return all_sum({"loss": float(loss.detach())})["loss"]
+
+    def _dcp_loss(self, a, b, c, y, labels) -> torch.Tensor:
+        """Pool update from the gallery features of the whole global batch (gathered in rank
+        order: the one-process order), then the loss of this rank's probes (their share of
+        the global batch's mean)."""
+        dev = self.device
+        with torch.no_grad():
+            ga, gb = self.gallery(a), self.gallery(b)
+        total = None
+        if self._counts is None:
+            self.head.update_pool(torch.cat([y, y]), torch.cat([ga, gb]))
+        else:
+            from embcache.distributed.class_sharded import gather_rows
+
+            pairs = self._counts[:, 0].tolist()
+            y_all, ga_all, gb_all = gather_rows(y, pairs), gather_rows(ga, pairs), gather_rows(gb, pairs)
+            self.head.update_pool(torch.cat([y_all, y_all]), torch.cat([ga_all, gb_all]))
+            total = int(2 * self._counts[:, 0].sum() + self._counts[:, 1].sum())
+        feats = self.model(torch.cat([a, b, c]))
+        positives = torch.cat([gb, ga, torch.zeros(c.shape[0], ga.shape[1], device=dev)])
+        has_positive = torch.arange(labels.numel(), device=dev) < 2 * y.numel()
+        return self.head.loss(feats, labels, positives, has_positive, batch_total=total)
 
     @torch.no_grad()
     def _update_gallery(self) -> None:
@@ -205,16 +247,20 @@ class FaceTrainer(Trainer):
         return out
 
     def evaluate_epoch(self) -> dict:
-        return self.evaluate()
+        """Rank 0 evaluates (the probe is the same on every rank) and tells the others, so
+        that every rank's history, and so the checkpoint, is the same."""
+        return broadcast_object(self.evaluate() if self.world.is_main else None)
 
     def format_epoch(self, record: dict) -> str:
         return format_epoch(record)
 
     # -- checkpoints ---------------------------------------------------------------------
     def trainer_state(self) -> dict:
+        """The one-process checkpoint whatever the world size (collective: a class-sharded
+        head's tables and their momentum are gathered to rank 0)."""
         return {"probe": self.probe.state_dict(),
                 "gallery": self.gallery.state_dict() if self.gallery is not None else None,
-                "head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(), "dropped": self.dropped,
+                "head": self._head_state(), "optimizer": self._optimizer_state(), "dropped": self.dropped,
                 "bad_samples": self.source.bad.to_json() if hasattr(self.source, "bad") else {},
                 "num_slots": self.head.pool.num_slots if self.cfg.head == "dcp" else None}
 
@@ -231,11 +277,52 @@ class FaceTrainer(Trainer):
         self.probe.load_state_dict(ck["probe"])
         if self.gallery is not None:
             self.gallery.load_state_dict(ck["gallery"])
-        self.head.load_state_dict(ck["head"])
-        self.optimizer.load_state_dict(ck["optimizer"])
+        if self._sharded_head:
+            self.head.load_gathered_state_dict(ck["head"])
+        else:
+            self.head.load_state_dict(ck["head"])
+        self.optimizer.load_state_dict(self._optimizer_shard(ck["optimizer"]))
         self.dropped = ck["dropped"]
         if hasattr(self.source, "bad"):  # so that the skipped list agrees with the skipped count
             self.source.bad.load_json(ck.get("bad_samples", {}))
+
+    @property
+    def _sharded_head(self) -> bool:
+        return hasattr(self.head, "gathered_state_dict")
+
+    def _head_state(self) -> dict | None:
+        return self.head.gathered_state_dict() if self._sharded_head else self.head.state_dict()
+
+    def _head_param_indices(self) -> list[int]:
+        """Positions of the head's parameters in the optimizer's state dict (after the probe's)."""
+        n = len(list(self.probe.parameters()))
+        return list(range(n, n + len(list(self.head.parameters()))))
+
+    def _optimizer_state(self) -> dict:
+        """The optimizer's state dict with the momentum of a sharded head's table gathered
+        whole (on rank 0), as one process would hold it."""
+        state = self.optimizer.state_dict()
+        if not self._sharded_head:
+            return state
+        from embcache.distributed.class_sharded import gather_shards_to_main
+
+        for i in self._head_param_indices():
+            if torch.is_tensor(state["state"].get(i, {}).get("momentum_buffer")):
+                entry = dict(state["state"][i])
+                entry["momentum_buffer"] = gather_shards_to_main(entry["momentum_buffer"], self.num_classes,
+                                                                 self.world)
+                state["state"] = {**state["state"], i: entry}
+        return state
+
+    def _optimizer_shard(self, state: dict) -> dict:
+        """A one-process optimizer state dict cut to this rank's rows of a sharded head."""
+        if not self._sharded_head:
+            return state
+        entries = dict(state["state"])
+        for i in self._head_param_indices():
+            if i in entries and torch.is_tensor(entries[i].get("momentum_buffer")):
+                entries[i] = {**entries[i], "momentum_buffer": self.head.shard_rows(entries[i]["momentum_buffer"])}
+        return {**state, "state": entries}
 
     # -- the loop ------------------------------------------------------------------------
     def train_epoch(self) -> dict | None:
@@ -244,10 +331,24 @@ class FaceTrainer(Trainer):
         while self.step_in_epoch < n:
             if self.should_stop():
                 return None
-            batch = self.batches.get(self.epoch, self.step_in_epoch)
-            self.dropped += batch.dropped
-            self.after_step(self.train_step(batch), 2 * batch.a.shape[0] + batch.c.shape[0])
+            batch = self.batches.get(self.epoch, self.step_in_epoch, (self.world.rank, self.world.size))
+            samples = self._count_batch(batch)
+            self.after_step(self.train_step(batch), samples)
         return {}
+
+    def _count_batch(self, batch: PairBatch) -> int:
+        """Samples in the global batch (and its unreadable ones added to `dropped`); under
+        several ranks every rank's (pairs, instances, dropped) are gathered into `_counts`,
+        which the step needs to gather rows and to divide by the global batch size."""
+        own = [batch.a.shape[0], batch.c.shape[0], batch.dropped]
+        if not self.world.distributed:
+            self.dropped += batch.dropped
+            return 2 * own[0] + own[1]
+        from embcache.distributed.class_sharded import gather_counts
+
+        self._counts = gather_counts(own, self.world)
+        self.dropped += int(self._counts[:, 2].sum())
+        return int(2 * self._counts[:, 0].sum() + self._counts[:, 1].sum())
 
     def step_log_fields(self) -> dict:
         return {"lr": self.lr_at(self.step)}

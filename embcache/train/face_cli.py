@@ -16,7 +16,7 @@ from embcache.arg_types import (
     ratio,
 )
 from embcache.errors import UserFacingError
-from embcache.train.run_cli import add_run_arguments, config_values, print_summary, run_rows
+from embcache.train.run_cli import add_run_arguments, config_values, print_summary, run_launched, run_rows
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -86,20 +86,29 @@ def _config(args):
 
 
 def train(args) -> int:
+    """Train in this process, or as one rank of a torchrun launch (the same options; rank 0
+    alone prints)."""
     from embcache.train.face import FaceTrainer
 
     cfg = _config(args)
-    try:
-        trainer = FaceTrainer(cfg)
-        print(f"data: {trainer.source.name}; head {cfg.head} over {trainer.num_classes:,} classes"
-              + (f" (pool of {trainer.head.pool.num_slots:,} slots)" if cfg.head == "dcp" else "")
-              + f"; backbone {trainer.backbone_name} on {trainer.device}")
-        summary = trainer.fit()
-    except (ValueError, OSError) as err:
-        raise UserFacingError(str(err)) from None
-    if summary["skipped_samples"]:
+    holder = {}
+
+    def body():  # bad input becomes one line inside the launch, which tells the other ranks
+        try:
+            trainer = holder["trainer"] = FaceTrainer(cfg)
+            if trainer.world.is_main:
+                print(f"data: {trainer.source.name}; head {cfg.head} over {trainer.num_classes:,} classes"
+                      + (f" (pool of {trainer.head.pool.num_slots:,} slots)" if cfg.head == "dcp" else "")
+                      + f"; backbone {trainer.backbone_name} on {trainer.device}"
+                      + (f"; {trainer.world.size} ranks" if trainer.world.distributed else ""))
+            return trainer.fit()
+        except (ValueError, OSError) as err:
+            raise UserFacingError(str(err)) from None
+
+    summary, world = run_launched(cfg, body)
+    if summary["skipped_samples"] and world.is_main:
         print(f"skipped {summary['skipped_samples']:,} unreadable sample(s) in training batches:")
-        trainer.source.bad.report()
+        holder["trainer"].source.bad.report()
     print_summary(summary_rows(summary), summary)
     return 0
 

@@ -6,7 +6,9 @@
 - `InstanceLoader`: ordinary shuffled samples, a new permutation each pass over the data.
 
 Both are pure functions of (seed, epoch, step): a resumed run sees exactly the batches an
-uninterrupted run would, with no loader state to save.
+uninterrupted run would, with no loader state to save. Under several processes each rank
+loads only its part of the same global batch (`PairBatches.get(..., part=(rank, size))`), so
+N ranks together see exactly the batches one process sees.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .images import random_hflip
+from embcache.distributed.world import slice_bounds
 
 
 def _generator(*parts: int) -> torch.Generator:
@@ -105,14 +107,31 @@ class PairBatches:
         self.flip = flip and len(source.sample_shape) == 3
         self.steps_per_epoch = self.identity.steps_per_epoch
 
-    def get(self, epoch: int, step: int) -> PairBatch:
+    def get(self, epoch: int, step: int, part: tuple[int, int] = (0, 1)) -> PairBatch:
+        """Step `step` of `epoch`; with `part=(rank, size)` only that rank's share of it: its
+        slice of the pairs (both views stay together) and its slice of the instances, with
+        the flips the whole batch would have had (the draws are made for the whole batch)."""
         global_step = epoch * self.steps_per_epoch + step
         ia, ib, y = self.identity.batch(epoch, step)
         ic = self.instance.batch(global_step)
-        (xa, oka), (xb, okb), (xc, okc) = self.source.load(ia), self.source.load(ib), self.source.load(ic)
-        pair_ok = oka & okb
+        flips = None
         if self.flip:
             gen = _generator(self.seed, 4, global_step)
-            xa, xb, xc = (random_hflip(x, gen) for x in (xa, xb, xc))
+            flips = [torch.rand(n, generator=gen) < 0.5 for n in (ia.numel(), ib.numel(), ic.numel())]
+        p0, p1 = slice_bounds(ia.numel(), part[1], part[0])
+        c0, c1 = slice_bounds(ic.numel(), part[1], part[0])
+        ia, ib, y, ic = ia[p0:p1], ib[p0:p1], y[p0:p1], ic[c0:c1]
+        (xa, oka), (xb, okb), (xc, okc) = self.source.load(ia), self.source.load(ib), self.source.load(ic)
+        pair_ok = oka & okb
+        if flips is not None:
+            xa, xb = _flip(xa, flips[0][p0:p1]), _flip(xb, flips[1][p0:p1])
+            xc = _flip(xc, flips[2][c0:c1])
         dropped = int((~oka).sum() + (~okb).sum() + (~okc).sum())
         return PairBatch(xa[pair_ok], xb[pair_ok], y[pair_ok], xc[okc], self.source.label_of(ic)[okc], dropped)
+
+
+def _flip(images: torch.Tensor, flip: torch.Tensor) -> torch.Tensor:
+    """Mirror the images of a [B, 3, H, W] batch where `flip` is set."""
+    out = images.clone()
+    out[flip] = images[flip].flip(-1)
+    return out
