@@ -177,8 +177,20 @@ def _peer_failure_line(world: World, err: BaseException, timeout_s: float) -> st
     hung = "timed out" in str(err).lower() or "timeout" in str(err).lower()
     what = (f"no answer from another rank within --dist-timeout {timeout_s:g} s (it hung or died)" if hung
             else "another rank died (its connection closed)")
-    return (f"rank {world.rank}: {what}: {first_line(err)[:160]}; the last checkpoint is intact, "
-            f"resume with --resume")
+    return f"rank {world.rank}: {what} ({_backend_reason(err)}); the last checkpoint is intact, resume with --resume"
+
+
+def _backend_reason(err: BaseException) -> str:
+    """The gist of a gloo/NCCL message, without its source location and advice.
+
+    Example:
+        >>> _backend_reason(RuntimeError("[/x/gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:3249. This is"))
+        'Connection closed by peer [127.0.0.1]:3249'
+    """
+    text = first_line(err)
+    while text.startswith("["):
+        text = text.partition("] ")[2] or text[1:]
+    return text.split(". ")[0].rstrip(".")[:120]
 
 
 # ---------------------------------------------------------------------- small collectives

@@ -337,11 +337,14 @@ class DLRMTrainer(Trainer):
         self.model.eval()
         logits, labels = [], []
         cached = self.cfg.sparse == "cached" and self.sparse.local is not None
+        training_comm = dict(getattr(self.sparse, "comm_bytes", {}))  # count training's traffic only
         with self.sparse.separate_stats() if cached else nullcontext() as eval_stats:
             for batch in self._batches(split, self.cfg.eval_batch_size):
                 logits.append(self.model(batch.dense, batch.sparse).squeeze(-1).cpu())
                 labels.append(batch.labels.cpu())
         stats = eval_stats() if cached else {}
+        if training_comm:
+            self.sparse.comm_bytes.update(training_comm)
         if self.world.distributed:  # batch by batch, rank by rank: one process's order
             per_rank = gather_objects((logits, labels))
             logits = [part for i in range(len(logits)) for lg, _ in per_rank for part in [lg[i]]]

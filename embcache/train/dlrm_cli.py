@@ -158,11 +158,17 @@ def evaluate(args) -> int:
         data_dir = Path(data_dir)
         if not (data_dir / "meta.json").is_file():
             raise ValueError(f"{data_dir}: no meta.json here (the checkpoint's data moved? give --data)")
-        trainer = DLRMTrainer(cfg, data_dir)
-        trainer.restore(path)
-        result = trainer.evaluate(args.split)
+
+        def run():
+            trainer = DLRMTrainer(cfg, data_dir)
+            trainer.restore(path)
+            return trainer.evaluate(args.split)
+
+        result, world = run_launched(cfg, run)
     except ValueError as err:
         raise UserFacingError(str(err)) from None
+    if not world.is_main:
+        return 0
     print(f"{args.split}: AUC {result['auc']:.4f}  log loss {result['logloss']:.4f}  "
           f"({result['samples']:,} samples, step {ckpt['step']})")
     print(json.dumps({"split": args.split, "step": ckpt["step"], **result}, default=float))
