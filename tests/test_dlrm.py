@@ -147,13 +147,28 @@ def test_a_checkpoint_of_an_earlier_version_named_last_pt_resumes_exactly(synthe
     """Checkpoints were `last.pt` before every trainer named them `<kind>-last.pt`."""
     whole = DLRMTrainer(small_config(max_steps=8, checkpoint_dir=str(tmp_path / "w")), synthetic)
     whole.fit()
-    DLRMTrainer(small_config(max_steps=4, checkpoint_dir=str(tmp_path / "old")), synthetic).fit()
-    (tmp_path / "old" / "dlrm-last.pt").rename(tmp_path / "old" / "last.pt")
+    old = DLRMTrainer(small_config(max_steps=4, checkpoint_dir=str(tmp_path / "old")), synthetic)
+    old.fit()
+    write_single_file_checkpoint(old, tmp_path / "old" / "last.pt")
+    (tmp_path / "old" / "dlrm-last.pt").unlink()
     resumed = DLRMTrainer(small_config(max_steps=8, checkpoint_dir=str(tmp_path / "old"), resume=True), synthetic)
     assert resumed.fit()["steps"] == 8
     for t in whole.sparse.embedding_bag_configs():
         assert torch.equal(whole.sparse.table_weight(t.name), resumed.sparse.table_weight(t.name))
     assert load_checkpoint(tmp_path / "old" / "dlrm-last.pt", "dlrm")["step"] == 8
+
+
+def write_single_file_checkpoint(trainer, path):
+    """`trainer`'s last checkpoint as versions before the sharded format wrote it: one file
+    whose "model" holds the whole model's state dict, tables and residency included."""
+    from embcache.checkpoint import save_checkpoint
+
+    ck = load_checkpoint(Path(trainer.cfg.checkpoint_dir) / "dlrm-last.pt", "dlrm")
+    for k in ("tables", "dense_model", "world_size"):
+        ck.pop(k)
+    ck["model"] = {k.replace("embedding_bag_collection.local.", "embedding_bag_collection."): v
+                   for k, v in trainer.model.state_dict().items()}
+    save_checkpoint({k: v for k, v in ck.items() if k not in ("embcache_checkpoint", "kind")}, path, "dlrm")
 
 
 def test_missing_data_directory_is_one_clear_line(tmp_path):

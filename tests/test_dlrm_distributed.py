@@ -183,3 +183,33 @@ def test_single_process_baselines_are_refused_under_torchrun_in_one_line(data, t
     proc = torchrun(2, *train_args(data, tmp_path, "--sparse", "device"))
     assert proc.returncode != 0
     assert "--sparse device is a single-process baseline; under torchrun use --sparse cached" in proc.stderr
+
+
+def test_a_single_file_checkpoint_of_earlier_versions_resumes_on_two_ranks(data, one_rank, tmp_path):
+    from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+    from tests.test_dlrm import write_single_file_checkpoint
+
+    cfg = DLRMConfig(batch_size=256, embedding_dim=8, dense_arch=[16], over_arch=[16], device="cpu", progress=False,
+                     epochs=2, cache_ratio=0.05, row_wise_rows=3000, max_steps=30, checkpoint_dir=str(tmp_path / "w"))
+    trainer = DLRMTrainer(cfg, data)
+    trainer.fit()
+    write_single_file_checkpoint(trainer, tmp_path / "dlrm-last.pt")
+    proc = ok(torchrun(2, *train_args(data, tmp_path, "--resume")))
+    assert "written by 1 process(es), resumed on 2" in proc.stdout
+    assert summary_of(proc)["val_auc"] == pytest.approx(one_rank[1]["val_auc"], abs=1e-6)
+    assert_same_checkpoint(one_rank[0] / "dlrm-last.pt", tmp_path / "dlrm-last.pt", atol=TOLERANCE)
+
+
+def test_a_damaged_shard_stops_every_rank_with_one_line_naming_it(data, tmp_path):
+    import shutil
+
+    copy = tmp_path / "data"
+    shutil.copytree(data, copy)
+    shard = sorted((copy / "train").glob("*.parquet"))[0] if (copy / "train").is_dir() else None
+    shard = shard or sorted(copy.rglob("*train*.parquet"))[0]
+    shard.write_bytes(shard.read_bytes()[:200])
+    proc = torchrun(2, *train_args(copy, tmp_path / "ck"))
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("embcache dlrm: error:")]
+    assert len(lines) == 2 and all(shard.name in line for line in lines), proc.stderr[-2000:]
+    assert {line.split(":")[2].strip() for line in lines} == {"rank 0", "rank 1"}

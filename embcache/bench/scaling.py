@@ -1,0 +1,126 @@
+"""Scaling benchmark: DLRM and face training at 1, 2 (and, with the cores for it, 4)
+ranks on CPU with gloo, launched by torchrun, in one run.
+
+Each rank gets one compute thread, so N ranks use N cores: the ratio to 1 rank says what
+adding a process (and its core) buys once the all-to-all and all-reduce are paid. The
+global batch is the same at every world size (`--batch-size` is global), so every run
+computes the same steps. Beside the measured traffic per step stands a model of it:
+
+- pooled embeddings: each owner sends its columns for the other ranks' samples,
+  `sum_r D_r * (B - B_r) * 4` bytes, and the same again as gradients in the backward;
+- ids: for every feature a rank's samples look up in another rank's table, lengths and
+  ids (int64; a row-wise shard gets the share of ids its rows hold, modelled as its share
+  of the table's rows);
+- dense gradients: one all-reduce of the MLPs' gradients (DDP), `4 * parameters` bytes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from embcache.bench.common import DEFAULT_RESULTS_DIR, REPO_ROOT, write_json
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cores = os.cpu_count() or 1
+    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2] + ([4] if cores >= 4 else []),
+                   help="world sizes to run (default: 1, 2, and 4 where the host has 4 cores)")
+    p.add_argument("--which", nargs="+", choices=("dlrm", "face"), default=["dlrm", "face"])
+    p.add_argument("--rows", type=int, default=200_000, help="training rows of the synthetic CTR set")
+    p.add_argument("--scale", type=float, default=0.1, help="multiplies Criteo Kaggle's cardinalities")
+    p.add_argument("--steps", type=int, default=40, help="training steps of each run")
+    p.add_argument("--batch-size", type=int, default=4096, help="global DLRM batch")
+    p.add_argument("--face-batch-size", type=int, default=512, help="global face batch")
+    p.add_argument("--face-classes", type=int, default=20_000)
+    p.add_argument("--data-cache", default=str(REPO_ROOT / "datasets"))
+    p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR))
+    p.add_argument("--name", default="scaling")
+    p.set_defaults(func=run)
+    return p
+
+
+def _launch(ranks: int, args: list[str]) -> dict:
+    """One run on `ranks` processes (torchrun; one thread each); its summary."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+           "-m", "embcache", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def dlrm_traffic_model(meta: dict, freq: dict, embedding_dim: int, batch: int, world: int,
+                       dense_params: int) -> dict:
+    """Modelled bytes per step (summed over ranks) for a one-hot CTR batch of `batch` rows."""
+    from embcache.distributed import placement
+    from embcache.distributed.world import slice_bounds
+
+    tables = [placement.TableLoad(f"t_{f['name']}", (f["name"],), f["cardinality"], float(freq[f["name"]].sum()))
+              for f in meta["sparse"]]
+    shards = placement.plan(tables, world)
+    local = [slice_bounds(batch, world, r)[1] - slice_bounds(batch, world, r)[0] for r in range(world)]
+    pooled = sum(embedding_dim * len(s.features) * (batch - local[s.rank]) * 4 for s in shards)
+    ids = sum(local[r] * 8 * (1 + s.rows / s.table_rows) for s in shards for r in range(world) if r != s.rank)
+    return {"ids": ids, "pooled": pooled, "pooled_grad": pooled, "dense_allreduce": 4 * dense_params if world > 1 else 0}
+
+
+def _dlrm(args, ranks: int) -> list[dict]:
+    from embcache.data.ctr_format import load_id_frequencies, read_meta
+    from embcache.data.synthetic import generate_synthetic
+
+    data_dir = Path(args.data_cache) / f"bench-dlrm-r{args.rows}-s{args.scale:g}"
+    if not (data_dir / "meta.json").exists():
+        print(f"generating {data_dir} ...", flush=True)
+        generate_synthetic(data_dir, rows=args.rows, scale=args.scale, seed=0)
+    meta, freq = read_meta(data_dir), load_id_frequencies(data_dir)
+    out = []
+    for world in ranks:
+        s = _launch(world, ["dlrm", "train", "--data", str(data_dir), "--max-steps", str(args.steps),
+                            "--batch-size", str(args.batch_size), "--device", "cpu", "--no-progress"])
+        measured = s.get("comm_bytes_per_step", {"ids": 0, "pooled": 0, "pooled_grad": 0, "dense_allreduce": 0})
+        dense_params = measured["dense_allreduce"] // 4 if world > 1 else 0
+        model = dlrm_traffic_model(meta, freq, 16, args.batch_size, world, dense_params)
+        out.append({"job": "dlrm", "ranks": world, "samples_per_s": s["train_samples_per_s"],
+                    "hit_rate": s["hit_rate"], "steps": s["steps"],
+                    "comm_bytes_per_step": measured, "comm_model_bytes_per_step": model,
+                    "peak_host_mib_rank0": s["peak_host_mib"]})
+        print(f"  dlrm {world} rank(s): {s['train_samples_per_s']:>9,.0f} samples/s, "
+              f"{sum(measured.values()) / 2**20:.2f} MiB sent a step (model {sum(model.values()) / 2**20:.2f})",
+              flush=True)
+    return out
+
+
+def _face(args, ranks: int) -> list[dict]:
+    out = []
+    for world in ranks:
+        s = _launch(world, ["face", "train", "--max-steps", str(args.steps), "--batch-size", str(args.face_batch_size),
+                            "--num-classes", str(args.face_classes), "--device", "cpu", "--no-progress",
+                            "--epochs", "100"])
+        out.append({"job": "face", "ranks": world, "samples_per_s": s["train_samples_per_s"], "steps": s["steps"],
+                    **({"comm_bytes_per_step": s["comm_bytes_per_step"]} if "comm_bytes_per_step" in s else {})})
+        print(f"  face {world} rank(s): {s['train_samples_per_s']:>9,.0f} samples/s", flush=True)
+    return out
+
+
+def run(args) -> int:
+    results = []
+    if "dlrm" in args.which:
+        results += _dlrm(args, args.ranks)
+    if "face" in args.which:
+        results += _face(args, args.ranks)
+    for job in ("dlrm", "face"):
+        rows = [r for r in results if r["job"] == job]
+        base = next((r["samples_per_s"] for r in rows if r["ranks"] == 1), None)
+        for r in rows:
+            r["speedup_vs_1_rank"] = r["samples_per_s"] / base if base else None
+    config = {k: v for k, v in vars(args).items() if k != "func"}
+    config["threads_per_rank"] = 1
+    path = write_json({"benchmark": "scaling", "config": config, "results": results}, args.name, args.out)
+    print(f"wrote {path}")
+    return 0
