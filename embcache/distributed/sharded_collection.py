@@ -126,7 +126,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
             parts = [_lookups_into(shard, *per_key[f]) for shard, f in served]
             send_lengths.append(torch.cat([p[0] for p in parts]) if parts else lengths.new_zeros(0))
             send_values.append(torch.cat([p[1] for p in parts]) if parts else kjt.values().new_zeros(0))
-        counts = torch.tensor([[v.numel(), batch] for v in send_values], dtype=torch.long)
+        counts = torch.tensor([[v.numel(), batch] for v in send_values], dtype=torch.long,
+                              device=kjt.values().device)  # NCCL exchanges device tensors only
         recv_counts = torch.empty_like(counts)
         dist.all_to_all_single(recv_counts.view(-1), counts.view(-1), group=self._group)
         values_from, batch_from = recv_counts[:, 0].tolist(), recv_counts[:, 1].tolist()

@@ -186,4 +186,9 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
                  ("bytes host->device", f"{s['bytes_h2d'] / 2**20:,.1f} MiB"),
                  ("bytes device->host", f"{s['bytes_d2h'] / 2**20:,.1f} MiB"),
                  ("overflow rows", f"{s['overflow_rows']:,}")]
+    if "comm_bytes_per_step" in s:
+        c = s["comm_bytes_per_step"]
+        rows.append(("sent between ranks", f"{sum(c.values()) / 2**20:,.2f} MiB a step (ids {c['ids'] / 2**20:,.2f}, "
+                                           f"pooled {c['pooled'] / 2**20:,.2f} + their gradients, dense all-reduce "
+                                           f"{c['dense_allreduce'] / 2**20:,.2f})"))
     return rows + run_rows(s)
