@@ -34,6 +34,7 @@ bench: install
 	$(VENV)/bin/embcache bench dlrm
 	$(VENV)/bin/embcache bench cf
 	$(VENV)/bin/embcache bench face
+	$(VENV)/bin/embcache bench scaling
 
 clean:
 	rm -rf $(VENV) build *.egg-info
