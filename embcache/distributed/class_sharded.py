@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import math
 
+import warnings
+
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
@@ -27,6 +29,10 @@ from torch import nn
 from embcache.nn.heads import apply_margin, check_labels, sample_classes, sgd_rows
 
 from .world import World, collective_device
+
+# torch 2.x marks these autograd-aware collectives deprecated in favour of a private module;
+# they are the public way to all-reduce / all-gather with a gradient, so keep them quiet
+warnings.filterwarnings("ignore", message=r"torch\.distributed\.nn\.functional", category=FutureWarning)
 
 
 # ------------------------------------------------------------------------ gathering rows

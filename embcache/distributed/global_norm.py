@@ -9,6 +9,8 @@ statistics agree with one process to rounding), on gloo as on NCCL.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
@@ -16,6 +18,10 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .world import current
+
+# torch 2.x marks these autograd-aware collectives deprecated in favour of a private module;
+# they are the public way to all-reduce / all-gather with a gradient, so keep them quiet
+warnings.filterwarnings("ignore", message=r"torch\.distributed\.nn\.functional", category=FutureWarning)
 
 
 class GlobalBatchNorm(_BatchNorm):

@@ -91,24 +91,26 @@ def train(args) -> int:
     from embcache.train.face import FaceTrainer
 
     cfg = _config(args)
-    holder = {}
 
     def body():  # bad input becomes one line inside the launch, which tells the other ranks
         try:
-            trainer = holder["trainer"] = FaceTrainer(cfg)
+            trainer = FaceTrainer(cfg)
             if trainer.world.is_main:
                 print(f"data: {trainer.source.name}; head {cfg.head} over {trainer.num_classes:,} classes"
                       + (f" (pool of {trainer.head.pool.num_slots:,} slots)" if cfg.head == "dcp" else "")
                       + f"; backbone {trainer.backbone_name} on {trainer.device}"
                       + (f"; {trainer.world.size} ranks" if trainer.world.distributed else ""))
-            return trainer.fit()
+            summary = trainer.fit()
         except (ValueError, OSError) as err:
             raise UserFacingError(str(err)) from None
+        if summary["skipped_samples"] and trainer.world.is_main:
+            print(f"skipped {summary['skipped_samples']:,} unreadable sample(s) in training batches:")
+            trainer.source.bad.report()
+        # the trainer (and its DDP wrapper) goes here, while the process group is alive: a DDP
+        # reducer outliving `destroy_process_group` can deadlock the exit with gloo
+        return summary
 
-    summary, world = run_launched(cfg, body)
-    if summary["skipped_samples"] and world.is_main:
-        print(f"skipped {summary['skipped_samples']:,} unreadable sample(s) in training batches:")
-        holder["trainer"].source.bad.report()
+    summary, _ = run_launched(cfg, body)
     print_summary(summary_rows(summary), summary)
     return 0
 

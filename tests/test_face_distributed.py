@@ -1,0 +1,139 @@
+"""Face training on 2 ranks (gloo, one CPU thread each) against one process with the same
+global batch: the dcp pool and its LRU table stay identical on every rank (and equal to the
+one-process table), accuracy agrees, a checkpoint moves between world sizes, and fc / pfc
+with class-sharded centres follow the one-process loss trajectory.
+
+Ranks are spawned here and enter `embcache.distributed.world.launch()` themselves (each
+writes what the test compares to a file), except for the command-line test, which goes
+through torchrun as users do."""
+import json
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from embcache.train.face import FaceConfig, FaceTrainer
+from tests.torchrun_helpers import embcache, free_port, torchrun
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+# why 1e-4: 2 ranks compute the same sums as one process in another order (the all-reduced
+# gradients, the batch-norm statistics, the sharded softmax's normaliser), so each step
+# differs by float32 rounding (~1e-7 relative); over 30 steps that grows to ~1e-5 at most
+LOSS_TOLERANCE = 1e-4
+
+
+def config(**kw) -> FaceConfig:
+    base = dict(num_classes=120, batch_size=32, epochs=1, eval_pairs=400, eval_classes=40, progress=False,
+                checkpoint_every=1000, dist_timeout=60.0)
+    return FaceConfig(**{**base, **kw})
+
+
+# ----------------------------------------------------------------------- running ranks
+def _rank(rank: int, size: int, port: int, kw: dict, out: str, resume_only: bool) -> None:
+    """One spawned rank: train (or only resume) under `launch()` and dump what tests compare."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    from embcache.distributed.world import launch
+
+    with launch(torch.device("cpu"), 60.0):
+        trainer = FaceTrainer(config(**kw))
+        losses = _record_losses(trainer)
+        if resume_only:
+            trainer.resume()
+        else:
+            trainer.fit()
+        torch.save(_dump(trainer, losses), os.path.join(out, f"rank{rank}.pt"))
+        del trainer  # before the process group goes (a DDP reducer outliving it can hang the exit)
+
+
+def _record_losses(trainer) -> list:
+    losses, step = [], trainer.train_step
+
+    def recorded(batch):
+        losses.append(step(batch))
+        return losses[-1]
+
+    trainer.train_step = recorded
+    return losses
+
+
+def _dump(trainer, losses: list) -> dict:
+    """Everything compared: losses, the (gathered) trainer state and this rank's own tables."""
+    out = {"losses": losses, "history": trainer.history, "state": trainer.trainer_state(),
+           "own_head": {k: v.clone() for k, v in trainer.head.state_dict().items() if torch.is_tensor(v)}}
+    if trainer.cfg.head == "dcp":
+        pool = trainer.head.pool
+        out["pool"] = {"features": pool.features, "writes": pool.writes, "slot_to_id": pool.slots.slot_to_id,
+                       "lru": pool.lru.keys(), "stats": dict(pool.stats)}
+    else:
+        out["range"] = (getattr(trainer.head, "lo", 0), getattr(trainer.head, "hi", trainer.num_classes))
+    return out
+
+
+def run_ranks(tmp_path, size: int = 2, resume_only: bool = False, **kw) -> list[dict]:
+    """Each rank's dump after running `config(**kw)` on `size` spawned ranks."""
+    out = tmp_path / f"ranks-{os.urandom(4).hex()}"
+    out.mkdir()
+    mp.start_processes(_rank, args=(size, free_port(), kw, str(out), resume_only), nprocs=size,
+                       start_method="spawn", join=True)
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(size)]
+
+
+def run_one(**kw) -> tuple[FaceTrainer, list]:
+    trainer = FaceTrainer(config(**kw))
+    losses = _record_losses(trainer)
+    trainer.fit()
+    return trainer, losses
+
+
+def assert_tensors_equal(a: dict, b: dict, what: str) -> None:
+    assert a.keys() == b.keys(), what
+    for k, v in a.items():
+        if torch.is_tensor(v):
+            assert torch.equal(v, b[k]), f"{what}: {k} differs"
+
+
+# ------------------------------------------------------------------------------- tests
+def test_dcp_pool_and_lru_table_are_identical_on_every_rank(tmp_path):
+    # 120 identities, 8 pairs a step, a pool of 12: 45 steps with evictions at nearly every one
+    kw = dict(head="dcp", epochs=3)
+    ranks = run_ranks(tmp_path, **kw)
+    one, losses = run_one(**kw)
+    pool0, pool1 = ranks[0]["pool"], ranks[1]["pool"]
+    assert pool0["stats"] == pool1["stats"] and pool0["stats"]["evicted"] > 100
+    assert_tensors_equal(pool0, pool1, "pool of rank 1 vs rank 0")
+    assert_tensors_equal(ranks[0]["state"]["probe"], ranks[1]["state"]["probe"], "probe")
+    assert_tensors_equal(ranks[0]["state"]["gallery"], ranks[1]["state"]["gallery"], "gallery")
+    # which identity sits where, and when it was last used, depends on labels alone: it is
+    # the one-process table exactly; the features agree with one process to rounding
+    pool = one.head.pool
+    assert torch.equal(pool0["slot_to_id"], pool.slots.slot_to_id) and torch.equal(pool0["lru"], pool.lru.keys())
+    assert torch.equal(pool0["writes"], pool.writes) and pool0["stats"] == pool.stats
+    assert torch.allclose(pool0["features"], pool.features, atol=1e-3)
+    assert len(ranks[0]["losses"]) == len(losses) == 45
+    assert ranks[0]["losses"] == ranks[1]["losses"]  # the reported loss is the global batch's
+    gap = max(abs(a - b) for a, b in zip(ranks[0]["losses"], losses))
+    print(f"dcp: largest loss gap 2 ranks vs 1 over 45 steps: {gap:.2e}")
+    assert gap < 1e-3
+
+
+@pytest.mark.parametrize("head", ["fc", "pfc"])
+def test_class_sharded_heads_follow_the_one_process_loss_trajectory(tmp_path, head):
+    kw = dict(head=head, epochs=2, sample_rate=0.2)  # 30 steps
+    ranks = run_ranks(tmp_path, **kw)
+    one, losses = run_one(**kw)
+    assert ranks[0]["losses"] == ranks[1]["losses"] and len(losses) == 30
+    gap = max(abs(a - b) for a, b in zip(ranks[0]["losses"], losses))
+    print(f"{head}: largest loss gap 2 ranks vs 1 over 30 steps: {gap:.2e}")
+    assert gap < LOSS_TOLERANCE, f"2 ranks vs 1: loss differs by {gap:.2e}"
+    assert max(losses) - min(losses) > 0.5  # a trajectory that moved, not a constant
+    # each rank held only its class range; gathered, the table is the one-process table
+    (lo0, hi0), (lo1, hi1) = ranks[0]["range"], ranks[1]["range"]
+    assert (lo0, hi0, lo1, hi1) == (0, 60, 60, 120) and ranks[0]["own_head"]["weight"].shape[0] == 60
+    whole = ranks[0]["state"]["head"]["weight"]
+    assert torch.equal(whole[lo1:hi1], ranks[1]["own_head"]["weight"])
+    assert torch.allclose(whole, one.head.weight.detach(), atol=1e-4)
+    assert torch.allclose(ranks[0]["state"]["probe"]["net.0.weight"], one.probe.net[0].weight, atol=1e-4)
