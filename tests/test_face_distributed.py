@@ -137,3 +137,56 @@ def test_class_sharded_heads_follow_the_one_process_loss_trajectory(tmp_path, he
     assert torch.equal(whole[lo1:hi1], ranks[1]["own_head"]["weight"])
     assert torch.allclose(whole, one.head.weight.detach(), atol=1e-4)
     assert torch.allclose(ranks[0]["state"]["probe"]["net.0.weight"], one.probe.net[0].weight, atol=1e-4)
+
+
+@pytest.mark.parametrize("head", ["fc", "pfc"])
+def test_a_checkpoint_moves_from_2_ranks_to_1_process_and_back(tmp_path, head):
+    kw = dict(head=head, epochs=2, sample_rate=0.2, checkpoint_dir=str(tmp_path / "ck"))
+    first = run_ranks(tmp_path, **kw, max_steps=11)  # stops mid-epoch 1 and checkpoints
+    ck = torch.load(tmp_path / "ck" / "face-last.pt", weights_only=False)
+    assert ck["world_size"] == 2 and ck["step"] == 11 and ck["head"]["weight"].shape[0] == 120
+    # 2 -> 1: one process holds exactly what the 2 ranks held, and goes on as one process would
+    one = FaceTrainer(config(**kw, resume=True))
+    continued = _record_losses(one)
+    one.resume()
+    state = one.trainer_state()
+    for part in ("probe", "head"):
+        assert_tensors_equal(state[part], ck[part], f"{part} after 2 -> 1")
+    assert_tensors_equal(state["optimizer"]["state"], ck["optimizer"]["state"], "optimizer after 2 -> 1")
+    one.fit()
+    _, whole = run_one(**{**kw, "checkpoint_dir": None})
+    gap = max(abs(a - b) for a, b in zip(first[0]["losses"] + continued, whole))
+    assert len(first[0]["losses"] + continued) == len(whole) == 30 and gap < LOSS_TOLERANCE
+    # 1 -> 2: each rank loads its rows; gathered again they are the checkpoint, bit for bit
+    ck = torch.load(tmp_path / "ck" / "face-last.pt", weights_only=False)
+    assert ck["world_size"] == 1 and ck["step"] == 30
+    ranks = run_ranks(tmp_path, resume_only=True, **{**kw, "resume": True})
+    for part in ("probe", "head"):
+        assert_tensors_equal(ranks[0]["state"][part], ck[part], f"{part} after 1 -> 2")
+    assert_tensors_equal(ranks[0]["state"]["optimizer"]["state"], ck["optimizer"]["state"], "optimizer after 1 -> 2")
+    assert torch.equal(ranks[1]["own_head"]["weight"], ck["head"]["weight"][60:])
+
+
+def summary_of(result) -> dict:
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_torchrun_dcp_accuracy_matches_one_process_and_its_checkpoint_resumes_in_one(tmp_path):
+    args = ["face", "train", "--num-classes", "1000", "--batch-size", "128", "--epochs", "4", "--eval-classes", "200",
+            "--head", "dcp", "--no-progress", "--dist-timeout", "60"]
+    two = torchrun(2, *args, "--checkpoint-dir", tmp_path / "two", "--metrics-out", tmp_path / "two.jsonl")
+    s2 = summary_of(two)
+    s1 = summary_of(embcache(*args))
+    acc1, acc2 = s1["final"]["synthetic"]["accuracy"], s2["final"]["synthetic"]["accuracy"]
+    print(f"dcp verification accuracy: 1 process {acc1:.4f}, 2 ranks {acc2:.4f}")
+    assert s2["world_size"] == 2 and s1["world_size"] == 1 and s2["steps"] == s1["steps"]
+    assert acc1 > 0.7 and abs(acc1 - acc2) <= 0.01
+    assert s2["pool"] == s1["pool"]  # the same admissions and evictions
+    assert two.stdout.count("\nsummary\n") == 1  # rank 0 alone prints
+    records = [json.loads(line) for line in (tmp_path / "two.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in records].count("summary") == 1 and records[-1]["world_size"] == 2
+    # the 2-rank checkpoint extends in one process without torchrun
+    more = summary_of(embcache(*[a if a != "4" else "5" for a in args], "--checkpoint-dir", tmp_path / "two",
+                               "--resume"))
+    assert more["epochs_done"] == 5 and more["world_size"] == 1 and more["steps"] == s1["steps"] * 5 // 4

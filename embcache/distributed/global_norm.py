@@ -3,8 +3,8 @@
 Why: the face backbones normalise with BatchNorm, and a rank that normalised its slice alone
 would train a different net from one process on the whole batch (N ranks would not be the
 1-rank run with the same global batch). `torch.nn.SyncBatchNorm` does this on GPUs only;
-`GlobalBatchNorm` does it with two autograd-aware all-reduces (the sum, then the sum of
-squared deviations: the same two-pass arithmetic as a single-process batch norm, so the
+`GlobalBatchNorm` does it with two autograd-aware all-reduces (the sum and count, then the sum
+of squared deviations: the same two-pass arithmetic as a single-process batch norm, so the
 statistics agree with one process to rounding), on gloo as on NCCL.
 """
 from __future__ import annotations
@@ -45,14 +45,15 @@ class GlobalBatchNorm(_BatchNorm):
         if not (self.training and current().distributed):
             return super().forward(x)
         dims = [0] + list(range(2, x.dim()))
-        count = torch.tensor([x.numel() // max(1, x.shape[1])], dtype=x.dtype, device=x.device)
-        n = _all_sum(count)
-        mean = _all_sum(x.sum(dims)) / n
+        count = x.new_full((1,), x.numel() // max(1, x.shape[1]))
+        totals = _all_sum(torch.cat([x.sum(dims), count]))  # one all-reduce for sum and count
+        n = totals[-1]
+        mean = totals[:-1] / n
         shape = [1, -1] + [1] * (x.dim() - 2)
         centred = x - mean.view(shape)
         var = _all_sum((centred * centred).sum(dims)) / n
         if self.track_running_stats:
-            self._track(mean.detach(), var.detach(), float(n))
+            self._track(mean.detach(), var.detach(), float(n.detach()))
         out = centred * torch.rsqrt(var + self.eps).view(shape)
         if self.affine:
             out = out * self.weight.view(shape) + self.bias.view(shape)
