@@ -1,5 +1,5 @@
 """Class-sharded classification heads for face training on several ranks (Partial FC's
-model parallelism): rank r holds the class centres of its range `slice_bounds(C, N, r)`.
+model parallelism): rank r holds the class centres of its range `sliceslice_bounds(C, N, r)`.
 
 Each step the ranks' features (with their gradient path) and labels are gathered, in rank
 order, so every rank scores the whole global batch against its own classes. The margin
@@ -28,7 +28,7 @@ from torch import nn
 
 from embcache.nn.heads import apply_margin, check_labels, sample_classes, sgd_rows
 
-from .world import World, collective_device
+from .world import World, collective_device, slice_bounds
 
 # torch 2.x marks these autograd-aware collectives deprecated in favour of a private module;
 # they are the public way to all-reduce / all-gather with a gradient, so keep them quiet
@@ -65,7 +65,7 @@ def gather_rows(t: torch.Tensor, counts: list[int], grad: bool = False) -> torch
 def gather_shards_to_main(shard: torch.Tensor, total_rows: int, world: World) -> torch.Tensor | None:
     """The whole table from every rank's row range (`slice_bounds` order), on rank 0; None
     elsewhere. Collective."""
-    bounds = [_bounds(total_rows, world.size, r) for r in range(world.size)]
+    bounds = [slice_bounds(total_rows, world.size, r) for r in range(world.size)]
     width = max(hi - lo for lo, hi in bounds)
     padded = shard.detach().to(collective_device())
     if padded.shape[0] < width:
@@ -75,12 +75,6 @@ def gather_shards_to_main(shard: torch.Tensor, total_rows: int, world: World) ->
     if not world.is_main:
         return None
     return torch.cat([p[:hi - lo] for p, (lo, hi) in zip(parts, bounds)]).to(shard.device)
-
-
-def _bounds(n: int, size: int, rank: int) -> tuple[int, int]:
-    from .world import slice_bounds
-
-    return slice_bounds(n, size, rank)
 
 
 # ------------------------------------------------------------- the sharded margin softmax
@@ -149,7 +143,7 @@ class _ShardedHead(nn.Module):
 
     def _init_range(self, num_classes: int, world: World) -> None:
         self.num_classes, self.world = int(num_classes), world
-        self.lo, self.hi = _bounds(self.num_classes, world.size, world.rank)
+        self.lo, self.hi = slice_bounds(self.num_classes, world.size, world.rank)
 
     def _initial_rows(self, feat_dim: int, seed: int) -> torch.Tensor:
         """This shard's rows of the one-process initial table (drawn whole, then sliced, so
@@ -183,7 +177,7 @@ class ShardedFullFC(_ShardedHead):
     whole table's).
 
     Args:
-        world: this rank's place (its class range is `slice_bounds(num_classes, size, rank)`).
+        world: this rank's place (its class range is `sliceslice_bounds(num_classes, size, rank)`).
     """
 
     def __init__(self, num_classes: int, feat_dim: int, margin: float, scale: float, kind: str, seed: int,
