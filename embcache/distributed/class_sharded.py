@@ -1,5 +1,5 @@
 """Class-sharded classification heads for face training on several ranks (Partial FC's
-model parallelism): rank r holds the class centres of its range `sliceslice_bounds(C, N, r)`.
+model parallelism): rank r holds the class centres of its range `slice_bounds(C, N, r)`.
 
 Each step the ranks' features (with their gradient path) and labels are gathered, in rank
 order, so every rank scores the whole global batch against its own classes. The margin
@@ -177,7 +177,7 @@ class ShardedFullFC(_ShardedHead):
     whole table's).
 
     Args:
-        world: this rank's place (its class range is `sliceslice_bounds(num_classes, size, rank)`).
+        world: this rank's place (its class range is `slice_bounds(num_classes, size, rank)`).
     """
 
     def __init__(self, num_classes: int, feat_dim: int, margin: float, scale: float, kind: str, seed: int,
