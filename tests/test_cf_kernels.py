@@ -1,12 +1,16 @@
-"""HEAT kernels: exact gradients against PyTorch autograd, determinism, tiling, chunking, the
-kernels run as plain Python (JIT off) against the compiled ones, and cpu_kernels standing alone."""
+"""HEAT kernels (the runs kernel and the per-sample one): exact gradients against PyTorch
+autograd, determinism, tiling, chunking, the order of runs, the kernels run as plain Python
+(JIT off) against the compiled ones, and cpu_kernels standing alone."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from cpu_kernels.heat import HeatEngine, HeatOptions, loss_gradients, user_vectors
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cpu_kernels.heat import KERNELS, HeatEngine, HeatOptions, chunk_bounds, loss_gradients, user_run_order, user_vectors
 from cpu_kernels.model import CFConfig, CFParams
 from cpu_kernels.torch_reference import cf_loss
 from embcache.data.cf.interactions import from_pairs
@@ -29,8 +33,9 @@ def _small_params(model: str, seed: int = 1):
     return params, rng
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("model", ["mf-ccl", "simplex"])
-def test_kernel_gradients_equal_autograd(model):
+def test_kernel_gradients_equal_autograd(model, kernel):
     params, rng = _small_params(model)
     c = params.config
     assert params.hist_len[0] == 0 and params.hist_len[3] == 0 and params.hist_len.max() == c.history
@@ -39,8 +44,12 @@ def test_kernel_gradients_equal_autograd(model):
     pos = rng.integers(0, len(params.I), B)
     negs = rng.integers(0, len(params.I), (B, c.negatives))
     negs[0, :2] = pos[0]  # a negative equal to the positive, and a repeated negative
+    if kernel == "runs":  # consecutive samples of one user share the user side: make runs of 1 to 4
+        by_user = np.argsort(users, kind="stable")
+        users, pos, negs = users[by_user], pos[by_user], negs[by_user]
+        assert np.bincount(users).max() >= 3 and (np.bincount(users) == 1).any()
 
-    loss, gU, gI, gW = loss_gradients(params, users, pos, negs)
+    loss, gU, gI, gW = loss_gradients(params, users, pos, negs, kernel)
 
     t = {name: torch.tensor(getattr(params, name), dtype=torch.float64, requires_grad=True) for name in "UIW"}
     ref = cf_loss(t["U"], t["I"], t["W"], torch.from_numpy(params.hist), torch.from_numpy(params.hist_len),
@@ -95,29 +104,75 @@ def _train(data, epochs=2, seed=0, chunks=1, model="simplex", **opts):
     return params
 
 
-def test_one_thread_with_a_seed_is_deterministic(small):
-    a, b, c = _train(small, seed=5), _train(small, seed=5), _train(small, seed=6)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_one_thread_with_a_seed_is_deterministic(small, kernel):
+    a, b, c = (_train(small, seed=seed, kernel=kernel) for seed in (5, 5, 6))
     for name in "UIW":
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
     assert not np.array_equal(a.U, c.U) and not np.array_equal(a.I, c.I)
 
 
-def test_cutting_an_epoch_into_chunks_changes_nothing(small):
-    # progress bars cut epochs into chunks: RNG, tile and W-gradient state carry over exactly
-    a, b = _train(small, chunks=1, w_sync=50), _train(small, chunks=7, w_sync=50)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_cutting_an_epoch_into_chunks_changes_nothing(small, kernel):
+    # progress bars cut epochs into chunks: RNG, tile and W-gradient state carry over exactly,
+    # and the runs kernel's chunks end where a run does
+    a, b = (_train(small, chunks=chunks, w_sync=50, kernel=kernel, user_run=5) for chunks in (1, 7))
     for name in "UIW":
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
 
 
+def test_runs_of_one_are_the_per_sample_sgd_and_longer_runs_are_not(small):
+    """With runs of one sample the runs kernel is the per-sample kernel's SGD (the same order,
+    draws and updates; only float rounding differs: fused passes, reassociated sums); runs of
+    a user's samples are another SGD (W-path once per run, the runs' order)."""
+    config = CFConfig(negatives=16, seed=3)
+    users, items = (a[:300] for a in small.train_pairs())  # short enough that rounding stays small
+
+    def one_epoch(**opts):
+        params = CFParams.init(config, small.num_users, small.num_items, small.train_indptr, small.train_indices)
+        HeatEngine(params, users, items, HeatOptions(threads=1, tile=64, refresh=32, w_sync=50, **opts)).epoch(0)
+        return params
+
+    sample, plain, runs = one_epoch(kernel="sample"), one_epoch(user_run=1), one_epoch(user_run=8)
+    for name in "UIW":
+        a, b, c = getattr(sample, name), getattr(plain, name), getattr(runs, name)
+        np.testing.assert_allclose(b, a, atol=1e-5, err_msg=name)
+        assert np.abs(c - a).max() > 20 * max(np.abs(b - a).max(), 1e-6), name
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=60), st.integers(1, 5), st.integers(0, 2**32 - 1),
+       st.integers(1, 9))
+def test_user_run_order_is_a_shuffle_of_short_single_user_runs(users, max_run, seed, chunks):
+    users = np.array(users, dtype=np.int32)
+    order = np.random.default_rng(seed).permutation(len(users))
+    shuffled = order.copy()
+    starts = user_run_order(users, order, max_run, np.random.default_rng(seed))
+    assert sorted(order) == list(range(len(users))) and starts[0]
+    bounds = np.append(np.flatnonzero(starts), len(users))
+    runs = [order[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
+    for run in runs:
+        assert 1 <= len(run) <= max_run and len(set(users[run])) == 1
+    for u in set(users.tolist()):
+        # each user's pairs in their shuffled order, cut every max_run: those are its runs
+        mine = [i for i in shuffled if users[i] == u]
+        want = sorted(tuple(mine[k:k + max_run]) for k in range(0, len(mine), max_run))
+        assert sorted(tuple(r) for r in runs if users[r[0]] == u) == want
+    cuts = chunk_bounds(starts, chunks)
+    assert cuts[0] == 0 and cuts[-1] == len(users) and np.all(np.diff(cuts) >= 0)
+    assert all(starts[c] for c in cuts[:-1] if c < len(users))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("tile", [0, 64])
-def test_training_learns_with_and_without_tiling(small, tile):
+def test_training_learns_with_and_without_tiling(small, tile, kernel):
     from embcache.train import cf_eval as metrics
 
     u, v = metrics.popularity_scores(small.train_indices, small.num_users, small.num_items)
     pop = metrics.evaluate(u, v, small.train_indptr, small.train_indices, small.test_indptr, small.test_indices,
                            cosine=False)["recall@20"]
     untrained = _train(small, epochs=0)
-    trained = _train(small, epochs=6, tile=tile, threads=None)
+    trained = _train(small, epochs=6, tile=tile, threads=None, kernel=kernel)
     before, after = evaluate(untrained, small)["recall@20"], evaluate(trained, small)["recall@20"]
     assert after > 3 * before and after > 1.3 * pop, (before, after, pop)
 
@@ -135,8 +190,9 @@ def test_engine_checks_its_inputs(small):
 
 
 def _tiny_kernel_run() -> dict:
-    """One HEAT epoch and `loss_gradients` on a tiny input, for each model: 12 users, 15 items,
-    d=4, K=3, one thread, tiling on (tile 5, refresh 4) and W applied every 3 samples. Imports
+    """One HEAT epoch and `loss_gradients` on a tiny input, for each model and kernel: 12 users,
+    15 items, d=4, K=3, one thread, tiling on (tile 5, refresh 4), W applied every 3 samples,
+    runs of up to 3 samples. Imports
     only numpy and cpu_kernels, so that a subprocess with the JIT disabled can run it too."""
     import numpy as np
 
@@ -156,15 +212,20 @@ def _tiny_kernel_run() -> dict:
         params = CFParams.init(config, nu, ni, indptr, items)
         if model == "simplex":
             params.W += (0.3 * rng.standard_normal(params.W.shape)).astype(np.float32)
-        b_users, b_pos, b_negs = users[:6], items[:6], rng.integers(0, ni, (6, 3))
-        loss, gU, gI, gW = loss_gradients(params, b_users, b_pos, b_negs)
-        engine = HeatEngine(params, users, items, HeatOptions(threads=1, tile=5, refresh=4, w_sync=3))
-        stats = engine.epoch(0)
-        out.update({f"{model}/grad_loss": np.array(loss), f"{model}/gU": gU, f"{model}/gI": gI,
-                    f"{model}/gW": gW, f"{model}/U": params.U, f"{model}/I": params.I, f"{model}/W": params.W,
-                    f"{model}/epoch_loss": np.array(stats["loss"]),
-                    f"{model}/active_negatives": np.array(stats["active_negatives"]),
-                    f"{model}/rng": engine.rng, f"{model}/tile_state": engine.tile_state})
+        b_users, b_pos, b_negs = users[:6], items[:6], rng.integers(0, ni, (6, 3))  # users sorted: runs
+        start = params.copy()
+        for kernel in ("sample", "runs"):
+            params = start.copy()
+            loss, gU, gI, gW = loss_gradients(params, b_users, b_pos, b_negs, kernel)
+            engine = HeatEngine(params, users, items, HeatOptions(threads=1, tile=5, refresh=4, w_sync=3,
+                                                                  kernel=kernel, user_run=3))
+            stats = engine.epoch(0)
+            key = f"{model}/{kernel}"
+            out.update({f"{key}/grad_loss": np.array(loss), f"{key}/gU": gU, f"{key}/gI": gI, f"{key}/gW": gW,
+                        f"{key}/U": params.U, f"{key}/I": params.I, f"{key}/W": params.W,
+                        f"{key}/epoch_loss": np.array(stats["loss"]),
+                        f"{key}/active_negatives": np.array(stats["active_negatives"]),
+                        f"{key}/rng": engine.rng, f"{key}/tile_state": engine.tile_state})
     return out
 
 
@@ -199,9 +260,9 @@ def test_kernels_as_plain_python_equal_the_compiled_kernels(tmp_path):
                 assert np.array_equal(plain[key], compiled[key]), key
             else:
                 np.testing.assert_allclose(plain[key], compiled[key], rtol=1e-5, atol=1e-6, err_msg=key)
-    for model in ("simplex", "mf-ccl"):  # the input exercises what it should
-        assert compiled[f"{model}/active_negatives"] > 0 and np.abs(compiled[f"{model}/gI"]).max() > 1e-3
-    assert np.abs(compiled["simplex/gW"]).max() > 1e-3
+    for key in ("simplex/sample", "simplex/runs", "mf-ccl/sample", "mf-ccl/runs"):  # the input exercises what it should
+        assert compiled[f"{key}/active_negatives"] > 0 and np.abs(compiled[f"{key}/gI"]).max() > 1e-3
+    assert np.abs(compiled["simplex/sample/gW"]).max() > 1e-3 and np.abs(compiled["simplex/runs/gW"]).max() > 1e-3
 
 
 def test_cpu_kernels_imports_nothing_from_embcache():
@@ -214,7 +275,8 @@ def test_cpu_kernels_imports_nothing_from_embcache():
 
     package = Path(__file__).resolve().parents[1] / "cpu_kernels"
     modules = sorted(package.glob("*.py"))
-    assert {m.name for m in modules} >= {"__init__.py", "_kernels.py", "heat.py", "model.py", "torch_reference.py"}
+    assert {m.name for m in modules} >= {"__init__.py", "_kernels.py", "_run_kernels.py", "heat.py", "model.py",
+                                        "torch_reference.py"}
     for path in modules:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)

@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 ENGINES = ("heat", "torch")
 MODEL_SETTINGS = tuple(f.name for f in fields(CFConfig))  # the seed is the run's
-ENGINE_SETTINGS = {"heat": ("lr", "tile", "refresh", "w_sync"), "torch": ("lr", "batch_size")}
+ENGINE_SETTINGS = {"heat": ("lr", "tile", "refresh", "w_sync", "kernel", "user_run"), "torch": ("lr", "batch_size")}
 
 
 @dataclass
@@ -47,7 +47,7 @@ class CFTrainConfig(RunConfig):
         engine: "heat" (numba SGD kernels) or "torch" (batched reference, Adam).
         lr: the engine's learning rate (None: its default).
         threads: CPU threads (None: all numba sees).
-        tile, refresh, w_sync: HEAT's (`HeatOptions`); batch_size: torch's.
+        tile, refresh, w_sync, kernel, user_run: HEAT's (`HeatOptions`); batch_size: torch's.
         eval_every, ks, topk: evaluation every N epochs (and after the last), Recall@k and
             NDCG@k cut-offs, top-k back-end.
         load: start from these saved embeddings instead of fresh rows.
@@ -78,6 +78,8 @@ class CFTrainConfig(RunConfig):
     tile: int = HeatOptions.tile
     refresh: int = HeatOptions.refresh
     w_sync: int = HeatOptions.w_sync
+    kernel: str = HeatOptions.kernel
+    user_run: int = HeatOptions.user_run
     batch_size: int = TorchOptions.batch_size
     eval_every: int = 1
     ks: tuple[int, ...] = (20,)
@@ -101,7 +103,7 @@ class CFTrainConfig(RunConfig):
 
     def heat_options(self) -> HeatOptions:
         return HeatOptions(lr=self.lr, threads=self.threads, tile=self.tile, refresh=self.refresh,
-                           w_sync=self.w_sync)
+                           w_sync=self.w_sync, kernel=self.kernel, user_run=self.user_run)
 
     def torch_options(self) -> TorchOptions:
         return TorchOptions(lr=self.lr, batch_size=self.batch_size, threads=self.threads)
@@ -264,6 +266,9 @@ class CFTrainer(Trainer):
         ck = super().upgrade_checkpoint(ck)
         if "options" in ck:
             ck["config"] = {**ck["config"], "engine": ck.pop("engine"), **ck.pop("options")}
+        if ck["config"].get("engine") == "heat" and "kernel" not in ck["config"]:
+            # written before the runs kernel: by the per-sample one, in a plain shuffle
+            ck["config"] = {**ck["config"], "kernel": "sample", "user_run": 1}
         return ck
 
     # ------------------------------------------------------------------ reporting

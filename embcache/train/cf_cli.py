@@ -82,7 +82,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    from cpu_kernels.heat import HeatOptions
+    from cpu_kernels.heat import KERNELS, HeatOptions
     from cpu_kernels.torch_reference import TorchOptions
 
     h = HeatOptions()
@@ -98,6 +98,11 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-tiling", action="store_true", help="heat: draw negatives from all items")
     p.add_argument("--w-sync", type=positive_int, default=h.w_sync,
                    help="heat, SimpleX: samples between two applications of a thread's W gradient")
+    p.add_argument("--kernel", choices=KERNELS, default=h.kernel,
+                   help="heat: runs (SimpleX's user side once per run of a user's samples) or sample (every "
+                        "sample its own user side, in a plain shuffle: the kernel before runs)")
+    p.add_argument("--user-run", type=positive_int, default=h.user_run,
+                   help="heat --kernel runs, SimpleX: most samples of one user in a run (1: a plain shuffle)")
     p.add_argument("--batch-size", type=positive_int, default=TorchOptions.batch_size,
                    help="torch: training pairs per Adam step")
 
