@@ -1,6 +1,8 @@
 """`embcache bench cf`: HEAT against the PyTorch reference, side by side in one run on the same
 cores and data (MovieLens-100k and the Gowalla-scale synthetic set): epoch time of the torch
-engine, HEAT without tiling and HEAT with tiling, with 1 thread and with all cores; Recall@20
+engine, HEAT without tiling and HEAT with tiling, with 1 thread and with all cores; beside them
+(`baseline_rows`, unless --no-baseline) HEAT's per-sample kernel with tiling, the kernel before
+the runs kernel (issue 14), so that before and after are measured in the same run; Recall@20
 and NDCG@20 of each after the same number of epochs; the bytes a HEAT epoch touches and a
 model of the part of them that must come from memory, each against this machine's memory
 bandwidth (a copy kernel measured in the same run). Writes bench/results/cf.json and cf.png.
@@ -40,6 +42,7 @@ import numpy as np
 
 DATASETS = ("ml-100k", "synthetic")
 VARIANTS = ("torch", "heat, no tiling", "heat, tiling")
+BASELINE = "heat per-sample, tiling"  # the kernel before runs (HeatOptions.kernel = "sample")
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -58,6 +61,16 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--ml-tile", type=positive_int, default=None,
                    help="items per thread tile on ml-100k (default: the tiles cover its item table as often "
                         "per epoch as the default tile covers the synthetic set's)")
+    p.add_argument("--wide-dim", type=positive_int, default=None,
+                   help="also run each data set at this embedding dimension (128: the setting issue 14 names "
+                        "as the paper's), at the K values of --wide-negatives only")
+    p.add_argument("--wide-negatives", type=positive_int, nargs="+", default=[64],
+                   help="K values run at --wide-dim (epochs on ml-100k: those of the same K in --ml-negatives, "
+                        "else the first --ml-epochs value)")
+    p.add_argument("--user-run", type=positive_int, default=None,
+                   help="HEAT's runs kernel: most samples of one user in a run (default HeatOptions.user_run)")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="leave out the per-sample kernel (HEAT before the runs kernel)")
     p.add_argument("--threads", type=positive_int, nargs="+", default=None,
                    help="thread counts (default: 1 and all cores)")
     p.add_argument("--model", choices=("simplex", "mf-ccl"), default="simplex")
@@ -102,9 +115,10 @@ def epoch_bytes(params, users: np.ndarray, active_negatives: int, tile: int = 0,
 
 
 def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max_pairs: int,
-                tile: int | None = None) -> dict:
+                tile: int | None = None, user_run: int | None = None) -> dict:
     """Train a fresh model with one engine; epoch times, throughput, final accuracy. `tile`:
-    items per tile of "heat, tiling" (default HeatOptions.tile)."""
+    items per tile of the tiled HEAT variants (default HeatOptions.tile); `user_run`: the
+    runs kernel's (default HeatOptions.user_run). BASELINE is the per-sample kernel, tiled."""
     import torch
 
     from cpu_kernels.heat import HeatOptions
@@ -130,12 +144,15 @@ def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max
                    subset_pairs=torch_max_pairs, samples_per_s=rate, epoch_s=data.num_train / rate)
         return row
     tile = 0 if variant == "heat, no tiling" else tile or HeatOptions.tile
+    kernel = "sample" if variant == BASELINE else "runs"
     cfg = CFTrainConfig.for_model(config, engine="torch" if variant == "torch" else "heat", threads=threads,
-                                  tile=tile, epochs=epochs, eval_every=epochs, progress=False)
+                                  tile=tile, epochs=epochs, eval_every=epochs, progress=False, kernel=kernel,
+                                  user_run=user_run or HeatOptions.user_run)
     trainer = CFTrainer(cfg, data, params)
     engine = trainer.engine
     if variant != "torch":
-        row.update(tile=engine.tile, refresh=cfg.refresh)
+        row.update(tile=engine.tile, refresh=cfg.refresh, kernel=kernel,
+                   user_run=cfg.user_run if kernel == "runs" and config.simplex else 1)
     trainer.fit()
     records = trainer.history
     times = [r["seconds"] for r in records]
@@ -253,41 +270,50 @@ def measure_bandwidth(threads: list[int], mib: int) -> dict[str, float]:
 
 
 def run_dataset(name: str, data, args, threads: list[int], bandwidth: dict[str, float]) -> list[dict]:
-    """One case per K of this data set: every variant on every thread count, with the ratios
-    to torch and the popularity baseline."""
-    from dataclasses import asdict
-
-    from cpu_kernels.model import CFConfig
+    """One case per (dimension, K) of this data set: every variant on every thread count
+    (and the per-sample baseline), with the ratios to torch and the popularity baseline."""
     from embcache.train.cf_eval import popularity
 
     pop = popularity(data)
     if name == "ml-100k":
         ks = args.ml_negatives
         epochs_of = dict(zip(ks, args.ml_epochs * len(ks) if len(args.ml_epochs) == 1 else args.ml_epochs))
-        tile = ml_tile(data, args)
+        wide_epochs, tile = args.ml_epochs[0], ml_tile(data, args)
     else:
-        ks, epochs_of, tile = args.synthetic_negatives, {}, None
+        ks, epochs_of, wide_epochs, tile = args.synthetic_negatives, {}, args.synthetic_epochs, None
+    settings = [(64, k) for k in ks] + [(args.wide_dim, k) for k in (args.wide_negatives if args.wide_dim else [])]
+    cases = []
+    for dim, k in settings:
+        epochs = epochs_of.get(k, wide_epochs)
+        cases.append(run_case(name, data, args, threads, bandwidth, dim, k, epochs, tile))
+        cases[-1].update(popularity_recall_at_20=pop["recall@20"], popularity_ndcg_at_20=pop["ndcg@20"])
+    return cases
+
+
+def run_case(name: str, data, args, threads: list[int], bandwidth: dict[str, float], dim: int, k: int,
+             epochs: int, tile: int | None) -> dict:
+    """Every variant (and the baseline) at one dimension and K, on every thread count."""
+    from dataclasses import asdict
+
+    from cpu_kernels.model import CFConfig
+
     # accuracy is compared on MovieLens-100k: torch runs its full epochs there
     max_pairs = None if name == "ml-100k" else args.torch_max_pairs
-    cases = []
-    for k in ks:
-        epochs = epochs_of.get(k, args.synthetic_epochs)
-        config = CFConfig(model=args.model, negatives=k)
-        print(f"\n{data.summary()}; K={k}, {epochs} epochs per engine", flush=True)
-        rows = []
-        for t in threads:
-            for variant in VARIANTS:
-                row = run_variant(variant, data, config, t, epochs, max_pairs, tile)
-                if "bytes_per_epoch" in row:
-                    add_rates(row, bandwidth[str(t)])
-                rows.append(row)
-                print("  " + format_row(row), flush=True)
-        add_ratios(rows)
-        cases.append({"data": name, "negatives": k, "config": asdict(config), "users": data.num_users,
-                      "items": data.num_items, "train_pairs": data.num_train, "test_pairs": data.num_test,
-                      "epochs": epochs, "popularity_recall_at_20": pop["recall@20"],
-                      "popularity_ndcg_at_20": pop["ndcg@20"], "rows": rows})
-    return cases
+    config = CFConfig(model=args.model, negatives=k, dim=dim)
+    print(f"\n{data.summary()}; d={dim}, K={k}, {epochs} epochs per engine", flush=True)
+    rows, baseline = [], []
+    for t in threads:
+        variants = VARIANTS + (() if args.no_baseline else (BASELINE,))
+        for variant in variants:
+            row = run_variant(variant, data, config, t, epochs, max_pairs, tile, args.user_run)
+            if "bytes_per_epoch" in row:
+                add_rates(row, bandwidth[str(t)])
+            (baseline if variant == BASELINE else rows).append(row)
+            print("  " + format_row(row), flush=True)
+    add_ratios(rows, baseline)
+    return {"data": name, "dim": dim, "negatives": k, "config": asdict(config), "users": data.num_users,
+            "items": data.num_items, "train_pairs": data.num_train, "test_pairs": data.num_test, "epochs": epochs,
+            "rows": rows, "baseline_rows": baseline}
 
 
 def describe(args, threads: list[int], bandwidth: dict[str, float]) -> dict:
@@ -323,16 +349,25 @@ def add_rates(row: dict, copy_bandwidth: float) -> None:
                dram_model_bytes_per_s=model, dram_model_fraction_of_copy_bandwidth=model / copy_bandwidth)
 
 
-def add_ratios(rows: list[dict]) -> None:
-    """Speed-up of each HEAT row over torch on the same threads; recall relative to torch."""
+def add_ratios(rows: list[dict], baseline: list[dict] = ()) -> None:
+    """Speed-up of each HEAT row (baseline rows included) over torch on the same threads,
+    recall and NDCG relative to torch; and of each runs-kernel row over the per-sample
+    kernel (tiled) on the same threads."""
     torch_rows = {r["threads"]: r for r in rows if r["variant"] == "torch"}
-    for r in rows:
+    before = {r["threads"]: r for r in baseline}
+    for r in [*rows, *baseline]:
         ref = torch_rows.get(r["threads"])
         if r["variant"] == "torch" or ref is None:
             continue
         r["speedup_vs_torch"] = ref["epoch_s"] / r["epoch_s"]
         if "recall_at_20" in ref:
             r["recall_vs_torch"] = r["recall_at_20"] / ref["recall_at_20"]
+            r["ndcg_vs_torch"] = r["ndcg_at_20"] / ref["ndcg_at_20"]
+        old = before.get(r["threads"])
+        if old is not None and r is not old:
+            r["speedup_vs_per_sample"] = old["epoch_s"] / r["epoch_s"]
+            r["recall_vs_per_sample"] = r["recall_at_20"] / old["recall_at_20"]
+            r["ndcg_vs_per_sample"] = r["ndcg_at_20"] / old["ndcg_at_20"]
 
 
 def _argv(args) -> list[str]:
@@ -361,7 +396,7 @@ def _options(engine: str) -> dict:
 
 # --------------------------------------------------------------------------- output
 def format_row(r: dict) -> str:
-    s = f"{r['variant']:16s} {r['threads']:>2} thr  {r['epoch_s']:9.3f} s/epoch  {r['samples_per_s']:>12,.0f} pairs/s"
+    s = f"{r['variant']:23s} {r['threads']:>2} thr  {r['epoch_s']:9.3f} s/epoch  {r['samples_per_s']:>12,.0f} pairs/s"
     if "recall_at_20" in r:
         s += f"  Recall@20 {r['recall_at_20']:.4f}  NDCG@20 {r['ndcg_at_20']:.4f}"
     if "timed_on" in r:
@@ -379,13 +414,14 @@ def fmt_topk(t: dict) -> str:
 
 
 def print_table(cases: list[dict]) -> None:
-    head = (f"{'data':9s} {'K':>5} {'engine':16s} {'thr':>3} {'s/epoch':>9} {'pairs/s':>11} {'x torch':>8} "
+    head = (f"{'data':9s} {'d':>3} {'K':>5} {'engine':23s} {'thr':>3} {'s/epoch':>9} {'pairs/s':>11} {'x torch':>8} {'x before':>8} "
             f"{'Recall@20':>9} {'NDCG@20':>8} {'touched':>7} {'%copy':>5} {'DRAM<=':>7} {'%copy':>5}")
     print("\n" + head)
     print("-" * len(head))
     for c in cases:
-        for r in c["rows"]:
+        for r in c["rows"] + c.get("baseline_rows", []):
             sp = f"{r['speedup_vs_torch']:.1f}" if "speedup_vs_torch" in r else "1*" if "timed_on" in r else "1"
+            xb = f"{r['speedup_vs_per_sample']:.2f}" if "speedup_vs_per_sample" in r else "-"
             rec = f"{r['recall_at_20']:.4f}" if "recall_at_20" in r else "-"
             nd = f"{r['ndcg_at_20']:.4f}" if "ndcg_at_20" in r else "-"
             gib = f"{r['bytes_per_epoch']['bytes'] / 2**30:.2f}" if "bytes_per_epoch" in r else "-"
@@ -394,10 +430,12 @@ def print_table(cases: list[dict]) -> None:
                     else "-")
             dbw = (f"{100 * r['dram_model_fraction_of_copy_bandwidth']:.0f}"
                    if "dram_model_fraction_of_copy_bandwidth" in r else "-")
-            print(f"{c['data']:9s} {c['negatives']:>5} {r['variant']:16s} {r['threads']:>3} {r['epoch_s']:9.3f} "
-                  f"{r['samples_per_s']:>11,.0f} {sp:>8} {rec:>9} {nd:>8} {gib:>7} {bw:>5} {dram:>7} {dbw:>5}")
-        print(f"{c['data']:9s} {'':>5} {'popularity':16s} {'':>3} {'':>9} {'':>11} {'':>8} "
+            print(f"{c['data']:9s} {c.get('dim', 64):>3} {c['negatives']:>5} {r['variant']:23s} {r['threads']:>3} {r['epoch_s']:9.3f} "
+                  f"{r['samples_per_s']:>11,.0f} {sp:>8} {xb:>8} {rec:>9} {nd:>8} {gib:>7} {bw:>5} {dram:>7} {dbw:>5}")
+        print(f"{c['data']:9s} {'':>3} {'':>5} {'popularity':23s} {'':>3} {'':>9} {'':>11} {'':>8} "
               f"{c['popularity_recall_at_20']:>9.4f} {c['popularity_ndcg_at_20']:>8.4f}")
+    print(f"{BASELINE}: HEAT's per-sample kernel (before the runs kernel), measured in the same run; "
+          f"x before: a runs-kernel row's speed-up over it on the same threads")
     print("touched: GiB of embedding rows a HEAT epoch accesses, %copy: their rate over the copy kernel's "
           "(not a DRAM fraction: tiled negatives are read from L2); DRAM<=: GiB the memory-traffic model says "
           "must come from beyond the tile (an upper bound), %copy: its share of the copy bandwidth")
@@ -413,20 +451,23 @@ def plot(cases: list[dict], path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(cases), figsize=(4.5 * len(cases), 4), squeeze=False)
-    colors = {"torch": "tab:gray", "heat, no tiling": "tab:blue", "heat, tiling": "tab:orange"}
+    colors = {"torch": "tab:gray", BASELINE: "tab:green", "heat, no tiling": "tab:blue", "heat, tiling": "tab:orange"}
     for ax, c in zip(axes[0], cases):
         threads = sorted({r["threads"] for r in c["rows"]})
-        width = 0.8 / len(VARIANTS)
-        for j, variant in enumerate(VARIANTS):
-            ys = [next((r["epoch_s"] for r in c["rows"] if r["variant"] == variant and r["threads"] == t), 0)
+        all_rows = c["rows"] + c.get("baseline_rows", [])
+        variants = [v for v in colors if any(r["variant"] == v for r in all_rows)]
+        width = 0.8 / len(variants)
+        for j, variant in enumerate(variants):
+            ys = [next((r["epoch_s"] for r in all_rows if r["variant"] == variant and r["threads"] == t), 0)
                   for t in threads]
-            xs = [i + (j - 1) * width for i in range(len(threads))]
+            xs = [i + (j - (len(variants) - 1) / 2) * width for i in range(len(threads))]
             ax.bar(xs, ys, width, label=variant + (" (projected)" if variant == "torch" and any(
                 "timed_on" in r for r in c["rows"]) else ""), color=colors[variant])
         ax.set_xticks(range(len(threads)), [f"{t} thread{'s' if t > 1 else ''}" for t in threads])
         ax.set_yscale("log")
         ax.set_ylabel("seconds per epoch")
-        ax.set_title(f"{c['data']}, K={c['negatives']}: {c['train_pairs']:,} pairs", fontsize=10)
+        ax.set_title(f"{c['data']}, d={c.get('dim', 64)}, K={c['negatives']}: {c['train_pairs']:,} pairs",
+                     fontsize=10)
         ax.grid(True, axis="y", which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
