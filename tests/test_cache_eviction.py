@@ -84,3 +84,39 @@ def test_sampled_victim_selection_equals_a_full_topk():
         want = torch.topk(masked, min(k, int(cand.sum())), largest=False).indices
         assert sorted(got.tolist()) == sorted(want.tolist())
         assert bool(cand[got].all())
+
+
+def test_admission_control_serves_a_colder_row_beside_the_cache_and_counts_its_use():
+    freq = torch.zeros(100)
+    freq[[7, 8, 9]] = 50
+    bag = CachedEmbeddingBag(100, 2, cache_ratio=0.03, eviction="freq", ids_freq=freq, warmup_ratio=1.0,
+                             device="cpu", admission=True).eval()
+    assert resident(bag) == {7, 8, 9}
+    with torch.no_grad():
+        out = bag(torch.tensor([[1]]))
+    assert resident(bag) == {7, 8, 9}  # 1 (prior 0) is colder than every resident row
+    assert torch.equal(out, bag.full_weight()[1:2])  # served all the same
+    assert bag.cache_stats()["overflow_rows"] == 1 and int(bag.cache.policy.id_count[1]) == 1
+    plain = CachedEmbeddingBag(100, 2, cache_ratio=0.03, eviction="freq", ids_freq=freq, warmup_ratio=1.0,
+                               device="cpu").eval()
+    run(plain, [[1]])
+    assert 1 in resident(plain)  # without admission control every miss gets in
+
+
+def test_training_with_admission_control_and_aging_equals_the_uncached_table():
+    g = torch.Generator().manual_seed(0)
+    n, d = 500, 4
+    weight = torch.randn(n, d, generator=g)
+    freq = torch.rand(n, generator=g) * 10
+    bag = CachedEmbeddingBag(n, d, cache_ratio=0.04, eviction="freq", ids_freq=freq, optimizer="adagrad", lr=0.1,
+                             device="cpu", weight=weight, admission=True, half_life=3)
+    ref = torch.nn.EmbeddingBag(n, d, mode="sum", sparse=True, _weight=weight.clone())
+    opt = torch.optim.Adagrad(ref.parameters(), lr=0.1)
+    for _ in range(12):
+        ids = torch.randint(0, n, (32, 3), generator=g)
+        opt.zero_grad()
+        ref(ids).pow(2).sum().backward()
+        opt.step()
+        bag(ids).pow(2).sum().backward()
+    assert bag.cache_stats()["overflow_rows"] > 0  # rows were served beside the cache
+    assert torch.equal(bag.full_weight(), ref.weight.detach())

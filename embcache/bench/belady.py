@@ -27,9 +27,14 @@ def next_uses(uniques: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def belady_hit_rate(batches: list[torch.Tensor], num_rows: int, cache_rows: int,
-                    skip: int = 0, initial: torch.Tensor | None = None) -> dict:
+                    skip: int = 0, initial: torch.Tensor | None = None, bypass: bool = False) -> dict:
     """Simulate Belady on `batches` of ids, starting with `initial` ids resident (the
-    warm-up the online policies get); statistics from batch `skip` on."""
+    warm-up the online policies get); statistics from batch `skip` on.
+
+    `bypass`: a missed row may be served without being admitted (as the cache's overflow
+    path serves it), so a row is admitted only if its next use comes before that of the
+    row it would evict, and a row never used again is not admitted at all: the optimum
+    for a cache with admission control."""
     uniques = [torch.unique(b) for b in batches]
     nexts = next_uses(uniques)
     slots = SlotMap(num_rows, cache_rows)
@@ -60,7 +65,8 @@ def belady_hit_rate(batches: list[torch.Tensor], num_rows: int, cache_rows: int,
         free = slots.free_slots(missing.numel())
         # farthest next use first: the smallest key is the largest next use
         victims = select_victims(-slot_next, missing.numel() - free.numel(), slots.occupied() & ~needed)
-        # a victim whose next use comes after a missing row's is worth replacing
+        if bypass:
+            victims, free, missing, missing_next = _worth_admitting(victims, free, missing, missing_next, slot_next)
         slots.release(victims)
         target = torch.cat([free, victims])
         take = min(target.numel(), missing.numel())
@@ -68,3 +74,16 @@ def belady_hit_rate(batches: list[torch.Tensor], num_rows: int, cache_rows: int,
         slot_next[target[:take]] = missing_next[:take]
     total = hits + misses
     return {"hits": hits, "misses": misses, "hit_rate": hits / total if total else 0.0}
+
+
+def _worth_admitting(victims, free, missing, missing_next, slot_next):
+    """With bypass: rows never used again stay out; of the rest (soonest first), the first
+    take the free slots and each next one replaces the victim used latest only if it is
+    used sooner than that victim."""
+    used_again = missing_next < NEVER
+    missing, missing_next = missing[used_again], missing_next[used_again]
+    free = free[: missing.numel()]
+    victims = victims[torch.argsort(slot_next[victims], descending=True)]
+    contenders = missing_next[free.numel(): free.numel() + victims.numel()]
+    wins = int((contenders < slot_next[victims][: contenders.numel()]).sum())
+    return victims[:wins], free, missing, missing_next

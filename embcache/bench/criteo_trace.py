@@ -27,10 +27,16 @@ class CriteoTrace:
     Each feature gets its own exponent (seeded, in [s_min, s_max]) and a bijective
     scramble of ranks (multiplication by a large prime modulo the cardinality), so hot
     ids are spread over the table instead of sitting at 0..k.
+
+    `day_batches` > 0 makes the hot set drift, as real click logs do from day to day:
+    every `day_batches` batches the popularity ranks of each feature rotate by
+    `day_shift` of its cardinality, so the ids that were at rank `shift` yesterday are the
+    hottest today and yesterday's hottest fall to the tail.
     """
 
     def __init__(self, scale: float = 1.0, batch_size: int = 4096, batches: int = 100,
-                 seed: int = 0, s_min: float = 1.05, s_max: float = 1.25):
+                 seed: int = 0, s_min: float = 1.05, s_max: float = 1.25, day_batches: int = 0,
+                 day_shift: float = 0.001):
         rng = np.random.default_rng(seed)
         self.cardinalities = scaled_cardinalities(scale)
         self.offsets = np.concatenate([[0], np.cumsum(self.cardinalities)[:-1]])
@@ -38,13 +44,18 @@ class CriteoTrace:
         self.exponents = rng.uniform(s_min, s_max, len(self.cardinalities))
         self.batch_size, self.num_batches = batch_size, batches
         self._seed = seed
+        self.day_batches = int(day_batches)
+        self.shifts = [max(1, int(day_shift * n)) for n in self.cardinalities]
 
     def batch(self, i: int) -> torch.Tensor:
         """Batch `i` as a `[batch_size, 26]` tensor of ids in the concatenated space."""
         rng = np.random.default_rng((self._seed, i))
+        day = i // self.day_batches if self.day_batches else 0
         cols = []
-        for n, s, off in zip(self.cardinalities, self.exponents, self.offsets):
+        for n, s, off, shift in zip(self.cardinalities, self.exponents, self.offsets, self.shifts):
             ranks = bounded_zipf(rng, n, s, self.batch_size)
+            if day:
+                ranks = (ranks + day * shift) % n
             cols.append((ranks * 2_147_483_647) % n + off)
         return torch.from_numpy(np.stack(cols, axis=1))
 

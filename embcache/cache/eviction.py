@@ -11,6 +11,17 @@ entries the one used longer ago goes first.
 
 Counts are per batch: an id used five times in one batch counts once.
 
+Admission control (`freq` and `lfu`, `admission=True`; off by default while it is measured): a missed row is admitted only if its
+key is above the key of the slot it would take; a colder one is served beside the cache for
+that step (the cache's exact overflow path) and its access is counted, so it gets in once
+it has earned it. Without it every miss evicts someone, and a stream of one-off ids keeps
+displacing rows that will be used again. (`lru` admits everything: a new row is by
+definition the most recent.)
+
+Aging (`half_life`, in batches; off by default): every `half_life` batches all counts,
+the prior's weight included, are halved, so what was hot long ago fades and a hot set
+that drifts (click logs change from day to day) is followed.
+
 Gathers and scatters use `index_select` / `index_fill_` / `index_copy_` rather than
 `t[idx]` indexing: the same result, several times cheaper per call on the CPU.
 """
@@ -41,10 +52,14 @@ class EvictionPolicy:
     """
 
     def __init__(self, kind: str, num_ids: int, num_slots: int,
-                 ids_freq: torch.Tensor | None = None, device: torch.device | str = "cpu"):
+                 ids_freq: torch.Tensor | None = None, device: torch.device | str = "cpu",
+                 admission: bool = False, half_life: int | None = None):
         if kind not in POLICIES:
             raise ValueError(f"eviction must be one of {POLICIES}, got {kind!r}")
         self.kind = kind
+        self.admission = bool(admission) and kind != "lru"
+        self.half_life = int(half_life) if half_life else None
+        self.prior_weight = 1.0  # halved with the counts when aging
         self.clock = 0  # advanced once per batch by `tick`
         self.slot_last = torch.zeros(num_slots, dtype=torch.float64, device=device)
         self.slot_primary = torch.zeros(num_slots, dtype=torch.float64, device=device)
@@ -57,7 +72,14 @@ class EvictionPolicy:
 
     def tick(self) -> int:
         self.clock += 1
+        if self.half_life and self.id_count is not None and self.clock % self.half_life == 0:
+            self.id_count.bitwise_right_shift_(1)
+            self.slot_primary.mul_(0.5)
+            self.prior_weight *= 0.5
         return self.clock
+
+    def _prior(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.prior.index_select(0, ids) * self.prior_weight
 
     def on_access(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
         """Record one batch's use of distinct resident slots (`ids` are their ids)."""
@@ -73,7 +95,7 @@ class EvictionPolicy:
             return
         primary = self.id_count.index_select(0, ids).to(torch.float64)
         if self.prior is not None:
-            primary = primary + self.prior.index_select(0, ids)
+            primary = primary + self._prior(ids)
         self.slot_primary.index_copy_(0, slots, primary)
 
     def on_evict(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
@@ -82,11 +104,39 @@ class EvictionPolicy:
             return
         count = self.slot_primary.index_select(0, slots)
         if self.prior is not None:
-            count = count - self.prior.index_select(0, ids)
+            count = count - self._prior(ids)
         self.id_count.index_copy_(0, ids, count.round().to(torch.int32))
 
     def keys(self) -> torch.Tensor:
         return self.slot_primary + self.slot_last / (self.clock + 1)
+
+    def candidate_keys(self, ids: torch.Tensor) -> torch.Tensor:
+        """The keys absent `ids` would have once admitted and counted (this use included)."""
+        primary = self.id_count.index_select(0, ids).to(torch.float64) + 1
+        if self.prior is not None:
+            primary = primary + self._prior(ids)
+        return primary + self.clock / (self.clock + 1)
+
+    def on_bypass(self, ids: torch.Tensor) -> None:
+        """`ids` were used this batch without being admitted: count the use."""
+        if self.id_count is not None and ids.numel():
+            self.id_count.index_add_(0, ids, self.id_count.new_ones(1).expand(ids.numel()))
+
+    def admissions(self, missing: torch.Tensor, victims: torch.Tensor, free: int):
+        """Which of the `missing` ids get in: returns (`missing` reordered hottest first,
+        the permutation applied, the victims actually worth evicting). The `free` hottest
+        take free slots; the next ones each face one victim, coldest victim first, and get
+        in only if hotter. Missing ids descend and victims ascend, so the admitted ones are
+        a prefix."""
+        keys = self.candidate_keys(missing)
+        order = torch.argsort(keys, descending=True, stable=True)
+        keys, missing = keys.index_select(0, order), missing.index_select(0, order)
+        vkeys = self.keys().index_select(0, victims)
+        vorder = torch.argsort(vkeys, stable=True)
+        victims, vkeys = victims.index_select(0, vorder), vkeys.index_select(0, vorder)
+        contenders = keys[free: free + victims.numel()]
+        wins = int((contenders > vkeys[: contenders.numel()]).sum())
+        return missing, order, victims[:wins]
 
     def select_victims(self, k: int, protected: torch.Tensor, occupied: torch.Tensor) -> torch.Tensor:
         """The `k` occupied, unprotected slots to evict (fewer if fewer exist)."""
@@ -94,7 +144,7 @@ class EvictionPolicy:
 
     def state_dict(self) -> dict:
         state = {"kind": self.kind, "clock": self.clock, "slot_last": self.slot_last.cpu().clone(),
-                 "slot_primary": self.slot_primary.cpu().clone()}
+                 "slot_primary": self.slot_primary.cpu().clone(), "prior_weight": self.prior_weight}
         if self.id_count is not None:
             state["id_count"] = self.id_count.cpu().clone()
         return state
@@ -103,6 +153,7 @@ class EvictionPolicy:
         if state["kind"] != self.kind:
             raise ValueError(f"checkpoint used eviction {state['kind']!r}, this cache {self.kind!r}")
         self.clock = int(state["clock"])
+        self.prior_weight = float(state.get("prior_weight", 1.0))
         self.slot_last.copy_(state["slot_last"])
         self.slot_primary.copy_(state["slot_primary"])
         if self.id_count is not None:

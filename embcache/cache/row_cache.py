@@ -84,7 +84,8 @@ class RowCache:
 
     def __init__(self, weight: torch.Tensor, cache_rows: int, optimizer: RowOptimizer,
                  eviction: str = "freq", ids_freq: torch.Tensor | None = None,
-                 warmup_ratio: float = 0.7, device: torch.device | str = "cpu"):
+                 warmup_ratio: float = 0.7, device: torch.device | str = "cpu", admission: bool = False,
+                 half_life: int | None = None):
         self.device = torch.device(device)
         num_rows, dim = weight.shape
         self.num_rows, self.dim, self.num_slots = num_rows, dim, int(cache_rows)
@@ -94,7 +95,7 @@ class RowCache:
         self.weight = torch.zeros(self.num_slots, dim, dtype=weight.dtype, device=self.device)
         self.state = optimizer.init_state(self.num_slots, dim, device=self.device)
         self.slots = SlotMap(num_rows, self.num_slots, self.device)
-        self.policy = EvictionPolicy(eviction, num_rows, self.num_slots, ids_freq, self.device)
+        self.policy = EvictionPolicy(eviction, num_rows, self.num_slots, ids_freq, self.device, admission, half_life)
         self.dirty = torch.zeros(self.num_slots, dtype=torch.bool, device=self.device)
         # per slot, the batches in flight (prefetched, or between forward and backward)
         # that need its row: a held slot cannot be evicted
@@ -206,6 +207,11 @@ class RowCache:
             free = self.slots.free_slots(missing.numel())
             victims = self.policy.select_victims(missing.numel() - free.numel(),
                                                  (self.holds > 0) | in_batch, self.slots.occupied())
+            if self.policy.admission and victims.numel():
+                missing, order, victims = self.policy.admissions(missing, victims, free.numel())
+                inverse = torch.empty_like(order)
+                inverse[order] = torch.arange(order.numel(), device=order.device)
+                where = inverse.index_select(0, where)
             self._evict(victims)
             target = torch.cat([free, victims])
             fits = missing[: target.numel()]
@@ -221,6 +227,7 @@ class RowCache:
             new_slot[: target.numel()] = target
             if fits.numel() < missing.numel() and serve_overflow:
                 overflow = self._serve_overflow(missing[fits.numel():])
+                self.policy.on_bypass(missing[fits.numel():])
                 new_slot[fits.numel():] = self.num_slots + torch.arange(
                     missing.numel() - fits.numel(), device=missing.device)
             slots.index_copy_(0, absent, new_slot.index_select(0, where))
@@ -421,6 +428,7 @@ class RowCache:
             if self.policy.id_count is not None and "policy.id_count" in sd:
                 self.policy.id_count.copy_(sd["policy.id_count"])
             self.policy.clock = policy["clock"]
+            self.policy.prior_weight = float(policy.get("prior_weight", 1.0))
             return
         self.policy.load_state_dict(policy)
         self.slots.load_state_dict({"slot_to_id": sd["slot_to_id"]})

@@ -51,6 +51,11 @@ class CachedEmbeddingBag(nn.Module):
         device: None picks CUDA when available, else CPU.
         weight: optional initial `[N, D]` table in id order (default: N(0, 1), as
             `nn.EmbeddingBag`).
+        admission: `freq` / `lfu` admit a missed row only if it is hotter than the row it
+            would evict (off by default); colder ones are served beside the cache for the step (results
+            are the same either way; only the hit rate and traffic change).
+        half_life: `freq` / `lfu` halve their counts every `half_life` lookup passes
+            (None: never), to follow a hot set that drifts.
 
     Example:
         >>> import torch
@@ -65,7 +70,8 @@ class CachedEmbeddingBag(nn.Module):
                  cache_ratio: float = 0.015, ids_freq: torch.Tensor | None = None,
                  warmup_ratio: float = 0.7, eviction: str = "freq", optimizer: str = "sgd",
                  lr: float = 0.01, device: torch.device | str | None = None,
-                 weight: torch.Tensor | None = None, **optimizer_kwargs):
+                 weight: torch.Tensor | None = None, admission: bool = False, half_life: int | None = None,
+                 **optimizer_kwargs):
         super().__init__()
         _check_config(num_embeddings, embedding_dim, mode, cache_ratio, warmup_ratio,
                       eviction, optimizer, ids_freq, weight)
@@ -79,7 +85,7 @@ class CachedEmbeddingBag(nn.Module):
         ids_freq = None if ids_freq is None else ids_freq.detach().cpu()
         self.cache = RowCache(weight, math.ceil(cache_ratio * num_embeddings),
                               make_optimizer(optimizer, lr, **optimizer_kwargs), eviction,
-                              ids_freq, warmup_ratio, device)
+                              ids_freq, warmup_ratio, device, admission, half_life)
 
     @property
     def device(self) -> torch.device:
