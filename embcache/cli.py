@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import importlib
 import logging
+import os
 import sys
 
 from embcache.errors import UserFacingError
@@ -52,7 +53,10 @@ def dispatch(prog: str, description: str, commands: dict[str, tuple[str, str]], 
         with console_logging():
             return int(args.func(args) or 0)
     except UserFacingError as err:
-        print(f"{prog} {name}: error: {err}", file=sys.stderr)
+        print(f"{prog} {name}: error: {err}", file=sys.stderr, flush=True)
+        if getattr(err, "exit_now", False):  # a broken process group: nothing left to clean up safely
+            sys.stdout.flush()
+            os._exit(1)
         return 1
 
 

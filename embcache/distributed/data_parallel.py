@@ -26,7 +26,9 @@ def data_parallel(module: nn.Module, device: torch.device) -> nn.Module:
     """`module` under DDP with summed gradients, or `module` itself on one process."""
     if not current().distributed or not any(p.requires_grad for p in module.parameters()):
         return module
-    ddp = DistributedDataParallel(module, device_ids=[device] if device.type == "cuda" else None)
+    # buffers (batch-norm statistics) are kept equal by the trainers themselves: no broadcast per forward
+    ddp = DistributedDataParallel(module, device_ids=[device] if device.type == "cuda" else None,
+                                  broadcast_buffers=False)
     ddp.register_comm_hook(state=None, hook=_sum_hook)
     return ddp
 

@@ -31,7 +31,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from .placement import Shard
-from .world import current
+from .world import current, new_group
 
 
 def shard_config(table: EmbeddingBagConfig, shard: Shard) -> EmbeddingBagConfig:
@@ -81,7 +81,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self.local = make_local([shard_config(by_name[s.table], s) for s in mine]) if mine else None
         # per owner rank, the (shard, feature) pairs it serves, in its local output order
         self._served = [[(s, f) for s in shards if s.rank == o for f in s.features] for o in range(self.world.size)]
-        self._group = dist.new_group(backend=dist.get_backend()) if self.world.distributed else None
+        self._group = new_group() if self.world.distributed else None
         self._pending: tuple[KeyedJaggedTensor, _Routed] | None = None
         self.comm_bytes = {"ids": 0, "pooled": 0}
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import os
 import signal
 from dataclasses import dataclass
@@ -33,7 +34,11 @@ DEFAULT_TIMEOUT_S = 300.0
 
 
 class PeerFailure(UserFacingError, RuntimeError):
-    """Another rank failed, died or hung: this rank cannot go on."""
+    """Another rank failed, died or hung: this rank cannot go on. The process group is
+    left as it is (tearing it down can wait forever on the dead peer), and the command
+    ends the process right after printing the line (`exit_now`)."""
+
+    exit_now = True
 
 
 @dataclass(frozen=True)
@@ -103,17 +108,22 @@ def launch(device: torch.device | None = None, timeout_s: float = DEFAULT_TIMEOU
     backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    global _TIMEOUT
+    _TIMEOUT = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(backend, timeout=_TIMEOUT)
     world = current()
     previous = signal.signal(signal.SIGTERM, _stopped_by_launcher)
+    healthy = False
     try:
         yield world
+        healthy = True
     except PeerFailure:
         raise
     except UserFacingError as err:
         err.args = (f"rank {world.rank}: {err}",)  # every rank's line says whose it is
         _publish(str(err))
-        raise
+        healthy = True  # the peers are alive: the group can be torn down
+        raise err.with_traceback(None) from None  # no frame keeps a trainer (and its DDP) alive
     except (RuntimeError, dist.DistBackendError) as err:
         if not _is_collective_failure(err):
             raise
@@ -123,8 +133,20 @@ def launch(device: torch.device | None = None, timeout_s: float = DEFAULT_TIMEOU
                           f"{_peer_detail()}; the last checkpoint is intact") from None
     finally:
         signal.signal(signal.SIGTERM, previous)
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
+        if healthy:
+            # a DDP reducer that outlives the process group can deadlock gloo's exit: free it first
+            gc.collect()
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+
+
+_TIMEOUT = datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)
+
+
+def new_group():
+    """A process group of all ranks with the run's timeout (`dist.new_group` would take
+    torch's default, 30 minutes, and a hung peer would hold the run that long)."""
+    return dist.new_group(backend=dist.get_backend(), timeout=_TIMEOUT)
 
 
 class _Terminated(BaseException):

@@ -33,7 +33,6 @@ from pathlib import Path
 import torch
 
 from embcache.data.face.loaders import PairBatch, PairBatches
-from embcache.distributed import data_parallel as _data_parallel
 from embcache.distributed.data_parallel import data_parallel
 from embcache.distributed.global_norm import global_batch_norm
 from embcache.distributed.world import all_sum, broadcast_object
@@ -41,11 +40,6 @@ from embcache.nn.backbones import build_backbone
 from embcache.nn.heads import build_head
 from embcache.train.face_eval import embed, identification_top1, verification
 from embcache.train.run import StepRunConfig, Trainer
-
-# DDP checks a comm hook's annotations against the classes, and the postponed annotations of
-# data_parallel.py make them strings: give its hook the classes (harmless once it is fixed)
-_data_parallel._sum_hook.__annotations__.update(bucket=torch.distributed.GradBucket,
-                                                 **{"return": torch.futures.Future[torch.Tensor]})
 
 # settings a resumed run must share with its checkpoint: all that shape the data, the nets, the
 # loss or the optimizer (epochs may be raised: a run can be extended)
