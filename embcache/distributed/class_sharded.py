@@ -26,7 +26,7 @@ import torch.distributed.nn.functional as dist_fn
 import torch.nn.functional as F
 from torch import nn
 
-from embcache.nn.heads import apply_margin, check_labels, sample_classes, sgd_rows
+from embcache.nn.heads import SampledRowsSGD, apply_margin, check_labels, sample_classes
 
 from .world import World, collective_device, slice_bounds
 
@@ -197,7 +197,7 @@ class ShardedFullFC(_ShardedHead):
         """Nothing: the shard is a parameter of the main optimizer."""
 
 
-class ShardedPartialFC(_ShardedHead):
+class ShardedPartialFC(SampledRowsSGD, _ShardedHead):
     """`PartialFC` with its tables split by class over the ranks. Every rank draws the
     one-process sample of classes (the same generator, the same scores for all classes: a
     vector of C floats per step, small beside a C/N x D shard) and scores the sampled
@@ -229,17 +229,3 @@ class ShardedPartialFC(_ShardedHead):
         self._rows = mine - self.lo
         self._sub = self.weight[self._rows].requires_grad_()
         return sharded_margin_loss(feats, labels, self._sub, mine, self.kind, self.margin, self.scale)
-
-    @torch.no_grad()
-    def after_backward(self, lr: float) -> None:
-        if self._sub is None or self._sub.grad is None:
-            return
-        sgd_rows(self.weight, self.momentum_buffer, self._rows, self._sub.detach(), self._sub.grad, lr,
-                 self.momentum, self.weight_decay)
-        self._rows = self._sub = None
-
-    def get_extra_state(self) -> dict:
-        return {"generator": self.generator.get_state()}
-
-    def set_extra_state(self, state: dict) -> None:
-        self.generator.set_state(state["generator"])

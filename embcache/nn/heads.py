@@ -122,7 +122,27 @@ def sgd_rows(weight: torch.Tensor, momentum_buffer: torch.Tensor, rows: torch.Te
     weight[rows] = sub - lr * buf
 
 
-class PartialFC(nn.Module):
+class SampledRowsSGD:
+    """The update half of a head that scores a sample of class rows per step (Partial FC,
+    and its class-sharded form): SGD with momentum on the sampled rows `_rows` (their
+    gradient on the `_sub` copy), and the sampling generator kept in checkpoints."""
+
+    @torch.no_grad()
+    def after_backward(self, lr: float) -> None:
+        if self._sub is None or self._sub.grad is None:
+            return
+        sgd_rows(self.weight, self.momentum_buffer, self._rows, self._sub.detach(), self._sub.grad, lr,
+                 self.momentum, self.weight_decay)
+        self._rows = self._sub = None
+
+    def get_extra_state(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+
+
+class PartialFC(SampledRowsSGD, nn.Module):
     """Partial FC: per step, the positive classes of the batch plus a uniform sample of the
     other classes, `ceil(sample_rate * num_classes)` in all, are the softmax's classes. Only
     those rows get a gradient, and `after_backward` applies SGD with momentum and weight
@@ -159,20 +179,6 @@ class PartialFC(nn.Module):
         self._rows, self._sub = rows, self.weight[rows].requires_grad_()
         cos = F.normalize(feats, dim=1) @ F.normalize(self._sub, dim=1).t()
         return margin_softmax_loss(cos, target, self.kind, self.margin, self.scale).mean()
-
-    @torch.no_grad()
-    def after_backward(self, lr: float) -> None:
-        if self._sub is None or self._sub.grad is None:
-            return
-        sgd_rows(self.weight, self.momentum_buffer, self._rows, self._sub.detach(), self._sub.grad, lr,
-                 self.momentum, self.weight_decay)
-        self._rows = self._sub = None
-
-    def get_extra_state(self) -> dict:
-        return {"generator": self.generator.get_state()}
-
-    def set_extra_state(self, state: dict) -> None:
-        self.generator.set_state(state["generator"])
 
 
 def dcp_loss(probe: torch.Tensor, slots: torch.Tensor, centres: torch.Tensor, valid: torch.Tensor, kind: str,
