@@ -9,6 +9,8 @@ one rank computes on the whole batch, up to the order of floating-point summatio
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -26,9 +28,11 @@ def data_parallel(module: nn.Module, device: torch.device) -> nn.Module:
     """`module` under DDP with summed gradients, or `module` itself on one process."""
     if not current().distributed or not any(p.requires_grad for p in module.parameters()):
         return module
-    # buffers (batch-norm statistics) are kept equal by the trainers themselves: no broadcast per forward
-    ddp = DistributedDataParallel(module, device_ids=[device] if device.type == "cuda" else None,
-                                  broadcast_buffers=False)
+    # buffers (batch-norm statistics) are kept equal by the trainers themselves: no broadcast per
+    # forward (the option's name changed in torch 2.13)
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    no_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
+    ddp = DistributedDataParallel(module, device_ids=[device] if device.type == "cuda" else None, **no_sync)
     ddp.register_comm_hook(state=None, hook=_sum_hook)
     return ddp
 
