@@ -32,7 +32,7 @@ test: install
 bench: install
 	$(VENV)/bin/embcache bench cache --batches 600
 	$(VENV)/bin/embcache bench dlrm
-	$(VENV)/bin/embcache bench cf
+	$(VENV)/bin/embcache bench cf --wide-dim 128
 	$(VENV)/bin/embcache bench face
 	$(VENV)/bin/embcache bench scaling
 
