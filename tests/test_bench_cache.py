@@ -59,7 +59,7 @@ def test_trace_has_kaggle_shape_and_skew():
 def test_bench_cache_command_writes_results(tmp_path, capsys):
     rc = main(["bench", "cache", "--scale", "0.002", "--batches", "8", "--batch-size", "256",
                "--timing-scale", "0.002", "--timing-steps", "3", "--optimizers", "sgd",
-               "--ratios", "0.02", "0.1", "--out", str(tmp_path), "--device", "cpu"])
+               "--ratios", "0.02", "0.1", "--out", str(tmp_path), "--device", "cpu", "--day-batches", "3"])
     assert rc == 0
     data = json.loads((tmp_path / "cache.json").read_text())
     assert (tmp_path / "cache_hit_rate.png").stat().st_size > 0
@@ -68,6 +68,27 @@ def test_bench_cache_command_writes_results(tmp_path, capsys):
     assert [r["ratio"] for r in rows] == [0.02, 0.1]
     for r in rows:
         assert 0 <= r["lru"] <= 1 and r["belady"] >= r["freq"] - 1e-12
+        # with bypass, Belady can only do better; and it bounds admission control too
+        assert r["belady_bypass"] >= r["belady"] - 1e-12 and r["belady_bypass"] >= r["freq+adm"] - 1e-12
     assert rows[1]["freq"] >= rows[0]["freq"]  # a bigger cache never hits less here
+    drifting = data["hit_rate"]["drifting"]
+    assert drifting["day_batches"] == 3 and [r["ratio"] for r in drifting["results"]] == [0.02, 0.1]
     t = data["timing"]["results"]
     assert len(t) == 2 and all(x["bookkeeping_ratio"] > 0 for x in t)
+
+
+def test_the_drifting_trace_moves_its_hot_set_by_day():
+    from embcache.bench.criteo_trace import CriteoTrace
+
+    still = CriteoTrace(scale=0.01, batch_size=2048, batches=4, seed=1)
+    drift = CriteoTrace(scale=0.01, batch_size=2048, batches=4, seed=1, day_batches=2, day_shift=0.05)
+    assert torch.equal(still.batch(0), drift.batch(0)) and torch.equal(still.batch(1), drift.batch(1))
+    col = int(torch.argmax(torch.tensor(still.cardinalities)))  # the largest table
+
+    def hottest(trace, i):
+        return int(torch.mode(trace.batch(i)[:, col]).values)
+
+    assert hottest(still, 2) == hottest(still, 0)  # the same ids stay hot
+    day1 = drift.batch(2)[:, col]
+    assert hottest(drift, 2) != hottest(drift, 0)  # a new day, another hottest id
+    assert (day1 == hottest(drift, 0)).float().mean() < 0.01  # yesterday's hottest fell to the tail

@@ -1,8 +1,13 @@
 """Cache benchmark on a Criteo-Kaggle-shaped trace (26 features, Zipf ids, batch 4096).
 
 Three measurements, side by side in one run:
-1. hit rate (unique rows per batch) of freq / lfu / lru at each cache ratio, and of
-   Belady's offline optimum on the same trace (the ceiling);
+1. hit rate (unique rows per batch) of freq / lfu / lru at each cache ratio, of `freq`
+   with admission control (`freq+adm`: a missed row colder than the row it would evict is
+   served beside the cache), and of three references on the same trace: Belady's offline
+   optimum, Belady with bypass (a row may be served without admission), and the static
+   top-C oracle (the C ids most frequent over the whole trace, resident throughout: the
+   best any online policy can do in expectation when ids are drawn independently). All of
+   this on the stationary trace and on one whose hot set drifts by day (`--day-batches`);
 2. bytes moved between host store and cache per training batch;
 3. bookkeeping cost: a cached forward+backward+update step divided by the same step on an
    uncached `nn.EmbeddingBag(sparse=True)` with the matching torch sparse optimizer.
@@ -24,7 +29,6 @@ import torch
 from embcache.bench.belady import belady_hit_rate
 from embcache.bench.common import DEFAULT_RESULTS_DIR, write_json
 from embcache.bench.criteo_trace import CriteoTrace
-from embcache.cache.eviction import POLICIES
 from embcache.cache.optimizers import TORCH_EQUIVALENTS, torch_equivalent
 from embcache.device import resolve_device
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
@@ -41,6 +45,10 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=4096)
     p.add_argument("--burn-in", type=float, default=0.25, help="fraction of batches before counting")
     p.add_argument("--warmup-ratio", type=float, default=0.7, help="fraction of the cache warmed up")
+    p.add_argument("--day-batches", type=int, default=50,
+                   help="drifting trace: batches per day (0: no drifting trace)")
+    p.add_argument("--day-shift", type=float, default=0.002,
+                   help="drifting trace: popularity ranks rotate by this share of each table per day")
     p.add_argument("--timing-scale", type=float, default=0.25,
                    help="cardinality scale of the timing run (it holds two full tables)")
     p.add_argument("--timing-steps", type=int, default=30)
@@ -55,21 +63,35 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     return p
 
 
+VARIANTS = (("freq", "freq", False), ("freq+adm", "freq", True), ("lfu", "lfu", False), ("lru", "lru", False))
+
+
 def hit_rates(args, device) -> dict:
+    """The hit-rate table on the stationary trace and, with `--day-batches`, a drifting one."""
+    out = _trace_hit_rates(args, device, 0)
+    if args.day_batches:
+        out["drifting"] = _trace_hit_rates(args, device, args.day_batches)
+    return out
+
+
+def _trace_hit_rates(args, device, day_batches: int) -> dict:
     trace = CriteoTrace(scale=args.scale, batch_size=args.batch_size, batches=args.batches,
-                        seed=args.seed)
+                        seed=args.seed, day_batches=day_batches, day_shift=args.day_shift)
     batches = list(trace)
     skip = int(args.burn_in * len(batches))
     freq = trace.frequencies()
-    out = {"num_rows": trace.num_rows, "batches": len(batches), "skip": skip, "results": []}
+    out = {"num_rows": trace.num_rows, "batches": len(batches), "skip": skip, "day_batches": day_batches,
+           "day_shift": args.day_shift if day_batches else 0, "results": []}
+    name = f"drifting trace ({day_batches} batches a day)" if day_batches else "stationary trace"
     for ratio in args.ratios:
         cache_rows = math.ceil(ratio * trace.num_rows)
         row = {"ratio": ratio, "cache_rows": cache_rows}
-        for policy in POLICIES:
+        initial = None
+        for label, policy, admission in VARIANTS:
             bag = CachedEmbeddingBag(trace.num_rows, 1, cache_ratio=ratio, eviction=policy,
-                                     ids_freq=freq, warmup_ratio=args.warmup_ratio,
+                                     ids_freq=freq, warmup_ratio=args.warmup_ratio, admission=admission,
                                      device=device, weight=torch.zeros(trace.num_rows, 1)).eval()
-            if policy == "freq":
+            if initial is None:
                 initial = bag.cache.slots.slot_to_id[bag.cache.slots.slot_to_id >= 0].cpu()
             with torch.no_grad():
                 for i, b in enumerate(batches):
@@ -77,15 +99,31 @@ def hit_rates(args, device) -> dict:
                         bag.reset_cache_stats()
                     bag(b)
             s = bag.cache_stats()
-            row[policy] = s["hit_rate"]
-            row[f"{policy}_overflow_rows"] = s["overflow_rows"]
+            row[label] = s["hit_rate"]
+            row[f"{label}_overflow_rows"] = s["overflow_rows"]
             del bag
-        row["belady"] = belady_hit_rate(batches, trace.num_rows, cache_rows, skip=skip,
-                                        initial=initial)["hit_rate"]
+        for label, bypass in (("belady", False), ("belady_bypass", True)):
+            row[label] = belady_hit_rate(batches, trace.num_rows, cache_rows, skip=skip, initial=initial,
+                                         bypass=bypass)["hit_rate"]
+        row["static_top_c"] = static_top_c(batches[skip:], freq, cache_rows)
         out["results"].append(row)
-        print(f"  ratio {ratio:>6.3%}: " + "  ".join(f"{k} {row[k]:.4f}" for k in (*POLICIES, "belady")),
-              flush=True)
+        print(f"  {name}, ratio {ratio:>6.3%}: " + "  ".join(
+            f"{k} {row[k]:.4f}" for k in (*(v[0] for v in VARIANTS), "static_top_c", "belady", "belady_bypass")),
+            flush=True)
     return out
+
+
+def static_top_c(batches: list[torch.Tensor], freq: torch.Tensor, cache_rows: int) -> float:
+    """Hit rate of a cache that holds the `cache_rows` ids most frequent over the whole
+    trace throughout (it knows the frequencies, not the order)."""
+    resident = torch.zeros(freq.numel(), dtype=torch.bool)
+    resident[torch.topk(freq.to(torch.float64), min(cache_rows, freq.numel())).indices] = True
+    hits = lookups = 0
+    for b in batches:
+        unique = torch.unique(b)
+        hits += int(resident[unique].sum())
+        lookups += unique.numel()
+    return hits / lookups if lookups else 0.0
 
 
 def _sync(device):
@@ -151,22 +189,26 @@ def timing(args, device) -> dict:
 
 
 def plot(hits: dict, path) -> None:
+    """One panel per trace (stationary, and drifting when measured)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ratios = [100 * r["ratio"] for r in hits["results"]]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key, style in (("belady", "k--"), ("freq", "o-"), ("lfu", "s-"), ("lru", "^-")):
-        ax.plot(ratios, [100 * r[key] for r in hits["results"]], style, label=key)
-    ax.set_xscale("log")
-    ax.set_xticks(ratios, [f"{r:g}%" for r in ratios])
-    ax.set_xlabel("cache ratio (rows on the device)")
-    ax.set_ylabel("hit rate, % of unique rows per batch")
-    ax.set_title(f"Criteo-Kaggle-shaped trace, {hits['num_rows'] / 1e6:.1f} M rows")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    panels = [("stationary", hits)] + ([("drifting by day", hits["drifting"])] if "drifting" in hits else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    for ax, (title, data) in zip(axes[0], panels):
+        ratios = [100 * r["ratio"] for r in data["results"]]
+        for key, style in (("belady", "k--"), ("belady_bypass", "k:"), ("static_top_c", "k-."), ("freq+adm", "D-"),
+                           ("freq", "o-"), ("lfu", "s-"), ("lru", "^-")):
+            ax.plot(ratios, [100 * r[key] for r in data["results"]], style, label=key)
+        ax.set_xscale("log")
+        ax.set_xticks(ratios, [f"{r:g}%" for r in ratios])
+        ax.set_xlabel("cache ratio (rows on the device)")
+        ax.set_ylabel("hit rate, % of unique rows per batch")
+        ax.set_title(f"{title}: Criteo-Kaggle-shaped, {data['num_rows'] / 1e6:.1f} M rows")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
