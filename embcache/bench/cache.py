@@ -203,6 +203,7 @@ def plot(hits: dict, path) -> None:
                            ("freq", "o-"), ("lfu", "s-"), ("lru", "^-")):
             ax.plot(ratios, [100 * r[key] for r in data["results"]], style, label=key)
         ax.set_xscale("log")
+        ax.minorticks_off()
         ax.set_xticks(ratios, [f"{r:g}%" for r in ratios])
         ax.set_xlabel("cache ratio (rows on the device)")
         ax.set_ylabel("hit rate, % of unique rows per batch")
