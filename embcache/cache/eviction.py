@@ -11,10 +11,10 @@ entries the one used longer ago goes first.
 
 Counts are per batch: an id used five times in one batch counts once.
 
-Admission control (`freq` and `lfu`, `admission=True`; off by default while it is measured): a missed row is admitted only if its
-key is above the key of the slot it would take; a colder one is served beside the cache for
-that step (the cache's exact overflow path) and its access is counted, so it gets in once
-it has earned it. Without it every miss evicts someone, and a stream of one-off ids keeps
+Admission control (`freq` and `lfu` with `admission=True`; off by default, see the README's
+cache benchmark): a missed row is admitted only if its key is above the key of the slot it
+would take; a colder one is served beside the cache for that step (the cache's exact
+overflow path) and its access is counted, so it gets in once it has earned it. Without it every miss evicts someone, and a stream of one-off ids keeps
 displacing rows that will be used again. (`lru` admits everything: a new row is by
 definition the most recent.)
 
@@ -81,6 +81,11 @@ class EvictionPolicy:
     def _prior(self, ids: torch.Tensor) -> torch.Tensor:
         return self.prior.index_select(0, ids) * self.prior_weight
 
+    def _counts(self, ids: torch.Tensor) -> torch.Tensor:
+        """The primary key of `ids` outside the cache: online count (+ weighted prior)."""
+        primary = self.id_count.index_select(0, ids).to(torch.float64)
+        return primary + self._prior(ids) if self.prior is not None else primary
+
     def on_access(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
         """Record one batch's use of distinct resident slots (`ids` are their ids)."""
         self.slot_last.index_fill_(0, slots, float(self.clock))
@@ -93,10 +98,7 @@ class EvictionPolicy:
         if self.id_count is None:
             self.slot_primary.index_fill_(0, slots, 0.0)
             return
-        primary = self.id_count.index_select(0, ids).to(torch.float64)
-        if self.prior is not None:
-            primary = primary + self._prior(ids)
-        self.slot_primary.index_copy_(0, slots, primary)
+        self.slot_primary.index_copy_(0, slots, self._counts(ids))
 
     def on_evict(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
         """`ids` are about to leave `slots`: keep their online counts."""
@@ -112,10 +114,7 @@ class EvictionPolicy:
 
     def candidate_keys(self, ids: torch.Tensor) -> torch.Tensor:
         """The keys absent `ids` would have once admitted and counted (this use included)."""
-        primary = self.id_count.index_select(0, ids).to(torch.float64) + 1
-        if self.prior is not None:
-            primary = primary + self._prior(ids)
-        return primary + self.clock / (self.clock + 1)
+        return self._counts(ids) + 1 + self.clock / (self.clock + 1)
 
     def on_bypass(self, ids: torch.Tensor) -> None:
         """`ids` were used this batch without being admitted: count the use."""

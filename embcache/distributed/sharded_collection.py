@@ -175,7 +175,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         send = pooled.reshape(-1)
         recv = (_AllToAll.apply(send, send_splits, recv_splits, self._group)
                 if torch.is_grad_enabled() and send.requires_grad else self._exchange(send, send_splits, recv_splits))
-        self.comm_bytes["pooled"] += sum(n for r, n in enumerate(send_splits) if r != self.world.rank) * pooled.element_size()
+        sent = sum(n for r, n in enumerate(send_splits) if r != self.world.rank)
+        self.comm_bytes["pooled"] += sent * pooled.element_size()
         return [block.view(batch, w) for block, w in zip(recv.split(recv_splits), width)]
 
     def _to_features(self, blocks: list[torch.Tensor], batch: int) -> KeyedTensor:

@@ -64,9 +64,11 @@ def write_tables(checkpoint_dir: str | os.PathLike, kind: str, step: int, sharde
             _save(rows, directory / _part_file(shard))
     if local is not None:
         _save(local.residency_state(), directory / f"cache.rank{world.rank}.pt")
-    totals = all_sum({k: v for k, v in sharded.cache_stats().items() if k != "hit_rate"} or _zero_stats())
-    steps = all_sum({"steps": local.optimizer_steps() if local is not None else 0})["steps"]
-    owners = all_sum({"owners": int(local is not None)})["owners"]
+    counts = {k: v for k, v in sharded.cache_stats().items() if k != "hit_rate"} or _zero_stats()
+    summed = all_sum({**{f"stats.{k}": v for k, v in counts.items()},
+                      "steps": local.optimizer_steps() if local is not None else 0, "owners": int(local is not None)})
+    totals = {k[len("stats."):]: v for k, v in summed.items() if k.startswith("stats.")}
+    steps, owners = summed["steps"], summed["owners"]
     barrier()  # every part is on disk before rank 0 commits the manifest
     return {"version": MANIFEST_VERSION, "dir": name, "world_size": world.size,
             "optimizer_steps": steps // max(owners, 1), "stats": totals,

@@ -264,20 +264,18 @@ class DLRMTrainer(Trainer):
     def _load_single_process_state(self, ck: dict) -> bool:
         """Load a checkpoint holding the whole model's state dict; returns whether the
         cache starts cold (its rows are spread over other ranks now)."""
-        if self.cfg.sparse != "cached" or not self.world.distributed:
-            model = ck["model"]
-            if self.cfg.sparse == "cached":  # the cached collection sits one level deeper now
-                prefix = "sparse_arch.embedding_bag_collection."
-                model = {(prefix + "local." + k[len(prefix):] if k.startswith(prefix) else k): v
-                         for k, v in model.items()}
-            load_dense_state(self.model, {k: v for k, v in model.items() if not k.startswith("sparse_arch.")})
+        model = ck["model"]
+        load_dense_state(self.model, {k: v for k, v in model.items() if not k.startswith("sparse_arch.")})
+        if self.cfg.sparse != "cached":
             self.model.sparse_arch.load_state_dict({k[len("sparse_arch."):]: v for k, v in model.items()
                                                     if k.startswith("sparse_arch.")})
             return False
         prefix = "sparse_arch.embedding_bag_collection."
-        sparse = {k[len(prefix):]: v for k, v in ck["model"].items() if k.startswith(prefix)}
+        sparse = {k[len(prefix):]: v for k, v in model.items() if k.startswith(prefix)}
+        if not self.world.distributed:  # one rank holds the whole collection: residency included
+            self.sparse.local.load_state_dict(sparse)
+            return False
         rows, steps, stats = table_checkpoint.legacy_rows(sparse, group_tables(self.sparse.embedding_bag_configs()))
-        load_dense_state(self.model, {k: v for k, v in ck["model"].items() if not k.startswith("sparse_arch.")})
         if self.sparse.local is not None:
             mine = {s.name: {k: v[s.row_start: s.row_stop] for k, v in rows[s.table].items()}
                     for s in self.sparse.shards if s.rank == self.world.rank}

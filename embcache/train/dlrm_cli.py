@@ -75,13 +75,22 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
+def builtin_data_dir(args) -> Path | None:
+    """Where the built-in `--data` (synthetic, ml-100k) is prepared; None for a directory."""
+    if args.data == "synthetic":
+        name = f"synthetic-criteo-r{args.synthetic_rows}-s{args.synthetic_scale:g}-seed{args.seed}"
+        return Path(args.data_cache) / name
+    if args.data == "ml-100k":
+        return Path(args.data_cache) / "ml-100k-ctr"
+    return None
+
+
 def resolve_data(args) -> Path:
     """A prepared dataset directory for `--data`, preparing the built-in ones on first use."""
     from embcache.data.ctr_format import read_meta
 
-    cache = Path(args.data_cache)
+    out = builtin_data_dir(args)
     if args.data == "synthetic":
-        out = cache / f"synthetic-criteo-r{args.synthetic_rows}-s{args.synthetic_scale:g}-seed{args.seed}"
         if not (out / "meta.json").exists():
             from embcache.data.synthetic import generate_synthetic
 
@@ -89,7 +98,6 @@ def resolve_data(args) -> Path:
             generate_synthetic(out, rows=args.synthetic_rows, scale=args.synthetic_scale, seed=args.seed)
         return out
     if args.data == "ml-100k":
-        out = cache / "ml-100k-ctr"
         if not (out / "meta.json").exists():
             from embcache.data.movielens_ctr import prepare_ml100k_ctr
 
@@ -106,26 +114,19 @@ def resolve_data(args) -> Path:
 
 def _prepared_once(args) -> Path:
     """`resolve_data`, run by one rank per node under torchrun (the others wait for its
-    files rather than write the same ones at once)."""
+    files rather than write the same ones at once; meta.json is written last)."""
     import os
     import time
 
-    if int(os.environ.get("LOCAL_RANK", "0")) == 0 or args.data not in ("synthetic", "ml-100k"):
+    out = builtin_data_dir(args)
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0 or out is None:
         return resolve_data(args)
     deadline = time.monotonic() + 1800
-    while not _ready(args):
+    while not (out / "meta.json").is_file():
         if time.monotonic() > deadline:
             raise UserFacingError(f"{args.data}: local rank 0 did not finish preparing the data in 30 minutes")
         time.sleep(0.5)
     return resolve_data(args)
-
-
-def _ready(args) -> bool:
-    """The built-in data set exists in full (its meta.json is written last)."""
-    cache = Path(args.data_cache)
-    name = (f"synthetic-criteo-r{args.synthetic_rows}-s{args.synthetic_scale:g}-seed{args.seed}"
-            if args.data == "synthetic" else "ml-100k-ctr")
-    return (cache / name / "meta.json").is_file()
 
 
 def train(args) -> int:
