@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -138,7 +139,11 @@ def test_sigkill_of_one_rank_stops_the_other_in_one_line_and_resume_equals_unint
     out, err = victim.communicate(timeout=60)
     assert victim.returncode != 0
     ours = [line for line in err.splitlines() if line.startswith("embcache dlrm: error: rank 0:")]
-    assert len(ours) == 1 and "another rank died" in ours[0] and "the last checkpoint is intact" in ours[0], err[-2000:]
+    # Which surviving path speaks first is a race: rank 0's collective sees the closed connection
+    # ("another rank died"), or torchrun notices the death first and stops rank 0 by SIGTERM
+    # ("stopped by the launcher because another rank failed"). Either is the one line we promise.
+    assert len(ours) == 1 and re.search(r"another rank (died|failed)", ours[0]), err[-2000:]
+    assert "the last checkpoint is intact" in ours[0]
     killed_at = load_checkpoint(tmp_path / "dlrm-last.pt", "dlrm")["step"]
     assert 12 <= killed_at < 48
     proc = ok(torchrun(2, *train_args(data, tmp_path, "--checkpoint-every", "6", "--resume")))
