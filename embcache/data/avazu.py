@@ -83,7 +83,8 @@ def convert_avazu(input_path: str | os.PathLike, out_dir: str | os.PathLike, spl
     src = TextSource(files=[path], columns=COLUMNS, delimiter=",", header=True,
                      dense_names=["hour of day / 23"],
                      sparse_names=["hour of day", "weekday (0 = Monday)", *CATEGORICAL],
-                     parse=parse_avazu_block, assign=assign, observe=observe)
+                     parse=parse_avazu_block, assign=assign, observe=observe,
+                     sparse_columns=[None, None, *CATEGORICAL], sparse_keys=["int+1", "int+1"] + ["string"] * 21)
     protocol = ("random 8:1:1 by a hash of (seed, row position)" if split == "random"
                 else "by day: the last day is test, the day before val, the rest train")
     return convert(src, out_dir, source=f"Avazu ({path.name})", min_count=min_count, max_ids=max_ids,

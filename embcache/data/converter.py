@@ -28,6 +28,7 @@ from embcache.data.ctr_format import (
     check_output_dir,
 )
 from embcache.data.delimited import BLOCK_BYTES, is_empty_line, read_blocks
+from embcache.data.raw_values import LongValues, converter_values, save_raw_values
 from embcache.data.vocabulary import ValueCounter, Vocabulary, check_max_ids
 
 
@@ -89,12 +90,16 @@ class TextSource:
     parse: Callable[[pa.RecordBatch], Parsed]
     assign: Callable[[int, np.ndarray, list[int], dict], np.ndarray]
     observe: Callable[[dict], None] | None = None  # sees every good block's aux in pass 1
+    sparse_columns: list[str | None] | None = None  # input column of each feature (None: derived)
+    sparse_keys: list[str] | None = None  # "string" (default) or "int+1" per feature: see raw_values
 
 
 def convert(src: TextSource, out_dir: str | os.PathLike, source: str, min_count: int = 1,
             max_ids: int | None = None, progress: bool = True, block_bytes: int = BLOCK_BYTES,
             rows_per_shard: int = 2_000_000, extra_meta: dict | None = None) -> dict:
-    """Run both passes; returns the written meta (bad rows are printed to stderr too).
+    """Run both passes; returns the written meta (bad rows are printed to stderr too). Beside
+    the shards: vocabulary.npz (the keys owning ids 1..) and raw_values/ (the raw value of
+    every id, so a served model maps raw rows to ids and a table row back to its value).
 
     Arguments are checked and the output directory is made (and must be writable) before pass
     1 starts, so a mistake costs seconds, not a pass over the input."""
@@ -109,10 +114,13 @@ def convert(src: TextSource, out_dir: str | os.PathLike, source: str, min_count:
     features = [SparseFeature(f"sparse_{f}", v.cardinality) for f, v in enumerate(vocabs)]
     writer = CTRDatasetWriter(out_dir, len(src.dense_names), features, source=source,
                               rows_per_shard=rows_per_shard)
-    _write_rows(src, vocabs, writer, good_per_file, progress, block_bytes)
+    long_values = LongValues(vocabs, src.sparse_columns or [None] * len(vocabs))
+    _write_rows(src, vocabs, writer, good_per_file, progress, block_bytes, long_values)
     _save_vocabularies(Path(out_dir), vocabs)
+    raw_values = _save_raw_values(Path(out_dir), src, features, vocabs, long_values)
     return writer.finish(
         bad_rows=bad.to_json(), min_count=min_count, max_ids_per_feature=max_ids, id_rule=_id_rule(max_ids),
+        raw_values=raw_values,
         hashed_features=[f.name for f, v in zip(features, vocabs) if v.hashed],
         vocabulary_file="vocabulary.npz", features=_feature_names(src, features),
         input_files=[str(p) for p in src.files], good_rows_per_file=good_per_file, **(extra_meta or {}))
@@ -174,8 +182,9 @@ def _build_vocabularies(counters: list[ValueCounter], min_count: int, max_ids: i
 
 
 def _write_rows(src: TextSource, vocabs: list[Vocabulary], writer: CTRDatasetWriter, good_per_file: list[int],
-                progress: bool, block_bytes: int) -> None:
-    """Pass 2: read the files again, map values to ids and write each good row to its split."""
+                progress: bool, block_bytes: int, long_values: LongValues) -> None:
+    """Pass 2: read the files again, map values to ids and write each good row to its split
+    (`long_values` sees the ids of each block)."""
     with _bar(progress, "pass 2/2: writing", total=sum(good_per_file)) as bar:
         for file_index, path in enumerate(src.files):
             done = 0
@@ -183,6 +192,7 @@ def _write_rows(src: TextSource, vocabs: list[Vocabulary], writer: CTRDatasetWri
                 parsed = src.parse(block)
                 n = len(parsed.label)
                 ids = [v.lookup(parsed.keys[:, f]) for f, v in enumerate(vocabs)]
+                long_values.observe(block, parsed.ok, ids)
                 codes = src.assign(file_index, np.arange(done, done + n), good_per_file, parsed.aux)
                 for code, split in enumerate(SPLITS):
                     rows = np.flatnonzero(codes == code)
@@ -213,6 +223,17 @@ def _save_vocabularies(out: Path, vocabs: list[Vocabulary]) -> None:
     with writing(out / "vocabulary.npz"):
         np.savez(tmp, **{f"sparse_{f}": v.keys for f, v in enumerate(vocabs)})
         os.replace(tmp, out / "vocabulary.npz")
+
+
+def _save_raw_values(out: Path, src: TextSource, features: list[SparseFeature], vocabs: list[Vocabulary],
+                     long_values: LongValues) -> dict:
+    """raw_values/: each feature's raw value per id (see `raw_values`); meta.json's entry."""
+    keys = src.sparse_keys or ["string"] * len(vocabs)
+    tables, entries = {}, {}
+    for f, (feature, vocab) in enumerate(zip(features, vocabs)):
+        tables[feature.name] = converter_values(vocab, keys[f], long_values.found.get(f))
+        entries[feature.name] = {"key": keys[f], "id_0": "missing or rare", "hashed": vocab.hashed}
+    return save_raw_values(out, tables, entries)
 
 
 def _bar(enabled: bool, desc: str, total: int | None = None):

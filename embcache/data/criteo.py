@@ -51,7 +51,8 @@ def parse_criteo_block(block: pa.RecordBatch) -> Parsed:
 def _source(files: list[Path], assign) -> TextSource:
     return TextSource(files=files, columns=COLUMNS, delimiter="\t", header=False,
                       dense_names=[f"log(max({n},0)+1), missing -> 0" for n in DENSE],
-                      sparse_names=[f"{n} id" for n in CATEGORICAL], parse=parse_criteo_block, assign=assign)
+                      sparse_names=[f"{n} id" for n in CATEGORICAL], parse=parse_criteo_block, assign=assign,
+                      sparse_columns=list(CATEGORICAL))
 
 
 def kaggle_split(total: int) -> tuple[int, int]:

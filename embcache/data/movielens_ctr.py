@@ -20,9 +20,11 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pyarrow as pa
 
 from embcache.data.ctr_format import CTRDatasetWriter, SparseFeature, check_output_dir
 from embcache.data.movielens import MovieLens100k, load_ml100k
+from embcache.data.raw_values import save_raw_values
 
 AGE_BOUNDS = (18, 25, 35, 45, 50, 56)  # bucket k holds ages in [AGE_BOUNDS[k-1], AGE_BOUNDS[k])
 AGE_BUCKETS = ("<18", "18-24", "25-34", "35-44", "45-49", "50-55", "56+")
@@ -69,6 +71,7 @@ def prepare_ml100k_ctr(out_dir: str | os.PathLike, source: str | os.PathLike | N
     for name, rows in _split_rows(ml.ratings[:, 3], split, seed, fractions).items():
         _write_ratings(writer, name, ml, ml.ratings[rows], zip_code)
     return writer.finish(
+        raw_values=_save_raw_values(out_dir, ml, prefixes),
         label="rating >= 4",
         split={"method": split, "seed": seed if split == "random" else None, "fractions": list(fractions)},
         features=_feature_descriptions(ml),
@@ -114,6 +117,16 @@ def _write_ratings(writer: CTRDatasetWriter, split: str, ml: MovieLens100k, rati
     writer.write(split, (ratings[:, 2] >= 4).astype(np.int8), dense,
                  [users, items, age_bucket(ml.user_age)[users], ml.user_gender[users], ml.user_occupation[users],
                   zip_code[users], _genres_of(ml, items)])
+
+
+def _save_raw_values(out_dir: str | os.PathLike, ml: MovieLens100k, zip_prefixes: np.ndarray) -> dict:
+    """raw_values/: every feature's value per id, as the files spell it (user and item ids,
+    age bucket labels, names, zip prefixes); every id is a value, none stands for missing."""
+    values = [ml.user_raw_ids, ml.item_raw_ids, AGE_BUCKETS, ml.gender_names, ml.occupation_names,
+              zip_prefixes, ml.genre_names]
+    tables = {f"sparse_{f}": pa.table({"value": pa.array(np.asarray(v).tolist())}) for f, v in enumerate(values)}
+    entries = {name: {"key": "exact", "id_0": "a value", "hashed": False} for name in tables}
+    return save_raw_values(out_dir, tables, entries)
 
 
 def _genres_of(ml: MovieLens100k, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -26,6 +26,7 @@ import numpy as np
 from embcache.errors import check_whole
 from embcache.data.ctr_format import CTRDatasetWriter, SparseFeature
 from embcache.data.delimited import splitmix64
+from embcache.data.raw_values import identity_values
 
 CRITEO_KAGGLE_CARDINALITIES = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683,
                                8351593, 3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18,
@@ -176,7 +177,8 @@ def generate_synthetic(out_dir: str | os.PathLike, rows: int = 200_000, scale: f
     generator = {"rows": rows, "val_rows": val_rows, "test_rows": test_rows, "scale": scale, "seed": seed,
                  **_hidden_parameters(model)}
     return writer.finish(oracle_auc=oracle.get("val"), oracle_auc_test=oracle.get("test"),
-                         base_rate=model.base_rate, label_rate=rates, generator=generator)
+                         base_rate=model.base_rate, label_rate=rates, generator=generator,
+                         raw_values=identity_values([f.name for f in features]))
 
 
 def _check_rows(rows: int, seed: int, val_rows: int | None, test_rows: int | None,
