@@ -72,6 +72,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     e.add_argument("--data", default=None, help="prepared data directory (default: the checkpoint's)")
     e.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     e.set_defaults(func=evaluate)
+    from embcache.train.dlrm_export import add_export_parser
+
+    add_export_parser(sub)
     return parser
 
 

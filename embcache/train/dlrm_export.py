@@ -1,0 +1,289 @@
+"""`embcache dlrm export`: a trained DLRM checkpoint as files a server reads without embcache's
+trainer, cache or torchrec.
+
+    DIR/manifest.json            what is below, the table order, and how to score a raw row
+    DIR/tables/<table>.npy       float32 [rows, dim] in id order (or .parquet: id, embedding)
+    DIR/vocab/<feature>.parquet  the raw value (or hash bucket) of every id, from the data
+    DIR/vocab/<feature>.keys.npy the keys owning ids 1.. (the converters' lookup), where used
+    DIR/dense.pt2                the dense part as a `torch.export` program:
+                                 (pooled [B, T, D], dense [B, k]) -> logit [B, 1]
+
+Tables are read through the checkpoint's own loading code (`table_checkpoint.full_tables`,
+or the whole-model state dict of a single-process checkpoint) and written as float32
+whatever they were trained in. Everything is written into a temporary directory beside DIR
+and renamed onto it, so DIR is either the previous export or the whole new one.
+`embcache.serve` loads the result and scores raw rows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from embcache.errors import CheckpointError, DataOutputError, UserFacingError, writing
+
+FORMAT = "embcache-dlrm-export"
+VERSION = 1
+TABLE_FORMATS = ("npy", "parquet")
+DENSE_FILE = "dense.pt2"
+
+
+class DenseModel(nn.Module):
+    """The trainer's DLRM without its sparse part: bottom MLP, dot interaction, top MLP, the
+    same torchrec modules under the same parameter names, so the checkpoint's dense state
+    loads as is.
+
+    Args:
+        num_dense: dense features per row.
+        num_tables: pooled embeddings per row (T), in the trainer's table order.
+        dim: embedding dimension (D).
+        dense_arch, over_arch: hidden sizes, as `DLRMConfig` gives them.
+    """
+
+    def __init__(self, num_dense: int, num_tables: int, dim: int, dense_arch: list[int], over_arch: list[int]):
+        super().__init__()
+        from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch, choose
+
+        self.dense_arch = DenseArch(num_dense, [*dense_arch, dim])
+        self.inter_arch = InteractionArch(num_tables)
+        self.over_arch = OverArch(dim + choose(num_tables, 2) + num_tables, [*over_arch, 1])
+
+    def forward(self, pooled: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        return self.over_arch(self.inter_arch(self.dense_arch(dense), pooled))
+
+
+def export_dense(model: DenseModel, num_tables: int, dim: int, num_dense: int):
+    """A `torch.export` program of `model` with a free batch size."""
+    batch = torch.export.Dim("batch", min=1)
+    example = (torch.zeros(2, num_tables, dim), torch.zeros(2, num_dense))
+    return torch.export.export(model.eval(), example, dynamic_shapes=({0: batch}, {0: batch}))
+
+
+def checkpoint_tables(path: Path, ck: dict, meta: dict, cfg) -> dict[str, torch.Tensor]:
+    """Every table of the checkpoint as float32 `[rows, dim]` in id order, by table name."""
+    from embcache.distributed import table_checkpoint
+
+    if "tables" in ck:
+        return {name: part["weight"].to(torch.float32)
+                for name, part in table_checkpoint.full_tables(path, ck["tables"]).items()}
+    from embcache.train.dlrm import table_configs
+
+    configs = table_configs(meta, cfg)
+    model = ck["model"]
+    if cfg.sparse == "cached":  # one collection's state dict, from before the sharded format
+        from embcache.nn.cached_collection import group_tables
+
+        prefix = "sparse_arch.embedding_bag_collection."
+        sparse = {k[len(prefix):]: v for k, v in model.items() if k.startswith(prefix)}
+        rows, _, _ = table_checkpoint.legacy_rows(sparse, group_tables(configs))
+        return {t.name: rows[t.name]["weight"].to(torch.float32) for t in configs}
+    out = {}
+    for t in configs:
+        keys = [k for k in model if k.endswith(f"embedding_bags.{t.name}.weight")]
+        if len(keys) != 1:
+            raise CheckpointError(f"{path}: no weight of table {t.name!r} in the checkpoint")
+        out[t.name] = model[keys[0]].to(torch.float32)
+    return out
+
+
+def checkpoint_dense(ck: dict, meta: dict, cfg) -> DenseModel:
+    """The checkpoint's dense part in a `DenseModel`."""
+    state = ck.get("dense_model")
+    if state is None:
+        state = {k: v for k, v in ck["model"].items() if not k.startswith("sparse_arch.")}
+    model = DenseModel(meta["num_dense"], len(meta["sparse"]), cfg.embedding_dim, cfg.dense_arch, cfg.over_arch)
+    model.load_state_dict(state)
+    return model
+
+
+def write_table(weight: torch.Tensor, path: Path) -> None:
+    """One table in id order: `.npy` float32 `[rows, dim]`, or Parquet with `id` and a
+    fixed-size-list `embedding` column."""
+    array = weight.detach().cpu().numpy().astype(np.float32, copy=False)
+    with writing(path):
+        if path.suffix == ".npy":
+            np.save(path, array)
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        flat = pa.array(np.ascontiguousarray(array).reshape(-1))
+        table = pa.table({"id": pa.array(np.arange(len(array), dtype=np.int64)),
+                          "embedding": pa.FixedSizeListArray.from_arrays(flat, array.shape[1])})
+        pq.write_table(table, path)
+
+
+def write_vocabulary(data_dir: Path, meta: dict, feature: str, vocab_dir: Path) -> dict:
+    """Copy a feature's raw-value file (and the keys its lookup needs) from the data
+    directory; returns the table's "vocabulary" entry of the manifest."""
+    entry = dict(meta.get("raw_values", {}).get("features", {}).get(feature, {}))
+    if not entry:  # prepared before raw values were recorded: the scorer takes ids
+        return {"key": "identity", "id_0": "unknown", "hashed": False,
+                "note": "the data directory records no raw values; rows are scored by id"}
+    if "file" in entry:
+        target = vocab_dir / f"{feature}.parquet"
+        with writing(target):
+            shutil.copyfile(data_dir / entry["file"], target)
+        entry["file"] = f"vocab/{target.name}"
+    if entry["key"] in ("string", "int+1"):
+        target = vocab_dir / f"{feature}.keys.npy"
+        source = data_dir / meta.get("vocabulary_file", "vocabulary.npz")
+        try:
+            with np.load(source) as npz:
+                keys = npz[feature]
+        except (OSError, KeyError, ValueError) as err:
+            raise UserFacingError(f"{source}: cannot read the keys of {feature} ({err})") from None
+        with writing(target):
+            np.save(target, keys.astype(np.uint64))
+        entry["keys_file"] = f"vocab/{target.name}"
+        entry["max_ids"] = meta.get("max_ids_per_feature")
+    return entry
+
+
+def add_export_parser(sub) -> None:
+    """The `export` action of `embcache dlrm`."""
+    e = sub.add_parser("export", help="write a checkpoint's tables, vocabularies and dense model for serving",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       description="Write every table in id order (float32), the raw value behind every id "
+                                   "(where the data directory records it), the dense model as a torch.export "
+                                   "program and a manifest; `embcache.serve.load_export(DIR)` scores raw rows.")
+    e.add_argument("checkpoint", help="a checkpoint file, or the --checkpoint-dir holding dlrm-last.pt")
+    e.add_argument("--out", required=True, help="the export directory (refused when it holds files, unless --force)")
+    e.add_argument("--format", choices=TABLE_FORMATS, default="npy", help="file format of the tables")
+    e.add_argument("--data", default=None, help="prepared data directory (default: the checkpoint's)")
+    e.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    e.set_defaults(func=export_command)
+
+
+def export_command(args) -> int:
+    manifest = export_checkpoint(args.checkpoint, args.out, table_format=args.format, data=args.data,
+                                 force=args.force)
+    rows = sum(t["rows"] for t in manifest["tables"])
+    print(f"exported step {manifest['step']}: {len(manifest['tables'])} tables ({rows:,} rows x "
+          f"{manifest['embedding_dim']}), vocabularies, {DENSE_FILE} -> {args.out}")
+    return 0
+
+
+def check_target(out: Path, force: bool) -> None:
+    """Refuse an --out that is a file, or a directory holding anything, unless `force`."""
+    if out.exists() and not out.is_dir():
+        raise UserFacingError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise UserFacingError(f"{out}: exists and is not empty (give --force to replace it)")
+
+
+def checkpoint_data(path: Path, ck: dict, data: str | None) -> tuple[Path, dict]:
+    """The prepared data directory the checkpoint trained on (or `data`) and its meta,
+    checked to have the checkpoint's features, cardinalities and rows."""
+    from embcache.data.ctr_format import read_meta
+    from embcache.train.dlrm import data_fingerprint
+
+    data_dir = data or ck.get("data_dir")
+    if data_dir is None:
+        raise UserFacingError(f"{path}: the checkpoint does not name its data directory; give --data")
+    data_dir = Path(data_dir)
+    if not (data_dir / "meta.json").is_file():
+        raise UserFacingError(f"{data_dir}: no meta.json here (the checkpoint's data moved? give --data)")
+    meta = read_meta(data_dir)
+    saved = ck.get("data")
+    if saved is not None and json.dumps(saved) != json.dumps(data_fingerprint(meta)):
+        raise UserFacingError(f"{data_dir}: other features, cardinalities or rows than the data of {path}")
+    return data_dir, meta
+
+
+def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, table_format: str = "npy",
+                      data: str | None = None, force: bool = False) -> dict:
+    """Write the export of `checkpoint` to `out` (see the module docstring); returns the
+    manifest. Bad input is a `UserFacingError` raised before `out` changes."""
+    from embcache.train.dlrm import DLRMConfig
+    from embcache.train.run import checkpoint_to_evaluate
+
+    if table_format not in TABLE_FORMATS:
+        raise ValueError(f"table_format must be one of {TABLE_FORMATS}, got {table_format!r}")
+    out = Path(out)
+    check_target(out, force)
+    path, ck, cfg = checkpoint_to_evaluate(checkpoint, "dlrm", DLRMConfig, "cpu")
+    data_dir, meta = checkpoint_data(path, ck, data)
+    try:
+        tables = checkpoint_tables(path, ck, meta, cfg)
+        dense = checkpoint_dense(ck, meta, cfg)
+    except (KeyError, RuntimeError) as err:  # a state dict that does not fit the model
+        raise CheckpointError(f"{path}: does not hold a DLRM of its own settings ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0]})") from None
+    program = export_dense(dense, len(meta["sparse"]), cfg.embedding_dim, meta["num_dense"])
+    tmp = out.parent / f".{out.name}.export-tmp-{os.getpid()}"
+    try:
+        with writing(out.parent):
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp.mkdir()
+        manifest = write_export(tmp, tables, program, data_dir, meta, table_format)
+        manifest.update(checkpoint=str(path), step=ck.get("step"))
+        with writing(tmp / "manifest.json"):
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        _commit(tmp, out)
+    except DataOutputError as err:  # name the file as the user will look for it
+        raise DataOutputError(str(err).replace(str(tmp), str(out))) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
+
+
+def _commit(tmp: Path, out: Path) -> None:
+    """Put the finished export at `out`: a rename, the old export (if any) moved aside
+    first and removed after."""
+    old = out.parent / f".{out.name}.export-old-{os.getpid()}"
+    with writing(out):
+        if out.is_dir() and any(out.iterdir()):
+            os.replace(out, old)
+        os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def write_export(directory: Path, tables: dict[str, torch.Tensor], program, data_dir: Path, meta: dict,
+                 table_format: str) -> dict:
+    """Tables, vocabularies and the dense program into `directory`; returns the manifest
+    (without the checkpoint's name and step)."""
+    (directory / "tables").mkdir()
+    (directory / "vocab").mkdir()
+    entries = []
+    for feature in meta["sparse"]:
+        name = f"t_{feature['name']}"
+        weight = tables[name]
+        file = f"tables/{name}.{table_format}"
+        write_table(weight, directory / file)
+        entries.append({"name": name, "feature": feature["name"], "rows": int(weight.shape[0]),
+                        "dim": int(weight.shape[1]), "file": file, "multi_hot": bool(feature.get("multi_hot")),
+                        "description": meta.get("features", {}).get(feature["name"]),
+                        "vocabulary": write_vocabulary(data_dir, meta, feature["name"], directory / "vocab")})
+    with writing(directory / DENSE_FILE):
+        torch.export.save(program, directory / DENSE_FILE)
+    dim = entries[0]["dim"]
+    return {"format": FORMAT, "version": VERSION, "data_dir": str(data_dir.resolve()), "source": meta.get("source"),
+            "embedding_dim": dim, "pooling": "sum", "table_format": table_format, "tables": entries,
+            "num_dense": meta["num_dense"],
+            "dense_features": [meta.get("features", {}).get(f"dense_{j}", f"dense_{j}")
+                               for j in range(meta["num_dense"])],
+            "dense_model": {"file": DENSE_FILE, "kind": "torch.export", "torch": torch.__version__,
+                            "inputs": {"pooled": f"[B, {len(entries)}, {dim}] float32, tables in the order above",
+                                       "dense": f"[B, {meta['num_dense']}] float32, the dense_features above"},
+                            "output": "logit [B, 1]; click probability = sigmoid(logit)"},
+            "scoring": SCORING}
+
+
+SCORING = [
+    "1. each categorical value -> an id by its table's vocabulary.key: 'string': the converters' key of the "
+    "value (its bytes, up to 8; a hash of longer ones) looked up in keys_file (ids 1..; hashed first as "
+    "bucket = 1 + splitmix64(key) % (max_ids - 1) when hashed), unknown, rare or empty -> 0; 'int+1': key = "
+    "value + 1, then as 'string'; 'exact': the value's row in file, unknown values have no id; 'identity': "
+    "the value is the id",
+    "2. pooled[b, t] = the sum of table t's rows of row b's ids (one id for a one-hot feature)",
+    "3. dense[b] = the row's dense features as the data's dense columns hold them (dense_features)",
+    "4. logit = the dense program(pooled, dense); click probability = sigmoid(logit)",
+    "embcache.serve.load_export(DIR).predict(rows) does all four",
+]
