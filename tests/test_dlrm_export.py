@@ -1,0 +1,176 @@
+"""`embcache dlrm export` and `embcache.serve`: raw rows scored through the export equal the
+trainer's predictions, tables equal the checkpoint's, every id maps back to its raw value,
+and bad input is one line with nothing half-written."""
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from embcache.cli import main
+from embcache.data.criteo import convert_criteo_kaggle, kaggle_split
+from embcache.data.delimited import parse_count_feature
+from embcache.distributed.table_checkpoint import full_tables
+from embcache.checkpoint import load_checkpoint
+from embcache.serve import load_export
+from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+from embcache.train.dlrm_export import export_checkpoint
+from embcache.train.run import checkpoint_to_evaluate
+
+ROWS = 700
+HASHED, LONG = 2, 4  # C3 has more distinct values than MAX_IDS allows; C5 has values over 8 bytes
+MAX_IDS = 64
+
+
+def _raw_columns(rng: np.random.Generator) -> list[list[str]]:
+    """Criteo-layout columns (label, I1-I13, C1-C26) as strings: hex values from small
+    pools, some missing, one hashed feature, one with long values."""
+    label = rng.integers(0, 2, ROWS).astype(str).tolist()
+    counts = [[("" if rng.random() < 0.1 else str(int(rng.integers(-2, 50)))) for _ in range(ROWS)]
+              for _ in range(13)]
+    cats = []
+    for c in range(26):
+        pool = [f"{int(x):08x}" for x in rng.integers(0, 2**32, 200 if c == HASHED else 12)]
+        if c == LONG:
+            pool += ["a-value-longer-than-eight", "ünï"]
+        cats.append(["" if rng.random() < 0.05 else pool[int(rng.zipf(1.5)) % len(pool)] for _ in range(ROWS)])
+    return [label, *counts, *cats]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A tiny Criteo file converted, trained for a few steps and exported (npy)."""
+    root = tmp_path_factory.mktemp("export")
+    columns = _raw_columns(np.random.default_rng(7))
+    (root / "train.txt").write_text("".join("\t".join(row) + "\n" for row in zip(*columns)))
+    convert_criteo_kaggle(root / "train.txt", root / "data", min_count=2, max_ids=MAX_IDS, progress=False)
+    cfg = DLRMConfig(batch_size=64, eval_batch_size=4096, embedding_dim=4, dense_arch=[8], over_arch=[8],
+                     max_steps=6, device="cpu", progress=False, checkpoint_dir=str(root / "ck"), cache_ratio=0.3)
+    DLRMTrainer(cfg, root / "data").fit()
+    export_checkpoint(root / "ck", root / "out")
+    return {"root": root, "columns": columns, "ck": root / "ck" / "dlrm-last.pt", "out": root / "out"}
+
+
+def trainer_logits(ck: Path, split: str) -> torch.Tensor:
+    """The trainer's own logits on a split, as `dlrm evaluate` computes them."""
+    path, saved, cfg = checkpoint_to_evaluate(ck, "dlrm", DLRMConfig, "cpu")
+    trainer = DLRMTrainer(cfg, saved["data_dir"])
+    trainer.restore(path)
+    trainer.model.eval()
+    with torch.no_grad():
+        return torch.cat([trainer.model(b.dense, b.sparse).reshape(-1) for b in trainer._batches(split, 4096)])
+
+
+def raw_val_rows(columns: list[list[str]]) -> tuple[dict, np.ndarray]:
+    """The val split's raw rows (Kaggle protocol: the first half of the last seventh)."""
+    start, stop = kaggle_split(ROWS)
+    sparse = {f"sparse_{c}": [v or None for v in columns[14 + c][start:stop]] for c in range(26)}
+    dense = np.stack([parse_count_feature(pa.array(columns[1 + j][start:stop]))[0] for j in range(13)], 1)
+    return sparse, dense
+
+
+def test_raw_rows_score_bit_for_bit_as_the_trainer(run):
+    model = load_export(run["out"])
+    sparse, dense = raw_val_rows(run["columns"])
+    got = model.logits(sparse, dense)
+    want = trainer_logits(run["ck"], "val")
+    assert len(got) == kaggle_split(ROWS)[1] - kaggle_split(ROWS)[0]
+    assert torch.equal(got, want)
+    rows = [{**{f: sparse[f][i] for f in sparse}, "dense": dense[i]} for i in range(3)]
+    assert np.array_equal(model.predict(rows), torch.sigmoid(want[:3]).numpy())
+
+
+def test_tables_are_the_checkpoint_tables_in_both_formats(run, tmp_path):
+    ck = load_checkpoint(run["ck"], "dlrm")
+    saved = full_tables(run["ck"], ck["tables"])
+    manifest = json.loads((run["out"] / "manifest.json").read_text())
+    assert [t["name"] for t in manifest["tables"]] == [f"t_sparse_{c}" for c in range(26)]
+    export_checkpoint(run["ck"], tmp_path / "pq", table_format="parquet")
+    for t in manifest["tables"]:
+        want = saved[t["name"]]["weight"]
+        assert torch.equal(torch.from_numpy(np.load(run["out"] / t["file"])), want)
+        table = pq.read_table(tmp_path / "pq" / f"tables/{t['name']}.parquet")
+        assert table.column("id").to_pylist() == list(range(len(want)))
+        rows = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
+        assert torch.equal(torch.from_numpy(rows), want)
+    sparse, dense = raw_val_rows(run["columns"])
+    assert torch.equal(load_export(tmp_path / "pq").logits(sparse, dense), load_export(run["out"]).logits(sparse, dense))
+
+
+def test_every_id_maps_back_to_its_raw_value(run):
+    model = load_export(run["out"])
+    manifest = model.manifest
+    assert [t["vocabulary"]["hashed"] for t in manifest["tables"]] == [c == HASHED for c in range(26)]
+    for t, lookup in zip(manifest["tables"], model.lookups):
+        vocab = t["vocabulary"]
+        table = pq.read_table(run["out"] / vocab["file"])
+        assert table.num_rows == t["rows"]
+        if vocab["hashed"]:  # a bucket per id, never a value
+            assert t["feature"] == f"sparse_{HASHED}" and table.column_names == ["bucket"]
+            assert t["rows"] <= MAX_IDS
+            continue
+        values = table.column("value").to_pylist()
+        assert values[0] is None  # id 0: missing or rarer than min_count
+        assert lookup.ids(values[1:]).tolist() == list(range(1, t["rows"]))
+        assert lookup.ids([None, "never-seen"]).tolist() == [0, 0]
+    long_values = pq.read_table(run["out"] / f"vocab/sparse_{LONG}.parquet").column("value").to_pylist()
+    assert {"a-value-longer-than-eight", "ünï"} <= set(long_values)
+
+
+def cli(*args: str) -> int:
+    return main(["dlrm", "export", *map(str, args)])
+
+
+def test_a_non_empty_out_is_refused_unless_forced(run, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert cli(run["ck"], "--out", out) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{out}: exists and is not empty" in err
+    assert (out / "keep.txt").read_text() == "mine"
+    assert cli(run["ck"], "--out", out, "--force", "--format", "parquet") == 0
+    assert not (out / "keep.txt").exists() and (out / "tables" / "t_sparse_0.parquet").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary left beside it
+
+
+def test_missing_and_truncated_checkpoints_are_one_line(run, tmp_path, capsys):
+    assert cli(tmp_path / "nothing.pt", "--out", tmp_path / "a") == 1
+    assert f"{tmp_path / 'nothing.pt'}: no such checkpoint file" in capsys.readouterr().err
+    bad = tmp_path / "ck"
+    shutil.copytree(run["ck"].parent, bad)
+    blob = (bad / "dlrm-last.pt").read_bytes()
+    (bad / "dlrm-last.pt").write_bytes(blob[: len(blob) // 2])
+    assert cli(bad, "--out", tmp_path / "b") == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{bad / 'dlrm-last.pt'}: corrupt or truncated" in err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_full_disk_leaves_the_old_export_and_no_temporary(run, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    shutil.copytree(run["out"], out)
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    calls = []
+
+    def full(path, array, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(path, array, *args, **kwargs)
+
+    real_save = np.save
+    monkeypatch.setattr(np, "save", full)
+    assert cli(run["ck"], "--out", out, "--force") == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "No space left on device" in err
+    assert f"{out}/" in err and ".export-tmp" not in err  # names the file as it would be in --out
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
