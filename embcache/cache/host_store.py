@@ -1,28 +1,105 @@
-"""The full table and its optimizer state in host memory, in id order, always.
+"""The full table and its optimizer state on the host, in id order, always.
 
-When CUDA is present the tensors are pinned (page-locked host memory, in torch's words)
-so that rows gathered for the device can be copied asynchronously; on a CPU-only machine
-they are ordinary tensors. (Not to be confused with a slot *held* in the device cache by
-a batch in flight, which only keeps it from eviction.)
+Two backings, chosen by a spec string, behind one interface (`gather`, `scatter`, the
+`weight` and `state` tensors): nothing in the cache engine knows which it has.
+
+- `"memory"`: ordinary tensors. When CUDA is present they are pinned (page-locked host
+  memory, in torch's words) so that rows gathered for the device can be copied
+  asynchronously.
+- `"mmap:DIR"`: one file per tensor under DIR with a JSON header (`table_files`), mapped
+  into memory. The operating system's page cache is the RAM tier and the disk the last
+  one; a table larger than memory trains with the pages it touches resident. A mapping
+  cannot be pinned: with CUDA, gathers land in pinned staging buffers instead, which is
+  what the device copy reads.
+
+(Not to be confused with a slot *held* in the device cache by a batch in flight, which
+only keeps it from eviction.)
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
 import torch
+
+from . import table_files as tf
+
+MEMORY = "memory"
+MMAP_PREFIX = "mmap:"
+
+
+def parse_host_store(spec: str) -> Path | None:
+    """None for "memory", the directory for "mmap:DIR"; ValueError for anything else."""
+    if spec == MEMORY:
+        return None
+    if isinstance(spec, str) and spec.startswith(MMAP_PREFIX) and len(spec) > len(MMAP_PREFIX):
+        return Path(spec[len(MMAP_PREFIX):]).expanduser()
+    raise ValueError(f"host_store must be 'memory' or 'mmap:DIR', got {spec!r}")
+
+
+@dataclass(frozen=True)
+class RowInit:
+    """A table to be made rather than given: `fill(out, start)` writes float32 rows
+    `[start, start + len(out))` into `out`. A mapped store calls it chunk by chunk (a huge
+    table is never whole in memory), the memory store once over the whole table: the
+    filler must give the same values either way."""
+
+    num_rows: int
+    dim: int
+    fill: Callable[[torch.Tensor, int], None]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.num_rows, self.dim)
 
 
 class HostStore:
-    """Host-resident weights `[N, D]` plus per-row state tables `{name: [N, w]}`.
+    """Host weights `[N, D]` plus per-row state tables `{name: [N, w]}`.
 
     Args:
-        weight: the initial table (id order); taken over, not copied, unless pinning.
+        weight: the table (id order); taken over, not copied, unless pinning.
         state: optimizer state tables with N rows each.
-        pin: page-lock the memory (`pin_memory`; only meaningful with CUDA).
+        pin: gather into page-locked memory (only meaningful with CUDA); the memory
+            backing also pins its tables.
+        directory: the files behind mapped tensors (None: the memory backing).
+
+    Build one with `HostStore.create`.
     """
 
-    def __init__(self, weight: torch.Tensor, state: dict[str, torch.Tensor], pin: bool = False):
-        self.weight = weight.pin_memory() if pin and not weight.is_pinned() else weight
-        self.state = {k: (v.pin_memory() if pin and not v.is_pinned() else v) for k, v in state.items()}
+    def __init__(self, weight: torch.Tensor, state: dict[str, torch.Tensor], pin: bool = False,
+                 directory: Path | None = None):
+        pin_tables = pin and directory is None
+        self.weight = weight.pin_memory() if pin_tables and not weight.is_pinned() else weight
+        self.state = {k: (v.pin_memory() if pin_tables and not v.is_pinned() else v) for k, v in state.items()}
         self.pinned = pin
+        self.directory = directory
+
+    @classmethod
+    def create(cls, spec: str, weight: torch.Tensor | RowInit, state: dict[str, tuple[int, float]],
+               row_dtype: torch.dtype = torch.float32, pin: bool = False) -> "HostStore":
+        """A store for `spec` ("memory" | "mmap:DIR") holding `weight` (rounded to
+        `row_dtype`) and state tables `{name: (width, initial value)}` in float32.
+        A mapped store rewrites DIR's files (see `table_files`)."""
+        directory = parse_host_store(spec)
+        num_rows, dim = weight.shape
+        if directory is None:
+            if isinstance(weight, RowInit):
+                table = torch.empty(num_rows, dim)
+                weight.fill(table, 0)
+                weight = table
+            tables = {k: torch.full((num_rows, w), v, dtype=torch.float32) for k, (w, v) in state.items()}
+            return cls(weight.to(row_dtype), tables, pin)
+        specs = [tf.TensorSpec("weight", (num_rows, dim), row_dtype),
+                 *(tf.TensorSpec(f"optimizer.{k}", (num_rows, w), torch.float32) for k, (w, _) in state.items())]
+        fills = {"weight": weight.fill if isinstance(weight, RowInit) else _copier(weight),
+                 **{f"optimizer.{k}": _constant(v) for k, (_, v) in state.items()}}
+        mapped = tf.create_files(directory, specs, fills)
+        return cls(mapped["weight"], {k: mapped[f"optimizer.{k}"] for k in state}, pin, directory)
+
+    @property
+    def backing(self) -> str:
+        return MEMORY if self.directory is None else f"{MMAP_PREFIX}{self.directory}"
 
     def row_bytes(self) -> int:
         """Bytes one row occupies with its state: what moving it costs."""
@@ -47,3 +124,39 @@ class HostStore:
         self.weight.index_copy_(0, ids, weight.to("cpu"))
         for k, v in state.items():
             self.state[k].index_copy_(0, ids, v.to("cpu"))
+
+    # ------------------------------------------------------------------ files
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every table under its `state_dict` name: `weight`, `optimizer.<k>`."""
+        return {"weight": self.weight, **{f"optimizer.{k}": v for k, v in self.state.items()}}
+
+    def specs(self) -> list[tf.TensorSpec]:
+        return [tf.TensorSpec(k, tuple(v.shape), v.dtype) for k, v in self.tensors().items()]
+
+    def save_files(self, directory: Path) -> None:
+        """Copy every table into `directory` (raw files, CRC-32 each, header last), chunk
+        by chunk whatever the backing: the table as it is now, which training on will not
+        change."""
+        tf.save_tensors(directory, self.tensors())
+
+    def verify_files(self, directory: Path) -> None:
+        """CheckpointError naming the file unless `directory` holds this store's tables,
+        complete and undamaged. Reads every file; changes nothing."""
+        tf.verify_saved(directory, self.specs())
+
+    def load_files(self, directory: Path) -> None:
+        """Overwrite the tables from `directory` (verified first by the caller)."""
+        for spec, table in zip(self.specs(), self.tensors().values()):
+            tf.load_into(directory, spec, table)
+
+
+def _copier(weight: torch.Tensor) -> Callable[[torch.Tensor, int], None]:
+    def fill(out: torch.Tensor, start: int) -> None:
+        out.copy_(weight[start: start + out.shape[0]])
+    return fill
+
+
+def _constant(value: float) -> Callable[[torch.Tensor, int], None]:
+    def fill(out: torch.Tensor, start: int) -> None:
+        out.fill_(value)
+    return fill

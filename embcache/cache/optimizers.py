@@ -153,6 +153,93 @@ class Adam(RowOptimizer):
         weight.index_add_(0, rows, -step_size * numer.div_(denom))
 
 
+# ---------------------------------------------------------------------- row precision
+ROW_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+ROUNDINGS = ("nearest", "stochastic")
+# float32 mantissa bits a row type drops (float16: in its normal range; below, more)
+_DROPPED_BITS = {torch.float16: 13, torch.bfloat16: 16}
+_MIX1, _MIX2 = 0xBF58476D1CE4E5B9 - (1 << 64), 0x94D049BB133111EB - (1 << 64)  # splitmix64, as int64
+
+
+def row_dtype_of(name: str | torch.dtype) -> torch.dtype:
+    """The torch type for "float32" | "float16" | "bfloat16" (or such a dtype)."""
+    if isinstance(name, torch.dtype) and name in ROW_DTYPES.values():
+        return name
+    if name not in ROW_DTYPES:
+        raise ValueError(f"row_dtype must be one of {tuple(ROW_DTYPES)}, got {name!r}")
+    return ROW_DTYPES[name]
+
+
+class RowRounding:
+    """How float32 results are written to rows stored in float16 or bfloat16.
+
+    `nearest` rounds to nearest even (what `.to(dtype)` does). `stochastic` rounds up
+    with probability equal to the distance from the lower neighbour, so an update
+    smaller than half a unit in the last place still moves the row on average instead
+    of being lost. Its randomness is a hash of (seed, step, id, column), not a stream:
+    the same row at the same step gets the same bits whatever order rows are written in,
+    so a cached table and an uncached one round identically.
+    """
+
+    def __init__(self, dtype: torch.dtype = torch.float32, mode: str = "nearest", seed: int = 0):
+        if mode not in ROUNDINGS:
+            raise ValueError(f"rounding must be one of {ROUNDINGS}, got {mode!r}")
+        self.dtype, self.mode, self.seed = row_dtype_of(dtype), mode, int(seed)
+
+    def __call__(self, values: torch.Tensor, ids: torch.Tensor, step: int) -> torch.Tensor:
+        """`values` (float32 `[n, D]`, rows of ids `ids`) in the row type."""
+        if self.dtype == torch.float32:
+            return values
+        if self.mode == "nearest":
+            return values.to(self.dtype)
+        bits = values.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        exponent = (bits >> 23) & 0xFF
+        drop = torch.full_like(exponent, _DROPPED_BITS[self.dtype])
+        if self.dtype == torch.float16:  # below float16's normal range its grid is coarser
+            drop = (drop + (113 - exponent).clamp(min=0)).clamp(max=23)
+        noise = self._noise(ids, step, values.shape[1]) & ((1 << drop) - 1)
+        rounded = ((bits + noise) >> drop) << drop
+        rounded = torch.where(exponent == 0xFF, bits, rounded)  # inf and NaN as they are
+        rounded = torch.where(rounded >= 1 << 31, rounded - (1 << 32), rounded)
+        return rounded.to(torch.int32).view(torch.float32).to(self.dtype)
+
+    def _noise(self, ids: torch.Tensor, step: int, width: int) -> torch.Tensor:
+        """32 random bits per element, a splitmix64 hash of (seed, step, id, column)."""
+        cols = torch.arange(width, device=ids.device)
+        x = (ids.to(torch.int64).unsqueeze(1) * width + cols) * 0x9E3779B1
+        x = x + (int(step) * 0x632BE59B + self.seed * 0x85157AF5)
+        for shift, mul in ((30, _MIX1), (27, _MIX2)):
+            x = (x ^ _shift_right(x, shift)) * mul
+        x = x ^ _shift_right(x, 31)
+        return _shift_right(x, 32)
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical (unsigned) right shift of int64."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def update_rows(optimizer: RowOptimizer, weight: torch.Tensor, state: dict[str, torch.Tensor],
+                rows: torch.Tensor, values: torch.Tensor, step: int, row_ids: torch.Tensor,
+                rounding: RowRounding) -> None:
+    """`optimizer.update` for a table of any row type. float32 rows update in place; rows
+    of a lower precision are copied to float32 (with their state), updated by the very
+    same float32 arithmetic, and written back through `rounding` (`row_ids[r]`: the id of
+    row r, for stochastic rounding). The state stays float32 and is never rounded."""
+    if weight.dtype == torch.float32:
+        optimizer.update(weight, state, rows, values, step)
+        return
+    if rows.numel() == 0:
+        return
+    touched, local = torch.unique(rows, return_inverse=True)
+    work = weight.index_select(0, touched).float()
+    work_state = {k: v.index_select(0, touched) for k, v in state.items()}
+    optimizer.update(work, work_state, local, values, step)
+    weight.index_copy_(0, touched, rounding(work, row_ids.index_select(0, touched), step))
+    for k, v in state.items():
+        v.index_copy_(0, touched, work_state[k])
+
+
 def make_optimizer(name: str, lr: float, **kwargs) -> RowOptimizer:
     """Build a row-wise optimizer by name; keyword arguments follow torch's names."""
     classes = {"sgd": SGD, "adagrad": Adagrad, "rowwise_adagrad": RowWiseAdagrad, "adam": Adam}

@@ -22,18 +22,24 @@ and pending prefetches, so a run resumed from it continues exactly, statistics i
 from __future__ import annotations
 
 import math
+import os
+import shutil
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from embcache.errors import CheckpointError, first_line, writing
+
 from .eviction import POLICIES, EvictionPolicy
 from .host_store import HostStore
-from .optimizers import RowOptimizer
+from .optimizers import RowOptimizer, RowRounding, update_rows
 from .slot_map import SlotMap
 from .stats import CacheStats
 
 MAX_PENDING_PREFETCHES = 8
+CACHE_FILE = "cache.pt"  # beside the table files of a `save_checkpoint`
 
 
 @dataclass
@@ -80,19 +86,27 @@ class RowCache:
         ids_freq: per-id counts from the training data (warm-up and `freq`).
         warmup_ratio: fraction of the cache filled with the hottest ids up front.
         device: where the cache lives.
+        host_store: "memory" | "mmap:DIR" (`HostStore`); `weight` may then be a `RowInit`,
+            so that a huge table is made chunk by chunk, never whole in memory.
+        row_dtype: how rows are stored, in the host store and the cache (float32,
+            float16, bfloat16); optimizer state stays float32.
+        rounding: how updated rows are written in `row_dtype` (default: to nearest).
     """
 
     def __init__(self, weight: torch.Tensor, cache_rows: int, optimizer: RowOptimizer,
                  eviction: str = "freq", ids_freq: torch.Tensor | None = None,
                  warmup_ratio: float = 0.7, device: torch.device | str = "cpu", admission: bool = False,
-                 half_life: int | None = None):
+                 half_life: int | None = None, host_store: str = "memory",
+                 row_dtype: torch.dtype = torch.float32, rounding: RowRounding | None = None):
         self.device = torch.device(device)
         num_rows, dim = weight.shape
         self.num_rows, self.dim, self.num_slots = num_rows, dim, int(cache_rows)
         on_cuda = self.device.type == "cuda"
         self.optimizer = optimizer
-        self.host = HostStore(weight, optimizer.init_state(num_rows, dim), pin=on_cuda)
-        self.weight = torch.zeros(self.num_slots, dim, dtype=weight.dtype, device=self.device)
+        self.rounding = rounding or RowRounding(row_dtype)
+        state_init = {k: (w, optimizer.initial_state_value(k)) for k, w in optimizer.state_widths(dim).items()}
+        self.host = HostStore.create(host_store, weight, state_init, row_dtype, pin=on_cuda)
+        self.weight = torch.zeros(self.num_slots, dim, dtype=row_dtype, device=self.device)
         self.state = optimizer.init_state(self.num_slots, dim, device=self.device)
         self.slots = SlotMap(num_rows, self.num_slots, self.device)
         self.policy = EvictionPolicy(eviction, num_rows, self.num_slots, ids_freq, self.device, admission, half_life)
@@ -273,15 +287,16 @@ class RowCache:
         self._wait_for_prefetch()
         self.step += 1
         overflow = lookup.overflow
-        rows, values = self._in_torch_order(grad.to(self.weight.dtype), lookup,
+        # float32 gradients whatever the rows' type: the update computes in float32
+        rows, values = self._in_torch_order(grad.to(torch.float32), lookup,
                                             coalesce=self.optimizer.needs_coalesced)
         if overflow is None:
-            self.optimizer.update(self.weight, self.state, rows, values, self.step)
+            self._update(self.weight, self.state, rows, values, self.slots.slot_to_id)
         else:
             inside = rows < self.num_slots
-            self.optimizer.update(self.weight, self.state, rows[inside], values[inside], self.step)
-            self.optimizer.update(overflow.weight, overflow.state, rows[~inside] - self.num_slots,
-                                  values[~inside], self.step)
+            self._update(self.weight, self.state, rows[inside], values[inside], self.slots.slot_to_id)
+            self._update(overflow.weight, overflow.state, rows[~inside] - self.num_slots, values[~inside],
+                         overflow.ids)
             self.host.scatter(overflow.ids, overflow.weight, overflow.state)
             self.stats.bytes_d2h += overflow.ids.numel() * self._row_bytes
             self._refresh_admitted_overflow(overflow)
@@ -289,6 +304,12 @@ class RowCache:
         # the batch's held slots are exactly the cached rows it looked up
         self.dirty[lookup.held if lookup.held is not None else rows] = True
         self.release(lookup)
+
+    def _update(self, weight: torch.Tensor, state: dict, rows: torch.Tensor, values: torch.Tensor,
+                row_ids: torch.Tensor) -> None:
+        """The optimizer step on rows of `weight` (whose ids are `row_ids`): in place for
+        float32 rows, else on float32 copies rounded on write (`update_rows`)."""
+        update_rows(self.optimizer, weight, state, rows, values, self.step, row_ids, self.rounding)
 
     def _in_torch_order(self, grad: torch.Tensor, lookup: Lookup, coalesce: bool):
         """The gradient as (rows, values) of the working table, with each row's
@@ -377,12 +398,18 @@ class RowCache:
     def state_dict(self) -> dict:
         """The full table in id order with its optimizer state, plus what makes a resumed
         run continue exactly: step count, residency and dirty bits, policy, statistics
-        and the prefetches not yet consumed. Taking it changes nothing."""
+        and the prefetches not yet consumed. Taking it changes nothing.
+
+        The tables are the live host store, not copies (a mapped store's are views of its
+        files): save them at once (`torch.save` copies), or use `save_checkpoint`, which
+        copies them file by file and needs no memory for a table larger than RAM."""
         self.sync_host()
+        return {**self.host.tensors(), **self._cache_state()}
+
+    def _cache_state(self) -> dict:
+        """Everything of `state_dict` but the tables (the store must be current)."""
         pending = list(self._prefetched)
         return {
-            "weight": self.host.weight,
-            **{f"optimizer.{k}": v for k, v in self.host.state.items()},
             "step": torch.tensor(self.step),
             "slot_to_id": self.slots.slot_to_id.cpu().clone(),
             "dirty": self.dirty.cpu().clone(),
@@ -396,6 +423,50 @@ class RowCache:
                                v if torch.is_tensor(v) else torch.tensor(v))
                for k, v in self.policy.state_dict().items()},
         }
+
+    def save_checkpoint(self, directory: str | os.PathLike) -> None:
+        """Write a checkpoint that training on cannot change: every table copied into
+        `directory` as a raw file with its CRC-32 (chunk by chunk, whatever the backing,
+        so a table larger than memory needs no memory), the rest of `state_dict` as
+        `cache.pt`, the header last. It goes to a temporary directory renamed into place,
+        so a run killed meanwhile leaves the previous checkpoint whole. Taking it changes
+        nothing (as `state_dict`)."""
+        final = Path(directory)
+        tmp = final.with_name(f".{final.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            with writing(tmp):
+                tmp.mkdir(parents=True)
+            self.sync_host()
+            with writing(tmp / CACHE_FILE):
+                torch.save(self._cache_state(), tmp / CACHE_FILE)
+            self.host.save_files(tmp)  # writes the header last
+            old = final.with_name(f".{final.name}.old")
+            if final.exists():
+                os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def load_checkpoint(self, directory: str | os.PathLike) -> None:
+        """Resume from `save_checkpoint`. Checked before anything changes: the header
+        names this cache's tables with their shapes and types, every file has the size
+        they need and the CRC-32 the header recorded, and `cache.pt` fits this cache
+        (CheckpointError naming the file otherwise). Then the tables are read in chunk by
+        chunk, overwriting whatever the store holds (rows written after the checkpoint
+        included), and the cache state as `load_state_dict` restores it."""
+        directory = Path(directory)
+        self.host.verify_files(directory)
+        path = directory / CACHE_FILE
+        try:
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+            policy, same_cache = self._check_state_dict(sd, tables=False)
+        except (OSError, RuntimeError, ValueError, KeyError) as err:
+            raise CheckpointError(f"{path}: {first_line(err)}") from None
+        self._clear_cache()
+        self.host.load_files(directory)
+        self._restore_cache(sd, policy, same_cache)
 
     def required_keys(self) -> list[str]:
         """The `state_dict` keys a checkpoint must have to be loaded at all (the rest
@@ -415,15 +486,23 @@ class RowCache:
         table, optimizer state, step and statistics exactly; the cache then starts empty."""
         policy, same_cache = self._check_state_dict(sd)
         # ---- checked: now change
+        self._clear_cache()
+        for k, v in self.host.tensors().items():
+            if sd[k] is not v:  # a state_dict of this very store needs no copy
+                v.copy_(sd[k])
+        self._restore_cache(sd, policy, same_cache)
+
+    def _clear_cache(self) -> None:
         self.drop_prefetches()
         self.holds.zero_()
-        self.host.weight.copy_(sd["weight"])
-        for k, v in self.host.state.items():
-            v.copy_(sd[f"optimizer.{k}"])
-        self.step = int(sd["step"])
-        self.stats.load_tensor(sd["stats"])
         self.slots.clear()
         self.dirty.zero_()
+
+    def _restore_cache(self, sd: dict, policy: dict, same_cache: bool) -> None:
+        """Step, statistics, and (when they fit) residency, dirty bits and prefetches,
+        over tables already in place."""
+        self.step = int(sd["step"])
+        self.stats.load_tensor(sd["stats"])
         if not same_cache:
             if self.policy.id_count is not None and "policy.id_count" in sd:
                 self.policy.id_count.copy_(sd["policy.id_count"])
@@ -442,9 +521,10 @@ class RowCache:
     def restore_rows(self, weight: torch.Tensor, state: dict[str, torch.Tensor], step: int) -> None:
         """Put a table and its optimizer state in place with the cache empty: how a run
         resumes from rows saved in id order (by another number of processes, say), where
-        no residency fits. Shapes are checked before anything changes."""
+        no residency fits. Shapes and types are checked before anything changes."""
         if tuple(weight.shape) != (self.num_rows, self.dim):
             raise ValueError(f"table is {tuple(weight.shape)}, this cache's is {(self.num_rows, self.dim)}")
+        self._check_row_dtype(weight)
         for k, v in self.host.state.items():
             if k not in state or tuple(state[k].shape) != tuple(v.shape):
                 raise ValueError(f"optimizer state {k!r} missing or of another shape (saved with another "
@@ -458,11 +538,12 @@ class RowCache:
         self.slots.clear()
         self.dirty.zero_()
 
-    def _check_state_dict(self, sd: dict) -> tuple[dict, bool]:
+    def _check_state_dict(self, sd: dict, tables: bool = True) -> tuple[dict, bool]:
         """Raise ValueError for a checkpoint this cache cannot load, so that a failed load
         changes nothing. Returns the policy state and whether the checkpoint's residency
-        fits this cache (same number of slots and eviction policy)."""
-        self._check_tables(sd)
+        fits this cache (same number of slots and eviction policy). `tables=False`: the
+        tables come apart (`load_checkpoint` verifies their files)."""
+        self._check_tables(sd, tables)
         slot_to_id = sd["slot_to_id"]
         policy = {k[len("policy."):]: v for k, v in sd.items() if k.startswith("policy.")}
         policy["clock"] = int(policy["clock"])
@@ -482,12 +563,24 @@ class RowCache:
                 raise ValueError("checkpoint residency is damaged (ids out of range or held twice)")
         return policy, same_cache
 
-    def _check_tables(self, sd: dict) -> None:
+    def _check_tables(self, sd: dict, tables: bool = True) -> None:
         """What every load restores: the table, its optimizer state and the counters."""
+        table_keys = set(self.host.tensors())
+        for k in self.required_keys():
+            if k not in sd and (tables or k not in table_keys):
+                raise ValueError(f"checkpoint lacks {k!r}: not a CachedEmbeddingBag state_dict")
+        if sd["stats"].numel() != self.stats.to_tensor().numel():
+            raise ValueError(f"checkpoint statistics have {sd['stats'].numel()} fields, this cache's "
+                             f"{self.stats.to_tensor().numel()}")
+        if tables:
+            self._check_table_values(sd)
+
+    def _check_table_values(self, sd: dict) -> None:
         weight = sd["weight"]
         if tuple(weight.shape) != (self.num_rows, self.dim):
             raise ValueError(f"checkpoint table is {tuple(weight.shape)}, this cache's is "
                              f"{(self.num_rows, self.dim)}")
+        self._check_row_dtype(weight)
         for k, v in self.host.state.items():
             if f"optimizer.{k}" not in sd:
                 raise ValueError(f"checkpoint lacks optimizer state {k!r} (was it saved with "
@@ -495,15 +588,15 @@ class RowCache:
             if tuple(sd[f"optimizer.{k}"].shape) != tuple(v.shape):
                 raise ValueError(f"checkpoint optimizer state {k!r} is {tuple(sd[f'optimizer.{k}'].shape)}, "
                                  f"this cache's is {tuple(v.shape)}")
-        for k in self.required_keys():
-            if k not in sd:
-                raise ValueError(f"checkpoint lacks {k!r}: not a CachedEmbeddingBag state_dict")
-        if sd["stats"].numel() != self.stats.to_tensor().numel():
-            raise ValueError(f"checkpoint statistics have {sd['stats'].numel()} fields, this cache's "
-                             f"{self.stats.to_tensor().numel()}")
         if not (bool(torch.isfinite(weight).all()) and
                 all(bool(torch.isfinite(sd[f"optimizer.{k}"]).all()) for k in self.host.state)):
             raise ValueError("checkpoint table or optimizer state holds NaN or inf")
+
+    def _check_row_dtype(self, weight: torch.Tensor) -> None:
+        """Rows of another type would change the arithmetic of every later step."""
+        if weight.dtype != self.host.weight.dtype:
+            raise ValueError(f"checkpoint rows are {str(weight.dtype).removeprefix('torch.')}, this cache stores "
+                             f"{str(self.host.weight.dtype).removeprefix('torch.')} (saved with another row_dtype?)")
 
     def _restore_prefetches(self, ids: torch.Tensor, sizes: torch.Tensor, counts: torch.Tensor) -> None:
         for part, (hits, misses) in zip(ids.to(self.device).split(sizes.tolist()), counts.tolist()):

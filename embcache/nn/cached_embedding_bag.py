@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from embcache.cache.eviction import POLICIES
-from embcache.cache.optimizers import OPTIMIZERS, make_optimizer
+from embcache.cache.host_store import RowInit, parse_host_store
+from embcache.cache.optimizers import OPTIMIZERS, RowRounding, make_optimizer, row_dtype_of
 from embcache.cache.row_cache import Lookup, RowCache
 from embcache.cache.stats import CacheStats
 from embcache.device import resolve_device
@@ -56,6 +57,15 @@ class CachedEmbeddingBag(nn.Module):
             are the same either way; only the hit rate and traffic change).
         half_life: `freq` / `lfu` halve their counts every `half_life` lookup passes
             (None: never), to follow a hot set that drifts.
+        host_store: "memory" (default) or "mmap:DIR": the full table and its optimizer
+            state as files under DIR, memory-mapped, so the page cache is the RAM tier
+            and the disk the last one (a table larger than memory; see `HostStore`).
+            DIR's files are (re)written with the initial table, made chunk by chunk.
+        row_dtype: "float32" (default), "float16" or "bfloat16": how rows are stored in
+            the host store and the cache (half the bytes); the optimizer computes in
+            float32 and its state stays float32; the pooled output is float32.
+        rounding: "nearest" (default) or "stochastic": how a half-precision row is
+            rounded when written (`RowRounding`); `rounding_seed` seeds the stochastic one.
 
     Example:
         >>> import torch
@@ -70,22 +80,27 @@ class CachedEmbeddingBag(nn.Module):
                  cache_ratio: float = 0.015, ids_freq: torch.Tensor | None = None,
                  warmup_ratio: float = 0.7, eviction: str = "freq", optimizer: str = "sgd",
                  lr: float = 0.01, device: torch.device | str | None = None,
-                 weight: torch.Tensor | None = None, admission: bool = False, half_life: int | None = None,
-                 **optimizer_kwargs):
+                 weight: torch.Tensor | RowInit | None = None, admission: bool = False,
+                 half_life: int | None = None, host_store: str = "memory", row_dtype: str = "float32",
+                 rounding: str = "nearest", rounding_seed: int = 0, **optimizer_kwargs):
         super().__init__()
         _check_config(num_embeddings, embedding_dim, mode, cache_ratio, warmup_ratio,
                       eviction, optimizer, ids_freq, weight)
+        parse_host_store(host_store)
+        dtype = row_dtype_of(row_dtype)
         self.num_embeddings, self.embedding_dim, self.mode = int(num_embeddings), int(embedding_dim), mode
         self.cache_ratio = float(cache_ratio)
         device = resolve_device(device)
-        if weight is None:
-            weight = torch.randn(num_embeddings, embedding_dim)
-        else:
-            weight = weight.detach().to("cpu", torch.float32).clone()
+        if weight is None:  # N(0, 1) as nn.EmbeddingBag: the same values whole or chunk by chunk
+            weight = RowInit(self.num_embeddings, self.embedding_dim, _draw_normal)
+        elif not isinstance(weight, RowInit):
+            weight = weight.detach().to("cpu", torch.float32)
+            weight = weight.clone() if dtype == torch.float32 and host_store == "memory" else weight
         ids_freq = None if ids_freq is None else ids_freq.detach().cpu()
         self.cache = RowCache(weight, math.ceil(cache_ratio * num_embeddings),
                               make_optimizer(optimizer, lr, **optimizer_kwargs), eviction,
-                              ids_freq, warmup_ratio, device, admission, half_life)
+                              ids_freq, warmup_ratio, device, admission, half_life, host_store=host_store,
+                              row_dtype=dtype, rounding=RowRounding(dtype, rounding, rounding_seed))
 
     @property
     def device(self) -> torch.device:
@@ -93,9 +108,11 @@ class CachedEmbeddingBag(nn.Module):
 
     def extra_repr(self) -> str:
         c = self.cache
+        extra = "" if c.host.weight.dtype == torch.float32 else f", row_dtype={c.host.weight.dtype}"
+        extra += "" if c.host.directory is None else f", host_store={c.host.backing!r}"
         return (f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}, "
                 f"cache_rows={c.num_slots}, eviction={c.policy.kind!r}, "
-                f"optimizer={c.optimizer.name!r}, device={c.device}")
+                f"optimizer={c.optimizer.name!r}, device={c.device}{extra}")
 
     # ------------------------------------------------------------------ lookups
     def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
@@ -115,10 +132,13 @@ class CachedEmbeddingBag(nn.Module):
         table = self.cache.weight
         if lookup.overflow is not None:
             table = torch.cat([table, lookup.overflow.weight])
+        if table.dtype != torch.float32:  # half-precision rows: the bag reads (and pools) float32
+            table = table.float()
         if train:
-            # A fresh leaf aliasing the working table: its sparse gradient is handed to
-            # the row-wise optimizer as soon as backward produces it. The leaf lives as
-            # long as the autograd graph: when it goes without a backward, so do the holds.
+            # A fresh leaf aliasing the working table (or its float32 copy): its sparse
+            # gradient is handed to the row-wise optimizer as soon as backward produces it.
+            # The leaf lives as long as the autograd graph: when it goes without a
+            # backward, so do the holds.
             table = table.data.requires_grad_()
             table.register_post_accumulate_grad_hook(self._update_hook(lookup))
             weakref.finalize(table, self.cache.release, lookup).atexit = False
@@ -153,10 +173,20 @@ class CachedEmbeddingBag(nn.Module):
         self.cache.flush()
 
     def full_weight(self) -> torch.Tensor:
-        """The whole `[N, D]` table on CPU, id order, current to the last update: a
-        snapshot (a copy), so training on does not change it. Taking it does not change
-        the cache (dirty rows stay dirty; no cache traffic is counted)."""
+        """The whole `[N, D]` table on CPU (in the row type), id order, current to the
+        last update: a snapshot (a copy), so training on does not change it. Taking it
+        does not change the cache (dirty rows stay dirty; no cache traffic is counted)."""
         return self.host_weight().clone()
+
+    def save_checkpoint(self, directory) -> None:
+        """Copy the table, its optimizer state and the cache's state into `directory`
+        (see `RowCache.save_checkpoint`): what a table on disk needs, since training on
+        rewrites its files."""
+        self.cache.save_checkpoint(directory)
+
+    def load_checkpoint(self, directory) -> None:
+        """Resume from `save_checkpoint`, everything verified first (sizes, CRC-32)."""
+        self.cache.load_checkpoint(directory)
 
     def host_weight(self) -> torch.Tensor:
         """The live host store, made current (no copy: for views of big tables). It
@@ -196,6 +226,12 @@ class CachedEmbeddingBag(nn.Module):
             self.cache.load_state_dict(mine)
         except ValueError as err:
             error_msgs.append(f"{prefix or 'CachedEmbeddingBag'}: {err}")
+
+
+def _draw_normal(out: torch.Tensor, start: int) -> None:
+    """`torch.randn` into `out` from the global generator: drawn whole, or chunk by chunk
+    in chunks of a multiple of 16 elements, the values are the same."""
+    out.normal_()
 
 
 def _is_cache_key(key: str) -> bool:
