@@ -35,6 +35,7 @@ class FeatureLookup:
     max_ids: int | None = None
     hashed: bool = False
     values: dict | None = None           # value -> id of "exact"
+    integer: bool = False                # "exact" values are integers: "196" finds 196
 
     def ids(self, values: Sequence) -> np.ndarray:
         """int64 ids of `values` (None: missing)."""
@@ -43,6 +44,7 @@ class FeatureLookup:
 
             return Vocabulary(self.keys, self.max_ids, self.hashed).lookup(self._keys(values))
         if self.key == "exact":
+            values = [int(v) for v in values] if self.integer else values
             missing = [v for v in values if v not in self.values]
             if missing:
                 raise ValueError(f"{self.feature}: value {missing[0]!r} is not in the vocabulary (no id)")
@@ -72,8 +74,11 @@ def _lookup(directory: Path, table: dict) -> FeatureLookup:
     if vocab["key"] == "exact":
         import pyarrow.parquet as pq
 
-        listed = pq.read_table(directory / vocab["file"]).column("value").to_pylist()
-        lookup.values = {v: i for i, v in enumerate(listed)}
+        import pyarrow as pa
+
+        column = pq.read_table(directory / vocab["file"]).column("value")
+        lookup.values = {v: i for i, v in enumerate(column.to_pylist())}
+        lookup.integer = pa.types.is_integer(column.type)
     return lookup
 
 

@@ -174,3 +174,40 @@ def test_a_full_disk_leaves_the_old_export_and_no_temporary(run, tmp_path, capsy
     assert f"{out}/" in err and ".export-tmp" not in err  # names the file as it would be in --out
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.filterwarnings("ignore:No positive samples")  # the tiny val split has no click
+def test_movielens_raw_rows_with_multi_hot_genres(tmp_path):
+    """Exact lookups (raw user and item ids, names, age buckets, zip prefixes) and a
+    multi-hot feature pooled by sum, against the trainer; rows in time order, so val and
+    test are the last two ratings of the tiny copy."""
+    from embcache.data.movielens_ctr import prepare_ml100k_ctr
+    from tests.test_data_movielens import write_standard
+
+    (tmp_path / "src").mkdir()
+    prepare_ml100k_ctr(tmp_path / "data", write_standard(tmp_path / "src"), split="time", fractions=(0.6, 0.2, 0.2))
+    cfg = DLRMConfig(batch_size=2, embedding_dim=4, dense_arch=[8], over_arch=[8], max_steps=3, device="cpu",
+                     progress=False, checkpoint_dir=str(tmp_path / "ck"), cache_ratio=0.5, sparse_lr=0.5)
+    DLRMTrainer(cfg, tmp_path / "data").fit()
+    export_checkpoint(tmp_path / "ck", tmp_path / "out")
+    # ratings 4 and 5 of u.data: user 2 (53, F, other, T8H1N) on item 9, user 10 (24, M, technician, 85711) on item 1
+    sparse = {"sparse_0": ["2", "10"], "sparse_1": ["9", "1"], "sparse_2": ["50-55", "18-24"],
+              "sparse_3": ["F", "M"], "sparse_4": ["other", "technician"], "sparse_5": ["T8H", "857"],
+              "sparse_6": [["Action", "War", "Western"], ["Animation", "Comedy"]]}
+    dense = [[0.53, 0.95], [0.24, 0.95]]
+    got = load_export(tmp_path / "out").logits(sparse, dense)
+    want = torch.cat([trainer_logits(tmp_path / "ck" / "dlrm-last.pt", s) for s in ("val", "test")])
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="sparse_0: value 99 is not in the vocabulary"):
+        load_export(tmp_path / "out").logits({**sparse, "sparse_0": ["99", "2"]}, dense)
+
+
+def test_a_whole_table_checkpoint_exports_too(run, tmp_path):
+    """`--sparse device` keeps torchrec tables and saves the whole model's state dict."""
+    cfg = DLRMConfig(sparse="device", sparse_optimizer="sgd", batch_size=64, embedding_dim=4, dense_arch=[8],
+                     over_arch=[8], max_steps=2, device="cpu", progress=False, checkpoint_dir=str(tmp_path / "ck"))
+    DLRMTrainer(cfg, run["root"] / "data").fit()
+    export_checkpoint(tmp_path / "ck", tmp_path / "out")
+    sparse, dense = raw_val_rows(run["columns"])
+    assert torch.equal(load_export(tmp_path / "out").logits(sparse, dense),
+                       trainer_logits(tmp_path / "ck" / "dlrm-last.pt", "val"))
