@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 
 
 def int_in(low: int, high: int | None = None):
@@ -63,3 +64,31 @@ finite_float = float_in()
 fraction = float_in(0, 1)                                      # [0, 1]
 open_fraction = float_in(0, 1, low_open=True, high_open=True)  # (0, 1)
 ratio = float_in(0, 1, low_open=True)                          # (0, 1]
+
+# a memory size's unit -> bytes: GiB & co. are powers of 1024, GB & co. of 1000, and a bare
+# K/M/G/T means the power of 1024 (as `free -h` and most launchers write it)
+_MEMORY_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 10**3, "m": 2**20, "mib": 2**20, "mb": 10**6,
+                 "g": 2**30, "gib": 2**30, "gb": 10**9, "t": 2**40, "tib": 2**40, "tb": 10**12}
+_MEMORY_SIZE = re.compile(r"\s*((?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*")
+
+
+def memory_size(text: str) -> int:
+    """A number of bytes, written `16GiB`, `16 GiB`, `512MB`, `16G` or `16e9`.
+
+    Example:
+        >>> memory_size("16 GiB"), memory_size("16e9"), memory_size("1.5k")
+        (17179869184, 16000000000, 1536)
+    """
+    found = _MEMORY_SIZE.fullmatch(text)
+    unit = found.group(2).lower() if found else None
+    if unit not in _MEMORY_UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a memory size (e.g. 16GiB, 16 GiB, 512MB, 16e9)")
+    value = float(found.group(1)) * _MEMORY_UNITS[unit]
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite memory size")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least one byte, not {text!r}")
+    return int(value)
+
+
+memory_size.__name__ = "memory size"
