@@ -22,24 +22,20 @@ and pending prefetches, so a run resumed from it continues exactly, statistics i
 from __future__ import annotations
 
 import math
-import os
-import shutil
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 
+import numpy as np
 import torch
 
-from embcache.errors import CheckpointError, first_line, writing
-
+from . import fused_admission
 from .eviction import POLICIES, EvictionPolicy
 from .host_store import HostStore
-from .optimizers import RowOptimizer, RowRounding, update_rows
+from .optimizers import RowOptimizer
 from .slot_map import SlotMap
 from .stats import CacheStats
 
 MAX_PENDING_PREFETCHES = 8
-CACHE_FILE = "cache.pt"  # beside the table files of a `save_checkpoint`
 
 
 @dataclass
@@ -86,27 +82,23 @@ class RowCache:
         ids_freq: per-id counts from the training data (warm-up and `freq`).
         warmup_ratio: fraction of the cache filled with the hottest ids up front.
         device: where the cache lives.
-        host_store: "memory" | "mmap:DIR" (`HostStore`); `weight` may then be a `RowInit`,
-            so that a huge table is made chunk by chunk, never whole in memory.
-        row_dtype: how rows are stored, in the host store and the cache (float32,
-            float16, bfloat16); optimizer state stays float32.
-        rounding: how updated rows are written in `row_dtype` (default: to nearest).
     """
+
+    # "auto": the compiled pass on the CPU (dense slot map), tensor ops elsewhere; "fused" /
+    # "tensor" force one (tests compare them)
+    bookkeeping = "auto"
 
     def __init__(self, weight: torch.Tensor, cache_rows: int, optimizer: RowOptimizer,
                  eviction: str = "freq", ids_freq: torch.Tensor | None = None,
                  warmup_ratio: float = 0.7, device: torch.device | str = "cpu", admission: bool = False,
-                 half_life: int | None = None, host_store: str = "memory",
-                 row_dtype: torch.dtype = torch.float32, rounding: RowRounding | None = None):
+                 half_life: int | None = None):
         self.device = torch.device(device)
         num_rows, dim = weight.shape
         self.num_rows, self.dim, self.num_slots = num_rows, dim, int(cache_rows)
         on_cuda = self.device.type == "cuda"
         self.optimizer = optimizer
-        self.rounding = rounding or RowRounding(row_dtype)
-        state_init = {k: (w, optimizer.initial_state_value(k)) for k, w in optimizer.state_widths(dim).items()}
-        self.host = HostStore.create(host_store, weight, state_init, row_dtype, pin=on_cuda)
-        self.weight = torch.zeros(self.num_slots, dim, dtype=row_dtype, device=self.device)
+        self.host = HostStore(weight, optimizer.init_state(num_rows, dim), pin=on_cuda)
+        self.weight = torch.zeros(self.num_slots, dim, dtype=weight.dtype, device=self.device)
         self.state = optimizer.init_state(self.num_slots, dim, device=self.device)
         self.slots = SlotMap(num_rows, self.num_slots, self.device)
         self.policy = EvictionPolicy(eviction, num_rows, self.num_slots, ids_freq, self.device, admission, half_life)
@@ -205,8 +197,39 @@ class RowCache:
 
     def _admit(self, ids: torch.Tensor, serve_overflow: bool):
         """Returns (per-lookup indices, the distinct resident slots the batch touches,
-        overflow rows or None, hits, misses). Per-access bookkeeping runs on the distinct
-        slots (found by one bincount over the slots), not on every lookup."""
+        overflow rows or None, hits, misses). On the CPU the decisions are made by one
+        compiled pass (`fused_admission`); elsewhere, and as its reference, by the batched
+        tensor ops below: the same decisions either way."""
+        if self.bookkeeping == "fused" or (self.bookkeeping == "auto" and self._can_fuse()):
+            return self._admit_fused(ids, serve_overflow)
+        return self._admit_tensor(ids, serve_overflow)
+
+    def _can_fuse(self) -> bool:
+        return self.device.type == "cpu" and self.slots.id_to_slot is not None
+
+    def _admit_fused(self, ids: torch.Tensor, serve_overflow: bool):
+        policy = self.policy
+        policy.tick()
+        if getattr(self, "_mark", None) is None:  # per slot, the last admission pass that touched it
+            self._mark, self._epoch = np.zeros(self.num_slots, dtype=np.int64), 0
+        self._epoch += 1
+        out, touched, hits, missing, victims, evicted, target = fused_admission.admit(
+            ids.reshape(-1).to(torch.int64).contiguous().numpy(), self.slots.id_to_slot.numpy(),
+            self.slots.slot_to_id.numpy(), self.holds.numpy(), self._mark, self._epoch,
+            policy.slot_primary.numpy(), policy.slot_last.numpy(),
+            fused_admission.counts_of(policy.id_count), fused_admission.prior_of(policy.prior),
+            policy.prior_weight, policy.clock, policy.admission, serve_overflow)
+        self._evict_rows(torch.from_numpy(victims), torch.from_numpy(evicted))
+        target, missing = torch.from_numpy(target), torch.from_numpy(missing)
+        self._load(missing[: target.numel()], target)
+        overflow = None
+        if serve_overflow and target.numel() < missing.numel():
+            overflow = self._serve_overflow(missing[target.numel():])
+        return torch.from_numpy(out).view(ids.shape), torch.from_numpy(touched), overflow, hits, missing.numel()
+
+    def _admit_tensor(self, ids: torch.Tensor, serve_overflow: bool):
+        """Per-access bookkeeping runs on the distinct slots (found by one bincount over
+        the slots), not on every lookup."""
         self.policy.tick()
         slots = self.slots.lookup(ids)
         # bin 0 collects absent ids (-1); bin s+1 counts slot s
@@ -252,14 +275,21 @@ class RowCache:
     def _evict(self, victims: torch.Tensor) -> None:
         if victims.numel() == 0:
             return
-        self.policy.on_evict(self.slots.slot_to_id.index_select(0, victims), victims)
+        ids = self.slots.slot_to_id.index_select(0, victims)
+        self.policy.on_evict(ids, victims)
+        self._evict_rows(victims, ids)
+        self.slots.release(victims)
+
+    def _evict_rows(self, victims: torch.Tensor, ids: torch.Tensor) -> None:
+        """The rows leaving `victims` (which held `ids`): the dirty ones go to the host."""
+        if victims.numel() == 0:
+            return
         dirty = self.dirty.index_select(0, victims)
         if bool(dirty.any()):
             out = victims[dirty]
-            self._write_back(out)
+            self._write_back(out, ids[dirty])
             self.stats.bytes_d2h += out.numel() * self._row_bytes
             self.dirty.index_fill_(0, victims, False)
-        self.slots.release(victims)
         self.stats.evictions += victims.numel()
 
     def _load(self, ids: torch.Tensor, target: torch.Tensor, count_bytes: bool = True) -> None:
@@ -287,29 +317,22 @@ class RowCache:
         self._wait_for_prefetch()
         self.step += 1
         overflow = lookup.overflow
-        # float32 gradients whatever the rows' type: the update computes in float32
-        rows, values = self._in_torch_order(grad.to(torch.float32), lookup,
+        rows, values = self._in_torch_order(grad.to(self.weight.dtype), lookup,
                                             coalesce=self.optimizer.needs_coalesced)
         if overflow is None:
-            self._update(self.weight, self.state, rows, values, self.slots.slot_to_id)
+            self.optimizer.update(self.weight, self.state, rows, values, self.step)
         else:
             inside = rows < self.num_slots
-            self._update(self.weight, self.state, rows[inside], values[inside], self.slots.slot_to_id)
-            self._update(overflow.weight, overflow.state, rows[~inside] - self.num_slots, values[~inside],
-                         overflow.ids)
+            self.optimizer.update(self.weight, self.state, rows[inside], values[inside], self.step)
+            self.optimizer.update(overflow.weight, overflow.state, rows[~inside] - self.num_slots,
+                                  values[~inside], self.step)
             self.host.scatter(overflow.ids, overflow.weight, overflow.state)
             self.stats.bytes_d2h += overflow.ids.numel() * self._row_bytes
             self._refresh_admitted_overflow(overflow)
             rows = rows[inside]
         # the batch's held slots are exactly the cached rows it looked up
-        self.dirty[lookup.held if lookup.held is not None else rows] = True
+        self.dirty.index_fill_(0, lookup.held if lookup.held is not None else rows, True)
         self.release(lookup)
-
-    def _update(self, weight: torch.Tensor, state: dict, rows: torch.Tensor, values: torch.Tensor,
-                row_ids: torch.Tensor) -> None:
-        """The optimizer step on rows of `weight` (whose ids are `row_ids`): in place for
-        float32 rows, else on float32 copies rounded on write (`update_rows`)."""
-        update_rows(self.optimizer, weight, state, rows, values, self.step, row_ids, self.rounding)
 
     def _in_torch_order(self, grad: torch.Tensor, lookup: Lookup, coalesce: bool):
         """The gradient as (rows, values) of the working table, with each row's
@@ -386,9 +409,11 @@ class RowCache:
             self._write_back(out)
         return out
 
-    def _write_back(self, slots: torch.Tensor) -> None:
-        """Copy resident `slots` (rows and optimizer state) to their ids' host rows."""
-        self.host.scatter(self.slots.slot_to_id.index_select(0, slots), self.weight.index_select(0, slots),
+    def _write_back(self, slots: torch.Tensor, ids: torch.Tensor | None = None) -> None:
+        """Copy resident `slots` (rows and optimizer state) to their ids' host rows (`ids`:
+        the slots' ids, where the map no longer has them)."""
+        ids = self.slots.slot_to_id.index_select(0, slots) if ids is None else ids
+        self.host.scatter(ids, self.weight.index_select(0, slots),
                           {k: v.index_select(0, slots) for k, v in self.state.items()})
 
     def drop_prefetches(self) -> None:
@@ -398,18 +423,12 @@ class RowCache:
     def state_dict(self) -> dict:
         """The full table in id order with its optimizer state, plus what makes a resumed
         run continue exactly: step count, residency and dirty bits, policy, statistics
-        and the prefetches not yet consumed. Taking it changes nothing.
-
-        The tables are the live host store, not copies (a mapped store's are views of its
-        files): save them at once (`torch.save` copies), or use `save_checkpoint`, which
-        copies them file by file and needs no memory for a table larger than RAM."""
+        and the prefetches not yet consumed. Taking it changes nothing."""
         self.sync_host()
-        return {**self.host.tensors(), **self._cache_state()}
-
-    def _cache_state(self) -> dict:
-        """Everything of `state_dict` but the tables (the store must be current)."""
         pending = list(self._prefetched)
         return {
+            "weight": self.host.weight,
+            **{f"optimizer.{k}": v for k, v in self.host.state.items()},
             "step": torch.tensor(self.step),
             "slot_to_id": self.slots.slot_to_id.cpu().clone(),
             "dirty": self.dirty.cpu().clone(),
@@ -423,50 +442,6 @@ class RowCache:
                                v if torch.is_tensor(v) else torch.tensor(v))
                for k, v in self.policy.state_dict().items()},
         }
-
-    def save_checkpoint(self, directory: str | os.PathLike) -> None:
-        """Write a checkpoint that training on cannot change: every table copied into
-        `directory` as a raw file with its CRC-32 (chunk by chunk, whatever the backing,
-        so a table larger than memory needs no memory), the rest of `state_dict` as
-        `cache.pt`, the header last. It goes to a temporary directory renamed into place,
-        so a run killed meanwhile leaves the previous checkpoint whole. Taking it changes
-        nothing (as `state_dict`)."""
-        final = Path(directory)
-        tmp = final.with_name(f".{final.name}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            with writing(tmp):
-                tmp.mkdir(parents=True)
-            self.sync_host()
-            with writing(tmp / CACHE_FILE):
-                torch.save(self._cache_state(), tmp / CACHE_FILE)
-            self.host.save_files(tmp)  # writes the header last
-            old = final.with_name(f".{final.name}.old")
-            if final.exists():
-                os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-    def load_checkpoint(self, directory: str | os.PathLike) -> None:
-        """Resume from `save_checkpoint`. Checked before anything changes: the header
-        names this cache's tables with their shapes and types, every file has the size
-        they need and the CRC-32 the header recorded, and `cache.pt` fits this cache
-        (CheckpointError naming the file otherwise). Then the tables are read in chunk by
-        chunk, overwriting whatever the store holds (rows written after the checkpoint
-        included), and the cache state as `load_state_dict` restores it."""
-        directory = Path(directory)
-        self.host.verify_files(directory)
-        path = directory / CACHE_FILE
-        try:
-            sd = torch.load(path, map_location="cpu", weights_only=True)
-            policy, same_cache = self._check_state_dict(sd, tables=False)
-        except (OSError, RuntimeError, ValueError, KeyError) as err:
-            raise CheckpointError(f"{path}: {first_line(err)}") from None
-        self._clear_cache()
-        self.host.load_files(directory)
-        self._restore_cache(sd, policy, same_cache)
 
     def required_keys(self) -> list[str]:
         """The `state_dict` keys a checkpoint must have to be loaded at all (the rest
@@ -486,23 +461,15 @@ class RowCache:
         table, optimizer state, step and statistics exactly; the cache then starts empty."""
         policy, same_cache = self._check_state_dict(sd)
         # ---- checked: now change
-        self._clear_cache()
-        for k, v in self.host.tensors().items():
-            if sd[k] is not v:  # a state_dict of this very store needs no copy
-                v.copy_(sd[k])
-        self._restore_cache(sd, policy, same_cache)
-
-    def _clear_cache(self) -> None:
         self.drop_prefetches()
         self.holds.zero_()
-        self.slots.clear()
-        self.dirty.zero_()
-
-    def _restore_cache(self, sd: dict, policy: dict, same_cache: bool) -> None:
-        """Step, statistics, and (when they fit) residency, dirty bits and prefetches,
-        over tables already in place."""
+        self.host.weight.copy_(sd["weight"])
+        for k, v in self.host.state.items():
+            v.copy_(sd[f"optimizer.{k}"])
         self.step = int(sd["step"])
         self.stats.load_tensor(sd["stats"])
+        self.slots.clear()
+        self.dirty.zero_()
         if not same_cache:
             if self.policy.id_count is not None and "policy.id_count" in sd:
                 self.policy.id_count.copy_(sd["policy.id_count"])
@@ -521,10 +488,9 @@ class RowCache:
     def restore_rows(self, weight: torch.Tensor, state: dict[str, torch.Tensor], step: int) -> None:
         """Put a table and its optimizer state in place with the cache empty: how a run
         resumes from rows saved in id order (by another number of processes, say), where
-        no residency fits. Shapes and types are checked before anything changes."""
+        no residency fits. Shapes are checked before anything changes."""
         if tuple(weight.shape) != (self.num_rows, self.dim):
             raise ValueError(f"table is {tuple(weight.shape)}, this cache's is {(self.num_rows, self.dim)}")
-        self._check_row_dtype(weight)
         for k, v in self.host.state.items():
             if k not in state or tuple(state[k].shape) != tuple(v.shape):
                 raise ValueError(f"optimizer state {k!r} missing or of another shape (saved with another "
@@ -538,12 +504,11 @@ class RowCache:
         self.slots.clear()
         self.dirty.zero_()
 
-    def _check_state_dict(self, sd: dict, tables: bool = True) -> tuple[dict, bool]:
+    def _check_state_dict(self, sd: dict) -> tuple[dict, bool]:
         """Raise ValueError for a checkpoint this cache cannot load, so that a failed load
         changes nothing. Returns the policy state and whether the checkpoint's residency
-        fits this cache (same number of slots and eviction policy). `tables=False`: the
-        tables come apart (`load_checkpoint` verifies their files)."""
-        self._check_tables(sd, tables)
+        fits this cache (same number of slots and eviction policy)."""
+        self._check_tables(sd)
         slot_to_id = sd["slot_to_id"]
         policy = {k[len("policy."):]: v for k, v in sd.items() if k.startswith("policy.")}
         policy["clock"] = int(policy["clock"])
@@ -563,24 +528,12 @@ class RowCache:
                 raise ValueError("checkpoint residency is damaged (ids out of range or held twice)")
         return policy, same_cache
 
-    def _check_tables(self, sd: dict, tables: bool = True) -> None:
+    def _check_tables(self, sd: dict) -> None:
         """What every load restores: the table, its optimizer state and the counters."""
-        table_keys = set(self.host.tensors())
-        for k in self.required_keys():
-            if k not in sd and (tables or k not in table_keys):
-                raise ValueError(f"checkpoint lacks {k!r}: not a CachedEmbeddingBag state_dict")
-        if sd["stats"].numel() != self.stats.to_tensor().numel():
-            raise ValueError(f"checkpoint statistics have {sd['stats'].numel()} fields, this cache's "
-                             f"{self.stats.to_tensor().numel()}")
-        if tables:
-            self._check_table_values(sd)
-
-    def _check_table_values(self, sd: dict) -> None:
         weight = sd["weight"]
         if tuple(weight.shape) != (self.num_rows, self.dim):
             raise ValueError(f"checkpoint table is {tuple(weight.shape)}, this cache's is "
                              f"{(self.num_rows, self.dim)}")
-        self._check_row_dtype(weight)
         for k, v in self.host.state.items():
             if f"optimizer.{k}" not in sd:
                 raise ValueError(f"checkpoint lacks optimizer state {k!r} (was it saved with "
@@ -588,15 +541,15 @@ class RowCache:
             if tuple(sd[f"optimizer.{k}"].shape) != tuple(v.shape):
                 raise ValueError(f"checkpoint optimizer state {k!r} is {tuple(sd[f'optimizer.{k}'].shape)}, "
                                  f"this cache's is {tuple(v.shape)}")
+        for k in self.required_keys():
+            if k not in sd:
+                raise ValueError(f"checkpoint lacks {k!r}: not a CachedEmbeddingBag state_dict")
+        if sd["stats"].numel() != self.stats.to_tensor().numel():
+            raise ValueError(f"checkpoint statistics have {sd['stats'].numel()} fields, this cache's "
+                             f"{self.stats.to_tensor().numel()}")
         if not (bool(torch.isfinite(weight).all()) and
                 all(bool(torch.isfinite(sd[f"optimizer.{k}"]).all()) for k in self.host.state)):
             raise ValueError("checkpoint table or optimizer state holds NaN or inf")
-
-    def _check_row_dtype(self, weight: torch.Tensor) -> None:
-        """Rows of another type would change the arithmetic of every later step."""
-        if weight.dtype != self.host.weight.dtype:
-            raise ValueError(f"checkpoint rows are {str(weight.dtype).removeprefix('torch.')}, this cache stores "
-                             f"{str(self.host.weight.dtype).removeprefix('torch.')} (saved with another row_dtype?)")
 
     def _restore_prefetches(self, ids: torch.Tensor, sizes: torch.Tensor, counts: torch.Tensor) -> None:
         for part, (hits, misses) in zip(ids.to(self.device).split(sizes.tolist()), counts.tolist()):

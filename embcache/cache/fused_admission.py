@@ -1,0 +1,241 @@
+"""The bookkeeping of one batch's admission in one compiled pass (CPU, numba).
+
+`RowCache._admit` states the algorithm as batched tensor work: about forty tensor ops a
+batch, each a full pass over the batch's ids or over every slot (bincount, nonzero,
+unique, where, kthvalue, topk, index_fill_, ...). On the CPU each op costs its own pass
+over memory and its own dispatch, and together they made a cached step 1.4-1.8x an
+uncached one. Here the same decisions are made in a few loops: one over the ids (slot
+lookup, distinct touched slots, distinct missing ids, deduplicated through the id->slot
+table itself), one over the slots when victims are needed, and loops over the few
+admitted and evicted rows. Moving rows between host store and cache stays with the
+caller (the host store's backing and row dtype are its business).
+
+The result is the tensor path's, decision for decision: the same hits and misses, the
+same victims in the same order (the `k` smallest keys, ties to the lower slot, ascending:
+`eviction.select_victims`), the same slots for the same ids, the same policy counters.
+tests/test_cache_fused.py replays traces through both and compares every map and counter.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+
+from .eviction import _SAMPLE_SIZE, _SAMPLED_MIN_SLOTS
+
+_NO_PRIOR = np.zeros(0, dtype=np.float64)
+_NO_COUNT = np.zeros(0, dtype=np.int32)
+
+
+def counts_of(id_count: torch.Tensor | None) -> np.ndarray:
+    """The policy's per-id online counts as the kernel takes them (empty: none kept)."""
+    return _NO_COUNT if id_count is None else id_count.numpy()
+
+
+def prior_of(prior: torch.Tensor | None) -> np.ndarray:
+    return _NO_PRIOR if prior is None else prior.numpy()
+
+
+@numba.njit(cache=True, nogil=True)
+def _lookup(ids, id_to_slot, mark, epoch, out, touched, absent_pos, absent_code, missing):
+    """Slot of every id (-1 if absent); the distinct resident slots touched (marked with
+    `epoch`); the distinct missing ids in first-seen order, each absent position tagged
+    with its missing index. A missing id is tagged in `id_to_slot` as -2 - j while the
+    pass runs (that is the deduplication: no sort, no hash table) and reset to -1 after."""
+    n_touched = 0
+    n_absent = 0
+    n_missing = 0
+    for i in range(ids.shape[0]):
+        s = id_to_slot[ids[i]]
+        if s >= 0:
+            out[i] = s
+            if mark[s] != epoch:
+                mark[s] = epoch
+                touched[n_touched] = s
+                n_touched += 1
+            continue
+        out[i] = -1
+        if s == -1:
+            s = -2 - n_missing
+            id_to_slot[ids[i]] = s
+            missing[n_missing] = ids[i]
+            n_missing += 1
+        absent_pos[n_absent] = i
+        absent_code[n_absent] = -2 - s
+        n_absent += 1
+    for j in range(n_missing):
+        id_to_slot[missing[j]] = -1
+    return n_touched, n_absent, n_missing
+
+
+@numba.njit(cache=True, nogil=True)
+def _free_slots(slot_to_id, limit):
+    free = np.empty(limit, dtype=np.int64)
+    n = 0
+    for s in range(slot_to_id.shape[0]):
+        if n == limit:
+            break
+        if slot_to_id[s] < 0:
+            free[n] = s
+            n += 1
+    return free[:n]
+
+
+@numba.njit(cache=True, nogil=True)
+def _victims(k, slot_to_id, holds, mark, epoch, slot_primary, slot_last, clock):
+    """The `k` evictable slots with the smallest keys (ties: lower slot first), in
+    ascending (key, slot) order; fewer if fewer are evictable. As `select_victims`, a
+    threshold read off a strided sample narrows the sort to the keys below it when that
+    still leaves k of them."""
+    n = slot_to_id.shape[0]
+    keys = np.empty(n, dtype=np.float64)
+    denom = float(clock + 1)
+    evictable = 0
+    for s in range(n):
+        if slot_to_id[s] >= 0 and holds[s] == 0 and mark[s] != epoch:
+            keys[s] = slot_primary[s] + slot_last[s] / denom
+            evictable += 1
+        else:
+            keys[s] = np.inf
+    k = min(k, evictable)
+    if k <= 0:
+        return np.empty(0, dtype=np.int64)
+    if n >= _SAMPLED_MIN_SLOTS and k * 8 <= n:
+        sample = keys[:: max(1, n // _SAMPLE_SIZE)].copy()
+        rank = min(sample.shape[0], 2 * int(np.ceil(k * sample.shape[0] / n)) + 8)
+        threshold = np.partition(sample, rank - 1)[rank - 1]
+        below = np.nonzero(keys <= threshold)[0]
+        if below.shape[0] >= k:
+            order = np.argsort(keys[below], kind="mergesort")
+            return below[order[:k]]
+    order = np.argsort(keys, kind="mergesort")
+    return order[:k].astype(np.int64)
+
+
+@numba.njit(cache=True, nogil=True)
+def _counts(ids, id_count, prior, prior_weight):
+    """A missing id's primary key outside the cache: online count (+ weighted prior)."""
+    out = np.empty(ids.shape[0], dtype=np.float64)
+    for j in range(ids.shape[0]):
+        c = float(id_count[ids[j]])
+        if prior.shape[0]:
+            c = c + prior[ids[j]] * prior_weight
+        out[j] = c
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _admissions(missing, victims, n_free, id_count, prior, prior_weight, clock, slot_primary, slot_last):
+    """Admission control, as `EvictionPolicy.admissions`: `missing` hottest first
+    (stable), the permutation applied, and how many victims are worth evicting (the
+    contenders beyond the free slots that are hotter than the victim they face)."""
+    keys = _counts(missing, id_count, prior, prior_weight) + 1.0 + clock / (clock + 1.0)
+    order = np.argsort(-keys, kind="mergesort")
+    keys = keys[order]
+    denom = float(clock + 1)
+    wins = 0
+    for v in range(min(victims.shape[0], keys.shape[0] - n_free)):
+        s = victims[v]
+        if keys[n_free + v] > slot_primary[s] + slot_last[s] / denom:
+            wins += 1
+    return missing[order], order, wins
+
+
+@numba.njit(cache=True, nogil=True)
+def _inverse(order):
+    inv = np.empty_like(order)
+    for r in range(order.shape[0]):
+        inv[order[r]] = r
+    return inv
+
+
+@numba.njit(cache=True, nogil=True)
+def admit(ids, id_to_slot, slot_to_id, holds, mark, epoch, slot_primary, slot_last, id_count, prior,
+          prior_weight, clock, admission, serve_overflow):
+    """One batch's admission decisions, applied to the maps and the policy's counters.
+
+    Returns (per-lookup slots, overflow rows numbered from num_slots on; the distinct slots
+    the batch touches; hits; the missing ids in admission order; the victims; the ids they
+    held; the target slots, the first `len(target)` missing ids go there). The caller
+    moves the rows: victims' dirty rows out, then the missing rows into `target`."""
+    n, num_slots = ids.shape[0], slot_to_id.shape[0]
+    counted = id_count.shape[0] > 0
+    out = np.empty(n, dtype=np.int64)
+    touched = np.empty(min(n, num_slots), dtype=np.int64)
+    absent_pos = np.empty(n, dtype=np.int64)
+    where = np.empty(n, dtype=np.int64)
+    found = np.empty(n, dtype=np.int64)
+    n_touched, n_absent, n_missing = _lookup(ids, id_to_slot, mark, epoch, out, touched, absent_pos, where, found)
+    hits = n_touched
+    order = np.argsort(found[:n_missing])
+    missing = found[:n_missing][order]
+    where = _inverse(order)[where[:n_absent]]
+    free = _free_slots(slot_to_id, n_missing)
+    victims = np.empty(0, dtype=np.int64)
+    if n_missing > free.shape[0]:
+        victims = _victims(n_missing - free.shape[0], slot_to_id, holds, mark, epoch, slot_primary, slot_last,
+                           clock)
+    if admission and victims.shape[0]:
+        missing, order, wins = _admissions(missing, victims, free.shape[0], id_count, prior, prior_weight, clock,
+                                           slot_primary, slot_last)
+        victims = victims[:wins]
+        where = _inverse(order)[where]
+    evicted = _evict(victims, slot_to_id, id_to_slot, slot_primary, id_count, prior, prior_weight)
+    target = np.concatenate((free, victims))
+    start = _assign(missing, target, slot_to_id, id_to_slot, slot_primary, slot_last, id_count, prior,
+                    prior_weight, clock, mark, epoch, touched, n_touched)
+    n_touched = start + target.shape[0]
+    new_slot = np.full(n_missing, -1, dtype=np.int64)
+    new_slot[: target.shape[0]] = target
+    if serve_overflow:
+        for j in range(target.shape[0], n_missing):
+            new_slot[j] = num_slots + j - target.shape[0]
+            if counted:
+                id_count[missing[j]] += 1
+    for a in range(n_absent):
+        out[absent_pos[a]] = new_slot[where[a]]
+    touched = touched[:n_touched]
+    for s in touched:  # the access itself: recency, and one more use
+        slot_last[s] = clock
+        if counted:
+            slot_primary[s] += 1.0
+    return out, touched, hits, missing, victims, evicted, target
+
+
+@numba.njit(cache=True, nogil=True)
+def _evict(victims, slot_to_id, id_to_slot, slot_primary, id_count, prior, prior_weight):
+    """Empty the victims' slots, keeping their ids' online counts (as `on_evict`)."""
+    evicted = np.empty(victims.shape[0], dtype=np.int64)
+    for v in range(victims.shape[0]):
+        s = victims[v]
+        i = slot_to_id[s]
+        evicted[v] = i
+        if id_count.shape[0]:
+            count = slot_primary[s]
+            if prior.shape[0]:
+                count = count - prior[i] * prior_weight
+            id_count[i] = np.int32(np.rint(count))
+        id_to_slot[i] = -1
+        slot_to_id[s] = -1
+    return evicted
+
+
+@numba.njit(cache=True, nogil=True)
+def _assign(missing, target, slot_to_id, id_to_slot, slot_primary, slot_last, id_count, prior, prior_weight,
+            clock, mark, epoch, touched, n_touched):
+    """Place the first `len(target)` missing ids, as `SlotMap.assign` + `on_admit`."""
+    for j in range(target.shape[0]):
+        s, i = target[j], missing[j]
+        slot_to_id[s] = i
+        id_to_slot[i] = s
+        slot_last[s] = clock
+        if id_count.shape[0]:
+            c = float(id_count[i])
+            if prior.shape[0]:
+                c = c + prior[i] * prior_weight
+            slot_primary[s] = c
+        else:
+            slot_primary[s] = 0.0
+        mark[s] = epoch
+        touched[n_touched + j] = s
+    return n_touched
