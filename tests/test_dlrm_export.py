@@ -176,7 +176,7 @@ def test_a_full_disk_leaves_the_old_export_and_no_temporary(run, tmp_path, capsy
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
-@pytest.mark.filterwarnings("ignore:No positive samples")  # the tiny val split has no click
+@pytest.mark.filterwarnings("ignore:No .* samples")  # a tiny split has one class only
 def test_movielens_raw_rows_with_multi_hot_genres(tmp_path):
     """Exact lookups (raw user and item ids, names, age buckets, zip prefixes) and a
     multi-hot feature pooled by sum, against the trainer; rows in time order, so val and
@@ -211,3 +211,27 @@ def test_a_whole_table_checkpoint_exports_too(run, tmp_path):
     sparse, dense = raw_val_rows(run["columns"])
     assert torch.equal(load_export(tmp_path / "out").logits(sparse, dense),
                        trainer_logits(tmp_path / "ck" / "dlrm-last.pt", "val"))
+
+
+@pytest.mark.filterwarnings("ignore:No .* samples")
+def test_avazu_hour_and_weekday_are_integers_behind_their_keys(tmp_path):
+    """Avazu's hour of day and weekday are integers whose key is value + 1; the other
+    columns are strings. Time split: the Wednesday 23h row is val, the Thursday 01h row test."""
+    from embcache.data.avazu import CATEGORICAL, convert_avazu
+    from tests.test_data_converters import AVAZU, TAIL_A, TAIL_C
+
+    (tmp_path / "train.csv").write_text(AVAZU)
+    convert_avazu(tmp_path / "train.csv", tmp_path / "data", split="time", progress=False)
+    hours = pq.read_table(tmp_path / "data" / "raw_values" / "sparse_0.parquet").column("value").to_pylist()
+    assert hours == [None, 0, 1, 23]
+    cfg = DLRMConfig(batch_size=1, embedding_dim=4, dense_arch=[8], over_arch=[8], max_steps=1, device="cpu",
+                     progress=False, checkpoint_dir=str(tmp_path / "ck"))
+    DLRMTrainer(cfg, tmp_path / "data").fit()
+    export_checkpoint(tmp_path / "ck", tmp_path / "out")
+    tails = [t.split(",") for t in (TAIL_A, TAIL_C)]  # banner_pos .. C21: the columns after C1
+    sparse = {"sparse_0": [23, 1], "sparse_1": [2, 3], "sparse_2": ["1005", "1002"],
+              **{f"sparse_{3 + k}": [tails[0][k], tails[1][k]] for k in range(len(CATEGORICAL) - 1)}}
+    dense = np.array([[23 / 23.0], [1 / 23.0]], dtype=np.float32)
+    got = load_export(tmp_path / "out").logits(sparse, dense)
+    want = torch.cat([trainer_logits(tmp_path / "ck" / "dlrm-last.pt", s) for s in ("val", "test")])
+    assert torch.equal(got, want)
