@@ -1,0 +1,652 @@
+"""The engine of the embedding cache: keeps a device-resident working set of rows
+consistent with the host store, one batch at a time.
+
+Per batch, all as batched tensor work (no Python loop over ids):
+look up every id's slot -> the absent ids (unique) -> free slots, then victims chosen by
+the eviction policy among slots this batch (and any batch still in flight) does not
+need -> dirty victims written back -> absent rows (with optimizer state) copied in ->
+lookups remapped to slots. Rows that do not fit (a batch needing more unique rows than
+the cache holds) are served from a temporary side table and written back after their
+update: counted in `overflow_rows`, never an error.
+
+Gradients arrive as sparse COO tensors over the working table and are applied by a
+row-wise optimizer whose state lives beside the rows. A row's duplicate gradients are
+summed exactly as torch's `coalesce` sums them for the uncached table (it sorts the ids
+with an unstable sort, so the order of the sum depends on the ids, not on the slots), so
+the result equals training the whole table directly, to the bit.
+
+A checkpoint (`state_dict`) is an observation: it writes dirty rows back without clearing
+their dirty bits or counting them as cache traffic, and it records residency, dirty bits
+and pending prefetches, so a run resumed from it continues exactly, statistics included.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from embcache.errors import CheckpointError, first_line, writing
+
+from . import fused_admission
+from .eviction import POLICIES, EvictionPolicy
+from .host_store import HostStore
+from .optimizers import RowOptimizer, RowRounding, update_rows
+from .slot_map import SlotMap
+from .stats import CacheStats
+
+MAX_PENDING_PREFETCHES = 8
+CACHE_FILE = "cache.pt"  # beside the table files of a `save_checkpoint`
+
+
+@dataclass
+class Overflow:
+    """Rows of one batch that did not fit in the cache, kept beside it for one step."""
+
+    ids: torch.Tensor  # sorted unique ids
+    weight: torch.Tensor
+    state: dict
+
+
+@dataclass
+class Lookup:
+    """Where one batch's lookups point: `indices` index `cache.weight` (then the
+    overflow rows, from `num_slots` on); `held` slots cannot be evicted until released.
+    `ids` are the batch's ids in lookup order and `segments` the runs of lookups that an
+    uncached model keeps apart: per table, the number of lookups of each of its features
+    (None: one table, one feature); together they let the gradient be summed exactly as
+    torch sums it."""
+
+    indices: torch.Tensor
+    overflow: Overflow | None
+    held: torch.Tensor | None
+    ids: torch.Tensor | None = None
+    segments: list[list[int]] | None = None
+
+
+@dataclass
+class _Prefetched:
+    ids: torch.Tensor
+    held: torch.Tensor
+    hits: int
+    misses: int
+
+
+class RowCache:
+    """A device working set of `cache_rows` rows over a host table of N rows.
+
+    Args:
+        weight: initial `[N, D]` float table on CPU, id order (kept by the host store).
+        cache_rows: capacity C of the device cache.
+        optimizer: the row-wise optimizer (its state tables travel with the rows).
+        eviction: "freq" | "lfu" | "lru".
+        ids_freq: per-id counts from the training data (warm-up and `freq`).
+        warmup_ratio: fraction of the cache filled with the hottest ids up front.
+        device: where the cache lives.
+        host_store: "memory" | "mmap:DIR" (`HostStore`); `weight` may then be a `RowInit`,
+            so that a huge table is made chunk by chunk, never whole in memory.
+        row_dtype: how rows are stored, in the host store and the cache (float32,
+            float16, bfloat16); optimizer state stays float32.
+        rounding: how updated rows are written in `row_dtype` (default: to nearest).
+    """
+
+    # "auto": the compiled pass on the CPU (dense slot map), tensor ops elsewhere; "fused" /
+    # "tensor" force one (tests compare them)
+    bookkeeping = "auto"
+
+    def __init__(self, weight: torch.Tensor, cache_rows: int, optimizer: RowOptimizer,
+                 eviction: str = "freq", ids_freq: torch.Tensor | None = None,
+                 warmup_ratio: float = 0.7, device: torch.device | str = "cpu", admission: bool = False,
+                 half_life: int | None = None, host_store: str = "memory",
+                 row_dtype: torch.dtype = torch.float32, rounding: RowRounding | None = None):
+        self.device = torch.device(device)
+        num_rows, dim = weight.shape
+        self.num_rows, self.dim, self.num_slots = num_rows, dim, int(cache_rows)
+        on_cuda = self.device.type == "cuda"
+        self.optimizer = optimizer
+        self.rounding = rounding or RowRounding(row_dtype)
+        state_init = {k: (w, optimizer.initial_state_value(k)) for k, w in optimizer.state_widths(dim).items()}
+        self.host = HostStore.create(host_store, weight, state_init, row_dtype, pin=on_cuda)
+        self.weight = torch.zeros(self.num_slots, dim, dtype=row_dtype, device=self.device)
+        self.state = optimizer.init_state(self.num_slots, dim, device=self.device)
+        self.slots = SlotMap(num_rows, self.num_slots, self.device)
+        self.policy = EvictionPolicy(eviction, num_rows, self.num_slots, ids_freq, self.device, admission, half_life)
+        self.dirty = torch.zeros(self.num_slots, dtype=torch.bool, device=self.device)
+        # per slot, the batches in flight (prefetched, or between forward and backward)
+        # that need its row: a held slot cannot be evicted
+        self.holds = torch.zeros(self.num_slots, dtype=torch.int32, device=self.device)
+        self.stats = CacheStats()
+        self.step = 0  # optimizer steps taken (Adam's bias correction counts these)
+        self._row_bytes = self.host.row_bytes()
+        self._prefetched: deque[_Prefetched] = deque()
+        self._stream = torch.cuda.Stream(self.device) if on_cuda else None
+        if ids_freq is not None and warmup_ratio > 0:
+            self.warm_up(ids_freq, warmup_ratio)
+
+    # ------------------------------------------------------------------ admission
+    def warm_up(self, ids_freq: torch.Tensor, warmup_ratio: float) -> int:
+        """Load the hottest ids (by `ids_freq`) into empty slots, hottest first."""
+        free = self.slots.free_slots()
+        k = min(free.numel(), int(math.floor(warmup_ratio * self.num_slots)))
+        if k <= 0:
+            return 0
+        counts, hot = torch.topk(ids_freq.to(torch.float64).cpu(), k)
+        hot = hot[counts > 0].to(self.device)
+        target = free[: hot.numel()]
+        self._load(hot, target, count_bytes=False)
+        self.slots.assign(hot, target)
+        self.policy.on_admit(hot, target)
+        return hot.numel()
+
+    def prepare(self, ids: torch.Tensor, keep: bool, segments: list[list[int]] | None = None) -> Lookup:
+        """Make the rows of one batch available; `keep` holds them until `release`
+        (needed when a backward will update them). Consumes a matching prefetch, whose
+        hits and misses are counted now, as this batch's."""
+        self._wait_for_prefetch()
+        consumed = self._take_prefetched(ids)
+        indices, touched, overflow, hits, misses = self._admit(ids, serve_overflow=True)
+        if consumed is not None:
+            hits, misses = consumed.hits, consumed.misses
+        self.stats.hits += hits
+        self.stats.misses += misses
+        self.stats.batches += 1
+        held = None
+        if keep:
+            held = touched
+            self._hold(held, +1)
+        if consumed is not None:
+            self._hold(consumed.held, -1)
+        return Lookup(indices, overflow, held, ids if keep else None, segments)
+
+    def prefetch(self, ids: torch.Tensor) -> None:
+        """Load the rows of a coming batch now (on a side stream with CUDA, so the copies
+        overlap the current step); they are held until that batch's `prepare`."""
+        if len(self._prefetched) >= MAX_PENDING_PREFETCHES:
+            self._hold(self._prefetched.popleft().held, -1)
+        if self._stream is None:
+            self._prefetch(ids)
+            return
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._stream):
+            self._prefetch(ids)
+
+    def _prefetch(self, ids: torch.Tensor) -> None:
+        _, touched, _, hits, misses = self._admit(ids, serve_overflow=False)
+        self._hold(touched, +1)
+        self._prefetched.append(_Prefetched(ids, touched, hits, misses))
+
+    def _wait_for_prefetch(self) -> None:
+        """Order the compute stream after the side stream: every touch of the maps, holds
+        or rows on the compute stream comes after the prefetches issued before it."""
+        if self._stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self._stream)
+
+    def _take_prefetched(self, ids: torch.Tensor) -> _Prefetched | None:
+        """The prefetch made for exactly these ids, if any; older ones are dropped
+        (their rows stay resident, their counts are not the batch's)."""
+        for i, entry in enumerate(self._prefetched):
+            if entry.ids.shape == ids.shape and torch.equal(entry.ids, ids):
+                for _ in range(i):
+                    self._hold(self._prefetched.popleft().held, -1)
+                return self._prefetched.popleft()
+        return None
+
+    def _hold(self, slots: torch.Tensor, delta: int) -> None:
+        """Hold (delta=+1) or let go of (-1) distinct `slots`. A count, not a flag: a
+        training batch and several prefetches may hold one slot at once."""
+        self.holds.index_add_(0, slots, self.holds.new_full((1,), delta).expand(slots.numel()))
+
+    def release(self, lookup: Lookup) -> None:
+        """Let go of a batch's rows: after its update, or when its forward's graph is
+        freed without a backward. Idempotent."""
+        if lookup.held is not None:
+            self._wait_for_prefetch()
+            self._hold(lookup.held, -1)
+            lookup.held = None
+
+    def _admit(self, ids: torch.Tensor, serve_overflow: bool):
+        """Returns (per-lookup indices, the distinct resident slots the batch touches,
+        overflow rows or None, hits, misses). On the CPU the decisions are made by one
+        compiled pass (`fused_admission`); elsewhere, and as its reference, by the batched
+        tensor ops below: the same decisions either way."""
+        if self.bookkeeping == "fused" or (self.bookkeeping == "auto" and self._can_fuse()):
+            return self._admit_fused(ids, serve_overflow)
+        return self._admit_tensor(ids, serve_overflow)
+
+    def _can_fuse(self) -> bool:
+        return self.device.type == "cpu" and self.slots.id_to_slot is not None
+
+    def _admit_fused(self, ids: torch.Tensor, serve_overflow: bool):
+        policy = self.policy
+        policy.tick()
+        if getattr(self, "_mark", None) is None:  # per slot, the last admission pass that touched it
+            self._mark, self._epoch = np.zeros(self.num_slots, dtype=np.int64), 0
+        self._epoch += 1
+        out, touched, hits, missing, victims, evicted, target = fused_admission.admit(
+            ids.reshape(-1).to(torch.int64).contiguous().numpy(), self.slots.id_to_slot.numpy(),
+            self.slots.slot_to_id.numpy(), self.holds.numpy(), self._mark, self._epoch,
+            policy.slot_primary.numpy(), policy.slot_last.numpy(),
+            fused_admission.counts_of(policy.id_count), fused_admission.prior_of(policy.prior),
+            policy.prior_weight, policy.clock, policy.admission, serve_overflow)
+        self._evict_rows(torch.from_numpy(victims), torch.from_numpy(evicted))
+        target, missing = torch.from_numpy(target), torch.from_numpy(missing)
+        self._load(missing[: target.numel()], target)
+        overflow = None
+        if serve_overflow and target.numel() < missing.numel():
+            overflow = self._serve_overflow(missing[target.numel():])
+        return torch.from_numpy(out).view(ids.shape), torch.from_numpy(touched), overflow, hits, missing.numel()
+
+    def _admit_tensor(self, ids: torch.Tensor, serve_overflow: bool):
+        """Per-access bookkeeping runs on the distinct slots (found by one bincount over
+        the slots), not on every lookup."""
+        self.policy.tick()
+        slots = self.slots.lookup(ids)
+        # bin 0 collects absent ids (-1); bin s+1 counts slot s
+        uses = torch.bincount(slots + 1, minlength=self.num_slots + 1)
+        in_batch = uses[1:] > 0
+        admitted = 0
+        missing = ids.new_empty(0)
+        overflow = None
+        if int(uses[0]):
+            absent = torch.nonzero(slots < 0).flatten()
+            missing, where = torch.unique(ids.index_select(0, absent), return_inverse=True)
+            free = self.slots.free_slots(missing.numel())
+            victims = self.policy.select_victims(missing.numel() - free.numel(),
+                                                 (self.holds > 0) | in_batch, self.slots.occupied())
+            if self.policy.admission and victims.numel():
+                missing, order, victims = self.policy.admissions(missing, victims, free.numel())
+                inverse = torch.empty_like(order)
+                inverse[order] = torch.arange(order.numel(), device=order.device)
+                where = inverse.index_select(0, where)
+            self._evict(victims)
+            target = torch.cat([free, victims])
+            fits = missing[: target.numel()]
+            self._load(fits, target)
+            self.slots.assign(fits, target)
+            self.policy.on_admit(fits, target)
+            in_batch.index_fill_(0, target, True)
+            admitted = fits.numel()
+            # the absent positions' new slots, through the unique inverse (no second
+            # lookup in the per-id table); missing ids that did not fit stay -1, or point
+            # past the cache into the overflow rows, which keep `missing`'s order
+            new_slot = torch.full_like(missing, -1)
+            new_slot[: target.numel()] = target
+            if fits.numel() < missing.numel() and serve_overflow:
+                overflow = self._serve_overflow(missing[fits.numel():])
+                self.policy.on_bypass(missing[fits.numel():])
+                new_slot[fits.numel():] = self.num_slots + torch.arange(
+                    missing.numel() - fits.numel(), device=missing.device)
+            slots.index_copy_(0, absent, new_slot.index_select(0, where))
+        touched = torch.nonzero(in_batch).flatten()
+        self.policy.on_access(self.slots.slot_to_id.index_select(0, touched), touched)
+        return slots, touched, overflow, touched.numel() - admitted, missing.numel()
+
+    def _evict(self, victims: torch.Tensor) -> None:
+        if victims.numel() == 0:
+            return
+        ids = self.slots.slot_to_id.index_select(0, victims)
+        self.policy.on_evict(ids, victims)
+        self._evict_rows(victims, ids)
+        self.slots.release(victims)
+
+    def _evict_rows(self, victims: torch.Tensor, ids: torch.Tensor) -> None:
+        """The rows leaving `victims` (which held `ids`): the dirty ones go to the host."""
+        if victims.numel() == 0:
+            return
+        dirty = self.dirty.index_select(0, victims)
+        if bool(dirty.any()):
+            out = victims[dirty]
+            self._write_back(out, ids[dirty])
+            self.stats.bytes_d2h += out.numel() * self._row_bytes
+            self.dirty.index_fill_(0, victims, False)
+        self.stats.evictions += victims.numel()
+
+    def _load(self, ids: torch.Tensor, target: torch.Tensor, count_bytes: bool = True) -> None:
+        if ids.numel() == 0:
+            return
+        weight, state = self.host.gather(ids)
+        nb = self.device.type == "cuda"
+        self.weight.index_copy_(0, target, weight.to(self.device, non_blocking=nb))
+        for k, v in state.items():
+            self.state[k].index_copy_(0, target, v.to(self.device, non_blocking=nb))
+        self.dirty.index_fill_(0, target, False)
+        if count_bytes:
+            self.stats.bytes_h2d += ids.numel() * self._row_bytes
+
+    def _serve_overflow(self, ids: torch.Tensor) -> Overflow:
+        weight, state = self.host.gather(ids)
+        self.stats.overflow_rows += ids.numel()
+        self.stats.bytes_h2d += ids.numel() * self._row_bytes
+        return Overflow(ids, weight.to(self.device), {k: v.to(self.device) for k, v in state.items()})
+
+    # ------------------------------------------------------------------ updates
+    def apply_gradient(self, grad: torch.Tensor, lookup: Lookup) -> None:
+        """One optimizer step from a sparse gradient over the working table (the cache,
+        then the batch's overflow rows), then release the batch's holds."""
+        self._wait_for_prefetch()
+        self.step += 1
+        overflow = lookup.overflow
+        # float32 gradients whatever the rows' type: the update computes in float32
+        rows, values = self._in_torch_order(grad.to(torch.float32), lookup,
+                                            coalesce=self.optimizer.needs_coalesced)
+        if overflow is None:
+            self._update(self.weight, self.state, rows, values, self.slots.slot_to_id)
+        else:
+            inside = rows < self.num_slots
+            self._update(self.weight, self.state, rows[inside], values[inside], self.slots.slot_to_id)
+            self._update(overflow.weight, overflow.state, rows[~inside] - self.num_slots, values[~inside],
+                         overflow.ids)
+            self.host.scatter(overflow.ids, overflow.weight, overflow.state)
+            self.stats.bytes_d2h += overflow.ids.numel() * self._row_bytes
+            self._refresh_admitted_overflow(overflow)
+            rows = rows[inside]
+        # the batch's held slots are exactly the cached rows it looked up
+        self.dirty.index_fill_(0, lookup.held if lookup.held is not None else rows, True)
+        self.release(lookup)
+
+    def _update(self, weight: torch.Tensor, state: dict, rows: torch.Tensor, values: torch.Tensor,
+                row_ids: torch.Tensor) -> None:
+        """The optimizer step on rows of `weight` (whose ids are `row_ids`): in place for
+        float32 rows, else on float32 copies rounded on write (`update_rows`)."""
+        update_rows(self.optimizer, weight, state, rows, values, self.step, row_ids, self.rounding)
+
+    def _in_torch_order(self, grad: torch.Tensor, lookup: Lookup, coalesce: bool):
+        """The gradient as (rows, values) of the working table, with each row's
+        per-lookup terms combined in torch's order for the uncached table: summed as
+        `coalesce()` sums them (`coalesce=True`: distinct rows, in id order), or left as
+        terms in the order a sparse `add_` applies them (SGD).
+
+        `coalesce()` sums over an unstable sort of the indices, so the order of a row's
+        terms depends on the index values: sorting slots instead of ids moves the last
+        bit. Sorting the key `id * W + row` (W = working rows) makes the same comparisons
+        as sorting the ids, since each id has one row in a batch, and the row comes back
+        as `key % W`. An uncached collection (torchrec's) keeps a gradient per table, so
+        each table is summed on its own; for a table read by several features, autograd
+        adds the features' sparse gradients with `+`, which merges the index sequences by
+        comparing them, and the same `+` on the keys makes the same comparisons."""
+        rows, values = grad._indices()[0], grad._values()
+        ids, width = lookup.ids, grad.size(0)
+        multi_feature = lookup.segments is not None and any(len(t) > 1 for t in lookup.segments)
+        if not coalesce and not multi_feature:
+            return rows, values  # already torch's order: one table's terms in lookup order
+        if ids is None or ids.numel() != rows.numel() or ids.numel() == 0 \
+                or self.num_rows * width >= 2**62:  # not a per-lookup gradient
+            grad = grad.coalesce() if coalesce else grad
+            return grad._indices()[0], grad._values()
+        keys = ids * width + rows
+        size = (self.num_rows * width, self.dim)
+        tables = [[keys.numel()]] if lookup.segments is None else lookup.segments
+        key_parts, value_parts = [], []
+        for features, k, v in zip(tables, keys.split([sum(t) for t in tables]),
+                                  values.split([sum(t) for t in tables])):
+            if k.numel() == 0:
+                continue
+            per_feature = [torch.sparse_coo_tensor(fk.unsqueeze(0), fv, size, check_invariants=False)
+                           for fk, fv in zip(k.split(features), v.split(features))]
+            summed = per_feature[0]
+            for more in per_feature[1:]:
+                summed = summed + more
+            if coalesce:
+                summed = summed.coalesce()
+            key_parts.append(summed._indices()[0])
+            value_parts.append(summed._values())
+        if len(key_parts) == 1:
+            return key_parts[0] % width, value_parts[0]
+        return torch.cat(key_parts) % width, torch.cat(value_parts)
+
+    def _refresh_admitted_overflow(self, overflow: Overflow) -> None:
+        """An overflow row a prefetch admitted after this batch's forward was copied in
+        before its update: give the cached copy the updated row (and state)."""
+        slots = self.slots.lookup(overflow.ids)
+        now_cached = slots >= 0
+        if bool(now_cached.any()):
+            target = slots[now_cached]
+            self.weight[target] = overflow.weight[now_cached]
+            for k, v in self.state.items():
+                v[target] = overflow.state[k][now_cached]
+            self.dirty[target] = True
+
+    # ------------------------------------------------------------------ host side
+    def flush(self) -> None:
+        """Write every dirty row (and its state) back to the host store."""
+        out = self.sync_host()
+        if out.numel():
+            self.stats.bytes_d2h += out.numel() * self._row_bytes
+            self.dirty.index_fill_(0, out, False)
+
+    def sync_host(self) -> torch.Tensor:
+        """Make the host store current without changing the cache: dirty rows are copied
+        back but stay dirty, and the copy is not cache traffic. What a checkpoint or a
+        snapshot of the table needs, with no effect on what the run does next. Returns
+        the dirty slots."""
+        self._wait_for_prefetch()
+        out = torch.nonzero(self.dirty).flatten()
+        if out.numel():
+            self._write_back(out)
+        return out
+
+    def _write_back(self, slots: torch.Tensor, ids: torch.Tensor | None = None) -> None:
+        """Copy resident `slots` (rows and optimizer state) to their ids' host rows (`ids`:
+        the slots' ids, where the map no longer has them)."""
+        ids = self.slots.slot_to_id.index_select(0, slots) if ids is None else ids
+        self.host.scatter(ids, self.weight.index_select(0, slots),
+                          {k: v.index_select(0, slots) for k, v in self.state.items()})
+
+    def drop_prefetches(self) -> None:
+        while self._prefetched:
+            self._hold(self._prefetched.popleft().held, -1)
+
+    def state_dict(self) -> dict:
+        """The full table in id order with its optimizer state, plus what makes a resumed
+        run continue exactly: step count, residency and dirty bits, policy, statistics
+        and the prefetches not yet consumed. Taking it changes nothing.
+
+        The tables are the live host store, not copies (a mapped store's are views of its
+        files): save them at once (`torch.save` copies), or use `save_checkpoint`, which
+        copies them file by file and needs no memory for a table larger than RAM."""
+        self.sync_host()
+        return {**self.host.tensors(), **self._cache_state()}
+
+    def _cache_state(self) -> dict:
+        """Everything of `state_dict` but the tables (the store must be current)."""
+        pending = list(self._prefetched)
+        return {
+            "step": torch.tensor(self.step),
+            "slot_to_id": self.slots.slot_to_id.cpu().clone(),
+            "dirty": self.dirty.cpu().clone(),
+            "stats": self.stats.to_tensor(),
+            "prefetch.ids": torch.cat([p.ids.cpu() for p in pending]) if pending
+            else torch.zeros(0, dtype=torch.long),
+            "prefetch.sizes": torch.tensor([p.ids.numel() for p in pending], dtype=torch.long),
+            "prefetch.counts": torch.tensor([[p.hits, p.misses] for p in pending],
+                                            dtype=torch.long).reshape(-1, 2),
+            **{f"policy.{k}": (torch.tensor(POLICIES.index(v)) if k == "kind" else
+                               v if torch.is_tensor(v) else torch.tensor(v))
+               for k, v in self.policy.state_dict().items()},
+        }
+
+    def save_checkpoint(self, directory: str | os.PathLike) -> None:
+        """Write a checkpoint that training on cannot change: every table copied into
+        `directory` as a raw file with its CRC-32 (chunk by chunk, whatever the backing,
+        so a table larger than memory needs no memory), the rest of `state_dict` as
+        `cache.pt`, the header last. It goes to a temporary directory renamed into place,
+        so a run killed meanwhile leaves the previous checkpoint whole. Taking it changes
+        nothing (as `state_dict`)."""
+        final = Path(directory)
+        tmp = final.with_name(f".{final.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            with writing(tmp):
+                tmp.mkdir(parents=True)
+            self.sync_host()
+            with writing(tmp / CACHE_FILE):
+                torch.save(self._cache_state(), tmp / CACHE_FILE)
+            self.host.save_files(tmp)  # writes the header last
+            old = final.with_name(f".{final.name}.old")
+            if final.exists():
+                os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def load_checkpoint(self, directory: str | os.PathLike) -> None:
+        """Resume from `save_checkpoint`. Checked before anything changes: the header
+        names this cache's tables with their shapes and types, every file has the size
+        they need and the CRC-32 the header recorded, and `cache.pt` fits this cache
+        (CheckpointError naming the file otherwise). Then the tables are read in chunk by
+        chunk, overwriting whatever the store holds (rows written after the checkpoint
+        included), and the cache state as `load_state_dict` restores it."""
+        directory = Path(directory)
+        self.host.verify_files(directory)
+        path = directory / CACHE_FILE
+        try:
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+            policy, same_cache = self._check_state_dict(sd, tables=False)
+        except (OSError, RuntimeError, ValueError, KeyError) as err:
+            raise CheckpointError(f"{path}: {first_line(err)}") from None
+        self._clear_cache()
+        self.host.load_files(directory)
+        self._restore_cache(sd, policy, same_cache)
+
+    def required_keys(self) -> list[str]:
+        """The `state_dict` keys a checkpoint must have to be loaded at all (the rest
+        restore residency, which a checkpoint of another cache size does not carry, or
+        were added by later versions)."""
+        return ["weight", *(f"optimizer.{k}" for k in self.host.state), "step", "slot_to_id", "stats",
+                "policy.kind", "policy.clock"]
+
+    def _residency_keys(self) -> list[str]:
+        """The keys that restore this cache's residency and policy exactly."""
+        keys = ["policy.slot_last", "policy.slot_primary"]
+        return keys + ["policy.id_count"] if self.policy.id_count is not None else keys
+
+    def load_state_dict(self, sd: dict) -> None:
+        """Restore a `state_dict`. Everything is checked before anything changes. A
+        checkpoint taken with another cache size or eviction policy still restores the
+        table, optimizer state, step and statistics exactly; the cache then starts empty."""
+        policy, same_cache = self._check_state_dict(sd)
+        # ---- checked: now change
+        self._clear_cache()
+        for k, v in self.host.tensors().items():
+            if sd[k] is not v:  # a state_dict of this very store needs no copy
+                v.copy_(sd[k])
+        self._restore_cache(sd, policy, same_cache)
+
+    def _clear_cache(self) -> None:
+        self.drop_prefetches()
+        self.holds.zero_()
+        self.slots.clear()
+        self.dirty.zero_()
+
+    def _restore_cache(self, sd: dict, policy: dict, same_cache: bool) -> None:
+        """Step, statistics, and (when they fit) residency, dirty bits and prefetches,
+        over tables already in place."""
+        self.step = int(sd["step"])
+        self.stats.load_tensor(sd["stats"])
+        if not same_cache:
+            if self.policy.id_count is not None and "policy.id_count" in sd:
+                self.policy.id_count.copy_(sd["policy.id_count"])
+            self.policy.clock = policy["clock"]
+            self.policy.prior_weight = float(policy.get("prior_weight", 1.0))
+            return
+        self.policy.load_state_dict(policy)
+        self.slots.load_state_dict({"slot_to_id": sd["slot_to_id"]})
+        occupied = torch.nonzero(self.slots.slot_to_id >= 0).flatten()
+        self._load(self.slots.slot_to_id[occupied], occupied, count_bytes=False)
+        if "dirty" in sd:
+            self.dirty.copy_(sd["dirty"].to(self.device) & (self.slots.slot_to_id >= 0))
+        if "prefetch.ids" in sd:
+            self._restore_prefetches(sd["prefetch.ids"], sd["prefetch.sizes"], sd["prefetch.counts"])
+
+    def restore_rows(self, weight: torch.Tensor, state: dict[str, torch.Tensor], step: int) -> None:
+        """Put a table and its optimizer state in place with the cache empty: how a run
+        resumes from rows saved in id order (by another number of processes, say), where
+        no residency fits. Shapes and types are checked before anything changes."""
+        if tuple(weight.shape) != (self.num_rows, self.dim):
+            raise ValueError(f"table is {tuple(weight.shape)}, this cache's is {(self.num_rows, self.dim)}")
+        self._check_row_dtype(weight)
+        for k, v in self.host.state.items():
+            if k not in state or tuple(state[k].shape) != tuple(v.shape):
+                raise ValueError(f"optimizer state {k!r} missing or of another shape (saved with another "
+                                 f"optimizer than {self.optimizer.name!r}?)")
+        self.drop_prefetches()
+        self.holds.zero_()
+        self.host.weight.copy_(weight)
+        for k, v in self.host.state.items():
+            v.copy_(state[k])
+        self.step = int(step)
+        self.slots.clear()
+        self.dirty.zero_()
+
+    def _check_state_dict(self, sd: dict, tables: bool = True) -> tuple[dict, bool]:
+        """Raise ValueError for a checkpoint this cache cannot load, so that a failed load
+        changes nothing. Returns the policy state and whether the checkpoint's residency
+        fits this cache (same number of slots and eviction policy). `tables=False`: the
+        tables come apart (`load_checkpoint` verifies their files)."""
+        self._check_tables(sd, tables)
+        slot_to_id = sd["slot_to_id"]
+        policy = {k[len("policy."):]: v for k, v in sd.items() if k.startswith("policy.")}
+        policy["clock"] = int(policy["clock"])
+        policy["kind"] = POLICIES[int(policy["kind"])]
+        same_cache = slot_to_id.numel() == self.num_slots and policy["kind"] == self.policy.kind
+        if same_cache:
+            sizes = {"policy.slot_last": self.num_slots, "policy.slot_primary": self.num_slots,
+                     "policy.id_count": self.num_rows, "dirty": self.num_slots}
+            for k in self._residency_keys() + (["dirty"] if "dirty" in sd else []):
+                if k not in sd:
+                    raise ValueError(f"checkpoint lacks {k!r} (its {policy['kind']!r} eviction state)")
+                if sd[k].numel() != sizes[k]:
+                    raise ValueError(f"checkpoint {k!r} has {sd[k].numel()} entries, this cache's {sizes[k]}")
+            resident = slot_to_id[slot_to_id >= 0]
+            if bool(((resident < 0) | (resident >= self.num_rows)).any()) or \
+                    resident.unique().numel() != resident.numel():
+                raise ValueError("checkpoint residency is damaged (ids out of range or held twice)")
+        return policy, same_cache
+
+    def _check_tables(self, sd: dict, tables: bool = True) -> None:
+        """What every load restores: the table, its optimizer state and the counters."""
+        table_keys = set(self.host.tensors())
+        for k in self.required_keys():
+            if k not in sd and (tables or k not in table_keys):
+                raise ValueError(f"checkpoint lacks {k!r}: not a CachedEmbeddingBag state_dict")
+        if sd["stats"].numel() != self.stats.to_tensor().numel():
+            raise ValueError(f"checkpoint statistics have {sd['stats'].numel()} fields, this cache's "
+                             f"{self.stats.to_tensor().numel()}")
+        if tables:
+            self._check_table_values(sd)
+
+    def _check_table_values(self, sd: dict) -> None:
+        weight = sd["weight"]
+        if tuple(weight.shape) != (self.num_rows, self.dim):
+            raise ValueError(f"checkpoint table is {tuple(weight.shape)}, this cache's is "
+                             f"{(self.num_rows, self.dim)}")
+        self._check_row_dtype(weight)
+        for k, v in self.host.state.items():
+            if f"optimizer.{k}" not in sd:
+                raise ValueError(f"checkpoint lacks optimizer state {k!r} (was it saved with "
+                                 f"another optimizer than {self.optimizer.name!r}?)")
+            if tuple(sd[f"optimizer.{k}"].shape) != tuple(v.shape):
+                raise ValueError(f"checkpoint optimizer state {k!r} is {tuple(sd[f'optimizer.{k}'].shape)}, "
+                                 f"this cache's is {tuple(v.shape)}")
+        if not (bool(torch.isfinite(weight).all()) and
+                all(bool(torch.isfinite(sd[f"optimizer.{k}"]).all()) for k in self.host.state)):
+            raise ValueError("checkpoint table or optimizer state holds NaN or inf")
+
+    def _check_row_dtype(self, weight: torch.Tensor) -> None:
+        """Rows of another type would change the arithmetic of every later step."""
+        if weight.dtype != self.host.weight.dtype:
+            raise ValueError(f"checkpoint rows are {str(weight.dtype).removeprefix('torch.')}, this cache stores "
+                             f"{str(self.host.weight.dtype).removeprefix('torch.')} (saved with another row_dtype?)")
+
+    def _restore_prefetches(self, ids: torch.Tensor, sizes: torch.Tensor, counts: torch.Tensor) -> None:
+        for part, (hits, misses) in zip(ids.to(self.device).split(sizes.tolist()), counts.tolist()):
+            slots = torch.unique(self.slots.lookup(part))
+            held = slots[slots >= 0]
+            self._hold(held, +1)
+            self._prefetched.append(_Prefetched(part, held, int(hits), int(misses)))
