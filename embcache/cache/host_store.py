@@ -94,8 +94,15 @@ class HostStore:
                  *(tf.TensorSpec(f"optimizer.{k}", (num_rows, w), torch.float32) for k, (w, _) in state.items())]
         fills = {"weight": weight.fill if isinstance(weight, RowInit) else _copier(weight),
                  **{f"optimizer.{k}": _constant(v) for k, (_, v) in state.items()}}
-        mapped = tf.create_files(directory, specs, fills)
-        return cls(mapped["weight"], {k: mapped[f"optimizer.{k}"] for k in state}, pin, directory)
+        lock = tf.lock_directory(directory)
+        try:
+            mapped = tf.create_files(directory, specs, fills)
+        except BaseException:
+            lock.close()
+            raise
+        store = cls(mapped["weight"], {k: mapped[f"optimizer.{k}"] for k in state}, pin, directory)
+        store._lock = lock  # held as long as the store lives
+        return store
 
     @property
     def backing(self) -> str:

@@ -18,6 +18,7 @@ renamed into place when complete.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import zlib
@@ -178,8 +179,6 @@ def create_files(directory: Path, specs: list[TensorSpec],
     removed, nothing changed); remove the header; fill the files; rename the new ones
     into place; write the header. An interruption leaves no header, so the directory is
     never taken for a complete store."""
-    with writing(directory):
-        directory.mkdir(parents=True, exist_ok=True)
     _check_existing(directory, specs)
     fresh = [s for s in specs if not (directory / s.file).exists()]
     temps = {s.name: directory / f".{s.file}.tmp" for s in fresh}
@@ -196,6 +195,21 @@ def create_files(directory: Path, specs: list[TensorSpec],
             tmp.unlink(missing_ok=True)
     write_header(directory, specs)
     return {s.name: map_tensor(directory, s) for s in specs}
+
+
+def lock_directory(directory: Path):
+    """Create `directory` if needed and hold its lock (an open file, released when it is
+    closed or collected): a second store on the same files, in this process or another,
+    would overwrite the rows the first is training."""
+    with writing(directory):
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = open(directory / ".lock", "a+b")
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise DataFormatError(f"{directory}: in use by another host store (one store per directory)") from None
+    return lock
 
 
 def _check_existing(directory: Path, specs: list[TensorSpec]) -> None:

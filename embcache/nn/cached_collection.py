@@ -19,6 +19,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from embcache.device import resolve_device
 
+from embcache.cache.host_store import MMAP_PREFIX, RowInit, parse_host_store
+
 from .bag_input import ID_DTYPES, check_feature_ids, check_layout, check_weights, to_device
 from .cached_embedding_bag import CachedEmbeddingBag
 
@@ -76,7 +78,11 @@ class CachedEmbeddingBagCollection(nn.Module):
         ids_freq: `{table or feature name: 1-D counts}` from the training data.
         is_weighted: use the KJT's weights as per-sample weights.
         device: None picks CUDA when available.
-        **kwargs: passed to each `CachedEmbeddingBag` (eviction, optimizer, lr, eps, ...).
+        host_store: "memory" or "mmap:DIR"; with several groups (dims or poolings), group
+            i's files go under DIR/group<i>. A mapped group is initialised chunk by chunk:
+            at most one table's `init_fn` output is in memory at a time.
+        **kwargs: passed to each `CachedEmbeddingBag` (eviction, optimizer, lr, eps,
+            row_dtype, rounding, ...).
 
     Example:
         >>> import torch
@@ -92,7 +98,7 @@ class CachedEmbeddingBagCollection(nn.Module):
 
     def __init__(self, tables: list[EmbeddingBagConfig], cache_ratio: float = 0.015,
                  ids_freq: dict[str, torch.Tensor] | None = None, is_weighted: bool = False,
-                 device: torch.device | str | None = None, **kwargs):
+                 device: torch.device | str | None = None, host_store: str = "memory", **kwargs):
         super().__init__()
         if not tables:
             raise ValueError("CachedEmbeddingBagCollection needs at least one table")
@@ -108,15 +114,15 @@ class CachedEmbeddingBagCollection(nn.Module):
         self._lengths_per_embedding = [t.embedding_dim for t in tables for _ in t.feature_names]
         self._groups = group_tables(tables)
         self.bags = nn.ModuleList()
-        for g in self._groups:
+        directory = parse_host_store(host_store)
+        for i, g in enumerate(self._groups):
             dim, mode = g.key
-            weight = torch.empty(g.num_rows, dim)
-            for t, off in zip(g.tables, g.row_offsets):
-                t.init_fn(weight[off: off + t.num_embeddings])
             freq = self._group_frequencies(g, ids_freq)
+            store = "memory" if directory is None else f"{MMAP_PREFIX}{directory / f'group{i}'}"
             self.bags.append(CachedEmbeddingBag(g.num_rows, dim, mode=mode, cache_ratio=cache_ratio,
-                                                ids_freq=freq, device=self._device, weight=weight,
-                                                **kwargs))
+                                                ids_freq=freq, device=self._device,
+                                                weight=RowInit(g.num_rows, dim, _GroupFiller(g)),
+                                                host_store=store, **kwargs))
         self._feature_to_table = {f: t for t in tables for f in t.feature_names}
 
     @staticmethod
@@ -280,6 +286,33 @@ class CachedEmbeddingBagCollection(nn.Module):
 
     def cache_rows(self) -> int:
         return sum(bag.cache.num_slots for bag in self.bags)
+
+
+class _GroupFiller:
+    """A group's initial rows, made by each table's `init_fn` (as torchrec does), for any
+    range of rows: a table the range covers whole is initialised in place; one it cuts is
+    initialised whole once, kept until the range moves past it, and copied from. Each
+    table's `init_fn` runs once, in table order, so the values (and any use of the global
+    generator) are those of one pass over the whole group."""
+
+    def __init__(self, group: _Group):
+        self.group = group
+        self._kept: tuple[int, torch.Tensor] | None = None
+
+    def __call__(self, out: torch.Tensor, start: int) -> None:
+        stop = start + out.shape[0]
+        for i, (t, off) in enumerate(zip(self.group.tables, self.group.row_offsets)):
+            lo, hi = max(start, off), min(stop, off + t.num_embeddings)
+            if lo >= hi:
+                continue
+            if lo == off and hi == off + t.num_embeddings:
+                t.init_fn(out[lo - start: hi - start])
+                continue
+            if self._kept is None or self._kept[0] != i:
+                whole = torch.empty(t.num_embeddings, out.shape[1])
+                t.init_fn(whole)
+                self._kept = (i, whole)
+            out[lo - start: hi - start] = self._kept[1][lo - off: hi - off]
 
 
 def _group_input(group: _Group, values: torch.Tensor, lengths: torch.Tensor,

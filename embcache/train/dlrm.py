@@ -75,6 +75,9 @@ class DLRMConfig(StepRunConfig):
     eval_batch_size: int = 8192
     prefetch: bool = True
     row_wise_rows: int | None = None  # under torchrun: split a table with more rows by rows (None: past a fair share)
+    host_store: str = "memory"  # or "mmap:DIR": the cached tables as memory-mapped files (rank r: DIR/rank<r>)
+    row_dtype: str = "float32"  # how cached rows are stored: float32 | float16 | bfloat16
+    row_rounding: str = "nearest"  # how half-precision rows are rounded on write: nearest | stochastic
 
 
 # Settings a resumed run must share with its checkpoint: they change the arithmetic.
@@ -138,10 +141,15 @@ def sharded_cache(tables, cfg: DLRMConfig, ids_freq: dict | None, device: torch.
     shards = placement.plan(loads, current().size, cfg.row_wise_rows)
     shard_freq = {s.feature_key(f): freq[f][s.row_start: s.row_stop] for s in shards for f in s.features if f in freq}
 
+    host_store = cfg.host_store
+    if host_store != "memory" and current().distributed:  # one store per rank
+        host_store = f"{host_store}/rank{current().rank}"
+
     def make_local(configs):
         return CachedEmbeddingBagCollection(
             configs, cache_ratio=cfg.cache_ratio, ids_freq=shard_freq or None, device=device,
-            eviction=cfg.eviction, warmup_ratio=cfg.warmup_ratio, optimizer=cfg.sparse_optimizer, lr=cfg.sparse_lr)
+            eviction=cfg.eviction, warmup_ratio=cfg.warmup_ratio, optimizer=cfg.sparse_optimizer, lr=cfg.sparse_lr,
+            host_store=host_store, row_dtype=cfg.row_dtype, rounding=cfg.row_rounding, rounding_seed=cfg.seed)
 
     if current().distributed:
         logger.info("placement:\n" + placement.describe(shards, current().size))

@@ -55,6 +55,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     add_run_arguments(p, "dlrm", epochs=d.epochs, epochs_help="passes over the training split",
                       checkpoint_every=d.checkpoint_every)
     p.add_argument("--no-prefetch", action="store_true", help="do not prefetch the next batch's rows")
+    p.add_argument("--host-store", type=host_store, default=d.host_store, metavar="memory|mmap:DIR",
+                   help="where the full tables and optimizer state live: host memory, or files under DIR "
+                        "mapped into memory (the page cache is the RAM tier: tables larger than memory)")
+    p.add_argument("--row-dtype", choices=("float32", "float16", "bfloat16"), default=d.row_dtype,
+                   help="how embedding rows are stored (host and cache); optimizer state stays float32")
+    p.add_argument("--row-rounding", choices=("nearest", "stochastic"), default=d.row_rounding,
+                   help="how float16/bfloat16 rows are rounded when an update is written")
     p.add_argument("--row-wise-rows", type=positive_int, default=None, metavar="N",
                    help="under torchrun: split a table with more than N rows by rows over all ranks "
                         "(default: a table holding more than its fair share, all rows / ranks)")
@@ -76,6 +83,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
     add_export_parser(sub)
     return parser
+
+
+def host_store(text: str) -> str:
+    """`--host-store`: "memory" or "mmap:DIR" (argparse's one-line error otherwise)."""
+    if text == "memory" or (text.startswith("mmap:") and len(text) > len("mmap:")):
+        return text
+    raise argparse.ArgumentTypeError(f"must be 'memory' or 'mmap:DIR', not {text!r}")
 
 
 def builtin_data_dir(args) -> Path | None:
