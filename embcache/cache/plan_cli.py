@@ -1,0 +1,148 @@
+"""`embcache cache plan DATA_DIR`: how big a cache, before training. From a prepared data
+set's id counts (and, with --trace N, a replay of its first N training batches), the hit
+rate each eviction policy is predicted to reach at each cache ratio, what each costs in
+device and host memory and in rows moved per step, and the largest cache that fits the
+device memory. How the predictions are made: embcache/cache/planner.py."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from embcache.arg_types import fraction, int_in, memory_size, non_negative_int, positive_int, ratio
+from embcache.errors import UserFacingError, describe_os_error
+
+DEFAULT_DEVICE_MEMORY = "16GiB"
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    """The `embcache cache plan` parser; the namespace's `func(args)` prints the plan.
+
+    Example:
+        >>> args = build_parser("embcache cache plan").parse_args(["data", "--device-memory", "8 GiB"])
+        >>> args.device_memory, args.embedding_dim, args.trace
+        (8589934592, 128, None)
+    """
+    from embcache.cache.optimizers import OPTIMIZERS
+    from embcache.cache.planner import DEFAULT_RATIOS, POLICIES
+    from embcache.train.dlrm import DLRMConfig
+
+    d = DLRMConfig()
+    p = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("data_dir", metavar="DATA_DIR", help="a prepared data set (meta.json + id counts)")
+    p.add_argument("--device-memory", type=memory_size, default=memory_size(DEFAULT_DEVICE_MEMORY),
+                   help="device memory the cache may use, e.g. 16GiB, '16 GiB', 512MB, 16e9 (bytes)")
+    p.add_argument("--embedding-dim", type=positive_int, default=128,
+                   help=f"floats per row (the trainer's default is {d.embedding_dim})")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=d.sparse_optimizer,
+                   help="the sparse optimizer, whose state travels with each row")
+    p.add_argument("--eviction", choices=POLICIES, default=d.eviction,
+                   help="the policy whose per-row bookkeeping the device memory counts")
+    p.add_argument("--batch-size", type=positive_int, default=d.batch_size, help="the trainer's batch size")
+    p.add_argument("--warmup-ratio", type=fraction, default=d.warmup_ratio,
+                   help="fraction of the cache filled with the hottest ids before training")
+    p.add_argument("--trace", type=int_in(1), default=None, metavar="N",
+                   help="replay the first N training batches (default: predict from the id counts alone)")
+    p.add_argument("--seed", type=non_negative_int, default=d.seed, help="the trainer's --seed (its shard order)")
+    p.add_argument("--ratios", type=ratio, nargs="+", default=list(DEFAULT_RATIOS), metavar="R",
+                   help="cache ratios (fraction of all rows on the device)")
+    p.add_argument("--plot", default=None, metavar="PATH", help="also draw the curves into this PNG")
+    p.add_argument("--json", action="store_true", help="print the plan as one JSON object instead of a table")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    from embcache.cache.planner import plan_cache
+
+    try:
+        plan = plan_cache(args.data_dir, embedding_dim=args.embedding_dim, optimizer=args.optimizer,
+                          device_memory=args.device_memory, batch_size=args.batch_size,
+                          warmup_ratio=args.warmup_ratio, eviction=args.eviction, trace=args.trace,
+                          seed=args.seed, ratios=args.ratios)
+        if args.plot:
+            plot(plan, args.plot)
+    except UserFacingError:
+        raise
+    except ValueError as err:
+        raise UserFacingError(str(err)) from None
+    except OSError as err:
+        raise UserFacingError(describe_os_error(err)) from None
+    print(json.dumps(plan.to_json(), indent=1) if args.json else report(plan))
+    return 0
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def report(plan) -> str:
+    """The plan as people read it: what it assumes, then one line per ratio."""
+    j = plan.to_json()
+    fp = plan.footprint
+    lines = [f"{plan.data_dir}: {fp.num_rows:,} embedding rows, {j['distinct_rows_per_batch']:,.0f} distinct "
+             f"per batch of {plan.batch_size:,}",
+             f"predicted from {j['assumption']}",
+             f"a row: {fp.dim} float32 + {fp.optimizer} state = {fp.row_bytes:,} B; host store "
+             f"{_size(fp.host_bytes())} (every row and its state)",
+             f"largest cache in {_size(plan.device_memory)} of device memory: {plan.largest_rows:,} rows "
+             f"({j['largest_cache_ratio']:.2%})" if plan.largest_rows else
+             f"no cache fits in {_size(plan.device_memory)}: the {fp.eviction} bookkeeping alone needs "
+             f"{_size(fp.device_bytes(0))}",
+             "",
+             f"  {'ratio':>7}  {'rows':>10}  {'freq':>6}  {'lfu':>6}  {'lru':>6}  {'device':>10}  "
+             f"{'moved/step (freq)':>18}"]
+    for row in j["rows"]:
+        h, moved = row["hit_rate"], row["bytes_per_batch"]["freq"]
+        note = "  ".join(n for n, on in (("does not fit", not row["fits"]),
+                                          ("overflow: smaller than a batch's distinct rows", row["overflow"])) if on)
+        lines.append(f"  {row['ratio']:>7.2%}  {row['cache_rows']:>10,}  {h['freq']:>6.3f}  {h['lfu']:>6.3f}  "
+                     f"{h['lru']:>6.3f}  {_size(row['device_bytes']):>10}  "
+                     f"{_size(moved['h2d'] + moved['d2h']):>18}  {note}".rstrip())
+    lines.append("hit rates count distinct rows per batch, as the cache does; device = rows + state + bookkeeping; "
+                 "moved = misses in + dirty evictions out")
+    return "\n".join(lines)
+
+
+def plot(plan, path) -> None:
+    """Hit rate against cache ratio for each policy (a fine grid of sizes, the planned
+    ratios marked), with the largest cache that fits; written to a temporary name, then
+    renamed."""
+    import os
+    from pathlib import Path
+
+    import matplotlib
+    import numpy as np
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from embcache.cache.planner import POLICIES, predict
+
+    pred, n = plan.prediction, plan.footprint.num_rows
+    grid = np.unique(np.geomspace(max(1, n * 1e-4), n, 160).astype(np.int64))
+    curves = predict(pred.profile, grid, plan.warmup_ratio, plan.lru)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for policy, style in zip(POLICIES, ("-", "--", ":")):
+        line, = ax.plot(100 * grid / n, 100 * curves.hit_rate(policy), style, label=policy)
+        ax.plot([100 * r for r in plan.ratios], 100 * pred.hit_rate(policy), "o", color=line.get_color(), ms=4)
+    if 0 < plan.largest_rows < n:
+        ax.axvline(100 * plan.largest_rows / n, color="k", lw=0.8, label="largest that fits")
+    ax.set_xscale("log")
+    ax.set_xlabel("cache ratio, % of rows on the device")
+    ax.set_ylabel("predicted hit rate, % of distinct rows per batch")
+    ax.set_title(f"{Path(plan.data_dir).name}: {n / 1e6:.1f} M rows, " + ("trace" if plan.traced else "counts only"))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
+    try:
+        fig.savefig(tmp, dpi=120)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
