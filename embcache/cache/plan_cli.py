@@ -72,26 +72,21 @@ def run(args) -> int:
     return 0
 
 
-def _size(n: float) -> str:
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:,.1f} {unit}"
-    return f"{n:,.0f} B"
-
-
 def report(plan) -> str:
     """The plan as people read it: what it assumes, then one line per ratio."""
+    from embcache.cache.planner import format_bytes
+
     j = plan.to_json()
     fp = plan.footprint
     lines = [f"{plan.data_dir}: {fp.num_rows:,} embedding rows, {j['distinct_rows_per_batch']:,.0f} distinct "
              f"per batch of {plan.batch_size:,}",
              f"predicted from {j['assumption']}",
              f"a row: {fp.dim} float32 + {fp.optimizer} state = {fp.row_bytes:,} B; host store "
-             f"{_size(fp.host_bytes())} (every row and its state)",
-             f"largest cache in {_size(plan.device_memory)} of device memory: {plan.largest_rows:,} rows "
+             f"{format_bytes(fp.host_bytes())} (every row and its state)",
+             f"largest cache in {format_bytes(plan.device_memory)} of device memory: {plan.largest_rows:,} rows "
              f"({j['largest_cache_ratio']:.2%})" if plan.largest_rows else
-             f"no cache fits in {_size(plan.device_memory)}: the {fp.eviction} bookkeeping alone needs "
-             f"{_size(fp.device_bytes(0))}",
+             f"no cache fits in {format_bytes(plan.device_memory)}: the {fp.eviction} bookkeeping alone needs "
+             f"{format_bytes(fp.device_bytes(0))}",
              "",
              f"  {'ratio':>7}  {'rows':>10}  {'freq':>6}  {'lfu':>6}  {'lru':>6}  {'device':>10}  "
              f"{'moved/step (freq)':>18}"]
@@ -100,8 +95,8 @@ def report(plan) -> str:
         note = "  ".join(n for n, on in (("does not fit", not row["fits"]),
                                           ("overflow: smaller than a batch's distinct rows", row["overflow"])) if on)
         lines.append(f"  {row['ratio']:>7.2%}  {row['cache_rows']:>10,}  {h['freq']:>6.3f}  {h['lfu']:>6.3f}  "
-                     f"{h['lru']:>6.3f}  {_size(row['device_bytes']):>10}  "
-                     f"{_size(moved['h2d'] + moved['d2h']):>18}  {note}".rstrip())
+                     f"{h['lru']:>6.3f}  {format_bytes(row['device_bytes']):>10}  "
+                     f"{format_bytes(moved['h2d'] + moved['d2h']):>18}  {note}".rstrip())
     lines.append("hit rates count distinct rows per batch, as the cache does; device = rows + state + bookkeeping; "
                  "moved = misses in + dirty evictions out")
     return "\n".join(lines)

@@ -473,3 +473,47 @@ def smallest_within(freq_profile: AccessProfile, largest: int, warmup_ratio: flo
     best = float(rates[-1])
     pick = int(np.argmax(rates >= best - tolerance))
     return int(sizes[pick]), float(rates[pick]), best
+
+
+# ---------------------------------------------------------------------------- the trainer's choice
+DEFAULT_DEVICE_MEMORY = 16 * 2**30  # what a cache on a CPU device may use unless told
+
+
+def default_device_memory(device) -> tuple[int, str]:
+    """The memory `--cache-ratio auto` sizes the cache for when none is given, and where
+    that figure comes from: a CUDA device's free memory now, else DEFAULT_DEVICE_MEMORY."""
+    import torch
+
+    if getattr(device, "type", str(device)) == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free), f"the free memory of {device}"
+    return DEFAULT_DEVICE_MEMORY, "the default for a CPU device"
+
+
+def auto_cache_ratio(data_dir, *, embedding_dim: int, optimizer: str, eviction: str, batch_size: int,
+                     warmup_ratio: float, device_memory: int, tolerance: float = 0.01) -> tuple[float, str]:
+    """The smallest cache ratio whose predicted hit rate (of `eviction`, from meta.json's
+    counts over one epoch) is within `tolerance` of the largest cache that fits
+    `device_memory`; returns it with one line saying why."""
+    from embcache.errors import UserFacingError
+
+    freq, meta = table_frequencies(data_dir)
+    profile, _ = profile_data(data_dir, freq, meta, batch_size, warmup_ratio)
+    footprint = Footprint(freq.size, embedding_dim, optimizer, eviction)
+    largest = footprint.largest_cache(device_memory)
+    if largest < 1:
+        raise UserFacingError(f"--device-memory {format_bytes(device_memory)} holds no cache: the {eviction} "
+                              f"bookkeeping of {freq.size:,} rows alone needs {format_bytes(footprint.device_bytes(0))}")
+    rows, rate, best = smallest_within(profile, largest, warmup_ratio, eviction, tolerance)
+    ratio = rows / freq.size
+    return ratio, (f"cache ratio auto: {ratio:.3%} ({rows:,} rows), predicted {eviction} hit rate {rate:.3f}: the "
+                   f"smallest within {100 * tolerance:g} point of {best:.3f}, the largest cache that fits "
+                   f"{format_bytes(device_memory)} ({largest / freq.size:.2%}; {format_bytes(footprint.device_bytes(largest))})")
+
+
+def format_bytes(n: float) -> str:
+    """`3.2 GiB`, `512.0 KiB`, `12 B`."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} B"

@@ -389,6 +389,7 @@ class DLRMTrainer(Trainer):
         out = {"val_auc": last.get("auc"), "val_logloss": last.get("logloss"), "sparse": self.cfg.sparse,
                **self._cache_fields()}
         if self.cfg.sparse == "cached":
+            out["cache_ratio"] = self.cfg.cache_ratio  # as given, or as `--cache-ratio auto` chose it
             out["cache_rows"] = all_sum({"rows": self.sparse.cache_rows()})["rows"]
             out["table_rows"] = sum(t.num_embeddings for t in self.sparse.embedding_bag_configs())
             if self.world.distributed:

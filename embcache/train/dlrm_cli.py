@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from embcache.arg_types import fraction, positive_float, positive_int, ratio
+from embcache.arg_types import fraction, memory_size, positive_float, positive_int, ratio
 from embcache.errors import UserFacingError
 from embcache.train.run_cli import add_run_arguments, config_values, print_summary, run_launched, run_rows
 
@@ -38,8 +38,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                         "(0.1: 3.4 M embedding rows, so the 1.5 %% cache holds 51 k)")
     p.add_argument("--sparse", choices=SPARSE_MODES, default=d.sparse,
                    help="cached tables, whole tables on the device, or whole tables on the host")
-    p.add_argument("--cache-ratio", type=ratio, default=d.cache_ratio,
-                   help="fraction of all embedding rows kept on the device")
+    p.add_argument("--cache-ratio", type=cache_ratio, default=d.cache_ratio,
+                   help="fraction of all embedding rows kept on the device, or 'auto': the smallest whose "
+                        "predicted hit rate (`embcache cache plan`, from the id counts) is within 1 point of "
+                        "the largest cache that fits --device-memory")
+    p.add_argument("--device-memory", type=memory_size, default=None, metavar="SIZE",
+                   help="with --cache-ratio auto: device memory the cache may use, e.g. 16GiB "
+                        "(default: the CUDA device's free memory, else 16 GiB)")
     p.add_argument("--eviction", choices=POLICIES, default=d.eviction)
     p.add_argument("--warmup-ratio", type=fraction, default=d.warmup_ratio,
                    help="fraction of the cache filled with the hottest ids before training")
@@ -90,6 +95,32 @@ def host_store(text: str) -> str:
     if text == "memory" or (text.startswith("mmap:") and len(text) > len("mmap:")):
         return text
     raise argparse.ArgumentTypeError(f"must be 'memory' or 'mmap:DIR', not {text!r}")
+
+
+def cache_ratio(text: str) -> float | str:
+    """`--cache-ratio`: a ratio in (0, 1], or `auto` (sized by the cache planner once the
+    data is known)."""
+    return "auto" if text == "auto" else ratio(text)
+
+
+cache_ratio.__name__ = "cache ratio"
+
+
+def _auto_cache_ratio(args, cfg, data_dir: Path) -> float:
+    """The planner's choice for `--cache-ratio auto`, logged (by rank 0) in one line."""
+    import logging
+    import os
+
+    from embcache.cache.planner import auto_cache_ratio, default_device_memory
+
+    memory, source = (args.device_memory, "--device-memory") if args.device_memory else \
+        default_device_memory(cfg.resolved_device())
+    chosen, why = auto_cache_ratio(data_dir, embedding_dim=cfg.embedding_dim, optimizer=cfg.sparse_optimizer,
+                                   eviction=cfg.eviction, batch_size=cfg.batch_size,
+                                   warmup_ratio=cfg.warmup_ratio, device_memory=memory)
+    if int(os.environ.get("RANK", "0")) == 0:
+        logging.getLogger("embcache.train.dlrm").info(f"{why} ({source})")
+    return chosen
 
 
 def builtin_data_dir(args) -> Path | None:
@@ -153,6 +184,9 @@ def train(args) -> int:
     try:
         cfg.resolved_device()
         data_dir = _prepared_once(args)
+        if cfg.cache_ratio == "auto":
+            cfg.cache_ratio = _auto_cache_ratio(args, cfg, data_dir) if cfg.sparse == "cached" \
+                else DLRMConfig.cache_ratio
         summary, _ = run_launched(cfg, lambda: DLRMTrainer(cfg, data_dir).fit())
     except ValueError as err:
         raise UserFacingError(str(err)) from None
