@@ -1,0 +1,194 @@
+"""`embcache cache plan` and its planner: predictions against real cached runs, memory
+figures against a real cache's tensors, the counts-only prediction against the trace's,
+`dlrm train --cache-ratio auto`, and bad input as one line."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from embcache.bench.criteo_trace import CriteoTrace
+from embcache.cache import planner
+from embcache.cache.optimizers import OPTIMIZERS, make_optimizer
+from embcache.cache.row_cache import RowCache
+from embcache.cli import main
+from embcache.data.synthetic import generate_synthetic
+
+RATIOS = (0.01, 0.025, 0.05)
+
+
+@pytest.fixture(scope="module")
+def trace():
+    """A small Criteo-shaped trace: 675 k rows, 60 batches of 1,024 x 26 ids (4.6 k distinct)."""
+    t = CriteoTrace(scale=0.02, batch_size=1024, batches=60, seed=0)
+    return [b.flatten().numpy() for b in t], t.frequencies().numpy(), t.num_rows
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("plan") / "syn"
+    generate_synthetic(d, rows=30_000, scale=0.005, seed=3, progress=False)
+    return d
+
+
+def real_hit_rate(batches, freq, num_rows, cache_rows, policy) -> float:
+    cache = RowCache(torch.zeros(num_rows, 1), cache_rows, make_optimizer("sgd", 0.1), policy,
+                     torch.from_numpy(freq), 0.7)
+    for ids in batches:
+        cache.prepare(torch.from_numpy(ids), keep=False)
+    return cache.stats.hit_rate
+
+
+def test_trace_prediction_is_within_two_points_of_a_real_cache(trace):
+    batches, freq, n = trace
+    traced = planner.TraceProfile(freq, 0.7, len(batches))
+    for ids in batches:
+        traced.add(ids)
+    sizes = planner.cache_sizes(RATIOS, n)
+    assert sizes.min() > traced.profile().max_unique  # no overflow at these sizes
+    predicted = planner.predict(traced.profile(), sizes, 0.7, traced.lru)
+    for policy in planner.POLICIES:
+        for size, guess in zip(sizes, predicted.hit_rate(policy)):
+            real = real_hit_rate(batches, freq, n, int(size), policy)
+            assert abs(guess - real) <= 0.02, (policy, int(size), guess, real)
+
+
+def test_counts_alone_predict_what_the_trace_does(trace):
+    batches, freq, n = trace
+    traced = planner.TraceProfile(freq, 0.7, len(batches))
+    for ids in batches:
+        traced.add(ids)
+    sizes = planner.cache_sizes(RATIOS, n)
+    from_trace = planner.predict(traced.profile(), sizes, 0.7, traced.lru)
+    from_counts = planner.predict(planner.expected_profile(freq, len(batches)), sizes, 0.7)
+    distinct = traced.profile().accesses / len(batches)
+    assert abs(from_counts.profile.accesses / len(batches) - distinct) <= 0.01 * distinct
+    for policy in planner.POLICIES:
+        assert np.abs(from_counts.hit_rate(policy) - from_trace.hit_rate(policy)).max() <= 0.02, policy
+
+
+def test_fenwick_prefix_sums_follow_updates():
+    rng = np.random.default_rng(0)
+    counts = rng.integers(0, 5, 1000)
+    tree = planner._Fenwick(counts.copy())
+    for _ in range(20):
+        idx = rng.integers(0, 1000, 50)
+        delta = rng.integers(-2, 3, 50)
+        tree.add(idx, delta)
+        np.add.at(counts, idx, delta)
+        query = np.concatenate([[-1], rng.integers(0, 1000, 30)])
+        assert np.array_equal(tree.prefix(query), np.concatenate([[0], np.cumsum(counts)])[query + 1])
+
+
+def test_lru_stack_without_warm_up_counts_hits_exactly():
+    """Without warm-up and with every batch's ids distinct from the ones of equal recency
+    (one id per batch), stack distances give an LRU cache's hits exactly."""
+    ids = np.random.default_rng(1).integers(0, 40, 300)
+    stack = planner.LruStack(np.zeros(40), 0.0, ids.size)
+    for i in ids:
+        stack.add(np.array([i]))
+    for size in (1, 3, 8, 20):
+        resident, hits = [], 0
+        for i in ids.tolist():
+            hits += i in resident
+            resident = ([i] + [r for r in resident if r != i])[:size]
+        assert stack.hits([size])[0] == pytest.approx(hits)
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("eviction", planner.POLICIES)
+def test_device_bytes_are_those_of_a_real_cache(optimizer, eviction):
+    n, dim, rows = 500, 8, 37
+    cache = RowCache(torch.zeros(n, dim), rows, make_optimizer(optimizer, 0.1), eviction, torch.ones(n), 0.5)
+    tensors = [cache.weight, *cache.state.values(), cache.slots.slot_to_id, cache.slots.id_to_slot, cache.dirty,
+               cache.holds, cache.policy.slot_last, cache.policy.slot_primary]
+    tensors += [t for t in (cache.policy.id_count, cache.policy.prior) if t is not None]
+    footprint = planner.Footprint(n, dim, optimizer, eviction)
+    assert footprint.device_bytes(rows) == sum(t.numel() * t.element_size() for t in tensors)
+    assert footprint.host_bytes() == sum(t.numel() * t.element_size()
+                                         for t in (cache.host.weight, *cache.host.state.values()))
+    assert footprint.row_bytes == cache.host.row_bytes()
+    assert footprint.largest_cache(footprint.device_bytes(rows)) == rows
+    assert footprint.largest_cache(footprint.device_bytes(rows) - 1) == rows - 1
+
+
+def test_smallest_within_one_point_is_the_first_such_size(trace):
+    _, freq, n = trace
+    profile = planner.expected_profile(freq, 60)
+    largest = math.ceil(0.05 * n)
+    rows, rate, best = planner.smallest_within(profile, largest, 0.7)
+    curve = planner.ranked_hits(profile, np.arange(1, largest + 1), 0.7) / profile.accesses
+    assert best == pytest.approx(curve[-1]) and rate == pytest.approx(curve[rows - 1])
+    assert rate >= best - 0.01 > curve[rows - 2]
+
+
+def test_plan_command_table_json_and_plot(data_dir, tmp_path, capsys):
+    png = tmp_path / "plan.png"
+    assert main(["cache", "plan", str(data_dir), "--trace", "20", "--batch-size", "512", "--plot", str(png)]) == 0
+    text = capsys.readouterr().out
+    assert "replay of the first 20 training batches" in text and "largest cache in 16.0 GiB" in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["cache", "plan", str(data_dir), "--json", "--device-memory", "16 GiB", "--ratios", "0.01", "0.1",
+                 "--embedding-dim", "16", "--optimizer", "adam"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["row_bytes"] == 3 * 16 * 4 and plan["device_memory"] == 16 * 2**30 and not plan["traced"]
+    assert [r["ratio"] for r in plan["rows"]] == [0.01, 0.1]
+    assert "B(1-(1-1/B)^f)" in plan["assumption"]
+    low, high = plan["rows"]
+    assert 0 < low["hit_rate"]["freq"] <= high["hit_rate"]["freq"] <= 1
+    assert low["cache_rows"] == math.ceil(0.01 * plan["num_rows"])
+
+
+def test_largest_cache_that_fits_the_device_memory(data_dir, capsys):
+    assert main(["cache", "plan", str(data_dir), "--json", "--device-memory", "16e6", "--embedding-dim", "16"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    footprint = planner.Footprint(plan["num_rows"], 16, "adagrad", "freq")
+    largest = plan["largest_cache_rows"]
+    assert footprint.device_bytes(largest) <= 16e6 < footprint.device_bytes(largest + 1)
+    assert [r["fits"] for r in plan["rows"]] == [r["cache_rows"] <= largest for r in plan["rows"]]
+
+
+@pytest.mark.parametrize("text", ["16 GiB", "16GiB", "16e9", "512MB"])
+def test_memory_sizes_parse(text, data_dir, capsys):
+    assert main(["cache", "plan", str(data_dir), "--json", "--device-memory", text, "--ratios", "0.01"]) == 0
+    assert json.loads(capsys.readouterr().out)["device_memory"] > 0
+
+
+def test_bad_input_is_one_line(data_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["cache", "plan", str(data_dir), "--device-memory", "lots"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "argument --device-memory: 'lots' is not a memory size (e.g. 16GiB, 16 GiB, 512MB, 16e9)")
+    cases = [(tmp_path / "none", "none/meta.json: missing")]
+    no_key = tmp_path / "no_key"
+    no_key.mkdir()
+    meta = json.loads((data_dir / "meta.json").read_text())
+    (no_key / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "id_frequency_file"}))
+    cases.append((no_key, "lacks the key 'id_frequency_file'"))
+    no_file = tmp_path / "no_file"
+    no_file.mkdir()
+    (no_file / "meta.json").write_text(json.dumps({**meta, "id_frequency_file": "gone.npz", "splits": {}}))
+    cases.append((no_file, "gone.npz: cannot read id frequencies"))
+    for where, words in cases:
+        assert main(["cache", "plan", str(where)]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err and "Traceback" not in err, err
+
+
+def test_dlrm_train_cache_ratio_auto_records_the_planners_choice(data_dir, capsys):
+    common = ["dlrm", "train", "--data", str(data_dir), "--embedding-dim", "4", "--dense-arch", "8",
+              "--over-arch", "8", "--batch-size", "512", "--max-steps", "2", "--device", "cpu", "--no-progress"]
+    assert main(common + ["--cache-ratio", "auto", "--device-memory", "4MiB"]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads(out.strip().splitlines()[-1])
+    chosen, why = planner.auto_cache_ratio(data_dir, embedding_dim=4, optimizer="adagrad", eviction="freq",
+                                           batch_size=512, warmup_ratio=0.7, device_memory=4 * 2**20)
+    assert summary["cache_ratio"] == chosen and summary["cache_rows"] == math.ceil(chosen * summary["table_rows"])
+    assert out.count("cache ratio auto: ") == 1 and f"{why} (--device-memory)" in out
+    assert main(common + ["--cache-ratio", "0.015"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["cache_ratio"] == 0.015 and summary["cache_rows"] == math.ceil(0.015 * summary["table_rows"])
