@@ -18,9 +18,11 @@ renamed into place when complete.
 """
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import json
 import os
+import sys
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,7 @@ VERSION = 1
 CHUNK_BYTES = 64 << 20  # what one read, write or fill step holds in memory
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+MADV_RANDOM = 1  # <sys/mman.h> on Linux
 
 
 @dataclass(frozen=True)
@@ -230,7 +233,23 @@ def map_tensor(directory: Path, spec: TensorSpec) -> torch.Tensor:
     The size was checked before: `torch.from_file` would silently grow a short file."""
     numel = spec.shape[0] * spec.shape[1]
     flat = torch.from_file(str(directory / spec.file), shared=True, size=numel, dtype=spec.dtype)
+    _advise_random(flat)
     return flat.view(spec.shape)
+
+
+def _advise_random(mapped: torch.Tensor) -> None:
+    """Tell the kernel the rows are read at random (`MADV_RANDOM`): without it every page
+    fault reads ahead around the page (up to 128 KiB on Linux), 30x what a missed row
+    of a few hundred bytes needs, and fills the page cache with rows nobody asked for.
+    Advice only: where it is not available the store works the same, slower."""
+    size = mapped.numel() * mapped.element_size()
+    if not size or not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(mapped.data_ptr()), ctypes.c_size_t(size), MADV_RANDOM)
+    except (OSError, AttributeError):
+        pass
 
 
 def _as_bytes(t: torch.Tensor) -> memoryview:
