@@ -115,27 +115,38 @@ class ExportedDLRM:
         self.dense_model = torch.export.load(self.directory / self.manifest["dense_model"]["file"]).module()
 
     def pooled(self, sparse: Mapping[str, Sequence]) -> torch.Tensor:
-        """`[B, T, D]`: each table's sum of the rows of each row's ids. `sparse[feature]` holds
-        one raw value per row (a list of them for a multi-hot feature)."""
-        out = []
-        for feature, table, lookup in zip(self.features, self.tables, self.lookups):
+        """`[B, T, D]` of raw values: `sparse[feature]` holds one raw value per row (a list of
+        them for a multi-hot feature)."""
+        ids = {}
+        for feature, lookup in zip(self.features, self.lookups):
             values = sparse[feature]
             if self.multi_hot[feature]:
-                lengths = [len(v) for v in values]
-                flat = [x for v in values for x in v]
+                ids[feature] = (lookup.ids([x for v in values for x in v]), [len(v) for v in values])
             else:
-                lengths, flat = [1] * len(values), list(values)
+                ids[feature] = (lookup.ids(list(values)), [1] * len(values))
+        return self.pool_ids(ids)
+
+    def pool_ids(self, ids: Mapping[str, tuple[np.ndarray, Sequence[int]]]) -> torch.Tensor:
+        """`[B, T, D]`: each table's sum of the rows of each row's ids; `ids[feature]` is
+        (flat ids, ids per row)."""
+        out = []
+        for feature, table in zip(self.features, self.tables):
+            flat, lengths = ids[feature]
             offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64))
-            ids = torch.from_numpy(lookup.ids(flat))
-            out.append(F.embedding_bag(ids, table, offsets, mode="sum"))
+            out.append(F.embedding_bag(torch.as_tensor(flat, dtype=torch.int64), table, offsets, mode="sum"))
         return torch.stack(out, 1)
 
     @torch.no_grad()
     def logits(self, sparse: Mapping[str, Sequence], dense) -> torch.Tensor:
         """`[B]` logits of rows given column-wise: `sparse[feature]` raw values, `dense`
         `[B, num_dense]` as the data's dense columns hold them."""
+        return self.logits_of_pooled(self.pooled(sparse), dense)
+
+    @torch.no_grad()
+    def logits_of_pooled(self, pooled: torch.Tensor, dense) -> torch.Tensor:
+        """`[B]` logits from pooled embeddings `[B, T, D]` (e.g. `pool_ids`) and dense features."""
         dense = torch.as_tensor(np.asarray(dense, dtype=np.float32)).reshape(-1, self.manifest["num_dense"])
-        return self.dense_model(self.pooled(sparse), dense).reshape(-1)
+        return self.dense_model(pooled, dense).reshape(-1)
 
     def predict(self, rows: Sequence[Mapping]) -> np.ndarray:
         """Click probabilities of raw rows, each a mapping of feature name -> raw value plus

@@ -235,3 +235,10 @@ def test_avazu_hour_and_weekday_are_integers_behind_their_keys(tmp_path):
     got = load_export(tmp_path / "out").logits(sparse, dense)
     want = torch.cat([trainer_logits(tmp_path / "ck" / "dlrm-last.pt", s) for s in ("val", "test")])
     assert torch.equal(got, want)
+
+
+def test_verify_scores_a_split_through_the_export_and_the_trainer(run, tmp_path, capsys):
+    assert cli(run["ck"], "--out", tmp_path / "out", "--verify", "test") == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    start, stop = kaggle_split(ROWS)
+    assert report == {"split": "test", "rows": ROWS - stop, "bit_for_bit": True, "max_abs_diff": 0.0}
