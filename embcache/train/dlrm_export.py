@@ -128,6 +128,8 @@ def write_vocabulary(data_dir: Path, meta: dict, feature: str, vocab_dir: Path) 
                 "note": "the data directory records no raw values; rows are scored by id"}
     if "file" in entry:
         target = vocab_dir / f"{feature}.parquet"
+        if not (data_dir / entry["file"]).is_file():
+            raise UserFacingError(f"{data_dir / entry['file']}: missing (meta.json lists it for {feature})")
         with writing(target):
             shutil.copyfile(data_dir / entry["file"], target)
         entry["file"] = f"vocab/{target.name}"
@@ -250,7 +252,12 @@ def _commit(tmp: Path, out: Path) -> None:
     with writing(out):
         if out.is_dir() and any(out.iterdir()):
             os.replace(out, old)
-        os.replace(tmp, out)
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            if old.exists():  # the previous export goes back where it was
+                os.replace(old, out)
+            raise
     shutil.rmtree(old, ignore_errors=True)
 
 
