@@ -156,8 +156,9 @@ def admit(ids, id_to_slot, slot_to_id, holds, mark, epoch, slot_primary, slot_la
 
     Returns (per-lookup slots, overflow rows numbered from num_slots on; the distinct slots
     the batch touches; hits; the missing ids in admission order; the victims; the ids they
-    held; the target slots, the first `len(target)` missing ids go there). The caller
-    moves the rows: victims' dirty rows out, then the missing rows into `target`."""
+    held; the target slots, the first `len(target)` missing ids go there; how many missing
+    rows admission control declined). The caller moves the rows: victims' dirty rows out,
+    then the missing rows into `target`."""
     n, num_slots = ids.shape[0], slot_to_id.shape[0]
     counted = id_count.shape[0] > 0
     out = np.empty(n, dtype=np.int64)
@@ -175,9 +176,11 @@ def admit(ids, id_to_slot, slot_to_id, holds, mark, epoch, slot_primary, slot_la
     if n_missing > free.shape[0]:
         victims = _victims(n_missing - free.shape[0], slot_to_id, holds, mark, epoch, slot_primary, slot_last,
                            clock)
+    declined = 0
     if admission and victims.shape[0]:
         missing, order, wins = _admissions(missing, victims, free.shape[0], id_count, prior, prior_weight, clock,
                                            slot_primary, slot_last)
+        declined = victims.shape[0] - wins
         victims = victims[:wins]
         where = _inverse(order)[where]
     evicted = _evict(victims, slot_to_id, id_to_slot, slot_primary, id_count, prior, prior_weight)
@@ -199,7 +202,7 @@ def admit(ids, id_to_slot, slot_to_id, holds, mark, epoch, slot_primary, slot_la
         slot_last[s] = clock
         if counted:
             slot_primary[s] += 1.0
-    return out, touched, hits, missing, victims, evicted, target
+    return out, touched, hits, missing, victims, evicted, target, declined
 
 
 @numba.njit(cache=True, nogil=True)

@@ -227,7 +227,7 @@ class RowCache:
         if getattr(self, "_mark", None) is None:  # per slot, the last admission pass that touched it
             self._mark, self._epoch = np.zeros(self.num_slots, dtype=np.int64), 0
         self._epoch += 1
-        out, touched, hits, missing, victims, evicted, target = fused_admission.admit(
+        out, touched, hits, missing, victims, evicted, target, declined = fused_admission.admit(
             ids.reshape(-1).to(torch.int64).contiguous().numpy(), self.slots.id_to_slot.numpy(),
             self.slots.slot_to_id.numpy(), self.holds.numpy(), self._mark, self._epoch,
             policy.slot_primary.numpy(), policy.slot_last.numpy(),
@@ -238,7 +238,7 @@ class RowCache:
         self._load(missing[: target.numel()], target)
         overflow = None
         if serve_overflow and target.numel() < missing.numel():
-            overflow = self._serve_overflow(missing[target.numel():])
+            overflow = self._serve_overflow(missing[target.numel():], declined)
         return torch.from_numpy(out).view(ids.shape), torch.from_numpy(touched), overflow, hits, missing.numel()
 
     def _admit_tensor(self, ids: torch.Tensor, serve_overflow: bool):
@@ -258,8 +258,11 @@ class RowCache:
             free = self.slots.free_slots(missing.numel())
             victims = self.policy.select_victims(missing.numel() - free.numel(),
                                                  (self.holds > 0) | in_batch, self.slots.occupied())
+            declined = 0
             if self.policy.admission and victims.numel():
+                declined = victims.numel()
                 missing, order, victims = self.policy.admissions(missing, victims, free.numel())
+                declined -= victims.numel()
                 inverse = torch.empty_like(order)
                 inverse[order] = torch.arange(order.numel(), device=order.device)
                 where = inverse.index_select(0, where)
@@ -277,7 +280,7 @@ class RowCache:
             new_slot = torch.full_like(missing, -1)
             new_slot[: target.numel()] = target
             if fits.numel() < missing.numel() and serve_overflow:
-                overflow = self._serve_overflow(missing[fits.numel():])
+                overflow = self._serve_overflow(missing[fits.numel():], declined)
                 self.policy.on_bypass(missing[fits.numel():])
                 new_slot[fits.numel():] = self.num_slots + torch.arange(
                     missing.numel() - fits.numel(), device=missing.device)
@@ -318,9 +321,12 @@ class RowCache:
         if count_bytes:
             self.stats.bytes_h2d += ids.numel() * self._row_bytes
 
-    def _serve_overflow(self, ids: torch.Tensor) -> Overflow:
+    def _serve_overflow(self, ids: torch.Tensor, declined: int) -> Overflow:
+        """Rows that get no slot this batch (`declined` of them by admission control, the
+        rest for want of room), served from a side table."""
         weight, state = self.host.gather(ids)
-        self.stats.overflow_rows += ids.numel()
+        self.stats.overflow_rows += ids.numel() - declined
+        self.stats.bypassed_rows += declined
         self.stats.bytes_h2d += ids.numel() * self._row_bytes
         return Overflow(ids, weight.to(self.device), {k: v.to(self.device) for k, v in state.items()})
 

@@ -17,8 +17,9 @@ class CacheStats:
     evictions: int = 0
     bytes_h2d: int = 0
     bytes_d2h: int = 0
-    overflow_rows: int = 0
+    overflow_rows: int = 0  # missed rows served beside the cache: more than it could make room for
     batches: int = 0
+    bypassed_rows: int = 0  # missed rows served beside the cache: admission control declined them
 
     @property
     def hit_rate(self) -> float:
