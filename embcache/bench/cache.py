@@ -133,59 +133,81 @@ def _sync(device):
 
 def timing(args, device) -> dict:
     """Cached vs uncached step time, interleaved step by step so that machine noise hits
-    both alike; the ratio is of medians."""
+    all alike; ratios are of medians. On the CPU the cache runs twice side by side: with
+    its admission bookkeeping as one compiled pass (the default) and as the batched
+    tensor ops that state it (the reference, what every other device runs): the before
+    and after of that fusion in one run."""
     trace = CriteoTrace(scale=args.timing_scale, batch_size=args.batch_size,
                         batches=args.timing_steps + 5, seed=args.seed + 1)
     n, d = trace.num_rows, args.dim
     freq = trace.frequencies()
-    batches = list(trace)
+    batches = [b.to(device) for b in trace]
     target = torch.randn(args.batch_size, d, device=device)
     # torch's Adagrad rebuilds a sparse tensor each step and warns that it skips the
     # invariant checks; that is the baseline working as intended, not something to report
     warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+    paths = ("fused", "tensor") if device.type == "cpu" else ("tensor",)
     results = []
     for opt_name in args.optimizers:
         weight = torch.randn(n, d) * 0.01
         ref = torch.nn.EmbeddingBag(n, d, mode="sum", sparse=True, _weight=weight.clone()).to(device)
         opt = torch_equivalent(opt_name, ref.parameters(), 0.01)
+
+        def uncached(b):
+            opt.zero_grad()
+            (ref(b) * target).sum().backward()
+            opt.step()
+
         for ratio in args.ratios:
-            bag = CachedEmbeddingBag(n, d, cache_ratio=ratio, ids_freq=freq, optimizer=opt_name,
-                                     lr=0.01, device=device, weight=weight)
-            t_ref, t_cached = [], []
-            for i, b in enumerate(batches):
-                b = b.to(device)
-                _sync(device)
-                t0 = time.perf_counter()
-                opt.zero_grad()
-                (ref(b) * target).sum().backward()
-                opt.step()
-                _sync(device)
-                t1 = time.perf_counter()
-                (bag(b) * target).sum().backward()
-                _sync(device)
-                t2 = time.perf_counter()
-                if i >= 5:  # warm-up steps excluded
-                    t_ref.append(t1 - t0)
-                    t_cached.append(t2 - t1)
-                if i == 4:
-                    bag.reset_cache_stats()
-            s = bag.cache_stats()
-            med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-            row = {"optimizer": opt_name, "ratio": ratio, "cache_rows": bag.cache.num_slots,
-                   "uncached_step_ms": 1e3 * med(t_ref), "cached_step_ms": 1e3 * med(t_cached),
-                   "bookkeeping_ratio": med(t_cached) / med(t_ref), "hit_rate": s["hit_rate"],
-                   "bytes_h2d_per_batch": s["bytes_h2d"] / s["batches"],
-                   "bytes_d2h_per_batch": s["bytes_d2h"] / s["batches"],
-                   "overflow_rows": s["overflow_rows"]}
+            bags = {path: CachedEmbeddingBag(n, d, cache_ratio=ratio, ids_freq=freq, optimizer=opt_name,
+                                             lr=0.01, device=device, weight=weight) for path in paths}
+            steps = {"uncached": uncached}
+            for path, bag in bags.items():
+                bag.cache.bookkeeping = path
+                steps[path] = lambda b, bag=bag: (bag(b) * target).sum().backward()
+            med = _interleaved_medians(steps, batches, device, warmup=5,
+                                       after_warmup=lambda: [bag.reset_cache_stats() for bag in bags.values()])
+            row = _timing_row(opt_name, ratio, bags[paths[0]], med)
             results.append(row)
-            print(f"  {opt_name:8s} ratio {ratio:>6.3%}: cached/uncached step = "
-                  f"{row['bookkeeping_ratio']:.2f}  ({row['cached_step_ms']:.1f} ms vs "
-                  f"{row['uncached_step_ms']:.1f} ms), hit rate {row['hit_rate']:.3f}, "
-                  f"{(row['bytes_h2d_per_batch'] + row['bytes_d2h_per_batch']) / 2**20:.2f} MiB moved/batch",
-                  flush=True)
-            del bag
+            print(f"  {opt_name:8s} ratio {ratio:>6.3%}: cached/uncached step = {row['bookkeeping_ratio']:.2f}"
+                  + (f" (tensor-op bookkeeping {row['bookkeeping_ratio_tensor_ops']:.2f})"
+                     if "tensor" in med and len(paths) > 1 else "")
+                  + f", {row['cached_step_ms']:.1f} ms vs {row['uncached_step_ms']:.1f} ms, hit rate "
+                  f"{row['hit_rate']:.3f}, {(row['bytes_h2d_per_batch'] + row['bytes_d2h_per_batch']) / 2**20:.2f}"
+                  " MiB moved/batch", flush=True)
+            del bags
         del ref, opt
     return {"num_rows": n, "dim": d, "steps": args.timing_steps, "results": results}
+
+
+def _interleaved_medians(steps: dict, batches, device, warmup: int, after_warmup) -> dict:
+    """Median seconds of each step function over `batches`, run in turn on every batch;
+    the first `warmup` batches are not timed (`after_warmup` is called after them)."""
+    times = {name: [] for name in steps}
+    for i, b in enumerate(batches):
+        if i == warmup:
+            after_warmup()
+        for name, step in steps.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            step(b)
+            _sync(device)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+
+
+def _timing_row(opt_name: str, ratio: float, bag, med: dict) -> dict:
+    s = bag.cache_stats()
+    cached = med.get("fused", med.get("tensor"))
+    row = {"optimizer": opt_name, "ratio": ratio, "cache_rows": bag.cache.num_slots,
+           "uncached_step_ms": 1e3 * med["uncached"], "cached_step_ms": 1e3 * cached,
+           "bookkeeping_ratio": cached / med["uncached"], "hit_rate": s["hit_rate"],
+           "bytes_h2d_per_batch": s["bytes_h2d"] / s["batches"],
+           "bytes_d2h_per_batch": s["bytes_d2h"] / s["batches"], "overflow_rows": s["overflow_rows"]}
+    if "fused" in med and "tensor" in med:
+        row["bookkeeping_ratio_tensor_ops"] = med["tensor"] / med["uncached"]
+    return row
 
 
 def plot(hits: dict, path) -> None:
