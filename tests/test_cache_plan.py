@@ -17,7 +17,7 @@ from embcache.cache.row_cache import RowCache
 from embcache.cli import main
 from embcache.data.synthetic import generate_synthetic
 
-RATIOS = (0.01, 0.025, 0.05)
+RATIOS = (0.0025, 0.01, 0.05, 0.1)  # 0.25 %: smaller than a batch's distinct rows (overflow)
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +44,9 @@ def real_hit_rate(batches, freq, num_rows, cache_rows, policy) -> float:
 
 def test_trace_prediction_is_within_two_points_of_a_real_cache(trace):
     batches, freq, n = trace
-    traced = planner.TraceProfile(freq, 0.7, len(batches))
-    for ids in batches:
-        traced.add(ids)
     sizes = planner.cache_sizes(RATIOS, n)
-    assert sizes.min() > traced.profile().max_unique  # no overflow at these sizes
-    predicted = planner.predict(traced.profile(), sizes, 0.7, traced.lru)
+    predicted = planner.replay(batches, freq, sizes, 0.7, len(batches))
+    assert sizes[0] < predicted.max_unique < sizes[1]  # one size overflows, the others do not
     for policy in planner.POLICIES:
         for size, guess in zip(sizes, predicted.hit_rate(policy)):
             real = real_hit_rate(batches, freq, n, int(size), policy)
@@ -58,14 +55,14 @@ def test_trace_prediction_is_within_two_points_of_a_real_cache(trace):
 
 def test_counts_alone_predict_what_the_trace_does(trace):
     batches, freq, n = trace
-    traced = planner.TraceProfile(freq, 0.7, len(batches))
-    for ids in batches:
-        traced.add(ids)
     sizes = planner.cache_sizes(RATIOS, n)
-    from_trace = planner.predict(traced.profile(), sizes, 0.7, traced.lru)
-    from_counts = planner.predict(planner.expected_profile(freq, len(batches)), sizes, 0.7)
-    distinct = traced.profile().accesses / len(batches)
-    assert abs(from_counts.profile.accesses / len(batches) - distinct) <= 0.01 * distinct
+    from_trace = planner.replay(batches, freq, sizes, 0.7, len(batches))
+    surrogate = planner.surrogate_batches(freq, len(batches))
+    from_counts = planner.replay(surrogate, freq, sizes, 0.7, len(surrogate))
+    assert from_counts.batches == len(batches) and sum(b.size for b in surrogate) == freq.sum()
+    distinct = from_trace.accesses / len(batches)
+    assert abs(planner.expected_distinct(freq, len(batches)) - distinct) <= 0.01 * distinct
+    assert abs(from_counts.accesses / len(batches) - distinct) <= 0.01 * distinct
     for policy in planner.POLICIES:
         assert np.abs(from_counts.hit_rate(policy) - from_trace.hit_rate(policy)).max() <= 0.02, policy
 
@@ -83,19 +80,20 @@ def test_fenwick_prefix_sums_follow_updates():
         assert np.array_equal(tree.prefix(query), np.concatenate([[0], np.cumsum(counts)])[query + 1])
 
 
-def test_lru_stack_without_warm_up_counts_hits_exactly():
-    """Without warm-up and with every batch's ids distinct from the ones of equal recency
-    (one id per batch), stack distances give an LRU cache's hits exactly."""
+def test_lru_with_one_id_per_batch_counts_hits_exactly():
+    """With one id per batch and no warm-up there are no ties: the stack distances give an
+    LRU cache's hits exactly, at every size in the same pass."""
     ids = np.random.default_rng(1).integers(0, 40, 300)
-    stack = planner.LruStack(np.zeros(40), 0.0, ids.size)
+    sizes = (1, 3, 8, 20)
+    model = planner.RankedCache("lru", np.zeros(40), sizes, 0.0, ids.size)
     for i in ids:
-        stack.add(np.array([i]))
-    for size in (1, 3, 8, 20):
+        model.add(np.array([i]))
+    for size, predicted in zip(sizes, model.hits):
         resident, hits = [], 0
         for i in ids.tolist():
             hits += i in resident
             resident = ([i] + [r for r in resident if r != i])[:size]
-        assert stack.hits([size])[0] == pytest.approx(hits)
+        assert predicted == hits
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
@@ -115,14 +113,11 @@ def test_device_bytes_are_those_of_a_real_cache(optimizer, eviction):
     assert footprint.largest_cache(footprint.device_bytes(rows) - 1) == rows - 1
 
 
-def test_smallest_within_one_point_is_the_first_such_size(trace):
-    _, freq, n = trace
-    profile = planner.expected_profile(freq, 60)
-    largest = math.ceil(0.05 * n)
-    rows, rate, best = planner.smallest_within(profile, largest, 0.7)
-    curve = planner.ranked_hits(profile, np.arange(1, largest + 1), 0.7) / profile.accesses
-    assert best == pytest.approx(curve[-1]) and rate == pytest.approx(curve[rows - 1])
-    assert rate >= best - 0.01 > curve[rows - 2]
+def test_smallest_within_one_point_reads_the_curve_between_its_points():
+    sizes, rates = np.array([10, 20, 40, 80]), np.array([0.5, 0.7, 0.8, 0.82])
+    rows, rate, best = planner.smallest_within(sizes, rates, 0.01)
+    assert (rows, best) == (60, 0.82) and rate == pytest.approx(0.81)
+    assert planner.smallest_within(sizes, rates, 0.5)[:2] == (10, 0.5)
 
 
 def test_plan_command_table_json_and_plot(data_dir, tmp_path, capsys):
@@ -136,7 +131,7 @@ def test_plan_command_table_json_and_plot(data_dir, tmp_path, capsys):
     plan = json.loads(capsys.readouterr().out)
     assert plan["row_bytes"] == 3 * 16 * 4 and plan["device_memory"] == 16 * 2**30 and not plan["traced"]
     assert [r["ratio"] for r in plan["rows"]] == [0.01, 0.1]
-    assert "B(1-(1-1/B)^f)" in plan["assumption"]
+    assert "1-(1-1/B)^f" in plan["assumption"] and len(plan["curve"]["cache_rows"]) > 10
     low, high = plan["rows"]
     assert 0 < low["hit_rate"]["freq"] <= high["hit_rate"]["freq"] <= 1
     assert low["cache_rows"] == math.ceil(0.01 * plan["num_rows"])

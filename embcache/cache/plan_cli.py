@@ -78,8 +78,9 @@ def report(plan) -> str:
 
     j = plan.to_json()
     fp = plan.footprint
-    lines = [f"{plan.data_dir}: {fp.num_rows:,} embedding rows, {j['distinct_rows_per_batch']:,.0f} distinct "
-             f"per batch of {plan.batch_size:,}",
+    lines = [f"{plan.data_dir}: {fp.num_rows:,} embedding rows; a batch of {plan.batch_size:,} needs "
+             f"{j['distinct_rows_per_batch']:,.0f} distinct rows ({j['distinct_rows_per_batch_expected']:,.0f} "
+             f"expected from the counts)",
              f"predicted from {j['assumption']}",
              f"a row: {fp.dim} float32 + {fp.optimizer} state = {fp.row_bytes:,} B; host store "
              f"{format_bytes(fp.host_bytes())} (every row and its state)",
@@ -103,27 +104,23 @@ def report(plan) -> str:
 
 
 def plot(plan, path) -> None:
-    """Hit rate against cache ratio for each policy (a fine grid of sizes, the planned
-    ratios marked), with the largest cache that fits; written to a temporary name, then
-    renamed."""
+    """Hit rate against cache ratio for each policy (the replay's grid of sizes, the
+    planned ratios marked), with the largest cache that fits; written to a temporary
+    name, then renamed."""
     import os
     from pathlib import Path
 
     import matplotlib
-    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from embcache.cache.planner import POLICIES, predict
-
     pred, n = plan.prediction, plan.footprint.num_rows
-    grid = np.unique(np.geomspace(max(1, n * 1e-4), n, 160).astype(np.int64))
-    curves = predict(pred.profile, grid, plan.warmup_ratio, plan.lru)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for policy, style in zip(POLICIES, ("-", "--", ":")):
-        line, = ax.plot(100 * grid / n, 100 * curves.hit_rate(policy), style, label=policy)
-        ax.plot([100 * r for r in plan.ratios], 100 * pred.hit_rate(policy), "o", color=line.get_color(), ms=4)
+    for policy, style in zip(pred.hits, ("-", "--", ":")):
+        line, = ax.plot(100 * pred.sizes / n, 100 * pred.hit_rate(policy), style, label=policy)
+        ax.plot([100 * r for r in plan.ratios], 100 * pred.hit_rate(policy)[plan.rows()], "o",
+                color=line.get_color(), ms=4)
     if 0 < plan.largest_rows < n:
         ax.axvline(100 * plan.largest_rows / n, color="k", lw=0.8, label="largest that fits")
     ax.set_xscale("log")

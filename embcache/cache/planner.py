@@ -1,40 +1,37 @@
-"""How big a cache: the hit rate each eviction policy is predicted to reach at every cache
+"""How big a cache: the hit rate each eviction policy is predicted to reach at each cache
 size, and what each size costs in device memory and traffic, before any training.
 
-Hits and misses count distinct rows per batch, as `RowCache.stats` does. Every curve
-comes from one pass over what is known about the accesses:
+Hits and misses count distinct rows per batch, as `RowCache.stats` does. The prediction
+replays a trace once, every cache size of interest at the same time: the training batches
+themselves (`--trace N`), or, from meta.json's counts alone, a surrogate trace drawn from
+them (below).
 
-- **a trace** (the training batches, in order): per id, the number of batches it appears
-  in (`n`), and how many of those follow a batch holding it too (`consecutive`); for
-  `lru`, stack distances as below.
-- **only the id frequencies** (meta.json's counts `f` over `B` batches of the epoch): if
-  an id's `f` occurrences fall into batches independently and uniformly, the chance that
-  a given batch holds it is `p = 1 - (1 - 1/B)^f`, so it appears in `n = B p` batches
-  (`B (1 - (1 - 1/B)^f)`), `(B - 1) p^2` of them right after one that held it too, and in
-  at least one batch for sure (it is in the training data).
+**The model.** Every policy keeps the rows with the highest keys (`freq`: the id's count
+in the data + its online count; `lfu`: the online count; `lru`: the batch of its last
+use), except that the last batch's rows are all resident (they were admitted, hits or
+misses, and only other rows are evicted). Keys never fall while a row waits, so an idle
+row stays resident as long as fewer than `K` admitted rows rank above it, `K = C - churn`
+where the churn is the last batch's rows outside that top `K` (a fixed point, solved per
+size). For each row a batch needs, the number of rows ranking above it is a prefix sum in
+a Fenwick tree over key levels (independent of the cache size: Mattson's stack distance,
+at batch granularity; for `lru` the levels are batches); rows of equal key share the
+boundary (`(K - d) / e` of them resident). "Admitted" depends on the size in one way: the
+warm-up loads the `floor(warmup_ratio * C)` ids hottest by count, with keys that rank
+below any accessed row of equal key (they are the least recent), so the warm-up rows not
+yet used that rank above a row are counted by a second Fenwick tree, over warm-up ranks,
+at each size's warm-up boundary. A row used for the first time hits only if it was warmed
+up and still ranks within `K`. When a batch has more distinct rows than the cache
+(overflow), the cache keeps that batch's hits and admits its misses in id order (the
+order `torch.unique` gives them) until it is full. Measured against real `RowCache` runs:
+see the README's "How big a cache".
 
-`freq` (and `lfu`) as frequency ranking: the cache holds the ids ranked highest by
-`ids_freq` (their keys, prior + online count, keep that order, and every rank below is
-colder than a row just missed), except for the last batch's misses, which were admitted
-and are the next victims. So of `C` slots, `K` hold the top `K` ranks and `C - K` the
-churn, where `C - K` is the misses per batch of the ranks from `K` on; `K + churn(K)` only
-grows with `K` (an id is in at most every batch), so one sort and one cumulative sum per
-quantity give `K` and the hit count for every `C` at once. An id ranked below the warm-up
-(the top `floor(warmup_ratio * C)` ids with a count) misses once, at its first use; a
-churn id used again in the very next batch hits. `lfu` ranks by online counts alone: the
-same curve without the warm-up's help (its warm-up rows start with a count of 0 and go
-first).
-
-`lru` from a trace: Mattson's stack distances at batch granularity. The cache after a
-batch holds the `C` most recently used ids; an id last used in batch `t'` is resident at
-batch `t` if fewer than `C` ids were used more recently, the `e` ids whose last use was
-`t'` too sharing the boundary (a fraction `(C - d) / e` of them resident, `d` = ids used
-more recently). `d` is a prefix sum over last-use batches in a Fenwick tree, so all sizes
-come from one pass. The warm-up sits below batch 1 in the stack, hottest first, with one
-empty slot after every `1 / (1 - warmup_ratio)` rows, so that the top `C` of the initial
-stack is exactly the warm-up of a cache of `C` rows. `lru` from frequencies: Che's
-approximation (the cache holds the ids used in the last `T` batches, `T` such that they
-are `C` ids).
+**From the counts alone** the order of the accesses is unknown. The surrogate trace
+assumes each of an id's `f` occurrences falls into one of the epoch's `B` batches
+independently and uniformly (seeded): then a batch holds the id with probability
+`1 - (1 - 1/B)^f`, so a batch needs `sum(1 - (1 - 1/B)^f)` distinct rows on average,
+which the report states. Past `MAX_SURROGATE_BATCHES` batches only the first ones are
+drawn (each occurrence kept with probability `S / B`), which weighs the warm-up's first
+misses more than a whole epoch would.
 """
 from __future__ import annotations
 
@@ -45,6 +42,7 @@ import numpy as np
 
 POLICIES = ("freq", "lfu", "lru")
 DEFAULT_RATIOS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.025, 0.05, 0.10, 0.25)
+MAX_SURROGATE_BATCHES = 512
 # Device bytes besides the rows, read off `RowCache`: per slot, slot_to_id (int64), dirty
 # (bool), holds (int32) and the policy's slot_last and slot_primary (float64); per id of the
 # table, the slot map's id_to_slot (int64), plus the online counts (int32) of lfu/freq and
@@ -52,6 +50,9 @@ DEFAULT_RATIOS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.025, 0.05, 0.10, 0.25)
 SLOT_BOOKKEEPING_BYTES = 8 + 1 + 4 + 8 + 8
 ID_BOOKKEEPING_BYTES = {"lru": 8, "lfu": 8 + 4, "freq": 8 + 4 + 8}
 FLOAT32_BYTES = 4
+# key levels of `freq` (count + online count): exact below this, then PER_OCTAVE per doubling
+EXACT_LEVELS = 4096
+PER_OCTAVE = 64
 
 
 # ---------------------------------------------------------------------------- memory
@@ -84,11 +85,10 @@ class Footprint:
         """The host store: every row and its state, in id order."""
         return self.num_rows * self.row_bytes
 
-    def device_bytes(self, cache_rows) -> np.ndarray | int:
+    def device_bytes(self, cache_rows: int) -> int:
         """The cache of `cache_rows` rows: rows, state and bookkeeping on the device."""
-        per_id = ID_BOOKKEEPING_BYTES[self.eviction] * self.num_rows
-        return per_id + np.asarray(cache_rows, dtype=np.int64) * (self.row_bytes + SLOT_BOOKKEEPING_BYTES) \
-            if not isinstance(cache_rows, int) else per_id + cache_rows * (self.row_bytes + SLOT_BOOKKEEPING_BYTES)
+        return ID_BOOKKEEPING_BYTES[self.eviction] * self.num_rows \
+            + int(cache_rows) * (self.row_bytes + SLOT_BOOKKEEPING_BYTES)
 
     def largest_cache(self, memory: int) -> int:
         """The most rows (at most all of them) whose cache fits in `memory` bytes; 0 when the
@@ -97,112 +97,12 @@ class Footprint:
         return int(max(0, min(self.num_rows, spare // (self.row_bytes + SLOT_BOOKKEEPING_BYTES))))
 
 
-# ---------------------------------------------------------------------------- access profiles
-@dataclass
-class AccessProfile:
-    """Per id: `batches` (how many batches hold it), `consecutive` (how many of those follow
-    a batch holding it), `seen` (whether it appears at all); over `num_batches` batches.
-    From a trace the counts are whole numbers, from frequencies expectations."""
-
-    freq: np.ndarray
-    batches: np.ndarray
-    consecutive: np.ndarray
-    seen: np.ndarray
-    num_batches: int
-    max_unique: float  # the most distinct ids one batch needs (expected, from frequencies)
-
-    @property
-    def accesses(self) -> float:
-        """Distinct ids per batch, summed over the batches: what the hit rate divides."""
-        return float(self.batches.sum())
-
-
-def expected_profile(freq: np.ndarray, num_batches: int) -> AccessProfile:
-    """The profile of `num_batches` batches if each id's occurrences fall into batches
-    independently and uniformly (see the module's docstring)."""
-    freq = np.asarray(freq, dtype=np.float64)
-    b = int(num_batches)
-    p = -np.expm1(freq * math.log1p(-1.0 / b)) if b > 1 else (freq > 0).astype(np.float64)
-    batches = b * p
-    return AccessProfile(freq, batches, (b - 1) * p * p, freq > 0, b, float(p.sum()))
-
-
-class TraceProfile:
-    """Accumulates, batch by batch, the profile of a trace and (for `lru`) its stack
-    distances: `add(ids)` once per batch, then `profile()` and `lru`."""
-
-    def __init__(self, freq: np.ndarray, warmup_ratio: float, max_batches: int):
-        self.freq = np.asarray(freq, dtype=np.float64)
-        n = self.freq.size
-        self.batches = np.zeros(n, dtype=np.int64)
-        self.consecutive = np.zeros(n, dtype=np.int64)
-        self.last = np.full(n, -2, dtype=np.int64)
-        self.t = 0
-        self.max_unique = 0
-        self.lru = LruStack(self.freq, warmup_ratio, max_batches)
-
-    def add(self, ids) -> None:
-        """One batch's ids (any shape, any order, repeats allowed)."""
-        u = np.unique(np.asarray(ids, dtype=np.int64))
-        self.batches[u] += 1
-        self.consecutive[u] += self.last[u] == self.t - 1
-        self.last[u] = self.t
-        self.max_unique = max(self.max_unique, u.size)
-        self.lru.add(u)
-        self.t += 1
-
-    def profile(self) -> AccessProfile:
-        return AccessProfile(self.freq, self.batches, self.consecutive, self.batches > 0, self.t,
-                             float(self.max_unique))
-
-
-def rank_order(freq: np.ndarray) -> np.ndarray:
-    """Ids hottest first, as the warm-up loads them (ties by id)."""
-    return np.argsort(-np.asarray(freq, dtype=np.float64), kind="stable")
-
-
-# ---------------------------------------------------------------------------- freq / lfu
-def ranked_hits(profile: AccessProfile, sizes, warmup_ratio: float, warm: bool = True) -> np.ndarray:
-    """Predicted hits (distinct rows per batch, summed) of frequency ranking at every cache
-    size in `sizes`: `freq` (`warm`), or `lfu`, whose warm-up rows keep their first use
-    only while the empty slots last (they start with a count of 0 and go first): a share
-    `empty slots / misses` of that help, capped at all of it."""
-    sizes = np.asarray(sizes, dtype=np.int64)
-    order = rank_order(profile.freq)
-    n = _cumulative(profile.batches[order])
-    seen = _cumulative(profile.seen[order])
-    cons = _cumulative(profile.consecutive[order])
-    b = profile.num_batches
-    # churn(K): misses per batch of the ids ranked K and below (less their next-batch hits)
-    churn = ((n[-1] - n) - (cons[-1] - cons)) / b
-    k = np.searchsorted(np.arange(n.size) + churn, sizes, side="right") - 1
-    k = np.clip(k, 0, np.minimum(sizes, n.size - 1))
-    loaded = np.minimum(np.floor(warmup_ratio * sizes).astype(np.int64), int(np.count_nonzero(profile.freq > 0)))
-    w = np.minimum(loaded, k)
-    # the churn slots keep the last batch's misses: a fraction of them when fewer than they
-    room = np.divide(sizes - k, churn[k], out=np.ones(k.size), where=churn[k] > 0)
-    hits = n[k] - (seen[k] - seen[w]) + (cons[-1] - cons[k]) * np.clip(room, 0.0, 1.0)
-    if warm:
-        return hits
-    help_ = seen[w]  # first uses the warm-up turns into hits
-    misses = np.maximum(n[-1] - hits, 1.0)
-    return hits - help_ + help_ * np.minimum(1.0, (sizes - loaded) / misses)
-
-
-def _cumulative(values: np.ndarray) -> np.ndarray:
-    """`out[k]` = sum of the first k values (float64, length + 1)."""
-    out = np.zeros(values.size + 1, dtype=np.float64)
-    np.cumsum(values, out=out[1:])
-    return out
-
-
-# ---------------------------------------------------------------------------- lru
 class _Fenwick:
     """Prefix sums of int64 counts with point updates, both vectorised over index arrays."""
 
     def __init__(self, counts: np.ndarray):
         n = counts.size
-        prefix = _cumulative(counts).astype(np.int64)
+        prefix = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
         i = np.arange(n)
         self.tree = prefix[i + 1] - prefix[i & (i + 1)]
 
@@ -227,108 +127,202 @@ class _Fenwick:
             live = i < self.tree.size
 
 
-class LruStack:
-    """Mattson's stack distances of a batched trace (see the module's docstring).
+# ---------------------------------------------------------------------------- the model
+def rank_order(freq: np.ndarray) -> np.ndarray:
+    """Ids hottest first, as the warm-up loads them (ties by id)."""
+    return np.argsort(-np.asarray(freq, dtype=np.float64), kind="stable")
 
-    Slot `s` of the tree counts the ids whose last use is `s`: slots below `depth` are the
-    initial stack (one entry each, the top of the stack at `depth - 1`), slot `depth + t`
-    is batch t. `ramp` accumulates, per access, the second difference of its expected hit
-    at each cache size, so `hits` is two cumulative sums."""
 
-    def __init__(self, freq: np.ndarray, warmup_ratio: float, max_batches: int):
+def key_level(keys: np.ndarray) -> np.ndarray:
+    """Fenwick level of a `freq` key: the key itself below EXACT_LEVELS, then log buckets
+    (rows that hot are far inside any cache; their exact order does not matter)."""
+    keys = np.asarray(keys, dtype=np.float64)
+    out = keys.astype(np.int64)
+    big = keys >= EXACT_LEVELS
+    if big.any():
+        out[big] = EXACT_LEVELS + (PER_OCTAVE * np.log2(keys[big] / EXACT_LEVELS)).astype(np.int64)
+    return out
+
+
+class RankedCache:
+    """One policy's predicted hits at each cache size in `sizes`, fed one batch at a time
+    (`add`); see the module's docstring.
+
+    Args:
+        policy: "freq" | "lfu" | "lru".
+        freq: per-id counts (`ids_freq`): the warm-up's order, and `freq`'s prior.
+        sizes: cache sizes in rows.
+        warmup_ratio: as the cache's.
+        max_batches: at least the number of batches to come (sizes the key levels).
+    """
+
+    def __init__(self, policy: str, freq: np.ndarray, sizes, warmup_ratio: float, max_batches: int):
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        freq = np.asarray(freq, dtype=np.float64)
         n = freq.size
-        self.depth = n
-        position = np.arange(n)
-        real = np.floor(warmup_ratio * (position + 1)) > np.floor(warmup_ratio * position)
-        hot = rank_order(freq)[: int(np.count_nonzero(freq > 0))]
-        warm = np.flatnonzero(real)[: hot.size]
-        self.last = np.full(n, -1, dtype=np.int64)
-        self.last[hot[: warm.size]] = n - 1 - warm
-        self.group = np.zeros(n + int(max_batches), dtype=np.int64)
-        self.group[:n] = 1  # warm rows and empty slots alike take a place in the stack
-        self.tree = _Fenwick(self.group)
-        self.entries = n
-        self.ramp = np.zeros(n + 2, dtype=np.float64)
-        self.t = 0
+        self.policy, self.sizes = policy, np.asarray(sizes, dtype=np.int64)
+        self.prior = freq if policy == "freq" else np.zeros(n)
+        order = rank_order(freq)
+        self.rank = np.empty(n, dtype=np.int64)
+        self.rank[order] = np.arange(n)
+        self.prior_desc = -self.prior[order]  # ascending: for "how many priors exceed v"
+        self.warm = np.minimum(np.floor(warmup_ratio * self.sizes), np.count_nonzero(freq)).astype(np.int64)
+        self.count = np.zeros(n, dtype=np.int64)  # batches that used the id so far
+        self.last = np.full(n, -2, dtype=np.int64)  # the last of them
+        top = int(key_level([self.prior.max() + max_batches + 1])[0]) + 2
+        self.levels, self.level_count = _Fenwick(np.zeros(top, dtype=np.int64)), np.zeros(top, dtype=np.int64)
+        self.ranks = _Fenwick(np.zeros(n, dtype=np.int64))  # accessed ids, by warm-up rank
+        self.accessed = 0
+        self.hits = np.zeros(self.sizes.size)
+        self.accesses = self.t = 0
+        self.prev_ids, self.prev_hit = np.zeros(0, dtype=np.int64), np.zeros((0, self.sizes.size))
 
-    def add(self, unique_ids: np.ndarray) -> None:
-        slot = self.depth + self.t
-        if slot >= self.group.size:
-            raise ValueError(f"LruStack was sized for {self.group.size - self.depth} batches")
-        last = self.last[unique_ids]
-        known = last >= 0
-        prev = last[known]
-        above = self.entries - self.tree.prefix(prev)  # ids used more recently than each one
-        ties = self.group[prev]
-        top = self.ramp.size - 1
-        weight = 1.0 / ties
-        self.ramp += np.bincount(np.minimum(above + 1, top), weight, minlength=self.ramp.size)
-        self.ramp -= np.bincount(np.minimum(above + ties + 1, top), weight, minlength=self.ramp.size)
-        moved = np.bincount(prev, minlength=self.group.size) if prev.size else None
-        if moved is not None:
-            self.group -= moved
-            self.tree.add(prev, -1)
-        self.group[slot] = unique_ids.size
-        self.tree.add(np.array([slot]), unique_ids.size)
-        self.entries += int(np.count_nonzero(~known))
-        self.last[unique_ids] = slot
+    def _level(self, ids: np.ndarray, later: int = 0) -> np.ndarray:
+        """Key levels of accessed `ids` now (`later=1`: after this batch's use)."""
+        if self.policy == "lru":
+            return self.last[ids] + 1 if not later else np.full(ids.size, self.t + 1)
+        if self.policy == "lfu":
+            return self.count[ids] + later
+        return key_level(self.prior[ids] + self.count[ids] + later)
+
+    def _unused_warm_above(self, rank) -> np.ndarray:
+        """Ids ranked above `rank` by the warm-up's order and never used so far."""
+        rank = np.asarray(rank, dtype=np.int64)
+        return rank - self.ranks.prefix(rank - 1)
+
+    def _above(self, ids: np.ndarray, unused_warm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For accessed `ids`: admitted rows ranking above each at every size `[ids, sizes]`,
+        and the rows sharing its key level."""
+        level = self._level(ids)
+        above = (self.accessed - self.levels.prefix(level)).astype(np.float64)[:, None]
+        if self.policy == "freq":  # unused warm-up rows whose count alone is higher
+            higher = np.searchsorted(self.prior_desc, -(self.prior[ids] + self.count[ids]), side="left")
+            above = above + np.minimum(self._unused_warm_above(higher)[:, None], unused_warm)
+        return above, self.level_count[level].astype(np.float64)[:, None]
+
+    def _hot_region(self, unused_warm: np.ndarray) -> np.ndarray:
+        """`K` per size: the slots left once the last batch's rows outside the top `K` are
+        counted (the smallest churn c with c >= #{positions >= C - c})."""
+        if self.prev_ids.size == 0:
+            return self.sizes.astype(np.float64)
+        above, ties = self._above(self.prev_ids[self.count[self.prev_ids] > 0], unused_warm)
+        gap = np.sort(self.sizes[None, :] - (above + ties / 2), axis=0)  # C - position, ascending
+        enough = gap >= np.arange(1, gap.shape[0] + 1)[:, None]
+        churn = np.where(enough.any(0), enough.argmax(0), gap.shape[0])
+        return np.maximum(self.sizes - churn, 0).astype(np.float64)
+
+    def add(self, ids: np.ndarray) -> None:
+        """One batch: its distinct ids, sorted (`np.unique`)."""
+        unused_warm = self._unused_warm_above(self.warm)[None, :]
+        hot = self._hot_region(unused_warm)[None, :]
+        hit = np.zeros((ids.size, self.sizes.size))
+        again = self.last[ids] == self.t - 1
+        used = self.count[ids] > 0
+        if again.any():
+            hit[again] = self._forced(ids[again])
+        idle = used & ~again
+        if idle.any():
+            above, ties = self._above(ids[idle], unused_warm)
+            hit[idle] = np.clip((hot - above) / ties, 0.0, 1.0)
+        first = ~used
+        if first.any():
+            hit[first] = self._first_use(ids[first], hot)
+        self.hits += hit.sum(0)
+        self.accesses += ids.size
+        self._update(ids, used)
+        self.prev_ids, self.prev_hit = ids, hit
+
+    def _forced(self, ids: np.ndarray) -> np.ndarray:
+        """Hit chance of rows the last batch used: resident if they were hits then, or
+        among the misses admitted in id order while slots lasted."""
+        where = np.searchsorted(self.prev_ids, ids)
+        miss = 1.0 - self.prev_hit
+        room = self.sizes[None, :] - self.prev_hit.sum(0)[None, :]
+        admitted = (np.cumsum(miss, axis=0) - miss / 2) <= room
+        return self.prev_hit[where] + miss[where] * admitted[where]
+
+    def _first_use(self, ids: np.ndarray, hot: np.ndarray) -> np.ndarray:
+        """A row never used: a hit where it was warmed up and still ranks within `K`
+        (accessed rows of equal or higher key and unused warm-up rows before it rank above)."""
+        rank = self.rank[ids]
+        if self.policy == "freq":
+            above = self.accessed - self.levels.prefix(key_level(self.prior[ids]) - 1)
+        else:
+            above = np.full(ids.size, self.accessed)
+        above = (above + self._unused_warm_above(rank))[:, None]
+        return ((rank[:, None] < self.warm[None, :]) & (above < hot)).astype(np.float64)
+
+    def _update(self, ids: np.ndarray, used: np.ndarray) -> None:
+        if used.any():
+            old = self._level(ids[used])
+            self.levels.add(old, -1)
+            np.subtract.at(self.level_count, old, 1)
+        if (~used).any():
+            self.ranks.add(self.rank[ids[~used]], 1)
+            self.accessed += int(np.count_nonzero(~used))
+        new = self._level(ids, later=1)
+        self.levels.add(new, 1)
+        np.add.at(self.level_count, new, 1)
+        self.count[ids] += 1
+        self.last[ids] = self.t
         self.t += 1
 
-    def hits(self, sizes) -> np.ndarray:
-        sizes = np.minimum(np.asarray(sizes, dtype=np.int64), self.ramp.size - 1)
-        return np.cumsum(np.cumsum(self.ramp))[sizes]
 
-
-def che_lru_hits(profile: AccessProfile, sizes, warmup_ratio: float) -> np.ndarray:
-    """Predicted `lru` hits from frequencies alone (Che's approximation at batch
-    granularity): the cache holds the ids used in the last `T` batches, `T` the time in
-    which `C` distinct ids are used; an id used in a fraction `p` of the batches is then
-    resident with probability `h = 1 - (1 - p)^T`. Each use but its first hits with that
-    chance, the first one too when the id was warmed up."""
-    sizes = np.asarray(sizes, dtype=np.float64)
-    values, mult = np.unique(profile.freq[profile.freq > 0], return_counts=True)
-    values, mult = values[::-1], mult[::-1].astype(np.float64)  # hottest first, as the warm-up
-    b = profile.num_batches
-    p = -np.expm1(values * math.log1p(-1.0 / b)) if b > 1 else np.ones_like(values)
-    log_miss = np.log1p(-np.minimum(p, 1 - 1e-15))
-    lo, hi = np.full(sizes.size, -30.0), np.full(sizes.size, 40.0)  # bounds of log T
-    for _ in range(80):
-        mid = (lo + hi) / 2
-        distinct = (mult * -np.expm1(np.exp(mid)[:, None] * log_miss)).sum(1)
-        below = distinct < sizes
-        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
-    h = -np.expm1(np.exp(hi)[:, None] * log_miss)
-    h[sizes >= mult.sum()] = 1.0
-    warm = np.minimum(np.floor(warmup_ratio * sizes), mult.sum())
-    before = np.concatenate([[0.0], np.cumsum(mult)[:-1]])
-    warm_per_value = np.clip(warm[:, None] - before, 0.0, mult)
-    return (h * (mult * (b * p - 1) + warm_per_value)).sum(1)
-
-
-# ---------------------------------------------------------------------------- the plan
 @dataclass
 class Prediction:
-    """Predicted hits per policy at each of `sizes` (cache rows), over `profile`."""
+    """Predicted hits per policy at each of `sizes` (cache rows) over `batches` batches
+    needing `accesses` distinct rows in all, `max_unique` at most in one."""
 
     sizes: np.ndarray
     hits: dict[str, np.ndarray]
-    profile: AccessProfile
+    accesses: int
+    batches: int
+    max_unique: int
 
     def hit_rate(self, policy: str) -> np.ndarray:
-        return self.hits[policy] / max(self.profile.accesses, 1.0)
+        return self.hits[policy] / max(self.accesses, 1)
 
     def misses_per_batch(self, policy: str) -> np.ndarray:
-        return (self.profile.accesses - self.hits[policy]) / max(self.profile.num_batches, 1)
+        return (self.accesses - self.hits[policy]) / max(self.batches, 1)
 
 
-def predict(profile: AccessProfile, sizes, warmup_ratio: float, lru: LruStack | None = None) -> Prediction:
-    """Every policy's predicted hits at `sizes`: `lru` by stack distances when the trace's
-    `lru` stack is given, by Che's approximation otherwise."""
-    sizes = np.asarray(sizes, dtype=np.int64)
-    hits = {"freq": ranked_hits(profile, sizes, warmup_ratio),
-            "lfu": ranked_hits(profile, sizes, warmup_ratio, warm=False),
-            "lru": lru.hits(sizes) if lru is not None else che_lru_hits(profile, sizes, warmup_ratio)}
-    return Prediction(sizes, hits, profile)
+def replay(batches, freq: np.ndarray, sizes, warmup_ratio: float, max_batches: int,
+           policies=POLICIES) -> Prediction:
+    """One pass over `batches` (arrays of ids, any shape) predicting every policy at every
+    size at once."""
+    models = [RankedCache(p, freq, sizes, warmup_ratio, max_batches) for p in policies]
+    count = most = 0
+    for ids in batches:
+        unique = np.unique(np.asarray(ids, dtype=np.int64))
+        for model in models:
+            model.add(unique)
+        count, most = count + 1, max(most, unique.size)
+    accesses = models[0].accesses if models else 0
+    return Prediction(np.asarray(sizes, dtype=np.int64), {m.policy: m.hits for m in models}, accesses, count, most)
+
+
+def expected_distinct(freq: np.ndarray, num_batches: int) -> float:
+    """Distinct rows a batch needs on average if each occurrence falls into one of
+    `num_batches` batches uniformly: `sum(1 - (1 - 1/B)^f)`."""
+    freq = np.asarray(freq, dtype=np.float64)
+    if num_batches <= 1:
+        return float(np.count_nonzero(freq))
+    return float(-np.expm1(freq * math.log1p(-1.0 / num_batches)).sum())
+
+
+def surrogate_batches(freq: np.ndarray, num_batches: int, limit: int = MAX_SURROGATE_BATCHES, seed: int = 0):
+    """The first `min(num_batches, limit)` batches of an epoch of `num_batches` whose
+    occurrences (`freq` of each id) fell into batches independently and uniformly."""
+    rng = np.random.default_rng(seed)
+    counts = np.asarray(freq, dtype=np.int64)
+    drawn = min(int(num_batches), int(limit))
+    if drawn < num_batches:
+        counts = rng.binomial(counts, drawn / num_batches)
+    ids = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
+    batch = rng.integers(0, drawn, ids.size)
+    ids = ids[np.argsort(batch, kind="stable")]
+    return np.split(ids, np.cumsum(np.bincount(batch, minlength=drawn))[:-1])
 
 
 # ---------------------------------------------------------------------------- data
@@ -364,10 +358,11 @@ def trace_batches(data_dir, batch_size: int, limit: int, seed: int = 0):
         yield kjt.values().numpy() + np.repeat(offsets, kjt.length_per_key())
 
 
+# ---------------------------------------------------------------------------- the plan
 @dataclass
 class CachePlan:
-    """A data set's cache plan: the prediction at each of `ratios`, the memory each costs,
-    and the largest cache `device_memory` holds."""
+    """A data set's cache plan: the prediction at each of `ratios` (and on a grid of sizes
+    for the curves), the memory each costs, and the largest cache `device_memory` holds."""
 
     data_dir: str
     footprint: Footprint
@@ -379,51 +374,56 @@ class CachePlan:
     largest_rows: int
     ratios: list[float]
     prediction: Prediction
-    lru: LruStack | None = None  # the trace's stack, which answers any cache size
+    epoch_batches: int
+    distinct_expected: float  # per batch, from the counts
+    counted_ids: int  # ids with a count: the most the warm-up loads
 
-    @property
-    def num_batches(self) -> int:
-        return self.prediction.profile.num_batches
+    def rows(self) -> np.ndarray:
+        """Where each of `ratios` sits in `prediction.sizes`."""
+        return np.searchsorted(self.prediction.sizes, cache_sizes(self.ratios, self.footprint.num_rows))
 
     def assumption(self) -> str:
         """What the prediction rests on, in one sentence."""
-        b = self.num_batches
+        b, size = self.prediction.batches, f"{self.batch_size:,}"
         if self.traced:
-            return (f"a replay of the first {b:,} training batches of {self.batch_size:,} rows, in the order "
-                    f"the trainer reads them (seed {self.seed}); lru by stack distances")
-        return (f"meta.json's id counts alone, over one epoch of {b:,} batches of {self.batch_size:,} rows: an id "
-                f"counted f times is taken to fall into batches independently, so it appears in "
-                f"B(1-(1-1/B)^f) of them; lru by Che's approximation")
+            return (f"a replay of the first {b:,} training batches of {size} rows, in the order the trainer "
+                    f"reads them (seed {self.seed})")
+        part = "the epoch's" if b == self.epoch_batches else f"the first {b:,} of the epoch's"
+        return (f"meta.json's id counts alone: a trace drawn from them, {part} {self.epoch_batches:,} batches of "
+                f"{size} rows, each occurrence of an id in a batch drawn uniformly and independently (seed "
+                f"{self.seed}): an id counted f times is then in 1-(1-1/B)^f of the B batches")
 
     def moved_per_batch(self, policy: str) -> tuple[np.ndarray, np.ndarray]:
         """Bytes (host->device, device->host) per batch: every miss comes in; once the
         warm-up's empty slots are taken, every miss evicts a row, dirty since trained."""
         pred, row = self.prediction, self.footprint.row_bytes
         misses = pred.misses_per_batch(policy)
-        loaded = np.minimum(np.floor(self.warmup_ratio * pred.sizes), np.count_nonzero(pred.profile.freq))
-        free = (pred.sizes - loaded) / max(self.num_batches, 1)
+        loaded = np.minimum(np.floor(self.warmup_ratio * pred.sizes), self.counted_ids)
+        free = (pred.sizes - loaded) / max(pred.batches, 1)
         return misses * row, np.maximum(misses - free, 0.0) * row
-
-    def overflows(self) -> np.ndarray:
-        """Sizes smaller than some batch's distinct rows: the rest is served beside the cache
-        each step, and the prediction there is rough."""
-        return self.prediction.sizes < self.prediction.profile.max_unique
 
     def to_json(self) -> dict:
         pred, fp = self.prediction, self.footprint
+        moved = {p: self.moved_per_batch(p) for p in POLICIES if p in pred.hits}
         rows = []
-        for i, (ratio, size) in enumerate(zip(self.ratios, pred.sizes)):
-            moved = {p: dict(zip(("h2d", "d2h"), (float(v[i]) for v in self.moved_per_batch(p)))) for p in POLICIES}
-            rows.append({"ratio": ratio, "cache_rows": int(size), "fits": bool(size <= self.largest_rows),
-                         "overflow": bool(self.overflows()[i]),
-                         "hit_rate": {p: float(pred.hit_rate(p)[i]) for p in POLICIES},
-                         "device_bytes": int(fp.device_bytes(int(size))), "bytes_per_batch": moved})
+        for ratio, i in zip(self.ratios, self.rows()):
+            size = int(pred.sizes[i])
+            rows.append({"ratio": ratio, "cache_rows": size, "fits": size <= self.largest_rows,
+                         "overflow": size < pred.max_unique,
+                         "hit_rate": {p: float(pred.hit_rate(p)[i]) for p in pred.hits},
+                         "device_bytes": int(fp.device_bytes(size)),
+                         "bytes_per_batch": {p: {"h2d": float(v[0][i]), "d2h": float(v[1][i])}
+                                             for p, v in moved.items()}})
         return {"data": self.data_dir, "num_rows": fp.num_rows, "embedding_dim": fp.dim, "optimizer": fp.optimizer,
                 "eviction_bookkeeping": fp.eviction, "row_bytes": fp.row_bytes, "host_bytes": fp.host_bytes(),
-                "batch_size": self.batch_size, "batches": self.num_batches, "traced": self.traced,
-                "assumption": self.assumption(), "distinct_rows_per_batch": pred.profile.accesses / max(
-                    self.num_batches, 1), "device_memory": self.device_memory, "largest_cache_rows": self.largest_rows,
-                "largest_cache_ratio": self.largest_rows / fp.num_rows, "rows": rows}
+                "batch_size": self.batch_size, "batches": pred.batches, "epoch_batches": self.epoch_batches,
+                "traced": self.traced, "assumption": self.assumption(),
+                "distinct_rows_per_batch": pred.accesses / max(pred.batches, 1),
+                "distinct_rows_per_batch_expected": self.distinct_expected,
+                "device_memory": self.device_memory, "largest_cache_rows": self.largest_rows,
+                "largest_cache_ratio": self.largest_rows / fp.num_rows, "rows": rows,
+                "curve": {"cache_rows": pred.sizes.tolist(),
+                          "hit_rate": {p: pred.hit_rate(p).tolist() for p in pred.hits}}}
 
 
 def cache_sizes(ratios, num_rows: int) -> np.ndarray:
@@ -431,48 +431,39 @@ def cache_sizes(ratios, num_rows: int) -> np.ndarray:
     return np.array([math.ceil(r * num_rows) for r in ratios], dtype=np.int64)
 
 
-def profile_data(data_dir, freq: np.ndarray, meta: dict, batch_size: int, warmup_ratio: float,
-                 trace: int | None = None, seed: int = 0) -> tuple[AccessProfile, LruStack | None]:
-    """The access profile of one epoch from the counts, or of the first `trace` batches
-    replayed (with their `lru` stack)."""
-    rows = int(meta["splits"]["train"]["rows"])
-    epoch = max(1, -(-rows // batch_size))
-    if not trace:
-        return expected_profile(freq, epoch), None
-    traced = TraceProfile(freq, warmup_ratio, min(trace, epoch))
-    for ids in trace_batches(data_dir, batch_size, min(trace, epoch), seed):
-        traced.add(ids)
-    return traced.profile(), traced.lru
+def size_grid(num_rows: int, points: int = 48, largest: int | None = None) -> np.ndarray:
+    """Cache sizes spread evenly on a log scale from 0.01 % of the rows (one row at least)
+    to `largest` (all rows)."""
+    top = max(1, min(num_rows, largest or num_rows))
+    return np.unique(np.geomspace(max(1.0, min(top, 1e-4 * num_rows)), top, points).astype(np.int64))
+
+
+def access_batches(data_dir, freq: np.ndarray, meta: dict, batch_size: int, trace: int | None, seed: int):
+    """(the batches to replay, how many, the epoch's batches): the first `trace` training
+    batches, or the surrogate drawn from the counts."""
+    epoch = max(1, -(-int(meta["splits"]["train"]["rows"]) // batch_size))
+    if trace:
+        count = min(trace, epoch)
+        return trace_batches(data_dir, batch_size, count, seed), count, epoch
+    batches = surrogate_batches(freq, epoch, seed=seed)
+    return batches, len(batches), epoch
 
 
 def plan_cache(data_dir, *, embedding_dim: int, optimizer: str, device_memory: int, batch_size: int,
                warmup_ratio: float = 0.7, eviction: str = "freq", trace: int | None = None, seed: int = 0,
                ratios=DEFAULT_RATIOS) -> CachePlan:
     """Read `data_dir` (meta.json's counts; with `trace`, its first batches too) and
-    predict every policy at each ratio."""
+    predict every policy at each ratio and on a grid of sizes, in one replay."""
     freq, meta = table_frequencies(data_dir)
-    profile, lru = profile_data(data_dir, freq, meta, batch_size, warmup_ratio, trace, seed)
     footprint = Footprint(freq.size, embedding_dim, optimizer, eviction)
     ratios = sorted(float(r) for r in ratios)
+    largest = footprint.largest_cache(device_memory)
+    sizes = np.unique(np.concatenate([cache_sizes(ratios, freq.size), size_grid(freq.size),
+                                      [largest] if largest else []])).astype(np.int64)
+    batches, count, epoch = access_batches(data_dir, freq, meta, batch_size, trace, seed)
+    prediction = replay(batches, freq, sizes, warmup_ratio, count)
     return CachePlan(str(data_dir), footprint, batch_size, warmup_ratio, bool(trace), seed, device_memory,
-                     footprint.largest_cache(device_memory), ratios,
-                     predict(profile, cache_sizes(ratios, freq.size), warmup_ratio, lru), lru)
-
-
-def smallest_within(freq_profile: AccessProfile, largest: int, warmup_ratio: float, policy: str = "freq",
-                    tolerance: float = 0.01) -> tuple[int, float, float]:
-    """The smallest cache whose predicted hit rate is within `tolerance` of the one of
-    `largest` rows: (rows, its hit rate, the largest's hit rate). `lru` is judged on Che's
-    curve, the others on their ranking curves."""
-    sizes = np.arange(1, largest + 1, dtype=np.int64)
-    if policy == "lru":
-        grid = np.unique(np.geomspace(1, largest, 256).astype(np.int64))
-        rates = np.interp(sizes, grid, che_lru_hits(freq_profile, grid, warmup_ratio)) / freq_profile.accesses
-    else:
-        rates = ranked_hits(freq_profile, sizes, warmup_ratio, warm=policy == "freq") / freq_profile.accesses
-    best = float(rates[-1])
-    pick = int(np.argmax(rates >= best - tolerance))
-    return int(sizes[pick]), float(rates[pick]), best
+                     largest, ratios, prediction, epoch, expected_distinct(freq, epoch), int(np.count_nonzero(freq)))
 
 
 # ---------------------------------------------------------------------------- the trainer's choice
@@ -490,25 +481,43 @@ def default_device_memory(device) -> tuple[int, str]:
     return DEFAULT_DEVICE_MEMORY, "the default for a CPU device"
 
 
+def smallest_within(sizes: np.ndarray, rates: np.ndarray, tolerance: float = 0.01) -> tuple[int, float, float]:
+    """The smallest cache whose hit rate is within `tolerance` of the largest's (the last
+    of `sizes`), read off the curve with linear interpolation between its points:
+    (rows, its hit rate, the largest's hit rate)."""
+    best = float(rates[-1])
+    target = best - tolerance
+    i = int(np.argmax(rates >= target))
+    if i == 0 or rates[i] <= target:
+        return int(sizes[i]), float(rates[i]), best
+    lo, hi = int(sizes[i - 1]), int(sizes[i])
+    share = (target - rates[i - 1]) / (rates[i] - rates[i - 1])
+    rows = min(hi, max(lo + 1, math.ceil(lo + share * (hi - lo))))
+    return rows, float(np.interp(rows, [lo, hi], [rates[i - 1], rates[i]])), best
+
+
 def auto_cache_ratio(data_dir, *, embedding_dim: int, optimizer: str, eviction: str, batch_size: int,
-                     warmup_ratio: float, device_memory: int, tolerance: float = 0.01) -> tuple[float, str]:
+                     warmup_ratio: float, device_memory: int, tolerance: float = 0.01, seed: int = 0) -> tuple[float, str]:
     """The smallest cache ratio whose predicted hit rate (of `eviction`, from meta.json's
-    counts over one epoch) is within `tolerance` of the largest cache that fits
+    counts) is within `tolerance` of the one of the largest cache that fits
     `device_memory`; returns it with one line saying why."""
     from embcache.errors import UserFacingError
 
     freq, meta = table_frequencies(data_dir)
-    profile, _ = profile_data(data_dir, freq, meta, batch_size, warmup_ratio)
     footprint = Footprint(freq.size, embedding_dim, optimizer, eviction)
     largest = footprint.largest_cache(device_memory)
     if largest < 1:
         raise UserFacingError(f"--device-memory {format_bytes(device_memory)} holds no cache: the {eviction} "
                               f"bookkeeping of {freq.size:,} rows alone needs {format_bytes(footprint.device_bytes(0))}")
-    rows, rate, best = smallest_within(profile, largest, warmup_ratio, eviction, tolerance)
+    batches, count, _ = access_batches(data_dir, freq, meta, batch_size, None, seed)
+    sizes = size_grid(freq.size, 96, largest)
+    curve = replay(batches, freq, sizes, warmup_ratio, count, policies=(eviction,))
+    rows, rate, best = smallest_within(sizes, curve.hit_rate(eviction), tolerance)
     ratio = rows / freq.size
     return ratio, (f"cache ratio auto: {ratio:.3%} ({rows:,} rows), predicted {eviction} hit rate {rate:.3f}: the "
                    f"smallest within {100 * tolerance:g} point of {best:.3f}, the largest cache that fits "
-                   f"{format_bytes(device_memory)} ({largest / freq.size:.2%}; {format_bytes(footprint.device_bytes(largest))})")
+                   f"{format_bytes(device_memory)} ({largest / freq.size:.2%}; "
+                   f"{format_bytes(footprint.device_bytes(largest))})")
 
 
 def format_bytes(n: float) -> str:
