@@ -243,3 +243,21 @@ def test_verify_scores_a_split_through_the_export_and_the_trainer(run, tmp_path,
     start, stop = kaggle_split(ROWS)
     assert report.pop("export_rows_per_s") > 0
     assert report == {"split": "test", "rows": ROWS - stop, "bit_for_bit": True, "max_abs_diff": 0.0}
+
+
+def test_half_precision_rows_in_a_mapped_store_export_as_float32(run, tmp_path):
+    """Rows stored as bfloat16 in an mmap host store come out as float32 (the exact values
+    the bag pooled) and raw rows still score bit for bit as the trainer."""
+    cfg = DLRMConfig(batch_size=64, embedding_dim=4, dense_arch=[8], over_arch=[8], max_steps=3, device="cpu",
+                     progress=False, checkpoint_dir=str(tmp_path / "ck"), cache_ratio=0.3, row_dtype="bfloat16",
+                     host_store=f"mmap:{tmp_path / 'store'}")
+    DLRMTrainer(cfg, run["root"] / "data").fit()
+    export_checkpoint(tmp_path / "ck", tmp_path / "out")
+    model = load_export(tmp_path / "out")
+    ck = load_checkpoint(tmp_path / "ck" / "dlrm-last.pt", "dlrm")
+    saved = full_tables(tmp_path / "ck" / "dlrm-last.pt", ck["tables"])
+    for entry, table in zip(model.manifest["tables"], model.tables):
+        assert saved[entry["name"]]["weight"].dtype == torch.bfloat16 and table.dtype == torch.float32
+        assert torch.equal(table, saved[entry["name"]]["weight"].float())
+    sparse, dense = raw_val_rows(run["columns"])
+    assert torch.equal(model.logits(sparse, dense), trainer_logits(tmp_path / "ck" / "dlrm-last.pt", "val"))
