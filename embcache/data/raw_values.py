@@ -39,18 +39,22 @@ KEY_KINDS = ("string", "int+1", "exact", "identity")
 _TOP_BIT = np.uint64(1 << 63)
 
 
-def decode_keys(keys: np.ndarray) -> list[str | None]:
-    """The string behind each key made of its own bytes; None where the key is a hash (or an
-    8-byte value whose first byte is not ASCII: the two cannot be told apart).
+def decode_keys(keys: np.ndarray) -> pa.Array:
+    """The strings behind keys made of their own bytes (vectorized: no Python string per
+    key, so a feature of tens of millions of values costs seconds); null where the key is a
+    hash, or an 8-byte value whose first byte is not ASCII (the two cannot be told apart).
 
     Example:
         >>> from embcache.data.delimited import string_keys
-        >>> decode_keys(string_keys(pa.array(["68fd1e64", "a", "a-value-longer-than-8"])))
+        >>> decode_keys(string_keys(pa.array(["68fd1e64", "a", "a-value-longer-than-8"]))).to_pylist()
         ['68fd1e64', 'a', None]
     """
     keys = np.asarray(keys, dtype=np.uint64)
-    text = np.char.decode(keys.astype(">u8").view("S8"), "utf-8", errors="replace")
-    return [None if k & _TOP_BIT else str(t) for k, t in zip(keys, text)]
+    raw = pa.array(keys.astype(">u8").view("S8"), type=pa.binary(), mask=(keys & _TOP_BIT) != 0)
+    try:
+        return raw.cast(pa.string())
+    except pa.ArrowInvalid:  # bytes that are not UTF-8: replaced, as a reader would show them
+        return pa.array([None if b is None else b.decode("utf-8", "replace") for b in raw.to_pylist()], pa.string())
 
 
 class LongValues:
@@ -86,14 +90,17 @@ def converter_values(vocab: Vocabulary, key: str, long_values: dict[int, str] | 
     """One feature's file for a converter's vocabulary: `value` per id (id 0 null), or
     `bucket` per id when the feature is hashed."""
     if vocab.hashed:
-        return pa.table({"bucket": pa.array([None, *vocab.keys.tolist()], pa.uint64())})
+        return pa.table({"bucket": pa.concat_arrays([pa.nulls(1, pa.uint64()), pa.array(vocab.keys)])})
     if key == "int+1":
-        return pa.table({"value": pa.array([None, *(vocab.keys - np.uint64(1)).astype(np.int64).tolist()],
-                                           pa.int64())})
-    values = decode_keys(vocab.keys)
-    for i, text in (long_values or {}).items():
-        values[i - 1] = text
-    return pa.table({"value": pa.array([None, *values], pa.string())})
+        ints = (vocab.keys - np.uint64(1)).astype(np.int64)
+        return pa.table({"value": pa.concat_arrays([pa.nulls(1, pa.int64()), pa.array(ints)])})
+    values = pa.concat_arrays([pa.nulls(1, pa.string()), decode_keys(vocab.keys)])
+    if long_values:  # rare (values over 8 bytes): filled in one by one
+        filled = values.to_pylist()
+        for i, text in long_values.items():
+            filled[i] = text
+        values = pa.array(filled, pa.string())
+    return pa.table({"value": values})
 
 
 def save_raw_values(out_dir: str | os.PathLike, tables: dict[str, pa.Table], entries: dict[str, dict]) -> dict:
