@@ -83,8 +83,15 @@ def _lookup(directory: Path, table: dict) -> FeatureLookup:
 
 
 def _read_table(path: Path) -> torch.Tensor:
+    """A table as a float32 tensor; `.npy` memory-mapped (read-only: the page cache holds
+    the hot rows, and a table larger than memory still serves)."""
     if path.suffix == ".npy":
-        return torch.from_numpy(np.load(path))
+        import warnings
+
+        array = np.load(path, mmap_mode="r")
+        with warnings.catch_warnings():  # torch warns of the read-only mapping; nothing writes to it
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(array)
     import pyarrow.parquet as pq
 
     column = pq.read_table(path, columns=["embedding"]).column("embedding").combine_chunks()
@@ -96,7 +103,8 @@ class ExportedDLRM:
     """An export loaded: its tables, lookups and dense program.
 
     Args:
-        directory: what `embcache dlrm export --out` wrote.
+        directory: what `embcache dlrm export --out` wrote (`.npy` tables are memory-mapped,
+            Parquet ones read into memory).
     """
 
     def __init__(self, directory: str | os.PathLike):
