@@ -168,7 +168,8 @@ def big_table(args, work: Path) -> dict:
         result = train(bag, work_batches, sample_memory=True)
         stats = bag.cache_stats()
         result.update(samples_per_s=result["steps"] * args.batch_size / result["seconds"],
-                      hit_rate=stats["hit_rate"], bytes_h2d=stats["bytes_h2d"], bytes_d2h=stats["bytes_d2h"])
+                      hit_rate=stats["hit_rate"], evictions=stats["evictions"], bytes_h2d=stats["bytes_h2d"],
+                      bytes_d2h=stats["bytes_d2h"])
     finally:
         del bag
         gc.collect()
