@@ -79,6 +79,15 @@ def test_bench_cache_command_writes_results(tmp_path, capsys):
     assert all(x["bookkeeping_ratio_tensor_ops"] > 0 for x in t)
 
 
+def test_bench_cache_measures_only_the_parts_asked_for(tmp_path):
+    rc = main(["bench", "cache", "--parts", "timing", "--timing-scale", "0.002", "--timing-steps", "2",
+               "--batch-size", "128", "--optimizers", "sgd", "--ratios", "0.05", "--out", str(tmp_path),
+               "--device", "cpu"])
+    data = json.loads((tmp_path / "cache.json").read_text())
+    assert rc == 0 and data["hit_rate"] is None and len(data["timing"]["results"]) == 1
+    assert not (tmp_path / "cache_hit_rate.png").exists()
+
+
 def test_the_drifting_trace_moves_its_hot_set_by_day():
     from embcache.bench.criteo_trace import CriteoTrace
 

@@ -56,6 +56,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--optimizers", nargs="+", default=["sgd", "adagrad"],
                    choices=list(TORCH_EQUIVALENTS))
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--parts", nargs="+", choices=["hit-rate", "timing"], default=["hit-rate", "timing"],
+                   help="what to measure (both by default; each part is side by side within itself)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR), help="results directory")
     p.add_argument("--name", default="cache", help="results file stem")
@@ -239,14 +241,19 @@ def plot(hits: dict, path) -> None:
 
 def run(args) -> int:
     device = resolve_device(args.device)
-    print(f"hit rates ({args.batches} batches of {args.batch_size}, scale {args.scale}) on {device}:")
-    hits = hit_rates(args, device)
-    print(f"bookkeeping cost (dim {args.dim}, scale {args.timing_scale}):")
-    times = timing(args, device)
+    hits = times = None
+    if "hit-rate" in args.parts:
+        print(f"hit rates ({args.batches} batches of {args.batch_size}, scale {args.scale}) on {device}:")
+        hits = hit_rates(args, device)
+    if "timing" in args.parts:
+        print(f"bookkeeping cost (dim {args.dim}, scale {args.timing_scale}):")
+        times = timing(args, device)
     payload = {"benchmark": "cache", "device": str(device), "config": {
         k: v for k, v in vars(args).items() if k != "func"}, "hit_rate": hits, "timing": times}
     path = write_json(payload, args.name, args.out)
-    png = path.with_name(f"{args.name}_hit_rate.png")
-    plot(hits, png)
-    print(f"wrote {path} and {png}")
+    written = [path]
+    if hits is not None:
+        written.append(path.with_name(f"{args.name}_hit_rate.png"))
+        plot(hits, written[-1])
+    print("wrote " + " and ".join(map(str, written)))
     return 0
