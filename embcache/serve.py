@@ -153,7 +153,9 @@ class ExportedDLRM:
     @torch.no_grad()
     def logits_of_pooled(self, pooled: torch.Tensor, dense) -> torch.Tensor:
         """`[B]` logits from pooled embeddings `[B, T, D]` (e.g. `pool_ids`) and dense features."""
-        dense = torch.as_tensor(np.asarray(dense, dtype=np.float32)).reshape(-1, self.manifest["num_dense"])
+        # row-major as the trainer's batches are: a transposed input takes another GEMM path,
+        # equal only to rounding
+        dense = torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32).reshape(-1, self.manifest["num_dense"]))
         return self.dense_model(pooled, dense).reshape(-1)
 
     def predict(self, rows: Sequence[Mapping]) -> np.ndarray:

@@ -261,3 +261,26 @@ def test_half_precision_rows_in_a_mapped_store_export_as_float32(run, tmp_path):
         assert torch.equal(table, saved[entry["name"]]["weight"].float())
     sparse, dense = raw_val_rows(run["columns"])
     assert torch.equal(model.logits(sparse, dense), trainer_logits(tmp_path / "ck" / "dlrm-last.pt", "val"))
+
+
+def test_data_without_raw_values_exports_ids_and_other_data_is_refused(run, tmp_path, capsys):
+    """A directory prepared before raw values were recorded: the export says so and scores
+    by id. A directory of other data (other cardinalities) is refused in one line."""
+    old = tmp_path / "old"
+    shutil.copytree(run["root"] / "data", old)
+    meta = json.loads((old / "meta.json").read_text())
+    del meta["raw_values"]
+    (old / "meta.json").write_text(json.dumps(meta))
+    export_checkpoint(run["ck"], tmp_path / "out", data=str(old))
+    model = load_export(tmp_path / "out")
+    assert {t["vocabulary"]["key"] for t in model.manifest["tables"]} == {"identity"}
+    assert "no raw values" in model.manifest["tables"][0]["vocabulary"]["note"]
+    val = pq.read_table(old / "val" / "part-00000.parquet").to_pydict()
+    ids = {f: val[f] for f in model.features}
+    dense = np.array([val[f"dense_{j}"] for j in range(13)], dtype=np.float32).T
+    assert torch.equal(model.logits(ids, dense), trainer_logits(run["ck"], "val"))
+    convert_criteo_kaggle(run["root"] / "train.txt", tmp_path / "other", min_count=1, progress=False)
+    assert cli(run["ck"], "--out", tmp_path / "x", "--data", tmp_path / "other") == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "other features, cardinalities or rows" in err
+    assert not (tmp_path / "x").exists()
