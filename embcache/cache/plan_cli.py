@@ -43,6 +43,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="fraction of the cache filled with the hottest ids before training")
     p.add_argument("--trace", type=int_in(1), default=None, metavar="N",
                    help="replay the first N training batches (default: predict from the id counts alone)")
+    p.add_argument("--no-prefetch", action="store_true",
+                   help="predict for `dlrm train --no-prefetch` (the trainer otherwise admits the next batch's "
+                        "rows while the current one trains, which keeps two batches' rows resident)")
     p.add_argument("--seed", type=non_negative_int, default=d.seed, help="the trainer's --seed (its shard order)")
     p.add_argument("--ratios", type=ratio, nargs="+", default=list(DEFAULT_RATIOS), metavar="R",
                    help="cache ratios (fraction of all rows on the device)")
@@ -59,7 +62,7 @@ def run(args) -> int:
         plan = plan_cache(args.data_dir, embedding_dim=args.embedding_dim, optimizer=args.optimizer,
                           device_memory=args.device_memory, batch_size=args.batch_size,
                           warmup_ratio=args.warmup_ratio, eviction=args.eviction, trace=args.trace,
-                          seed=args.seed, ratios=args.ratios)
+                          seed=args.seed, ratios=args.ratios, prefetch=not args.no_prefetch)
         if args.plot:
             plot(plan, args.plot)
     except UserFacingError:

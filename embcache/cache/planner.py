@@ -36,6 +36,7 @@ misses more than a whole epoch would.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,9 +102,11 @@ class _Fenwick:
     """Prefix sums of int64 counts with point updates, both vectorised over index arrays."""
 
     def __init__(self, counts: np.ndarray):
-        n = counts.size
+        if not counts.any():
+            self.tree = np.zeros(counts.size, dtype=np.int64)
+            return
         prefix = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-        i = np.arange(n)
+        i = np.arange(counts.size)
         self.tree = prefix[i + 1] - prefix[i & (i + 1)]
 
     def prefix(self, idx: np.ndarray) -> np.ndarray:
@@ -154,9 +157,13 @@ class RankedCache:
         sizes: cache sizes in rows.
         warmup_ratio: as the cache's.
         max_batches: at least the number of batches to come (sizes the key levels).
+        held: batches whose rows cannot be evicted when a batch's misses come in: 1 (the
+            batch itself, looked up one after another), 2 (the trainer, which admits the
+            next batch while the current one trains).
     """
 
-    def __init__(self, policy: str, freq: np.ndarray, sizes, warmup_ratio: float, max_batches: int):
+    def __init__(self, policy: str, freq: np.ndarray, sizes, warmup_ratio: float, max_batches: int,
+                 held: int = 1):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         freq = np.asarray(freq, dtype=np.float64)
@@ -176,7 +183,7 @@ class RankedCache:
         self.accessed = 0
         self.hits = np.zeros(self.sizes.size)
         self.accesses = self.t = 0
-        self.prev_ids, self.prev_hit = np.zeros(0, dtype=np.int64), np.zeros((0, self.sizes.size))
+        self.recent: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=int(held))  # (ids, hit), newest last
 
     def _level(self, ids: np.ndarray, later: int = 0) -> np.ndarray:
         """Key levels of accessed `ids` now (`later=1`: after this batch's use)."""
@@ -202,11 +209,12 @@ class RankedCache:
         return above, self.level_count[level].astype(np.float64)[:, None]
 
     def _hot_region(self, unused_warm: np.ndarray) -> np.ndarray:
-        """`K` per size: the slots left once the last batch's rows outside the top `K` are
-        counted (the smallest churn c with c >= #{positions >= C - c})."""
-        if self.prev_ids.size == 0:
+        """`K` per size: the slots left once the held batches' rows outside the top `K`
+        are counted (the smallest churn c with c >= #{positions >= C - c})."""
+        if not self.recent:
             return self.sizes.astype(np.float64)
-        above, ties = self._above(self.prev_ids[self.count[self.prev_ids] > 0], unused_warm)
+        held = np.unique(np.concatenate([ids for ids, _ in self.recent]))
+        above, ties = self._above(held, unused_warm)
         gap = np.sort(self.sizes[None, :] - (above + ties / 2), axis=0)  # C - position, ascending
         enough = gap >= np.arange(1, gap.shape[0] + 1)[:, None]
         churn = np.where(enough.any(0), enough.argmax(0), gap.shape[0])
@@ -217,10 +225,10 @@ class RankedCache:
         unused_warm = self._unused_warm_above(self.warm)[None, :]
         hot = self._hot_region(unused_warm)[None, :]
         hit = np.zeros((ids.size, self.sizes.size))
-        again = self.last[ids] == self.t - 1
+        again = self.last[ids] >= self.t - len(self.recent)
         used = self.count[ids] > 0
         if again.any():
-            hit[again] = self._forced(ids[again])
+            self._held_hits(ids, again, hit)
         idle = used & ~again
         if idle.any():
             above, ties = self._above(ids[idle], unused_warm)
@@ -231,16 +239,32 @@ class RankedCache:
         self.hits += hit.sum(0)
         self.accesses += ids.size
         self._update(ids, used)
-        self.prev_ids, self.prev_hit = ids, hit
+        self.recent.append((ids, hit))
 
-    def _forced(self, ids: np.ndarray) -> np.ndarray:
-        """Hit chance of rows the last batch used: resident if they were hits then, or
-        among the misses admitted in id order while slots lasted."""
-        where = np.searchsorted(self.prev_ids, ids)
-        miss = 1.0 - self.prev_hit
-        room = self.sizes[None, :] - self.prev_hit.sum(0)[None, :]
+    def _held_hits(self, ids: np.ndarray, again: np.ndarray, hit: np.ndarray) -> None:
+        """Fill `hit` for the rows a held batch used last (`again`). The newest batch's
+        rows come first; an older one's rows share what is left of the cache (the trainer
+        admits the newest batch's misses once the older batch is released)."""
+        occupied = np.zeros(self.sizes.size)
+        for back, (prev_ids, prev_hit) in enumerate(reversed(self.recent), start=1):
+            still = prev_ids[self.last[prev_ids] == self.t - back]  # not used since
+            if still.size == 0:
+                continue
+            resident = self._forced(still, prev_ids, prev_hit)
+            resident *= np.clip((self.sizes - occupied) / np.maximum(resident.sum(0), 1e-12), 0.0, 1.0)
+            occupied += resident.sum(0)
+            mine = again & (self.last[ids] == self.t - back)
+            hit[mine] = resident[np.searchsorted(still, ids[mine])]
+
+    def _forced(self, ids: np.ndarray, prev_ids: np.ndarray, prev_hit: np.ndarray) -> np.ndarray:
+        """Hit chance of rows a held batch (`prev_ids`, its hit chances) used last:
+        resident if they were hits then, or among its misses admitted in id order while
+        slots lasted."""
+        where = np.searchsorted(prev_ids, ids)
+        miss = 1.0 - prev_hit
+        room = self.sizes[None, :] - prev_hit.sum(0)[None, :]
         admitted = (np.cumsum(miss, axis=0) - miss / 2) <= room
-        return self.prev_hit[where] + miss[where] * admitted[where]
+        return prev_hit[where] + miss[where] * admitted[where]
 
     def _first_use(self, ids: np.ndarray, hot: np.ndarray) -> np.ndarray:
         """A row never used: a hit where it was warmed up and still ranks within `K`
@@ -288,10 +312,10 @@ class Prediction:
 
 
 def replay(batches, freq: np.ndarray, sizes, warmup_ratio: float, max_batches: int,
-           policies=POLICIES) -> Prediction:
+           policies=POLICIES, held: int = 1) -> Prediction:
     """One pass over `batches` (arrays of ids, any shape) predicting every policy at every
-    size at once."""
-    models = [RankedCache(p, freq, sizes, warmup_ratio, max_batches) for p in policies]
+    size at once (`held`: see `RankedCache`)."""
+    models = [RankedCache(p, freq, sizes, warmup_ratio, max_batches, held) for p in policies]
     count = most = 0
     for ids in batches:
         unique = np.unique(np.asarray(ids, dtype=np.int64))
@@ -451,9 +475,10 @@ def access_batches(data_dir, freq: np.ndarray, meta: dict, batch_size: int, trac
 
 def plan_cache(data_dir, *, embedding_dim: int, optimizer: str, device_memory: int, batch_size: int,
                warmup_ratio: float = 0.7, eviction: str = "freq", trace: int | None = None, seed: int = 0,
-               ratios=DEFAULT_RATIOS) -> CachePlan:
+               ratios=DEFAULT_RATIOS, prefetch: bool = True) -> CachePlan:
     """Read `data_dir` (meta.json's counts; with `trace`, its first batches too) and
-    predict every policy at each ratio and on a grid of sizes, in one replay."""
+    predict every policy at each ratio and on a grid of sizes, in one replay, for the
+    trainer (`prefetch`: it admits the next batch while the current one trains)."""
     freq, meta = table_frequencies(data_dir)
     footprint = Footprint(freq.size, embedding_dim, optimizer, eviction)
     ratios = sorted(float(r) for r in ratios)
@@ -461,7 +486,7 @@ def plan_cache(data_dir, *, embedding_dim: int, optimizer: str, device_memory: i
     sizes = np.unique(np.concatenate([cache_sizes(ratios, freq.size), size_grid(freq.size),
                                       [largest] if largest else []])).astype(np.int64)
     batches, count, epoch = access_batches(data_dir, freq, meta, batch_size, trace, seed)
-    prediction = replay(batches, freq, sizes, warmup_ratio, count)
+    prediction = replay(batches, freq, sizes, warmup_ratio, count, held=2 if prefetch else 1)
     return CachePlan(str(data_dir), footprint, batch_size, warmup_ratio, bool(trace), seed, device_memory,
                      largest, ratios, prediction, epoch, expected_distinct(freq, epoch), int(np.count_nonzero(freq)))
 
@@ -497,7 +522,8 @@ def smallest_within(sizes: np.ndarray, rates: np.ndarray, tolerance: float = 0.0
 
 
 def auto_cache_ratio(data_dir, *, embedding_dim: int, optimizer: str, eviction: str, batch_size: int,
-                     warmup_ratio: float, device_memory: int, tolerance: float = 0.01, seed: int = 0) -> tuple[float, str]:
+                     warmup_ratio: float, device_memory: int, tolerance: float = 0.01, seed: int = 0,
+                     prefetch: bool = True) -> tuple[float, str]:
     """The smallest cache ratio whose predicted hit rate (of `eviction`, from meta.json's
     counts) is within `tolerance` of the one of the largest cache that fits
     `device_memory`; returns it with one line saying why."""
@@ -511,7 +537,7 @@ def auto_cache_ratio(data_dir, *, embedding_dim: int, optimizer: str, eviction: 
                               f"bookkeeping of {freq.size:,} rows alone needs {format_bytes(footprint.device_bytes(0))}")
     batches, count, _ = access_batches(data_dir, freq, meta, batch_size, None, seed)
     sizes = size_grid(freq.size, 96, largest)
-    curve = replay(batches, freq, sizes, warmup_ratio, count, policies=(eviction,))
+    curve = replay(batches, freq, sizes, warmup_ratio, count, policies=(eviction,), held=2 if prefetch else 1)
     rows, rate, best = smallest_within(sizes, curve.hit_rate(eviction), tolerance)
     ratio = rows / freq.size
     return ratio, (f"cache ratio auto: {ratio:.3%} ({rows:,} rows), predicted {eviction} hit rate {rate:.3f}: the "

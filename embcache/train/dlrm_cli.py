@@ -117,7 +117,8 @@ def _auto_cache_ratio(args, cfg, data_dir: Path) -> float:
         default_device_memory(cfg.resolved_device())
     chosen, why = auto_cache_ratio(data_dir, embedding_dim=cfg.embedding_dim, optimizer=cfg.sparse_optimizer,
                                    eviction=cfg.eviction, batch_size=cfg.batch_size,
-                                   warmup_ratio=cfg.warmup_ratio, device_memory=memory)
+                                   warmup_ratio=cfg.warmup_ratio, device_memory=memory, seed=cfg.seed,
+                                   prefetch=cfg.prefetch)
     if int(os.environ.get("RANK", "0")) == 0:
         logging.getLogger("embcache.train.dlrm").info(f"{why} ({source})")
     return chosen
