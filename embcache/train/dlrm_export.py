@@ -16,7 +16,6 @@ and renamed onto it, so DIR is either the previous export or the whole new one.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -152,13 +151,12 @@ def write_vocabulary(data_dir: Path, meta: dict, feature: str, vocab_dir: Path) 
 def add_export_parser(sub) -> None:
     """The `export` action of `embcache dlrm`."""
     e = sub.add_parser("export", help="write a checkpoint's tables, vocabularies and dense model for serving",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                        description="Write every table in id order (float32), the raw value behind every id "
                                    "(where the data directory records it), the dense model as a torch.export "
                                    "program and a manifest; `embcache.serve.load_export(DIR)` scores raw rows.")
     e.add_argument("checkpoint", help="a checkpoint file, or the --checkpoint-dir holding dlrm-last.pt")
     e.add_argument("--out", required=True, help="the export directory (refused when it holds files, unless --force)")
-    e.add_argument("--format", choices=TABLE_FORMATS, default="npy", help="file format of the tables")
+    e.add_argument("--format", choices=TABLE_FORMATS, default="npy", help="file format of the tables (default: npy)")
     e.add_argument("--data", default=None, help="prepared data directory (default: the checkpoint's)")
     e.add_argument("--force", action="store_true", help="replace a non-empty --out")
     e.add_argument("--verify", choices=("val", "test"), default=None, metavar="SPLIT",
