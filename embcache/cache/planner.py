@@ -534,7 +534,8 @@ def auto_cache_ratio(data_dir, *, embedding_dim: int, optimizer: str, eviction: 
     largest = footprint.largest_cache(device_memory)
     if largest < 1:
         raise UserFacingError(f"--device-memory {format_bytes(device_memory)} holds no cache: the {eviction} "
-                              f"bookkeeping of {freq.size:,} rows alone needs {format_bytes(footprint.device_bytes(0))}")
+                              f"bookkeeping of {freq.size:,} rows alone needs "
+                              f"{format_bytes(footprint.device_bytes(0))}")
     batches, count, _ = access_batches(data_dir, freq, meta, batch_size, None, seed)
     sizes = size_grid(freq.size, 96, largest)
     curve = replay(batches, freq, sizes, warmup_ratio, count, policies=(eviction,), held=2 if prefetch else 1)

@@ -38,13 +38,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                         "(0.1: 3.4 M embedding rows, so the 1.5 %% cache holds 51 k)")
     p.add_argument("--sparse", choices=SPARSE_MODES, default=d.sparse,
                    help="cached tables, whole tables on the device, or whole tables on the host")
-    p.add_argument("--cache-ratio", type=cache_ratio, default=d.cache_ratio,
-                   help="fraction of all embedding rows kept on the device, or 'auto': the smallest whose "
-                        "predicted hit rate (`embcache cache plan`, from the id counts) is within 1 point of "
-                        "the largest cache that fits --device-memory")
-    p.add_argument("--device-memory", type=memory_size, default=None, metavar="SIZE",
-                   help="with --cache-ratio auto: device memory the cache may use, e.g. 16GiB "
-                        "(default: the CUDA device's free memory, else 16 GiB)")
+    _add_cache_size(p, d.cache_ratio)
     p.add_argument("--eviction", choices=POLICIES, default=d.eviction)
     p.add_argument("--warmup-ratio", type=fraction, default=d.warmup_ratio,
                    help="fraction of the cache filled with the hottest ids before training")
@@ -95,6 +89,17 @@ def host_store(text: str) -> str:
     if text == "memory" or (text.startswith("mmap:") and len(text) > len("mmap:")):
         return text
     raise argparse.ArgumentTypeError(f"must be 'memory' or 'mmap:DIR', not {text!r}")
+
+
+def _add_cache_size(p: argparse.ArgumentParser, default: float) -> None:
+    """--cache-ratio (a number, or `auto`) and the --device-memory that `auto` sizes for."""
+    p.add_argument("--cache-ratio", type=cache_ratio, default=default,
+                   help="fraction of all embedding rows kept on the device, or 'auto': the smallest whose "
+                        "predicted hit rate (`embcache cache plan`, from the id counts) is within 1 point of "
+                        "the largest cache that fits --device-memory")
+    p.add_argument("--device-memory", type=memory_size, default=None, metavar="SIZE",
+                   help="with --cache-ratio auto: device memory the cache may use, e.g. 16GiB "
+                        "(default: the CUDA device's free memory, else 16 GiB)")
 
 
 def cache_ratio(text: str) -> float | str:
