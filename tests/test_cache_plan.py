@@ -174,8 +174,13 @@ def test_bad_input_is_one_line(data_dir, tmp_path, capsys):
     cases.append((no_key, "lacks the key 'id_frequency_file'"))
     no_file = tmp_path / "no_file"
     no_file.mkdir()
-    (no_file / "meta.json").write_text(json.dumps({**meta, "id_frequency_file": "gone.npz", "splits": {}}))
+    train = {"train": {"files": [], "rows": 10}}
+    (no_file / "meta.json").write_text(json.dumps({**meta, "id_frequency_file": "gone.npz", "splits": train}))
     cases.append((no_file, "gone.npz: cannot read id frequencies"))
+    no_rows = tmp_path / "no_rows"
+    no_rows.mkdir()
+    (no_rows / "meta.json").write_text(json.dumps({**meta, "splits": {}}))
+    cases.append((no_rows, "no_rows/meta.json: has no training rows"))
     for where, words in cases:
         assert main(["cache", "plan", str(where)]) == 1
         err = capsys.readouterr().err

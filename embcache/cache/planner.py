@@ -360,6 +360,8 @@ def table_frequencies(data_dir) -> tuple[np.ndarray, dict]:
     from embcache.errors import format_error
 
     meta = read_meta(data_dir)
+    if not meta["splits"].get("train", {}).get("rows"):
+        raise format_error(Path(data_dir) / "meta.json", None, "has no training rows: nothing to predict from")
     counts = load_id_frequencies(data_dir)
     freq = np.concatenate([counts[f["name"]].numpy() for f in meta["sparse"]]).astype(np.float64)
     if not freq.any():
