@@ -11,8 +11,6 @@ import json
 from embcache.arg_types import fraction, int_in, memory_size, non_negative_int, positive_int, ratio
 from embcache.errors import UserFacingError, describe_os_error
 
-DEFAULT_DEVICE_MEMORY = "16GiB"
-
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
     """The `embcache cache plan` parser; the namespace's `func(args)` prints the plan.
@@ -30,7 +28,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("data_dir", metavar="DATA_DIR", help="a prepared data set (meta.json + id counts)")
-    p.add_argument("--device-memory", type=memory_size, default=memory_size(DEFAULT_DEVICE_MEMORY),
+    p.add_argument("--device-memory", type=memory_size, default="16GiB", metavar="SIZE",
                    help="device memory the cache may use, e.g. 16GiB, '16 GiB', 512MB, 16e9 (bytes)")
     p.add_argument("--embedding-dim", type=positive_int, default=128,
                    help=f"floats per row (the trainer's default is {d.embedding_dim})")

@@ -8,11 +8,12 @@ them (below).
 
 **The model.** Every policy keeps the rows with the highest keys (`freq`: the id's count
 in the data + its online count; `lfu`: the online count; `lru`: the batch of its last
-use), except that the last batch's rows are all resident (they were admitted, hits or
-misses, and only other rows are evicted). Keys never fall while a row waits, so an idle
-row stays resident as long as fewer than `K` admitted rows rank above it, `K = C - churn`
-where the churn is the last batch's rows outside that top `K` (a fixed point, solved per
-size). For each row a batch needs, the number of rows ranking above it is a prefix sum in
+use), except that the rows of the held batches are all resident: the last batch's (its
+misses were admitted and only other rows are evicted), and under the trainer the one
+before too (it admits the next batch while the current one trains, and evicts neither).
+Keys never fall while a row waits, so an idle row stays resident as long as fewer than
+`K` admitted rows rank above it, `K = C - churn` where the churn is the held rows outside
+that top `K` (a fixed point, solved per size). For each row a batch needs, the number of rows ranking above it is a prefix sum in
 a Fenwick tree over key levels (independent of the cache size: Mattson's stack distance,
 at batch granularity; for `lru` the levels are batches); rows of equal key share the
 boundary (`(K - d) / e` of them resident). "Admitted" depends on the size in one way: the
