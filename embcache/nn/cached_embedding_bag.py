@@ -53,8 +53,11 @@ class CachedEmbeddingBag(nn.Module):
         weight: optional initial `[N, D]` table in id order (default: N(0, 1), as
             `nn.EmbeddingBag`).
         admission: `freq` / `lfu` admit a missed row only if it is hotter than the row it
-            would evict (off by default); colder ones are served beside the cache for the step (results
-            are the same either way; only the hit rate and traffic change).
+            would evict; colder ones are served beside the cache for the step and counted
+            as `bypassed_rows` (results are the same either way; only the hit rate and
+            traffic change). On by default: it never lost more than 0.1 point of hit
+            rate in the cache benchmark and gains most where a batch needs more rows than
+            the cache holds (README, "hit rate").
         half_life: `freq` / `lfu` halve their counts every `half_life` lookup passes
             (None: never), to follow a hot set that drifts.
         host_store: "memory" (default) or "mmap:DIR": the full table and its optimizer
@@ -64,8 +67,10 @@ class CachedEmbeddingBag(nn.Module):
         row_dtype: "float32" (default), "float16" or "bfloat16": how rows are stored in
             the host store and the cache (half the bytes); the optimizer computes in
             float32 and its state stays float32; the pooled output is float32.
-        rounding: "nearest" (default) or "stochastic": how a half-precision row is
+        rounding: "stochastic" (default) or "nearest": how a half-precision row is
             rounded when written (`RowRounding`); `rounding_seed` seeds the stochastic one.
+            Stochastic rounding keeps, on average, updates smaller than half a unit in
+            the last place, which nearest rounding drops (README, "Row precision").
 
     Example:
         >>> import torch
@@ -80,9 +85,9 @@ class CachedEmbeddingBag(nn.Module):
                  cache_ratio: float = 0.015, ids_freq: torch.Tensor | None = None,
                  warmup_ratio: float = 0.7, eviction: str = "freq", optimizer: str = "sgd",
                  lr: float = 0.01, device: torch.device | str | None = None,
-                 weight: torch.Tensor | RowInit | None = None, admission: bool = False,
+                 weight: torch.Tensor | RowInit | None = None, admission: bool = True,
                  half_life: int | None = None, host_store: str = "memory", row_dtype: str = "float32",
-                 rounding: str = "nearest", rounding_seed: int = 0, **optimizer_kwargs):
+                 rounding: str = "stochastic", rounding_seed: int = 0, **optimizer_kwargs):
         super().__init__()
         _check_config(num_embeddings, embedding_dim, mode, cache_ratio, warmup_ratio,
                       eviction, optimizer, ids_freq, weight)

@@ -77,7 +77,7 @@ class DLRMConfig(StepRunConfig):
     row_wise_rows: int | None = None  # under torchrun: split a table with more rows by rows (None: past a fair share)
     host_store: str = "memory"  # or "mmap:DIR": the cached tables as memory-mapped files (rank r: DIR/rank<r>)
     row_dtype: str = "float32"  # how cached rows are stored: float32 | float16 | bfloat16
-    row_rounding: str = "nearest"  # how half-precision rows are rounded on write: nearest | stochastic
+    row_rounding: str = "stochastic"  # how half-precision rows are rounded on write: nearest | stochastic
 
 
 # Settings a resumed run must share with its checkpoint: they change the arithmetic.
