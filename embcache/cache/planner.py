@@ -209,53 +209,78 @@ class RankedCache:
             above = above + np.minimum(self._unused_warm_above(higher)[:, None], unused_warm)
         return above, self.level_count[level].astype(np.float64)[:, None]
 
-    def _hot_region(self, unused_warm: np.ndarray) -> np.ndarray:
-        """`K` per size: the slots left once the held batches' rows outside the top `K`
-        are counted (the smallest churn c with c >= #{positions >= C - c})."""
-        if not self.recent:
+    def _hot_region(self, held: np.ndarray, unused_warm: np.ndarray) -> np.ndarray:
+        """`K` per size: the slots left once the `held` rows outside the top `K` are
+        counted (the smallest churn c with c >= #{positions >= C - c})."""
+        if held.size == 0:
             return self.sizes.astype(np.float64)
-        held = np.unique(np.concatenate([ids for ids, _ in self.recent]))
         above, ties = self._above(held, unused_warm)
         gap = np.sort(self.sizes[None, :] - (above + ties / 2), axis=0)  # C - position, ascending
         enough = gap >= np.arange(1, gap.shape[0] + 1)[:, None]
         churn = np.where(enough.any(0), enough.argmax(0), gap.shape[0])
         return np.maximum(self.sizes - churn, 0).astype(np.float64)
 
+    def _held(self, unused_warm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(`K` per size, where all held batches' rows fit). Where they do not, the older
+        batches' rows are not held any more when the newest batch's misses come in (the
+        trainer admits what its prefetch could not once the batch in training is
+        released), so only the newest batch is held there."""
+        if not self.recent:
+            return self.sizes.astype(np.float64), np.ones(self.sizes.size, dtype=bool)
+        union = np.unique(np.concatenate([ids for ids, _ in self.recent]))
+        fits = self.sizes >= union.size
+        hot = self._hot_region(union, unused_warm)
+        if len(self.recent) > 1 and not fits.all():
+            hot = np.where(fits, hot, self._hot_region(self.recent[-1][0], unused_warm))
+        return hot, fits
+
     def add(self, ids: np.ndarray) -> None:
         """One batch: its distinct ids, sorted (`np.unique`)."""
         unused_warm = self._unused_warm_above(self.warm)[None, :]
-        hot = self._hot_region(unused_warm)[None, :]
+        hot, fits = self._held(unused_warm)
+        hot = hot[None, :]
         hit = np.zeros((ids.size, self.sizes.size))
-        again = self.last[ids] >= self.t - len(self.recent)
         used = self.count[ids] > 0
-        if again.any():
-            self._held_hits(ids, again, hit)
-        idle = used & ~again
+        newest = self.last[ids] == self.t - 1
+        older = used & ~newest & (self.last[ids] >= self.t - len(self.recent))
+        if newest.any():
+            hit[newest] = self._forced(ids[newest], *self.recent[-1])
+        idle = used & ~newest
         if idle.any():
             above, ties = self._above(ids[idle], unused_warm)
             hit[idle] = np.clip((hot - above) / ties, 0.0, 1.0)
         first = ~used
         if first.any():
             hit[first] = self._first_use(ids[first], hot)
+        if not fits.all():  # where the held rows do not fit, every other row was evicted
+            hit[idle | first] *= fits[None, :]
+        if older.any():
+            hit[older] = np.where(fits[None, :], self._forced_older(ids[older]),
+                                  self._older_by_key(ids[older], unused_warm))
         self.hits += hit.sum(0)
         self.accesses += ids.size
         self._update(ids, used)
         self.recent.append((ids, hit))
 
-    def _held_hits(self, ids: np.ndarray, again: np.ndarray, hit: np.ndarray) -> None:
-        """Fill `hit` for the rows a held batch used last (`again`). The newest batch's
-        rows come first; an older one's rows share what is left of the cache (the trainer
-        admits the newest batch's misses once the older batch is released)."""
-        occupied = np.zeros(self.sizes.size)
-        for back, (prev_ids, prev_hit) in enumerate(reversed(self.recent), start=1):
-            still = prev_ids[self.last[prev_ids] == self.t - back]  # not used since
-            if still.size == 0:
-                continue
-            resident = self._forced(still, prev_ids, prev_hit)
-            resident *= np.clip((self.sizes - occupied) / np.maximum(resident.sum(0), 1e-12), 0.0, 1.0)
-            occupied += resident.sum(0)
-            mine = again & (self.last[ids] == self.t - back)
-            hit[mine] = resident[np.searchsorted(still, ids[mine])]
+    def _older_by_key(self, ids: np.ndarray, unused_warm: np.ndarray) -> np.ndarray:
+        """Where the held rows do not fit: the previous batch's rows not used since keep
+        the slots the newest batch leaves, highest keys first (the trainer evicts the
+        others to admit the newest batch once the previous one is released)."""
+        newest, older = self.recent[-1][0], self.recent[-2][0]
+        older = older[self.last[older] == self.t - 2]
+        above, ties = self._above(older, unused_warm)
+        order = np.argsort(np.argsort(above + ties / 2, axis=0, kind="stable"), axis=0)
+        resident = order < (self.sizes - np.minimum(self.sizes, newest.size))[None, :]
+        return resident[np.searchsorted(older, ids)].astype(np.float64)
+
+    def _forced_older(self, ids: np.ndarray) -> np.ndarray:
+        """Hit chance of rows an older held batch used last (where all held rows fit)."""
+        out = np.zeros((ids.size, self.sizes.size))
+        for back in range(2, len(self.recent) + 1):
+            mine = self.last[ids] == self.t - back
+            if mine.any():
+                out[mine] = self._forced(ids[mine], *self.recent[-back])
+        return out
 
     def _forced(self, ids: np.ndarray, prev_ids: np.ndarray, prev_hit: np.ndarray) -> np.ndarray:
         """Hit chance of rows a held batch (`prev_ids`, its hit chances) used last:
