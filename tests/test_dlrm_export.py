@@ -139,6 +139,9 @@ def test_a_non_empty_out_is_refused_unless_forced(run, tmp_path, capsys):
     assert cli(run["ck"], "--out", out, "--force", "--format", "parquet") == 0
     assert not (out / "keep.txt").exists() and (out / "tables" / "t_sparse_0.parquet").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary left beside it
+    assert cli(run["ck"], "--out", run["ck"].parent, "--force") == 1  # never over its own checkpoint
+    assert f"{run['ck'].parent}: holds {run['ck']}" in capsys.readouterr().err
+    assert run["ck"].is_file()
 
 
 def test_missing_and_truncated_checkpoints_are_one_line(run, tmp_path, capsys):

@@ -221,6 +221,9 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, tab
     check_target(out, force)
     path, ck, cfg = checkpoint_to_evaluate(checkpoint, "dlrm", DLRMConfig, "cpu")
     data_dir, meta = checkpoint_data(path, ck, data)
+    for inside in (path, data_dir):  # --force would delete what the export is made from
+        if out.resolve() in (inside.resolve(), *inside.resolve().parents):
+            raise UserFacingError(f"{out}: holds {inside}; export to another directory")
     try:
         tables = checkpoint_tables(path, ck, meta, cfg)
         dense = checkpoint_dense(ck, meta, cfg)
