@@ -65,6 +65,12 @@ class HostStore:
         directory: the files behind mapped tensors (None: the memory backing).
 
     Build one with `HostStore.create`.
+
+    Example:
+        >>> store = HostStore.create("memory", torch.ones(4, 2), {"sum": (2, 0.0)}, torch.bfloat16)
+        >>> rows, state = store.gather(torch.tensor([1, 3]))
+        >>> rows.dtype, tuple(state["sum"].shape), store.row_bytes()
+        (torch.bfloat16, (2, 2), 12)
     """
 
     def __init__(self, weight: torch.Tensor, state: dict[str, torch.Tensor], pin: bool = False,

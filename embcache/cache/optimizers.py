@@ -179,6 +179,14 @@ class RowRounding:
     of being lost. Its randomness is a hash of (seed, step, id, column), not a stream:
     the same row at the same step gets the same bits whatever order rows are written in,
     so a cached table and an uncached one round identically.
+
+    Example:
+        >>> x = torch.full((1000, 1), 1 + 1 / 512)  # a quarter of the way to bfloat16's next value
+        >>> RowRounding(torch.bfloat16, "nearest")(x, torch.arange(1000), step=1).unique()
+        tensor([1.], dtype=torch.bfloat16)
+        >>> up = RowRounding(torch.bfloat16, "stochastic")(x, torch.arange(1000), step=1) > 1
+        >>> 0.2 < up.float().mean().item() < 0.3
+        True
     """
 
     def __init__(self, dtype: torch.dtype = torch.float32, mode: str = "nearest", seed: int = 0):
