@@ -287,3 +287,28 @@ def test_data_without_raw_values_exports_ids_and_other_data_is_refused(run, tmp_
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "other features, cardinalities or rows" in err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_table_saved_in_row_ranges_exports_whole(run, tmp_path):
+    """The layout several ranks write: a table in parts by row range (here made by
+    splitting a one-process checkpoint's part) exports as the same whole table."""
+    from embcache.checkpoint import FORMAT_KEY, save_checkpoint
+
+    ck_dir = tmp_path / "ck"
+    shutil.copytree(run["ck"].parent, ck_dir)
+    ck = load_checkpoint(ck_dir / "dlrm-last.pt", "dlrm")
+    table = ck["tables"]["tables"]["t_sparse_1"]
+    (start, stop, file), = table["parts"]
+    cut = (start + stop) // 2
+    tables_dir = ck_dir / ck["tables"]["dir"]
+    whole = torch.load(tables_dir / file)
+    table["parts"] = [[start, cut, "t_sparse_1.a.pt"], [cut, stop, "t_sparse_1.b.pt"]]
+    torch.save({k: v[: cut - start].clone() for k, v in whole.items()}, tables_dir / "t_sparse_1.a.pt")
+    torch.save({k: v[cut - start:].clone() for k, v in whole.items()}, tables_dir / "t_sparse_1.b.pt")
+    (tables_dir / file).unlink()
+    save_checkpoint({k: v for k, v in ck.items() if k not in (FORMAT_KEY, "kind")}, ck_dir / "dlrm-last.pt", "dlrm")
+    export_checkpoint(ck_dir, tmp_path / "out")
+    split, one = load_export(tmp_path / "out"), load_export(run["out"])
+    assert all(torch.equal(a, b) for a, b in zip(split.tables, one.tables))
+    sparse, dense = raw_val_rows(run["columns"])
+    assert torch.equal(split.logits(sparse, dense), one.logits(sparse, dense))
