@@ -99,7 +99,7 @@ def test_admission_control_serves_a_colder_row_beside_the_cache_and_counts_its_u
     stats = bag.cache_stats()  # declined by admission control, not for want of room
     assert stats["bypassed_rows"] == 1 and stats["overflow_rows"] == 0 and int(bag.cache.policy.id_count[1]) == 1
     plain = CachedEmbeddingBag(100, 2, cache_ratio=0.03, eviction="freq", ids_freq=freq, warmup_ratio=1.0,
-                               device="cpu").eval()
+                               device="cpu", admission=False).eval()
     run(plain, [[1]])
     assert 1 in resident(plain)  # without admission control every miss gets in
 
