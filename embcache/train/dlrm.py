@@ -369,12 +369,12 @@ class DLRMTrainer(Trainer):
         """Cache statistics summed over the ranks (collective)."""
         if self.cfg.sparse != "cached":
             return {}
-        keys = ("hits", "misses", "bytes_h2d", "bytes_d2h", "overflow_rows")
+        keys = ("hits", "misses", "bytes_h2d", "bytes_d2h", "overflow_rows", "bypassed_rows")
         local = self.sparse.cache_stats()
         s = all_sum({k: local.get(k, 0) for k in keys})
         lookups = s["hits"] + s["misses"]
         return {"hit_rate": s["hits"] / lookups if lookups else 0.0, "bytes_h2d": s["bytes_h2d"],
-                "bytes_d2h": s["bytes_d2h"], "overflow_rows": s["overflow_rows"]}
+                "bytes_d2h": s["bytes_d2h"], "overflow_rows": s["overflow_rows"], "bypassed_rows": s["bypassed_rows"]}
 
     def step_log_fields(self) -> dict:
         return self._cache_fields()
