@@ -34,11 +34,11 @@ def data_dir(tmp_path_factory):
     return d
 
 
-def real_hit_rate(batches, freq, num_rows, cache_rows, policy, prefetch=False) -> float:
+def real_hit_rate(batches, freq, num_rows, cache_rows, policy, prefetch=False, admission=False) -> float:
     """A real cache's hit rate on `batches`, looked up one after another, or as the DLRM
     trainer does it (`prefetch`: the next batch is admitted while this one is held)."""
     cache = RowCache(torch.zeros(num_rows, 1), cache_rows, make_optimizer("sgd", 0.1), policy,
-                     torch.from_numpy(freq), 0.7)
+                     torch.from_numpy(freq), 0.7, admission=admission)
     batches = [torch.from_numpy(ids) for ids in batches]
     for i, ids in enumerate(batches):
         lookup = cache.prepare(ids, keep=prefetch)
@@ -48,15 +48,17 @@ def real_hit_rate(batches, freq, num_rows, cache_rows, policy, prefetch=False) -
     return cache.stats.hit_rate
 
 
-@pytest.mark.parametrize("prefetch, policies", [(False, planner.POLICIES), (True, ("freq",))])
-def test_trace_prediction_is_within_two_points_of_a_real_cache(trace, prefetch, policies):
+@pytest.mark.parametrize("prefetch, admission, policies", [(False, False, planner.POLICIES), (True, False, ("freq",)),
+                                                           (True, True, ("freq", "lfu"))])
+def test_trace_prediction_is_within_two_points_of_a_real_cache(trace, prefetch, admission, policies):
     batches, freq, n = trace
     sizes = planner.cache_sizes(RATIOS, n)
-    predicted = planner.replay(batches, freq, sizes, 0.7, len(batches), policies, held=2 if prefetch else 1)
+    predicted = planner.replay(batches, freq, sizes, 0.7, len(batches), policies, held=2 if prefetch else 1,
+                               admission=admission)
     assert sizes[0] < predicted.max_unique < sizes[1]  # one size overflows, the others do not
     for policy in policies:
         for size, guess in zip(sizes, predicted.hit_rate(policy)):
-            real = real_hit_rate(batches, freq, n, int(size), policy, prefetch)
+            real = real_hit_rate(batches, freq, n, int(size), policy, prefetch, admission)
             assert abs(guess - real) <= 0.02, (policy, int(size), guess, real)
 
 
@@ -141,6 +143,7 @@ def test_plan_json_and_the_largest_cache_that_fits(data_dir, capsys):
                  "--embedding-dim", "16", "--optimizer", "adam"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["row_bytes"] == 3 * 16 * 4 and plan["device_memory"] == 3_000_000 and not plan["traced"]
+    assert plan["prefetch"] and plan["admission"] == planner.default_admission()
     assert "1-(1-1/B)^f" in plan["assumption"] and len(plan["curve"]["cache_rows"]) > 10
     low, high = plan["rows"]
     assert (low["ratio"], high["ratio"]) == (0.01, 0.5) and low["cache_rows"] == math.ceil(0.01 * plan["num_rows"])

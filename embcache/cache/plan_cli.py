@@ -44,6 +44,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--no-prefetch", action="store_true",
                    help="predict for `dlrm train --no-prefetch` (the trainer otherwise admits the next batch's "
                         "rows while the current one trains, which keeps two batches' rows resident)")
+    p.add_argument("--admission", choices=("on", "off"), default=None,
+                   help="the cache's admission control for freq/lfu (default: the cache's default, which the "
+                        "trainer uses)")
     p.add_argument("--seed", type=non_negative_int, default=d.seed, help="the trainer's --seed (its shard order)")
     p.add_argument("--ratios", type=ratio, nargs="+", default=list(DEFAULT_RATIOS), metavar="R",
                    help="cache ratios (fraction of all rows on the device)")
@@ -60,7 +63,8 @@ def run(args) -> int:
         plan = plan_cache(args.data_dir, embedding_dim=args.embedding_dim, optimizer=args.optimizer,
                           device_memory=args.device_memory, batch_size=args.batch_size,
                           warmup_ratio=args.warmup_ratio, eviction=args.eviction, trace=args.trace,
-                          seed=args.seed, ratios=args.ratios, prefetch=not args.no_prefetch)
+                          seed=args.seed, ratios=args.ratios, prefetch=not args.no_prefetch,
+                          admission=None if args.admission is None else args.admission == "on")
         if args.plot:
             plot(plan, args.plot)
     except UserFacingError:
@@ -83,6 +87,8 @@ def report(plan) -> str:
              f"{j['distinct_rows_per_batch']:,.0f} distinct rows ({j['distinct_rows_per_batch_expected']:,.0f} "
              f"expected from the counts)",
              f"predicted from {j['assumption']}",
+             f"for the trainer's cache: {'prefetch' if plan.prefetch else 'no prefetch'}, admission control "
+             f"{'on' if plan.admission else 'off'} (freq, lfu)",
              f"a row: {fp.dim} float32 + {fp.optimizer} state = {fp.row_bytes:,} B; host store "
              f"{format_bytes(fp.host_bytes())} (every row and its state)",
              f"largest cache in {format_bytes(plan.device_memory)} of device memory: {plan.largest_rows:,} rows "

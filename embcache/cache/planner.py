@@ -23,7 +23,9 @@ yet used that rank above a row are counted by a second Fenwick tree, over warm-u
 at each size's warm-up boundary. A row used for the first time hits only if it was warmed
 up and still ranks within `K`. When a batch has more distinct rows than the cache
 (overflow), the cache keeps that batch's hits and admits its misses in id order (the
-order `torch.unique` gives them) until it is full. Measured against real `RowCache` runs:
+order `torch.unique` gives them) until it is full. With admission control (`freq` and
+`lfu`; the cache's default) a missed row gets in only if it is hotter than the row it
+would evict, so no row is held below the top: the cache is the top `C` by key, `K = C`. Measured against real `RowCache` runs:
 see the README's "How big a cache".
 
 **From the counts alone** the order of the accesses is unknown. The surrogate trace
@@ -161,15 +163,17 @@ class RankedCache:
         held: batches whose rows cannot be evicted when a batch's misses come in: 1 (the
             batch itself, looked up one after another), 2 (the trainer, which admits the
             next batch while the current one trains).
+        admission: the cache's admission control (`freq` and `lfu` only).
     """
 
     def __init__(self, policy: str, freq: np.ndarray, sizes, warmup_ratio: float, max_batches: int,
-                 held: int = 1):
+                 held: int = 1, admission: bool = False):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         freq = np.asarray(freq, dtype=np.float64)
         n = freq.size
         self.policy, self.sizes = policy, np.asarray(sizes, dtype=np.int64)
+        self.admission = bool(admission) and policy != "lru"
         self.prior = freq if policy == "freq" else np.zeros(n)
         order = rank_order(freq)
         self.rank = np.empty(n, dtype=np.int64)
@@ -225,7 +229,7 @@ class RankedCache:
         batches' rows are not held any more when the newest batch's misses come in (the
         trainer admits what its prefetch could not once the batch in training is
         released), so only the newest batch is held there."""
-        if not self.recent:
+        if not self.recent or self.admission:
             return self.sizes.astype(np.float64), np.ones(self.sizes.size, dtype=bool)
         union = np.unique(np.concatenate([ids for ids, _ in self.recent]))
         fits = self.sizes >= union.size
@@ -241,8 +245,8 @@ class RankedCache:
         hot = hot[None, :]
         hit = np.zeros((ids.size, self.sizes.size))
         used = self.count[ids] > 0
-        newest = self.last[ids] == self.t - 1
-        older = used & ~newest & (self.last[ids] >= self.t - len(self.recent))
+        newest = (self.last[ids] == self.t - 1) & (not self.admission)
+        older = used & ~newest & (self.last[ids] >= self.t - len(self.recent)) & (not self.admission)
         if newest.any():
             hit[newest] = self._forced(ids[newest], *self.recent[-1])
         idle = used & ~newest
@@ -338,10 +342,10 @@ class Prediction:
 
 
 def replay(batches, freq: np.ndarray, sizes, warmup_ratio: float, max_batches: int,
-           policies=POLICIES, held: int = 1) -> Prediction:
+           policies=POLICIES, held: int = 1, admission: bool = False) -> Prediction:
     """One pass over `batches` (arrays of ids, any shape) predicting every policy at every
     size at once (`held`: see `RankedCache`)."""
-    models = [RankedCache(p, freq, sizes, warmup_ratio, max_batches, held) for p in policies]
+    models = [RankedCache(p, freq, sizes, warmup_ratio, max_batches, held, admission) for p in policies]
     count = most = 0
     for ids in batches:
         unique = np.unique(np.asarray(ids, dtype=np.int64))
@@ -429,6 +433,8 @@ class CachePlan:
     epoch_batches: int
     distinct_expected: float  # per batch, from the counts
     counted_ids: int  # ids with a count: the most the warm-up loads
+    prefetch: bool = True
+    admission: bool = True
 
     def rows(self) -> np.ndarray:
         """Where each of `ratios` sits in `prediction.sizes`."""
@@ -469,7 +475,8 @@ class CachePlan:
         return {"data": self.data_dir, "num_rows": fp.num_rows, "embedding_dim": fp.dim, "optimizer": fp.optimizer,
                 "eviction_bookkeeping": fp.eviction, "row_bytes": fp.row_bytes, "host_bytes": fp.host_bytes(),
                 "batch_size": self.batch_size, "batches": pred.batches, "epoch_batches": self.epoch_batches,
-                "traced": self.traced, "assumption": self.assumption(),
+                "traced": self.traced, "prefetch": self.prefetch, "admission": self.admission,
+                "assumption": self.assumption(),
                 "distinct_rows_per_batch": pred.accesses / max(pred.batches, 1),
                 "distinct_rows_per_batch_expected": self.distinct_expected,
                 "device_memory": self.device_memory, "largest_cache_rows": self.largest_rows,
@@ -503,10 +510,11 @@ def access_batches(data_dir, freq: np.ndarray, meta: dict, batch_size: int, trac
 
 def plan_cache(data_dir, *, embedding_dim: int, optimizer: str, device_memory: int, batch_size: int,
                warmup_ratio: float = 0.7, eviction: str = "freq", trace: int | None = None, seed: int = 0,
-               ratios=DEFAULT_RATIOS, prefetch: bool = True) -> CachePlan:
+               ratios=DEFAULT_RATIOS, prefetch: bool = True, admission: bool | None = None) -> CachePlan:
     """Read `data_dir` (meta.json's counts; with `trace`, its first batches too) and
     predict every policy at each ratio and on a grid of sizes, in one replay, for the
-    trainer (`prefetch`: it admits the next batch while the current one trains)."""
+    trainer (`prefetch`: it admits the next batch while the current one trains;
+    `admission`: None for the cache's default)."""
     freq, meta = table_frequencies(data_dir)
     footprint = Footprint(freq.size, embedding_dim, optimizer, eviction)
     ratios = sorted(float(r) for r in ratios)
@@ -514,13 +522,25 @@ def plan_cache(data_dir, *, embedding_dim: int, optimizer: str, device_memory: i
     sizes = np.unique(np.concatenate([cache_sizes(ratios, freq.size), size_grid(freq.size),
                                       [largest] if largest else []])).astype(np.int64)
     batches, count, epoch = access_batches(data_dir, freq, meta, batch_size, trace, seed)
-    prediction = replay(batches, freq, sizes, warmup_ratio, count, held=2 if prefetch else 1)
+    admission = default_admission() if admission is None else bool(admission)
+    prediction = replay(batches, freq, sizes, warmup_ratio, count, held=2 if prefetch else 1, admission=admission)
     return CachePlan(str(data_dir), footprint, batch_size, warmup_ratio, bool(trace), seed, device_memory,
-                     largest, ratios, prediction, epoch, expected_distinct(freq, epoch), int(np.count_nonzero(freq)))
+                     largest, ratios, prediction, epoch, expected_distinct(freq, epoch), int(np.count_nonzero(freq)),
+                     prefetch, admission)
 
 
 # ---------------------------------------------------------------------------- the trainer's choice
 DEFAULT_DEVICE_MEMORY = 16 * 2**30  # what a cache on a CPU device may use unless told
+
+
+def default_admission() -> bool:
+    """Whether a cache the trainer builds uses admission control: `CachedEmbeddingBag`'s
+    default, read off its signature so the plan follows it."""
+    import inspect
+
+    from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
+
+    return bool(inspect.signature(CachedEmbeddingBag.__init__).parameters["admission"].default)
 
 
 def default_device_memory(device) -> tuple[int, str]:
@@ -551,7 +571,7 @@ def smallest_within(sizes: np.ndarray, rates: np.ndarray, tolerance: float = 0.0
 
 def auto_cache_ratio(data_dir, *, embedding_dim: int, optimizer: str, eviction: str, batch_size: int,
                      warmup_ratio: float, device_memory: int, tolerance: float = 0.01, seed: int = 0,
-                     prefetch: bool = True) -> tuple[float, str]:
+                     prefetch: bool = True, admission: bool | None = None) -> tuple[float, str]:
     """The smallest cache ratio whose predicted hit rate (of `eviction`, from meta.json's
     counts) is within `tolerance` of the one of the largest cache that fits
     `device_memory`; returns it with one line saying why."""
@@ -566,7 +586,9 @@ def auto_cache_ratio(data_dir, *, embedding_dim: int, optimizer: str, eviction: 
                               f"{format_bytes(footprint.device_bytes(0))}")
     batches, count, _ = access_batches(data_dir, freq, meta, batch_size, None, seed)
     sizes = size_grid(freq.size, 96, largest)
-    curve = replay(batches, freq, sizes, warmup_ratio, count, policies=(eviction,), held=2 if prefetch else 1)
+    admission = default_admission() if admission is None else bool(admission)
+    curve = replay(batches, freq, sizes, warmup_ratio, count, policies=(eviction,), held=2 if prefetch else 1,
+                   admission=admission)
     rows, rate, best = smallest_within(sizes, curve.hit_rate(eviction), tolerance)
     ratio = rows / freq.size
     return ratio, (f"cache ratio auto: {ratio:.3%} ({rows:,} rows), predicted {eviction} hit rate {rate:.3f}: the "
