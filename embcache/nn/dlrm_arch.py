@@ -1,0 +1,106 @@
+"""DLRM's dense part in plain torch: bottom MLP, dot interaction, top MLP.
+
+torchrec's `DLRM` computes the same thing, but torchrec (and the fbgemm-gpu it wants) is not
+on every machine this project runs on: a CUDA host without them still trains and
+benchmarks the cache through this module. The modules here use torchrec's parameter names
+(`dense_arch.model._mlp.0._linear.weight`, `over_arch.model.1.bias`, ...), so a state dict
+moves between the two unchanged, and the same ops in the same order, so the two compute
+the same logits to the bit (tests/test_dlrm_arch.py compares them where torchrec is
+installed).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class _Perceptron(nn.Module):
+    """Linear then ReLU (the ReLU can be dropped for the output layer)."""
+
+    def __init__(self, in_size: int, out_size: int, relu: bool = True):
+        super().__init__()
+        self._linear = nn.Linear(in_size, out_size, bias=True)
+        self.relu = relu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._linear(x)
+        return torch.relu(y) if self.relu else y
+
+
+class _MLP(nn.Module):
+    def __init__(self, in_size: int, layer_sizes: list[int]):
+        super().__init__()
+        sizes = [in_size, *layer_sizes]
+        self._mlp = nn.Sequential(*[_Perceptron(sizes[i], sizes[i + 1]) for i in range(len(layer_sizes))])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._mlp(x)
+
+
+class DenseArch(nn.Module):
+    """The bottom MLP: dense features -> one D-dim vector per sample (ReLU on every layer)."""
+
+    def __init__(self, in_features: int, layer_sizes: list[int]):
+        super().__init__()
+        self.model = _MLP(in_features, layer_sizes)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.model(features)
+
+
+class InteractionArch(nn.Module):
+    """Pairwise dot products of the dense vector and the F pooled embeddings (each pair
+    once, in row-major upper-triangle order), after the dense vector itself."""
+
+    def __init__(self, num_sparse_features: int):
+        super().__init__()
+        self.F = int(num_sparse_features)
+        self.register_buffer("triu_indices", torch.triu_indices(self.F + 1, self.F + 1, offset=1),
+                             persistent=False)
+
+    def forward(self, dense_features: torch.Tensor, sparse_features: torch.Tensor) -> torch.Tensor:
+        if self.F <= 0:
+            return dense_features
+        combined = torch.cat((dense_features.unsqueeze(1), sparse_features), dim=1)
+        interactions = torch.bmm(combined, torch.transpose(combined, 1, 2))
+        flat = interactions[:, self.triu_indices[0], self.triu_indices[1]]
+        return torch.cat((dense_features, flat), dim=1)
+
+
+class OverArch(nn.Module):
+    """The top MLP: ReLU layers, then a final linear layer (the logit)."""
+
+    def __init__(self, in_features: int, layer_sizes: list[int]):
+        super().__init__()
+        if len(layer_sizes) <= 1:
+            raise ValueError("the over arch needs at least two layers (hidden sizes and the output)")
+        self.model = nn.Sequential(_MLP(in_features, layer_sizes[:-1]),
+                                   nn.Linear(layer_sizes[-2], layer_sizes[-1], bias=True))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.model(features)
+
+
+def interaction_width(num_tables: int, dim: int) -> int:
+    """Width of the interaction's output: D + F + F choose 2."""
+    return dim + num_tables + num_tables * (num_tables - 1) // 2
+
+
+class DLRMDense(nn.Module):
+    """Everything of DLRM but its tables: `(pooled [B, F, D], dense [B, k]) -> logit [B, 1]`.
+
+    Args:
+        num_dense: dense features per sample (k).
+        num_tables: pooled embeddings per sample (F), in table order.
+        dim: embedding dimension (D).
+        dense_arch, over_arch: hidden sizes (the bottom MLP ends at D, the top one at 1).
+    """
+
+    def __init__(self, num_dense: int, num_tables: int, dim: int, dense_arch: list[int], over_arch: list[int]):
+        super().__init__()
+        self.dense_arch = DenseArch(num_dense, [*dense_arch, dim])
+        self.inter_arch = InteractionArch(num_tables)
+        self.over_arch = OverArch(interaction_width(num_tables, dim), [*over_arch, 1])
+
+    def forward(self, pooled: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        return self.over_arch(self.inter_arch(self.dense_arch(dense), pooled))
