@@ -103,7 +103,7 @@ def write_header(directory: Path, specs: list[TensorSpec], crcs: dict[str, int] 
 
 def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    with DataOutputErrorAt(tmp):
+    with _WriteGuard(tmp):
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
@@ -111,7 +111,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
 
 
-class DataOutputErrorAt:
+class _WriteGuard:
     """Turns an OSError while writing `path` into one line naming it; the partial file goes."""
 
     def __init__(self, path: Path):
@@ -151,7 +151,7 @@ def check_matches(directory: Path, header: dict, specs: list[TensorSpec], error=
 def allocate(path: Path, nbytes: int) -> None:
     """Make `path` (a temporary name) with `nbytes` reserved on disk: a full disk fails
     here, before anything is written; the partial file is removed."""
-    with DataOutputErrorAt(path):
+    with _WriteGuard(path):
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             if nbytes:
@@ -165,7 +165,7 @@ def fill_file(path: Path, spec: TensorSpec, fill: Callable[[torch.Tensor, int], 
     rows `[start, start + len(out))` in `out`; they are rounded to the file's type. Written
     with ordinary writes (not through a mapping), so the process does not hold the pages."""
     rows, dim = spec.shape
-    with DataOutputErrorAt(path), open(path, "r+b") as f:
+    with _WriteGuard(path), open(path, "r+b") as f:
         for start, stop in row_chunks(rows, dim, chunk_rows(spec)):
             out = torch.empty(stop - start, dim, dtype=torch.float32)
             fill(out, start)
@@ -266,7 +266,7 @@ def save_tensors(directory: Path, tensors: dict[str, torch.Tensor]) -> None:
         path = directory / spec.file
         allocate(path, spec.nbytes)
         crc = 0
-        with DataOutputErrorAt(path), open(path, "r+b") as f:
+        with _WriteGuard(path), open(path, "r+b") as f:
             for start, stop in row_chunks(spec.shape[0], spec.shape[1], chunk_rows(spec)):
                 data = _as_bytes(t[start:stop])
                 crc = zlib.crc32(data, crc)
