@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
 from embcache.errors import CheckpointError, DataOutputError, UserFacingError, writing
+from embcache.nn.dlrm_arch import DLRMDense
 
 FORMAT = "embcache-dlrm-export"
 VERSION = 1
@@ -34,28 +34,9 @@ TABLE_FORMATS = ("npy", "parquet")
 DENSE_FILE = "dense.pt2"
 
 
-class DenseModel(nn.Module):
-    """The trainer's DLRM without its sparse part: bottom MLP, dot interaction, top MLP, the
-    same torchrec modules under the same parameter names, so the checkpoint's dense state
-    loads as is.
-
-    Args:
-        num_dense: dense features per row.
-        num_tables: pooled embeddings per row (T), in the trainer's table order.
-        dim: embedding dimension (D).
-        dense_arch, over_arch: hidden sizes, as `DLRMConfig` gives them.
-    """
-
-    def __init__(self, num_dense: int, num_tables: int, dim: int, dense_arch: list[int], over_arch: list[int]):
-        super().__init__()
-        from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch, choose
-
-        self.dense_arch = DenseArch(num_dense, [*dense_arch, dim])
-        self.inter_arch = InteractionArch(num_tables)
-        self.over_arch = OverArch(dim + choose(num_tables, 2) + num_tables, [*over_arch, 1])
-
-    def forward(self, pooled: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        return self.over_arch(self.inter_arch(self.dense_arch(dense), pooled))
+# The trainer's DLRM without its sparse part, in plain torch under torchrec's parameter
+# names (the checkpoint's dense state loads as is) and bit-equal to torchrec's modules.
+DenseModel = DLRMDense
 
 
 def export_dense(model: DenseModel, num_tables: int, dim: int, num_dense: int):
