@@ -3,14 +3,15 @@ memory-mapped host store and of a checkpoint of any store.
 
 Layout of a directory:
 
-    header.json        {"format", "version", "complete", "tensors": {name: {"file",
-                       "shape", "dtype", "bytes"[, "crc32"]}}}
+    header.json        {"format", "version", "tensors": {name: {"file", "shape",
+                       "dtype", "bytes"[, "crc32"]}}}
     <name>.bin         the tensor's rows, C order, native byte order, no padding
+    .lock              held by the live store (one store per directory)
 
 A store's header is written last and removed before its files are rewritten, so a
-directory whose header is missing, or says "complete": false, was never finished. A
-checkpoint's header also holds each file's CRC-32, which a resume checks before it
-changes anything. Every problem found in a directory is one line naming the file.
+directory without a header was never finished. A checkpoint's header also holds each
+file's CRC-32, which a resume checks before it changes anything. Every problem found in a
+directory is one line naming the file.
 
 Writing goes through whole files only: a new file is made under a temporary name,
 preallocated to its full size (a full disk fails there, before a byte is written) and
@@ -97,8 +98,8 @@ def read_header(directory: Path) -> dict | None:
 
 def write_header(directory: Path, specs: list[TensorSpec], crcs: dict[str, int] | None = None) -> None:
     tensors = {s.name: {**s.describe(), **({"crc32": crcs[s.name]} if crcs else {})} for s in specs}
-    _write_atomic(directory / HEADER, json.dumps({"format": FORMAT, "version": VERSION, "complete": True,
-                                                  "tensors": tensors}, indent=1).encode())
+    _write_atomic(directory / HEADER, json.dumps({"format": FORMAT, "version": VERSION, "tensors": tensors},
+                                                 indent=1).encode())
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
