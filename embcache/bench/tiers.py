@@ -176,7 +176,7 @@ def big_table(args, work: Path) -> dict:
         result.update(samples_per_s=result["steps"] * args.batch_size / result["seconds"],
                       hit_rate=stats["hit_rate"], evictions=stats["evictions"], bytes_h2d=stats["bytes_h2d"],
                       bytes_d2h=stats["bytes_d2h"])
-        # each row loaded reads one page of each table file (a row never straddles pages):
+        # each row loaded reads about one page of each table file (a 256-byte row never straddles one):
         # the share of those reads the page cache served, by the major faults
         page_reads = stats["bytes_h2d"] // bag.cache.host.row_bytes() * len(bag.cache.host.tensors())
         result["page_cache_hit_rate_est"] = 1 - result["disk_major_faults"] / max(page_reads, 1)
