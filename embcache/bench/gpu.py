@@ -1,0 +1,278 @@
+"""DLRM on one GPU: the cache against whole tables on the GPU, in one run.
+
+The model is DLRM's dense part in plain torch (`embcache.nn.dlrm_arch`: no torchrec needed)
+over one embedding bag for the 26 Criteo tables concatenated into one id space, as the
+cached collection keeps them; the data is synthetic and Criteo-shaped (Kaggle
+cardinalities times `--scale`: 33.8 M rows at 1.0, Zipf ids). Side by side, for each
+embedding dim:
+
+- `gpu`: `nn.EmbeddingBag(sparse=True)` holding the whole table on the device, trained by
+  the matching torch sparse optimizer (what fits only while the table fits);
+- `cached r`: `CachedEmbeddingBag` with `r` of the rows on the device and the rest with
+  their optimizer state in (pinned) host memory, prefetching `--prefetch-depth` batches
+  ahead; at the middle ratio also without prefetch, which prices the copies it hides.
+
+Every variant starts from the same table and trains on the same batches, so their losses
+agree (to the bit on the CPU; to rounding where CUDA's kernels sum in another order): the
+run reports the largest difference. Throughput is timed over a window of steps with one
+device synchronisation at each end, so copies may overlap compute as they would in
+training. Also reported: hit rate, bytes moved per step, the host->device bandwidth a
+plain pinned copy reaches in the same run, the share of the copy time that prefetch hid,
+and peak device memory. On CUDA a `torch.profiler` summary of cached steps at the middle
+ratio is saved with the results, which says where the time goes.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from embcache.bench.common import DEFAULT_RESULTS_DIR, write_json
+from embcache.bench.criteo_trace import CriteoTrace
+from embcache.cache.optimizers import TORCH_EQUIVALENTS, torch_equivalent
+from embcache.device import resolve_device
+from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
+from embcache.nn.dlrm_arch import DLRMDense
+
+NUM_DENSE = 13
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scale", type=float, default=1.0, help="times the Kaggle cardinalities (1.0: 33.8 M rows)")
+    p.add_argument("--dims", type=int, nargs="+", default=[16, 128], help="embedding dims (16: the make run model)")
+    p.add_argument("--ratios", type=float, nargs="+", default=[0.005, 0.015, 0.05], help="cache ratios")
+    p.add_argument("--batch-size", type=int, default=4096)
+    p.add_argument("--steps", type=int, default=60, help="timed steps per variant")
+    p.add_argument("--warmup-steps", type=int, default=10, help="untimed steps before them")
+    p.add_argument("--optimizer", default="adagrad", choices=sorted(TORCH_EQUIVALENTS), help="sparse optimizer")
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--prefetch-depth", type=int, default=1, help="batches prefetched ahead (0: none)")
+    p.add_argument("--no-profile", action="store_true", help="skip the profiler summary (CUDA only)")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR), help="results directory")
+    p.add_argument("--name", default="gpu", help="results file stem")
+    p.set_defaults(func=run)
+    return p
+
+
+class FlatTables(nn.Module):
+    """The 26 tables as one bag over the concatenated id space: ids `[B, F]` -> `[B, F, D]`."""
+
+    def __init__(self, bag: nn.Module, num_tables: int):
+        super().__init__()
+        self.bag, self.num_tables = bag, num_tables
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        b = ids.shape[0]
+        return self.bag(ids.reshape(-1, 1)).view(b, self.num_tables, -1)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_data(args, trace: CriteoTrace) -> list[tuple]:
+    """(ids [B, 26] on the host, dense features, labels) for every step, labels drawn
+    from a fixed logistic model of the dense features so that the loss can fall."""
+    g = torch.Generator().manual_seed(args.seed + 7)
+    w = torch.randn(NUM_DENSE, generator=g)
+    out = []
+    for ids in trace:
+        x = torch.randn(ids.shape[0], NUM_DENSE, generator=g)
+        y = torch.bernoulli(torch.sigmoid(x @ w), generator=g)
+        out.append((ids, x, y))
+    return out
+
+
+def make_variant(kind: str, ratio: float | None, table: torch.Tensor, freq, dense_state: dict, args, device):
+    """(sparse module, its torch optimizer or None, dense model, dense optimizer)."""
+    n, dim = table.shape
+    if kind == "gpu":
+        bag = nn.EmbeddingBag(n, dim, mode="sum", sparse=True, _weight=table.clone()).to(device)
+        sparse_opt = torch_equivalent(args.optimizer, bag.parameters(), args.lr)
+    else:
+        bag = CachedEmbeddingBag(n, dim, cache_ratio=ratio, ids_freq=freq, optimizer=args.optimizer, lr=args.lr,
+                                 device=device, weight=table)
+        sparse_opt = None
+    dense = DLRMDense(NUM_DENSE, 26, dim, dense_arch=[512, 256], over_arch=[1024, 1024, 512, 256]).to(device)
+    dense.load_state_dict(dense_state)
+    return FlatTables(bag, 26), sparse_opt, dense, torch.optim.Adagrad(dense.parameters(), lr=args.lr)
+
+
+def train_steps(variant, data, device, prefetch_depth: int, start: int, stop: int) -> list[float]:
+    """Steps `start..stop-1`; returns the losses (read after the window, not per step)."""
+    sparse, sparse_opt, dense, dense_opt = variant
+    cached = isinstance(sparse.bag, CachedEmbeddingBag)
+    losses = []
+    for i in range(start, stop):
+        if cached and prefetch_depth and i + prefetch_depth < len(data):
+            sparse.bag.prefetch(data[i + prefetch_depth][0].reshape(-1, 1))
+        ids, x, y = data[i]
+        ids = ids if cached else ids.to(device, non_blocking=True)
+        logits = dense(sparse(ids), x.to(device, non_blocking=True)).squeeze(1)
+        loss = F.binary_cross_entropy_with_logits(logits, y.to(device, non_blocking=True))
+        dense_opt.zero_grad()
+        if sparse_opt is not None:
+            sparse_opt.zero_grad()
+        loss.backward()
+        dense_opt.step()
+        if sparse_opt is not None:
+            sparse_opt.step()
+        losses.append(loss.detach())
+    return [float(v) for v in losses]
+
+
+def measure(variant, data, args, device, prefetch_depth: int) -> dict:
+    """Warm up, then time a window of steps; statistics cover the window only."""
+    sparse = variant[0]
+    cached = isinstance(sparse.bag, CachedEmbeddingBag)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    warm = train_steps(variant, data, device, prefetch_depth, 0, args.warmup_steps)
+    if cached:
+        sparse.bag.reset_cache_stats()
+    _sync(device)
+    t0 = time.perf_counter()
+    timed = train_steps(variant, data, device, prefetch_depth, args.warmup_steps, len(data))
+    _sync(device)
+    seconds = time.perf_counter() - t0
+    row = {"samples_per_s": args.steps * args.batch_size / seconds, "step_ms": 1e3 * seconds / args.steps,
+           "losses": warm + timed}
+    if device.type == "cuda":
+        row["peak_device_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+    if cached:
+        s = sparse.bag.cache_stats()
+        row.update(hit_rate=s["hit_rate"], bytes_h2d_per_step=s["bytes_h2d"] / args.steps,
+                   bytes_d2h_per_step=s["bytes_d2h"] / args.steps, overflow_rows=s["overflow_rows"],
+                   bypassed_rows=s.get("bypassed_rows", 0))
+    return row
+
+
+def pinned_copy_gbps(device: torch.device, mib: int = 256, reps: int = 10) -> float | None:
+    """Host->device bandwidth of a plain pinned copy: what the cache's copies can reach."""
+    if device.type != "cuda":
+        return None
+    src = torch.empty(mib * 2**20, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty_like(src, device=device)
+    dst.copy_(src, non_blocking=True)
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        dst.copy_(src, non_blocking=True)
+    _sync(device)
+    return reps * src.numel() / (time.perf_counter() - t0) / 1e9
+
+
+def profile_summary(variant, data, args, device, steps: int = 5) -> list[str]:
+    """The top ops of a few cached steps by device (else host) time: where a step goes."""
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        train_steps(variant, data, device, args.prefetch_depth, 0, min(steps, len(data)))
+        _sync(device)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=20).splitlines()
+
+
+def bench_dim(dim: int, args, device, trace, data, freq) -> dict:
+    """Every variant at one embedding dim, from the same initial table and dense model."""
+    g = torch.Generator().manual_seed(args.seed)
+    bound = 1.0 / math.sqrt(trace.num_rows)
+    table = torch.rand(trace.num_rows, dim, generator=g).mul_(2 * bound).sub_(bound)
+    torch.manual_seed(args.seed)
+    dense_state = DLRMDense(NUM_DENSE, 26, dim, [512, 256], [1024, 1024, 512, 256]).state_dict()
+    plan = [("gpu", None, 0)] + [("cached", r, args.prefetch_depth) for r in args.ratios]
+    middle = args.ratios[len(args.ratios) // 2]
+    if args.prefetch_depth:
+        plan.append(("cached", middle, 0))
+    rows, profile = [], None
+    for kind, ratio, depth in plan:
+        variant = make_variant(kind, ratio, table, freq, dense_state, args, device)
+        row = {"variant": kind, "ratio": ratio, "prefetch_depth": depth, **measure(variant, data, args, device, depth)}
+        if kind == "cached" and ratio == middle and depth and device.type == "cuda" and not args.no_profile:
+            profile = profile_summary(variant, data, args, device)
+        rows.append(row)
+        print(f"  dim {dim:4d} {kind:6s} {'' if ratio is None else f'{ratio:.1%}':>6s} prefetch {depth}: "
+              f"{row['samples_per_s']:,.0f} samples/s" + (f", hit rate {row['hit_rate']:.3f}" if ratio else ""),
+              flush=True)
+        del variant
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {"dim": dim, "results": summarize(rows), "profile_cached_middle_ratio": profile}
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Ratios to the whole-table run, the loss agreement, and the copy time prefetch hid."""
+    base = rows[0]
+    for row in rows:
+        row["ratio_to_gpu_tables"] = row["samples_per_s"] / base["samples_per_s"]
+        row["max_loss_diff_vs_gpu_tables"] = max(abs(a - b) for a, b in zip(row["losses"], base["losses"]))
+    no_prefetch = [r for r in rows if r["variant"] == "cached" and r["prefetch_depth"] == 0]
+    for row in rows:
+        if row["variant"] == "cached" and row["prefetch_depth"] and no_prefetch \
+                and row["ratio"] == no_prefetch[0]["ratio"]:
+            row["step_ms_without_prefetch"] = no_prefetch[0]["step_ms"]
+    return rows
+
+
+def add_link_figures(result: dict, gbps: float | None) -> None:
+    """Achieved host<->device traffic against the pinned copy, and the share of the copy
+    time (bytes / pinned bandwidth) that prefetch took off the step."""
+    for dim_block in result["dims"]:
+        for row in dim_block["results"]:
+            if row["variant"] != "cached" or gbps is None:
+                continue
+            moved = row["bytes_h2d_per_step"] + row["bytes_d2h_per_step"]
+            row["link_gbps"] = moved / (row["step_ms"] / 1e3) / 1e9
+            row["link_share_of_pinned_copy"] = row["link_gbps"] / gbps
+            copy_ms = 1e3 * moved / (gbps * 1e9)
+            if "step_ms_without_prefetch" in row and copy_ms > 0:
+                hidden = (row["step_ms_without_prefetch"] - row["step_ms"]) / copy_ms
+                row["copy_time_hidden_by_prefetch"] = min(1.0, max(0.0, hidden))
+
+
+def plot(result: dict, path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    blocks = result["dims"]
+    fig, axes = plt.subplots(1, len(blocks), figsize=(5 * len(blocks), 4), squeeze=False)
+    for ax, block in zip(axes[0], blocks):
+        rows = block["results"]
+        labels = ["whole table" if r["variant"] == "gpu" else
+                  f"cached {r['ratio']:.1%}" + ("" if r["prefetch_depth"] else "\nno prefetch") for r in rows]
+        ax.bar(range(len(rows)), [r["ratio_to_gpu_tables"] for r in rows], color="tab:blue")
+        ax.axhline(0.9, color="tab:red", linestyle="--", linewidth=1, label="target at 1.5 %: 0.9")
+        ax.set_xticks(range(len(rows)), labels, fontsize=8)
+        ax.set_title(f"dim {block['dim']}")
+        ax.set_ylabel("samples/s vs whole table on the device")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args) -> int:
+    device = resolve_device(args.device)
+    trace = CriteoTrace(scale=args.scale, batch_size=args.batch_size, batches=args.warmup_steps + args.steps,
+                        seed=args.seed)
+    print(f"DLRM on {device}: {trace.num_rows:,} rows, batch {args.batch_size}, {args.steps} timed steps")
+    data, freq = make_data(args, trace), trace.frequencies()
+    gbps = pinned_copy_gbps(device)
+    result = {"num_rows": trace.num_rows, "pinned_copy_gbps": gbps,
+              "dims": [bench_dim(dim, args, device, trace, data, freq) for dim in args.dims]}
+    add_link_figures(result, gbps)
+    payload = {"benchmark": "gpu", "device": str(device),
+               "config": {k: v for k, v in vars(args).items() if k != "func"}, **result}
+    path = write_json(payload, args.name, args.out)
+    png = path.with_suffix(".png")
+    plot(result, png)
+    print(f"wrote {path} and {png}")
+    return 0
