@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from embcache.bench.criteo_trace import CriteoTrace
-from embcache.cache import planner
+from embcache.cache import hit_curves, planner
 from embcache.cache.optimizers import OPTIMIZERS, make_optimizer
 from embcache.cache.row_cache import RowCache
 from embcache.cli import main
@@ -53,7 +53,7 @@ def real_hit_rate(batches, freq, num_rows, cache_rows, policy, prefetch=False, a
 def test_trace_prediction_is_within_two_points_of_a_real_cache(trace, prefetch, admission, policies):
     batches, freq, n = trace
     sizes = planner.cache_sizes(RATIOS, n)
-    predicted = planner.replay(batches, freq, sizes, 0.7, len(batches), policies, held=2 if prefetch else 1,
+    predicted = hit_curves.replay(batches, freq, sizes, 0.7, len(batches), policies, held=2 if prefetch else 1,
                                admission=admission)
     assert sizes[0] < predicted.max_unique < sizes[1]  # one size overflows, the others do not
     for policy in policies:
@@ -65,12 +65,12 @@ def test_trace_prediction_is_within_two_points_of_a_real_cache(trace, prefetch, 
 def test_counts_alone_predict_what_the_trace_does(trace):
     batches, freq, n = trace
     sizes = planner.cache_sizes(RATIOS, n)
-    from_trace = planner.replay(batches, freq, sizes, 0.7, len(batches))
-    surrogate = planner.surrogate_batches(freq, len(batches))
-    from_counts = planner.replay(surrogate, freq, sizes, 0.7, len(surrogate))
+    from_trace = hit_curves.replay(batches, freq, sizes, 0.7, len(batches))
+    surrogate = hit_curves.surrogate_batches(freq, len(batches))
+    from_counts = hit_curves.replay(surrogate, freq, sizes, 0.7, len(surrogate))
     assert from_counts.batches == len(batches) and sum(b.size for b in surrogate) == freq.sum()
     distinct = from_trace.accesses / len(batches)
-    assert abs(planner.expected_distinct(freq, len(batches)) - distinct) <= 0.01 * distinct
+    assert abs(hit_curves.expected_distinct(freq, len(batches)) - distinct) <= 0.01 * distinct
     assert abs(from_counts.accesses / len(batches) - distinct) <= 0.01 * distinct
     for policy in planner.POLICIES:
         assert np.abs(from_counts.hit_rate(policy) - from_trace.hit_rate(policy)).max() <= 0.02, policy
@@ -79,7 +79,7 @@ def test_counts_alone_predict_what_the_trace_does(trace):
 def test_fenwick_prefix_sums_follow_updates():
     rng = np.random.default_rng(0)
     counts = rng.integers(0, 5, 1000)
-    tree = planner._Fenwick(counts.copy())
+    tree = hit_curves._Fenwick(counts.copy())
     for _ in range(20):
         idx = rng.integers(0, 1000, 50)
         delta = rng.integers(-2, 3, 50)
@@ -94,7 +94,7 @@ def test_lru_with_one_id_per_batch_counts_hits_exactly():
     LRU cache's hits exactly, at every size in the same pass."""
     ids = np.random.default_rng(1).integers(0, 40, 300)
     sizes = (1, 3, 8, 20)
-    model = planner.RankedCache("lru", np.zeros(40), sizes, 0.0, ids.size)
+    model = hit_curves.RankedCache("lru", np.zeros(40), sizes, 0.0, ids.size)
     for i in ids:
         model.add(np.array([i]))
     for size, predicted in zip(sizes, model.hits):
