@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 POLICIES = ("freq", "lfu", "lru")
-MAX_SURROGATE_BATCHES = 512
+MAX_SURROGATE_BATCHES = 256
 # key levels of `freq` (count + online count): exact below this, then PER_OCTAVE per doubling
 EXACT_LEVELS = 4096
 PER_OCTAVE = 64

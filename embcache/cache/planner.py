@@ -276,7 +276,7 @@ def auto_cache_ratio(data_dir, *, embedding_dim: int, optimizer: str, eviction: 
                               f"bookkeeping of {freq.size:,} rows alone needs "
                               f"{format_bytes(footprint.device_bytes(0))}")
     batches, count, _ = access_batches(data_dir, freq, meta, batch_size, None, seed)
-    sizes = size_grid(freq.size, 96, largest)
+    sizes = size_grid(freq.size, 48, largest)
     admission = default_admission() if admission is None else bool(admission)
     curve = replay(batches, freq, sizes, warmup_ratio, count, policies=(eviction,), held=2 if prefetch else 1,
                    admission=admission)
