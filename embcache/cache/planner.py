@@ -282,10 +282,10 @@ def auto_cache_ratio(data_dir, *, embedding_dim: int, optimizer: str, eviction: 
                    admission=admission)
     rows, rate, best = smallest_within(sizes, curve.hit_rate(eviction), tolerance)
     ratio = rows / freq.size
-    return ratio, (f"cache ratio auto: {ratio:.3%} ({rows:,} rows), predicted {eviction} hit rate {rate:.3f}: the "
-                   f"smallest within {100 * tolerance:g} point of {best:.3f}, the largest cache that fits "
-                   f"{format_bytes(device_memory)} ({largest / freq.size:.2%}; "
-                   f"{format_bytes(footprint.device_bytes(largest))})")
+    return ratio, (f"cache ratio auto: {ratio:.3%} ({rows:,} rows), predicted {eviction} hit rate {rate:.3f}, the "
+                   f"smallest within {100 * tolerance:g} point of the {best:.3f} predicted for the largest cache that "
+                   f"fits: {largest / freq.size:.2%} of the rows ({format_bytes(footprint.device_bytes(largest))}) in "
+                   f"{format_bytes(device_memory)}")
 
 
 def format_bytes(n: float) -> str:
