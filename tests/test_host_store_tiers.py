@@ -237,3 +237,33 @@ def test_dlrm_on_a_mapped_store_equals_the_memory_store(tmp_path):
     for t in memory.sparse.embedding_bag_configs():
         assert torch.equal(memory.sparse.table_weight(t.name), mapped.sparse.table_weight(t.name)), t.name
     assert (tmp_path / "store" / "group0" / "header.json").is_file()
+
+
+def test_dlrm_resume_on_a_mapped_store_ignores_rows_written_after_the_checkpoint(tmp_path):
+    import shutil
+
+    from embcache.data.synthetic import generate_synthetic
+    from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+
+    data = tmp_path / "syn"
+    generate_synthetic(data, rows=4000, scale=0.0005, seed=0)
+    cfg = DLRMConfig(batch_size=128, embedding_dim=4, dense_arch=[8], over_arch=[8], device="cpu",
+                     progress=False, cache_ratio=0.02, checkpoint_every=4)
+    store = f"mmap:{tmp_path / 'store'}"
+    whole = DLRMTrainer(replace(cfg, max_steps=8), data)
+    whole.fit()
+    first = DLRMTrainer(replace(cfg, max_steps=4, host_store=store, checkpoint_dir=str(tmp_path / "ck")), data)
+    first.fit()
+    shutil.copytree(tmp_path / "ck", tmp_path / "ck4")
+    del first
+    gc.collect()
+    on = DLRMTrainer(replace(cfg, max_steps=7, host_store=store, checkpoint_dir=str(tmp_path / "ck"), resume=True),
+                     data)
+    on.fit()  # rows of steps 5-7 are in the store's files now; then the process dies
+    del on
+    gc.collect()
+    resumed = DLRMTrainer(replace(cfg, max_steps=8, host_store=store, checkpoint_dir=str(tmp_path / "ck4"),
+                                  resume=True), data)
+    resumed.fit()
+    for t in whole.sparse.embedding_bag_configs():
+        assert torch.equal(whole.sparse.table_weight(t.name), resumed.sparse.table_weight(t.name)), t.name
