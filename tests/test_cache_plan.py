@@ -122,11 +122,10 @@ def test_device_bytes_are_those_of_a_real_cache(optimizer, eviction):
     assert footprint.largest_cache(footprint.device_bytes(rows) - 1) == rows - 1
 
 
-def test_smallest_within_one_point_reads_the_curve_between_its_points():
-    sizes, rates = np.array([10, 20, 40, 80]), np.array([0.5, 0.7, 0.8, 0.82])
-    rows, rate, best = planner.smallest_within(sizes, rates, 0.01)
-    assert (rows, best) == (60, 0.82) and rate == pytest.approx(0.81)
-    assert planner.smallest_within(sizes, rates, 0.5)[:2] == (10, 0.5)
+def test_first_within_one_point_is_the_first_such_size():
+    sizes, rates = np.array([10, 20, 40, 80]), np.array([0.5, 0.7, 0.81, 0.82])
+    assert planner.first_within(sizes, rates, 0.82, 0.01) == 2
+    assert planner.first_within(sizes, rates, 0.82, 0.5) == 0
 
 
 def test_plan_command_table_and_plot(data_dir, tmp_path, capsys):

@@ -245,19 +245,9 @@ def default_device_memory(device) -> tuple[int, str]:
     return DEFAULT_DEVICE_MEMORY, "the default for a CPU device"
 
 
-def smallest_within(sizes: np.ndarray, rates: np.ndarray, tolerance: float = 0.01) -> tuple[int, float, float]:
-    """The smallest cache whose hit rate is within `tolerance` of the largest's (the last
-    of `sizes`), read off the curve with linear interpolation between its points:
-    (rows, its hit rate, the largest's hit rate)."""
-    best = float(rates[-1])
-    target = best - tolerance
-    i = int(np.argmax(rates >= target))
-    if i == 0 or rates[i] <= target:
-        return int(sizes[i]), float(rates[i]), best
-    lo, hi = int(sizes[i - 1]), int(sizes[i])
-    share = (target - rates[i - 1]) / (rates[i] - rates[i - 1])
-    rows = min(hi, max(lo + 1, math.ceil(lo + share * (hi - lo))))
-    return rows, float(np.interp(rows, [lo, hi], [rates[i - 1], rates[i]])), best
+def first_within(sizes: np.ndarray, rates: np.ndarray, best: float, tolerance: float = 0.01) -> int:
+    """Index of the first of `sizes` whose hit rate is within `tolerance` of `best`."""
+    return int(np.argmax(rates >= best - tolerance - 1e-12))
 
 
 def auto_cache_ratio(data_dir, *, embedding_dim: int, optimizer: str, eviction: str, batch_size: int,
@@ -265,7 +255,9 @@ def auto_cache_ratio(data_dir, *, embedding_dim: int, optimizer: str, eviction: 
                      prefetch: bool = True, admission: bool | None = None) -> tuple[float, str]:
     """The smallest cache ratio whose predicted hit rate (of `eviction`, from meta.json's
     counts) is within `tolerance` of the one of the largest cache that fits
-    `device_memory`; returns it with one line saying why."""
+    `device_memory`; returns it with one line saying why. Two replays: a coarse grid up to
+    the largest cache, then a fine one between the grid point found and the one below it,
+    so that the rate stated is the model's at the size chosen."""
     from embcache.errors import UserFacingError
 
     freq, meta = table_frequencies(data_dir)
@@ -275,12 +267,21 @@ def auto_cache_ratio(data_dir, *, embedding_dim: int, optimizer: str, eviction: 
         raise UserFacingError(f"--device-memory {format_bytes(device_memory)} holds no cache: the {eviction} "
                               f"bookkeeping of {freq.size:,} rows alone needs "
                               f"{format_bytes(footprint.device_bytes(0))}")
-    batches, count, _ = access_batches(data_dir, freq, meta, batch_size, None, seed)
-    sizes = size_grid(freq.size, 48, largest)
     admission = default_admission() if admission is None else bool(admission)
-    curve = replay(batches, freq, sizes, warmup_ratio, count, policies=(eviction,), held=2 if prefetch else 1,
-                   admission=admission)
-    rows, rate, best = smallest_within(sizes, curve.hit_rate(eviction), tolerance)
+
+    def rates(sizes: np.ndarray) -> np.ndarray:
+        batches, count, _ = access_batches(data_dir, freq, meta, batch_size, None, seed)
+        return replay(batches, freq, sizes, warmup_ratio, count, policies=(eviction,), held=2 if prefetch else 1,
+                      admission=admission).hit_rate(eviction)
+
+    coarse = size_grid(freq.size, 48, largest)
+    coarse_rates = rates(coarse)
+    best = float(coarse_rates[-1])
+    i = first_within(coarse, coarse_rates, best, tolerance)
+    fine = np.unique(np.linspace(coarse[i - 1] + 1 if i else 1, coarse[i], 24).astype(np.int64))
+    fine_rates = rates(fine)
+    j = first_within(fine, fine_rates, best, tolerance)
+    rows, rate = int(fine[j]), float(fine_rates[j])
     ratio = rows / freq.size
     return ratio, (f"cache ratio auto: {ratio:.3%} ({rows:,} rows), predicted {eviction} hit rate {rate:.3f}, the "
                    f"smallest within {100 * tolerance:g} point of the {best:.3f} predicted for the largest cache that "
