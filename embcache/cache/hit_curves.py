@@ -22,18 +22,20 @@ above a row are counted by a second Fenwick tree, over warm-up ranks, at each si
 warm-up boundary. A row used for the first time hits only if it was warmed up and still
 ranks within `K`. When a batch has more distinct rows than the cache (overflow), the
 cache keeps that batch's hits and admits its misses in id order (the order
-`torch.unique` gives them) until it is full. With admission control (`freq` and `lfu`;
+`torch.unique` gives them) until it is full; under the trainer, where the two held
+batches' rows do not fit, every other row is evicted to admit the newest batch and the
+previous batch keeps what is left, highest keys first. With admission control (`freq` and `lfu`;
 the cache's default) a missed row gets in only if it is hotter than the row it would
 evict, so no row is held below the top: the cache is the top `C` by key, `K = C`.
 Measured against real `RowCache` runs: see the README's "How big a cache".
 
 **From the counts alone** the order of the accesses is unknown. The surrogate trace
 assumes each of an id's `f` occurrences falls into one of the epoch's `B` batches
-independently and uniformly (seeded): then a batch holds the id with probability `1 - (1
-- 1/B)^f`, so a batch needs `sum(1 - (1 - 1/B)^f)` distinct rows on average, which the
-report states. Past `MAX_SURROGATE_BATCHES` batches only the first ones are drawn (each
-occurrence kept with probability `S / B`), which weighs the warm-up's first misses more
-than a whole epoch would.
+independently and uniformly (seeded): then a batch holds the id with probability
+`1 - (1 - 1/B)^f`, so a batch needs `sum(1 - (1 - 1/B)^f)` distinct rows on average, which
+the report states. Past `MAX_SURROGATE_BATCHES` batches only the first ones are drawn
+(each occurrence kept with probability `S / B`), which weighs the warm-up's first misses
+more than a whole epoch would.
 """
 from __future__ import annotations
 
