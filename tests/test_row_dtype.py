@@ -134,3 +134,26 @@ def test_a_checkpoint_of_other_row_type_is_refused():
     b = CachedEmbeddingBag(50, 2, device="cpu")
     with pytest.raises(RuntimeError, match="bfloat16"):
         b.load_state_dict(a.state_dict())
+
+
+def test_a_collection_of_several_groups_trains_half_rows():
+    """Each group (here three dims) rounds with bits of its own (their row ids overlap)."""
+    from torchrec import EmbeddingBagConfig, KeyedJaggedTensor
+
+    from embcache import CachedEmbeddingBagCollection
+
+    tables = [EmbeddingBagConfig(name=f"t{d}", embedding_dim=d, num_embeddings=100, feature_names=[f"f{d}"])
+              for d in (4, 8, 2)]
+    ebc = CachedEmbeddingBagCollection(tables, cache_ratio=0.1, device="cpu", row_dtype="bfloat16",
+                                       optimizer="adagrad", lr=0.05, rounding_seed=3)
+    before = {t.name: ebc.table_weight(t.name).clone() for t in tables}
+    kjt = KeyedJaggedTensor(keys=["f4", "f8", "f2"], values=torch.tensor([1, 2, 3, 1, 2, 3]),
+                            lengths=torch.tensor([1, 1, 1, 1, 1, 1]))
+    out = ebc(kjt).values()
+    assert out.dtype == torch.float32
+    out.sum().backward()
+    for t in tables:
+        after = ebc.table_weight(t.name)
+        assert after.dtype == torch.bfloat16 and not torch.equal(after, before[t.name]), t.name
+    seeds = {bag.cache.rounding.seed for bag in ebc.bags}
+    assert len(seeds) == 3

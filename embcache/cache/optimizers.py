@@ -215,7 +215,8 @@ class RowRounding:
         """32 random bits per element, a splitmix64 hash of (seed, step, id, column)."""
         cols = torch.arange(width, device=ids.device)
         x = (ids.to(torch.int64).unsqueeze(1) * width + cols) * 0x9E3779B1
-        x = x + (int(step) * 0x632BE59B + self.seed * 0x85157AF5)
+        salt = (int(step) * 0x632BE59B + self.seed * 0x85157AF5) & ((1 << 64) - 1)
+        x = x + (salt - (1 << 64) if salt >= 1 << 63 else salt)  # as int64 arithmetic wraps
         for shift, mul in ((30, _MIX1), (27, _MIX2)):
             x = (x ^ _shift_right(x, shift)) * mul
         x = x ^ _shift_right(x, 31)

@@ -115,6 +115,7 @@ class CachedEmbeddingBagCollection(nn.Module):
         self._groups = group_tables(tables)
         self.bags = nn.ModuleList()
         directory = parse_host_store(host_store)
+        rounding_seed = kwargs.pop("rounding_seed", 0)
         for i, g in enumerate(self._groups):
             dim, mode = g.key
             freq = self._group_frequencies(g, ids_freq)
@@ -122,7 +123,8 @@ class CachedEmbeddingBagCollection(nn.Module):
             self.bags.append(CachedEmbeddingBag(g.num_rows, dim, mode=mode, cache_ratio=cache_ratio,
                                                 ids_freq=freq, device=self._device,
                                                 weight=RowInit(g.num_rows, dim, _GroupFiller(g)),
-                                                host_store=store, **kwargs))
+                                                host_store=store, rounding_seed=rounding_seed + i * 0x9E3779B9,
+                                                **kwargs))  # groups' row ids overlap: their rounding bits must not
         self._feature_to_table = {f: t for t in tables for f in t.feature_names}
 
     @staticmethod
