@@ -294,7 +294,16 @@ class Prediction:
 def replay(batches, freq: np.ndarray, sizes, warmup_ratio: float, max_batches: int,
            policies=POLICIES, held: int = 1, admission: bool = False) -> Prediction:
     """One pass over `batches` (arrays of ids, any shape) predicting every policy at every
-    size at once (`held`: see `RankedCache`)."""
+    size at once (`held`: see `RankedCache`).
+
+    Example (an LRU cache of 1 row keeps id 0, the lowest, of each batch; one of 3 rows
+    holds them all):
+        >>> import numpy as np
+        >>> batches = [np.array([0, 1]), np.array([0, 2]), np.array([0, 1])]
+        >>> p = replay(batches, np.array([3.0, 2.0, 1.0]), [1, 3], 0.0, 3, policies=("lru",))
+        >>> p.hit_rate("lru").round(3).tolist()
+        [0.333, 0.5]
+    """
     models = [RankedCache(p, freq, sizes, warmup_ratio, max_batches, held, admission) for p in policies]
     count = most = 0
     for ids in batches:
