@@ -267,3 +267,44 @@ def test_dlrm_resume_on_a_mapped_store_ignores_rows_written_after_the_checkpoint
     resumed.fit()
     for t in whole.sparse.embedding_bag_configs():
         assert torch.equal(whole.sparse.table_weight(t.name), resumed.sparse.table_weight(t.name)), t.name
+
+
+def test_a_collection_checkpoint_holds_every_group_and_resumes_exactly(tmp_path):
+    from torchrec import KeyedJaggedTensor
+
+    configs = [EmbeddingBagConfig(name=f"t{d}", embedding_dim=d, num_embeddings=500, feature_names=[f"f{d}"])
+               for d in (4, 8)]
+
+    def make(store):
+        torch.manual_seed(0)
+        return CachedEmbeddingBagCollection(configs, cache_ratio=0.02, device="cpu", host_store=store,
+                                            optimizer="adagrad", lr=0.05, eviction="lru")
+
+    def steps(ebcs, n, seed):
+        gen = torch.Generator().manual_seed(seed)
+        for _ in range(n):
+            kjt = KeyedJaggedTensor(keys=["f4", "f8"], values=torch.randint(0, 500, (64,), generator=gen),
+                                    lengths=torch.full((32,), 2))
+            for ebc in ebcs:
+                ebc(kjt).values().sum().backward()
+
+    reference, run = make("memory"), make(f"mmap:{tmp_path / 'store'}")
+    steps([reference, run], 10, 1)
+    run.save_checkpoint(tmp_path / "ckpt")
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["group0", "group1"]
+    steps([run], 10, 2)
+    del run
+    gc.collect()
+    resumed = make(f"mmap:{tmp_path / 'store'}")
+    broken = tmp_path / "ckpt" / "group1" / "cache.pt"
+    saved = broken.read_bytes()
+    broken.unlink()
+    with pytest.raises(CheckpointError, match="group1"):
+        resumed.load_checkpoint(tmp_path / "ckpt")
+    assert resumed.optimizer_steps() == 0, "group 0 checked fine, yet must not be loaded alone"
+    broken.write_bytes(saved)
+    resumed.load_checkpoint(tmp_path / "ckpt")
+    steps([reference, resumed], 10, 2)
+    for t in configs:
+        assert torch.equal(reference.table_weight(t.name), resumed.table_weight(t.name)), t.name
+    assert resumed.cache_stats() == reference.cache_stats()

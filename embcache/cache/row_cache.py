@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from .host_store import HostStore
 from .optimizers import RowOptimizer, RowRounding, update_rows
 from .slot_map import SlotMap
 from .stats import CacheStats
+from .table_files import fresh_directory
 
 MAX_PENDING_PREFETCHES = 8
 CACHE_FILE = "cache.pt"  # beside the table files of a `save_checkpoint`
@@ -483,23 +483,16 @@ class RowCache:
         `cache.pt`, the header last. It goes to a temporary directory renamed into place,
         so a run killed meanwhile leaves the previous checkpoint whole. Taking it changes
         nothing (as `state_dict`)."""
-        final = Path(directory)
-        tmp = final.with_name(f".{final.name}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            with writing(tmp):
-                tmp.mkdir(parents=True)
-            self.sync_host()
-            with writing(tmp / CACHE_FILE):
-                torch.save(self._cache_state(), tmp / CACHE_FILE)
-            self.host.save_files(tmp)  # writes the header last
-            old = final.with_name(f".{final.name}.old")
-            if final.exists():
-                os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        with fresh_directory(Path(directory)) as tmp:
+            self.write_checkpoint(tmp)
+
+    def write_checkpoint(self, directory: Path) -> None:
+        """The files of `save_checkpoint`, into an existing empty `directory` (one of
+        several written together, say)."""
+        self.sync_host()
+        with writing(directory / CACHE_FILE):
+            torch.save(self._cache_state(), directory / CACHE_FILE)
+        self.host.save_files(directory)  # writes the header last
 
     def load_checkpoint(self, directory: str | os.PathLike) -> None:
         """Resume from `save_checkpoint`. Checked before anything changes: the header
@@ -508,6 +501,11 @@ class RowCache:
         (CheckpointError naming the file otherwise). Then the tables are read in chunk by
         chunk, overwriting whatever the store holds (rows written after the checkpoint
         included), and the cache state as `load_state_dict` restores it."""
+        self.restore_checkpoint(self.check_checkpoint(directory))
+
+    def check_checkpoint(self, directory: str | os.PathLike) -> tuple:
+        """The checks of `load_checkpoint`, changing nothing; returns what
+        `restore_checkpoint` takes."""
         directory = Path(directory)
         self.host.verify_files(directory)
         path = directory / CACHE_FILE
@@ -516,6 +514,10 @@ class RowCache:
             policy, same_cache = self._check_state_dict(sd, tables=False)
         except (OSError, RuntimeError, ValueError, KeyError) as err:
             raise CheckpointError(f"{path}: {first_line(err)}") from None
+        return directory, sd, policy, same_cache
+
+    def restore_checkpoint(self, checked: tuple) -> None:
+        directory, sd, policy, same_cache = checked
         self._clear_cache()
         self.host.load_files(directory)
         self._restore_cache(sd, policy, same_cache)

@@ -19,10 +19,12 @@ renamed into place when complete.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import json
 import os
+import shutil
 import sys
 import zlib
 from dataclasses import dataclass
@@ -277,6 +279,26 @@ def save_tensors(directory: Path, tensors: dict[str, torch.Tensor]) -> None:
         specs.append(spec)
         crcs[name] = crc
     write_header(directory, specs, crcs)
+
+
+@contextlib.contextmanager
+def fresh_directory(final: Path):
+    """Yield an empty temporary directory beside `final`; when the block succeeds it
+    replaces `final` (renames: the old version goes only once the new one is in place),
+    when it fails it is removed and `final` is left as it was."""
+    tmp = final.with_name(f".{final.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with writing(tmp):
+            tmp.mkdir(parents=True)
+        yield tmp
+        old = final.with_name(f".{final.name}.old")
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def verify_saved(directory: Path, specs: list[TensorSpec]) -> None:

@@ -9,8 +9,10 @@ call per group (in DLRM: one call).
 """
 from __future__ import annotations
 
+import os
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -20,6 +22,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 from embcache.device import resolve_device
 
 from embcache.cache.host_store import MMAP_PREFIX, RowInit, parse_host_store
+from embcache.cache.table_files import fresh_directory
 
 from .bag_input import ID_DTYPES, check_feature_ids, check_layout, check_weights, to_device
 from .cached_embedding_bag import CachedEmbeddingBag
@@ -252,6 +255,22 @@ class CachedEmbeddingBagCollection(nn.Module):
             bag.cache.restore_rows(torch.cat([p["weight"] for p in parts]),
                                    {k: torch.cat([p[f"optimizer.{k}"] for p in parts]) for k in bag.cache.host.state},
                                    step)
+
+    def save_checkpoint(self, directory: str | os.PathLike) -> None:
+        """Every group's `RowCache.save_checkpoint` under `directory`/group<i>, written
+        together into a temporary directory renamed into place: all groups or none. For
+        tables on a mapped store, which training on keeps rewriting."""
+        with fresh_directory(Path(directory)) as tmp:
+            for i, bag in enumerate(self.bags):
+                (tmp / f"group{i}").mkdir()
+                bag.cache.write_checkpoint(tmp / f"group{i}")
+
+    def load_checkpoint(self, directory: str | os.PathLike) -> None:
+        """Resume from `save_checkpoint`: every group checked (sizes, CRC-32, cache
+        state) before any changes."""
+        checked = [bag.cache.check_checkpoint(Path(directory) / f"group{i}") for i, bag in enumerate(self.bags)]
+        for bag, ready in zip(self.bags, checked):
+            bag.cache.restore_checkpoint(ready)
 
     def residency_state(self) -> dict[str, torch.Tensor]:
         """`state_dict()` without the tables and optimizer state: what the cache holds and
