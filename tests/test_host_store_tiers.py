@@ -308,3 +308,20 @@ def test_a_collection_checkpoint_holds_every_group_and_resumes_exactly(tmp_path)
     for t in configs:
         assert torch.equal(reference.table_weight(t.name), resumed.table_weight(t.name)), t.name
     assert resumed.cache_stats() == reference.cache_stats()
+
+
+def test_bench_tiers_reports_both_parts_and_deletes_its_files(tmp_path):
+    import json
+
+    from embcache.bench import tiers
+
+    args = tiers.build_parser("tiers").parse_args(
+        ["--rows", "3000", "--dim", "8", "--steps", "4", "--rounds", "2", "--batch-size", "16", "--bag-size", "2",
+         "--cache-ratio", "0.02", "--big-gib", "0.0005", "--big-steps", "3", "--dir", str(tmp_path / "work"),
+         "--out", str(tmp_path / "out")])
+    assert tiers.run(args) == 0
+    result = json.loads((tmp_path / "out" / "tiers.json").read_text())
+    fits, big = result["fits_in_memory"], result["larger_than_memory"]
+    assert fits["tables_equal"] and fits["mmap"]["steps"] == fits["memory"]["steps"] == 4
+    assert big["file_bytes"] == big["rows"] * 8 * 4 * 2 and big["steps"] == 3 and big["peak_rss_anon_mib"] > 0
+    assert not any((tmp_path / "work").glob("*/*.bin")), "the table files must be deleted"
