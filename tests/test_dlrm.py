@@ -30,17 +30,18 @@ def small_config(**kw):
     return replace(base, **kw)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
-def test_cached_training_equals_torchrec_tables(synthetic, optimizer):
+@pytest.mark.parametrize("optimizer,admission", [("sgd", False), ("adagrad", False), ("adagrad", True)])
+def test_cached_training_equals_torchrec_tables(synthetic, optimizer, admission):
     """Same parameters after N steps, to the bit: the cache sums each row's gradient
     terms in the order torch does for torchrec's tables, so the dense part sees the same
     embeddings too."""
-    cfg = small_config(max_steps=40, cache_ratio=0.01, sparse_optimizer=optimizer)
+    cfg = small_config(max_steps=40, cache_ratio=0.01, sparse_optimizer=optimizer, admission=admission)
     cached = DLRMTrainer(cfg, synthetic)
     plain = DLRMTrainer(replace(cfg, sparse="device"), synthetic)
     cached.fit(), plain.fit()
     stats = cached.sparse.cache_stats()
     assert stats["evictions"] > 0, "the tiny cache must evict during training"
+    assert (stats["bypassed_rows"] > 0) == admission  # --admission serves cold misses beside the cache
     got = torch.cat([cached.sparse.table_weight(t.name).flatten() for t in cached.sparse.embedding_bag_configs()])
     want = torch.cat([plain.sparse.embedding_bags[t.name].weight.detach().flatten()
                       for t in cached.sparse.embedding_bag_configs()])

@@ -11,14 +11,14 @@ entries the one used longer ago goes first.
 
 Counts are per batch: an id used five times in one batch counts once.
 
-Admission control (`freq` and `lfu` with `admission=True`, the default of
-`CachedEmbeddingBag`; see the README's cache benchmark): a missed row is admitted only if
-its key is above the key of the slot it would take; a colder one is served beside the cache
-for that step (the cache's exact overflow path, counted as `bypassed_rows`) and its access
-is counted, so it gets in once it has earned it. Without it every miss evicts someone, and
-a stream of one-off ids keeps displacing rows that will be used again: where a batch needs
-more rows than the cache holds, that is most of the hit rate. (`lru` admits everything: a
-new row is by definition the most recent.)
+Admission control (`freq` and `lfu` with `admission=True`; off by default, see the README's
+cache benchmark): a missed row is admitted only if its key is above the key of the slot it
+would take; a colder one is served beside the cache for that step (the cache's exact
+overflow path, counted as `bypassed_rows`) and its access is counted, so it gets in once it
+has earned it. Without it every miss evicts someone, and a stream of one-off ids keeps
+displacing rows that will be used again: where a batch needs more rows than the cache
+holds, that is most of the hit rate. (`lru` admits everything: a new row is by definition
+the most recent.)
 
 Aging (`half_life`, in batches; off by default): every `half_life` batches all counts,
 the prior's weight included, are halved, so what was hot long ago fades and a hot set

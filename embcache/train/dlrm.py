@@ -65,6 +65,7 @@ class DLRMConfig(StepRunConfig):
     cache_ratio: float = 0.015
     eviction: str = "freq"
     warmup_ratio: float = 0.7
+    admission: bool = False
     sparse_optimizer: str = "adagrad"
     sparse_lr: float = 0.05
     dense_lr: float = 0.05
@@ -148,7 +149,8 @@ def sharded_cache(tables, cfg: DLRMConfig, ids_freq: dict | None, device: torch.
     def make_local(configs):
         return CachedEmbeddingBagCollection(
             configs, cache_ratio=cfg.cache_ratio, ids_freq=shard_freq or None, device=device,
-            eviction=cfg.eviction, warmup_ratio=cfg.warmup_ratio, optimizer=cfg.sparse_optimizer, lr=cfg.sparse_lr,
+            eviction=cfg.eviction, warmup_ratio=cfg.warmup_ratio, admission=cfg.admission,
+            optimizer=cfg.sparse_optimizer, lr=cfg.sparse_lr,
             host_store=host_store, row_dtype=cfg.row_dtype, rounding=cfg.row_rounding, rounding_seed=cfg.seed)
 
     if current().distributed:

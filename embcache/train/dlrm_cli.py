@@ -42,6 +42,10 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--eviction", choices=POLICIES, default=d.eviction)
     p.add_argument("--warmup-ratio", type=fraction, default=d.warmup_ratio,
                    help="fraction of the cache filled with the hottest ids before training")
+    p.add_argument("--admission", action="store_true",
+                   help="admission control (freq, lfu): a missed row colder than the row it would evict is "
+                        "served beside the cache for the step; results are unchanged, the hit rate rises "
+                        "most where a batch needs more rows than the cache holds"),
     p.add_argument("--sparse-optimizer", choices=OPTIMIZERS, default=d.sparse_optimizer)
     p.add_argument("--lr", type=positive_float, default=d.sparse_lr, help="learning rate of the embeddings")
     p.add_argument("--dense-lr", type=positive_float, default=d.dense_lr, help="learning rate of the MLPs (Adagrad)")
@@ -123,7 +127,7 @@ def _auto_cache_ratio(args, cfg, data_dir: Path) -> float:
     chosen, why = auto_cache_ratio(data_dir, embedding_dim=cfg.embedding_dim, optimizer=cfg.sparse_optimizer,
                                    eviction=cfg.eviction, batch_size=cfg.batch_size,
                                    warmup_ratio=cfg.warmup_ratio, device_memory=memory, seed=cfg.seed,
-                                   prefetch=cfg.prefetch)
+                                   prefetch=cfg.prefetch, admission=cfg.admission)
     if int(os.environ.get("RANK", "0")) == 0:
         logging.getLogger("embcache.train.dlrm").info(f"{why} ({source})")
     return chosen
