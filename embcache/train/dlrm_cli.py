@@ -14,7 +14,6 @@ REPO_DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
-    from embcache.cache.eviction import POLICIES
     from embcache.cache.optimizers import OPTIMIZERS
     from embcache.train.dlrm import SPARSE_MODES, DLRMConfig
 
@@ -39,13 +38,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--sparse", choices=SPARSE_MODES, default=d.sparse,
                    help="cached tables, whole tables on the device, or whole tables on the host")
     _add_cache_size(p, d.cache_ratio)
-    p.add_argument("--eviction", choices=POLICIES, default=d.eviction)
-    p.add_argument("--warmup-ratio", type=fraction, default=d.warmup_ratio,
-                   help="fraction of the cache filled with the hottest ids before training")
-    p.add_argument("--admission", action="store_true",
-                   help="admission control (freq, lfu): a missed row colder than the row it would evict is "
-                        "served beside the cache for the step; results are unchanged, the hit rate rises "
-                        "most where a batch needs more rows than the cache holds"),
+    _add_cache_options(p, d)
     p.add_argument("--sparse-optimizer", choices=OPTIMIZERS, default=d.sparse_optimizer)
     p.add_argument("--lr", type=positive_float, default=d.sparse_lr, help="learning rate of the embeddings")
     p.add_argument("--dense-lr", type=positive_float, default=d.dense_lr, help="learning rate of the MLPs (Adagrad)")
@@ -58,6 +51,29 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     add_run_arguments(p, "dlrm", epochs=d.epochs, epochs_help="passes over the training split",
                       checkpoint_every=d.checkpoint_every)
     p.add_argument("--no-prefetch", action="store_true", help="do not prefetch the next batch's rows")
+    p.add_argument("--row-wise-rows", type=positive_int, default=None, metavar="N",
+                   help="under torchrun: split a table with more than N rows by rows over all ranks "
+                        "(default: a table holding more than its fair share, all rows / ranks)")
+    p.set_defaults(func=train)
+
+    _add_evaluate_parser(sub)
+    from embcache.train.dlrm_export import add_export_parser
+
+    add_export_parser(sub)
+    return parser
+
+
+def _add_cache_options(p: argparse.ArgumentParser, d) -> None:
+    """How the cache chooses its rows, and where and how the full tables are stored."""
+    from embcache.cache.eviction import POLICIES
+
+    p.add_argument("--eviction", choices=POLICIES, default=d.eviction)
+    p.add_argument("--warmup-ratio", type=fraction, default=d.warmup_ratio,
+                   help="fraction of the cache filled with the hottest ids before training")
+    p.add_argument("--admission", action="store_true",
+                   help="admission control (freq, lfu): a missed row colder than the row it would evict is "
+                        "served beside the cache for the step; results are unchanged, the hit rate rises "
+                        "most where a batch needs more rows than the cache holds")
     p.add_argument("--host-store", type=host_store, default=d.host_store, metavar="memory|mmap:DIR",
                    help="where the full tables and optimizer state live: host memory, or files under DIR "
                         "mapped into memory (the page cache is the RAM tier: tables larger than memory)")
@@ -65,11 +81,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="how embedding rows are stored (host and cache); optimizer state stays float32")
     p.add_argument("--row-rounding", choices=("nearest", "stochastic"), default=d.row_rounding,
                    help="how float16/bfloat16 rows are rounded when an update is written")
-    p.add_argument("--row-wise-rows", type=positive_int, default=None, metavar="N",
-                   help="under torchrun: split a table with more than N rows by rows over all ranks "
-                        "(default: a table holding more than its fair share, all rows / ranks)")
-    p.set_defaults(func=train)
 
+
+def _add_evaluate_parser(sub) -> None:
     e = sub.add_parser("evaluate", help="AUC and log loss of a checkpoint on the test (or val) split",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                        description="Evaluate a checkpoint written by `dlrm train --checkpoint-dir`: the model "
@@ -82,10 +96,6 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     e.add_argument("--data", default=None, help="prepared data directory (default: the checkpoint's)")
     e.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     e.set_defaults(func=evaluate)
-    from embcache.train.dlrm_export import add_export_parser
-
-    add_export_parser(sub)
-    return parser
 
 
 def host_store(text: str) -> str:
