@@ -108,3 +108,16 @@ def check_whole(name: str, value, low: int, high: int | None = None) -> None:
 def _power_text(n: int) -> str:
     """`2**32` rather than 4294967296 for a large power of two."""
     return f"2**{n.bit_length() - 1}" if n >= 1 << 16 and n & (n - 1) == 0 else str(n)
+
+
+def as_user_errors(fn, *args, **kwargs):
+    """Call `fn`; library ValueErrors (bad arguments) and OSErrors (a file that cannot be
+    read or written, a full disk) become one-line user errors naming what went wrong."""
+    try:
+        return fn(*args, **kwargs)
+    except UserFacingError:
+        raise
+    except ValueError as err:
+        raise UserFacingError(str(err)) from None
+    except OSError as err:
+        raise UserFacingError(describe_os_error(err)) from None

@@ -9,7 +9,7 @@ import argparse
 import json
 
 from embcache.arg_types import fraction, int_in, memory_size, non_negative_int, positive_int, ratio
-from embcache.errors import UserFacingError, describe_os_error
+from embcache.errors import as_user_errors
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -59,7 +59,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 def run(args) -> int:
     from embcache.cache.planner import plan_cache
 
-    try:
+    def make_plan():
         plan = plan_cache(args.data_dir, embedding_dim=args.embedding_dim, optimizer=args.optimizer,
                           device_memory=args.device_memory, batch_size=args.batch_size,
                           warmup_ratio=args.warmup_ratio, eviction=args.eviction, trace=args.trace,
@@ -67,12 +67,9 @@ def run(args) -> int:
                           admission=None if args.admission is None else args.admission == "on")
         if args.plot:
             plot(plan, args.plot)
-    except UserFacingError:
-        raise
-    except ValueError as err:
-        raise UserFacingError(str(err)) from None
-    except OSError as err:
-        raise UserFacingError(describe_os_error(err)) from None
+        return plan
+
+    plan = as_user_errors(make_plan)
     print(json.dumps(plan.to_json(), indent=1) if args.json else report(plan))
     return 0
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from embcache.arg_types import int_in, positive_float
-from embcache.errors import UserFacingError, describe_os_error
+from embcache.errors import as_user_errors
 
 DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 FORMATTER = argparse.ArgumentDefaultsHelpFormatter  # every action but `info` shows its defaults
@@ -139,19 +139,6 @@ def _add_info(sub) -> None:
     p.set_defaults(func=_info)
 
 
-def _guard(fn, *args, **kwargs):
-    """Library ValueErrors (bad arguments) and OSErrors (a file that cannot be read or written,
-    a full disk) become one-line user errors naming what went wrong."""
-    try:
-        return fn(*args, **kwargs)
-    except UserFacingError:
-        raise
-    except ValueError as err:
-        raise UserFacingError(str(err)) from None
-    except OSError as err:
-        raise UserFacingError(describe_os_error(err)) from None
-
-
 def _vocab_kwargs(args) -> dict:
     return dict(min_count=args.min_count, max_ids=args.max_ids_per_feature, progress=not args.no_progress,
                 rows_per_shard=args.rows_per_shard)
@@ -160,21 +147,21 @@ def _vocab_kwargs(args) -> dict:
 def _criteo_kaggle(args) -> int:
     from embcache.data.criteo import convert_criteo_kaggle
 
-    _done(_guard(convert_criteo_kaggle, args.input, args.out, **_vocab_kwargs(args)), args.out)
+    _done(as_user_errors(convert_criteo_kaggle, args.input, args.out, **_vocab_kwargs(args)), args.out)
     return 0
 
 
 def _criteo_terabyte(args) -> int:
     from embcache.data.criteo import convert_criteo_terabyte
 
-    _done(_guard(convert_criteo_terabyte, args.input_dir, args.out, days=args.days, **_vocab_kwargs(args)), args.out)
+    _done(as_user_errors(convert_criteo_terabyte, args.input_dir, args.out, days=args.days, **_vocab_kwargs(args)), args.out)
     return 0
 
 
 def _avazu(args) -> int:
     from embcache.data.avazu import convert_avazu
 
-    _done(_guard(convert_avazu, args.input, args.out, split=args.split, seed=args.seed, **_vocab_kwargs(args)),
+    _done(as_user_errors(convert_avazu, args.input, args.out, split=args.split, seed=args.seed, **_vocab_kwargs(args)),
           args.out)
     return 0
 
@@ -182,14 +169,14 @@ def _avazu(args) -> int:
 def _ml100k(args) -> int:
     from embcache.data.movielens_ctr import prepare_ml100k_ctr
 
-    _done(_guard(prepare_ml100k_ctr, args.out, args.input, split=args.split, seed=args.seed), args.out)
+    _done(as_user_errors(prepare_ml100k_ctr, args.out, args.input, split=args.split, seed=args.seed), args.out)
     return 0
 
 
 def _synthetic(args) -> int:
     from embcache.data.synthetic import generate_synthetic
 
-    _done(_guard(generate_synthetic, args.out, rows=args.rows, scale=args.scale, seed=args.seed,
+    _done(as_user_errors(generate_synthetic, args.out, rows=args.rows, scale=args.scale, seed=args.seed,
                  progress=not args.no_progress), args.out)
     return 0
 
@@ -220,7 +207,7 @@ def summary(meta: dict, where) -> str:
 def _info(args) -> int:
     from embcache.data.ctr_format import head_rows, read_meta
 
-    meta = _guard(read_meta, args.dir)
+    meta = as_user_errors(read_meta, args.dir)
     if args.json:
         print(json.dumps(meta, indent=1))
         return 0
@@ -229,6 +216,6 @@ def _info(args) -> int:
         if info.get("count"):
             print(f"  {name}: {info['count']:,} bad rows, first at lines {info['first_lines']}")
     if args.head:
-        for row in _guard(head_rows, args.dir, "train", args.head):
+        for row in as_user_errors(head_rows, args.dir, "train", args.head):
             print(json.dumps(row))
     return 0
