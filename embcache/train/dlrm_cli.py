@@ -257,8 +257,9 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
                  ("cache hit rate", f"{s['hit_rate']:.4f}"),
                  ("bytes host->device", f"{s['bytes_h2d'] / 2**20:,.1f} MiB"),
                  ("bytes device->host", f"{s['bytes_d2h'] / 2**20:,.1f} MiB"),
-                 ("overflow rows", f"{s['overflow_rows']:,}"),
-                 ("rows served beside the cache", f"{s.get('bypassed_rows', 0):,} (declined by admission control)")]
+                 ("overflow rows", f"{s['overflow_rows']:,}")]
+        if s.get("bypassed_rows"):
+            rows.append(("rows served beside the cache", f"{s['bypassed_rows']:,} (declined by admission control)"))
     if "comm_bytes_per_step" in s:
         c = s["comm_bytes_per_step"]
         rows.append(("sent between ranks", f"{sum(c.values()) / 2**20:,.2f} MiB a step (ids {c['ids'] / 2**20:,.2f}, "
