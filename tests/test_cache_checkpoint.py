@@ -141,3 +141,23 @@ def test_a_failed_load_changes_nothing():
     after = bag.state_dict()
     for k in before:
         assert torch.equal(before[k], after[k]), k
+
+
+def test_a_checkpoint_from_before_bypassed_rows_loads_and_one_from_a_later_version_is_refused(tmp_path):
+    """Statistics fields are only appended: a checkpoint whose statistics end before
+    `bypassed_rows` resumes exactly, the new counter at 0; more fields than this cache
+    knows is a later version's, refused before anything changes."""
+    bag = make("adagrad")
+    run(bag, zipf_batches(N, 10, 32, 3))
+    old = dict(bag.state_dict())
+    old["stats"] = old["stats"][:7]  # hits .. batches, as the first checkpoints saved them
+    resumed = make("adagrad", seed=1)
+    resumed.load_state_dict(old)
+    want = {**bag.cache_stats(), "bypassed_rows": 0}
+    assert resumed.cache_stats() == want and torch.equal(resumed.full_weight(), bag.full_weight())
+    later = dict(bag.state_dict())
+    later["stats"] = torch.cat([later["stats"], torch.tensor([5])])
+    before = resumed.full_weight()
+    with pytest.raises(RuntimeError, match="statistics have 9 fields"):
+        resumed.load_state_dict(later)
+    assert torch.equal(resumed.full_weight(), before)

@@ -37,7 +37,7 @@ from .eviction import POLICIES, EvictionPolicy
 from .host_store import HostStore
 from .optimizers import RowOptimizer, RowRounding, update_rows
 from .slot_map import SlotMap
-from .stats import CacheStats
+from .stats import CacheStats, check_stats_tensor
 from .table_files import fresh_directory
 
 MAX_PENDING_PREFETCHES = 8
@@ -623,9 +623,7 @@ class RowCache:
         for k in self.required_keys():
             if k not in sd and (tables or k not in table_keys):
                 raise ValueError(f"checkpoint lacks {k!r}: not a CachedEmbeddingBag state_dict")
-        if sd["stats"].numel() != self.stats.to_tensor().numel():
-            raise ValueError(f"checkpoint statistics have {sd['stats'].numel()} fields, this cache's "
-                             f"{self.stats.to_tensor().numel()}")
+        check_stats_tensor(sd["stats"])
         if tables:
             self._check_table_values(sd)
 

@@ -37,5 +37,21 @@ class CacheStats:
         return torch.tensor([getattr(self, f.name) for f in fields(self)], dtype=torch.int64)
 
     def load_tensor(self, t: torch.Tensor) -> None:
+        """Restore `to_tensor`'s output, also one of an earlier version: fields are only
+        ever appended, so a shorter tensor leaves the later ones at 0."""
+        check_stats_tensor(t)
+        self.reset()
         for f, v in zip(fields(self), t.tolist()):
             setattr(self, f.name, int(v))
+
+
+# the counters of the first checkpoints (hits .. batches); `bypassed_rows` came later
+_FIRST_FIELDS = 7
+
+
+def check_stats_tensor(t: torch.Tensor) -> None:
+    """Raise ValueError unless `t` is a `CacheStats.to_tensor` of this or an earlier version."""
+    count = len(fields(CacheStats))
+    if t.dim() != 1 or not _FIRST_FIELDS <= t.numel() <= count:
+        raise ValueError(f"checkpoint statistics have {t.numel()} fields, this cache's "
+                         f"{_FIRST_FIELDS} to {count}")
