@@ -82,6 +82,12 @@ def _free_slots(slot_to_id, limit):
 
 
 @numba.njit(cache=True, nogil=True)
+def _slot_key(slot_primary, slot_last, s, denom):
+    """A resident slot's eviction key, as `EvictionPolicy.keys` computes it."""
+    return slot_primary[s] + slot_last[s] / denom
+
+
+@numba.njit(cache=True, nogil=True)
 def _victims(k, slot_to_id, holds, mark, epoch, slot_primary, slot_last, clock):
     """The `k` evictable slots with the smallest keys (ties: lower slot first), in
     ascending (key, slot) order; fewer if fewer are evictable. As `select_victims`, a
@@ -93,7 +99,7 @@ def _victims(k, slot_to_id, holds, mark, epoch, slot_primary, slot_last, clock):
     evictable = 0
     for s in range(n):
         if slot_to_id[s] >= 0 and holds[s] == 0 and mark[s] != epoch:
-            keys[s] = slot_primary[s] + slot_last[s] / denom
+            keys[s] = _slot_key(slot_primary, slot_last, s, denom)
             evictable += 1
         else:
             keys[s] = np.inf
@@ -136,7 +142,7 @@ def _admissions(missing, victims, n_free, id_count, prior, prior_weight, clock, 
     wins = 0
     for v in range(min(victims.shape[0], keys.shape[0] - n_free)):
         s = victims[v]
-        if keys[n_free + v] > slot_primary[s] + slot_last[s] / denom:
+        if keys[n_free + v] > _slot_key(slot_primary, slot_last, s, denom):
             wins += 1
     return missing[order], order, wins
 
@@ -185,9 +191,9 @@ def admit(ids, id_to_slot, slot_to_id, holds, mark, epoch, slot_primary, slot_la
         where = _inverse(order)[where]
     evicted = _evict(victims, slot_to_id, id_to_slot, slot_primary, id_count, prior, prior_weight)
     target = np.concatenate((free, victims))
-    start = _assign(missing, target, slot_to_id, id_to_slot, slot_primary, slot_last, id_count, prior,
-                    prior_weight, clock, mark, epoch, touched, n_touched)
-    n_touched = start + target.shape[0]
+    _assign(missing, target, slot_to_id, id_to_slot, slot_primary, slot_last, id_count, prior, prior_weight,
+            clock, mark, epoch, touched, n_touched)
+    n_touched += target.shape[0]
     new_slot = np.full(n_missing, -1, dtype=np.int64)
     new_slot[: target.shape[0]] = target
     if serve_overflow:
@@ -226,19 +232,16 @@ def _evict(victims, slot_to_id, id_to_slot, slot_primary, id_count, prior, prior
 @numba.njit(cache=True, nogil=True)
 def _assign(missing, target, slot_to_id, id_to_slot, slot_primary, slot_last, id_count, prior, prior_weight,
             clock, mark, epoch, touched, n_touched):
-    """Place the first `len(target)` missing ids, as `SlotMap.assign` + `on_admit`."""
+    """Place the first `len(target)` missing ids, as `SlotMap.assign` + `on_admit`, and
+    add their slots to `touched` after its first `n_touched`."""
+    placed = missing[: target.shape[0]]
+    primary = _counts(placed, id_count, prior, prior_weight) if id_count.shape[0] else \
+        np.zeros(placed.shape[0], dtype=np.float64)
     for j in range(target.shape[0]):
-        s, i = target[j], missing[j]
+        s, i = target[j], placed[j]
         slot_to_id[s] = i
         id_to_slot[i] = s
         slot_last[s] = clock
-        if id_count.shape[0]:
-            c = float(id_count[i])
-            if prior.shape[0]:
-                c = c + prior[i] * prior_weight
-            slot_primary[s] = c
-        else:
-            slot_primary[s] = 0.0
+        slot_primary[s] = primary[j]
         mark[s] = epoch
         touched[n_touched + j] = s
-    return n_touched

@@ -120,6 +120,8 @@ class RowCache:
         # per slot, the batches in flight (prefetched, or between forward and backward)
         # that need its row: a held slot cannot be evicted
         self.holds = torch.zeros(self.num_slots, dtype=torch.int32, device=self.device)
+        # the compiled admission pass's marks: per slot, the last pass (epoch) that touched it
+        self._mark, self._epoch = np.zeros(self.num_slots, dtype=np.int64), 0
         self.stats = CacheStats()
         self.step = 0  # optimizer steps taken (Adam's bias correction counts these)
         self._row_bytes = self.host.row_bytes()
@@ -224,8 +226,6 @@ class RowCache:
     def _admit_fused(self, ids: torch.Tensor, serve_overflow: bool):
         policy = self.policy
         policy.tick()
-        if getattr(self, "_mark", None) is None:  # per slot, the last admission pass that touched it
-            self._mark, self._epoch = np.zeros(self.num_slots, dtype=np.int64), 0
         self._epoch += 1
         out, touched, hits, missing, victims, evicted, target, declined = fused_admission.admit(
             ids.reshape(-1).to(torch.int64).contiguous().numpy(), self.slots.id_to_slot.numpy(),
