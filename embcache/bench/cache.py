@@ -173,7 +173,7 @@ def timing(args, device) -> dict:
             results.append(row)
             print(f"  {opt_name:8s} ratio {ratio:>6.3%}: cached/uncached step = {row['bookkeeping_ratio']:.2f}"
                   + (f" (tensor-op bookkeeping {row['bookkeeping_ratio_tensor_ops']:.2f})"
-                     if "tensor" in med and len(paths) > 1 else "")
+                     if "bookkeeping_ratio_tensor_ops" in row else "")
                   + f", {row['cached_step_ms']:.1f} ms vs {row['uncached_step_ms']:.1f} ms, hit rate "
                   f"{row['hit_rate']:.3f}, {(row['bytes_h2d_per_batch'] + row['bytes_d2h_per_batch']) / 2**20:.2f}"
                   " MiB moved/batch", flush=True)

@@ -32,13 +32,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from embcache.bench.common import DEFAULT_RESULTS_DIR, write_json
-from embcache.bench.criteo_trace import CriteoTrace
+from embcache.bench.criteo_trace import CRITEO_KAGGLE_CARDINALITIES, CriteoTrace
 from embcache.cache.optimizers import TORCH_EQUIVALENTS, torch_equivalent
 from embcache.device import resolve_device
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
 from embcache.nn.dlrm_arch import DLRMDense
 
 NUM_DENSE = 13
+NUM_TABLES = len(CRITEO_KAGGLE_CARDINALITIES)
+# the DLRM reference's Criteo layers (the bottom MLP ends at the embedding dim, the top at 1)
+DENSE_ARCH, OVER_ARCH = [512, 256], [1024, 1024, 512, 256]
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -101,9 +104,9 @@ def make_variant(kind: str, ratio: float | None, table: torch.Tensor, freq, dens
         bag = CachedEmbeddingBag(n, dim, cache_ratio=ratio, ids_freq=freq, optimizer=args.optimizer, lr=args.lr,
                                  device=device, weight=table)
         sparse_opt = None
-    dense = DLRMDense(NUM_DENSE, 26, dim, dense_arch=[512, 256], over_arch=[1024, 1024, 512, 256]).to(device)
+    dense = DLRMDense(NUM_DENSE, NUM_TABLES, dim, DENSE_ARCH, OVER_ARCH).to(device)
     dense.load_state_dict(dense_state)
-    return FlatTables(bag, 26), sparse_opt, dense, torch.optim.Adagrad(dense.parameters(), lr=args.lr)
+    return FlatTables(bag, NUM_TABLES), sparse_opt, dense, torch.optim.Adagrad(dense.parameters(), lr=args.lr)
 
 
 def train_steps(variant, data, device, prefetch_depth: int, start: int, stop: int) -> list[float]:
@@ -186,7 +189,7 @@ def bench_dim(dim: int, args, device, trace, data, freq) -> dict:
     bound = 1.0 / math.sqrt(trace.num_rows)
     table = torch.rand(trace.num_rows, dim, generator=g).mul_(2 * bound).sub_(bound)
     torch.manual_seed(args.seed)
-    dense_state = DLRMDense(NUM_DENSE, 26, dim, [512, 256], [1024, 1024, 512, 256]).state_dict()
+    dense_state = DLRMDense(NUM_DENSE, NUM_TABLES, dim, DENSE_ARCH, OVER_ARCH).state_dict()
     plan = [("gpu", None, 0)] + [("cached", r, args.prefetch_depth) for r in args.ratios]
     middle = args.ratios[len(args.ratios) // 2]
     if args.prefetch_depth:
@@ -213,11 +216,10 @@ def summarize(rows: list[dict]) -> list[dict]:
     for row in rows:
         row["ratio_to_gpu_tables"] = row["samples_per_s"] / base["samples_per_s"]
         row["max_loss_diff_vs_gpu_tables"] = max(abs(a - b) for a, b in zip(row["losses"], base["losses"]))
-    no_prefetch = [r for r in rows if r["variant"] == "cached" and r["prefetch_depth"] == 0]
+    without = {r["ratio"]: r["step_ms"] for r in rows if r["variant"] == "cached" and not r["prefetch_depth"]}
     for row in rows:
-        if row["variant"] == "cached" and row["prefetch_depth"] and no_prefetch \
-                and row["ratio"] == no_prefetch[0]["ratio"]:
-            row["step_ms_without_prefetch"] = no_prefetch[0]["step_ms"]
+        if row["variant"] == "cached" and row["prefetch_depth"] and row["ratio"] in without:
+            row["step_ms_without_prefetch"] = without[row["ratio"]]
     return rows
 
 
