@@ -34,12 +34,7 @@ TABLE_FORMATS = ("npy", "parquet")
 DENSE_FILE = "dense.pt2"
 
 
-# The trainer's DLRM without its sparse part, in plain torch under torchrec's parameter
-# names (the checkpoint's dense state loads as is) and bit-equal to torchrec's modules.
-DenseModel = DLRMDense
-
-
-def export_dense(model: DenseModel, num_tables: int, dim: int, num_dense: int):
+def export_dense(model: DLRMDense, num_tables: int, dim: int, num_dense: int):
     """A `torch.export` program of `model` with a free batch size."""
     batch = torch.export.Dim("batch", min=1)
     example = (torch.zeros(2, num_tables, dim), torch.zeros(2, num_dense))
@@ -73,12 +68,13 @@ def checkpoint_tables(path: Path, ck: dict, meta: dict, cfg) -> dict[str, torch.
     return out
 
 
-def checkpoint_dense(ck: dict, meta: dict, cfg) -> DenseModel:
-    """The checkpoint's dense part in a `DenseModel`."""
+def checkpoint_dense(ck: dict, meta: dict, cfg) -> DLRMDense:
+    """The checkpoint's dense part, in the trainer's DLRM without its tables (plain torch under
+    torchrec's parameter names, so the state loads as is; bit-equal to torchrec's modules)."""
     state = ck.get("dense_model")
     if state is None:
         state = {k: v for k, v in ck["model"].items() if not k.startswith("sparse_arch.")}
-    model = DenseModel(meta["num_dense"], len(meta["sparse"]), cfg.embedding_dim, cfg.dense_arch, cfg.over_arch)
+    model = DLRMDense(meta["num_dense"], len(meta["sparse"]), cfg.embedding_dim, cfg.dense_arch, cfg.over_arch)
     model.load_state_dict(state)
     return model
 
