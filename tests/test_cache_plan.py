@@ -110,11 +110,13 @@ def test_lru_with_one_id_per_batch_counts_hits_exactly():
 def test_device_bytes_are_those_of_a_real_cache(optimizer, eviction):
     n, dim, rows = 500, 8, 37
     cache = RowCache(torch.zeros(n, dim), rows, make_optimizer(optimizer, 0.1), eviction, torch.ones(n), 0.5)
-    tensors = [cache.weight, *cache.state.values(), cache.slots.slot_to_id, cache.slots.id_to_slot, cache.dirty,
-               cache.holds, cache.policy.slot_last, cache.policy.slot_primary]
-    tensors += [t for t in (cache.policy.id_count, cache.policy.prior) if t is not None]
+    rows_and_state = [cache.weight, *cache.state.values()]
+    book = [cache.slots.slot_to_id, cache.slots.id_to_slot, cache.dirty, cache.holds, cache.policy.slot_last,
+            cache.policy.slot_primary, *(t for t in (cache.policy.id_count, cache.policy.prior) if t is not None)]
+    assert all(t.device == cache.device for t in rows_and_state) and all(t.device == cache.book for t in book)
     footprint = planner.Footprint(n, dim, optimizer, eviction)
-    assert footprint.device_bytes(rows) == sum(t.numel() * t.element_size() for t in tensors)
+    assert footprint.device_bytes(rows) == sum(t.numel() * t.element_size() for t in rows_and_state)
+    assert footprint.bookkeeping_bytes(rows) == sum(t.numel() * t.element_size() for t in book)
     assert footprint.host_bytes() == sum(t.numel() * t.element_size()
                                          for t in (cache.host.weight, *cache.host.state.values()))
     assert footprint.row_bytes == cache.host.row_bytes()

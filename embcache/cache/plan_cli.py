@@ -35,7 +35,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=d.sparse_optimizer,
                    help="the sparse optimizer, whose state travels with each row")
     p.add_argument("--eviction", choices=POLICIES, default=d.eviction,
-                   help="the policy whose per-row bookkeeping the device memory counts")
+                   help="the eviction policy whose hit rate picks the size (--json reports all three)")
     p.add_argument("--batch-size", type=positive_int, default=d.batch_size, help="the trainer's batch size")
     p.add_argument("--warmup-ratio", type=fraction, default=d.warmup_ratio,
                    help="fraction of the cache filled with the hottest ids before training")
@@ -90,8 +90,7 @@ def report(plan) -> str:
              f"{format_bytes(fp.host_bytes())} (every row and its state)",
              f"largest cache in {format_bytes(plan.device_memory)} of device memory: {plan.largest_rows:,} rows "
              f"({j['largest_cache_ratio']:.2%})" if plan.largest_rows else
-             f"no cache fits in {format_bytes(plan.device_memory)}: the {fp.eviction} bookkeeping alone needs "
-             f"{format_bytes(fp.device_bytes(0))}",
+             f"no cache fits in {format_bytes(plan.device_memory)}: one row with its state needs {fp.row_bytes} B",
              "",
              f"  {'ratio':>7}  {'rows':>10}  {'freq':>6}  {'lfu':>6}  {'lru':>6}  {'device':>10}  "
              f"{'moved/step (freq)':>18}"]
@@ -102,8 +101,8 @@ def report(plan) -> str:
         lines.append(f"  {row['ratio']:>7.2%}  {row['cache_rows']:>10,}  {h['freq']:>6.3f}  {h['lfu']:>6.3f}  "
                      f"{h['lru']:>6.3f}  {format_bytes(row['device_bytes']):>10}  "
                      f"{format_bytes(moved['h2d'] + moved['d2h']):>18}  {note}".rstrip())
-    lines.append("hit rates count distinct rows per batch, as the cache does; device = rows + state + bookkeeping; "
-                 "moved = misses in + dirty evictions out")
+    lines.append("hit rates count distinct rows per batch, as the cache does; device = rows + state (the "
+                 "bookkeeping lives on the host); moved = misses in + dirty evictions out")
     return "\n".join(lines)
 
 

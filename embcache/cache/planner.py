@@ -19,10 +19,11 @@ import numpy as np
 from embcache.cache.hit_curves import POLICIES, Prediction, expected_distinct, replay, surrogate_batches
 
 DEFAULT_RATIOS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.025, 0.05, 0.10, 0.25)
-# Device bytes besides the rows, read off `RowCache`: per slot, slot_to_id (int64), dirty
-# (bool), holds (int32) and the policy's slot_last and slot_primary (float64); per id of the
-# table, the slot map's id_to_slot (int64), plus the online counts (int32) of lfu/freq and
-# freq's prior (float64).
+# The cache's bookkeeping, read off `RowCache`; it lives on the host (beside the ids it
+# reads), so the device holds only rows and their state: per slot, slot_to_id (int64),
+# dirty (bool), holds (int32) and the policy's slot_last and slot_primary (float64); per
+# id of the table, the slot map's id_to_slot (int64), plus the online counts (int32) of
+# lfu/freq and freq's prior (float64).
 SLOT_BOOKKEEPING_BYTES = 8 + 1 + 4 + 8 + 8
 ID_BOOKKEEPING_BYTES = {"lru": 8, "lfu": 8 + 4, "freq": 8 + 4 + 8}
 FLOAT32_BYTES = 4
@@ -35,8 +36,8 @@ class Footprint:
 
     Example:
         >>> f = Footprint(num_rows=1000, dim=16, optimizer="adagrad", eviction="freq")
-        >>> f.row_bytes, f.host_bytes(), f.device_bytes(10)
-        (128, 128000, 21570)
+        >>> f.row_bytes, f.host_bytes(), f.device_bytes(10), f.bookkeeping_bytes(10)
+        (128, 128000, 1280, 20290)
     """
 
     num_rows: int
@@ -59,15 +60,18 @@ class Footprint:
         return self.num_rows * self.row_bytes
 
     def device_bytes(self, cache_rows: int) -> int:
-        """The cache of `cache_rows` rows: rows, state and bookkeeping on the device."""
-        return ID_BOOKKEEPING_BYTES[self.eviction] * self.num_rows \
-            + int(cache_rows) * (self.row_bytes + SLOT_BOOKKEEPING_BYTES)
+        """The cache of `cache_rows` rows on the device: the rows and their state."""
+        return int(cache_rows) * self.row_bytes
+
+    def bookkeeping_bytes(self, cache_rows: int) -> int:
+        """The host memory the cache's bookkeeping takes besides the host store: per slot
+        and per id of the table (the slot map, the eviction policy's counts)."""
+        return ID_BOOKKEEPING_BYTES[self.eviction] * self.num_rows + int(cache_rows) * SLOT_BOOKKEEPING_BYTES
 
     def largest_cache(self, memory: int) -> int:
-        """The most rows (at most all of them) whose cache fits in `memory` bytes; 0 when the
-        per-id bookkeeping alone does not fit."""
-        spare = memory - ID_BOOKKEEPING_BYTES[self.eviction] * self.num_rows
-        return int(max(0, min(self.num_rows, spare // (self.row_bytes + SLOT_BOOKKEEPING_BYTES))))
+        """The most rows (at most all of them) whose cache fits in `memory` bytes of device
+        memory; 0 when not even one row with its state does."""
+        return int(max(0, min(self.num_rows, memory // self.row_bytes)))
 
 
 # ---------------------------------------------------------------------------- data
@@ -264,9 +268,8 @@ def auto_cache_ratio(data_dir, *, embedding_dim: int, optimizer: str, eviction: 
     footprint = Footprint(freq.size, embedding_dim, optimizer, eviction)
     largest = footprint.largest_cache(device_memory)
     if largest < 1:
-        raise UserFacingError(f"--device-memory {format_bytes(device_memory)} holds no cache: the {eviction} "
-                              f"bookkeeping of {freq.size:,} rows alone needs "
-                              f"{format_bytes(footprint.device_bytes(0))}")
+        raise UserFacingError(f"--device-memory {format_bytes(device_memory)} holds no cache: one row with its "
+                              f"{optimizer} state needs {footprint.row_bytes} B")
     admission = default_admission() if admission is None else bool(admission)
 
     def rates(sizes: np.ndarray) -> np.ndarray:

@@ -39,6 +39,7 @@ from .optimizers import RowOptimizer, RowRounding, update_rows
 from .slot_map import SlotMap
 from .stats import CacheStats, check_stats_tensor
 from .table_files import fresh_directory
+from .transfers import RowTransfers
 
 MAX_PENDING_PREFETCHES = 8
 CACHE_FILE = "cache.pt"  # beside the table files of a `save_checkpoint`
@@ -48,9 +49,10 @@ CACHE_FILE = "cache.pt"  # beside the table files of a `save_checkpoint`
 class Overflow:
     """Rows of one batch that did not fit in the cache, kept beside it for one step."""
 
-    ids: torch.Tensor  # sorted unique ids
+    ids: torch.Tensor  # sorted unique ids (host, with the bookkeeping)
     weight: torch.Tensor
     state: dict
+    device_ids: torch.Tensor  # the same ids beside the rows (stochastic rounding hashes them)
 
 
 @dataclass
@@ -87,7 +89,9 @@ class RowCache:
         eviction: "freq" | "lfu" | "lru".
         ids_freq: per-id counts from the training data (warm-up and `freq`).
         warmup_ratio: fraction of the cache filled with the hottest ids up front.
-        device: where the cache lives.
+        device: where the cache's rows live. The bookkeeping (slot map, eviction
+            metadata, holds, dirty bits) lives on the host, where ids come from, unless
+            `bookkeeping` is "tensor": then it lives beside the rows (the reference path).
         host_store: "memory" | "mmap:DIR" (`HostStore`); `weight` may then be a `RowInit`,
             so that a huge table is made chunk by chunk, never whole in memory.
         row_dtype: how rows are stored, in the host store and the cache (float32,
@@ -95,8 +99,9 @@ class RowCache:
         rounding: how updated rows are written in `row_dtype` (default: to nearest).
     """
 
-    # "auto": the compiled pass on the CPU (dense slot map), tensor ops elsewhere; "fused" /
-    # "tensor" force one (tests compare them)
+    # "auto": the compiled pass over host bookkeeping (dense slot map), tensor ops otherwise;
+    # "fused" / "tensor" force one (tests compare them). Read when a cache is made: it also
+    # decides where the bookkeeping lives.
     bookkeeping = "auto"
 
     def __init__(self, weight: torch.Tensor, cache_rows: int, optimizer: RowOptimizer,
@@ -105,6 +110,9 @@ class RowCache:
                  half_life: int | None = None, host_store: str = "memory",
                  row_dtype: torch.dtype = torch.float32, rounding: RowRounding | None = None):
         self.device = torch.device(device)
+        # on the host, no batch's bookkeeping makes the host wait for the device: ids
+        # arrive there, and only rows and lookup indices travel (`RowTransfers`)
+        self.book = torch.device("cpu") if self.bookkeeping != "tensor" else self.device
         num_rows, dim = weight.shape
         self.num_rows, self.dim, self.num_slots = num_rows, dim, int(cache_rows)
         on_cuda = self.device.type == "cuda"
@@ -114,12 +122,13 @@ class RowCache:
         self.host = HostStore.create(host_store, weight, state_init, row_dtype, pin=on_cuda)
         self.weight = torch.zeros(self.num_slots, dim, dtype=row_dtype, device=self.device)
         self.state = optimizer.init_state(self.num_slots, dim, device=self.device)
-        self.slots = SlotMap(num_rows, self.num_slots, self.device)
-        self.policy = EvictionPolicy(eviction, num_rows, self.num_slots, ids_freq, self.device, admission, half_life)
-        self.dirty = torch.zeros(self.num_slots, dtype=torch.bool, device=self.device)
+        self.transfers = RowTransfers(self.host, self.device, num_rows)
+        self.slots = SlotMap(num_rows, self.num_slots, self.book)
+        self.policy = EvictionPolicy(eviction, num_rows, self.num_slots, ids_freq, self.book, admission, half_life)
+        self.dirty = torch.zeros(self.num_slots, dtype=torch.bool, device=self.book)
         # per slot, the batches in flight (prefetched, or between forward and backward)
         # that need its row: a held slot cannot be evicted
-        self.holds = torch.zeros(self.num_slots, dtype=torch.int32, device=self.device)
+        self.holds = torch.zeros(self.num_slots, dtype=torch.int32, device=self.book)
         # the compiled admission pass's marks: per slot, the last pass (epoch) that touched it
         self._mark, self._epoch = np.zeros(self.num_slots, dtype=np.int64), 0
         self.stats = CacheStats()
@@ -138,7 +147,7 @@ class RowCache:
         if k <= 0:
             return 0
         counts, hot = torch.topk(ids_freq.to(torch.float64).cpu(), k)
-        hot = hot[counts > 0].to(self.device)
+        hot = hot[counts > 0].to(self.book)
         target = free[: hot.numel()]
         self._load(hot, target, count_bytes=False)
         self.slots.assign(hot, target)
@@ -148,7 +157,10 @@ class RowCache:
     def prepare(self, ids: torch.Tensor, keep: bool, segments: list[list[int]] | None = None) -> Lookup:
         """Make the rows of one batch available; `keep` holds them until `release`
         (needed when a backward will update them). Consumes a matching prefetch, whose
-        hits and misses are counted now, as this batch's."""
+        hits and misses are counted now, as this batch's. Ids from the host (as a loader
+        gives them) make the host wait for the device nowhere here: the bookkeeping runs
+        on the host and the returned indices and rows travel without waiting."""
+        ids = ids.to(self.book)
         self._wait_for_prefetch()
         consumed = self._take_prefetched(ids)
         indices, touched, overflow, hits, misses = self._admit(ids, serve_overflow=True)
@@ -163,11 +175,13 @@ class RowCache:
             self._hold(held, +1)
         if consumed is not None:
             self._hold(consumed.held, -1)
-        return Lookup(indices, overflow, held, ids if keep else None, segments)
+        to_device = self.transfers.to_device
+        return Lookup(to_device(indices), overflow, held, to_device(ids) if keep else None, segments)
 
     def prefetch(self, ids: torch.Tensor) -> None:
         """Load the rows of a coming batch now (on a side stream with CUDA, so the copies
         overlap the current step); they are held until that batch's `prepare`."""
+        ids = ids.to(self.book)
         if len(self._prefetched) >= MAX_PENDING_PREFETCHES:
             self._hold(self._prefetched.popleft().held, -1)
         if self._stream is None:
@@ -221,7 +235,7 @@ class RowCache:
         return self._admit_tensor(ids, serve_overflow)
 
     def _can_fuse(self) -> bool:
-        return self.device.type == "cpu" and self.slots.id_to_slot is not None
+        return self.book.type == "cpu" and self.slots.id_to_slot is not None
 
     def _admit_fused(self, ids: torch.Tensor, serve_overflow: bool):
         policy = self.policy
@@ -310,13 +324,15 @@ class RowCache:
         self.stats.evictions += victims.numel()
 
     def _load(self, ids: torch.Tensor, target: torch.Tensor, count_bytes: bool = True) -> None:
+        """Copy host rows `ids` (with their state) into slots `target` (both host-side,
+        with the bookkeeping)."""
         if ids.numel() == 0:
             return
-        weight, state = self.host.gather(ids)
-        nb = self.device.type == "cuda"
-        self.weight.index_copy_(0, target, weight.to(self.device, non_blocking=nb))
+        weight, state = self.transfers.gather(ids)
+        slots = self.transfers.to_device(target)
+        self.weight.index_copy_(0, slots, weight)
         for k, v in state.items():
-            self.state[k].index_copy_(0, target, v.to(self.device, non_blocking=nb))
+            self.state[k].index_copy_(0, slots, v)
         self.dirty.index_fill_(0, target, False)
         if count_bytes:
             self.stats.bytes_h2d += ids.numel() * self._row_bytes
@@ -324,11 +340,11 @@ class RowCache:
     def _serve_overflow(self, ids: torch.Tensor, declined: int) -> Overflow:
         """Rows that get no slot this batch (`declined` of them by admission control, the
         rest for want of room), served from a side table."""
-        weight, state = self.host.gather(ids)
+        weight, state = self.transfers.gather(ids)
         self.stats.overflow_rows += ids.numel() - declined
         self.stats.bypassed_rows += declined
         self.stats.bytes_h2d += ids.numel() * self._row_bytes
-        return Overflow(ids, weight.to(self.device), {k: v.to(self.device) for k, v in state.items()})
+        return Overflow(ids, weight, state, self.transfers.to_device(ids))
 
     # ------------------------------------------------------------------ updates
     def apply_gradient(self, grad: torch.Tensor, lookup: Lookup) -> None:
@@ -341,18 +357,18 @@ class RowCache:
         rows, values = self._in_torch_order(grad.to(torch.float32), lookup,
                                             coalesce=self.optimizer.needs_coalesced)
         if overflow is None:
-            self._update(self.weight, self.state, rows, values, self.slots.slot_to_id)
+            self._update(self.weight, self.state, rows, values, self._slot_ids())
         else:
             inside = rows < self.num_slots
-            self._update(self.weight, self.state, rows[inside], values[inside], self.slots.slot_to_id)
+            self._update(self.weight, self.state, rows[inside], values[inside], self._slot_ids())
             self._update(overflow.weight, overflow.state, rows[~inside] - self.num_slots, values[~inside],
-                         overflow.ids)
-            self.host.scatter(overflow.ids, overflow.weight, overflow.state)
+                         overflow.device_ids)
+            self.transfers.write(overflow.ids, overflow.weight, overflow.state)
             self.stats.bytes_d2h += overflow.ids.numel() * self._row_bytes
             self._refresh_admitted_overflow(overflow)
             rows = rows[inside]
         # the batch's held slots are exactly the cached rows it looked up
-        self.dirty.index_fill_(0, lookup.held if lookup.held is not None else rows, True)
+        self.dirty.index_fill_(0, lookup.held if lookup.held is not None else rows.to(self.book), True)
         self.release(lookup)
 
     def _update(self, weight: torch.Tensor, state: dict, rows: torch.Tensor, values: torch.Tensor,
@@ -360,6 +376,13 @@ class RowCache:
         """The optimizer step on rows of `weight` (whose ids are `row_ids`): in place for
         float32 rows, else on float32 copies rounded on write (`update_rows`)."""
         update_rows(self.optimizer, weight, state, rows, values, self.step, row_ids, self.rounding)
+
+    def _slot_ids(self) -> torch.Tensor:
+        """Each slot's id, beside the rows: only half-precision rows read it (their
+        stochastic rounding hashes the id), so float32 rows never pay for the copy."""
+        if self.book == self.device or self.weight.dtype == torch.float32:
+            return self.slots.slot_to_id
+        return self.transfers.to_device(self.slots.slot_to_id)
 
     def _in_torch_order(self, grad: torch.Tensor, lookup: Lookup, coalesce: bool):
         """The gradient as (rows, values) of the working table, with each row's
@@ -410,12 +433,14 @@ class RowCache:
         before its update: give the cached copy the updated row (and state)."""
         slots = self.slots.lookup(overflow.ids)
         now_cached = slots >= 0
-        if bool(now_cached.any()):
-            target = slots[now_cached]
-            self.weight[target] = overflow.weight[now_cached]
+        if bool(now_cached.any()):  # host-side bookkeeping: no device sync
+            where = torch.nonzero(now_cached).flatten()
+            target = slots.index_select(0, where)
+            rows, target_dev = self.transfers.to_device(where), self.transfers.to_device(target)
+            self.weight.index_copy_(0, target_dev, overflow.weight.index_select(0, rows))
             for k, v in self.state.items():
-                v[target] = overflow.state[k][now_cached]
-            self.dirty[target] = True
+                v.index_copy_(0, target_dev, overflow.state[k].index_select(0, rows))
+            self.dirty.index_fill_(0, target, True)
 
     # ------------------------------------------------------------------ host side
     def flush(self) -> None:
@@ -434,14 +459,16 @@ class RowCache:
         out = torch.nonzero(self.dirty).flatten()
         if out.numel():
             self._write_back(out)
+        self.transfers.settle()  # every pending write-back lands, in order
         return out
 
     def _write_back(self, slots: torch.Tensor, ids: torch.Tensor | None = None) -> None:
         """Copy resident `slots` (rows and optimizer state) to their ids' host rows (`ids`:
         the slots' ids, where the map no longer has them)."""
         ids = self.slots.slot_to_id.index_select(0, slots) if ids is None else ids
-        self.host.scatter(ids, self.weight.index_select(0, slots),
-                          {k: v.index_select(0, slots) for k, v in self.state.items()})
+        rows = self.transfers.to_device(slots)
+        self.transfers.write(ids, self.weight.index_select(0, rows),
+                             {k: v.index_select(0, rows) for k, v in self.state.items()})
 
     def drop_prefetches(self) -> None:
         while self._prefetched:
@@ -547,6 +574,7 @@ class RowCache:
         self._restore_cache(sd, policy, same_cache)
 
     def _clear_cache(self) -> None:
+        self.transfers.settle()  # a pending write must not land over the restored tables
         self.drop_prefetches()
         self.holds.zero_()
         self.slots.clear()
@@ -568,7 +596,7 @@ class RowCache:
         occupied = torch.nonzero(self.slots.slot_to_id >= 0).flatten()
         self._load(self.slots.slot_to_id[occupied], occupied, count_bytes=False)
         if "dirty" in sd:
-            self.dirty.copy_(sd["dirty"].to(self.device) & (self.slots.slot_to_id >= 0))
+            self.dirty.copy_(sd["dirty"].to(self.book) & (self.slots.slot_to_id >= 0))
         if "prefetch.ids" in sd:
             self._restore_prefetches(sd["prefetch.ids"], sd["prefetch.sizes"], sd["prefetch.counts"])
 
@@ -583,6 +611,7 @@ class RowCache:
             if k not in state or tuple(state[k].shape) != tuple(v.shape):
                 raise ValueError(f"optimizer state {k!r} missing or of another shape (saved with another "
                                  f"optimizer than {self.optimizer.name!r}?)")
+        self.transfers.settle()
         self.drop_prefetches()
         self.holds.zero_()
         self.host.weight.copy_(weight)
@@ -651,7 +680,7 @@ class RowCache:
                              f"{str(self.host.weight.dtype).removeprefix('torch.')} (saved with another row_dtype?)")
 
     def _restore_prefetches(self, ids: torch.Tensor, sizes: torch.Tensor, counts: torch.Tensor) -> None:
-        for part, (hits, misses) in zip(ids.to(self.device).split(sizes.tolist()), counts.tolist()):
+        for part, (hits, misses) in zip(ids.to(self.book).split(sizes.tolist()), counts.tolist()):
             slots = torch.unique(self.slots.lookup(part))
             held = slots[slots >= 0]
             self._hold(held, +1)

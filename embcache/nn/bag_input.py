@@ -133,6 +133,8 @@ def check_weights(weights: torch.Tensor | None, mode: str) -> None:
 
 def to_device(ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None,
               device: torch.device):
-    """Checked input on the cache's device, ids and offsets as int64."""
-    return (ids.to(device, torch.long), offsets.to(device, torch.long),
+    """Checked input for the lookup: offsets and weights on the cache's device; ids as
+    int64 where they are, since the cache's bookkeeping reads them on the host (ids
+    from the host never make it wait for the device) and moves what the device needs."""
+    return (ids.to(dtype=torch.long), offsets.to(device, torch.long),
             None if weights is None else weights.to(device))
