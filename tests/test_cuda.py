@@ -1,0 +1,166 @@
+"""The cache on a GPU: exactness against torch's own tables on the same device, the
+synchronisation budget, prefetch depth 1-4 under heavy eviction, and checkpoints moving
+between a GPU run and a CPU one.
+
+Every test body runs on the CPU in the default suite (which proves the test itself) and
+on CUDA where a GPU is present (`-m cuda` selects those alone; they are skipped without
+one). On CUDA, both sides run under `torch.use_deterministic_algorithms(True)`; the
+tables are compared to a stated tolerance there (CUDA may contract a multiply-add that
+the CPU rounds twice) and each test says whether they were in fact bit-equal.
+"""
+import warnings
+
+import pytest
+import torch
+
+from embcache.cache.optimizers import OPTIMIZERS
+from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
+
+from tests.cache_helpers import reference_bag, zipf_batches
+
+HAVE_CUDA = torch.cuda.is_available()
+cuda = [pytest.mark.cuda, pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU")]
+DEVICES = ["cpu", pytest.param("cuda", marks=cuda)]
+ROWS, DIM, LR = 5000, 16, 0.05
+CUDA_TOLERANCE = dict(rtol=1e-5, atol=1e-6)  # float32 rounding of the same sums
+
+
+@pytest.fixture
+def deterministic():
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(before)
+
+
+def _assert_tables(cached: torch.Tensor, uncached: torch.Tensor, device: str) -> None:
+    cached, uncached = cached.cpu(), uncached.detach().cpu()
+    if device == "cpu":
+        assert torch.equal(cached, uncached)
+        return
+    torch.testing.assert_close(cached, uncached, **CUDA_TOLERANCE)
+    print(f"bit-equal on {device}: {torch.equal(cached, uncached)}; "
+          f"largest difference {float((cached - uncached).abs().max()):.3g}")
+
+
+def _train_pair(device, optimizer, depth, cache_ratio, batches, **kw):
+    """A cached bag and torch's table trained on the same batches, the cached one
+    prefetching `depth` batches ahead (ids from the host, as a loader gives them)."""
+    torch.manual_seed(0)
+    weight = torch.randn(ROWS, DIM)
+    bag = CachedEmbeddingBag(ROWS, DIM, weight=weight, cache_ratio=cache_ratio, optimizer=optimizer, lr=LR,
+                             device=device, **kw)
+    ref, ref_opt = reference_bag(weight, "sum", optimizer, LR)
+    ref = ref.to(device)
+    if optimizer == "rowwise_adagrad":
+        ref_opt.weight, ref_opt.sum = ref.weight, ref_opt.sum.to(device)
+    else:
+        ref_opt = type(ref_opt)(ref.parameters(), lr=LR)
+    scale = torch.linspace(0.5, 1.5, DIM, device=device)
+    for ids, offsets in batches[:depth]:
+        bag.prefetch(ids, offsets)
+    for i, (ids, offsets) in enumerate(batches):
+        out = bag(ids, offsets)
+        if i + depth < len(batches):
+            bag.prefetch(*batches[i + depth])
+        (out * scale).sum().backward()
+        ref_opt.zero_grad()
+        (ref(ids.to(device), offsets.to(device)) * scale).sum().backward()
+        ref_opt.step()
+    return bag, ref
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_cached_equals_torch_tables_on_the_device(device, optimizer, depth, deterministic):
+    """Eviction every step, prefetch `depth` ahead, and overflow (batches needing more
+    distinct rows than the 1 % cache holds)."""
+    batches = zipf_batches(ROWS, 12, 64, 4, seed=5, a=1.05)
+    bag, ref = _train_pair(device, optimizer, depth, 0.01, batches)
+    stats = bag.cache_stats()
+    assert stats["evictions"] > 0 and stats["overflow_rows"] > 0
+    _assert_tables(bag.full_weight(), ref.weight, device)
+    assert int(bag.cache.holds.sum()) == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefetch_race_many_batches_in_flight_under_heavy_eviction(device, deterministic):
+    """Four batches prefetched ahead through a cache barely larger than one batch's rows:
+    the pending batches hold most slots, every admission must evict around them, and a
+    row an in-flight batch needs is never evicted (else its lookups would read another
+    row and the tables would differ)."""
+    batches = zipf_batches(ROWS, 30, 48, 3, seed=6, a=1.3)
+    distinct = max(int(torch.unique(ids).numel()) for ids, _ in batches)
+    bag, ref = _train_pair(device, "adagrad", 4, 1.3 * distinct / ROWS, batches, warmup_ratio=0)
+    assert bag.cache_stats()["evictions"] > 10 * bag.cache.num_slots // 4
+    _assert_tables(bag.full_weight(), ref.weight, device)
+
+
+def _warn_syncs(fn) -> int:
+    """How many synchronisations `fn` makes (torch's sync debug mode, as warnings)."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message).lower() for w in caught)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_sync_budget(optimizer):
+    """The lookup path (prepare with its admissions, evictions and copies, and the
+    prefetch of the next batch) makes no synchronisation at all with ids from the host;
+    a whole training step makes no more than the same step on torch's own table (its
+    sparse optimizer's coalesce)."""
+    batches = zipf_batches(ROWS, 8, 64, 4, seed=7, a=1.1)
+    torch.manual_seed(0)
+    weight = torch.randn(ROWS, DIM)
+    bag = CachedEmbeddingBag(ROWS, DIM, weight=weight, cache_ratio=0.05, optimizer=optimizer, lr=LR, device="cuda")
+    ref, ref_opt = reference_bag(weight, "sum", optimizer, LR)
+    ref = ref.cuda()
+    ref_opt = ref_opt if optimizer == "rowwise_adagrad" else type(ref_opt)(ref.parameters(), lr=LR)
+    if optimizer == "rowwise_adagrad":
+        ref_opt.weight, ref_opt.sum = ref.weight, ref_opt.sum.cuda()
+    for i, (ids, offsets) in enumerate(batches[:-1]):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = bag(ids, offsets)  # checks on the host, admission, copies: no sync
+            bag.prefetch(*batches[i + 1])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        cached = _warn_syncs(lambda: out.sum().backward())
+        uncached = _warn_syncs(lambda: (ref_opt.zero_grad(), ref(ids.cuda(), offsets.cuda()).sum().backward(),
+                                        ref_opt.step()))
+        assert cached <= max(uncached, 1), (cached, uncached)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_checkpoint_moves_between_a_gpu_run_and_a_cpu_run(device, deterministic):
+    """A checkpoint taken on `device` loads on the CPU, and one taken there loads back on
+    `device`: tables, optimizer state, residency and statistics arrive whole, and both
+    runs go on alike."""
+    batches = zipf_batches(ROWS, 16, 48, 3, seed=8, a=1.1)
+    torch.manual_seed(0)
+    kw = dict(weight=torch.randn(ROWS, DIM), cache_ratio=0.02, optimizer="adagrad", lr=LR)
+    gpu = CachedEmbeddingBag(ROWS, DIM, device=device, **kw)
+    cpu = CachedEmbeddingBag(ROWS, DIM, device="cpu", **kw)
+    for ids, offsets in batches[:8]:
+        gpu(ids, offsets).sum().backward()
+    cpu.load_state_dict(gpu.state_dict())
+    assert torch.equal(cpu.full_weight(), gpu.full_weight())
+    assert cpu.cache_stats() == gpu.cache_stats()
+    assert torch.equal(cpu.cache.slots.slot_to_id, gpu.cache.slots.slot_to_id.cpu())
+    for ids, offsets in batches[8:]:
+        for bag in (gpu, cpu):
+            bag(ids, offsets).sum().backward()
+    _assert_tables(gpu.full_weight(), cpu.full_weight(), device)
+    back = CachedEmbeddingBag(ROWS, DIM, device=device, **kw)
+    back.load_state_dict(cpu.state_dict())
+    assert torch.equal(back.full_weight(), cpu.full_weight())
+    assert back.cache_stats() == cpu.cache_stats()
