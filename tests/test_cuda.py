@@ -8,11 +8,10 @@ one). On CUDA, both sides run under `torch.use_deterministic_algorithms(True)`; 
 tables are compared to a stated tolerance there (CUDA may contract a multiply-add that
 the CPU rounds twice) and each test says whether they were in fact bit-equal.
 """
-import warnings
-
 import pytest
 import torch
 
+from embcache.bench.gpu import count_syncs
 from embcache.cache.optimizers import OPTIMIZERS
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
 
@@ -98,16 +97,7 @@ def test_prefetch_race_many_batches_in_flight_under_heavy_eviction(device, deter
 
 
 def _warn_syncs(fn) -> int:
-    """How many synchronisations `fn` makes (torch's sync debug mode, as warnings)."""
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message).lower() for w in caught)
+    return count_syncs(fn, torch.device("cuda"))
 
 
 @pytest.mark.cuda

@@ -18,7 +18,8 @@ run reports the largest difference. Throughput is timed over a window of steps w
 device synchronisation at each end, so copies may overlap compute as they would in
 training. Also reported: hit rate, bytes moved per step, the host->device bandwidth a
 plain pinned copy reaches in the same run, the share of the copy time that prefetch hid,
-and peak device memory. On CUDA a `torch.profiler` summary of cached steps at the middle
+peak device memory, and how many times a step makes the host wait for the device
+(`syncs_per_step`, counted by torch's sync debug mode). On CUDA a `torch.profiler` summary of cached steps at the middle
 ratio is saved with the results, which says where the time goes.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -109,7 +111,8 @@ def make_variant(kind: str, ratio: float | None, table: torch.Tensor, freq, dens
     return FlatTables(bag, NUM_TABLES), sparse_opt, dense, torch.optim.Adagrad(dense.parameters(), lr=args.lr)
 
 
-def train_steps(variant, data, device, prefetch_depth: int, start: int, stop: int) -> list[float]:
+def train_steps(variant, data, device, prefetch_depth: int, start: int, stop: int,
+                read_losses: bool = True) -> list[float]:
     """Steps `start..stop-1`; returns the losses (read after the window, not per step)."""
     sparse, sparse_opt, dense, dense_opt = variant
     cached = isinstance(sparse.bag, CachedEmbeddingBag)
@@ -129,7 +132,23 @@ def train_steps(variant, data, device, prefetch_depth: int, start: int, stop: in
         if sparse_opt is not None:
             sparse_opt.step()
         losses.append(loss.detach())
-    return [float(v) for v in losses]
+    return [float(v) for v in losses] if read_losses else []
+
+
+def count_syncs(fn, device: torch.device) -> int | None:
+    """How many times `fn` makes the host wait for the device: torch's sync debug mode
+    warns at each (None off CUDA)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message).lower() for w in caught)
 
 
 def measure(variant, data, args, device, prefetch_depth: int) -> dict:
@@ -150,6 +169,9 @@ def measure(variant, data, args, device, prefetch_depth: int) -> dict:
            "losses": warm + timed}
     if device.type == "cuda":
         row["peak_device_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+        steps = min(3, len(data))  # a few more steps, their losses not read: the step's own waits
+        row["syncs_per_step"] = count_syncs(
+            lambda: train_steps(variant, data, device, prefetch_depth, 0, steps, read_losses=False), device) / steps
     if cached:
         s = sparse.bag.cache_stats()
         row.update(hit_rate=s["hit_rate"], bytes_h2d_per_step=s["bytes_h2d"] / args.steps,
