@@ -71,7 +71,7 @@ def _train_pair(device, optimizer, depth, cache_ratio, batches, **kw):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
-@pytest.mark.parametrize("depth", [1, 2, 4])
+@pytest.mark.parametrize("depth", [1, 2, 3, 4])
 def test_cached_equals_torch_tables_on_the_device(device, optimizer, depth, deterministic):
     """Eviction every step, prefetch `depth` ahead, and overflow (batches needing more
     distinct rows than the 1 % cache holds)."""
