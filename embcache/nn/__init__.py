@@ -2,12 +2,14 @@
 collection) and, for classification with huge label spaces, the class-pool heads."""
 from .cached_embedding_bag import CachedEmbeddingBag
 
-__all__ = ["CachedEmbeddingBag", "CachedEmbeddingBagCollection", "DynamicClassPool", "DCPHead",
-           "FullFC", "PartialFC", "build_head"]
+__all__ = ["CachedEmbeddingBag", "CachedEmbeddingBagCollection", "TorchEmbeddingBagCollection",
+           "DynamicClassPool", "DCPHead", "FullFC", "PartialFC", "build_head"]
 
-# name -> submodule; loaded on first use (the collection imports torchrec, ~3 s)
+# name -> submodule; loaded on first use (the collections import torchrec where it is
+# installed, ~3 s: `sparse_types`)
 _LAZY = {
     "CachedEmbeddingBagCollection": "cached_collection",
+    "TorchEmbeddingBagCollection": "torch_collection",
     "DynamicClassPool": "class_pool",
     "DCPHead": "heads",
     "FullFC": "heads",

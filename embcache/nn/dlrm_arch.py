@@ -7,6 +7,10 @@ benchmarks the cache through this module. The modules here use torchrec's parame
 moves between the two unchanged, and the same ops in the same order, so the two compute
 the same logits to the bit (tests/test_dlrm_arch.py compares them where torchrec is
 installed).
+
+`DLRM` adds the sparse part around them: a model whose children are torchrec's
+(`sparse_arch.embedding_bag_collection`, `dense_arch`, `inter_arch`, `over_arch`), so the
+trainer's checkpoints are the same whichever of the two built the model.
 """
 from __future__ import annotations
 
@@ -104,3 +108,71 @@ class DLRMDense(nn.Module):
 
     def forward(self, pooled: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
         return self.over_arch(self.inter_arch(self.dense_arch(dense), pooled))
+
+
+class SparseArch(nn.Module):
+    """A collection's pooled embeddings as `[B, F, D]`, features in the tables' order (every
+    table of one width D). Holds the collection as `embedding_bag_collection`, as torchrec's
+    `SparseArch` does, so the parameter names are torchrec's."""
+
+    def __init__(self, embedding_bag_collection: nn.Module):
+        super().__init__()
+        self.embedding_bag_collection = embedding_bag_collection
+        configs = embedding_bag_collection.embedding_bag_configs()
+        if not configs:
+            raise ValueError("DLRM needs at least one embedding table")
+        dims = {t.embedding_dim for t in configs}
+        if len(dims) != 1:
+            raise ValueError(f"every table of a DLRM has one embedding dimension, got {sorted(dims)}")
+        self.D = dims.pop()
+        self.feature_names = [f for t in configs for f in (t.feature_names or [t.name])]
+        self.F = len(self.feature_names)
+
+    def forward(self, features) -> torch.Tensor:
+        pooled = self.embedding_bag_collection(features).to_dict()
+        return torch.cat([pooled[f] for f in self.feature_names], dim=1).reshape(-1, self.F, self.D)
+
+
+class DLRM(nn.Module):
+    """DLRM in plain torch: `(dense [B, k], KeyedJaggedTensor) -> logit [B, 1]`; computes what
+    torchrec's `DLRM` computes, to the bit, with the same parameter names and initial values
+    (its layers are made in the same order, on `dense_device`).
+
+    Args:
+        embedding_bag_collection: the sparse part (cached, sharded or whole tables); its
+            tables share one dimension D.
+        dense_in_features: dense features per sample (k).
+        dense_arch_layer_sizes: the bottom MLP's sizes, ending at D.
+        over_arch_layer_sizes: the top MLP's sizes, ending at 1.
+        dense_device: where the MLPs live.
+
+    Example:
+        >>> import torch
+        >>> from embcache.nn.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
+        >>> from embcache.nn.torch_collection import TorchEmbeddingBagCollection
+        >>> ebc = TorchEmbeddingBagCollection([EmbeddingBagConfig(name="t", embedding_dim=4,
+        ...                                    num_embeddings=10, feature_names=["f"])])
+        >>> model = DLRM(ebc, dense_in_features=3, dense_arch_layer_sizes=[8, 4], over_arch_layer_sizes=[8, 1])
+        >>> kjt = KeyedJaggedTensor(keys=["f"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 1]))
+        >>> model(torch.rand(2, 3), kjt).shape
+        torch.Size([2, 1])
+    """
+
+    def __init__(self, embedding_bag_collection: nn.Module, dense_in_features: int,
+                 dense_arch_layer_sizes: list[int], over_arch_layer_sizes: list[int],
+                 dense_device: torch.device | None = None):
+        super().__init__()
+        self.sparse_arch = SparseArch(embedding_bag_collection)
+        if dense_arch_layer_sizes[-1] != self.sparse_arch.D:
+            raise ValueError(f"the bottom MLP ends at {dense_arch_layer_sizes[-1]}, the tables' dimension is "
+                             f"{self.sparse_arch.D}: they must match")
+        with torch.device(dense_device or torch.device("cpu")):
+            self.dense_arch = DenseArch(dense_in_features, dense_arch_layer_sizes)
+            self.inter_arch = InteractionArch(self.sparse_arch.F)
+            self.over_arch = OverArch(interaction_width(self.sparse_arch.F, self.sparse_arch.D),
+                                      over_arch_layer_sizes)
+
+    def forward(self, dense_features: torch.Tensor, sparse_features) -> torch.Tensor:
+        embedded_dense = self.dense_arch(dense_features)
+        embedded_sparse = self.sparse_arch(sparse_features)
+        return self.over_arch(self.inter_arch(embedded_dense, embedded_sparse))
