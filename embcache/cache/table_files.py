@@ -231,11 +231,12 @@ def _check_existing(directory: Path, specs: list[TensorSpec]) -> None:
                                   f"shape {s.shape} ({s.nbytes:,} bytes): use another directory or delete it")
 
 
-def map_tensor(directory: Path, spec: TensorSpec) -> torch.Tensor:
-    """The file as a `[rows, dim]` tensor sharing its pages (writes go to the file).
+def map_tensor(directory: Path, spec: TensorSpec, shared: bool = True) -> torch.Tensor:
+    """The file as a `[rows, dim]` tensor sharing its pages (writes go to the file; with
+    `shared=False` they stay private, so a checkpoint read this way cannot be changed).
     The size was checked before: `torch.from_file` would silently grow a short file."""
     numel = spec.shape[0] * spec.shape[1]
-    flat = torch.from_file(str(directory / spec.file), shared=True, size=numel, dtype=spec.dtype)
+    flat = torch.from_file(str(directory / spec.file), shared=shared, size=numel, dtype=spec.dtype)
     _advise_random(flat)
     return flat.view(spec.shape)
 

@@ -4,9 +4,15 @@ Layout under the checkpoint directory (`kind` = "dlrm"):
 
     dlrm-last.pt                  the run (config, position, dense part) + a manifest
     dlrm-tables-<step>/           one version of the tables
-        <table>.<start>-<stop>.pt   rows [start, stop) of a table and their optimizer
-                                    state, in id order (written by the rows' owner)
+        <table>.<start>-<stop>/     rows [start, stop) of a table and their optimizer
+                                    state, in id order (written by the rows' owner) as
+                                    raw files with their CRC-32 (`cache.table_files`)
         cache.rank<r>.pt            rank r's cache residency and statistics
+
+The rows are copied from the host store chunk by chunk and read back through a mapping,
+so a table larger than memory (`--host-store mmap:DIR`) is checkpointed and resumed
+without holding it in memory. Parts of earlier versions (`<table>.<start>-<stop>.pt`,
+one torch file each) still load.
 
 Every rank writes its own shards into the step's directory; once all have (a barrier),
 rank 0 replaces `dlrm-last.pt`, whose manifest names that directory, and only then removes
@@ -28,8 +34,9 @@ from pathlib import Path
 
 import torch
 
+from embcache.cache import table_files as tf
 from embcache.cache.stats import CacheStats
-from embcache.errors import CheckpointError
+from embcache.errors import CheckpointError, DataFormatError
 
 from .placement import Shard
 from .world import all_sum, barrier, current
@@ -60,8 +67,10 @@ def write_tables(checkpoint_dir: str | os.PathLike, kind: str, step: int, sharde
     local = sharded.local
     for shard in sharded.shards:
         if shard.rank == world.rank:
-            rows = {k: v.clone() for k, v in local.table_rows(shard.name).items()}  # a view would save the whole store
-            _save(rows, directory / _part_file(shard))
+            part = directory / _part_file(shard)
+            shutil.rmtree(part, ignore_errors=True)  # a part left by an attempt killed at this step
+            part.mkdir()
+            tf.save_tensors(part, local.table_rows(shard.name))  # views of the store, copied chunk by chunk
     if local is not None:
         _save(local.residency_state(), directory / f"cache.rank{world.rank}.pt")
     counts = {k: v for k, v in sharded.cache_stats().items() if k != "hit_rate"} or _zero_stats()
@@ -80,7 +89,7 @@ def write_tables(checkpoint_dir: str | os.PathLike, kind: str, step: int, sharde
 
 
 def _part_file(shard: Shard) -> str:
-    return f"{shard.table}.{shard.row_start}-{shard.row_stop}.pt"
+    return f"{shard.table}.{shard.row_start}-{shard.row_stop}"
 
 
 def _zero_stats() -> dict:
@@ -126,7 +135,7 @@ def _rows_of(directory: Path, manifest: dict, shard: Shard) -> dict[str, torch.T
     for start, stop, file in table["parts"]:
         lo, hi = max(start, shard.row_start), min(stop, shard.row_stop)
         if lo < hi:
-            part = _load(directory / file)
+            part = _read_part(directory / file)
             if part["weight"].shape[0] != stop - start:
                 raise CheckpointError(f"{directory / file}: {part['weight'].shape[0]} rows, the manifest says "
                                       f"{stop - start}")
@@ -135,7 +144,32 @@ def _rows_of(directory: Path, manifest: dict, shard: Shard) -> dict[str, torch.T
     if got != shard.rows:
         raise CheckpointError(f"{directory}: the saved parts of {shard.table!r} cover {got} of rows "
                               f"[{shard.row_start}, {shard.row_stop})")
+    if len(pieces) == 1:  # the saving placement: the mapped rows as they are, no copy
+        return pieces[0]
     return {k: torch.cat([p[k] for p in pieces]) for k in pieces[0]}
+
+
+def _read_part(path: Path) -> dict[str, torch.Tensor]:
+    """A saved part's tensors, checked whole (sizes and CRC-32) before any is used, then
+    mapped privately: reading them costs page cache, not memory, and nothing written to
+    them reaches the checkpoint."""
+    if path.suffix == ".pt":  # one torch file per part, as earlier versions wrote them
+        return _load(path)
+    try:
+        header = tf.read_header(path)
+        if header is None:
+            raise CheckpointError(f"{path}: missing or incomplete (no {tf.HEADER}; the checkpoint's tables "
+                                  f"are incomplete)")
+        specs = [tf.TensorSpec(name, tuple(t["shape"]), tf.DTYPES[t["dtype"]])
+                 for name, t in header["tensors"].items()]
+    except DataFormatError as err:
+        raise CheckpointError(str(err)) from None
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{path / tf.HEADER}: damaged ({type(err).__name__}: {err})") from None
+    if "weight" not in header["tensors"]:
+        raise CheckpointError(f"{path / tf.HEADER}: names no weight")
+    tf.verify_saved(path, specs)
+    return {s.name: tf.map_tensor(path, s, shared=False) for s in specs}
 
 
 def _load(path: Path) -> dict:
