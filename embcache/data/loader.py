@@ -1,5 +1,6 @@
-"""Batches of a prepared CTR data set for training: dense features, a torchrec
-`KeyedJaggedTensor` of ids and float labels, streamed from the Parquet shards.
+"""Batches of a prepared CTR data set for training: dense features, a `KeyedJaggedTensor`
+of ids (torchrec's, or its stand-in without torchrec: `embcache.nn.sparse_types`) and float
+labels, streamed from the Parquet shards.
 
 Memory stays bounded whatever the file sizes: rows are read with `ParquetFile.iter_batches`, a
 record batch at a time, and only the rows of the batch being assembled are held. Batches run
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from collections import deque
 from typing import Iterator
 
 import numpy as np
@@ -19,11 +21,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
 from embcache.errors import format_error
 from embcache.data.ctr_format import read_meta, read_shard, sparse_features
 from embcache.distributed.world import slice_bounds
+from embcache.nn.sparse_types import KeyedJaggedTensor
 
 
 @dataclass
@@ -44,9 +45,12 @@ class Batch:
     labels: torch.Tensor
     global_size: int | None = None
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+    def to(self, device: torch.device | str, non_blocking: bool = False,
+           sparse_device: torch.device | str | None = None) -> "Batch":
+        """The batch on `device`, its ids on `sparse_device` (default: `device` too)."""
+        sparse_device = torch.device(device if sparse_device is None else sparse_device)
         return Batch(self.dense.to(device, non_blocking=non_blocking),
-                     self.sparse.to(torch.device(device), non_blocking=non_blocking),
+                     self.sparse.to(sparse_device, non_blocking=non_blocking),
                      self.labels.to(device, non_blocking=non_blocking), self.global_size)
 
     def __len__(self) -> int:
@@ -65,6 +69,9 @@ class CTRBatches:
         seed: makes the order deterministic.
         drop_last: leave out a final short batch.
         device: where the tensors are put (pinned first when it is CUDA).
+        sparse_device: where the ids (`sparse`) are put; default: `device`. A cached
+            sparse part keeps them on the host (pinned with CUDA): its bookkeeping runs
+            there and only rows cross to the device.
         start_batch: begin at this batch index of the epoch (for resume); `len()` then counts
             only the batches still to come.
         read_rows: rows per Parquet read; bounds memory together with `batch_size`.
@@ -84,7 +91,7 @@ class CTRBatches:
     def __init__(self, data_dir: str | os.PathLike, split: str, batch_size: int,
                  shuffle_shards: bool = False, seed: int = 0, drop_last: bool = False,
                  device: torch.device | str = "cpu", start_batch: int = 0, read_rows: int = 65_536,
-                 part: tuple[int, int] = (0, 1)):
+                 part: tuple[int, int] = (0, 1), sparse_device: torch.device | str | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if start_batch < 0:
@@ -96,6 +103,7 @@ class CTRBatches:
                                f"has no split {split!r} (it has {', '.join(self.meta['splits'])})")
         self.batch_size, self.shuffle_shards, self.seed = int(batch_size), shuffle_shards, seed
         self.drop_last, self.device = drop_last, torch.device(device)
+        self.sparse_device = self.device if sparse_device is None else torch.device(sparse_device)
         self.start_batch, self.read_rows = int(start_batch), max(int(read_rows), 1)
         self.part = (int(part[0]), int(part[1]))
         self.features = sparse_features(self.meta)
@@ -125,7 +133,8 @@ class CTRBatches:
     def skip(self, batches: int) -> "CTRBatches":
         """The same iterable, starting `batches` further on."""
         return CTRBatches(self.data_dir, self.split, self.batch_size, self.shuffle_shards, self.seed,
-                          self.drop_last, self.device, self.start_batch + batches, self.read_rows, self.part)
+                          self.drop_last, self.device, self.start_batch + batches, self.read_rows, self.part,
+                          self.sparse_device)
 
     # -------------------------------------------------------------- iteration
     def __iter__(self) -> Iterator[Batch]:
@@ -147,7 +156,7 @@ class CTRBatches:
     def with_next(self) -> Iterator[tuple[Batch, Batch | None]]:
         """`(batch, next batch)` pairs, the last with None: the next batch's ids are known while
         the current one trains, so the trainer can hand them to the cache's `prefetch`."""
-        return lookahead(iter(self))
+        return lookahead(self)
 
     def _record_batches(self, skip: int) -> Iterator[pa.RecordBatch]:
         """Record batches from `skip` rows into the epoch on, each checked."""
@@ -245,17 +254,32 @@ class CTRBatches:
                                    lengths=torch.from_numpy(np.concatenate(lengths) if lengths
                                                             else np.zeros(0, dtype=np.int64)))
         batch = Batch(torch.from_numpy(dense), sparse, labels, global_size)
-        if self.device.type == "cuda":
-            return Batch(batch.dense.pin_memory(), batch.sparse.pin_memory(),
-                         batch.labels.pin_memory(), global_size).to(self.device, non_blocking=True)
-        return batch if self.device.type == "cpu" else batch.to(self.device)
+        if "cuda" in (self.device.type, self.sparse_device.type):
+            return Batch(batch.dense.pin_memory(), batch.sparse.pin_memory(), batch.labels.pin_memory(),
+                         global_size).to(self.device, non_blocking=True, sparse_device=self.sparse_device)
+        if self.device.type == "cpu" and self.sparse_device.type == "cpu":
+            return batch
+        return batch.to(self.device, sparse_device=self.sparse_device)
 
 
-def lookahead(batches) -> Iterator[tuple[Batch, Batch | None]]:
+def lookahead(items) -> Iterator[tuple[object, object | None]]:
     """`(item, next item)` over any iterable, the last paired with None."""
-    it = iter(batches)
-    current = next(it, None)
-    while current is not None:
-        following = next(it, None)
-        yield current, following
-        current = following
+    for item, following in lookahead_window(items, 1):
+        yield item, (following[0] if following else None)
+
+
+def lookahead_window(items, depth: int) -> Iterator[tuple[object, tuple]]:
+    """`(item, the next `depth` items)` over any iterable, fewer near the end (none with
+    depth 0): the items ahead are known while the current one is used, so a trainer can
+    prefetch for them. Reads at most `depth` items ahead of the one it yields."""
+    if depth < 0:
+        raise ValueError(f"depth must be >= 0, got {depth}")
+    window = deque()
+    for item in items:
+        window.append(item)
+        if len(window) > depth:
+            current = window.popleft()
+            yield current, tuple(window)
+    while window:
+        current = window.popleft()
+        yield current, tuple(window)

@@ -13,25 +13,30 @@ their owner ranks (`placement.plan`). A forward therefore moves data twice:
    a row-wise table). The backward sends the gradients the same way in reverse, and the
    owner's cache applies them to its rows during `loss.backward()`.
 
-`prefetch(next batch)` does step 1 for the next batch while this one trains and keeps the
-result, so the ids of a batch cross the network once. On one process none of this
-happens: the collection is the local one.
+`prefetch(batch)` does step 1 for a coming batch while this one trains and keeps the
+result, so the ids of a batch cross the network once; up to `MAX_PENDING` routed batches
+wait in order (a trainer prefetching D batches ahead has D of them). On one process none of
+this happens: the collection is the local one.
 
 The exchanges run on a process group of their own, so they cannot interleave with the
 data-parallel all-reduces that DDP launches during the same backward.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
+
+from embcache.nn.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor
 
 from .placement import Shard
-from .world import current, new_group
+from .world import all_sum, collective_device, current, new_group
+
+# routed batches kept for coming forwards (the cache keeps as many pending prefetches)
+MAX_PENDING = 8
 
 
 def shard_config(table: EmbeddingBagConfig, shard: Shard) -> EmbeddingBagConfig:
@@ -82,7 +87,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         # per owner rank, the (shard, feature) pairs it serves, in its local output order
         self._served = [[(s, f) for s in shards if s.rank == o for f in s.features] for o in range(self.world.size)]
         self._group = new_group() if self.world.distributed else None
-        self._pending: tuple[KeyedJaggedTensor, _Routed] | None = None
+        self._pending: deque[tuple[KeyedJaggedTensor, _Routed]] = deque(maxlen=MAX_PENDING)
         self.comm_bytes = {"ids": 0, "pooled": 0}
 
     # --------------------------------------------------------- torchrec's interface
@@ -100,21 +105,35 @@ class ShardedEmbeddingBagCollection(nn.Module):
         return self._to_features(self._return_pooled(pooled, routed), features.stride())
 
     def prefetch(self, features: KeyedJaggedTensor) -> None:
-        """Route the next batch's ids now and have the owners load its rows."""
+        """Route a coming batch's ids now and have the owners load its rows. Collective under
+        torchrun: every rank prefetches the same batches (its own slices), in order."""
         if not self.world.distributed:
             self.local.prefetch(features)
             return
         routed = self._route(features)
-        self._pending = (features, routed)
+        self._pending.append((features, routed))
         if self.local is not None:
             self.local.prefetch(routed.kjt)
 
+    def pending_prefetches(self) -> int:
+        """Prefetched batches not yet looked up, the same answer on every rank (collective
+        under torchrun: a rank without tables holds none, the owners agree)."""
+        mine = self.local.pending_prefetches() if self.local is not None else 0
+        if not self.world.distributed:
+            return mine
+        owners = all_sum({"owners": int(self.local is not None), "pending": mine})
+        return owners["pending"] // max(owners["owners"], 1)
+
     # --------------------------------------------------------- step 1: ids to owners
     def _take_routed(self, features: KeyedJaggedTensor) -> _Routed:
-        if self._pending is not None and self._pending[0] is features:
-            routed, self._pending = self._pending[1], None
-            return routed
-        self._pending = None
+        """The batch's routed ids: prefetched (the batches prefetched before it are dropped:
+        they will not come), or routed now (the pending ones are kept: they are for later
+        batches, as after an evaluation between two steps)."""
+        for i, (pending, _) in enumerate(self._pending):
+            if pending is features:
+                for _ in range(i):
+                    self._pending.popleft()
+                return self._pending.popleft()[1]
         return self._route(features)
 
     def _route(self, kjt: KeyedJaggedTensor) -> _Routed:
@@ -126,8 +145,11 @@ class ShardedEmbeddingBagCollection(nn.Module):
             parts = [_lookups_into(shard, *per_key[f]) for shard, f in served]
             send_lengths.append(torch.cat([p[0] for p in parts]) if parts else lengths.new_zeros(0))
             send_values.append(torch.cat([p[1] for p in parts]) if parts else kjt.values().new_zeros(0))
-        counts = torch.tensor([[v.numel(), batch] for v in send_values], dtype=torch.long,
-                              device=kjt.values().device)  # NCCL exchanges device tensors only
+        # NCCL exchanges device tensors only: ids from the host (a cached run keeps them there) move
+        device = collective_device()
+        send_lengths = [t.to(device, non_blocking=True) for t in send_lengths]
+        send_values = [t.to(device, non_blocking=True) for t in send_values]
+        counts = torch.tensor([[v.numel(), batch] for v in send_values], dtype=torch.long, device=device)
         recv_counts = torch.empty_like(counts)
         dist.all_to_all_single(recv_counts.view(-1), counts.view(-1), group=self._group)
         values_from, batch_from = recv_counts[:, 0].tolist(), recv_counts[:, 1].tolist()

@@ -16,8 +16,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from embcache.device import resolve_device
 
@@ -26,8 +24,7 @@ from embcache.cache.table_files import fresh_directory
 
 from .bag_input import ID_DTYPES, check_feature_ids, check_layout, check_weights, to_device
 from .cached_embedding_bag import CachedEmbeddingBag
-
-_POOLING = {PoolingType.SUM: "sum", PoolingType.MEAN: "mean"}
+from .sparse_types import EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, pooling_mode
 
 
 class _Group:
@@ -64,9 +61,10 @@ def group_tables(tables: list[EmbeddingBagConfig]) -> list[_Group]:
     appearance; each table's rows follow the previous table's in its group."""
     groups: dict[tuple, _Group] = {}
     for t in tables:
-        if t.pooling not in _POOLING:
+        mode = pooling_mode(t.pooling)
+        if mode is None:
             raise ValueError(f"table {t.name!r}: pooling {t.pooling} not supported (SUM or MEAN)")
-        key = (t.embedding_dim, _POOLING[t.pooling])
+        key = (t.embedding_dim, mode)
         groups.setdefault(key, _Group(key)).add(t)
     return list(groups.values())
 
@@ -75,7 +73,8 @@ class CachedEmbeddingBagCollection(nn.Module):
     """torchrec-compatible collection of cached embedding bags.
 
     Args:
-        tables: torchrec `EmbeddingBagConfig`s (SUM or MEAN pooling); each table's
+        tables: `EmbeddingBagConfig`s (torchrec's, or `sparse_types`' stand-in without
+            torchrec; SUM or MEAN pooling); each table's
             `init_fn` initialises its rows, as in torchrec.
         cache_ratio: fraction of all rows resident on the device.
         ids_freq: `{table or feature name: 1-D counts}` from the training data.
@@ -89,7 +88,7 @@ class CachedEmbeddingBagCollection(nn.Module):
 
     Example:
         >>> import torch
-        >>> from torchrec import EmbeddingBagConfig, KeyedJaggedTensor
+        >>> from embcache.nn.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
         >>> tables = [EmbeddingBagConfig(name="t0", embedding_dim=4, num_embeddings=100,
         ...                              feature_names=["f0"])]
         >>> ebc = CachedEmbeddingBagCollection(tables, cache_ratio=0.1, device="cpu")
@@ -181,9 +180,18 @@ class CachedEmbeddingBagCollection(nn.Module):
                            values=values)
 
     def prefetch(self, features: KeyedJaggedTensor) -> None:
-        """Load the rows a coming batch needs (see `CachedEmbeddingBag.prefetch`)."""
+        """Load the rows a coming batch needs (see `CachedEmbeddingBag.prefetch`). The ids
+        go as they are (from the loader: on the host): the cache decides where its
+        bookkeeping runs and moves only rows."""
         for bag, group in zip(self.bags, self._group_inputs(features)):
-            bag.cache.prefetch(group.ids.to(bag.device))
+            bag.cache.prefetch(group.ids)
+
+    def pending_prefetches(self) -> int:
+        """Prefetched batches not yet looked up (every group's cache gets each prefetch, so
+        they agree). A resumed cache has the checkpoint's: a trainer asks before
+        prefetching again, so that no batch is prefetched twice."""
+        # RowCache keeps them in `_prefetched` (its state_dict's "prefetch.*"), consumed in order
+        return min(len(bag.cache._prefetched) for bag in self.bags)
 
     def _group_inputs(self, kjt: KeyedJaggedTensor) -> list[_GroupInput]:
         """Each group's lookups in its concatenated id space, every id checked against

@@ -1,14 +1,20 @@
 """DLRM training over the embedding cache: the system's main job.
 
-torchrec's DLRM (dense arch, interaction, over arch) takes a `CachedEmbeddingBagCollection`
-as its sparse part. The dense part is trained by a torch optimizer; the sparse rows are
-updated by the cache's row-wise optimizer during `loss.backward()`. While batch t trains,
-the ids of batch t+1 are handed to `prefetch`, so that on CUDA their rows are copied in on
-a side stream.
+DLRM (dense arch, interaction, over arch) takes a `CachedEmbeddingBagCollection` as its
+sparse part. The dense part is trained by a torch optimizer; the sparse rows are updated by
+the cache's row-wise optimizer during `loss.backward()`. While batch t trains, the ids of
+batch t+D (`prefetch_depth`, default 1) are handed to `prefetch`, so that on CUDA their
+rows are copied in on a side stream; the cache holds the rows of every pending batch until
+that batch has trained, so none is evicted before it is used.
 
-For comparison (`--sparse`): `device` keeps whole torchrec tables on the device and
-`host` keeps them in host memory, both trained with the torch optimizer that matches the
-cache's (same arithmetic), so the three runs are directly comparable.
+The model is torchrec's `DLRM` where torchrec imports, else the same model in plain torch
+(`embcache.nn.dlrm_arch.DLRM`: same parameter names, same arithmetic to the bit), chosen by
+`arch` (auto | torchrec | torch). Checkpoints of one resume under the other.
+
+For comparison (`--sparse`): `device` keeps whole tables (torchrec's collection, or
+`TorchEmbeddingBagCollection` without torchrec) on the device and `host` keeps them in host
+memory, both trained with the torch optimizer that matches the cache's (same arithmetic),
+so the three runs are directly comparable.
 
 Under torchrun the run is hybrid parallel (`embcache.distributed`): each table (or, for
 one too large, each range of its rows) has one owner rank holding it in its own cache;
@@ -35,22 +41,23 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
-from torchrec.models.dlrm import DLRM
 
 from embcache.cache.optimizers import TORCH_EQUIVALENTS, torch_equivalent
-from embcache.data.loader import CTRBatches, lookahead
+from embcache.data.loader import Batch, CTRBatches, lookahead_window
 from embcache.distributed import placement, table_checkpoint
 from embcache.distributed.data_parallel import data_parallel, unwrap
 from embcache.distributed.sharded_collection import ShardedEmbeddingBagCollection
 from embcache.distributed.world import all_sum, current, gather_objects
 from embcache.errors import CheckpointError
 from embcache.nn.cached_collection import CachedEmbeddingBagCollection, group_tables
+from embcache.nn.sparse_types import HAVE_TORCHREC, TORCHREC_ERROR, EmbeddingBagConfig
 from embcache.train.dlrm_eval import binary_metrics
 from embcache.train.run import StepRunConfig, Trainer
 
 logger = logging.getLogger(__name__)
 SPARSE_MODES = ("cached", "device", "host")
+ARCHS = ("auto", "torchrec", "torch")
+MAX_PREFETCH_DEPTH = 4  # batches prefetched ahead at most (the cache keeps up to 8 pending: none is dropped)
 # torchrec's DLRM trips a torch.fx deprecation warning on every run; it is not ours to fix.
 logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
@@ -74,16 +81,30 @@ class DLRMConfig(StepRunConfig):
     over_arch: list[int] = field(default_factory=lambda: [64, 32])
     batch_size: int = 2048
     eval_batch_size: int = 8192
-    prefetch: bool = True
+    prefetch_depth: int = 1  # batches whose rows are prefetched ahead of the one training (0: none)
+    arch: str = "auto"  # the model: torchrec's DLRM (where it imports: auto) or the same in plain torch
+    prefetch: bool | None = None  # earlier versions' switch: False is prefetch_depth 0 (their configs load)
     row_wise_rows: int | None = None  # under torchrun: split a table with more rows by rows (None: past a fair share)
     host_store: str = "memory"  # or "mmap:DIR": the cached tables as memory-mapped files (rank r: DIR/rank<r>)
     row_dtype: str = "float32"  # how cached rows are stored: float32 | float16 | bfloat16
     row_rounding: str = "stochastic"  # how half-precision rows are rounded on write: nearest | stochastic
 
+    def __post_init__(self) -> None:
+        # `prefetch` folded into the depth once, so that a later `replace(cfg, prefetch_depth=2)`
+        # is not undone by it
+        if self.prefetch is not None:
+            if not self.prefetch:
+                self.prefetch_depth = 0
+            self.prefetch = None
+        if not 0 <= self.prefetch_depth <= MAX_PREFETCH_DEPTH:
+            raise ValueError(f"prefetch_depth must be from 0 to {MAX_PREFETCH_DEPTH}, got {self.prefetch_depth}")
+
 
 # Settings a resumed run must share with its checkpoint: they change the arithmetic.
-# The cache's own settings (ratio, eviction, warm-up, prefetch) change only which rows
-# are resident, never a result, so a resume may change them: the cache then starts cold.
+# The cache's own settings (ratio, eviction, warm-up, prefetch depth) change only which rows
+# are resident, never a result, so a resume may change them (the first three start the
+# cache cold).
+# `arch` is not one of them either: torchrec's DLRM and the plain-torch one compute the same.
 RESUME_MUST_MATCH = ("sparse", "sparse_optimizer", "sparse_lr", "dense_lr", "embedding_dim",
                      "dense_arch", "over_arch", "batch_size", "seed")
 CACHE_SETTINGS = ("cache_ratio", "eviction", "warmup_ratio")
@@ -114,10 +135,23 @@ def table_configs(meta: dict, cfg: DLRMConfig) -> list[EmbeddingBagConfig]:
             for i, f in enumerate(meta["sparse"])]
 
 
+def resolve_arch(arch: str) -> str:
+    """"torchrec" or "torch" for `arch`: auto takes torchrec where it imports; torchrec
+    asked for where it does not is a ValueError saying why."""
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
+    if arch == "auto":
+        return "torchrec" if HAVE_TORCHREC else "torch"
+    if arch == "torchrec" and not HAVE_TORCHREC:
+        raise ValueError(f"--arch torchrec: torchrec does not import here ({TORCHREC_ERROR}); "
+                         f"--arch torch (or auto) trains the same model without it")
+    return arch
+
+
 class HostTables(nn.Module):
     """Whole tables in host memory, outputs moved to the device: the `host` baseline."""
 
-    def __init__(self, ebc: EmbeddingBagCollection, device: torch.device):
+    def __init__(self, ebc: nn.Module, device: torch.device):
         super().__init__()
         self.ebc, self._device = ebc, device
 
@@ -158,10 +192,46 @@ def sharded_cache(tables, cfg: DLRMConfig, ids_freq: dict | None, device: torch.
     return ShardedEmbeddingBagCollection(tables, shards, make_local)
 
 
+def whole_tables(tables: list[EmbeddingBagConfig], cfg: DLRMConfig, device: torch.device, arch: str):
+    """The uncached baselines' sparse part (`device`, `host`) and its torch optimizer:
+    torchrec's collection under arch torchrec, else `TorchEmbeddingBagCollection` (the
+    same tables, initial rows and gradients)."""
+    if cfg.sparse_optimizer not in TORCH_EQUIVALENTS:
+        raise ValueError(f"--sparse {cfg.sparse} supports optimizers "
+                         f"{sorted(TORCH_EQUIVALENTS)}, not {cfg.sparse_optimizer!r}")
+    where = device if cfg.sparse == "device" else torch.device("cpu")
+    if arch == "torchrec":
+        from torchrec import EmbeddingBagCollection
+
+        ebc = EmbeddingBagCollection(tables, device=where)
+        for bag in ebc.embedding_bags.values():
+            bag.sparse = True
+    else:
+        from embcache.nn.torch_collection import TorchEmbeddingBagCollection
+
+        ebc = TorchEmbeddingBagCollection(tables, device=where)
+    sparse_opt = torch_equivalent(cfg.sparse_optimizer, ebc.parameters(), cfg.sparse_lr)
+    return (ebc if cfg.sparse == "device" else HostTables(ebc, device)), sparse_opt
+
+
+def dlrm(arch: str, sparse: nn.Module, meta: dict, cfg: DLRMConfig, device: torch.device) -> nn.Module:
+    """The model around `sparse`, its dense layers drawn from `cfg.seed`: torchrec's DLRM or
+    the plain-torch one, which make the same layers in the same order (same values)."""
+    if arch == "torchrec":
+        from torchrec.models.dlrm import DLRM
+    else:
+        from embcache.nn.dlrm_arch import DLRM
+    torch.manual_seed(cfg.seed)
+    return DLRM(embedding_bag_collection=sparse, dense_in_features=meta["num_dense"],
+                dense_arch_layer_sizes=[*cfg.dense_arch, cfg.embedding_dim],
+                over_arch_layer_sizes=[*cfg.over_arch, 1], dense_device=device)
+
+
 def build_model(meta: dict, cfg: DLRMConfig, ids_freq: dict | None, device: torch.device | None = None):
     """DLRM with the chosen sparse part; returns (model, sparse part, dense optimizer,
     torch sparse optimizer or None). Under torchrun the dense MLPs are wrapped in DDP."""
     device = device or cfg.resolved_device()
+    arch = resolve_arch(cfg.arch)
     tables = table_configs(meta, cfg)
     sparse_opt = None
     if cfg.sparse == "cached":
@@ -169,21 +239,10 @@ def build_model(meta: dict, cfg: DLRMConfig, ids_freq: dict | None, device: torc
     elif current().distributed:
         raise ValueError(f"--sparse {cfg.sparse} is a single-process baseline; under torchrun use --sparse cached")
     elif cfg.sparse in ("device", "host"):
-        if cfg.sparse_optimizer not in TORCH_EQUIVALENTS:
-            raise ValueError(f"--sparse {cfg.sparse} supports optimizers "
-                             f"{sorted(TORCH_EQUIVALENTS)}, not {cfg.sparse_optimizer!r}")
-        where = device if cfg.sparse == "device" else torch.device("cpu")
-        ebc = EmbeddingBagCollection(tables, device=where)
-        for bag in ebc.embedding_bags.values():
-            bag.sparse = True
-        sparse_opt = torch_equivalent(cfg.sparse_optimizer, ebc.parameters(), cfg.sparse_lr)
-        sparse = ebc if cfg.sparse == "device" else HostTables(ebc, device)
+        sparse, sparse_opt = whole_tables(tables, cfg, device, arch)
     else:
         raise ValueError(f"sparse must be one of {SPARSE_MODES}, got {cfg.sparse!r}")
-    torch.manual_seed(cfg.seed)
-    model = DLRM(embedding_bag_collection=sparse, dense_in_features=meta["num_dense"],
-                 dense_arch_layer_sizes=[*cfg.dense_arch, cfg.embedding_dim],
-                 over_arch_layer_sizes=[*cfg.over_arch, 1], dense_device=device)
+    model = dlrm(arch, sparse, meta, cfg, device)
     dense_params = [p for n, p in model.named_parameters() if not n.startswith("sparse_arch.")]
     dense_opt = torch.optim.Adagrad(dense_params, lr=cfg.dense_lr)
     model.dense_arch = data_parallel(model.dense_arch, device)
@@ -229,6 +288,7 @@ class DLRMTrainer(Trainer):
         freq = load_id_frequencies(self.data_dir) if cfg.sparse == "cached" else None
         self.model, self.sparse, self.dense_opt, self.sparse_opt = build_model(self.meta, cfg, freq, self.device)
         self.loss_fn = nn.BCEWithLogitsLoss()
+        self._pending: int | None = None  # prefetched batches not yet trained (None: ask the cache)
 
     # ------------------------------------------------------------------ checkpoints
     def data_fingerprint(self) -> dict:
@@ -295,9 +355,13 @@ class DLRMTrainer(Trainer):
 
     # ------------------------------------------------------------------ training
     def _batches(self, split: str, batch_size: int, start: int = 0):
+        """A split's batches: dense features and labels on the device; ids on the host for
+        a cached or host-memory sparse part (the cache's bookkeeping runs there and only
+        rows cross), on the device for whole tables there."""
+        ids_on = self.device if self.cfg.sparse == "device" else torch.device("cpu")
         return CTRBatches(self.data_dir, split, batch_size, shuffle_shards=split == "train",
                           seed=self.cfg.seed + self.epoch, device=self.device, start_batch=start,
-                          part=(self.world.rank, self.world.size))
+                          part=(self.world.rank, self.world.size), sparse_device=ids_on)
 
     def _loss(self, logits: torch.Tensor, batch) -> torch.Tensor:
         """One process: the batch mean. Several: this rank's share of the global batch's
@@ -306,11 +370,13 @@ class DLRMTrainer(Trainer):
             return self.loss_fn(logits, batch.labels)
         return F.binary_cross_entropy_with_logits(logits, batch.labels, reduction="sum") / batch.global_size
 
-    def train_step(self, batch, next_batch=None) -> float:
+    def train_step(self, batch, upcoming=()) -> float:
+        """One optimizer step on `batch`. `upcoming`: the batches after it, up to
+        `prefetch_depth` of them (or one batch, or None): a cached run prefetches those not
+        yet pending, whose copies overlap this step's backward."""
         self.model.train()
         logits = self.model(batch.dense, batch.sparse).squeeze(-1)
-        if next_batch is not None and self.cfg.prefetch and self.cfg.sparse == "cached":
-            self.sparse.prefetch(next_batch.sparse)  # copies overlap this step's backward
+        self._prefetch(upcoming)
         loss = self._loss(logits, batch)
         self.dense_opt.zero_grad()
         if self.sparse_opt is not None:
@@ -321,13 +387,33 @@ class DLRMTrainer(Trainer):
             self.sparse_opt.step()
         return all_sum({"loss": loss.item()})["loss"]
 
+    def _prefetch(self, upcoming) -> None:
+        """Prefetch the batches of `upcoming` that are not pending yet, in order. Called after
+        the step's forward, which consumed its own batch's prefetch: the first `_pending`
+        of `upcoming` are pending. At a loop's first step that count comes from the cache
+        (none at an epoch's start; a resumed cache's are the checkpoint's), later from this
+        bookkeeping, so no batch is prefetched twice. Collective under torchrun: every
+        rank makes the same calls."""
+        if self.cfg.sparse != "cached" or self.cfg.prefetch_depth == 0:
+            return
+        upcoming = [] if upcoming is None else [upcoming] if isinstance(upcoming, Batch) else list(upcoming)
+        if self._pending is None:
+            self._pending = self.sparse.pending_prefetches()
+        else:
+            self._pending = max(self._pending - 1, 0)
+        for later in upcoming[self._pending:]:
+            self.sparse.prefetch(later.sparse)
+        self._pending = max(self._pending, len(upcoming))
+
     def train_epoch(self) -> dict | None:
         batches = self._batches("train", self.cfg.batch_size, start=self.step_in_epoch)
         self.begin_epoch(len(batches) + self.step_in_epoch)
-        for batch, nxt in lookahead(batches):
+        depth = self.cfg.prefetch_depth if self.cfg.sparse == "cached" else 0
+        self._pending = None  # asked of the cache at the first step
+        for batch, upcoming in lookahead_window(batches, depth):
             if self.should_stop():
                 return None
-            self.after_step(self.train_step(batch, nxt), batch.global_size or batch.labels.numel())
+            self.after_step(self.train_step(batch, upcoming), batch.global_size or batch.labels.numel())
         return {}
 
     def evaluate_epoch(self) -> dict:
@@ -389,7 +475,7 @@ class DLRMTrainer(Trainer):
     def summary_fields(self) -> dict:
         last = self.history[-1] if self.history else {}
         out = {"val_auc": last.get("auc"), "val_logloss": last.get("logloss"), "sparse": self.cfg.sparse,
-               **self._cache_fields()}
+               "arch": resolve_arch(self.cfg.arch), **self._cache_fields()}
         if self.cfg.sparse == "cached":
             out["cache_ratio"] = self.cfg.cache_ratio  # as given, or as `--cache-ratio auto` chose it
             out["cache_rows"] = all_sum({"rows": self.sparse.cache_rows()})["rows"]

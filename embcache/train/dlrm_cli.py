@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from embcache.arg_types import fraction, memory_size, positive_float, positive_int, ratio
+from embcache.arg_types import fraction, int_in, memory_size, positive_float, positive_int, ratio
 from embcache.errors import UserFacingError
 from embcache.train.run_cli import add_run_arguments, config_values, print_summary, run_launched, run_rows
 
@@ -15,14 +15,15 @@ REPO_DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
     from embcache.cache.optimizers import OPTIMIZERS
-    from embcache.train.dlrm import SPARSE_MODES, DLRMConfig
+    from embcache.train.dlrm import ARCHS, MAX_PREFETCH_DEPTH, SPARSE_MODES, DLRMConfig
 
     d = DLRMConfig()
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     p = sub.add_parser("train", help="train (and evaluate) a DLRM",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                       description="Train torchrec's DLRM with a cached sparse part. Progress bar "
+                       description="Train DLRM (torchrec's, or the same model in plain torch) with a cached "
+                                   "sparse part. Progress bar "
                                    "shows loss, samples/s and the live cache hit rate; validation "
                                    "AUC and log loss after each epoch; a summary at the end.")
     p.add_argument("--data", default=d.data,
@@ -48,9 +49,16 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--over-arch", type=positive_int, nargs="+", default=d.over_arch,
                    help="hidden sizes of the top MLP (the output 1 is appended)")
     p.add_argument("--batch-size", type=positive_int, default=d.batch_size)
+    p.add_argument("--arch", choices=ARCHS, default=d.arch,
+                   help="the model: torchrec's DLRM, the same model in plain torch (same parameters, same "
+                        "results to the bit; no torchrec needed), or auto: torchrec where it is installed")
     add_run_arguments(p, "dlrm", epochs=d.epochs, epochs_help="passes over the training split",
                       checkpoint_every=d.checkpoint_every)
-    p.add_argument("--no-prefetch", action="store_true", help="do not prefetch the next batch's rows")
+    ahead = p.add_mutually_exclusive_group()
+    ahead.add_argument("--prefetch-depth", type=int_in(0, MAX_PREFETCH_DEPTH), default=d.prefetch_depth,
+                       metavar="D", help=f"batches whose rows are prefetched while the current one trains "
+                                         f"(0 to {MAX_PREFETCH_DEPTH}; 0: none)")
+    ahead.add_argument("--no-prefetch", action="store_true", help="do not prefetch (--prefetch-depth 0)")
     p.add_argument("--row-wise-rows", type=positive_int, default=None, metavar="N",
                    help="under torchrun: split a table with more than N rows by rows over all ranks "
                         "(default: a table holding more than its fair share, all rows / ranks)")
@@ -84,6 +92,8 @@ def _add_cache_options(p: argparse.ArgumentParser, d) -> None:
 
 
 def _add_evaluate_parser(sub) -> None:
+    from embcache.train.dlrm import ARCHS
+
     e = sub.add_parser("evaluate", help="AUC and log loss of a checkpoint on the test (or val) split",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                        description="Evaluate a checkpoint written by `dlrm train --checkpoint-dir`: the model "
@@ -95,6 +105,8 @@ def _add_evaluate_parser(sub) -> None:
     e.add_argument("--split", choices=("test", "val"), default="test")
     e.add_argument("--data", default=None, help="prepared data directory (default: the checkpoint's)")
     e.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    e.add_argument("--arch", choices=ARCHS, default="auto",
+                   help="the model to evaluate in (either reads a checkpoint of the other)")
     e.set_defaults(func=evaluate)
 
 
@@ -137,7 +149,7 @@ def _auto_cache_ratio(args, cfg, data_dir: Path) -> float:
     chosen, why = auto_cache_ratio(data_dir, embedding_dim=cfg.embedding_dim, optimizer=cfg.sparse_optimizer,
                                    eviction=cfg.eviction, batch_size=cfg.batch_size,
                                    warmup_ratio=cfg.warmup_ratio, device_memory=memory, seed=cfg.seed,
-                                   prefetch=cfg.prefetch, admission=cfg.admission)
+                                   prefetch=cfg.prefetch_depth > 0, admission=cfg.admission)
     if int(os.environ.get("RANK", "0")) == 0:
         logging.getLogger("embcache.train.dlrm").info(f"{why} ({source})")
     return chosen
@@ -200,7 +212,8 @@ def _prepared_once(args) -> Path:
 def train(args) -> int:
     from embcache.train.dlrm import DLRMConfig, DLRMTrainer
 
-    cfg = DLRMConfig(**{**config_values(args, DLRMConfig), "sparse_lr": args.lr, "prefetch": not args.no_prefetch})
+    cfg = DLRMConfig(**{**config_values(args, DLRMConfig), "sparse_lr": args.lr,
+                        "prefetch_depth": 0 if args.no_prefetch else args.prefetch_depth})
     try:
         cfg.resolved_device()
         data_dir = _prepared_once(args)
@@ -224,6 +237,7 @@ def evaluate(args) -> int:
 
     try:
         path, ckpt, cfg = checkpoint_to_evaluate(args.checkpoint, "dlrm", DLRMConfig, args.device)
+        cfg.arch = args.arch  # not the checkpoint's: the two models read each other's checkpoints
         data_dir = args.data or ckpt.get("data_dir")
         if data_dir is None:
             raise ValueError(f"{path}: the checkpoint does not name its data directory; give --data")
@@ -250,6 +264,7 @@ def evaluate(args) -> int:
 def summary_rows(s: dict) -> list[tuple[str, str]]:
     rows = [("validation AUC", f"{s['val_auc']:.4f}" if s.get("val_auc") is not None else "-"),
             ("validation log loss", f"{s['val_logloss']:.4f}" if s.get("val_logloss") is not None else "-"),
+            ("model", "DLRM in plain torch" if s.get("arch") == "torch" else "torchrec's DLRM"),
             ("sparse part", f"{s['sparse']} on {s['device']}")]
     if s["sparse"] == "cached":
         rows += [("cache", f"{s['cache_rows']:,} of {s['table_rows']:,} rows "
