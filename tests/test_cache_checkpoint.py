@@ -161,3 +161,26 @@ def test_a_checkpoint_from_before_bypassed_rows_loads_and_one_from_a_later_versi
     with pytest.raises(RuntimeError, match="statistics have 9 fields"):
         resumed.load_state_dict(later)
     assert torch.equal(resumed.full_weight(), before)
+
+
+def test_pending_prefetches_restore_the_slots_they_held_and_older_checkpoints_still_load():
+    """Three batches prefetched ahead: a row admitted by a later prefetch is resident but
+    not held for an earlier one, so the checkpoint keeps each prefetch's held slots.
+    A checkpoint without them (earlier versions) loads, holding every resident row of the
+    batch; damaged ones are refused before anything changes."""
+    batches = zipf_batches(N, 4, 32, 3, seed=6)
+    bag = make("adagrad")
+    for ids, offsets in batches[:3]:
+        bag.prefetch(ids, offsets)
+    sd = {k: v.clone() for k, v in bag.state_dict().items()}
+    assert sd["prefetch.held_sizes"].tolist() == [p.held.numel() for p in bag.cache._prefetched]
+    restored = make("adagrad", seed=3)
+    restored.load_state_dict(sd)
+    assert torch.equal(restored.cache.holds, bag.cache.holds)
+    old = make("adagrad", seed=3)
+    old.load_state_dict({k: v for k, v in sd.items() if not k.startswith("prefetch.held")})
+    assert int(old.cache.holds.sum()) >= int(bag.cache.holds.sum())
+    damaged = dict(sd, **{"prefetch.held": sd["prefetch.held"] + bag.cache.num_slots})
+    with pytest.raises(RuntimeError, match="pending prefetches are damaged"):
+        old.load_state_dict(damaged)
+    assert int(old.cache.holds.sum()) >= int(bag.cache.holds.sum())  # unchanged by the failed load

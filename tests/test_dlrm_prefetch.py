@@ -103,10 +103,6 @@ def test_a_run_stopped_at_depth_3_resumes_exactly_and_prefetches_no_batch_twice(
     assert_same_checkpoint(tmp / "w" / "dlrm-last.pt", tmp / "p" / "dlrm-last.pt")
 
 
-@pytest.mark.xfail(strict=True, reason="RowCache restores a pending prefetch's held slots as every resident row of "
-                                       "its batch, not the slots its prefetch held; from depth 3 on a row admitted "
-                                       "after the prefetch (by a later step) is then held too, and eviction differs. "
-                                       "Exact once the checkpoint saves each prefetch's held slots (row_cache.py)")
 def test_a_run_stopped_at_depth_3_resumes_with_the_same_cache_statistics(stopped_at_depth_3):
     whole, resumed, _, _, tmp = stopped_at_depth_3
     assert whole.sparse.cache_stats() == resumed.sparse.cache_stats()
@@ -177,5 +173,5 @@ def test_two_ranks_at_depth_3_stop_and_resume_as_if_never_stopped(synthetic, tmp
     for proc in (torchrun(2, *args(tmp_path / "w")), torchrun(2, *args(tmp_path / "p", "--max-steps", "9")),
                  torchrun(2, *args(tmp_path / "p", "--resume"))):
         assert proc.returncode == 0, proc.stderr[-3000:]
-    # parameters to the bit; the residency not yet (see the xfail above)
-    assert_same_checkpoint(tmp_path / "w" / "dlrm-last.pt", tmp_path / "p" / "dlrm-last.pt")
+    # parameters to the bit, and rank 0's residency and statistics
+    assert_same_checkpoint(tmp_path / "w" / "dlrm-last.pt", tmp_path / "p" / "dlrm-last.pt", residency=True)

@@ -498,6 +498,11 @@ class RowCache:
             "prefetch.sizes": torch.tensor([p.ids.numel() for p in pending], dtype=torch.long),
             "prefetch.counts": torch.tensor([[p.hits, p.misses] for p in pending],
                                             dtype=torch.long).reshape(-1, 2),
+            # the slots each prefetch holds: not every resident row of its batch (a row
+            # admitted after the prefetch, by a later batch, is not held for it)
+            "prefetch.held": torch.cat([p.held.cpu() for p in pending]) if pending
+            else torch.zeros(0, dtype=torch.long),
+            "prefetch.held_sizes": torch.tensor([p.held.numel() for p in pending], dtype=torch.long),
             **{f"policy.{k}": (torch.tensor(POLICIES.index(v)) if k == "kind" else
                                v if torch.is_tensor(v) else torch.tensor(v))
                for k, v in self.policy.state_dict().items()},
@@ -598,7 +603,8 @@ class RowCache:
         if "dirty" in sd:
             self.dirty.copy_(sd["dirty"].to(self.book) & (self.slots.slot_to_id >= 0))
         if "prefetch.ids" in sd:
-            self._restore_prefetches(sd["prefetch.ids"], sd["prefetch.sizes"], sd["prefetch.counts"])
+            held = (sd["prefetch.held"], sd["prefetch.held_sizes"]) if "prefetch.held" in sd else None
+            self._restore_prefetches(sd["prefetch.ids"], sd["prefetch.sizes"], sd["prefetch.counts"], held)
 
     def restore_rows(self, weight: torch.Tensor, state: dict[str, torch.Tensor], step: int) -> None:
         """Put a table and its optimizer state in place with the cache empty: how a run
@@ -644,7 +650,17 @@ class RowCache:
             if bool(((resident < 0) | (resident >= self.num_rows)).any()) or \
                     resident.unique().numel() != resident.numel():
                 raise ValueError("checkpoint residency is damaged (ids out of range or held twice)")
+            self._check_prefetch_holds(sd)
         return policy, same_cache
+
+    def _check_prefetch_holds(self, sd: dict) -> None:
+        """The slots pending prefetches hold: as many as their sizes say, each a slot."""
+        if "prefetch.held" not in sd:
+            return
+        held, sizes = sd["prefetch.held"], sd["prefetch.held_sizes"]
+        if int(sizes.sum()) != held.numel() or sizes.numel() != sd["prefetch.sizes"].numel() or \
+                (held.numel() and bool(((held < 0) | (held >= self.num_slots)).any())):
+            raise ValueError("checkpoint's pending prefetches are damaged (held slots out of range or miscounted)")
 
     def _check_tables(self, sd: dict, tables: bool = True) -> None:
         """What every load restores: the table, its optimizer state and the counters."""
@@ -679,9 +695,15 @@ class RowCache:
             raise ValueError(f"checkpoint rows are {str(weight.dtype).removeprefix('torch.')}, this cache stores "
                              f"{str(self.host.weight.dtype).removeprefix('torch.')} (saved with another row_dtype?)")
 
-    def _restore_prefetches(self, ids: torch.Tensor, sizes: torch.Tensor, counts: torch.Tensor) -> None:
-        for part, (hits, misses) in zip(ids.to(self.book).split(sizes.tolist()), counts.tolist()):
-            slots = torch.unique(self.slots.lookup(part))
-            held = slots[slots >= 0]
-            self._hold(held, +1)
-            self._prefetched.append(_Prefetched(part, held, int(hits), int(misses)))
+    def _restore_prefetches(self, ids: torch.Tensor, sizes: torch.Tensor, counts: torch.Tensor,
+                            held: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        """The pending prefetches, each holding the slots it held when saved (checkpoints
+        of earlier versions lack them: every resident row of its batch is held then)."""
+        parts = ids.to(self.book).split(sizes.tolist())
+        held_parts = held[0].to(self.book).split(held[1].tolist()) if held is not None else [None] * len(parts)
+        for part, slots, (hits, misses) in zip(parts, held_parts, counts.tolist()):
+            if slots is None:
+                slots = torch.unique(self.slots.lookup(part))
+                slots = slots[slots >= 0]
+            self._hold(slots, +1)
+            self._prefetched.append(_Prefetched(part, slots, int(hits), int(misses)))
