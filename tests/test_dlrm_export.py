@@ -292,6 +292,7 @@ def test_data_without_raw_values_exports_ids_and_other_data_is_refused(run, tmp_
 def test_a_table_saved_in_row_ranges_exports_whole(run, tmp_path):
     """The layout several ranks write: a table in parts by row range (here made by
     splitting a one-process checkpoint's part) exports as the same whole table."""
+    from embcache.cache.table_files import save_tensors
     from embcache.checkpoint import FORMAT_KEY, save_checkpoint
 
     ck_dir = tmp_path / "ck"
@@ -301,11 +302,12 @@ def test_a_table_saved_in_row_ranges_exports_whole(run, tmp_path):
     (start, stop, file), = table["parts"]
     cut = (start + stop) // 2
     tables_dir = ck_dir / ck["tables"]["dir"]
-    whole = torch.load(tables_dir / file)
-    table["parts"] = [[start, cut, "t_sparse_1.a.pt"], [cut, stop, "t_sparse_1.b.pt"]]
-    torch.save({k: v[: cut - start].clone() for k, v in whole.items()}, tables_dir / "t_sparse_1.a.pt")
-    torch.save({k: v[cut - start:].clone() for k, v in whole.items()}, tables_dir / "t_sparse_1.b.pt")
-    (tables_dir / file).unlink()
+    whole = {k: v.clone() for k, v in full_tables(ck_dir / "dlrm-last.pt", ck["tables"])["t_sparse_1"].items()}
+    table["parts"] = [[start, cut, "t_sparse_1.a"], [cut, stop, "t_sparse_1.b"]]
+    for name, rows in (("t_sparse_1.a", slice(0, cut - start)), ("t_sparse_1.b", slice(cut - start, None))):
+        (tables_dir / name).mkdir()
+        save_tensors(tables_dir / name, {k: v[rows] for k, v in whole.items()})
+    shutil.rmtree(tables_dir / file)
     save_checkpoint({k: v for k, v in ck.items() if k not in (FORMAT_KEY, "kind")}, ck_dir / "dlrm-last.pt", "dlrm")
     export_checkpoint(ck_dir, tmp_path / "out")
     split, one = load_export(tmp_path / "out"), load_export(run["out"])
