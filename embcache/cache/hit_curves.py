@@ -111,8 +111,8 @@ class RankedCache:
         warmup_ratio: as the cache's.
         max_batches: at least the number of batches to come (sizes the key levels).
         held: batches whose rows cannot be evicted when a batch's misses come in: 1 (the
-            batch itself, looked up one after another), 2 (the trainer, which admits the
-            next batch while the current one trains).
+            batch itself, looked up one after another), 1 + D (the trainer at prefetch
+            depth D, which admits the next D batches while the current one trains).
         admission: the cache's admission control (`freq` and `lfu` only).
     """
 
@@ -217,11 +217,12 @@ class RankedCache:
         self.recent.append((ids, hit))
 
     def _older_by_key(self, ids: np.ndarray, unused_warm: np.ndarray) -> np.ndarray:
-        """Where the held rows do not fit: the previous batch's rows not used since keep
-        the slots the newest batch leaves, highest keys first (the trainer evicts the
-        others to admit the newest batch once the previous one is released)."""
-        newest, older = self.recent[-1][0], self.recent[-2][0]
-        older = older[self.last[older] == self.t - 2]
+        """Where the held rows do not fit: the older held batches' rows not used since
+        keep the slots the newest batch leaves, highest keys first (the trainer evicts the
+        others to admit the newest batch once the older ones are released)."""
+        newest = self.recent[-1][0]
+        older = np.unique(np.concatenate([b for b, _ in list(self.recent)[:-1]]))
+        older = older[(self.last[older] < self.t - 1) & (self.last[older] >= self.t - len(self.recent))]
         above, ties = self._above(older, unused_warm)
         order = np.argsort(np.argsort(above + ties / 2, axis=0, kind="stable"), axis=0)
         resident = order < (self.sizes - np.minimum(self.sizes, newest.size))[None, :]

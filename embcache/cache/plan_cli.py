@@ -22,7 +22,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     """
     from embcache.cache.optimizers import OPTIMIZERS
     from embcache.cache.planner import DEFAULT_RATIOS, POLICIES
-    from embcache.train.dlrm import DLRMConfig
+    from embcache.train.dlrm import MAX_PREFETCH_DEPTH, DLRMConfig
 
     d = DLRMConfig()
     p = argparse.ArgumentParser(prog=prog, description=__doc__,
@@ -41,9 +41,11 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="fraction of the cache filled with the hottest ids before training")
     p.add_argument("--trace", type=int_in(1), default=None, metavar="N",
                    help="replay the first N training batches (default: predict from the id counts alone)")
-    p.add_argument("--no-prefetch", action="store_true",
-                   help="predict for `dlrm train --no-prefetch` (the trainer otherwise admits the next batch's "
-                        "rows while the current one trains, which keeps two batches' rows resident)")
+    ahead = p.add_mutually_exclusive_group()
+    ahead.add_argument("--prefetch-depth", type=int_in(0, MAX_PREFETCH_DEPTH), default=d.prefetch_depth, metavar="D",
+                       help="predict for `dlrm train --prefetch-depth D`: the trainer admits the next D batches' "
+                            "rows while the current one trains, so D + 1 batches' rows stay resident")
+    ahead.add_argument("--no-prefetch", action="store_true", help="the same as --prefetch-depth 0")
     p.add_argument("--admission", choices=("on", "off"), default=None,
                    help="the cache's admission control for freq/lfu (default: the cache's default, which the "
                         "trainer uses)")
@@ -63,7 +65,8 @@ def run(args) -> int:
         plan = plan_cache(args.data_dir, embedding_dim=args.embedding_dim, optimizer=args.optimizer,
                           device_memory=args.device_memory, batch_size=args.batch_size,
                           warmup_ratio=args.warmup_ratio, eviction=args.eviction, trace=args.trace,
-                          seed=args.seed, ratios=args.ratios, prefetch=not args.no_prefetch,
+                          seed=args.seed, ratios=args.ratios,
+                          prefetch_depth=0 if args.no_prefetch else args.prefetch_depth,
                           admission=None if args.admission is None else args.admission == "on")
         if args.plot:
             plot(plan, args.plot)
@@ -84,7 +87,7 @@ def report(plan) -> str:
              f"{j['distinct_rows_per_batch']:,.0f} distinct rows ({j['distinct_rows_per_batch_expected']:,.0f} "
              f"expected from the counts)",
              f"predicted from {j['assumption']}",
-             f"for the trainer's cache: {'prefetch' if plan.prefetch else 'no prefetch'}, admission control "
+             f"for the trainer's cache: prefetch depth {plan.prefetch_depth}, admission control "
              f"{'on' if plan.admission else 'off'} (freq, lfu)",
              f"a row: {fp.dim} float32 + {fp.optimizer} state = {fp.row_bytes:,} B; host store "
              f"{format_bytes(fp.host_bytes())} (every row and its state)",

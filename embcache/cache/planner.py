@@ -128,7 +128,7 @@ class CachePlan:
     epoch_batches: int
     distinct_expected: float  # per batch, from the counts
     counted_ids: int  # ids with a count: the most the warm-up loads
-    prefetch: bool = True
+    prefetch_depth: int = 1
     admission: bool = True
 
     def rows(self) -> np.ndarray:
@@ -170,7 +170,8 @@ class CachePlan:
         return {"data": self.data_dir, "num_rows": fp.num_rows, "embedding_dim": fp.dim, "optimizer": fp.optimizer,
                 "eviction_bookkeeping": fp.eviction, "row_bytes": fp.row_bytes, "host_bytes": fp.host_bytes(),
                 "batch_size": self.batch_size, "batches": pred.batches, "epoch_batches": self.epoch_batches,
-                "traced": self.traced, "prefetch": self.prefetch, "admission": self.admission,
+                "traced": self.traced, "prefetch": self.prefetch_depth > 0, "prefetch_depth": self.prefetch_depth,
+                "admission": self.admission,
                 "assumption": self.assumption(),
                 "distinct_rows_per_batch": pred.accesses / max(pred.batches, 1),
                 "distinct_rows_per_batch_expected": self.distinct_expected,
@@ -205,11 +206,11 @@ def access_batches(data_dir, freq: np.ndarray, meta: dict, batch_size: int, trac
 
 def plan_cache(data_dir, *, embedding_dim: int, optimizer: str, device_memory: int, batch_size: int,
                warmup_ratio: float = 0.7, eviction: str = "freq", trace: int | None = None, seed: int = 0,
-               ratios=DEFAULT_RATIOS, prefetch: bool = True, admission: bool | None = None) -> CachePlan:
+               ratios=DEFAULT_RATIOS, prefetch_depth: int = 1, admission: bool | None = None) -> CachePlan:
     """Read `data_dir` (meta.json's counts; with `trace`, its first batches too) and
     predict every policy at each ratio and on a grid of sizes, in one replay, for the
-    trainer (`prefetch`: it admits the next batch while the current one trains;
-    `admission`: None for the cache's default)."""
+    trainer (`prefetch_depth`: the batches it admits ahead while the current one trains,
+    all of whose rows stay held; `admission`: None for the cache's default)."""
     freq, meta = table_frequencies(data_dir)
     footprint = Footprint(freq.size, embedding_dim, optimizer, eviction)
     ratios = sorted(float(r) for r in ratios)
@@ -218,10 +219,10 @@ def plan_cache(data_dir, *, embedding_dim: int, optimizer: str, device_memory: i
                                       [largest] if largest else []])).astype(np.int64)
     batches, count, epoch = access_batches(data_dir, freq, meta, batch_size, trace, seed)
     admission = default_admission() if admission is None else bool(admission)
-    prediction = replay(batches, freq, sizes, warmup_ratio, count, held=2 if prefetch else 1, admission=admission)
+    prediction = replay(batches, freq, sizes, warmup_ratio, count, held=1 + prefetch_depth, admission=admission)
     return CachePlan(str(data_dir), footprint, batch_size, warmup_ratio, bool(trace), seed, device_memory,
                      largest, ratios, prediction, epoch, expected_distinct(freq, epoch), int(np.count_nonzero(freq)),
-                     prefetch, admission)
+                     prefetch_depth, admission)
 
 
 # ---------------------------------------------------------------------------- the trainer's choice
@@ -256,7 +257,7 @@ def first_within(sizes: np.ndarray, rates: np.ndarray, best: float, tolerance: f
 
 def auto_cache_ratio(data_dir, *, embedding_dim: int, optimizer: str, eviction: str, batch_size: int,
                      warmup_ratio: float, device_memory: int, tolerance: float = 0.01, seed: int = 0,
-                     prefetch: bool = True, admission: bool | None = None) -> tuple[float, str]:
+                     prefetch_depth: int = 1, admission: bool | None = None) -> tuple[float, str]:
     """The smallest cache ratio whose predicted hit rate (of `eviction`, from meta.json's
     counts) is within `tolerance` of the one of the largest cache that fits
     `device_memory`; returns it with one line saying why. Two replays: a coarse grid up to
@@ -274,7 +275,7 @@ def auto_cache_ratio(data_dir, *, embedding_dim: int, optimizer: str, eviction: 
 
     def rates(sizes: np.ndarray) -> np.ndarray:
         batches, count, _ = access_batches(data_dir, freq, meta, batch_size, None, seed)
-        return replay(batches, freq, sizes, warmup_ratio, count, policies=(eviction,), held=2 if prefetch else 1,
+        return replay(batches, freq, sizes, warmup_ratio, count, policies=(eviction,), held=1 + prefetch_depth,
                       admission=admission).hit_rate(eviction)
 
     coarse = size_grid(freq.size, 48, largest)

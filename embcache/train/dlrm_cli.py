@@ -149,7 +149,7 @@ def _auto_cache_ratio(args, cfg, data_dir: Path) -> float:
     chosen, why = auto_cache_ratio(data_dir, embedding_dim=cfg.embedding_dim, optimizer=cfg.sparse_optimizer,
                                    eviction=cfg.eviction, batch_size=cfg.batch_size,
                                    warmup_ratio=cfg.warmup_ratio, device_memory=memory, seed=cfg.seed,
-                                   prefetch=cfg.prefetch_depth > 0, admission=cfg.admission)
+                                   prefetch_depth=cfg.prefetch_depth, admission=cfg.admission)
     if int(os.environ.get("RANK", "0")) == 0:
         logging.getLogger("embcache.train.dlrm").info(f"{why} ({source})")
     return chosen
