@@ -184,3 +184,21 @@ def test_pending_prefetches_restore_the_slots_they_held_and_older_checkpoints_st
     with pytest.raises(RuntimeError, match="pending prefetches are damaged"):
         old.load_state_dict(damaged)
     assert int(old.cache.holds.sum()) >= int(bag.cache.holds.sum())  # unchanged by the failed load
+
+
+def test_rows_restored_in_pieces_must_cover_the_table_once():
+    """`restore_row_parts` copies pieces (mapped from a checkpoint's files) straight into
+    the store; a gap, an overlap or a piece of another width is refused before anything
+    changes."""
+    bag = make("adagrad")
+    weight, state = bag.full_weight(), bag.cache.host.state["sum"].clone()
+    new = torch.randn(N, D)
+    halves = [(0, new[:1000], {"sum": state[:1000] + 1}), (1000, new[1000:], {"sum": state[1000:] + 1})]
+    for bad in ([halves[0]], [halves[0], (999, new[999:], {"sum": state[999:]})],
+                [halves[0], (1000, new[1000:, :3], {"sum": state[1000:]})]):
+        with pytest.raises(ValueError):
+            bag.cache.restore_row_parts(bad, step=5)
+        assert torch.equal(bag.full_weight(), weight) and bag.cache.step == 0
+    bag.cache.restore_row_parts(halves[::-1], step=5)
+    assert torch.equal(bag.full_weight(), new) and torch.equal(bag.cache.host.state["sum"], state + 1)
+    assert bag.cache.step == 5

@@ -610,19 +610,32 @@ class RowCache:
         """Put a table and its optimizer state in place with the cache empty: how a run
         resumes from rows saved in id order (by another number of processes, say), where
         no residency fits. Shapes and types are checked before anything changes."""
-        if tuple(weight.shape) != (self.num_rows, self.dim):
-            raise ValueError(f"table is {tuple(weight.shape)}, this cache's is {(self.num_rows, self.dim)}")
-        self._check_row_dtype(weight)
-        for k, v in self.host.state.items():
-            if k not in state or tuple(state[k].shape) != tuple(v.shape):
-                raise ValueError(f"optimizer state {k!r} missing or of another shape (saved with another "
-                                 f"optimizer than {self.optimizer.name!r}?)")
+        self.restore_row_parts([(0, weight, state)], step)
+
+    def restore_row_parts(self, parts: list[tuple[int, torch.Tensor, dict[str, torch.Tensor]]], step: int) -> None:
+        """`restore_rows` from pieces `(first row, rows, state)` that together cover the
+        table once, each copied straight into the store: pieces mapped from files (a
+        checkpoint of a table larger than memory) are never gathered into one tensor."""
+        covered = 0
+        for first, weight, state in sorted(parts, key=lambda p: p[0]):
+            if first != covered or weight.dim() != 2 or weight.shape[1] != self.dim:
+                raise ValueError(f"rows from {first} of shape {tuple(weight.shape)} do not continue a table of "
+                                 f"{(self.num_rows, self.dim)} at row {covered}")
+            self._check_row_dtype(weight)
+            for k, v in self.host.state.items():
+                if k not in state or tuple(state[k].shape) != (weight.shape[0], v.shape[1]):
+                    raise ValueError(f"optimizer state {k!r} missing or of another shape (saved with another "
+                                     f"optimizer than {self.optimizer.name!r}?)")
+            covered += weight.shape[0]
+        if covered != self.num_rows:
+            raise ValueError(f"table is {covered} rows, this cache's is {(self.num_rows, self.dim)}")
         self.transfers.settle()
         self.drop_prefetches()
         self.holds.zero_()
-        self.host.weight.copy_(weight)
-        for k, v in self.host.state.items():
-            v.copy_(state[k])
+        for first, weight, state in parts:
+            self.host.weight[first: first + weight.shape[0]].copy_(weight)
+            for k, v in self.host.state.items():
+                v[first: first + weight.shape[0]].copy_(state[k])
         self.step = int(step)
         self.slots.clear()
         self.dirty.zero_()

@@ -258,11 +258,11 @@ class CachedEmbeddingBagCollection(nn.Module):
         missing = [t.name for t in self._configs if t.name not in rows]
         if missing:
             raise ValueError(f"no saved rows for table(s) {', '.join(missing)}")
-        for bag, g in zip(self.bags, self._groups):
-            parts = [rows[t.name] for t in g.tables]
-            bag.cache.restore_rows(torch.cat([p["weight"] for p in parts]),
-                                   {k: torch.cat([p[f"optimizer.{k}"] for p in parts]) for k in bag.cache.host.state},
-                                   step)
+        for bag, g in zip(self.bags, self._groups):  # table by table into the store: never one tensor a group
+            bag.cache.restore_row_parts(
+                [(off, rows[t.name]["weight"],
+                  {k: rows[t.name][f"optimizer.{k}"] for k in bag.cache.host.state if f"optimizer.{k}" in rows[t.name]})
+                 for t, off in zip(g.tables, g.row_offsets)], step)
 
     def save_checkpoint(self, directory: str | os.PathLike) -> None:
         """Every group's `RowCache.save_checkpoint` under `directory`/group<i>, written
