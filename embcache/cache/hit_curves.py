@@ -7,8 +7,9 @@ sizes it shows.
 **The model.** Every policy keeps the rows with the highest keys (`freq`: the id's count
 in the data + its online count; `lfu`: the online count; `lru`: the batch of its last
 use), except that the rows of the held batches are all resident: the last batch's (its
-misses were admitted and only other rows are evicted), and under the trainer the one
-before too (it admits the next batch while the current one trains, and evicts neither).
+misses were admitted and only other rows are evicted), and under the trainer the D
+before it too (at prefetch depth D it admits the next D batches while the current one
+trains, and evicts none of their rows).
 Keys never fall while a row waits, so an idle row stays resident as long as fewer than
 `K` admitted rows rank above it, `K = C - churn` where the churn is the held rows
 outside that top `K` (a fixed point, solved per size). For each row a batch needs, the
@@ -22,9 +23,10 @@ above a row are counted by a second Fenwick tree, over warm-up ranks, at each si
 warm-up boundary. A row used for the first time hits only if it was warmed up and still
 ranks within `K`. When a batch has more distinct rows than the cache (overflow), the
 cache keeps that batch's hits and admits its misses in id order (the order
-`torch.unique` gives them) until it is full; under the trainer, where the two held
-batches' rows do not fit, every other row is evicted to admit the newest batch and the
-previous batch keeps what is left, highest keys first. With admission control (`freq` and `lfu`;
+`torch.unique` gives them) until it is full; under the trainer, where the held batches'
+rows do not fit, every other row is evicted to admit the newest batch and the older held
+batches keep what is left, highest keys first (at depth 2 or more this is a lower bound:
+measured 4-6 points under a real cache smaller than one batch's rows). With admission control (`freq` and `lfu`;
 the cache's default) a missed row gets in only if it is hotter than the row it would
 evict, so no row is held below the top: the cache is the top `C` by key, `K = C`.
 Measured against real `RowCache` runs: see the README's "How big a cache".
