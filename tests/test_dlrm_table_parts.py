@@ -14,12 +14,8 @@ from embcache.train.dlrm import DLRMConfig, DLRMTrainer
 
 
 @pytest.fixture(scope="module")
-def synthetic(tmp_path_factory):
-    from embcache.data.synthetic import generate_synthetic
-
-    out = tmp_path_factory.mktemp("synthetic")
-    generate_synthetic(out, rows=6_000, scale=0.0005, seed=0)
-    return out
+def synthetic(small_synthetic):
+    return small_synthetic
 
 
 def _config(checkpoint_dir, **kw):

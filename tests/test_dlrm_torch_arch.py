@@ -15,12 +15,8 @@ needs_torchrec = pytest.mark.skipif(not st.HAVE_TORCHREC, reason="compares with 
 
 
 @pytest.fixture(scope="module")
-def synthetic(tmp_path_factory):
-    from embcache.data.synthetic import generate_synthetic
-
-    out = tmp_path_factory.mktemp("synthetic")
-    generate_synthetic(out, rows=6000, scale=0.0005, seed=0)
-    return out
+def synthetic(small_synthetic):
+    return small_synthetic
 
 
 def small_config(**kw):

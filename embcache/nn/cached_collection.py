@@ -24,7 +24,7 @@ from embcache.cache.table_files import fresh_directory
 
 from .bag_input import ID_DTYPES, check_feature_ids, check_layout, check_weights, to_device
 from .cached_embedding_bag import CachedEmbeddingBag
-from .sparse_types import EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, pooling_mode
+from .sparse_types import CollectionInterface, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, pooling_mode
 
 
 class _Group:
@@ -69,7 +69,7 @@ def group_tables(tables: list[EmbeddingBagConfig]) -> list[_Group]:
     return list(groups.values())
 
 
-class CachedEmbeddingBagCollection(nn.Module):
+class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
     """torchrec-compatible collection of cached embedding bags.
 
     Args:
@@ -148,16 +148,6 @@ class CachedEmbeddingBagCollection(nn.Module):
         return torch.cat(parts)
 
     # --------------------------------------------------------- torchrec's interface
-    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
-        return self._configs
-
-    def is_weighted(self) -> bool:
-        return self._is_weighted
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         groups = self._group_inputs(features)
         for bag, group in zip(self.bags, groups):

@@ -46,6 +46,22 @@ def _complete_cumsum(lengths: torch.Tensor) -> torch.Tensor:
     return out
 
 
+class CollectionInterface:
+    """What torchrec's DLRM and the trainer ask of an embedding-bag collection besides its
+    forward: its tables' configs, whether it takes per-id weights, and its device. A
+    collection sets `_configs`, `_is_weighted` and `_device`."""
+
+    def embedding_bag_configs(self) -> list:
+        return self._configs
+
+    def is_weighted(self) -> bool:
+        return self._is_weighted
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+
 class JaggedTensorLite:
     """One feature's ids for a batch: `values` cut into samples by `lengths`."""
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .sparse_types import KeyedJaggedTensor, KeyedTensor, pooling_mode
+from .sparse_types import CollectionInterface, KeyedJaggedTensor, KeyedTensor, pooling_mode
 
 
-class TorchEmbeddingBagCollection(nn.Module):
+class TorchEmbeddingBagCollection(CollectionInterface, nn.Module):
     """Tables of `nn.EmbeddingBag(sparse=True)`; `forward(KeyedJaggedTensor) -> KeyedTensor`.
 
     Args:
@@ -59,16 +59,6 @@ class TorchEmbeddingBagCollection(nn.Module):
         for t in self._configs:
             with torch.no_grad():
                 t.init_fn(self.embedding_bags[t.name].weight)
-
-    def embedding_bag_configs(self) -> list:
-        return self._configs
-
-    def is_weighted(self) -> bool:
-        return self._is_weighted
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         per_feature = features.to_dict()
