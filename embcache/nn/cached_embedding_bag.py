@@ -101,7 +101,10 @@ class CachedEmbeddingBag(nn.Module):
             weight = RowInit(self.num_embeddings, self.embedding_dim, _draw_normal)
         elif not isinstance(weight, RowInit):
             weight = weight.detach().to("cpu", torch.float32)
-            weight = weight.clone() if dtype == torch.float32 and host_store == "memory" else weight
+            # the store must not alias the caller's table; with CUDA, pinning it copies anyway
+            copied_by_pinning = device.type == "cuda" and not weight.is_pinned()
+            if dtype == torch.float32 and host_store == "memory" and not copied_by_pinning:
+                weight = weight.clone()
         ids_freq = None if ids_freq is None else ids_freq.detach().cpu()
         self.cache = RowCache(weight, math.ceil(cache_ratio * num_embeddings),
                               make_optimizer(optimizer, lr, **optimizer_kwargs), eviction,
