@@ -24,3 +24,15 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {str(name)!r}: no CUDA device is available on this machine")
     return device
+
+
+def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t` on `device` without making the host wait: a host tensor bound for CUDA is
+    copied into pinned memory (torch's pinned allocator keeps that buffer until the copy
+    has run) and sent with `non_blocking=True`; a plain `.to(device)` from pageable memory
+    would wait for the copy."""
+    if t.device == device:
+        return t
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)

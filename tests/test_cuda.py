@@ -104,30 +104,38 @@ def _warn_syncs(fn) -> int:
 @pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_sync_budget(optimizer):
-    """The lookup path (prepare with its admissions, evictions and copies, and the
-    prefetch of the next batch) makes no synchronisation at all with ids from the host;
-    a whole training step makes no more than the same step on torch's own table (its
-    sparse optimizer's coalesce)."""
+    """The prefetch of a batch (checks on the host, admission, evictions, copies) makes
+    no synchronisation at all with ids from the host (sync debug mode "error"); the
+    forward makes no more than torch's `nn.EmbeddingBag` forward on device input, and the
+    backward with its update no more than torch's own table and sparse optimizer (the
+    coalesce)."""
     batches = zipf_batches(ROWS, 8, 64, 4, seed=7, a=1.1)
     torch.manual_seed(0)
     weight = torch.randn(ROWS, DIM)
     bag = CachedEmbeddingBag(ROWS, DIM, weight=weight, cache_ratio=0.05, optimizer=optimizer, lr=LR, device="cuda")
     ref, ref_opt = reference_bag(weight, "sum", optimizer, LR)
     ref = ref.cuda()
-    ref_opt = ref_opt if optimizer == "rowwise_adagrad" else type(ref_opt)(ref.parameters(), lr=LR)
     if optimizer == "rowwise_adagrad":
         ref_opt.weight, ref_opt.sum = ref.weight, ref_opt.sum.cuda()
+    else:
+        ref_opt = type(ref_opt)(ref.parameters(), lr=LR)
+    bag.prefetch(*batches[0])
     for i, (ids, offsets) in enumerate(batches[:-1]):
+        ids_dev, offsets_dev = ids.cuda(), offsets.cuda()
+        torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            out = bag(ids, offsets)  # checks on the host, admission, copies: no sync
             bag.prefetch(*batches[i + 1])
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        cached = _warn_syncs(lambda: out.sum().backward())
-        uncached = _warn_syncs(lambda: (ref_opt.zero_grad(), ref(ids.cuda(), offsets.cuda()).sum().backward(),
-                                        ref_opt.step()))
-        assert cached <= max(uncached, 1), (cached, uncached)
+        outs = {}
+        forward = {"cached": _warn_syncs(lambda: outs.update(cached=bag(ids, offsets))),
+                   "torch": _warn_syncs(lambda: outs.update(torch=ref(ids_dev, offsets_dev)))}
+        assert forward["cached"] <= forward["torch"], forward
+        backward = {"cached": _warn_syncs(lambda: outs["cached"].sum().backward()),
+                    "torch": _warn_syncs(lambda: (ref_opt.zero_grad(), outs["torch"].sum().backward(),
+                                                  ref_opt.step()))}
+        assert backward["cached"] <= max(backward["torch"], 1), backward
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from embcache.device import to_device_async
+
 from .host_store import HostStore
 
 MAX_PENDING_WRITES = 16  # beyond this the oldest write is waited for (bounds the pinned memory held)
@@ -62,11 +64,7 @@ class RowTransfers:
     # ------------------------------------------------------------------ host -> device
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
         """`t` (host) on the device without waiting: through pinned memory on CUDA."""
-        if t.device == self.device:
-            return t
-        if self.cuda and t.device.type == "cpu":
-            return t.pin_memory().to(self.device, non_blocking=True)
-        return t.to(self.device)
+        return to_device_async(t, self.device)
 
     def gather(self, ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Rows `ids` (host ids) and their optimizer state, on the device. A row whose

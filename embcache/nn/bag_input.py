@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from embcache.device import to_device_async
+
 ID_DTYPES = (torch.int64, torch.int32)
 
 
@@ -136,5 +138,6 @@ def to_device(ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | 
     """Checked input for the lookup: offsets and weights on the cache's device; ids as
     int64 where they are, since the cache's bookkeeping reads them on the host (ids
     from the host never make it wait for the device) and moves what the device needs."""
-    return (ids.to(dtype=torch.long), offsets.to(device, torch.long),
-            None if weights is None else weights.to(device))
+    device = torch.device(device)
+    return (ids.to(dtype=torch.long), to_device_async(offsets.to(dtype=torch.long), device),
+            None if weights is None else to_device_async(weights, device))
