@@ -36,6 +36,6 @@ def test_the_logit_layer_has_no_relu_and_a_one_layer_top_is_refused():
     with torch.no_grad():
         top.model[1].weight.fill_(-1.0)
         top.model[1].bias.fill_(0.0)
-    assert float(top(torch.ones(1, 4))) <= 0  # negative logits pass through
+    assert float(top(torch.ones(1, 4)).detach()) <= 0  # negative logits pass through
     with pytest.raises(ValueError, match="at least two layers"):
         OverArch(4, [1])
