@@ -4,7 +4,7 @@ import json
 from embcache.cli import main
 
 
-def test_bench_gpu_compares_cached_and_whole_tables_from_the_same_start(tmp_path):
+def test_bench_gpu_compares_cached_and_whole_tables_from_the_same_start(tmp_path, capsys):
     rc = main(["bench", "gpu", "--scale", "0.0005", "--dims", "4", "--batch-size", "32", "--steps", "4",
                "--warmup-steps", "2", "--ratios", "0.05", "0.3", "--device", "cpu", "--out", str(tmp_path)])
     assert rc == 0
@@ -23,3 +23,7 @@ def test_bench_gpu_compares_cached_and_whole_tables_from_the_same_start(tmp_path
     assert all(0 < r["hit_rate"] <= 1 and r["bytes_h2d_per_step"] >= 0 for r in cached)
     assert cached[0]["hit_rate"] <= cached[1]["hit_rate"]  # a larger cache hits at least as often
     assert data["pinned_copy_gbps"] is None  # no link to measure without CUDA
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    assert len(table) == 2 + len(rows)  # header, rule, one row per variant: the README's GPU table
+    assert table[2].startswith("| 4 | whole table on the device |") and "| 1.00 |" in table[2]
+    assert table[-1].startswith("| 4 | cached 30.0%, no prefetch |")

@@ -283,6 +283,29 @@ def plot(result: dict, path) -> None:
     plt.close(fig)
 
 
+def markdown_table(result: dict) -> list[str]:
+    """The README's GPU table, one row per variant: what the benchmark measured, read at a
+    glance (the ratio to the whole table on the device first)."""
+    def fmt(value, spec: str, scale: float = 1.0) -> str:
+        return "-" if value is None else format(value * scale, spec)
+
+    lines = ["| dim | variant | samples/s | vs whole table | hit rate | MiB moved/step | link GB/s "
+             "(of pinned copy) | copy hidden by prefetch | peak device MiB | syncs/step |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for block in result["dims"]:
+        for r in block["results"]:
+            name = "whole table on the device" if r["variant"] == "gpu" else \
+                f"cached {r['ratio']:.1%}" + ("" if r["prefetch_depth"] else ", no prefetch")
+            moved = None if r["variant"] == "gpu" else (r["bytes_h2d_per_step"] + r["bytes_d2h_per_step"]) / 2**20
+            link = "-" if "link_gbps" not in r else \
+                f"{r['link_gbps']:.1f} ({r['link_share_of_pinned_copy']:.0%})"
+            lines.append(f"| {block['dim']} | {name} | {r['samples_per_s']:,.0f} | {r['ratio_to_gpu_tables']:.2f} | "
+                         f"{fmt(r.get('hit_rate'), '.3f')} | {fmt(moved, '.2f')} | {link} | "
+                         f"{fmt(r.get('copy_time_hidden_by_prefetch'), '.0%')} | "
+                         f"{fmt(r.get('peak_device_mib'), ',.0f')} | {fmt(r.get('syncs_per_step'), '.1f')} |")
+    return lines
+
+
 def run(args) -> int:
     device = resolve_device(args.device)
     trace = CriteoTrace(scale=args.scale, batch_size=args.batch_size, batches=args.warmup_steps + args.steps,
@@ -300,5 +323,6 @@ def run(args) -> int:
     path = write_json(payload, args.name, args.out)
     png = path.with_suffix(".png")
     plot(result, png)
-    print(f"wrote {path} and {png}")
+    print("\n".join(markdown_table(result)))
+    print(f"wrote {path} and {png} (the table above is the README's)")
     return 0
