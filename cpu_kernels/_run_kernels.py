@@ -29,6 +29,7 @@ import numpy as np
 from numba import njit, prange
 
 from cpu_kernels._kernels import _apply_w, _below, _dot, _inv_norms, _splitmix
+from cpu_kernels._prefetch import prefetch_row
 
 _OPTS = dict(nogil=True, cache=True, fastmath=False)
 # loops that end in a sum: may reorder it and fuse multiply-adds (vectorised), IEEE otherwise
@@ -180,14 +181,15 @@ def _run_sample(U, I, u, p, negs, zb, margin, neg_w, gamma, simplex, tU, tI, ste
 
 @njit(parallel=True, **_OPTS)
 def train_runs(U, I, W, hist, hist_len, users, items, order, starts, K, margin, neg_w, gamma, simplex, lr,
-               tile, refresh, w_sync, flush, rng, tile_state, gW_buf, loss_out, active_out):
+               tile, refresh, w_sync, flush, rng, tile_state, gW_buf, loss_out, active_out, ahead):
     """SGD over the pairs order[...] in runs: a run begins where starts[idx] is set and at
     each thread's first sample (thread t walks its contiguous share of `order`, as in
     `_kernels.train_pairs`, whose arguments these are, with the same per-thread state). A
     run's user-side gradient reaches W and the history at its end; a thread's W gradient
     is applied as the mean over its samples once `w_sync` samples have passed at a run's
     end, and at the call's end when `flush`. Every call ends its threads' last runs, so the
-    caller cuts an epoch into chunks only where a run starts."""
+    caller cuts an epoch into chunks only where a run starts. The user and positive rows of
+    the sample `ahead` places on are prefetched (0: none), which changes no result."""
     T = rng.shape[0]
     n = order.shape[0]
     d = U.shape[1]
@@ -217,6 +219,10 @@ def train_runs(U, I, W, hist, hist_len, users, items, order, starts, K, margin, 
         for idx in range(lo, hi):
             pair = order[idx]
             u = users[pair]
+            if ahead > 0 and idx + ahead < hi:
+                coming = order[idx + ahead]
+                prefetch_row(U, users[coming])
+                prefetch_row(I, items[coming])
             if simplex and (idx == lo or starts[idx]):
                 if u_run >= 0:
                     _run_end(I, W, hist, hist_len, u_run, g1, G, h, gW, lr, True, inv_norm, gz)

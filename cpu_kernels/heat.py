@@ -33,6 +33,9 @@ class HeatOptions:
             samples, the cheaper negatives) or "sample" (`_kernels.train_pairs`: every sample
             its own user side, in a plain shuffle; the kernel before runs, kept as the
             measured baseline).
+        prefetch: the "runs" kernel asks the CPU for the user and positive rows of the
+            sample this many places ahead while it trains the current one (0: it does not);
+            a prefetch never changes a result.
         user_run: the most samples of one user in a run ("runs", SimpleX): the epoch is a
             shuffle of runs, and the history mean, its W products and their gradients cost
             once per run. 1: a plain shuffle, every sample its own run. 8, measured against
@@ -48,6 +51,7 @@ class HeatOptions:
     w_sync: int = 256
     kernel: str = "runs"
     user_run: int = 8
+    prefetch: int = 2
 
     def __post_init__(self):
         if not self.lr > 0:
@@ -56,6 +60,8 @@ class HeatOptions:
             raise ValueError(f"tile must be >= 0 (0: no tiling), not {self.tile}")
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, not {self.kernel!r}")
+        if self.prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0 (0: none), not {self.prefetch}")
         for name in ("refresh", "w_sync", "user_run"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, not {getattr(self, name)}")
@@ -154,7 +160,7 @@ class HeatEngine:
                 np.float32(o.lr), self.tile, o.refresh, o.w_sync, flush, self.rng, self.tile_state, self.gW,
                 loss_out, active_out)
         if o.kernel == "runs":
-            _run_kernels.train_runs(*head, starts, *tail)
+            _run_kernels.train_runs(*head, starts, *tail, o.prefetch)
         else:
             _kernels.train_pairs(*head, *tail)
 

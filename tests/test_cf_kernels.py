@@ -121,6 +121,18 @@ def test_cutting_an_epoch_into_chunks_changes_nothing(small, kernel):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
 
 
+def test_prefetching_coming_rows_changes_nothing(small):
+    """The runs kernel asks the CPU for the rows of a coming sample (`prefetch` places
+    ahead): a hint to the caches, so every parameter is the same to the bit at any distance,
+    past the end of a thread's share too."""
+    runs = [_train(small, prefetch=ahead, w_sync=50) for ahead in (0, 1, 2, 100_000)]
+    for other in runs[1:]:
+        for name in "UIW":
+            assert np.array_equal(getattr(runs[0], name), getattr(other, name)), name
+    with pytest.raises(ValueError, match="prefetch must be >= 0"):
+        HeatOptions(prefetch=-1)
+
+
 def test_runs_of_one_are_the_per_sample_sgd_and_longer_runs_are_not(small):
     """With runs of one sample the runs kernel is the per-sample kernel's SGD (the same order,
     draws and updates; only float rounding differs: fused passes, reassociated sums); runs of
