@@ -121,10 +121,16 @@ def test_cutting_an_epoch_into_chunks_changes_nothing(small, kernel):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
 
 
-def test_prefetching_coming_rows_changes_nothing(small):
+def test_prefetching_coming_rows_changes_nothing(small, monkeypatch):
     """The runs kernel asks the CPU for the rows of a coming sample (`prefetch` places
     ahead): a hint to the caches, so every parameter is the same to the bit at any distance,
-    past the end of a thread's share too."""
+    past the end of a thread's share too. Tables that fit the caches are not prefetched."""
+    import cpu_kernels.heat as heat
+
+    users, items = small.train_pairs()
+    assert HeatEngine(_train(small, epochs=0), users, items, HeatOptions(threads=1)).prefetch == 0  # small
+    monkeypatch.setattr(heat, "PREFETCH_MIN_TABLE_BYTES", 0)
+    assert HeatEngine(_train(small, epochs=0), users, items, HeatOptions(threads=1)).prefetch == 2
     runs = [_train(small, prefetch=ahead, w_sync=50) for ahead in (0, 1, 2, 100_000)]
     for other in runs[1:]:
         for name in "UIW":
