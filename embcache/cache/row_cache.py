@@ -59,10 +59,10 @@ class Overflow:
 class Lookup:
     """Where one batch's lookups point: `indices` index `cache.weight` (then the
     overflow rows, from `num_slots` on); `held` slots cannot be evicted until released.
-    `ids` are the batch's ids in lookup order and `segments` the runs of lookups that an
-    uncached model keeps apart: per table, the number of lookups of each of its features
-    (None: one table, one feature); together they let the gradient be summed exactly as
-    torch sums it."""
+    `ids` are the batch's ids in lookup order (host-side, with the bookkeeping) and
+    `segments` the runs of lookups that an uncached model keeps apart: per table, the
+    number of lookups of each of its features (None: one table, one feature); together
+    they let the gradient be summed exactly as torch sums it."""
 
     indices: torch.Tensor
     overflow: Overflow | None
@@ -175,8 +175,7 @@ class RowCache:
             self._hold(held, +1)
         if consumed is not None:
             self._hold(consumed.held, -1)
-        to_device = self.transfers.to_device
-        return Lookup(to_device(indices), overflow, held, to_device(ids) if keep else None, segments)
+        return Lookup(self.transfers.to_device(indices), overflow, held, ids if keep else None, segments)
 
     def prefetch(self, ids: torch.Tensor) -> None:
         """Load the rows of a coming batch now (on a side stream with CUDA, so the copies
@@ -407,7 +406,7 @@ class RowCache:
                 or self.num_rows * width >= 2**62:  # not a per-lookup gradient
             grad = grad.coalesce() if coalesce else grad
             return grad._indices()[0], grad._values()
-        keys = ids * width + rows
+        keys = self.transfers.to_device(ids) * width + rows  # the ids cross only when a sum needs them
         size = (self.num_rows * width, self.dim)
         tables = [[keys.numel()]] if lookup.segments is None else lookup.segments
         key_parts, value_parts = [], []
@@ -469,6 +468,11 @@ class RowCache:
         rows = self.transfers.to_device(slots)
         self.transfers.write(ids, self.weight.index_select(0, rows),
                              {k: v.index_select(0, rows) for k, v in self.state.items()})
+
+    def pending_prefetches(self) -> int:
+        """Prefetched batches not yet consumed by a `prepare` (a resumed cache has its
+        checkpoint's)."""
+        return len(self._prefetched)
 
     def drop_prefetches(self) -> None:
         while self._prefetched:

@@ -70,10 +70,8 @@ class RowTransfers:
         """Rows `ids` (host ids) and their optimizer state, on the device. A row whose
         write-back is still pending is waited for first (it is newer than the store's)."""
         self.settle(ids)
-        weight, state = self.host.gather(ids)
-        nb = self.cuda
-        return weight.to(self.device, non_blocking=nb), {k: v.to(self.device, non_blocking=nb)
-                                                         for k, v in state.items()}
+        weight, state = self.host.gather(ids)  # pinned already with CUDA: sent without a second copy
+        return self.to_device(weight), {k: self.to_device(v) for k, v in state.items()}
 
     # ------------------------------------------------------------------ device -> host
     def write(self, ids: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor]) -> None:

@@ -180,8 +180,7 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         """Prefetched batches not yet looked up (every group's cache gets each prefetch, so
         they agree). A resumed cache has the checkpoint's: a trainer asks before
         prefetching again, so that no batch is prefetched twice."""
-        # RowCache keeps them in `_prefetched` (its state_dict's "prefetch.*"), consumed in order
-        return min(len(bag.cache._prefetched) for bag in self.bags)
+        return min(bag.cache.pending_prefetches() for bag in self.bags)
 
     def _group_inputs(self, kjt: KeyedJaggedTensor) -> list[_GroupInput]:
         """Each group's lookups in its concatenated id space, every id checked against
