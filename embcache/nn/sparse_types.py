@@ -62,11 +62,13 @@ class CollectionInterface:
         return self._device
 
 
-class JaggedTensorLite:
-    """One feature's ids for a batch: `values` cut into samples by `lengths`."""
+class _Jagged:
+    """What a jagged tensor and a keyed one answer alike: ids (`values`), their counts per
+    sample (`lengths`) and optional per-id weights."""
 
-    def __init__(self, values: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor | None = None):
-        self._values, self._lengths, self._weights = values, lengths, weights
+    _values: torch.Tensor
+    _lengths: torch.Tensor
+    _weights: torch.Tensor | None
 
     def values(self) -> torch.Tensor:
         return self._values
@@ -74,19 +76,26 @@ class JaggedTensorLite:
     def lengths(self) -> torch.Tensor:
         return self._lengths
 
-    def offsets(self) -> torch.Tensor:
-        return _complete_cumsum(self._lengths)
-
     def weights(self) -> torch.Tensor:
         if self._weights is None:
-            raise ValueError("this JaggedTensor has no weights")
+            raise ValueError(f"this {type(self).__name__.removesuffix('Lite')} has no weights")
         return self._weights
 
     def weights_or_none(self) -> torch.Tensor | None:
         return self._weights
 
 
-class KeyedJaggedTensorLite:
+class JaggedTensorLite(_Jagged):
+    """One feature's ids for a batch: `values` cut into samples by `lengths`."""
+
+    def __init__(self, values: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor | None = None):
+        self._values, self._lengths, self._weights = values, lengths, weights
+
+    def offsets(self) -> torch.Tensor:
+        return _complete_cumsum(self._lengths)
+
+
+class KeyedJaggedTensorLite(_Jagged):
     """A batch's sparse features (see the module docstring); give `lengths` or `offsets`."""
 
     def __init__(self, keys: list[str], values: torch.Tensor, weights: torch.Tensor | None = None,
@@ -111,24 +120,10 @@ class KeyedJaggedTensorLite:
     def keys(self) -> list[str]:
         return self._keys
 
-    def values(self) -> torch.Tensor:
-        return self._values
-
-    def lengths(self) -> torch.Tensor:
-        return self._lengths
-
     def offsets(self) -> torch.Tensor:
         if self._offsets is None:
             self._offsets = _complete_cumsum(self._lengths)
         return self._offsets
-
-    def weights(self) -> torch.Tensor:
-        if self._weights is None:
-            raise ValueError("this KeyedJaggedTensor has no weights")
-        return self._weights
-
-    def weights_or_none(self) -> torch.Tensor | None:
-        return self._weights
 
     def stride(self) -> int:
         """Samples in the batch (the same for every feature)."""
