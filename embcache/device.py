@@ -19,6 +19,8 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
         device = torch.device(name)
     except (RuntimeError, TypeError):
         raise ValueError(f"device {str(name)!r} is not a device (cpu, cuda or cuda:N)") from None
+    if device.type == "meta":  # rows with shapes and no values: what `bench host` measures the host's work on
+        return device
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device {str(name)!r}: only cpu and cuda are supported")
     if device.type == "cuda" and not torch.cuda.is_available():

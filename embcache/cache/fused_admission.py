@@ -20,8 +20,15 @@ from __future__ import annotations
 import numba
 import numpy as np
 import torch
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from .eviction import _SAMPLE_SIZE, _SAMPLED_MIN_SLOTS
+
+NO_OWNER = np.iinfo(np.int32).max  # an `owner` entry between passes
+_MIN_CHUNK = 1 << 13  # lookups per unit of parallel work, at least
 
 _NO_PRIOR = np.zeros(0, dtype=np.float64)
 _NO_COUNT = np.zeros(0, dtype=np.int32)
@@ -36,33 +43,114 @@ def prior_of(prior: torch.Tensor | None) -> np.ndarray:
     return _NO_PRIOR if prior is None else prior.numpy()
 
 
-@numba.njit(cache=True, nogil=True)
-def _lookup(ids, id_to_slot, mark, epoch, out, touched, absent_pos, absent_code, missing):
-    """Slot of every id (-1 if absent); the distinct resident slots touched (marked with
-    `epoch`); the distinct missing ids in first-seen order, each absent position tagged
-    with its missing index. A missing id is tagged in `id_to_slot` as -2 - j while the
-    pass runs (that is the deduplication: no sort, no hash table) and reset to -1 after."""
-    n_touched = 0
-    n_absent = 0
-    n_missing = 0
-    for i in range(ids.shape[0]):
-        s = id_to_slot[ids[i]]
-        if s >= 0:
+def lookup_chunk(n: int, threads: int) -> int:
+    """Lookups per unit of parallel work: a few units a thread, none too small. Any chunk
+    gives the same result (tests use tiny ones)."""
+    return max(_MIN_CHUNK, -(-n // (4 * threads)))
+
+
+def new_owner(num_slots: int) -> np.ndarray:
+    """The per-slot scratch array `admit` needs (it leaves it as it found it)."""
+    return np.full(num_slots, NO_OWNER, dtype=np.int32)
+
+
+@intrinsic
+def _atomic_min(typingctx, arr, idx, val):
+    """`arr[idx] = min(arr[idx], val)` as one atomic operation (1-D int32 array): threads
+    that race on one entry leave the smallest value, whatever their order."""
+    if not isinstance(arr, types.Array) or arr.ndim != 1 or arr.dtype != types.int32:
+        return None
+    sig = types.void(arr, idx, val)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        i = context.cast(builder, args[1], signature.args[1], types.intp)
+        ptr = cgutils.get_item_pointer2(context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
+                                        strides=cgutils.unpack_tuple(builder, ary.strides), layout=aryty.layout,
+                                        inds=[i], wraparound=False)
+        v = context.cast(builder, args[2], signature.args[2], types.int32)
+        builder.atomic_rmw("min", ptr, v, "monotonic")
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _lookup_hits(ids, id_to_slot, owner, mark, epoch, out, chunk, touched, absent_pos, n_chunks):
+    """The parallel part of the lookup: every id's slot (-1 if absent); the distinct
+    resident slots touched, in the order of their first lookup (marked with `epoch`); the
+    positions of the absent lookups, in order.
+
+    Distinct without a lock: each touched slot is claimed by the first chunk of lookups
+    that holds it (an atomic minimum of chunk numbers in `owner`), and that chunk lists it
+    at its first lookup there, so the chunks' lists, one after the other, are the
+    first-seen order of a serial pass. Returns per chunk the number of touched slots and
+    of absent lookups; the lists are at the start of each chunk's span of `touched` and
+    `absent_pos`."""
+    n = ids.shape[0]
+    counts = np.zeros((n_chunks, 2), dtype=np.int64)
+    for c in prange(n_chunks):
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            s = id_to_slot[ids[i]]
             out[i] = s
-            if mark[s] != epoch:
+            if s >= 0:
+                _atomic_min(owner, s, c)
+    for c in prange(n_chunks):
+        lo = c * chunk
+        n_touched, n_absent = 0, 0
+        for i in range(lo, min(n, lo + chunk)):
+            s = out[i]
+            if s < 0:
+                absent_pos[lo + n_absent] = i
+                n_absent += 1
+            elif owner[s] == c:
+                owner[s] = NO_OWNER
                 mark[s] = epoch
-                touched[n_touched] = s
+                touched[lo + n_touched] = s
                 n_touched += 1
-            continue
-        out[i] = -1
+        counts[c, 0] = n_touched
+        counts[c, 1] = n_absent
+    return counts
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _compact(parts, counts, chunk, out):
+    """Chunk c's first `counts[c]` entries of `parts` (at `c * chunk`), all in chunk order."""
+    starts = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+    for c in range(counts.shape[0]):
+        starts[c + 1] = starts[c] + counts[c]
+    for c in prange(counts.shape[0]):
+        for k in range(counts[c]):
+            out[starts[c] + k] = parts[c * chunk + k]
+    return starts[-1]
+
+
+@numba.njit(cache=True, nogil=True)
+def _lookup(ids, id_to_slot, owner, mark, epoch, out, touched, absent_pos, absent_code, missing, chunk):
+    """Slot of every id (-1 if absent); the distinct resident slots touched, in the order
+    of their first lookup (marked with `epoch`); the distinct missing ids in first-seen
+    order, each absent position tagged with its missing index. The resident lookups are
+    parallel (`_lookup_hits`); the absent ones, few once the cache is warm, are
+    deduplicated serially through `id_to_slot` itself: a missing id is tagged there as
+    -2 - j while the pass runs (no sort, no hash table) and reset to -1 after."""
+    n = ids.shape[0]
+    n_chunks = (n + chunk - 1) // chunk
+    scratch = np.empty(n, dtype=np.int64)
+    counts = _lookup_hits(ids, id_to_slot, owner, mark, epoch, out, chunk, scratch, absent_pos, n_chunks)
+    n_touched = _compact(scratch, counts[:, 0].copy(), chunk, touched)
+    n_absent = _compact(absent_pos, counts[:, 1].copy(), chunk, scratch)
+    n_missing = 0
+    for a in range(n_absent):
+        i = scratch[a]
+        absent_pos[a] = i
+        s = id_to_slot[ids[i]]
         if s == -1:
             s = -2 - n_missing
             id_to_slot[ids[i]] = s
             missing[n_missing] = ids[i]
             n_missing += 1
-        absent_pos[n_absent] = i
-        absent_code[n_absent] = -2 - s
-        n_absent += 1
+        absent_code[a] = -2 - s
     for j in range(n_missing):
         id_to_slot[missing[j]] = -1
     return n_touched, n_absent, n_missing
@@ -157,14 +245,15 @@ def _inverse(order):
 
 @numba.njit(cache=True, nogil=True)
 def admit(ids, id_to_slot, slot_to_id, holds, mark, epoch, slot_primary, slot_last, id_count, prior,
-          prior_weight, clock, admission, serve_overflow):
+          prior_weight, clock, admission, serve_overflow, owner, chunk):
     """One batch's admission decisions, applied to the maps and the policy's counters.
 
     Returns (per-lookup slots, overflow rows numbered from num_slots on; the distinct slots
     the batch touches; hits; the missing ids in admission order; the victims; the ids they
     held; the target slots, the first `len(target)` missing ids go there; how many missing
     rows admission control declined). The caller moves the rows: victims' dirty rows out,
-    then the missing rows into `target`."""
+    then the missing rows into `target`. `owner`: the scratch of `new_owner`; `chunk`:
+    lookups per unit of parallel work (`lookup_chunk`)."""
     n, num_slots = ids.shape[0], slot_to_id.shape[0]
     counted = id_count.shape[0] > 0
     out = np.empty(n, dtype=np.int64)
@@ -172,7 +261,8 @@ def admit(ids, id_to_slot, slot_to_id, holds, mark, epoch, slot_primary, slot_la
     absent_pos = np.empty(n, dtype=np.int64)
     where = np.empty(n, dtype=np.int64)
     found = np.empty(n, dtype=np.int64)
-    n_touched, n_absent, n_missing = _lookup(ids, id_to_slot, mark, epoch, out, touched, absent_pos, where, found)
+    n_touched, n_absent, n_missing = _lookup(ids, id_to_slot, owner, mark, epoch, out, touched, absent_pos, where,
+                                             found, chunk)
     hits = n_touched
     order = np.argsort(found[:n_missing])
     missing = found[:n_missing][order]
@@ -209,6 +299,15 @@ def admit(ids, id_to_slot, slot_to_id, holds, mark, epoch, slot_primary, slot_la
         if counted:
             slot_primary[s] += 1.0
     return out, touched, hits, missing, victims, evicted, target, declined
+
+
+@numba.njit(cache=True, nogil=True)
+def touch(slots, slot_primary, slot_last, clock, counted):
+    """Record one batch's use of distinct resident `slots` (as `EvictionPolicy.on_access`)."""
+    for s in slots:
+        slot_last[s] = clock
+        if counted:
+            slot_primary[s] += 1.0
 
 
 @numba.njit(cache=True, nogil=True)

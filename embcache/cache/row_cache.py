@@ -27,6 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+import numba
 import numpy as np
 import torch
 
@@ -73,10 +74,15 @@ class Lookup:
 
 @dataclass
 class _Prefetched:
+    """A prefetched batch: its ids, the distinct slots it holds, its hits and misses, and
+    (when the prefetch gave every id a slot) each lookup's slot, which stays valid while
+    held: the batch's forward then reuses it instead of looking every id up again."""
+
     ids: torch.Tensor
     held: torch.Tensor
     hits: int
     misses: int
+    slots: torch.Tensor | None = None
 
 
 class RowCache:
@@ -103,6 +109,9 @@ class RowCache:
     # "fused" / "tensor" force one (tests compare them). Read when a cache is made: it also
     # decides where the bookkeeping lives.
     bookkeeping = "auto"
+    # a forward reuses its prefetch's decisions (`_reuse`); tests switch it off to compare
+    # with a second admission pass over the same ids, which must decide exactly the same
+    reuse_prefetch = True
 
     def __init__(self, weight: torch.Tensor, cache_rows: int, optimizer: RowOptimizer,
                  eviction: str = "freq", ids_freq: torch.Tensor | None = None,
@@ -131,6 +140,7 @@ class RowCache:
         self.holds = torch.zeros(self.num_slots, dtype=torch.int32, device=self.book)
         # the compiled admission pass's marks: per slot, the last pass (epoch) that touched it
         self._mark, self._epoch = np.zeros(self.num_slots, dtype=np.int64), 0
+        self._owner = fused_admission.new_owner(self.num_slots)  # its scratch for distinct slots
         self.stats = CacheStats()
         self.step = 0  # optimizer steps taken (Adam's bias correction counts these)
         self._row_bytes = self.host.row_bytes()
@@ -163,19 +173,36 @@ class RowCache:
         ids = ids.to(self.book)
         self._wait_for_prefetch()
         consumed = self._take_prefetched(ids)
-        indices, touched, overflow, hits, misses = self._admit(ids, serve_overflow=True)
+        if consumed is not None and consumed.slots is not None and self.reuse_prefetch:
+            indices, touched, overflow = self._reuse(consumed), consumed.held, None
+        else:
+            indices, touched, overflow, _, hits, misses = self._admit(ids, serve_overflow=True)
         if consumed is not None:
             hits, misses = consumed.hits, consumed.misses
         self.stats.hits += hits
         self.stats.misses += misses
         self.stats.batches += 1
-        held = None
-        if keep:
-            held = touched
+        # a kept batch whose prefetch was reused takes over that prefetch's holds
+        taken_over = keep and consumed is not None and touched is consumed.held
+        held = touched if keep else None
+        if keep and not taken_over:
             self._hold(held, +1)
-        if consumed is not None:
+        if consumed is not None and not taken_over:
             self._hold(consumed.held, -1)
         return Lookup(self.transfers.to_device(indices), overflow, held, ids if keep else None, segments)
+
+    def _reuse(self, consumed: _Prefetched) -> torch.Tensor:
+        """The lookup of a batch whose prefetch placed every id: what a second admission
+        pass would decide, without it. Every row is resident in a slot the prefetch has held
+        since, so that pass would find only hits, at exactly the held slots; all it would
+        change is the policy's record of the access (the clock, and one use per slot)."""
+        self.policy.tick()
+        if self._can_fuse():
+            fused_admission.touch(consumed.held.numpy(), self.policy.slot_primary.numpy(),
+                                  self.policy.slot_last.numpy(), self.policy.clock, self.policy.id_count is not None)
+        else:
+            self.policy.on_access(None, consumed.held)
+        return consumed.slots
 
     def prefetch(self, ids: torch.Tensor) -> None:
         """Load the rows of a coming batch now (on a side stream with CUDA, so the copies
@@ -191,9 +218,9 @@ class RowCache:
             self._prefetch(ids)
 
     def _prefetch(self, ids: torch.Tensor) -> None:
-        _, touched, _, hits, misses = self._admit(ids, serve_overflow=False)
+        indices, touched, _, placed_all, hits, misses = self._admit(ids, serve_overflow=False)
         self._hold(touched, +1)
-        self._prefetched.append(_Prefetched(ids, touched, hits, misses))
+        self._prefetched.append(_Prefetched(ids, touched, hits, misses, indices if placed_all else None))
 
     def _wait_for_prefetch(self) -> None:
         """Order the compute stream after the side stream: every touch of the maps, holds
@@ -205,7 +232,7 @@ class RowCache:
         """The prefetch made for exactly these ids, if any; older ones are dropped
         (their rows stay resident, their counts are not the batch's)."""
         for i, entry in enumerate(self._prefetched):
-            if entry.ids.shape == ids.shape and torch.equal(entry.ids, ids):
+            if entry.ids is ids or (entry.ids.shape == ids.shape and torch.equal(entry.ids, ids)):
                 for _ in range(i):
                     self._hold(self._prefetched.popleft().held, -1)
                 return self._prefetched.popleft()
@@ -226,7 +253,7 @@ class RowCache:
 
     def _admit(self, ids: torch.Tensor, serve_overflow: bool):
         """Returns (per-lookup indices, the distinct resident slots the batch touches,
-        overflow rows or None, hits, misses). On the CPU the decisions are made by one
+        overflow rows or None, whether every missing row got a slot, hits, misses). On the CPU the decisions are made by one
         compiled pass (`fused_admission`); elsewhere, and as its reference, by the batched
         tensor ops below: the same decisions either way."""
         if self.bookkeeping == "fused" or (self.bookkeeping == "auto" and self._can_fuse()):
@@ -240,19 +267,22 @@ class RowCache:
         policy = self.policy
         policy.tick()
         self._epoch += 1
+        flat = ids.reshape(-1).to(torch.int64).contiguous().numpy()
         out, touched, hits, missing, victims, evicted, target, declined = fused_admission.admit(
-            ids.reshape(-1).to(torch.int64).contiguous().numpy(), self.slots.id_to_slot.numpy(),
+            flat, self.slots.id_to_slot.numpy(),
             self.slots.slot_to_id.numpy(), self.holds.numpy(), self._mark, self._epoch,
             policy.slot_primary.numpy(), policy.slot_last.numpy(),
             fused_admission.counts_of(policy.id_count), fused_admission.prior_of(policy.prior),
-            policy.prior_weight, policy.clock, policy.admission, serve_overflow)
+            policy.prior_weight, policy.clock, policy.admission, serve_overflow, self._owner,
+            fused_admission.lookup_chunk(flat.shape[0], numba.get_num_threads()))
         self._evict_rows(torch.from_numpy(victims), torch.from_numpy(evicted))
         target, missing = torch.from_numpy(target), torch.from_numpy(missing)
         self._load(missing[: target.numel()], target)
         overflow = None
         if serve_overflow and target.numel() < missing.numel():
             overflow = self._serve_overflow(missing[target.numel():], declined)
-        return torch.from_numpy(out).view(ids.shape), torch.from_numpy(touched), overflow, hits, missing.numel()
+        return (torch.from_numpy(out).view(ids.shape), torch.from_numpy(touched), overflow,
+                target.numel() == missing.numel(), hits, missing.numel())
 
     def _admit_tensor(self, ids: torch.Tensor, serve_overflow: bool):
         """Per-access bookkeeping runs on the distinct slots (found by one bincount over
@@ -300,7 +330,7 @@ class RowCache:
             slots.index_copy_(0, absent, new_slot.index_select(0, where))
         touched = torch.nonzero(in_batch).flatten()
         self.policy.on_access(self.slots.slot_to_id.index_select(0, touched), touched)
-        return slots, touched, overflow, touched.numel() - admitted, missing.numel()
+        return slots, touched, overflow, admitted == missing.numel(), touched.numel() - admitted, missing.numel()
 
     def _evict(self, victims: torch.Tensor) -> None:
         if victims.numel() == 0:
@@ -351,6 +381,11 @@ class RowCache:
         then the batch's overflow rows), then release the batch's holds."""
         self._wait_for_prefetch()
         self.step += 1
+        if self.device.type == "meta":  # rows without values (`bench host`): the host's share alone
+            if lookup.held is not None:
+                self.dirty.index_fill_(0, lookup.held, True)
+            self.release(lookup)
+            return
         overflow = lookup.overflow
         # float32 gradients whatever the rows' type: the update computes in float32
         rows, values = self._in_torch_order(grad.to(torch.float32), lookup,

@@ -10,6 +10,7 @@ call per group (in DLRM: one call).
 from __future__ import annotations
 
 import os
+from collections import deque
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +21,12 @@ from torch import nn
 from embcache.device import resolve_device
 
 from embcache.cache.host_store import MMAP_PREFIX, RowInit, parse_host_store
+from embcache.cache.row_cache import MAX_PENDING_PREFETCHES
 from embcache.cache.table_files import fresh_directory
 
 from .bag_input import ID_DTYPES, check_feature_ids, check_layout, check_weights, to_device
 from .cached_embedding_bag import CachedEmbeddingBag
+from .group_kernels import concat_features
 from .sparse_types import CollectionInterface, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, pooling_mode
 
 
@@ -54,6 +57,7 @@ class _GroupInput:
     features: list[str]
     batch: int
     segments: list[list[int]]
+    layout_checked: bool = False  # offsets made here from checked lengths: nothing to read again
 
 
 def group_tables(tables: list[EmbeddingBagConfig]) -> list[_Group]:
@@ -128,6 +132,9 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
                                                 host_store=store, rounding_seed=rounding_seed + i * 0x9E3779B9,
                                                 **kwargs))  # groups' row ids overlap: their rounding bits must not
         self._feature_to_table = {f: t for t in tables for f in t.feature_names}
+        # the group inputs of prefetched batches, so that a batch's forward does not
+        # concatenate and check its ids a second time: (batch, its tensors' versions, inputs)
+        self._prepared: deque[tuple] = deque(maxlen=MAX_PENDING_PREFETCHES)
 
     @staticmethod
     def _group_frequencies(group: _Group, ids_freq) -> torch.Tensor | None:
@@ -149,9 +156,10 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
 
     # --------------------------------------------------------- torchrec's interface
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        groups = self._group_inputs(features)
+        groups = self._take_prepared(features) or self._group_inputs(features)
         for bag, group in zip(self.bags, groups):
-            check_layout(group.ids, group.offsets, group.weights)
+            if not group.layout_checked:
+                check_layout(group.ids, group.offsets, group.weights)
             check_weights(group.weights, bag.mode)
         # every group is checked before any group's cache changes; a batch from the host
         # is checked there (no device sync), and only checked input moves to the device
@@ -173,8 +181,20 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         """Load the rows a coming batch needs (see `CachedEmbeddingBag.prefetch`). The ids
         go as they are (from the loader: on the host): the cache decides where its
         bookkeeping runs and moves only rows."""
-        for bag, group in zip(self.bags, self._group_inputs(features)):
+        groups = self._group_inputs(features)
+        for bag, group in zip(self.bags, groups):
             bag.cache.prefetch(group.ids)
+        self._prepared.append((features, _versions(features), groups))
+
+    def _take_prepared(self, features: KeyedJaggedTensor) -> list[_GroupInput] | None:
+        """The group inputs a prefetch made of this very batch, unchanged since (older
+        entries go: their batches were skipped)."""
+        for i, (kjt, versions, groups) in enumerate(self._prepared):
+            if kjt is features and versions == _versions(features):
+                for _ in range(i + 1):
+                    self._prepared.popleft()
+                return groups
+        return None
 
     def pending_prefetches(self) -> int:
         """Prefetched batches not yet looked up (every group's cache gets each prefetch, so
@@ -337,30 +357,51 @@ def _group_input(group: _Group, values: torch.Tensor, lengths: torch.Tensor,
                  weights: torch.Tensor | None, batch: int, spans: dict) -> _GroupInput:
     """`spans`: feature -> (its row of `lengths`, where its ids start in `values`, how
     many there are)."""
-    features, id_parts, counts, len_parts, w_parts, segments = [], [], [], [], [], []
-    tables, row_offsets = [], []
+    features, segments, w_parts, tables, row_offsets = [], [], [], [], []
     for t, row_offset in zip(group.tables, group.row_offsets):
         segments.append([])
         for f in t.feature_names:
             i, s, n = spans[f]
-            id_parts.append(values[s: s + n])
-            counts.append(id_parts[-1].numel())
             tables.append((f, t.name, t.num_embeddings))
             row_offsets.append(row_offset)
             segments[-1].append(n)
-            len_parts.append(lengths[i])
             if weights is not None:
                 w_parts.append(weights[s: s + n])
             features.append(f)
+    w = torch.cat(w_parts) if w_parts else None
+    if values.device.type == "cpu" and lengths.device.type == "cpu":
+        ids, offsets, bad_id, (bad_feature, bad_sample) = concat_features(
+            values, lengths, [spans[f][1] for f in features], [spans[f][2] for f in features],
+            [spans[f][0] for f in features], row_offsets, [rows for _, _, rows in tables], batch)
+        if bad_id >= 0:  # the tensor path's message, from its own check
+            _concat_checked(values, lengths, features, spans, tables, row_offsets)
+        if bad_feature >= 0:
+            raise ValueError(f"feature {features[bad_feature]!r}: sample {bad_sample} has a negative length "
+                             f"({int(lengths[spans[features[bad_feature]][0], bad_sample])})")
+        return _GroupInput(ids, offsets, w, features, batch, segments, layout_checked=True)
+    ids, offsets = _concat_checked(values, lengths, features, spans, tables, row_offsets)
+    return _GroupInput(ids, offsets, w, features, batch, segments)
+
+
+def _concat_checked(values, lengths, features, spans, tables, row_offsets):
+    """`concat_features` as tensor ops (ids not on the CPU), or the message of its check."""
+    id_parts = [values[spans[f][1]: spans[f][1] + spans[f][2]] for f in features]
+    counts = [p.numel() for p in id_parts]
     ids = torch.cat(id_parts)
     check_feature_ids(ids, counts, tables)
     ids = ids.long()
     if any(row_offsets):  # into the group's id space
         ids += torch.repeat_interleave(torch.tensor(row_offsets, device=ids.device),
                                        torch.tensor(counts, device=ids.device), output_size=ids.numel())
-    all_lengths = torch.cat(len_parts)
+    all_lengths = torch.cat([lengths[spans[f][0]] for f in features])
     offsets = torch.cumsum(all_lengths, 0) - all_lengths
-    return _GroupInput(ids, offsets, torch.cat(w_parts) if w_parts else None, features, batch, segments)
+    return ids, offsets
+
+
+def _versions(kjt: KeyedJaggedTensor) -> tuple:
+    """What changes when a batch's tensors are written in place."""
+    weights = kjt.weights_or_none()
+    return kjt.values()._version, kjt.lengths()._version, None if weights is None else weights._version
 
 
 def _is_table_key(key: str) -> bool:
