@@ -44,6 +44,7 @@ from embcache.nn.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
 # ids per sample of each of the 26 features in MLPerf DLRM-DCNv2's multi-hot Criteo data
 MULTI_HOT_SIZES = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
 PROJECTED_CORES = 16
+ROUNDS = 2  # each thread count is measured this many times, interleaved with the others
 # the parts of a step, each the time spent in one function (and what it calls)
 PARTS = {
     "group_inputs": (cached_collection, "_group_input"),
@@ -64,8 +65,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, nargs="+", default=None,
                    help="thread counts to measure (default: 1 up to all cores, doubling)")
     p.add_argument("--shapes", nargs="+", default=["one-hot", "multi-hot"], choices=["one-hot", "multi-hot"])
-    p.add_argument("--steps", type=int, default=12, help="timed steps per variant (the median is reported)")
-    p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (compilation, warm caches)")
+    p.add_argument("--steps", type=int, default=8,
+                   help=f"timed steps per thread count and round ({ROUNDS} rounds; the median is reported)")
+    p.add_argument("--warmup-steps", type=int, default=5, help="untimed steps first (compilation, warm caches)")
     p.add_argument("--eviction", default="freq", choices=["freq", "lfu", "lru"])
     p.add_argument("--prefetch-depth", type=int, default=1, help="batches prefetched ahead, as the trainer")
     p.add_argument("--seed", type=int, default=0)
@@ -154,12 +156,13 @@ def set_threads(n: int) -> None:
     numba.set_num_threads(n)
 
 
-def time_steps(ebc, batches: list, depth: int, warmup: int, timer: PartTimer) -> dict:
+def time_steps(ebc, batches: list, depth: int, timer: PartTimer) -> tuple[list[float], list[dict]]:
     """Train over `batches` as the trainer does (prefetch `depth` ahead after each
-    forward); returns the median step and the mean seconds of each part per timed step."""
+    forward, the first `depth` prefetched before); returns each step's seconds and parts."""
     steps, parts = [], []
     for b in batches[:depth]:
         ebc.prefetch(b)
+    timer.take()
     for i in range(len(batches) - depth):
         t0 = time.perf_counter()
         out = ebc(batches[i])
@@ -167,9 +170,30 @@ def time_steps(ebc, batches: list, depth: int, warmup: int, timer: PartTimer) ->
         out.values().sum().backward()
         steps.append(time.perf_counter() - t0)
         parts.append(timer.take())
-    steps, parts = steps[warmup:], parts[warmup:]
-    return {"step_s": float(np.median(steps)),
-            "parts_s": {k: float(np.mean([p[k] for p in parts])) for k in PARTS}}
+    return steps, parts
+
+
+def measure(ebc, batches: list, threads: list[int], args, timer: PartTimer) -> dict[int, dict]:
+    """Per thread count, the median step and the mean parts. The cache is brought to its
+    steady state by an untimed pass first; then each thread count trains its own fresh
+    stretch of the trace (a stretch seen twice would hit more), the counts interleaved over
+    `ROUNDS` rounds so that a change of load on a shared machine touches them alike."""
+    span = args.steps + args.prefetch_depth
+    time_steps(ebc, batches[: args.warmup_steps + args.prefetch_depth], args.prefetch_depth, timer)
+    ebc.reset_cache_stats()
+    got = {t: ([], []) for t in threads}
+    start = args.warmup_steps
+    for _ in range(ROUNDS):
+        for t in threads:
+            set_threads(t)
+            steps, parts = time_steps(ebc, batches[start: start + span], args.prefetch_depth, timer)
+            got[t][0].extend(steps)
+            got[t][1].extend(parts)
+            start += args.steps
+    set_threads(threads[-1])
+    return {t: {"step_s": float(np.median(steps)),
+                "parts_s": {k: float(np.mean([p[k] for p in parts])) for k in PARTS}}
+            for t, (steps, parts) in got.items()}
 
 
 def projection(rate_1: float, rate_2: float, cores: int = PROJECTED_CORES) -> dict:
@@ -189,7 +213,7 @@ def run(args) -> int:
     results = []
     for shape in args.shapes:
         sizes = [1] * len(cardinalities) if shape == "one-hot" else MULTI_HOT_SIZES
-        n_steps = args.steps + args.warmup_steps + args.prefetch_depth
+        n_steps = args.warmup_steps + ROUNDS * len(threads) * args.steps + 2 * args.prefetch_depth
         print(f"bench host: {shape}: drawing {n_steps} batches of {args.batch_size} x {sum(sizes)} ids", flush=True)
         batches = make_batches(cardinalities, sizes, args.batch_size, n_steps, args.seed)
         freq = id_counts(batches, cardinalities)
@@ -197,17 +221,16 @@ def run(args) -> int:
         for ratio in args.ratios:
             ebc = build_collection(cardinalities, args.dim, ratio, freq, args.eviction)
             with timer.installed():
-                for t in threads:
-                    set_threads(t)
-                    r = time_steps(ebc, batches, args.prefetch_depth, args.warmup_steps, timer)
-                    rate = args.batch_size / r["step_s"]
-                    row = {"shape": shape, "ratio": ratio, "threads": t, "samples_per_s": rate,
-                           "ids_per_s": rate * ids_per_sample, "ids_per_sample": ids_per_sample,
-                           "hit_rate": ebc.cache_stats()["hit_rate"], **r}
-                    results.append(row)
-                    parts = "  ".join(f"{k} {1e3 * v:.1f}" for k, v in r["parts_s"].items())
-                    print(f"  {shape} {ratio:.3%} {t} thread(s): {rate:,.0f} samples/s "
-                          f"({1e3 * r['step_s']:.1f} ms/step; ms: {parts})", flush=True)
+                measured = measure(ebc, batches, threads, args, timer)
+            hit_rate = ebc.cache_stats()["hit_rate"]
+            for t, r in measured.items():
+                rate = args.batch_size / r["step_s"]
+                results.append({"shape": shape, "ratio": ratio, "threads": t, "samples_per_s": rate,
+                                "ids_per_s": rate * ids_per_sample, "ids_per_sample": ids_per_sample,
+                                "hit_rate": hit_rate, **r})
+                parts = "  ".join(f"{k} {1e3 * v:.1f}" for k, v in r["parts_s"].items())
+                print(f"  {shape} {ratio:.3%} {t} thread(s): {rate:,.0f} samples/s "
+                      f"({1e3 * r['step_s']:.1f} ms/step; ms: {parts})", flush=True)
             del ebc
     summary = summarize(results)
     for s in summary:

@@ -156,23 +156,67 @@ def _lookup(ids, id_to_slot, owner, mark, epoch, out, touched, absent_pos, absen
     return n_touched, n_absent, n_missing
 
 
+_SLOT_SPAN = 1 << 16  # slots per unit of parallel work in the passes over every slot
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _matching_slots(values, bound, limit):
+    """The first `limit` slots s (ascending) with `values[s] <= bound` (empty slots: a
+    slot_to_id of -1; candidate victims: a key below a threshold). Counted per span of
+    slots in parallel, then collected per span in parallel, in order."""
+    n = values.shape[0]
+    n_spans = (n + _SLOT_SPAN - 1) // _SLOT_SPAN
+    counts = np.zeros(n_spans, dtype=np.int64)
+    for c in prange(n_spans):
+        k = 0
+        for s in range(c * _SLOT_SPAN, min(n, (c + 1) * _SLOT_SPAN)):
+            if values[s] <= bound:
+                k += 1
+        counts[c] = k
+    total = min(limit, counts.sum())
+    out = np.empty(total, dtype=np.int64)
+    starts = np.zeros(n_spans + 1, dtype=np.int64)
+    for c in range(n_spans):
+        starts[c + 1] = starts[c] + counts[c]
+    for c in prange(n_spans):
+        k = starts[c]
+        if k >= total:
+            continue
+        for s in range(c * _SLOT_SPAN, min(n, (c + 1) * _SLOT_SPAN)):
+            if k >= total:
+                break
+            if values[s] <= bound:
+                out[k] = s
+                k += 1
+    return out
+
+
 @numba.njit(cache=True, nogil=True)
 def _free_slots(slot_to_id, limit):
-    free = np.empty(limit, dtype=np.int64)
-    n = 0
-    for s in range(slot_to_id.shape[0]):
-        if n == limit:
-            break
-        if slot_to_id[s] < 0:
-            free[n] = s
-            n += 1
-    return free[:n]
+    """The `limit` lowest empty slots (fewer if fewer are empty)."""
+    if limit <= 0:
+        return np.empty(0, dtype=np.int64)
+    return _matching_slots(slot_to_id, -1, limit)
 
 
 @numba.njit(cache=True, nogil=True)
 def _slot_key(slot_primary, slot_last, s, denom):
     """A resident slot's eviction key, as `EvictionPolicy.keys` computes it."""
     return slot_primary[s] + slot_last[s] / denom
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _eviction_keys(slot_to_id, holds, mark, epoch, slot_primary, slot_last, clock, keys):
+    """Every slot's key (inf where it may not be evicted); returns how many may be."""
+    denom = float(clock + 1)
+    evictable = 0
+    for s in prange(slot_to_id.shape[0]):
+        if slot_to_id[s] >= 0 and holds[s] == 0 and mark[s] != epoch:
+            keys[s] = _slot_key(slot_primary, slot_last, s, denom)
+            evictable += 1
+        else:
+            keys[s] = np.inf
+    return evictable
 
 
 @numba.njit(cache=True, nogil=True)
@@ -183,14 +227,7 @@ def _victims(k, slot_to_id, holds, mark, epoch, slot_primary, slot_last, clock):
     still leaves k of them."""
     n = slot_to_id.shape[0]
     keys = np.empty(n, dtype=np.float64)
-    denom = float(clock + 1)
-    evictable = 0
-    for s in range(n):
-        if slot_to_id[s] >= 0 and holds[s] == 0 and mark[s] != epoch:
-            keys[s] = _slot_key(slot_primary, slot_last, s, denom)
-            evictable += 1
-        else:
-            keys[s] = np.inf
+    evictable = _eviction_keys(slot_to_id, holds, mark, epoch, slot_primary, slot_last, clock, keys)
     k = min(k, evictable)
     if k <= 0:
         return np.empty(0, dtype=np.int64)
@@ -198,7 +235,7 @@ def _victims(k, slot_to_id, holds, mark, epoch, slot_primary, slot_last, clock):
         sample = keys[:: max(1, n // _SAMPLE_SIZE)].copy()
         rank = min(sample.shape[0], 2 * int(np.ceil(k * sample.shape[0] / n)) + 8)
         threshold = np.partition(sample, rank - 1)[rank - 1]
-        below = np.nonzero(keys <= threshold)[0]
+        below = _matching_slots(keys, threshold, n)
         if below.shape[0] >= k:
             order = np.argsort(keys[below], kind="mergesort")
             return below[order[:k]]
@@ -291,20 +328,30 @@ def admit(ids, id_to_slot, slot_to_id, holds, mark, epoch, slot_primary, slot_la
             new_slot[j] = num_slots + j - target.shape[0]
             if counted:
                 id_count[missing[j]] += 1
-    for a in range(n_absent):
-        out[absent_pos[a]] = new_slot[where[a]]
+    _place_absent(out, absent_pos, where, new_slot, n_absent)
     touched = touched[:n_touched]
-    for s in touched:  # the access itself: recency, and one more use
-        slot_last[s] = clock
-        if counted:
-            slot_primary[s] += 1.0
+    touch(touched, slot_primary, slot_last, clock, counted)  # the access itself: recency, one more use
     return out, touched, hits, missing, victims, evicted, target, declined
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _place_absent(out, absent_pos, where, new_slot, n_absent):
+    for a in prange(n_absent):
+        out[absent_pos[a]] = new_slot[where[a]]
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def hold(holds, slots, delta):
+    """`holds[s] += delta` for distinct `slots` (as `RowCache._hold`)."""
+    for k in prange(slots.shape[0]):
+        holds[slots[k]] += delta
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
 def touch(slots, slot_primary, slot_last, clock, counted):
     """Record one batch's use of distinct resident `slots` (as `EvictionPolicy.on_access`)."""
-    for s in slots:
+    for k in prange(slots.shape[0]):
+        s = slots[k]
         slot_last[s] = clock
         if counted:
             slot_primary[s] += 1.0

@@ -241,6 +241,9 @@ class RowCache:
     def _hold(self, slots: torch.Tensor, delta: int) -> None:
         """Hold (delta=+1) or let go of (-1) distinct `slots`. A count, not a flag: a
         training batch and several prefetches may hold one slot at once."""
+        if self.holds.device.type == "cpu":  # host bookkeeping: over threads (the slots are distinct)
+            fused_admission.hold(self.holds.numpy(), slots.to(torch.int64).contiguous().numpy(), delta)
+            return
         self.holds.index_add_(0, slots, self.holds.new_full((1,), delta).expand(slots.numel()))
 
     def release(self, lookup: Lookup) -> None:
