@@ -20,15 +20,18 @@ from __future__ import annotations
 import numba
 import numpy as np
 import torch
-from llvmlite import ir
-from numba import prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import prange
 
+from ._intrinsics import atomic_min, prefetch_entry
 from .eviction import _SAMPLE_SIZE, _SAMPLED_MIN_SLOTS
 
 NO_OWNER = np.iinfo(np.int32).max  # an `owner` entry between passes
 _MIN_CHUNK = 1 << 13  # lookups per unit of parallel work, at least
+# the lookup asks for the id->slot entry of the id this many places ahead: the table is
+# 8 bytes a row of the whole id space (270 MB at Kaggle scale), so most reads miss every
+# cache, and the core alone overlaps too few of them (measured on 426 k Zipf ids of 33.8 M
+# rows: a gather 2.2x faster at 64 ahead, 1.7x at 32, slower at 8)
+_LOOKAHEAD = 64
 
 _NO_PRIOR = np.zeros(0, dtype=np.float64)
 _NO_COUNT = np.zeros(0, dtype=np.int32)
@@ -54,28 +57,6 @@ def new_owner(num_slots: int) -> np.ndarray:
     return np.full(num_slots, NO_OWNER, dtype=np.int32)
 
 
-@intrinsic
-def _atomic_min(typingctx, arr, idx, val):
-    """`arr[idx] = min(arr[idx], val)` as one atomic operation (1-D int32 array): threads
-    that race on one entry leave the smallest value, whatever their order."""
-    if not isinstance(arr, types.Array) or arr.ndim != 1 or arr.dtype != types.int32:
-        return None
-    sig = types.void(arr, idx, val)
-
-    def codegen(context, builder, signature, args):
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        i = context.cast(builder, args[1], signature.args[1], types.intp)
-        ptr = cgutils.get_item_pointer2(context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
-                                        strides=cgutils.unpack_tuple(builder, ary.strides), layout=aryty.layout,
-                                        inds=[i], wraparound=False)
-        v = context.cast(builder, args[2], signature.args[2], types.int32)
-        builder.atomic_rmw("min", ptr, v, "monotonic")
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _lookup_hits(ids, id_to_slot, owner, mark, epoch, out, chunk, touched, absent_pos, n_chunks):
     """The parallel part of the lookup: every id's slot (-1 if absent); the distinct
@@ -91,11 +72,14 @@ def _lookup_hits(ids, id_to_slot, owner, mark, epoch, out, chunk, touched, absen
     n = ids.shape[0]
     counts = np.zeros((n_chunks, 2), dtype=np.int64)
     for c in prange(n_chunks):
-        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+        stop = min(n, (c + 1) * chunk)
+        for i in range(c * chunk, stop):
+            if i + _LOOKAHEAD < stop:
+                prefetch_entry(id_to_slot, ids[i + _LOOKAHEAD])
             s = id_to_slot[ids[i]]
             out[i] = s
             if s >= 0:
-                _atomic_min(owner, s, c)
+                atomic_min(owner, s, c)
     for c in prange(n_chunks):
         lo = c * chunk
         n_touched, n_absent = 0, 0
