@@ -132,12 +132,13 @@ def make_batches(cardinalities: list[int], sizes: list[int], batch: int, count: 
 
 def id_counts(batches: list, cardinalities: list[int]) -> dict[str, torch.Tensor]:
     """Per-table id counts over the batches (the `ids_freq` a run computes beforehand)."""
-    counts = {f"t{i}": torch.zeros(n, dtype=torch.int64) for i, n in enumerate(cardinalities)}
+    per_feature = [[] for _ in cardinalities]
     for kjt in batches:
-        for i, (n, ids) in enumerate(zip(cardinalities, kjt.values().split(kjt.lengths().view(len(cardinalities), -1)
-                                                                         .sum(1).tolist()))):
-            counts[f"t{i}"] += torch.bincount(ids, minlength=n)
-    return counts
+        sizes = kjt.lengths().view(len(cardinalities), -1).sum(1).tolist()
+        for parts, ids in zip(per_feature, kjt.values().split(sizes)):
+            parts.append(ids)
+    return {f"t{i}": torch.bincount(torch.cat(parts), minlength=n)
+            for i, (n, parts) in enumerate(zip(cardinalities, per_feature))}
 
 
 def _zero(weight: torch.Tensor) -> torch.Tensor:
