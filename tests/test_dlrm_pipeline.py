@@ -27,7 +27,7 @@ def synthetic(tmp_path_factory):
     from embcache.data.synthetic import generate_synthetic
 
     out = tmp_path_factory.mktemp("synthetic")
-    generate_synthetic(out, rows=8_000, scale=0.001, seed=0)
+    generate_synthetic(out, rows=4_000, scale=0.001, seed=0)
     return out
 
 
@@ -60,56 +60,56 @@ def step_records(path):
 
 # ------------------------------------------------------------------ same results as the synchronous loop
 def test_pipelined_run_equals_the_synchronous_one(synthetic, tmp_path):
-    """Two epochs (32 steps each, the last one short) with a stop at step 45, reads every 7 steps and
-    checkpoints every 10: the same loss at every step, the same metrics-log records, the
-    same checkpoint (tables, optimizer state, residency, history) and evaluation."""
+    """Two epochs (16 steps each, the last one short) with a stop at step 24, reads every 5
+    steps and checkpoints every 7: the same loss at every step, the same metrics-log records,
+    the same checkpoint (tables, optimizer state, residency, history) and evaluation."""
     runs = {}
     for pipeline in (True, False):
-        cfg = small_config(epochs=2, max_steps=45, log_every=7, checkpoint_every=10, pipeline=pipeline,
+        cfg = small_config(epochs=2, max_steps=24, log_every=5, checkpoint_every=7, pipeline=pipeline,
                            checkpoint_dir=str(tmp_path / f"ck{pipeline}"),
                            metrics_out=str(tmp_path / f"metrics{pipeline}.jsonl"))
         trainer = recording(DLRMTrainer(cfg, synthetic))
         trainer.fit()
         runs[pipeline] = trainer
     piped, sync = runs[True], runs[False]
-    assert len(piped.losses) == len(sync.losses) == 45
+    assert len(piped.losses) == len(sync.losses) == 24
     assert all(torch.is_tensor(loss) for loss in piped.losses)  # nothing read inside the step
     assert torch.equal(torch.stack(piped.losses), torch.stack(sync.losses))
     # the synchronous loop reads each step; the pipelined one at log steps, checkpoints, the epoch's end
-    assert sync.reads == [(s, 1) for s in range(1, 46)]
+    assert sync.reads == [(s, 1) for s in range(1, 25)]
     reads_at = [s for s, _ in piped.reads]
-    assert reads_at == sorted({s for s in range(1, 46) if s % 7 == 0 or s % 10 == 0} | {32, 45})
-    assert sum(n for _, n in piped.reads) == 45
+    assert reads_at == sorted({s for s in range(1, 25) if s % 5 == 0 or s % 7 == 0} | {16, 24})
+    assert sum(n for _, n in piped.reads) == 24
     records = step_records(tmp_path / "metricsTrue.jsonl")
-    assert [r["step"] for r in records] == [7, 14, 21, 28, 35, 42]
+    assert [r["step"] for r in records] == [5, 10, 15, 20]
     assert records == step_records(tmp_path / "metricsFalse.jsonl")
     assert_same_checkpoint(tmp_path / "ckTrue" / "dlrm-last.pt", tmp_path / "ckFalse" / "dlrm-last.pt", residency=True)
     a, b = (load_checkpoint(tmp_path / f"ck{p}" / "dlrm-last.pt", "dlrm") for p in (True, False))
-    assert a["step"] == b["step"] == 45 and a["history"] == b["history"]
-    assert piped.train_samples == sync.train_samples == 8_000 + 13 * 256  # an epoch, then 13 steps
+    assert a["step"] == b["step"] == 24 and a["history"] == b["history"] and len(a["history"]) == 1
+    assert piped.train_samples == sync.train_samples == 4_000 + 8 * 256  # an epoch, then 8 steps
     assert piped._loss_ema == sync._loss_ema
     assert piped.evaluate("val") == sync.evaluate("val")
 
 
 def test_a_pipelined_run_resumes_exactly(synthetic, tmp_path):
-    """Stopped at step 13 (between two reads) and resumed to 30: what one run to 30 computes."""
-    whole = DLRMTrainer(small_config(max_steps=30, log_every=4, checkpoint_dir=str(tmp_path / "w")), synthetic)
+    """Stopped at step 7 (between two reads) and resumed to 14: what one run to 14 computes."""
+    whole = DLRMTrainer(small_config(max_steps=14, log_every=4, checkpoint_dir=str(tmp_path / "w")), synthetic)
     whole.fit()
-    DLRMTrainer(small_config(max_steps=13, log_every=4, checkpoint_dir=str(tmp_path / "p")), synthetic).fit()
-    assert load_checkpoint(tmp_path / "p" / "dlrm-last.pt", "dlrm")["step"] == 13
-    resumed = DLRMTrainer(small_config(max_steps=30, log_every=4, checkpoint_dir=str(tmp_path / "p"), resume=True),
+    DLRMTrainer(small_config(max_steps=7, log_every=4, checkpoint_dir=str(tmp_path / "p")), synthetic).fit()
+    assert load_checkpoint(tmp_path / "p" / "dlrm-last.pt", "dlrm")["step"] == 7
+    resumed = DLRMTrainer(small_config(max_steps=14, log_every=4, checkpoint_dir=str(tmp_path / "p"), resume=True),
                           synthetic)
     resumed.fit()
     assert_same_checkpoint(tmp_path / "w" / "dlrm-last.pt", tmp_path / "p" / "dlrm-last.pt", residency=True)
 
 
 # ------------------------------------------------------------------ the divergence guard
-@pytest.mark.parametrize("bad_steps", [[13], [13, 16]])
+@pytest.mark.parametrize("bad_steps", [[7], [7, 9]])
 def test_the_guard_names_the_first_diverged_step_of_a_window(synthetic, tmp_path, bad_steps):
-    """The loss of step 13 (and 16) is infinite; the losses are read at 10 and 20 only. The
-    run stops naming step 13, and nothing after step 10 reaches a checkpoint or the log."""
+    """The loss of step 7 (and 9) is infinite; the losses are read at 5 and 10 only. The
+    run stops naming step 7, and nothing after step 5 reaches a checkpoint or the log."""
     metrics = tmp_path / "metrics.jsonl"
-    trainer = DLRMTrainer(small_config(max_steps=30, log_every=10, checkpoint_every=10, checkpoint_dir=str(tmp_path),
+    trainer = DLRMTrainer(small_config(max_steps=14, log_every=5, checkpoint_every=5, checkpoint_dir=str(tmp_path),
                                        metrics_out=str(metrics)), synthetic)
     step = trainer.train_step
     reads = []
@@ -121,19 +121,20 @@ def test_the_guard_names_the_first_diverged_step_of_a_window(synthetic, tmp_path
         return loss + float("inf") if trainer.step + 1 in bad_steps else loss
 
     trainer.train_step = poisoned
-    with pytest.raises(TrainingDiverged, match="^step 13: the loss is inf"):
+    with pytest.raises(TrainingDiverged, match="^step 7: the loss is inf"):
         trainer.fit()
-    assert reads == [10, 20]  # found at the read after it, not at the step
-    assert load_checkpoint(tmp_path / "dlrm-last.pt", "dlrm")["step"] == 10
+    assert reads == [5, 10]  # found at the read after it, not at the step
+    assert load_checkpoint(tmp_path / "dlrm-last.pt", "dlrm")["step"] == 5
     records = [json.loads(line) for line in open(metrics)]
-    assert [r["step"] for r in records if r["event"] == "step"] == [10]
-    assert records[-1]["event"] == "diverged" and "step 13" in records[-1]["message"]
+    assert [r["step"] for r in records if r["event"] == "step"] == [5]
+    assert records[-1]["event"] == "diverged" and "step 7" in records[-1]["message"]
 
 
 # ------------------------------------------------------------------ the reader thread
 def test_no_reader_thread_outlives_a_run_stopped_early_or_failed(synthetic):
     before = threading.active_count()
     DLRMTrainer(small_config(max_steps=5), synthetic).fit()  # an early stop (max_steps)
+    DLRMTrainer(small_config(), synthetic).evaluate("val")
     assert threading.active_count() == before
     for error in (RuntimeError("boom"), KeyboardInterrupt()):
         trainer = DLRMTrainer(small_config(max_steps=20), synthetic)
@@ -215,9 +216,9 @@ def test_background_batches_equal_the_batches_read_in_line(synthetic):
     plain = list(CTRBatches(synthetic, "train", 1000, shuffle_shards=True, seed=3, start_batch=2))
     with CTRBatches(synthetic, "train", 1000, shuffle_shards=True, seed=3, start_batch=2).background() as it:
         background = list(it)
-    assert len(plain) == len(background) == 6
+    assert len(plain) == len(background) == 2
     for a, b in zip(plain, background):
         assert torch.equal(a.dense, b.dense) and torch.equal(a.labels, b.labels)
         assert torch.equal(a.sparse.values(), b.sparse.values())
         assert torch.equal(a.sparse.lengths(), b.sparse.lengths()) and a.sparse.keys() == b.sparse.keys()
-    assert np.array_equal(np.array([len(b) for b in background]), np.full(6, 1000))
+    assert np.array_equal(np.array([len(b) for b in background]), np.full(2, 1000))
