@@ -273,7 +273,7 @@ def test_bad_device_is_one_line(synthetic, args, message):
 
 @pytest.mark.parametrize("option, value", [("--batch-size", "0"), ("--cache-ratio", "1.5"),
                                            ("--cache-ratio", "0"), ("--synthetic-rows", "-3"),
-                                           ("--lr", "nan"), ("--warmup-ratio", "2")])
+                                           ("--lr", "nan"), ("--warmup-ratio", "2"), ("--log-every", "0")])
 def test_bad_numbers_are_usage_errors(option, value):
     proc = _cli([option, value])
     out, err = proc.communicate(timeout=120)

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
+from embcache.data.background import BackgroundIterator
 from embcache.errors import format_error
 from embcache.data.ctr_format import read_meta, read_shard, sparse_features
 from embcache.distributed.world import slice_bounds
@@ -138,6 +139,26 @@ class CTRBatches:
 
     # -------------------------------------------------------------- iteration
     def __iter__(self) -> Iterator[Batch]:
+        for batch in self.host_batches():
+            yield self.place(batch)
+
+    def background(self, ahead: int = 2) -> BackgroundIterator[Batch]:
+        """The batches, read, decoded, checked and pinned (with CUDA) in a background
+        thread at most `ahead` batches before the one taken, then placed on the devices
+        (non-blocking from pinned memory) in the thread that takes them. The same batches
+        and the same errors as iterating this object; use it in a `with` block, which stops
+        the thread however the loop ends.
+
+        Example:
+            >>> with CTRBatches("datasets/synthetic", "train", 2048).background() as batches:  # doctest: +SKIP
+            ...     for batch in batches:
+            ...         logits = model(batch.dense, batch.sparse)
+        """
+        return _Placed(BackgroundIterator(self.host_batches(), ahead, name=f"embcache-reader-{self.split}"),
+                       self.place)
+
+    def host_batches(self) -> Iterator[Batch]:
+        """The batches on the host, pinned when CUDA will take them (`place` moves them)."""
         if self.start_batch >= self.batches_per_epoch():
             return
         pending: list[pa.RecordBatch] = []
@@ -147,11 +168,11 @@ class CTRBatches:
             have += record.num_rows
             while have >= self.batch_size:
                 table = pa.Table.from_batches(pending)
-                yield self._to_batch(table.slice(0, self.batch_size))
+                yield self._host_batch(table.slice(0, self.batch_size))
                 pending = table.slice(self.batch_size).to_batches()
                 have -= self.batch_size
         if have and not self.drop_last:
-            yield self._to_batch(pa.Table.from_batches(pending))
+            yield self._host_batch(pa.Table.from_batches(pending))
 
     def with_next(self) -> Iterator[tuple[Batch, Batch | None]]:
         """`(batch, next batch)` pairs, the last with None: the next batch's ids are known while
@@ -228,7 +249,7 @@ class CTRBatches:
                 raise format_error(path, None, f"row {first_row + row}: {f.name} id {int(ids[k])} "
                                                f"outside [0, {f.cardinality})")
 
-    def _to_batch(self, table: pa.Table) -> Batch:
+    def _host_batch(self, table: pa.Table) -> Batch:
         global_size = table.num_rows
         if self.part[1] > 1:
             start, stop = slice_bounds(global_size, self.part[1], self.part[0])
@@ -256,10 +277,36 @@ class CTRBatches:
         batch = Batch(torch.from_numpy(dense), sparse, labels, global_size)
         if "cuda" in (self.device.type, self.sparse_device.type):
             return Batch(batch.dense.pin_memory(), batch.sparse.pin_memory(), batch.labels.pin_memory(),
-                         global_size).to(self.device, non_blocking=True, sparse_device=self.sparse_device)
+                         global_size)
+        return batch
+
+    def place(self, batch: Batch) -> Batch:
+        """A batch of `host_batches` on `device` (its ids on `sparse_device`); from pinned
+        memory the copies are non-blocking."""
+        if "cuda" in (self.device.type, self.sparse_device.type):  # pinned by `host_batches`
+            return batch.to(self.device, non_blocking=True, sparse_device=self.sparse_device)
         if self.device.type == "cpu" and self.sparse_device.type == "cpu":
             return batch
         return batch.to(self.device, sparse_device=self.sparse_device)
+
+
+class _Placed(Iterator[Batch]):
+    """A background iterator's host batches, each placed on the devices as it is taken."""
+
+    def __init__(self, host: BackgroundIterator[Batch], place):
+        self._host, self._place = host, place
+
+    def __next__(self) -> Batch:
+        return self._place(next(self._host))
+
+    def close(self) -> None:
+        self._host.close()
+
+    def __enter__(self) -> "_Placed":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def lookahead(items) -> Iterator[tuple[object, object | None]]:

@@ -155,6 +155,7 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         return torch.cat(parts)
 
     # --------------------------------------------------------- torchrec's interface
+    @torch.compiler.disable  # a compile boundary: torch.compile of a model holding it traces around it
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         groups = self._take_prepared(features) or self._group_inputs(features)
         for bag, group in zip(self.bags, groups):
@@ -177,6 +178,7 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         return KeyedTensor(keys=self._feature_names, length_per_key=self._lengths_per_embedding,
                            values=values)
 
+    @torch.compiler.disable
     def prefetch(self, features: KeyedJaggedTensor) -> None:
         """Load the rows a coming batch needs (see `CachedEmbeddingBag.prefetch`). The ids
         go as they are (from the loader: on the host): the cache decides where its

@@ -124,6 +124,7 @@ class CachedEmbeddingBag(nn.Module):
                 f"optimizer={c.optimizer.name!r}, device={c.device}{extra}")
 
     # ------------------------------------------------------------------ lookups
+    @torch.compiler.disable  # a compile boundary: the cache's host bookkeeping stays eager
     def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
                 per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
         ids, offsets, weights = self.normalize_input(input, offsets, per_sample_weights)
@@ -163,6 +164,7 @@ class CachedEmbeddingBag(nn.Module):
 
         return hook
 
+    @torch.compiler.disable
     def prefetch(self, next_input: torch.Tensor, offsets: torch.Tensor | None = None) -> None:
         """Load the rows a coming batch will need (with CUDA, on a side stream that
         overlaps the current step). Optional: forward loads whatever is missing."""

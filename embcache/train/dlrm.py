@@ -23,6 +23,16 @@ rank reads its slice of every global batch (`--batch-size` is the global batch),
 loss is its samples' share of the global batch's mean, so N ranks compute what one does.
 One process is the world-size-1 case of the same code.
 
+The loop is pipelined (`pipeline`, the default): no ordinary step waits for the device.
+Each step's loss stays there and the skeleton reads them every `log_every` steps, at an
+epoch's end and before every checkpoint (`embcache.train.run`); batches are read, decoded,
+checked and pinned in a background thread (`CTRBatches.background`) and their dense
+features and labels copied to the device non-blocking. The synchronous loop
+(`pipeline=False`: read every step, batches read in the training thread) computes the same
+to the bit. `compile` puts the dense part (bottom MLP, interaction, top MLP) under
+`torch.compile`; the cached collection is a compile boundary, so compiling a whole model
+over it (torchrec's `DLRM`, `DLRM_DCN`, `DLRM_Projection`) works as well.
+
 The loop, checkpoints and resume are the run skeleton's (`embcache.train.run`). A cached
 run's checkpoint is one logical checkpoint (`embcache.distributed.table_checkpoint`): the
 tables and optimizer states in id order, cache residency and statistics per rank, and the
@@ -58,6 +68,8 @@ logger = logging.getLogger(__name__)
 SPARSE_MODES = ("cached", "device", "host")
 ARCHS = ("auto", "torchrec", "torch")
 MAX_PREFETCH_DEPTH = 4  # batches prefetched ahead at most (the cache keeps up to 8 pending: none is dropped)
+READ_AHEAD = 2  # batches the pipelined loop's reader thread makes before the trainer takes them
+DENSE_PARTS = ("dense_arch", "inter_arch", "over_arch")  # what `compile` compiles (those the model has)
 # torchrec's DLRM trips a torch.fx deprecation warning on every run; it is not ours to fix.
 logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
@@ -88,6 +100,8 @@ class DLRMConfig(StepRunConfig):
     host_store: str = "memory"  # or "mmap:DIR": the cached tables as memory-mapped files (rank r: DIR/rank<r>)
     row_dtype: str = "float32"  # how cached rows are stored: float32 | float16 | bfloat16
     row_rounding: str = "stochastic"  # how half-precision rows are rounded on write: nearest | stochastic
+    pipeline: bool = True  # losses read every log_every steps, batches read in a background thread (False: each step)
+    compile: bool = False  # the dense part under torch.compile (the cached collection stays eager)
 
     def __post_init__(self) -> None:
         # `prefetch` folded into the depth once, so that a later `replace(cfg, prefetch_depth=2)`
@@ -247,7 +261,20 @@ def build_model(meta: dict, cfg: DLRMConfig, ids_freq: dict | None, device: torc
     dense_opt = torch.optim.Adagrad(dense_params, lr=cfg.dense_lr)
     model.dense_arch = data_parallel(model.dense_arch, device)
     model.over_arch = data_parallel(model.over_arch, device)
+    if cfg.compile:
+        compile_dense(model)
     return model, sparse, dense_opt, sparse_opt
+
+
+def compile_dense(model: nn.Module) -> list[str]:
+    """Put the dense parts of a DLRM (`DENSE_PARTS`: bottom MLP, interaction, top MLP) under
+    `torch.compile`, in place (`nn.Module.compile`: parameter names and state dicts
+    unchanged; inside a DDP wrapper the wrapped module). The sparse part stays eager: the
+    cache's bookkeeping runs on the host. Returns the names compiled."""
+    names = [name for name in DENSE_PARTS if isinstance(getattr(model, name, None), nn.Module)]
+    for name in names:
+        unwrap(getattr(model, name)).compile()
+    return names
 
 
 def dense_state(model: nn.Module) -> dict:
@@ -289,6 +316,7 @@ class DLRMTrainer(Trainer):
         self.model, self.sparse, self.dense_opt, self.sparse_opt = build_model(self.meta, cfg, freq, self.device)
         self.loss_fn = nn.BCEWithLogitsLoss()
         self._pending: int | None = None  # prefetched batches not yet trained (None: ask the cache)
+        self.pipelined = cfg.pipeline
 
     # ------------------------------------------------------------------ checkpoints
     def data_fingerprint(self) -> dict:
@@ -370,10 +398,17 @@ class DLRMTrainer(Trainer):
             return self.loss_fn(logits, batch.labels)
         return F.binary_cross_entropy_with_logits(logits, batch.labels, reduction="sum") / batch.global_size
 
-    def train_step(self, batch, upcoming=()) -> float:
-        """One optimizer step on `batch`. `upcoming`: the batches after it, up to
-        `prefetch_depth` of them (or one batch, or None): a cached run prefetches those not
-        yet pending, whose copies overlap this step's backward."""
+    def _stream(self, batches: CTRBatches):
+        """`batches` to iterate in a `with` block: from the background reader when
+        pipelined, else as they are (read in this thread)."""
+        return batches.background(READ_AHEAD) if self.pipelined else nullcontext(batches)
+
+    def train_step(self, batch, upcoming=()) -> torch.Tensor:
+        """One optimizer step on `batch`; returns its loss (this rank's share under
+        torchrun), detached, where it was computed: nothing here waits for the device.
+        `upcoming`: the batches after it, up to `prefetch_depth` of them (or one batch, or
+        None): a cached run prefetches those not yet pending, whose copies overlap this
+        step's backward."""
         self.model.train()
         logits = self.model(batch.dense, batch.sparse).squeeze(-1)
         self._prefetch(upcoming)
@@ -385,7 +420,7 @@ class DLRMTrainer(Trainer):
         self.dense_opt.step()
         if self.sparse_opt is not None:
             self.sparse_opt.step()
-        return all_sum({"loss": loss.item()})["loss"]
+        return loss.detach()
 
     def _prefetch(self, upcoming) -> None:
         """Prefetch the batches of `upcoming` that are not pending yet, in order. Called after
@@ -410,10 +445,11 @@ class DLRMTrainer(Trainer):
         self.begin_epoch(len(batches) + self.step_in_epoch)
         depth = self.cfg.prefetch_depth if self.cfg.sparse == "cached" else 0
         self._pending = None  # asked of the cache at the first step
-        for batch, upcoming in lookahead_window(batches, depth):
-            if self.should_stop():
-                return None
-            self.after_step(self.train_step(batch, upcoming), batch.global_size or batch.labels.numel())
+        with self._stream(batches) as stream:  # the reader thread stops however the loop ends
+            for batch, upcoming in lookahead_window(stream, depth):
+                if self.should_stop():
+                    return None
+                self.after_step(self.train_step(batch, upcoming), batch.global_size or batch.labels.numel())
         return {}
 
     def evaluate_epoch(self) -> dict:
@@ -433,9 +469,10 @@ class DLRMTrainer(Trainer):
         cached = self.cfg.sparse == "cached" and self.sparse.local is not None
         training_comm = dict(getattr(self.sparse, "comm_bytes", {}))  # count training's traffic only
         with self.sparse.separate_stats() if cached else nullcontext() as eval_stats:
-            for batch in self._batches(split, self.cfg.eval_batch_size):
-                logits.append(self.model(batch.dense, batch.sparse).squeeze(-1).cpu())
-                labels.append(batch.labels.cpu())
+            with self._stream(self._batches(split, self.cfg.eval_batch_size)) as batches:
+                for batch in batches:
+                    logits.append(self.model(batch.dense, batch.sparse).squeeze(-1).cpu())
+                    labels.append(batch.labels.cpu())
         stats = eval_stats() if cached else {}
         if training_comm:
             self.sparse.comm_bytes.update(training_comm)

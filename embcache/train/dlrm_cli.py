@@ -59,6 +59,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                        metavar="D", help=f"batches whose rows are prefetched while the current one trains "
                                          f"(0 to {MAX_PREFETCH_DEPTH}; 0: none)")
     ahead.add_argument("--no-prefetch", action="store_true", help="do not prefetch (--prefetch-depth 0)")
+    p.add_argument("--no-pipeline", action="store_true",
+                   help="the synchronous loop: read the loss at every step and the batches in the training "
+                        "thread (the same results to the bit, slower; default: losses read every --log-every "
+                        "steps, batches read, decoded and pinned in a background thread)")
+    p.add_argument("--compile", action="store_true",
+                   help="the dense part (bottom MLP, interaction, top MLP) under torch.compile; the cache stays "
+                        "eager. Results agree with eager to rounding, not to the bit; the first steps compile")
     p.add_argument("--row-wise-rows", type=positive_int, default=None, metavar="N",
                    help="under torchrun: split a table with more than N rows by rows over all ranks "
                         "(default: a table holding more than its fair share, all rows / ranks)")
@@ -213,7 +220,8 @@ def train(args) -> int:
     from embcache.train.dlrm import DLRMConfig, DLRMTrainer
 
     cfg = DLRMConfig(**{**config_values(args, DLRMConfig), "sparse_lr": args.lr,
-                        "prefetch_depth": 0 if args.no_prefetch else args.prefetch_depth})
+                        "prefetch_depth": 0 if args.no_prefetch else args.prefetch_depth,
+                        "pipeline": not args.no_pipeline})
     try:
         cfg.resolved_device()
         data_dir = _prepared_once(args)

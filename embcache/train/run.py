@@ -11,12 +11,19 @@ all three:
   none (a typo in the directory must not start a fresh run over an old one); settings that
   shape the arithmetic or the data must match the checkpoint's, and a resume with others is
   refused in one line naming each (setting, value in the checkpoint, value now);
-- **divergence guard**: a NaN or infinite loss stops the run before it reaches a
-  checkpoint, so the last checkpoint is always good to resume from;
-- **metrics log**: JSON lines, `start`, `step` (every `LOG_EVERY` steps), `epoch`, then
+- **divergence guard**: a NaN or infinite loss stops the run, naming the first step whose
+  loss it was, before it reaches a checkpoint, so the last checkpoint is always good to
+  resume from;
+- **metrics log**: JSON lines, `start`, `step` (every `log_every` steps), `epoch`, then
   `summary` (or `diverged`);
 - **progress**: a bar per epoch, and one line per epoch through `logging` (the command line
   prints it; a library user's logging configuration decides);
+- **reading the loss**: a trainer hands each step's loss over as a float (read already)
+  or as a tensor on the device. A `pipelined` trainer's tensors stay there, so that no step
+  waits for the device: they are read together (one sync; under torchrun one all-reduce)
+  every `log_every` steps, at an epoch's end and before every checkpoint, and the guard,
+  the loss's moving average, the bar and the log then see each step's loss in turn, the
+  same numbers as reading every step;
 - **several processes** (torchrun): every rank runs the same loop; rank 0 alone shows
   progress, writes the metrics log and the checkpoint file; `save` and `summary` are
   collective (a trainer's state may be spread over the ranks), so every rank calls them.
@@ -42,7 +49,7 @@ from embcache.errors import CheckpointError, TrainingDiverged
 
 logger = logging.getLogger(__name__)
 
-LOG_EVERY = 50  # steps between two `step` records of the metrics log
+LOG_EVERY = 50  # default steps between two `step` records of the metrics log (`log_every`)
 # checkpoints written before the kind-prefixed names: kind -> the file name they used
 LEGACY_CHECKPOINT_NAMES = {"dlrm": "last.pt"}
 # positions written under other names before the trainers shared this skeleton
@@ -86,6 +93,8 @@ class StepRunConfig(RunConfig):
     Args:
         max_steps: stop after this many steps in all (a checkpoint is written there).
         checkpoint_every: steps between two checkpoints (and one at every epoch's end).
+        log_every: steps between two `step` records of the metrics log; a pipelined
+            trainer reads its losses from the device (and refreshes the bar) this often.
         dist_timeout: under torchrun, seconds a rank waits for the others in a collective
             before it stops with one line (a rank died or hung).
     """
@@ -93,6 +102,7 @@ class StepRunConfig(RunConfig):
     max_steps: int | None = None
     checkpoint_every: int = 200
     dist_timeout: float = DEFAULT_TIMEOUT_S
+    log_every: int = LOG_EVERY
 
 
 class MetricsLog:
@@ -190,16 +200,21 @@ class Trainer:
     a resume may not change) and `only_raised` (fields a resume may only raise), and writes
     `train_epoch`, `evaluate_epoch`, `trainer_state` / `load_trainer_state` and
     `summary_fields`. A stepwise trainer calls `begin_epoch` before its first step and
-    `after_step` after each one; `should_stop` says when `max_steps` is reached.
+    `after_step` after each one; `should_stop` says when `max_steps` is reached. A trainer
+    whose `pipelined` is true hands `after_step` its losses as device tensors, read every
+    `log_every` steps (see the module docstring).
     """
 
     kind: ClassVar[str] = ""
     must_match: ClassVar[tuple[str, ...]] = ()
     only_raised: ClassVar[tuple[str, ...]] = ()
+    pipelined: bool = False  # losses stay on the device between reads (else read at every step)
 
     def __init__(self, cfg: RunConfig, device: torch.device | None = None):
         if cfg.resume and not cfg.checkpoint_dir:
             raise CheckpointError("--resume needs --checkpoint-dir")
+        if getattr(cfg, "log_every", 1) < 1:
+            raise ValueError(f"log_every must be >= 1, got {cfg.log_every}")
         self.cfg = cfg
         self.world = current()
         self.device = self.world.device(device if device is not None else torch.device("cpu"))
@@ -211,6 +226,8 @@ class Trainer:
         self._bar = None
         self._t_last = 0.0
         self._loss_ema: float | None = None
+        self._unread: list = []  # losses of the steps not read yet (floats or device tensors)
+        self._unread_samples = 0
 
     # ------------------------------------------------------------------ what a trainer writes
     def train_epoch(self) -> dict | None:
@@ -289,6 +306,7 @@ class Trainer:
         try:
             while self.epoch < self.cfg.epochs and not self.stopped_early:
                 stats = self.train_epoch()
+                self.read_losses()
                 self._close_bar()
                 if stats is None:
                     self.stopped_early = True
@@ -336,28 +354,75 @@ class Trainer:
             self._bar.set_postfix(postfix, refresh=False)
             self._bar.update(done)
 
-    def after_step(self, loss: float, samples: int) -> None:
-        """Account for one step: the divergence guard, position, throughput (wall time
-        since the previous step's end, so loading the batch counts and checkpoints do
-        not), progress bar, metrics log, and the periodic checkpoint."""
-        check_loss(loss, f"step {self.step + 1}")
+    def after_step(self, loss: float | torch.Tensor, samples: int) -> None:
+        """Account for one step: position, samples, and the periodic checkpoint; then, at
+        a read (every step unless `pipelined`), the divergence guard, throughput (wall time
+        since the previous read, so loading batches counts and checkpoints do not), progress
+        bar and metrics log for every step since the previous read.
+
+        `loss`: a float is the step's loss as read (under torchrun: summed over the ranks
+        already); a tensor is this rank's share, left on the device until the read, which
+        sums it over the ranks."""
+        self._unread.append(loss.detach() if torch.is_tensor(loss) else loss)
+        self._unread_samples += samples
+        self.step += 1
+        self.step_in_epoch += 1
+        if not self.pipelined or self.step % self._log_every == 0:
+            self.read_losses()
+        if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
+            self.save()
+            self._t_last = time.perf_counter()
+
+    @property
+    def _log_every(self) -> int:
+        return getattr(self.cfg, "log_every", LOG_EVERY)
+
+    def read_losses(self) -> None:
+        """Read the losses of the steps since the previous read (one device sync, one
+        all-reduce under torchrun) and account for each in turn: divergence guard (which
+        names the first step whose loss is not finite), moving average, progress bar, and a
+        `step` record for every `log_every`-th. Collective under torchrun when they are
+        tensors. Nothing to read: nothing happens."""
+        if not self._unread:
+            return
+        losses, samples = self._read_unread()
+        first = self.step - len(losses) + 1
+        for i, loss in enumerate(losses):
+            check_loss(loss, f"step {first + i}")
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         now = time.perf_counter()
         dt, self._t_last = now - self._t_last, now
         self.train_seconds += dt
         self.train_samples += samples
-        self.step += 1
-        self.step_in_epoch += 1
-        self._loss_ema = loss if self._loss_ema is None else 0.95 * self._loss_ema + 0.05 * loss
         rate = samples / dt if dt > 0 else float("inf")
-        self.tick(1, loss=f"{self._loss_ema:.4f}", **{"samples/s": f"{rate:,.0f}"}, **self.progress_fields())
-        if self.step % LOG_EVERY == 0:
-            self.log.write(event="step", step=self.step, epoch=self.epoch + 1, loss=loss, loss_ema=self._loss_ema,
-                           samples_per_s=rate, **self.step_log_fields())
-        if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
-            self.save()
-            self._t_last = time.perf_counter()
+        for i, loss in enumerate(losses):
+            self._loss_ema = loss if self._loss_ema is None else 0.95 * self._loss_ema + 0.05 * loss
+            step = first + i
+            if step % self._log_every == 0:
+                self.log.write(event="step", step=step, epoch=self.epoch + 1, loss=loss, loss_ema=self._loss_ema,
+                               samples_per_s=rate, **self.step_log_fields())
+        self.tick(len(losses), loss=f"{self._loss_ema:.4f}", **{"samples/s": f"{rate:,.0f}"},
+                  **self.progress_fields())
+
+    def _read_unread(self) -> tuple[list[float], int]:
+        """The unread losses as floats (tensors summed over the ranks) and their samples;
+        the window is emptied."""
+        window, samples = self._unread, self._unread_samples
+        self._unread, self._unread_samples = [], 0
+        at = [i for i, loss in enumerate(window) if torch.is_tensor(loss)]
+        if at:
+            values = torch.stack([window[i].reshape(()) for i in at]).double()  # float32 -> float64: exact
+            if self.world.distributed:
+                import torch.distributed as dist
+
+                from embcache.distributed.world import collective_device
+
+                values = values.to(collective_device())
+                dist.all_reduce(values)
+            for i, v in zip(at, values.tolist()):
+                window[i] = v
+        return [float(loss) for loss in window], samples
 
     def _close_bar(self) -> None:
         if self._bar is not None:
@@ -381,6 +446,7 @@ class Trainer:
         """Write the checkpoint (atomically: a reader sees the previous one or this one).
         Collective: every rank calls it; `trainer_state` may write parts of its own, and
         rank 0 writes the file that makes them the checkpoint."""
+        self.read_losses()  # the guard sees every step before a checkpoint can hold it
         if self.checkpoint_path is None:
             return None
         payload = {"config": asdict(self.cfg), "data": self.data_fingerprint(), "epoch": self.epoch,

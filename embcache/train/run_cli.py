@@ -38,6 +38,10 @@ def add_run_arguments(p: argparse.ArgumentParser, kind: str, *, epochs: int, epo
                         f"that change the arithmetic or the data must be the checkpoint's")
     p.add_argument("--metrics-out", default=None, metavar="FILE",
                    help="JSON-lines metrics log (appended): start, step, epoch and summary records")
+    if stepwise:
+        p.add_argument("--log-every", type=positive_int, default=50, metavar="N",  # run.LOG_EVERY (not imported: no torch here)
+                       help="steps between two step records of the metrics log; a pipelined trainer (dlrm) "
+                            "reads its losses from the device and refreshes the progress bar this often")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     if stepwise:
         p.add_argument("--dist-timeout", type=positive_float, default=300.0, metavar="SECONDS",
