@@ -23,6 +23,7 @@ import torch
 from numba import prange
 
 from ._intrinsics import atomic_min, prefetch_entry
+from ._radix import stable_order_f64, stable_order_i64
 from .eviction import _SAMPLE_SIZE, _SAMPLED_MIN_SLOTS
 
 NO_OWNER = np.iinfo(np.int32).max  # an `owner` entry between passes
@@ -78,7 +79,7 @@ def _lookup_hits(ids, id_to_slot, owner, mark, epoch, out, chunk, touched, absen
                 prefetch_entry(id_to_slot, ids[i + _LOOKAHEAD])
             s = id_to_slot[ids[i]]
             out[i] = s
-            if s >= 0:
+            if s >= 0 and owner[s] > c:  # most lookups of a hot row find it claimed already
                 atomic_min(owner, s, c)
     for c in prange(n_chunks):
         lo = c * chunk
@@ -208,7 +209,8 @@ def _victims(k, slot_to_id, holds, mark, epoch, slot_primary, slot_last, clock):
     """The `k` evictable slots with the smallest keys (ties: lower slot first), in
     ascending (key, slot) order; fewer if fewer are evictable. As `select_victims`, a
     threshold read off a strided sample narrows the sort to the keys below it when that
-    still leaves k of them."""
+    still leaves k of them. (One pass that computes each key and collects those below
+    the threshold at once measured 2-5x slower than these two branch-free passes.)"""
     n = slot_to_id.shape[0]
     keys = np.empty(n, dtype=np.float64)
     evictable = _eviction_keys(slot_to_id, holds, mark, epoch, slot_primary, slot_last, clock, keys)
@@ -221,17 +223,15 @@ def _victims(k, slot_to_id, holds, mark, epoch, slot_primary, slot_last, clock):
         threshold = np.partition(sample, rank - 1)[rank - 1]
         below = _matching_slots(keys, threshold, n)
         if below.shape[0] >= k:
-            order = np.argsort(keys[below], kind="mergesort")
-            return below[order[:k]]
-    order = np.argsort(keys, kind="mergesort")
-    return order[:k].astype(np.int64)
+            return below[stable_order_f64(keys[below])[:k]]
+    return stable_order_f64(keys)[:k]
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(parallel=True, cache=True, nogil=True)
 def _counts(ids, id_count, prior, prior_weight):
     """A missing id's primary key outside the cache: online count (+ weighted prior)."""
     out = np.empty(ids.shape[0], dtype=np.float64)
-    for j in range(ids.shape[0]):
+    for j in prange(ids.shape[0]):
         c = float(id_count[ids[j]])
         if prior.shape[0]:
             c = c + prior[ids[j]] * prior_weight
@@ -245,7 +245,7 @@ def _admissions(missing, victims, n_free, id_count, prior, prior_weight, clock, 
     (stable), the permutation applied, and how many victims are worth evicting (the
     contenders beyond the free slots that are hotter than the victim they face)."""
     keys = _counts(missing, id_count, prior, prior_weight) + 1.0 + clock / (clock + 1.0)
-    order = np.argsort(-keys, kind="mergesort")
+    order = stable_order_f64(-keys)
     keys = keys[order]
     denom = float(clock + 1)
     wins = 0
@@ -285,7 +285,7 @@ def admit(ids, id_to_slot, slot_to_id, holds, mark, epoch, slot_primary, slot_la
     n_touched, n_absent, n_missing = _lookup(ids, id_to_slot, owner, mark, epoch, out, touched, absent_pos, where,
                                              found, chunk)
     hits = n_touched
-    order = np.argsort(found[:n_missing])
+    order = stable_order_i64(found[:n_missing])
     missing = found[:n_missing][order]
     where = _inverse(order)[where[:n_absent]]
     free = _free_slots(slot_to_id, n_missing)
@@ -341,11 +341,12 @@ def touch(slots, slot_primary, slot_last, clock, counted):
             slot_primary[s] += 1.0
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(parallel=True, cache=True, nogil=True)
 def _evict(victims, slot_to_id, id_to_slot, slot_primary, id_count, prior, prior_weight):
-    """Empty the victims' slots, keeping their ids' online counts (as `on_evict`)."""
+    """Empty the victims' slots, keeping their ids' online counts (as `on_evict`). The
+    victims are distinct slots holding distinct ids, so they go in parallel."""
     evicted = np.empty(victims.shape[0], dtype=np.int64)
-    for v in range(victims.shape[0]):
+    for v in prange(victims.shape[0]):
         s = victims[v]
         i = slot_to_id[s]
         evicted[v] = i
@@ -359,15 +360,16 @@ def _evict(victims, slot_to_id, id_to_slot, slot_primary, id_count, prior, prior
     return evicted
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(parallel=True, cache=True, nogil=True)
 def _assign(missing, target, slot_to_id, id_to_slot, slot_primary, slot_last, id_count, prior, prior_weight,
             clock, mark, epoch, touched, n_touched):
     """Place the first `len(target)` missing ids, as `SlotMap.assign` + `on_admit`, and
-    add their slots to `touched` after its first `n_touched`."""
+    add their slots to `touched` after its first `n_touched`. Distinct ids into distinct
+    slots: in parallel."""
     placed = missing[: target.shape[0]]
     primary = _counts(placed, id_count, prior, prior_weight) if id_count.shape[0] else \
         np.zeros(placed.shape[0], dtype=np.float64)
-    for j in range(target.shape[0]):
+    for j in prange(target.shape[0]):
         s, i = target[j], placed[j]
         slot_to_id[s] = i
         id_to_slot[i] = s
