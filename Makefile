@@ -32,6 +32,7 @@ test: install
 bench: install
 	$(VENV)/bin/embcache bench cache --batches 600 --parts hit-rate
 	$(VENV)/bin/embcache bench cache --parts timing --timing-steps 60 --name cache_timing
+	$(VENV)/bin/embcache bench host
 	$(VENV)/bin/embcache bench dlrm
 	$(VENV)/bin/embcache bench cf --wide-dim 128
 	$(VENV)/bin/embcache bench face
