@@ -159,3 +159,77 @@ def test_sample_negatives_without_keys_is_the_plain_draw():
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     negs, redraws, kept = sample_negatives(torch.tensor([0, 1]), 50, 8, g1)
     assert torch.equal(negs, torch.randint(0, 50, (2, 8), generator=g2)) and (redraws, kept) == (0, 0)
+
+
+# --------------------------------------------------------------------------- the command line
+@pytest.mark.parametrize("args, message", [
+    (["--negatives-from", "foo"], "argument --negatives-from: invalid choice: 'foo' (choose from 'unseen', 'all')"),
+    (["--negatives", "all"], "argument --negatives: is the number K of negatives; for the rule write "
+                             "--negatives-from all"),
+])
+def test_a_bad_rule_is_one_line(args, message, capsys):
+    from embcache.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["cf", "train", "--no-progress", *args])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.strip().splitlines()[-1] == f"embcache cf train: error: {message}"
+    with pytest.raises(ValueError, match="negatives_from must be one of"):
+        CFConfig(negatives_from="foo")
+
+
+def test_the_rule_is_part_of_a_checkpoint_and_old_checkpoints_resume_with_all(tmp_path, capsys):
+    """A run resumes only under its own rule; a checkpoint written before the rule existed
+    was trained with negatives from all items and resumes so, bit for bit."""
+    from embcache.checkpoint import load_checkpoint, save_checkpoint
+    from embcache.cli import main
+
+    common = ["cf", "train", "--no-progress", "--data", "synthetic", "--synthetic-users", "60", "--synthetic-items",
+              "80", "--synthetic-interactions", "1000", "--negatives", "4", "--threads", "1"]
+
+    def run(*args):
+        rc = main([*common, *map(str, args)])
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+
+    rc, out, _ = run("--epochs", 2, "--negatives-from", "all", "--checkpoint-dir", tmp_path / "whole",
+                     "--save", tmp_path / "whole.npz")
+    assert rc == 0 and "K=4 (all)" in out
+    assert run("--epochs", 1, "--negatives-from", "all", "--checkpoint-dir", tmp_path / "cut")[0] == 0
+    rc, _, err = run("--epochs", 2, "--negatives-from", "unseen", "--checkpoint-dir", tmp_path / "cut", "--resume")
+    assert rc == 1 and "negatives_from 'all' in the checkpoint, 'unseen' now" in err
+    path = tmp_path / "cut" / "cf-last.pt"
+    ck = load_checkpoint(path, "cf")
+    del ck["config"]["negatives_from"]  # as written before issue 23
+    save_checkpoint(ck, path, "cf")
+    rc, out, err = run("--epochs", 2, "--checkpoint-dir", tmp_path / "cut", "--resume", "--save", tmp_path / "cut.npz")
+    assert rc == 0 and "K=4 (all)" in out, err
+    from embcache.data.cf.embeddings_file import load
+
+    for a, b in zip(load(tmp_path / "whole.npz")[:3], load(tmp_path / "cut.npz")[:3]):
+        assert np.array_equal(a, b)
+
+
+def test_bench_reports_both_rules_and_the_cost_of_the_exclusion(tmp_path, capsys):
+    import json
+
+    from embcache.cli import main
+
+    rc = main(["bench", "cf", "--datasets", "synthetic", "--synthetic-users", "300", "--synthetic-items", "500",
+               "--synthetic-interactions", "9000", "--synthetic-negatives", "8", "--synthetic-epochs", "2",
+               "--threads", "1", "--no-baseline", "--cost-epochs", "2", "--copy-mib", "16", "--out-dir", str(tmp_path),
+               "--no-plot"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "exclusion cost" in out
+    (case,) = json.loads((tmp_path / "cf.json").read_text())["cases"]
+    assert {r["negatives_from"] for r in case["rows"]} == {"unseen"}
+    # the set is small enough that torch runs whole epochs (its accuracy is measured): both engines
+    assert [r["variant"] for r in case["old_rule_rows"]] == ["torch", "heat, tiling"]
+    old = case["old_rule_rows"][1]
+    new = next(r for r in case["rows"] if r["variant"] == old["variant"])
+    assert old["negatives_from"] == "all" and old["redraws_per_epoch"] == 0
+    assert new["redraws_per_epoch"] > 0 and old["recall_unseen_vs_all"] == new["recall_at_20"] / old["recall_at_20"]
+    (cost,) = case["exclusion_cost"]
+    assert cost["threads"] == 1 and len(cost["epoch_s_unseen_all"]) == len(cost["epoch_s_all_all"]) == 2
+    assert cost["time_ratio_unseen_vs_all"] == cost["epoch_s_unseen"] / cost["epoch_s_all"] > 0
+    assert cost["redraws_per_sample"] > 0 and cost["seen_negatives_per_sample"] == 0

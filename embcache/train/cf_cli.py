@@ -165,6 +165,9 @@ def saved_model_settings(args) -> dict:
         path = checkpoint_in(args.checkpoint_dir, "cf")
         if path.is_file():
             saved = load_checkpoint(path, kind="cf")["config"]
+            # a checkpoint from before issue 23 drew negatives from all items (as CFTrainer's
+            # upgrade_checkpoint says too): it resumes that way, not under the new default
+            saved.setdefault("negatives_from", "all")
             return {k: saved[k] for k in MODEL_SETTINGS if k in saved}
     return {}
 
