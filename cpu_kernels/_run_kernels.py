@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from cpu_kernels._kernels import _apply_w, _below, _dot, _inv_norms, _mark_seen, _splitmix
+from cpu_kernels._kernels import _apply_w, _below, _dot, _inv_norms, _mark_seen, _reject_seen, _splitmix
 from cpu_kernels._prefetch import prefetch_row
 
 _OPTS = dict(nogil=True, cache=True, fastmath=False)
@@ -257,17 +257,13 @@ def train_runs(U, I, W, hist, hist_len, users, items, order, starts, K, margin, 
                 mask_user, mask_base = u, base
             for j in range(K):
                 state, bits = _splitmix(state)
-                off = _below(bits, span)
-                if exclude and mask[off] != 0:
-                    if owned < span:  # else every redraw would be the user's too
-                        r = 0
-                        while mask[off] != 0 and r < max_redraws:
-                            state, bits = _splitmix(state)
-                            off = _below(bits, span)
-                            r += 1
-                        redraws += r
-                    kept += 1 if mask[off] != 0 else 0
-                n_ = base + off
+                negs[j] = _below(bits, span)  # an offset into the window, made an item below
+            if exclude and owned > 0:
+                state, r, k = _reject_seen(negs, mask, owned, span, max_redraws, state)
+                redraws += r
+                kept += k
+            for j in range(K):
+                n_ = base + negs[j]
                 negs[j] = n_ - ni if n_ >= ni else n_  # the tile wraps around the table
             if trace.shape[0] > 0:
                 trace[pair, :] = negs

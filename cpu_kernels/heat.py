@@ -44,11 +44,12 @@ class HeatOptions:
             the per-sample kernel: 2.1-2.6x its speed on MovieLens-100k at K=64, Recall@20
             within 0.5 % there and 1.3 % on the synthetic set after 3 epochs; 16 was 2.5-2.8x
             but 3 % below it on the synthetic set.
-        max_redraws: with `CFConfig.negatives_from = "unseen"`, the most times one negative
-            that is the user's own item is redrawn from the same tile before it is kept
-            (and counted in the epoch's "seen_negatives"): a user owning a share f of a
-            tile keeps one with probability f ** (max_redraws + 1), and a user owning all of
-            it costs no redraws at all, so no draw can loop for long.
+        max_redraws: with `CFConfig.negatives_from = "unseen"`, the most rounds in which a
+            sample's negatives that are the user's own items are redrawn from the same tile;
+            one more draw then fills what is still missing, kept whatever it is and counted
+            in the epoch's "seen_negatives". A user owning a share f of a tile keeps such a
+            negative with probability f ** (max_redraws + 2); one owning all of it costs no
+            redraws at all, so no draw can loop for long.
     """
 
     lr: float = 0.1
