@@ -21,14 +21,16 @@ The negatives cost less too:
 - an item row's backward is one pass: its share of the user gradient, its own update and
   its new squared norm (for the 1/|row| cache), where the per-sample kernel made three.
 Everything else (the per-thread splitmix64 streams, tiles, Hogwild row updates, W applied
-as the mean of a thread's gradient every `w_sync` samples) is the per-sample kernel's.
+as the mean of a thread's gradient every `w_sync` samples, the mask of the user's own items
+that negatives exclude) is the per-sample kernel's. The mask pays off most here: it is
+built once per run (and per tile refresh), not once per sample.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
 
-from cpu_kernels._kernels import _apply_w, _below, _dot, _inv_norms, _splitmix
+from cpu_kernels._kernels import _apply_w, _below, _dot, _inv_norms, _mark_seen, _reject_seen, _splitmix
 from cpu_kernels._prefetch import prefetch_row
 
 _OPTS = dict(nogil=True, cache=True, fastmath=False)
@@ -181,7 +183,8 @@ def _run_sample(U, I, u, p, negs, zb, margin, neg_w, gamma, simplex, tU, tI, ste
 
 @njit(parallel=True, **_OPTS)
 def train_runs(U, I, W, hist, hist_len, users, items, order, starts, K, margin, neg_w, gamma, simplex, lr,
-               tile, refresh, w_sync, flush, rng, tile_state, gW_buf, loss_out, active_out, ahead):
+               tile, refresh, w_sync, flush, rng, tile_state, gW_buf, loss_out, active_out, exclude, seen_ptr,
+               seen, max_redraws, draws_out, trace, ahead):
     """SGD over the pairs order[...] in runs: a run begins where starts[idx] is set and at
     each thread's first sample (thread t walks its contiguous share of `order`, as in
     `_kernels.train_pairs`, whose arguments these are, with the same per-thread state). A
@@ -189,7 +192,8 @@ def train_runs(U, I, W, hist, hist_len, users, items, order, starts, K, margin, 
     is applied as the mean over its samples once `w_sync` samples have passed at a run's
     end, and at the call's end when `flush`. Every call ends its threads' last runs, so the
     caller cuts an epoch into chunks only where a run starts. The user and positive rows of
-    the sample `ahead` places on are prefetched (0: none), which changes no result."""
+    the sample `ahead` places on are prefetched (0: none), which changes no result. The
+    negatives exclude the user's items as in `_kernels.train_pairs` (`exclude` ... `trace`)."""
     T = rng.shape[0]
     n = order.shape[0]
     d = U.shape[1]
@@ -216,6 +220,10 @@ def train_runs(U, I, W, hist, hist_len, users, items, order, starts, K, margin, 
         loss = 0.0
         active = 0
         u_run = -1
+        span = tile if tile > 0 else ni
+        mask = np.zeros(span if exclude else 1, np.uint8)
+        mask_user, mask_base, owned = -1, -1, 0
+        redraws, kept = 0, 0
         for idx in range(lo, hi):
             pair = order[idx]
             u = users[pair]
@@ -234,20 +242,31 @@ def train_runs(U, I, W, hist, hist_len, users, items, order, starts, K, margin, 
             # the same draw as `_kernels.train_pairs` (a seed gives both kernels the same negatives);
             # written out here on purpose: one shared njit helper, inlined or not, measured 5-15 %
             # slower per epoch on ml-100k (median of 25 epochs, 4 interleaved runs)
+            base = 0
             if tile > 0:
                 if since >= refresh or tile_start < 0:
                     state, bits = _splitmix(state)
                     tile_start = _below(bits, ni)
                     since = 0
                 since += 1
-                for j in range(K):
-                    state, bits = _splitmix(state)
-                    n_ = tile_start + _below(bits, tile)
-                    negs[j] = n_ - ni if n_ >= ni else n_  # the tile wraps around the table
-            else:
-                for j in range(K):
-                    state, bits = _splitmix(state)
-                    negs[j] = _below(bits, ni)
+                base = tile_start
+            if exclude and (u != mask_user or base != mask_base):
+                if mask_user >= 0:
+                    _mark_seen(seen_ptr, seen, mask_user, mask_base, span, ni, mask, 0)
+                owned = _mark_seen(seen_ptr, seen, u, base, span, ni, mask, 1)
+                mask_user, mask_base = u, base
+            for j in range(K):
+                state, bits = _splitmix(state)
+                negs[j] = _below(bits, span)  # an offset into the window, made an item below
+            if exclude and owned > 0:
+                state, r, k = _reject_seen(negs, mask, owned, span, max_redraws, state)
+                redraws += r
+                kept += k
+            for j in range(K):
+                n_ = base + negs[j]
+                negs[j] = n_ - ni if n_ >= ni else n_  # the tile wraps around the table
+            if trace.shape[0] > 0:
+                trace[pair, :] = negs
             l, a = _run_sample(U, I, u, items[pair], negs, zb, margin, neg_w, gamma, simplex, U, I, lr, True,
                                inv_norm, z, gz, G, cos_n, act)
             loss += l
@@ -264,6 +283,8 @@ def train_runs(U, I, W, hist, hist_len, users, items, order, starts, K, margin, 
         tile_state[t, 2] = pending if simplex else 0
         loss_out[t] = loss
         active_out[t] = active
+        draws_out[t, 0] = redraws
+        draws_out[t, 1] = kept
 
 
 @njit(**_OPTS)

@@ -44,6 +44,12 @@ class HeatOptions:
             the per-sample kernel: 2.1-2.6x its speed on MovieLens-100k at K=64, Recall@20
             within 0.5 % there and 1.3 % on the synthetic set after 3 epochs; 16 was 2.5-2.8x
             but 3 % below it on the synthetic set.
+        max_redraws: with `CFConfig.negatives_from = "unseen"`, the most rounds in which a
+            sample's negatives that are the user's own items are redrawn from the same tile;
+            one more draw then fills what is still missing, kept whatever it is and counted
+            in the epoch's "seen_negatives". A user owning a share f of a tile keeps such a
+            negative with probability f ** (max_redraws + 2); one owning all of it costs no
+            redraws at all, so no draw can loop for long.
     """
 
     lr: float = 0.1
@@ -54,6 +60,7 @@ class HeatOptions:
     kernel: str = "runs"
     user_run: int = 8
     prefetch: int = 2
+    max_redraws: int = 16
 
     def __post_init__(self):
         if not self.lr > 0:
@@ -64,6 +71,8 @@ class HeatOptions:
             raise ValueError(f"kernel must be one of {KERNELS}, not {self.kernel!r}")
         if self.prefetch < 0:
             raise ValueError(f"prefetch must be >= 0 (0: none), not {self.prefetch}")
+        if self.max_redraws < 0:
+            raise ValueError(f"max_redraws must be >= 0, not {self.max_redraws}")
         for name in ("refresh", "w_sync", "user_run"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, not {getattr(self, name)}")
@@ -84,7 +93,7 @@ class HeatEngine:
         >>> eng = HeatEngine(params, users, items, HeatOptions(threads=1, tile=2))
         >>> stats = eng.epoch(epoch=0)
         >>> sorted(stats), stats["samples"]
-        (['active_negatives', 'loss', 'samples'], 4)
+        (['active_negatives', 'loss', 'redraws', 'samples', 'seen_negatives'], 4)
     """
 
     def __init__(self, params: CFParams, users: np.ndarray, items: np.ndarray,
@@ -103,6 +112,8 @@ class HeatEngine:
             raise ValueError(f"threads must be in 1..{max_threads()}")
         ni, d = params.I.shape
         self.tile = min(options.tile, ni) if options.tile > 0 else 0
+        self.exclude = params.config.negatives_from == "unseen"
+        self.seen_ptr, self.seen = seen_items(self.users, self.items, len(params.U), ni)
         # prefetch only where rows come from beyond a core's private cache: on tables that
         # fit (MovieLens-100k, d=128: 0.5 + 0.9 MB) it measured 16 % slower, on the
         # synthetic set's (7.7 + 10 MB at d=64) 5-7 % faster
@@ -136,10 +147,14 @@ class HeatEngine:
         self.tile_state[:] = state["tile_state"]
         self.gW[:] = state["gW"]
 
-    def epoch(self, epoch: int, chunks: int = 1, progress=None) -> dict:
+    def epoch(self, epoch: int, chunks: int = 1, progress=None, trace: np.ndarray | None = None) -> dict:
         """One pass over the pairs in a seeded shuffled order (of runs of a user's samples
         with the "runs" kernel and SimpleX); `progress(n_done, loss)` is called after each of
-        `chunks` about equal parts, cut where a run starts."""
+        `chunks` about equal parts, cut where a run starts. Returns the mean loss, the
+        negatives inside the margin, and with the "unseen" rule the redraws of negatives
+        that were the user's own items and how many were kept after `max_redraws`.
+        `trace`, an int32 array [pairs, K], receives the negatives drawn for each training
+        pair (a test hook: the kernels write it only when it is given)."""
         c, o = self.params.config, self.options
         rng = np.random.default_rng((c.seed, epoch))
         order = rng.permutation(len(self.users))
@@ -148,28 +163,51 @@ class HeatEngine:
         numba.set_num_threads(self.threads)
         loss_out = np.zeros(self.threads)
         active_out = np.zeros(self.threads, dtype=np.int64)
-        total_loss, total_active = 0.0, 0
+        draws_out = np.zeros((self.threads, 2), dtype=np.int64)
+        if trace is None:
+            trace = np.zeros((0, c.negatives), np.int32)
+        elif trace.shape != (len(self.users), c.negatives) or trace.dtype != np.int32:
+            raise ValueError(f"trace must be an int32 array of shape ({len(self.users)}, {c.negatives})")
+        total_loss, total_active, total_draws = 0.0, 0, np.zeros(2, np.int64)
         bounds = chunk_bounds(starts, chunks)
         for lo, hi in zip(bounds[:-1], bounds[1:]):
-            self._train(order[lo:hi], starts[lo:hi], bool(hi == len(order)), loss_out, active_out)
+            self._train(order[lo:hi], starts[lo:hi], bool(hi == len(order)), loss_out, active_out, draws_out,
+                        trace)
             total_loss += float(loss_out.sum())
             total_active += int(active_out.sum())
+            total_draws += draws_out.sum(0)
             if progress is not None:
                 progress(int(hi - lo), float(loss_out.sum()) / max(hi - lo, 1))
         n = len(order)
-        return {"loss": total_loss / max(n, 1), "samples": n, "active_negatives": total_active}
+        return {"loss": total_loss / max(n, 1), "samples": n, "active_negatives": total_active,
+                "redraws": int(total_draws[0]), "seen_negatives": int(total_draws[1])}
 
-    def _train(self, order, starts, flush, loss_out, active_out) -> None:
+    def _train(self, order, starts, flush, loss_out, active_out, draws_out, trace) -> None:
         """One kernel call over order (runs begin where `starts` is set)."""
         c, o, p = self.params.config, self.options, self.params
         head = (p.U, p.I, p.W, p.hist, p.hist_len, self.users, self.items, order)
         tail = (c.negatives, np.float32(c.margin), np.float32(c.neg_weight), np.float32(c.gamma), c.simplex,
                 np.float32(o.lr), self.tile, o.refresh, o.w_sync, flush, self.rng, self.tile_state, self.gW,
-                loss_out, active_out)
+                loss_out, active_out, self.exclude, self.seen_ptr, self.seen, o.max_redraws, draws_out, trace)
         if o.kernel == "runs":
             _run_kernels.train_runs(*head, starts, *tail, self.prefetch)
         else:
             _kernels.train_pairs(*head, *tail)
+
+
+def seen_items(users: np.ndarray, items: np.ndarray, num_users: int, num_items: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Each user's distinct training items, sorted, as CSR (indptr int64 [num_users + 1],
+    items int32): what the "unseen" rule's masks are built from by binary search.
+
+    Example:
+        >>> ptr, seen = seen_items(np.array([1, 0, 1, 1]), np.array([5, 2, 3, 5]), 3, 6)
+        >>> ptr.tolist(), seen.tolist()
+        ([0, 1, 3, 3], [2, 3, 5])
+    """
+    keys = np.unique(users.astype(np.int64) * num_items + items)
+    ptr = np.searchsorted(keys, np.arange(num_users + 1, dtype=np.int64) * num_items).astype(np.int64)
+    return ptr, (keys % num_items).astype(np.int32)
 
 
 def user_run_order(users: np.ndarray, order: np.ndarray, max_run: int, rng) -> np.ndarray:

@@ -38,6 +38,43 @@ def cf_loss(U, I, W, hist, hist_len, users, pos, negs, config: CFConfig, reducti
     return per_sample.sum() if reduction == "sum" else per_sample.mean()
 
 
+def _is_seen(seen_keys, keys):
+    """keys (user * num_items + item) found in the sorted `seen_keys`."""
+    at = torch.searchsorted(seen_keys, keys).clamp_max(len(seen_keys) - 1)
+    return seen_keys[at] == keys
+
+
+def sample_negatives(users, num_items: int, K: int, generator, seen_keys=None, max_redraws: int = 16):
+    """K uniform negatives [B, K] for a batch of users (a torch int64 tensor). With
+    `seen_keys` (the sorted user * num_items + item of every training pair: the "unseen"
+    rule) the candidates that are the user's own items are redrawn, all of a batch's at
+    once, at most `max_redraws` rounds; returns (negatives, redraws, negatives still the
+    user's). A sorted-key search rather than a users x items mask, which would not fit at
+    Gowalla's scale.
+
+    Example:
+        >>> keys = torch.tensor([0 * 3 + 0, 0 * 3 + 1])   # user 0 owns items 0 and 1 of 3
+        >>> negs, redraws, kept = sample_negatives(torch.tensor([0]), 3, 4, torch.Generator().manual_seed(0), keys)
+        >>> negs.tolist(), kept
+        ([[2, 2, 2, 2]], 0)
+    """
+    negs = torch.randint(0, num_items, (len(users), K), generator=generator)
+    if seen_keys is None or not len(seen_keys):
+        return negs, 0, 0
+    base = users[:, None] * num_items
+    bad = _is_seen(seen_keys, base + negs)
+    redraws = 0
+    for _ in range(max_redraws):
+        rows, cols = bad.nonzero(as_tuple=True)
+        if not len(rows):
+            break
+        redraws += len(rows)
+        fresh = torch.randint(0, num_items, (len(rows),), generator=generator)
+        negs[rows, cols] = fresh
+        bad[rows, cols] = _is_seen(seen_keys, base[rows, 0] + fresh)
+    return negs, redraws, int(bad.sum())
+
+
 @dataclass(frozen=True)
 class TorchOptions:
     """Args:
@@ -46,17 +83,21 @@ class TorchOptions:
             that equal epochs compare equal accuracy.
         batch_size: training pairs per step.
         threads: torch intra-op threads (None: torch's default).
+        max_redraws: the "unseen" rule's rounds of redraws (`sample_negatives`).
     """
 
     lr: float = 1e-2
     batch_size: int = 1024
     threads: int | None = None
+    max_redraws: int = 16
 
     def __post_init__(self):
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, not {self.lr}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, not {self.batch_size}")
+        if self.max_redraws < 0:
+            raise ValueError(f"max_redraws must be >= 0, not {self.max_redraws}")
 
 
 class TorchEngine:
@@ -87,6 +128,9 @@ class TorchEngine:
         trainable = [self.U, self.I] + ([self.W] if self.config.simplex else [])
         self.optimizer = torch.optim.Adam(trainable, lr=options.lr)
         self.generator = torch.Generator().manual_seed(self.config.seed)
+        self.seen_keys = None  # the "all" rule: no test
+        if self.config.negatives_from == "unseen":
+            self.seen_keys = torch.unique(self.users * len(params.I) + self.items)  # sorted
         if options.threads:
             torch.set_num_threads(options.threads)
 
@@ -102,19 +146,24 @@ class TorchEngine:
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
 
-    def epoch(self, epoch: int, chunks: int = 1, progress=None) -> dict:
+    def epoch(self, epoch: int, chunks: int = 1, progress=None, trace=None) -> dict:
         """One pass in the same seeded order as the HEAT engine; `progress(n, loss)` is called
-        about `chunks` times."""
+        about `chunks` times. `trace` (a test hook, as HEAT's): a tensor [pairs, K] that
+        receives each training pair's negatives."""
         c, o = self.config, self.options
         order = torch.from_numpy(np.random.default_rng((c.seed, epoch)).permutation(len(self.users)))
         n = len(order)
         report_every = max(1, (n // o.batch_size) // max(chunks, 1))
         total, since_n, since_loss = 0.0, 0, 0.0
+        redraws, kept = 0, 0
         for step, lo in enumerate(range(0, n, o.batch_size)):
             idx = order[lo:lo + o.batch_size]
             users, pos = self.users[idx], self.items[idx]
-            negs = torch.randint(0, len(self.params.I), (len(idx), c.negatives),
-                                 generator=self.generator)
+            negs, r, k = sample_negatives(users, len(self.params.I), c.negatives, self.generator, self.seen_keys,
+                                          o.max_redraws)
+            redraws, kept = redraws + r, kept + k
+            if trace is not None:
+                trace[idx] = negs
             loss = cf_loss(self.U, self.I, self.W, self.hist, self.hist_len, users, pos, negs, c)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -126,4 +175,4 @@ class TorchEngine:
             if progress is not None and ((step + 1) % report_every == 0 or lo + o.batch_size >= n):
                 progress(since_n, since_loss / since_n)
                 since_n, since_loss = 0, 0.0
-        return {"loss": total / max(n, 1), "samples": n}
+        return {"loss": total / max(n, 1), "samples": n, "redraws": redraws, "seen_negatives": kept}

@@ -1,6 +1,7 @@
 """On MovieLens-100k, HEAT and the PyTorch reference reach the same accuracy in the same
 epochs, far above the popularity baseline; HEAT's runs kernel (a user's samples in runs)
-keeps the accuracy of the per-sample kernel it replaced."""
+keeps the accuracy of the per-sample kernel it replaced; negatives that are not the user's
+own items beat negatives from all items."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,12 +26,13 @@ def ml100k():
 
 @pytest.fixture(scope="module")
 def metrics_of(ml100k) -> dict[str, dict]:
-    """Recall@20 and NDCG@20 after EPOCHS epochs: torch, HEAT's runs kernel (the default) and
-    HEAT's per-sample kernel. One thread each: HEAT is then reproducible, and torch's
+    """Recall@20 and NDCG@20 after EPOCHS epochs: torch, HEAT's runs kernel (the default),
+    HEAT's per-sample kernel, and the runs kernel with negatives from all items. One thread each: HEAT is then reproducible, and torch's
     intra-op threads do not spin against other work on a busy machine (5x slower, seen)."""
     out = {}
     for name, settings in (("torch", {"engine": "torch"}), ("runs", {"engine": "heat"}),
-                           ("sample", {"engine": "heat", "kernel": "sample"})):
+                           ("sample", {"engine": "heat", "kernel": "sample"}),
+                           ("runs, all items", {"engine": "heat", "negatives_from": "all"})):
         trainer = CFTrainer(CFTrainConfig.for_model(CONFIG, epochs=EPOCHS, eval_every=EPOCHS, progress=False,
                                                     threads=1, **settings), ml100k)
         trainer.fit()
@@ -60,3 +62,12 @@ def test_runs_kernel_keeps_the_accuracy_of_the_per_sample_kernel_and_of_torch(me
     runs, sample, ref = (metrics_of[k][metric] for k in ("runs", "sample", "torch"))
     assert abs(runs - sample) <= 0.02 * sample, (runs, sample)
     assert runs >= 0.98 * ref, (runs, ref)
+
+
+@pytest.mark.parametrize("metric", ["recall@20", "ndcg@20"])
+def test_negatives_that_are_not_the_users_items_are_more_accurate(metrics_of, metric):
+    """Issue 23: never pushing a user's own training items away is what lifted Recall@20 from
+    ~0.306 to ~0.334 (NDCG@20 ~0.34 to ~0.40) at the defaults; at K=32 and 10 epochs the gap
+    is smaller but must stay clear."""
+    unseen, old = metrics_of["runs"][metric], metrics_of["runs, all items"][metric]
+    assert unseen >= 1.03 * old, (unseen, old)

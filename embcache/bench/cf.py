@@ -30,6 +30,18 @@ refresh (tile x d x 4 bytes) and at most that much written back; without tiling 
 negative read and write. It is an upper bound of the DRAM traffic (it assumes nothing else
 stays cached), so its fraction of the copy bandwidth should stay at or below 1; above 1
 means a larger cache (a shared L3 that holds the whole table) served part of it.
+
+Negatives (issue 23): every variant draws them from the items the user has no training pair
+with (the default "unseen" rule). Beside them (`old_rule_rows`, unless --no-old-rule) HEAT's
+default kernel, tiled, and torch (where its accuracy is measured) run under the old rule
+("all": from every item), for the accuracy of both rules; and the cost of the exclusion is
+measured apart (`exclusion_cost`): --cost-epochs epochs of each rule's engine interleaved
+(all, unseen, unseen, all, ...), so that a busy machine slows both alike, and the ratio of
+their median epoch times.
+
+--defaults-sweep instead trains HEAT on MovieLens-100k at the defaults and at the published
+SimpleX settings one at a time (margin, negative weight, gamma, history, learning rate) and
+writes the best Recall@20 / NDCG@20 of each over --sweep-epochs epochs to cf_defaults.json.
 """
 from __future__ import annotations
 
@@ -42,6 +54,7 @@ import numpy as np
 
 DATASETS = ("ml-100k", "synthetic")
 VARIANTS = ("torch", "heat, no tiling", "heat, tiling")
+OLD_RULE = ("torch", "heat, tiling")  # run again with negatives from all items (CFConfig.negatives_from)
 BASELINE = "heat per-sample, tiling"  # the kernel before runs (HeatOptions.kernel = "sample")
 
 
@@ -71,6 +84,14 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="HEAT's runs kernel: most samples of one user in a run (default HeatOptions.user_run)")
     p.add_argument("--no-baseline", action="store_true",
                    help="leave out the per-sample kernel (HEAT before the runs kernel)")
+    p.add_argument("--no-old-rule", action="store_true",
+                   help="leave out the runs under the old negative rule (from all items) and the exclusion cost")
+    p.add_argument("--cost-epochs", type=positive_int, default=5,
+                   help="epochs of each rule, interleaved, that the exclusion cost is the median ratio of")
+    p.add_argument("--defaults-sweep", action="store_true",
+                   help="only the table of the defaults against the published SimpleX settings on ml-100k "
+                        "(writes <name>_defaults.json)")
+    p.add_argument("--sweep-epochs", type=positive_int, default=20, help="epochs per setting of --defaults-sweep")
     p.add_argument("--threads", type=positive_int, nargs="+", default=None,
                    help="thread counts (default: 1 and all cores)")
     p.add_argument("--model", choices=("simplex", "mf-ccl"), default="simplex")
@@ -115,10 +136,13 @@ def epoch_bytes(params, users: np.ndarray, active_negatives: int, tile: int = 0,
 
 
 def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max_pairs: int,
-                tile: int | None = None, user_run: int | None = None) -> dict:
+                tile: int | None = None, user_run: int | None = None, rule: str | None = None) -> dict:
     """Train a fresh model with one engine; epoch times, throughput, final accuracy. `tile`:
     items per tile of the tiled HEAT variants (default HeatOptions.tile); `user_run`: the
-    runs kernel's (default HeatOptions.user_run). BASELINE is the per-sample kernel, tiled."""
+    runs kernel's (default HeatOptions.user_run). BASELINE is the per-sample kernel, tiled.
+    `rule`: where negatives come from (default config.negatives_from)."""
+    import dataclasses
+
     import torch
 
     from cpu_kernels.heat import HeatOptions
@@ -127,8 +151,9 @@ def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max
     from embcache.train.cf import CFTrainConfig, CFTrainer
 
     torch.set_num_threads(threads)
+    config = dataclasses.replace(config, negatives_from=rule or config.negatives_from)
     params = CFParams.init(config, data.num_users, data.num_items, data.train_indptr, data.train_indices)
-    row = {"variant": variant, "threads": threads, "train_pairs": data.num_train}
+    row = {"variant": variant, "threads": threads, "train_pairs": data.num_train, "negatives_from": config.negatives_from}
     if variant == "torch" and torch_max_pairs is not None and data.num_train > torch_max_pairs:
         users, items = data.train_pairs()
         pick = np.sort(np.random.default_rng(0).choice(len(users), torch_max_pairs, replace=False))
@@ -145,8 +170,10 @@ def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max
         return row
     tile = 0 if variant == "heat, no tiling" else tile or HeatOptions.tile
     kernel = "sample" if variant == BASELINE else "runs"
+    # MovieLens-100k (torch_max_pairs None) is evaluated after every epoch (0.01 s), for the best epoch's figures
+    every = 1 if torch_max_pairs is None else epochs
     cfg = CFTrainConfig.for_model(config, engine="torch" if variant == "torch" else "heat", threads=threads,
-                                  tile=tile, epochs=epochs, eval_every=epochs, progress=False, kernel=kernel,
+                                  tile=tile, epochs=epochs, eval_every=every, progress=False, kernel=kernel,
                                   user_run=user_run or HeatOptions.user_run)
     trainer = CFTrainer(cfg, data, params)
     engine = trainer.engine
@@ -160,14 +187,98 @@ def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max
     row.update(epochs=epochs, epoch_s=statistics.median(times), epoch_s_all=times,
                samples_per_s=data.num_train / statistics.median(times), loss=last["loss"],
                recall_at_20=last["recall@20"], ndcg_at_20=last["ndcg@20"])
+    if every == 1:
+        row.update(best_recall_at_20=max(r["recall@20"] for r in records),
+                   best_ndcg_at_20=max(r["ndcg@20"] for r in records))
     if variant != "torch":
         users, _ = data.train_pairs()
         active = statistics.median(r["active_negatives"] for r in records)
+        row.update(redraws_per_epoch=records[-1].get("redraws", 0),
+                   seen_negatives_per_epoch=records[-1].get("seen_negatives", 0))
         counted = epoch_bytes(params, users, active, engine.tile, cfg.refresh, engine.threads)
         model = counted.pop("model")
         row["bytes_per_epoch"] = counted
         row["dram_model_bytes_per_epoch"] = model
     return row
+
+
+def exclusion_cost(data, config, threads: int, epochs: int, tile: int | None = None) -> dict:
+    """Median epoch time of HEAT's default kernel (tiled) drawing negatives from the unseen
+    items over the same from all items, `epochs` epochs each, interleaved (all, unseen,
+    unseen, all, ...) after one untimed epoch each, on fresh seeded models: the cost of the
+    exclusion, side by side on a shared machine. Also the redraws and the negatives kept
+    although the user's, per sample of the last epoch."""
+    import dataclasses
+
+    from cpu_kernels.heat import HeatEngine, HeatOptions
+    from cpu_kernels.model import CFParams
+
+    users, items = data.train_pairs()
+    engines = {}
+    for rule in ("all", "unseen"):
+        c = dataclasses.replace(config, negatives_from=rule)
+        params = CFParams.init(c, data.num_users, data.num_items, data.train_indptr, data.train_indices)
+        engines[rule] = HeatEngine(params, users, items, HeatOptions(threads=threads, tile=tile or HeatOptions.tile))
+        engines[rule].epoch(0)
+    times, last = {"all": [], "unseen": []}, {}
+    for e in range(1, epochs + 1):
+        for rule in (("all", "unseen") if e % 2 else ("unseen", "all")):
+            t0 = time.perf_counter()
+            last[rule] = engines[rule].epoch(e)
+            times[rule].append(time.perf_counter() - t0)
+    med = {rule: statistics.median(v) for rule, v in times.items()}
+    n = max(len(users), 1)
+    return {"threads": threads, "tile": engines["unseen"].tile, "epochs": epochs, "epoch_s_unseen": med["unseen"],
+            "epoch_s_all": med["all"], "epoch_s_unseen_all": times["unseen"], "epoch_s_all_all": times["all"],
+            "time_ratio_unseen_vs_all": med["unseen"] / med["all"],
+            "redraws_per_sample": last["unseen"]["redraws"] / n,
+            "seen_negatives_per_sample": last["unseen"]["seen_negatives"] / n,
+            "active_negatives_per_sample": {r: last[r]["active_negatives"] / n for r in last}}
+
+
+def defaults_sweep(args) -> int:
+    """HEAT on MovieLens-100k (runs kernel, one thread, the unseen rule) at the defaults and
+    at each published SimpleX setting changed alone; best Recall@20 / NDCG@20 over the
+    epochs, three seeds of the defaults for the noise."""
+    from cpu_kernels.model import CFConfig
+    from embcache.bench.common import write_json
+    from embcache.data.cf.ratings import load_ml100k
+    from embcache.train.cf import CFTrainConfig, CFTrainer
+
+    data = load_ml100k()
+    c = CFConfig()
+    settings = [("defaults", {}), ("defaults, seed 1", {"seed": 1}), ("defaults, seed 2", {"seed": 2}),
+                ("negatives from all items", {"negatives_from": "all"})]
+    published = {"margin": (0.4, 0.9), "neg_weight": (150.0, 250.0, 300.0), "gamma": (0.8, 1.0),
+                 "history": (10, 50), "lr": (0.05, 0.2)}
+    for name, values in published.items():
+        settings += [(f"{name} {v:g}", {name: v}) for v in values]
+    settings += [("margin 0.4, neg_weight 300 (Amazon-Books)", {"margin": 0.4, "neg_weight": 300.0}),
+                 ("margin 0.9, neg_weight 250, gamma 0.8 (Gowalla)", {"margin": 0.9, "neg_weight": 250.0, "gamma": 0.8})]
+    rows = []
+    t_start = time.perf_counter()
+    for label, change in settings:
+        cfg = CFTrainConfig(**{"epochs": args.sweep_epochs, "threads": 1, "progress": False, **change})
+        trainer = CFTrainer(cfg, data)
+        trainer.fit()
+        h = trainer.history
+        best = max(h, key=lambda r: r["recall@20"])
+        rows.append({"setting": label, "change": change, "best_recall_at_20": best["recall@20"],
+                     "best_epoch": best["epoch"], "best_ndcg_at_20": max(r["ndcg@20"] for r in h),
+                     "last_recall_at_20": h[-1]["recall@20"], "last_ndcg_at_20": h[-1]["ndcg@20"]})
+        r = rows[-1]
+        print(f"{label:48s} best Recall@20 {r['best_recall_at_20']:.4f} (epoch {r['best_epoch']:>2})  best NDCG@20 "
+              f"{r['best_ndcg_at_20']:.4f}  last {r['last_recall_at_20']:.4f} / {r['last_ndcg_at_20']:.4f}", flush=True)
+    payload = {"benchmark": "HEAT defaults against the published SimpleX settings on MovieLens-100k",
+               "command": " ".join(["embcache bench cf"] + _argv(args)), "epochs": args.sweep_epochs,
+               "defaults": {"margin": c.margin, "neg_weight": c.neg_weight, "gamma": c.gamma, "history": c.history,
+                            "negatives": c.negatives, "negatives_from": c.negatives_from, "lr": _options("heat")["lr"]},
+               "method": "HEAT runs kernel, tiled (default tile), 1 thread, seed 0 unless named; one setting changed "
+                         "at a time; best of the epochs and the last epoch's Recall@20 / NDCG@20 on the test split",
+               "wall_seconds": time.perf_counter() - t_start, "rows": rows}
+    path = write_json(payload, f"{args.name}_defaults", args.out_dir)
+    print(f"\nwrote {path}")
+    return 0
 
 
 def ml_tile(data, args) -> int:
@@ -219,6 +330,8 @@ def run(args) -> int:
     from cpu_kernels.model import CFConfig
     from embcache.bench.common import write_json
 
+    if args.defaults_sweep:
+        return defaults_sweep(args)
     threads = thread_counts(args)
     if threads is None:
         return 2
@@ -311,9 +424,23 @@ def run_case(name: str, data, args, threads: list[int], bandwidth: dict[str, flo
             (baseline if variant == BASELINE else rows).append(row)
             print("  " + format_row(row), flush=True)
     add_ratios(rows, baseline)
+    old_rule, cost = [], []
+    if not args.no_old_rule:
+        for t in threads:
+            for variant in OLD_RULE:
+                if variant == "torch" and max_pairs is not None and data.num_train > max_pairs:
+                    continue  # its accuracy is not measured there
+                row = run_variant(variant, data, config, t, epochs, max_pairs, tile, args.user_run, rule="all")
+                new = next(r for r in rows if r["variant"] == variant and r["threads"] == t)
+                row["recall_unseen_vs_all"] = new["recall_at_20"] / row["recall_at_20"]
+                row["ndcg_unseen_vs_all"] = new["ndcg_at_20"] / row["ndcg_at_20"]
+                old_rule.append(row)
+                print("  " + format_row(row), flush=True)
+            cost.append(exclusion_cost(data, config, t, args.cost_epochs, tile))
+            print("  " + format_cost(cost[-1]), flush=True)
     return {"data": name, "dim": dim, "negatives": k, "config": asdict(config), "users": data.num_users,
             "items": data.num_items, "train_pairs": data.num_train, "test_pairs": data.num_test, "epochs": epochs,
-            "rows": rows, "baseline_rows": baseline}
+            "rows": rows, "baseline_rows": baseline, "old_rule_rows": old_rule, "exclusion_cost": cost}
 
 
 def describe(args, threads: list[int], bandwidth: dict[str, float]) -> dict:
@@ -395,10 +522,23 @@ def _options(engine: str) -> dict:
 
 
 # --------------------------------------------------------------------------- output
+def format_cost(c: dict) -> str:
+    return (f"exclusion cost, heat tiling {c['threads']:>2} thr: {c['epoch_s_unseen']:.3f} s (unseen) / "
+            f"{c['epoch_s_all']:.3f} s (all) = {c['time_ratio_unseen_vs_all']:.3f}, {c['epochs']} interleaved epochs "
+            f"each; {c['redraws_per_sample']:.2f} redraws and {c['seen_negatives_per_sample']:.4f} own items kept "
+            f"per sample")
+
+
+def variant_name(r: dict) -> str:
+    return r["variant"] + (", all items" if r.get("negatives_from") == "all" else "")
+
+
 def format_row(r: dict) -> str:
-    s = f"{r['variant']:23s} {r['threads']:>2} thr  {r['epoch_s']:9.3f} s/epoch  {r['samples_per_s']:>12,.0f} pairs/s"
+    s = f"{variant_name(r):23s} {r['threads']:>2} thr  {r['epoch_s']:9.3f} s/epoch  {r['samples_per_s']:>12,.0f} pairs/s"
     if "recall_at_20" in r:
         s += f"  Recall@20 {r['recall_at_20']:.4f}  NDCG@20 {r['ndcg_at_20']:.4f}"
+    if "best_recall_at_20" in r:
+        s += f"  (best epoch: {r['best_recall_at_20']:.4f} / {r['best_ndcg_at_20']:.4f})"
     if "timed_on" in r:
         s += "  (subset timing, projected)"
     if "touched_rate_vs_copy_bandwidth" in r:
@@ -419,7 +559,7 @@ def print_table(cases: list[dict]) -> None:
     print("\n" + head)
     print("-" * len(head))
     for c in cases:
-        for r in c["rows"] + c.get("baseline_rows", []):
+        for r in c["rows"] + c.get("baseline_rows", []) + c.get("old_rule_rows", []):
             sp = f"{r['speedup_vs_torch']:.1f}" if "speedup_vs_torch" in r else "1*" if "timed_on" in r else "1"
             xb = f"{r['speedup_vs_per_sample']:.2f}" if "speedup_vs_per_sample" in r else "-"
             rec = f"{r['recall_at_20']:.4f}" if "recall_at_20" in r else "-"
@@ -430,10 +570,15 @@ def print_table(cases: list[dict]) -> None:
                     else "-")
             dbw = (f"{100 * r['dram_model_fraction_of_copy_bandwidth']:.0f}"
                    if "dram_model_fraction_of_copy_bandwidth" in r else "-")
-            print(f"{c['data']:9s} {c.get('dim', 64):>3} {c['negatives']:>5} {r['variant']:23s} {r['threads']:>3} {r['epoch_s']:9.3f} "
+            print(f"{c['data']:9s} {c.get('dim', 64):>3} {c['negatives']:>5} {variant_name(r):23s} {r['threads']:>3} {r['epoch_s']:9.3f} "
                   f"{r['samples_per_s']:>11,.0f} {sp:>8} {xb:>8} {rec:>9} {nd:>8} {gib:>7} {bw:>5} {dram:>7} {dbw:>5}")
         print(f"{c['data']:9s} {'':>3} {'':>5} {'popularity':23s} {'':>3} {'':>9} {'':>11} {'':>8} "
               f"{c['popularity_recall_at_20']:>9.4f} {c['popularity_ndcg_at_20']:>8.4f}")
+    for c in cases:
+        for cost in c.get("exclusion_cost", []):
+            print(f"{c['data']:9s} {c.get('dim', 64):>3} {c['negatives']:>5} " + format_cost(cost))
+    print("negatives from the items each user has no training pair with, except rows marked \"all items\" "
+          "(the rule before issue 23)")
     print(f"{BASELINE}: HEAT's per-sample kernel (before the runs kernel), measured in the same run; "
           f"x before: a runs-kernel row's speed-up over it on the same threads")
     print("touched: GiB of embedding rows a HEAT epoch accesses, %copy: their rate over the copy kernel's "

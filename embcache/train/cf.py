@@ -67,6 +67,7 @@ class CFTrainConfig(RunConfig):
     model: str = CFConfig.model
     dim: int = CFConfig.dim
     negatives: int = CFConfig.negatives
+    negatives_from: str = CFConfig.negatives_from
     margin: float = CFConfig.margin
     neg_weight: float = CFConfig.neg_weight
     gamma: float = CFConfig.gamma
@@ -217,8 +218,9 @@ class CFTrainer(Trainer):
         self.train_seconds += seconds
         self.train_samples += n
         record = {"seconds": seconds, "samples_per_s": n / seconds, "loss": stats["loss"]}
-        if "active_negatives" in stats:
-            record["active_negatives"] = stats["active_negatives"]
+        for key in ("active_negatives", "redraws", "seen_negatives"):
+            if key in stats:
+                record[key] = stats[key]
         return record
 
     def evaluate_epoch(self) -> dict:
@@ -262,10 +264,15 @@ class CFTrainer(Trainer):
 
     def upgrade_checkpoint(self, ck: dict) -> dict:
         """Checkpoints written before the shared skeleton kept the engine and its options
-        beside the model settings."""
+        beside the model settings; those written before the runs kernel or before the
+        "unseen" negatives were trained by the per-sample kernel and with negatives from
+        all items, and resume that way."""
         ck = super().upgrade_checkpoint(ck)
         if "options" in ck:
             ck["config"] = {**ck["config"], "engine": ck.pop("engine"), **ck.pop("options")}
+        if "negatives_from" not in ck["config"]:
+            # written before issue 23: negatives were drawn from all items
+            ck["config"] = {**ck["config"], "negatives_from": "all"}
         if ck["config"].get("engine") == "heat" and "kernel" not in ck["config"]:
             # written before the runs kernel: by the per-sample one, in a plain shuffle
             ck["config"] = {**ck["config"], "kernel": "sample", "user_run": 1}

@@ -63,14 +63,17 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 def _model_args(p: argparse.ArgumentParser) -> None:
     """The model's settings; None (not given) means the --load file's or the checkpoint's,
     else the default shown."""
-    from cpu_kernels.model import MODELS, CFConfig
+    from cpu_kernels.model import MODELS, NEGATIVE_RULES, CFConfig
 
     c = CFConfig()
     p.add_argument("--model", choices=MODELS, default=None,
                    help=f"simplex: user side g*u + (1-g)*W*mean(history); mf-ccl: the user row (default {c.model})")
     p.add_argument("--dim", type=positive_int, default=None, help=f"embedding dimension (default {c.dim})")
-    p.add_argument("--negatives", type=positive_int, default=None,
+    p.add_argument("--negatives", type=negatives_count, default=None,
                    help=f"K uniformly sampled negatives per training pair (default {c.negatives})")
+    p.add_argument("--negatives-from", choices=NEGATIVE_RULES, default=None,
+                   help=f"unseen: negatives are items the user has no training pair with; all: any item, the "
+                        f"rule before (default {c.negatives_from})")
     p.add_argument("--margin", type=finite_float, default=None,
                    help=f"m: negatives with cosine above m are pushed away (default {c.margin})")
     p.add_argument("--neg-weight", type=non_negative_float, default=None,
@@ -79,6 +82,15 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help=f"SimpleX: weight g of the user row against the history (default {c.gamma})")
     p.add_argument("--history", type=non_negative_int, default=None,
                    help=f"SimpleX: most history items per user, drawn once (default {c.history})")
+
+
+def negatives_count(text: str) -> int:
+    """--negatives is K, a count; the rule has its own flag, and a rule given here is told so."""
+    from cpu_kernels.model import NEGATIVE_RULES
+
+    if text in NEGATIVE_RULES:
+        raise argparse.ArgumentTypeError(f"is the number K of negatives; for the rule write --negatives-from {text}")
+    return positive_int(text)
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -153,6 +165,9 @@ def saved_model_settings(args) -> dict:
         path = checkpoint_in(args.checkpoint_dir, "cf")
         if path.is_file():
             saved = load_checkpoint(path, kind="cf")["config"]
+            # a checkpoint from before issue 23 drew negatives from all items (as CFTrainer's
+            # upgrade_checkpoint says too): it resumes that way, not under the new default
+            saved.setdefault("negatives_from", "all")
             return {k: saved[k] for k in MODEL_SETTINGS if k in saved}
     return {}
 
@@ -204,7 +219,7 @@ def train(args) -> int:
 def describe_run(trainer) -> str:
     """One line: the model, the engine and the threads."""
     c, cfg = trainer.config, trainer.cfg
-    return (f"{c.model} d={c.dim} K={c.negatives} m={c.margin:g} w={c.neg_weight:g}"
+    return (f"{c.model} d={c.dim} K={c.negatives} ({c.negatives_from}) m={c.margin:g} w={c.neg_weight:g}"
             + (f" g={c.gamma:g} H={c.history}" if c.simplex else "")
             + f"; engine {cfg.engine}"
             + (f" (tile {trainer.engine.tile or 'off'})" if cfg.engine == "heat" else f" (batch {cfg.batch_size})")
