@@ -96,8 +96,9 @@ class CFTrainConfig(RunConfig):
 
     @classmethod
     def for_model(cls, config: CFConfig, **settings) -> "CFTrainConfig":
-        """The run of `config`'s model (its seed included) with the other `settings`."""
-        return cls(**{name: getattr(config, name) for name in MODEL_SETTINGS}, **settings)
+        """The run of `config`'s model (its seed included) with the other `settings`; a
+        model setting among them (the negative rule, say) replaces the config's."""
+        return cls(**({name: getattr(config, name) for name in MODEL_SETTINGS} | settings))
 
     def model_config(self) -> CFConfig:
         return CFConfig(**{name: getattr(self, name) for name in MODEL_SETTINGS})
