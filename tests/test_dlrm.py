@@ -1,5 +1,6 @@
 """DLRM training through the cache: equal to torchrec's plain tables, learns, resumes."""
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -302,3 +303,18 @@ def test_evaluate_a_checkpoint_on_the_test_split(synthetic, tmp_path):
     missing = subprocess.run([sys.executable, "-m", "embcache", "dlrm", "evaluate", str(tmp_path / "none")],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 1 and "no such checkpoint file" in missing.stderr and "Traceback" not in missing.stderr
+
+
+@pytest.mark.parametrize("sparse", ["device", "host"])
+def test_whole_table_runs_print_no_torch_warning(small_synthetic, tmp_path, sparse):
+    """`--sparse device/host` train with torch's sparse Adagrad, which made torch 2.13 warn
+    "Sparse invariant checks are implicitly disabled" at the first step. A process of its
+    own with UserWarnings as errors (pytest.ini filters that warning for the reference
+    tests, and torch warns once per process)."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-W", "error::UserWarning", "-m", "embcache", "dlrm", "train", "--data", str(small_synthetic),
+         "--sparse", sparse, "--max-steps", "2", "--batch-size", "64", "--embedding-dim", "4", "--no-progress"],
+        capture_output=True, text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Warning" not in done.stderr
