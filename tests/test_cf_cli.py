@@ -450,3 +450,23 @@ def test_a_diverged_epoch_stops_the_run_before_it_is_kept(tmp_path):
     assert trainer.history == [] and not (tmp_path / "cf-last.pt").exists()
     events = [json.loads(line)["event"] for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert events == ["start", "diverged"]
+
+
+def test_settings_that_run_but_are_surely_not_meant_warn_once(caplog, capsys):
+    """`--negatives` above the number of items, and a torch batch larger than the training
+    split, say so in one line each; `--tile 0` is untiled, as --help says."""
+    from embcache.train.cf import CFTrainConfig, CFTrainer
+
+    data = power_law_interactions(num_users=40, num_items=60, interactions=400, communities=2, seed=1)
+    with caplog.at_level("WARNING", logger="embcache"):
+        CFTrainer(CFTrainConfig(epochs=1, negatives=100, threads=1, progress=False), data).fit()
+        CFTrainer(CFTrainConfig(epochs=1, engine="torch", batch_size=100_000, negatives=8, threads=1, progress=False),
+                  data).fit()
+    messages = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert messages == ["--negatives 100 is more than the 60 items: each pair's negatives repeat items (they are "
+                        "drawn with replacement)",
+                        f"--batch-size 100,000 is larger than the training split ({data.num_train:,} pairs): "
+                        "an epoch is one step"]
+    with pytest.raises(SystemExit):
+        main(["cf", "train", "--help"])
+    assert "0: untiled" in " ".join(capsys.readouterr().out.split())

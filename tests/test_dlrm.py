@@ -318,3 +318,12 @@ def test_whole_table_runs_print_no_torch_warning(small_synthetic, tmp_path, spar
         capture_output=True, text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Warning" not in done.stderr
+
+
+def test_a_batch_larger_than_the_training_split_warns(small_synthetic, caplog):
+    """One step an epoch (AUC near chance) with no word of why: now one line."""
+    rows = json.loads((Path(small_synthetic) / "meta.json").read_text())["splits"]["train"]["rows"]
+    with caplog.at_level("WARNING", logger="embcache"):
+        DLRMTrainer(small_config(batch_size=rows + 1, max_steps=1, cache_ratio=0.5), small_synthetic).fit()
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"--batch-size {rows + 1:,} is larger than the training split ({rows:,} rows): an epoch is one step"]

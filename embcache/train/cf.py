@@ -199,11 +199,22 @@ class CFTrainer(Trainer):
         return (*MODEL_SETTINGS, "engine", *ENGINE_SETTINGS[self.cfg.engine])
 
     def fit(self) -> dict:
+        self._warn_of_settings()
         if self.cfg.engine == "heat" and self.cfg.epochs > 0:
             seconds = compile_kernels()
             if seconds > 1.0:
                 logger.info(f"compiled the HEAT kernels in {seconds:.1f} s (numba caches them for later runs)")
         return super().fit()
+
+    def _warn_of_settings(self) -> None:
+        """Settings that run but are surely not what was meant: one line each."""
+        items, pairs = self.data.num_items, self.data.num_train
+        if self.cfg.negatives > items:
+            logger.warning(f"--negatives {self.cfg.negatives:,} is more than the {items:,} items: each pair's "
+                           f"negatives repeat items (they are drawn with replacement)")
+        if self.cfg.engine == "torch" and self.cfg.batch_size > pairs:
+            logger.warning(f"--batch-size {self.cfg.batch_size:,} is larger than the training split ({pairs:,} "
+                           f"pairs): an epoch is one step")
 
     # ------------------------------------------------------------------ one epoch
     def train_epoch(self) -> dict:

@@ -104,7 +104,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help=f"learning rate (default {h.lr} for heat's SGD, {TorchOptions.lr:g} for torch's Adam)")
     p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--tile", type=non_negative_int, default=h.tile,
-                   help="heat: items per thread tile that negatives are drawn from (sized for a private L2)")
+                   help="heat: items per thread tile that negatives are drawn from (sized for a private L2); "
+                        "0: untiled, as --no-tiling")
     p.add_argument("--refresh", type=positive_int, default=h.refresh,
                    help="heat: samples between two tiles of a thread")
     p.add_argument("--no-tiling", action="store_true", help="heat: draw negatives from all items")

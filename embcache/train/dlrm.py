@@ -318,6 +318,13 @@ class DLRMTrainer(Trainer):
         self._pending: int | None = None  # prefetched batches not yet trained (None: ask the cache)
         self.pipelined = cfg.pipeline
 
+    def fit(self) -> dict:
+        rows = self.meta["splits"]["train"]["rows"]
+        if self.cfg.batch_size > rows and self.world.is_main:
+            logger.warning(f"--batch-size {self.cfg.batch_size:,} is larger than the training split ({rows:,} rows): "
+                           f"an epoch is one step")
+        return super().fit()
+
     # ------------------------------------------------------------------ checkpoints
     def data_fingerprint(self) -> dict:
         return data_fingerprint(self.meta)
