@@ -363,10 +363,10 @@ def test_resume_refuses_a_checkpoint_of_other_settings_or_a_damaged_one(lightgcn
         return err
 
     assert "resume with --threads 1" in refused("--threads", 2)
-    assert "cannot resume with other settings: margin 0.5 in the checkpoint, 0.3 now" in refused(
+    assert "cannot resume with other settings: --margin 0.5 in the checkpoint, 0.3 now" in refused(
         "--threads", 1, "--margin", 0.3)
-    assert "engine 'heat' in the checkpoint, 'torch' now" in refused("--threads", 1, "--engine", "torch")
-    assert "lr 0.1 in the checkpoint, 0.5 now" in refused("--threads", 1, "--lr", 0.5)
+    assert "--engine 'heat' in the checkpoint, 'torch' now" in refused("--threads", 1, "--engine", "torch")
+    assert "--lr 0.1 in the checkpoint, 0.5 now" in refused("--threads", 1, "--lr", 0.5)
     assert "other data" in refused("--threads", 1, "--data", "synthetic", "--synthetic-users", 50,
                                    "--synthetic-items", 60, "--synthetic-interactions", 700)
     assert "no cf checkpoint" in refused("--threads", 1, "--checkpoint-dir", tmp_path / "empty")

@@ -227,7 +227,8 @@ def test_resume_with_other_settings_is_refused_in_one_line(synthetic, tmp_path):
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1 and "Traceback" not in err
     assert err.strip().count("\n") == 0
-    assert "sparse_lr 0.05 in the checkpoint, 0.5 now" in err and "dense_arch [16] in the checkpoint, [32] now" in err
+    # the flags typed, not the config's fields (sparse_lr, dense_arch)
+    assert "--lr 0.05 in the checkpoint, 0.5 now" in err and "--dense-arch [16] in the checkpoint, [32] now" in err
 
 
 def test_resume_on_other_data_is_refused(synthetic, tmp_path):
@@ -327,3 +328,20 @@ def test_a_batch_larger_than_the_training_split_warns(small_synthetic, caplog):
         DLRMTrainer(small_config(batch_size=rows + 1, max_steps=1, cache_ratio=0.5), small_synthetic).fit()
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
         f"--batch-size {rows + 1:,} is larger than the training split ({rows:,} rows): an epoch is one step"]
+
+
+def test_evaluate_on_other_data_names_the_difference_not_a_resume(small_synthetic, tmp_path, capsys):
+    """`dlrm evaluate --data OTHER` said "cannot resume with other settings"."""
+    from embcache.cli import main
+    from embcache.data.synthetic import generate_synthetic
+
+    other = tmp_path / "other"
+    generate_synthetic(other, rows=3_000, scale=0.0005, seed=0)  # same features, other rows
+    DLRMTrainer(small_config(max_steps=2, batch_size=64, cache_ratio=0.5, checkpoint_dir=str(tmp_path / "ck")),
+                small_synthetic).fit()
+    assert main(["dlrm", "evaluate", str(tmp_path / "ck"), "--data", str(other), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "resume" not in err
+    assert (f"{tmp_path / 'ck' / 'dlrm-last.pt'} was trained on other data than {other} (test rows 600 in the "
+            f"checkpoint's data, 300 here; train rows 6,000 in the checkpoint's data, 3,000 here; val rows 600 in "
+            "the checkpoint's data, 300 here); evaluate it on its own data (leave out --data) or a copy of it") in err

@@ -67,14 +67,16 @@ def test_a_resume_with_other_settings_is_refused_in_one_line_naming_them(tmp_pat
     kw = dict(num_classes=40, batch_size=16, epochs=2, eval_pairs=100, eval_classes=20, checkpoint_dir=str(tmp_path))
     assert FaceTrainer(small(**kw, max_steps=2)).fit()["stopped_early"]
     with pytest.raises(CheckpointError, match=r"face-last\.pt: cannot resume with other settings: "
-                                              r"margin 0\.3 in the checkpoint, 0\.5 now$") as err:
+                                              r"--margin 0\.3 in the checkpoint, 0\.5 now$") as err:
         FaceTrainer(small(**kw, margin=0.5, resume=True)).fit()
     assert "\n" not in str(err.value)
-    with pytest.raises(CheckpointError, match=r"lr 0\.1 in the checkpoint, 0\.2 now; weight_decay 0\.0005 in the "
-                                              r"checkpoint, 0\.0 now; epochs 2 in the checkpoint, 1 now"):
+    with pytest.raises(CheckpointError, match=r"--lr 0\.1 in the checkpoint, 0\.2 now; --weight-decay 0\.0005 in "
+                                              r"the checkpoint, 0\.0 now; --epochs 2 in the checkpoint, 1 now "
+                                              r"\(--epochs may only be raised\)"):
         FaceTrainer(small(**{**kw, "epochs": 1}, lr=0.2, weight_decay=0.0, resume=True)).fit()
     for name, value in (("scale", 16.0), ("topk", 3), ("gallery_momentum", 0.9), ("batch_size", 8)):
-        with pytest.raises(CheckpointError, match=rf"{name} .* in the checkpoint, {value!r} now"):
+        flag = "--" + name.replace("_", "-")
+        with pytest.raises(CheckpointError, match=rf"{flag} .* in the checkpoint, {value!r} now"):
             FaceTrainer(small(**{**kw, name: value}, resume=True)).fit()
     more = FaceTrainer(small(**{**kw, "epochs": 3}, resume=True)).fit()  # a run may be extended
     assert more["epochs_done"] == 3

@@ -21,6 +21,7 @@ import numpy as np
 from cpu_kernels.heat import HeatEngine, HeatOptions, compile_kernels, max_threads
 from cpu_kernels.model import CFConfig, CFParams
 from cpu_kernels.torch_reference import TorchEngine, TorchOptions
+from embcache.arg_types import option_names
 from embcache.data.cf.interactions import TEST_FRACTION, Interactions
 from embcache.errors import CheckpointError, DataFormatError
 from embcache.train.cf_eval import evaluate_params
@@ -193,6 +194,9 @@ class CFTrainer(Trainer):
         self.params = params
         self.engine = make_engine(cfg.engine, self.params, self.data, cfg.heat_options(), cfg.torch_options())
         self.threads = cfg.threads or max_threads()
+
+    setting_names = option_names((*MODEL_SETTINGS, "engine", *{n for e in ENGINE_SETTINGS.values() for n in e}),
+                                 unflagged=("init_std",))
 
     @property
     def must_match(self) -> tuple[str, ...]:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from embcache.arg_types import option_names
 from embcache.data.face.loaders import PairBatch, PairBatches
 from embcache.distributed.data_parallel import data_parallel
 from embcache.distributed.global_norm import global_batch_norm
@@ -122,6 +123,8 @@ class FaceTrainer(Trainer):
     kind = "face"
     must_match = MUST_MATCH
     only_raised = ("epochs",)
+    setting_names = option_names(MUST_MATCH + only_raised,
+                                 unflagged=("momentum", "synthetic_dim", "synthetic_id_dim", "synthetic_noise"))
 
     def __init__(self, cfg: FaceConfig, source=None):
         super().__init__(cfg, cfg.resolved_device())
