@@ -470,3 +470,20 @@ def test_settings_that_run_but_are_surely_not_meant_warn_once(caplog, capsys):
     with pytest.raises(SystemExit):
         main(["cf", "train", "--help"])
     assert "0: untiled" in " ".join(capsys.readouterr().out.split())
+
+
+def test_evaluate_reads_a_checkpoint_as_well_as_saved_embeddings(lightgcn_dir, tmp_path, capsys):
+    """`cf evaluate runs/cf/cf-last.pt` (or the directory) was refused: only .npy/.npz/.parquet."""
+    ck = tmp_path / "ck"
+    _train(["--data", lightgcn_dir, "--epochs", 1, "--checkpoint-dir", ck, "--save", tmp_path / "emb.npz"], capsys)
+    results = []
+    for what in (tmp_path / "emb.npz", ck / "cf-last.pt", ck):
+        assert main(["cf", "evaluate", str(what), "--data", str(lightgcn_dir)]) == 0
+        results.append(json.loads(capsys.readouterr().out.splitlines()[-1]))
+    assert results[0] == results[1] == results[2] and results[0]["recall@20"] > 0
+    assert main(["cf", "evaluate", str(ck), "--data", "synthetic", "--synthetic-users", "50", "--synthetic-items",
+                 "60", "--synthetic-interactions", "700"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{ck / 'cf-last.pt'} was trained on other data (300 users, 500 items" in err
+    assert main(["cf", "evaluate", str(tmp_path / "none.pt"), "--data", str(lightgcn_dir)]) == 1
+    assert "none.pt: no such checkpoint file" in capsys.readouterr().err

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from cpu_kernels.heat import HeatEngine, HeatOptions, compile_kernels, max_threads
-from cpu_kernels.model import CFConfig, CFParams
+from cpu_kernels.model import CFConfig, CFParams, histories
 from cpu_kernels.torch_reference import TorchEngine, TorchOptions
 from embcache.arg_types import option_names
 from embcache.data.cf.interactions import TEST_FRACTION, Interactions
@@ -157,6 +157,29 @@ def data_fingerprint(data: Interactions) -> dict:
         crc = zlib.crc32(np.ascontiguousarray(a, dtype=np.int64).tobytes(), crc)
     return {"users": data.num_users, "items": data.num_items, "train": data.num_train,
             "test": data.num_test, "crc32": crc}
+
+
+def params_from_checkpoint(path: str | Path, data: Interactions) -> CFParams:
+    """The embeddings of a `cf train --checkpoint-dir` checkpoint (`cf-last.pt`, or the
+    directory holding it), for evaluating them on `data`, which must be the data they were
+    trained on (CheckpointError naming the difference otherwise). The SimpleX histories are
+    drawn again, as a resume draws them."""
+    from embcache.checkpoint import load_checkpoint
+    from embcache.train.run import checkpoint_file
+
+    path = checkpoint_file(path, "cf")
+    ck = load_checkpoint(path, kind="cf")
+    saved, now = ck.get("data"), data_fingerprint(data)
+    if saved is not None and saved != now:
+        raise CheckpointError(f"{path} was trained on other data ({saved['users']:,} users, {saved['items']:,} "
+                              f"items, {saved['train']:,} training pairs; {data.name} has {now['users']:,}, "
+                              f"{now['items']:,} and {now['train']:,})")
+    config = CFConfig(**{k: v for k, v in ck["config"].items() if k in MODEL_SETTINGS})
+    U, I, W = (np.ascontiguousarray(ck[name], dtype=np.float32) for name in ("U", "I", "W"))
+    if (len(U), len(I)) != (data.num_users, data.num_items):
+        raise CheckpointError(f"{path}: has {len(U):,} users and {len(I):,} items, the data {data.num_users:,} "
+                              f"and {data.num_items:,}")
+    return CFParams(U, I, W, *histories(config, data.train_indptr, data.train_indices), config)
 
 
 class CFTrainer(Trainer):
