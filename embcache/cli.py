@@ -28,12 +28,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def dispatch(prog: str, description: str, commands: dict[str, tuple[str, str]], argv: list[str]) -> int:
-    """Two-stage parse: pick the sub-command by name, then let its module parse the rest."""
+def dispatch(prog: str, description: str, commands: dict[str, tuple[str, str]], argv: list[str],
+             version: str | None = None) -> int:
+    """Two-stage parse: pick the sub-command by name, then let its module parse the rest.
+    With `version`, `PROG --version` prints it."""
+    if version and argv[:1] == ["--version"]:
+        print(f"{prog} {version}")
+        return 0
     if not argv or argv[0] in ("-h", "--help"):
         parser = argparse.ArgumentParser(prog=prog, description=description,
                                          formatter_class=argparse.RawDescriptionHelpFormatter,
                                          epilog=_listing(prog, commands))
+        if version:
+            parser.add_argument("--version", action="version", version=f"{prog} {version}")
         parser.add_argument("command", choices=sorted(commands), help="see the list below")
         parser.print_help()
         return 0 if argv else 2
@@ -95,12 +102,15 @@ def _listing(prog: str, commands: dict[str, tuple[str, str]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from embcache import __version__  # the package's own module: no torch
+
     return dispatch(
         "embcache",
         "Train models dominated by one giant table: cached embedding bags (DLRM), "
         "HEAT CPU kernels (collaborative filtering), and a dynamic class pool (face).",
         COMMANDS,
         sys.argv[1:] if argv is None else argv,
+        version=__version__,
     )
 
 

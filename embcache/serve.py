@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from embcache.errors import DataFormatError
+from embcache.errors import DataFormatError, first_line
 
 EXPORT_FORMAT = "embcache-dlrm-export"
 
@@ -37,32 +37,90 @@ class FeatureLookup:
     values: dict | None = None           # value -> id of "exact"
     integer: bool = False                # "exact" values are integers: "196" finds 196
 
+    @property
+    def missing_id(self) -> int | None:
+        """The id of a missing value: 0 where the vocabulary gives missing (and unknown) values
+        a row ("string", "int+1"); None where it has no such row ("exact", "identity"): a
+        missing value then adds nothing to its row's pooled embedding."""
+        return 0 if self.key in ("string", "int+1") else None
+
     def ids(self, values: Sequence) -> np.ndarray:
-        """int64 ids of `values` (None: missing)."""
+        """int64 ids of `values` (None: missing, id 0 of a "string" or "int+1" vocabulary;
+        the other kinds give it no id, see `bag`)."""
         if self.key in ("string", "int+1"):
             from embcache.data.vocabulary import Vocabulary
 
             return Vocabulary(self.keys, self.max_ids, self.hashed).lookup(self._keys(values))
+        if any(v is None for v in values):
+            raise ValueError(f"{self.feature}: a missing value has no id in an {self.key!r} vocabulary")
         if self.key == "exact":
-            values = [int(v) for v in values] if self.integer else values
-            missing = [v for v in values if v not in self.values]
-            if missing:
-                raise ValueError(f"{self.feature}: value {missing[0]!r} is not in the vocabulary (no id)")
-            return np.array([self.values[v] for v in values], dtype=np.int64)
-        ids = np.asarray(values, dtype=np.int64)
+            values = [self._exact(v) for v in values]
+            found = [self.values.get(v) for v in values]
+            for v, i in zip(values, found):
+                if i is None:
+                    raise ValueError(f"{self.feature}: value {v!r} is not in the vocabulary (no id)")
+            return np.array(found, dtype=np.int64)
+        if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
+            ids = values.astype(np.int64)
+        else:
+            try:
+                ids = np.array([_whole(v) for v in values], dtype=np.int64)
+            except (TypeError, ValueError, OverflowError):
+                bad = next(v for v in values if not _is_whole(v))
+                raise ValueError(f"{self.feature}: ids are whole numbers (the value is the id), got {bad!r}") from None
         if len(ids) and (ids.min() < 0 or ids.max() >= self.rows):
             raise ValueError(f"{self.feature}: ids must lie in [0, {self.rows}), got {ids.min()}..{ids.max()}")
         return ids
 
+    def bag(self, rows: Sequence[Sequence]) -> tuple[np.ndarray, list[int]]:
+        """(flat ids, ids per row) of rows of values; a None value is missing (`missing_id`,
+        or left out where there is none)."""
+        if self.missing_id is None:
+            rows = [[v for v in row if v is not None] for row in rows]
+        return self.ids([v for row in rows for v in row]), [len(row) for row in rows]
+
+    def _exact(self, value):
+        """An "exact" value as the vocabulary holds it ("196" finds 196 in an integer one)."""
+        if not self.integer:
+            return value
+        try:
+            return _whole(value)
+        except (TypeError, ValueError, OverflowError):
+            return value  # not an integer: not in the vocabulary
+
     def _keys(self, values: Sequence) -> np.ndarray:
         """The converters' uint64 key of each value (0: missing)."""
         if self.key == "int+1":
-            return np.array([0 if v is None else int(v) + 1 for v in values], dtype=np.uint64)
+            keys = []
+            for v in values:
+                try:
+                    keys.append(0 if v is None else max(_whole(v) + 1, 0))
+                except (TypeError, ValueError, OverflowError):
+                    raise ValueError(f"{self.feature}: values are whole numbers, got {v!r}") from None
+            return np.array(keys, dtype=np.uint64)
         import pyarrow as pa
 
         from embcache.data.delimited import string_keys
 
         return string_keys(pa.array(["" if v is None else str(v) for v in values], pa.string()))
+
+
+def _whole(value) -> int:
+    """`int(value)` of an integer, a whole float or a string of an integer; ValueError or
+    TypeError for anything else (None, 2.5, "abc", True)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError("a bool is not an id")
+    if isinstance(value, (float, np.floating)) and not float(value).is_integer():
+        raise ValueError("not a whole number")
+    return int(value)
+
+
+def _is_whole(value) -> bool:
+    try:
+        _whole(value)
+        return True
+    except (TypeError, ValueError, OverflowError):
+        return False
 
 
 def _lookup(directory: Path, table: dict) -> FeatureLookup:
@@ -122,17 +180,32 @@ class ExportedDLRM:
         self.lookups = [_lookup(self.directory, t) for t in self.manifest["tables"]]
         self.dense_model = torch.export.load(self.directory / self.manifest["dense_model"]["file"]).module()
 
-    def pooled(self, sparse: Mapping[str, Sequence]) -> torch.Tensor:
+    def pooled(self, sparse: Mapping[str, Sequence], rows: int | None = None) -> torch.Tensor:
         """`[B, T, D]` of raw values: `sparse[feature]` holds one raw value per row (a list of
-        them for a multi-hot feature)."""
+        them for a multi-hot feature). None, or a feature left out, is missing: the row of
+        missing and unknown values where the vocabulary has one ("string", "int+1"), else
+        nothing (an empty bag: zeros, as a multi-hot row with no values). `rows` (B) is
+        needed only when no feature is given."""
+        rows = self._rows(sparse, rows)
         ids = {}
         for feature, lookup in zip(self.features, self.lookups):
-            values = sparse[feature]
+            values = sparse.get(feature)
+            values = [None] * rows if values is None else list(values)
+            if len(values) != rows:
+                raise ValueError(f"{feature}: {len(values)} values, expected {rows} (one per row)")
             if self.multi_hot[feature]:
-                ids[feature] = (lookup.ids([x for v in values for x in v]), [len(v) for v in values])
+                ids[feature] = lookup.bag([[] if v is None else _listed(feature, v) for v in values])
             else:
-                ids[feature] = (lookup.ids(list(values)), [1] * len(values))
+                ids[feature] = lookup.bag([[v] for v in values])
         return self.pool_ids(ids)
+
+    def _rows(self, sparse: Mapping[str, Sequence], rows: int | None) -> int:
+        given = [f for f in self.features if sparse.get(f) is not None]
+        if given:
+            return len(sparse[given[0]])
+        if rows is None:
+            raise ValueError(f"none of the export's features is given ({self.features[0]} .. {self.features[-1]})")
+        return rows
 
     def pool_ids(self, ids: Mapping[str, tuple[np.ndarray, Sequence[int]]]) -> torch.Tensor:
         """`[B, T, D]`: each table's sum of the rows of each row's ids; `ids[feature]` is
@@ -146,24 +219,64 @@ class ExportedDLRM:
 
     @torch.no_grad()
     def logits(self, sparse: Mapping[str, Sequence], dense) -> torch.Tensor:
-        """`[B]` logits of rows given column-wise: `sparse[feature]` raw values, `dense`
-        `[B, num_dense]` as the data's dense columns hold them."""
-        return self.logits_of_pooled(self.pooled(sparse), dense)
+        """`[B]` logits of rows given column-wise: `sparse[feature]` raw values (see `pooled`),
+        `dense` `[B, num_dense]` as the data's dense columns hold them."""
+        dense = self._dense_array(dense)
+        return self.logits_of_pooled(self.pooled(sparse, len(dense)), dense)
 
     @torch.no_grad()
     def logits_of_pooled(self, pooled: torch.Tensor, dense) -> torch.Tensor:
         """`[B]` logits from pooled embeddings `[B, T, D]` (e.g. `pool_ids`) and dense features."""
-        # row-major as the trainer's batches are: a transposed input takes another GEMM path,
-        # equal only to rounding
-        dense = torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32).reshape(-1, self.manifest["num_dense"]))
-        return self.dense_model(pooled, dense).reshape(-1)
+        dense = self._dense_array(dense)
+        if len(dense) != len(pooled):
+            raise ValueError(f"dense: {len(dense)} rows, expected {len(pooled)} (one per row)")
+        return self.dense_model(pooled, torch.from_numpy(dense)).reshape(-1)
+
+    def _dense_array(self, dense) -> np.ndarray:
+        """`dense` as a row-major float32 `[B, num_dense]` array (a transposed input takes
+        another GEMM path, equal only to rounding, so it is copied into row order); one line
+        naming the expected shape when it has another."""
+        k = self.manifest["num_dense"]
+        try:
+            array = np.ascontiguousarray(dense, dtype=np.float32)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"dense: not a [B, {k}] array of numbers ({first_line(err)})") from None
+        if array.ndim == 1 and (k == 1 or len(array) == k):  # one feature per row, or one row
+            array = array.reshape(-1, k)
+        if array.ndim != 2 or array.shape[1] != k:
+            raise ValueError(f"dense: shape {list(array.shape)}, expected [B, {k}] ({self._dense_names()})")
+        return array
+
+    def _dense_names(self) -> str:
+        names = self.manifest.get("dense_features") or [f"dense_{j}" for j in range(self.manifest["num_dense"])]
+        return ", ".join(map(str, names)) if len(names) <= 4 else f"{names[0]} .. {names[-1]}"
 
     def predict(self, rows: Sequence[Mapping]) -> np.ndarray:
         """Click probabilities of raw rows, each a mapping of feature name -> raw value plus
-        "dense" -> the dense features."""
-        sparse = {f: [row[f] for row in rows] for f in self.features}
-        dense = [row["dense"] for row in rows]
+        "dense" -> the dense features (a sequence of `num_dense` numbers). A feature left
+        out or None is missing (see `pooled`); other keys are ignored."""
+        k = self.manifest["num_dense"]
+        dense = np.empty((len(rows), k), dtype=np.float32)
+        for i, row in enumerate(rows):
+            if row.get("dense") is None:
+                raise ValueError(f"row {i}: no 'dense' (its {k} dense features: {self._dense_names()})")
+            try:
+                values = np.asarray(row["dense"], dtype=np.float32).reshape(-1)
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"row {i}: 'dense' must be {k} numbers ({first_line(err)})") from None
+            if len(values) != k:
+                raise ValueError(f"row {i}: 'dense' has {len(values)} values, expected {k} ({self._dense_names()})")
+            dense[i] = values
+        sparse = {f: [row.get(f) for row in rows] for f in self.features}
         return torch.sigmoid(self.logits(sparse, dense)).numpy()
+
+
+def _listed(feature: str, values) -> list:
+    """A multi-hot feature's values of one row as a list (a lone string is refused: it would
+    be read as its characters)."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise ValueError(f"{feature}: a multi-hot feature takes a list of values per row, got {values!r}")
+    return list(values)
 
 
 def load_export(directory: str | os.PathLike) -> ExportedDLRM:

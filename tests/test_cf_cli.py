@@ -363,10 +363,10 @@ def test_resume_refuses_a_checkpoint_of_other_settings_or_a_damaged_one(lightgcn
         return err
 
     assert "resume with --threads 1" in refused("--threads", 2)
-    assert "cannot resume with other settings: margin 0.5 in the checkpoint, 0.3 now" in refused(
+    assert "cannot resume with other settings: --margin 0.5 in the checkpoint, 0.3 now" in refused(
         "--threads", 1, "--margin", 0.3)
-    assert "engine 'heat' in the checkpoint, 'torch' now" in refused("--threads", 1, "--engine", "torch")
-    assert "lr 0.1 in the checkpoint, 0.5 now" in refused("--threads", 1, "--lr", 0.5)
+    assert "--engine 'heat' in the checkpoint, 'torch' now" in refused("--threads", 1, "--engine", "torch")
+    assert "--lr 0.1 in the checkpoint, 0.5 now" in refused("--threads", 1, "--lr", 0.5)
     assert "other data" in refused("--threads", 1, "--data", "synthetic", "--synthetic-users", 50,
                                    "--synthetic-items", 60, "--synthetic-interactions", 700)
     assert "no cf checkpoint" in refused("--threads", 1, "--checkpoint-dir", tmp_path / "empty")
@@ -450,3 +450,40 @@ def test_a_diverged_epoch_stops_the_run_before_it_is_kept(tmp_path):
     assert trainer.history == [] and not (tmp_path / "cf-last.pt").exists()
     events = [json.loads(line)["event"] for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert events == ["start", "diverged"]
+
+
+def test_settings_that_run_but_are_surely_not_meant_warn_once(caplog, capsys):
+    """`--negatives` above the number of items, and a torch batch larger than the training
+    split, say so in one line each; `--tile 0` is untiled, as --help says."""
+    from embcache.train.cf import CFTrainConfig, CFTrainer
+
+    data = power_law_interactions(num_users=40, num_items=60, interactions=400, communities=2, seed=1)
+    with caplog.at_level("WARNING", logger="embcache"):
+        CFTrainer(CFTrainConfig(epochs=1, negatives=100, threads=1, progress=False), data).fit()
+        CFTrainer(CFTrainConfig(epochs=1, engine="torch", batch_size=100_000, negatives=8, threads=1, progress=False),
+                  data).fit()
+    messages = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert messages == ["--negatives 100 is more than the 60 items: each pair's negatives repeat items (they are "
+                        "drawn with replacement)",
+                        f"--batch-size 100,000 is larger than the training split ({data.num_train:,} pairs): "
+                        "an epoch is one step"]
+    with pytest.raises(SystemExit):
+        main(["cf", "train", "--help"])
+    assert "0: untiled" in " ".join(capsys.readouterr().out.split())
+
+
+def test_evaluate_reads_a_checkpoint_as_well_as_saved_embeddings(lightgcn_dir, tmp_path, capsys):
+    """`cf evaluate runs/cf/cf-last.pt` (or the directory) was refused: only .npy/.npz/.parquet."""
+    ck = tmp_path / "ck"
+    _train(["--data", lightgcn_dir, "--epochs", 1, "--checkpoint-dir", ck, "--save", tmp_path / "emb.npz"], capsys)
+    results = []
+    for what in (tmp_path / "emb.npz", ck / "cf-last.pt", ck):
+        assert main(["cf", "evaluate", str(what), "--data", str(lightgcn_dir)]) == 0
+        results.append(json.loads(capsys.readouterr().out.splitlines()[-1]))
+    assert results[0] == results[1] == results[2] and results[0]["recall@20"] > 0
+    assert main(["cf", "evaluate", str(ck), "--data", "synthetic", "--synthetic-users", "50", "--synthetic-items",
+                 "60", "--synthetic-interactions", "700"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{ck / 'cf-last.pt'} was trained on other data (300 users, 500 items" in err
+    assert main(["cf", "evaluate", str(tmp_path / "none.pt"), "--data", str(lightgcn_dir)]) == 1
+    assert "none.pt: no such checkpoint file" in capsys.readouterr().err

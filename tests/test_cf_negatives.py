@@ -200,7 +200,7 @@ def test_the_rule_is_part_of_a_checkpoint_and_old_checkpoints_resume_with_all(tm
     assert rc == 0 and "K=4 (all)" in out
     assert run("--epochs", 1, "--negatives-from", "all", "--checkpoint-dir", tmp_path / "cut")[0] == 0
     rc, _, err = run("--epochs", 2, "--negatives-from", "unseen", "--checkpoint-dir", tmp_path / "cut", "--resume")
-    assert rc == 1 and "negatives_from 'all' in the checkpoint, 'unseen' now" in err
+    assert rc == 1 and "--negatives-from 'all' in the checkpoint, 'unseen' now" in err
     path = tmp_path / "cut" / "cf-last.pt"
     ck = load_checkpoint(path, "cf")
     del ck["config"]["negatives_from"]  # as written before issue 23

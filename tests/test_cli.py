@@ -44,3 +44,16 @@ def test_library_log_lines_are_printed_once_on_stdout_and_warnings_on_stderr(cap
     out, err = capsys.readouterr()
     assert out == "epoch 1: done\n"
     assert err == "warning: the test split is empty\n"
+
+
+def test_version_is_the_package_version_without_importing_torch():
+    import re
+    from pathlib import Path
+
+    import embcache
+
+    setup = (Path(__file__).resolve().parents[1] / "setup.py").read_text()
+    assert re.search(r'version="([^"]+)"', setup).group(1) == embcache.__version__
+    code = "import sys; from embcache.cli import main; main(['--version']); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [f"embcache {embcache.__version__}", "False"]

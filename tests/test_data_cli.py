@@ -113,3 +113,36 @@ def test_unwritable_output_is_one_line_before_reading_the_input(tmp_path, capsys
     assert main(["data", "synthetic", "--out", str(blocker / "syn"), "--rows", "10", "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(blocker) in err and "cannot write" in err
+
+
+def _prepare_stderr(src, out) -> str:
+    """stderr of `embcache data prepare criteo-kaggle` run as a user runs it (a process of its
+    own, so Python's "Exception ignored" reports reach stderr as they would)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-m", "embcache", "data", "prepare", "criteo-kaggle", "--input", str(src),
+                           "--out", str(out), "--no-progress"], capture_output=True, text=True, env=env, cwd=root)
+    assert done.returncode == 1
+    return done.stderr
+
+
+def test_a_binary_or_late_non_utf8_input_is_one_line_naming_file_and_line(tmp_path):
+    """A binary file is refused from its first bytes; a line that is not UTF-8 further on (past
+    the first MiB, one of the wrong column count) is named by its line, without pyarrow's
+    "Exception ignored ... UnicodeDecodeError" report or the line's bytes."""
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(bytes(range(256)) * 64)  # a newline (byte 10) before the first non-UTF-8 byte: line 2
+    err = _prepare_stderr(binary, tmp_path / "o")
+    assert err.splitlines() == [f"embcache data: error: {binary}:2: not UTF-8 text (byte 0x80): is it a binary or "
+                                "compressed file? (gzip is read from a .gz name)"]
+    good = "\t".join(["1"] + ["3"] * 13 + ["68fd1e64"] * 26) + "\n"
+    lines = (1 << 20) // len(good) + 10
+    late = tmp_path / "train.txt"
+    late.write_bytes(good.encode() * lines + b"1\t2\t\xff\xfe\n" + good.encode() * 5)
+    err = _prepare_stderr(late, tmp_path / "o2")
+    assert err.splitlines() == [f"embcache data: error: {late}:{lines + 1}: not UTF-8 text (byte 0xff)"]

@@ -1,5 +1,6 @@
 """DLRM training through the cache: equal to torchrec's plain tables, learns, resumes."""
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -226,7 +227,8 @@ def test_resume_with_other_settings_is_refused_in_one_line(synthetic, tmp_path):
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1 and "Traceback" not in err
     assert err.strip().count("\n") == 0
-    assert "sparse_lr 0.05 in the checkpoint, 0.5 now" in err and "dense_arch [16] in the checkpoint, [32] now" in err
+    # the flags typed, not the config's fields (sparse_lr, dense_arch)
+    assert "--lr 0.05 in the checkpoint, 0.5 now" in err and "--dense-arch [16] in the checkpoint, [32] now" in err
 
 
 def test_resume_on_other_data_is_refused(synthetic, tmp_path):
@@ -302,3 +304,44 @@ def test_evaluate_a_checkpoint_on_the_test_split(synthetic, tmp_path):
     missing = subprocess.run([sys.executable, "-m", "embcache", "dlrm", "evaluate", str(tmp_path / "none")],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 1 and "no such checkpoint file" in missing.stderr and "Traceback" not in missing.stderr
+
+
+@pytest.mark.parametrize("sparse", ["device", "host"])
+def test_whole_table_runs_print_no_torch_warning(small_synthetic, tmp_path, sparse):
+    """`--sparse device/host` train with torch's sparse Adagrad, which made torch 2.13 warn
+    "Sparse invariant checks are implicitly disabled" at the first step. A process of its
+    own with UserWarnings as errors (pytest.ini filters that warning for the reference
+    tests, and torch warns once per process)."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-W", "error::UserWarning", "-m", "embcache", "dlrm", "train", "--data", str(small_synthetic),
+         "--sparse", sparse, "--max-steps", "2", "--batch-size", "64", "--embedding-dim", "4", "--no-progress"],
+        capture_output=True, text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Warning" not in done.stderr
+
+
+def test_a_batch_larger_than_the_training_split_warns(small_synthetic, caplog):
+    """One step an epoch (AUC near chance) with no word of why: now one line."""
+    rows = json.loads((Path(small_synthetic) / "meta.json").read_text())["splits"]["train"]["rows"]
+    with caplog.at_level("WARNING", logger="embcache"):
+        DLRMTrainer(small_config(batch_size=rows + 1, max_steps=1, cache_ratio=0.5), small_synthetic).fit()
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"--batch-size {rows + 1:,} is larger than the training split ({rows:,} rows): an epoch is one step"]
+
+
+def test_evaluate_on_other_data_names_the_difference_not_a_resume(small_synthetic, tmp_path, capsys):
+    """`dlrm evaluate --data OTHER` said "cannot resume with other settings"."""
+    from embcache.cli import main
+    from embcache.data.synthetic import generate_synthetic
+
+    other = tmp_path / "other"
+    generate_synthetic(other, rows=3_000, scale=0.0005, seed=0)  # same features, other rows
+    DLRMTrainer(small_config(max_steps=2, batch_size=64, cache_ratio=0.5, checkpoint_dir=str(tmp_path / "ck")),
+                small_synthetic).fit()
+    assert main(["dlrm", "evaluate", str(tmp_path / "ck"), "--data", str(other), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "resume" not in err
+    assert (f"{tmp_path / 'ck' / 'dlrm-last.pt'} was trained on other data than {other} (test rows 600 in the "
+            f"checkpoint's data, 300 here; train rows 6,000 in the checkpoint's data, 3,000 here; val rows 600 in "
+            "the checkpoint's data, 300 here); evaluate it on its own data (leave out --data) or a copy of it") in err

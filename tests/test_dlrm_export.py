@@ -87,6 +87,51 @@ def test_raw_rows_score_bit_for_bit_as_the_trainer(run):
     assert np.array_equal(model.predict(rows), torch.sigmoid(want[:3]).numpy())
 
 
+def test_none_and_a_left_out_feature_are_missing_and_a_bad_dense_row_is_one_line(run):
+    """The README's row (`"sparse_25": None`): None and a feature left out both take the
+    row of missing and unknown values (id 0), as an unseen value does; a dense vector of
+    the wrong length is a ValueError naming it and the length expected."""
+    model = load_export(run["out"])
+    sparse, dense = raw_val_rows(run["columns"])
+    row = {**{f: sparse[f][0] for f in sparse}, "dense": list(dense[0])}
+    unseen = model.predict([{**row, "sparse_25": "never-seen"}])
+    assert np.array_equal(model.predict([{**row, "sparse_25": None}]), unseen)
+    assert np.array_equal(model.predict([{k: v for k, v in row.items() if k != "sparse_25"}]), unseen)
+    # every feature left out: each takes the row of the data's empty field (a hashed feature
+    # gives an unseen value a bucket, but a missing one id 0 too)
+    assert np.array_equal(model.predict([{"dense": row["dense"]}]),
+                          model.predict([{f: "" for f in sparse} | {"dense": row["dense"]}]))
+    with pytest.raises(ValueError, match=r"^row 1: 'dense' has 12 values, expected 13 \(log\(max\(I1,0\)\+1\), missing -> 0 .. log\(max\(I13"):
+        model.predict([row, {**row, "dense": row["dense"][:12]}])
+    with pytest.raises(ValueError, match=r"^row 0: no 'dense' \(its 13 dense features"):
+        model.predict([{"sparse_0": "x"}])
+    with pytest.raises(ValueError, match=r"^dense: shape \[2, 12\], expected \[B, 13\]"):
+        model.logits({f: v[:2] for f, v in sparse.items()}, dense[:2, :12])
+
+
+def test_none_in_ids_scored_by_id_adds_nothing(run, tmp_path):
+    """Data whose values are the ids (synthetic, the default run's data) has no row for a
+    missing value: None or a feature left out adds nothing to the pooled embedding (an empty
+    bag), where it raised `TypeError: int() argument ... 'NoneType'`."""
+    old = tmp_path / "old"
+    shutil.copytree(run["root"] / "data", old)
+    meta = json.loads((old / "meta.json").read_text())
+    del meta["raw_values"]
+    (old / "meta.json").write_text(json.dumps(meta))
+    export_checkpoint(run["ck"], tmp_path / "out", data=str(old))
+    model = load_export(tmp_path / "out")
+    row = {**{f: 1 for f in model.features}, "sparse_25": None, "dense": [0.0] * 13}
+    pooled = model.pool_ids({f: (np.array([1]), [1]) if f != "sparse_25" else (np.array([], np.int64), [0])
+                             for f in model.features})
+    want = torch.sigmoid(model.logits_of_pooled(pooled, [row["dense"]])).numpy()
+    assert np.array_equal(model.predict([row]), want)
+    del row["sparse_25"]
+    assert np.array_equal(model.predict([row]), want)
+    assert torch.equal(pooled[0, 25], torch.zeros(4))
+    with pytest.raises(ValueError, match=r"^sparse_3: ids are whole numbers \(the value is the id\), got 'a'$"):
+        model.predict([{**row, "sparse_3": "a"}])
+
+
 def test_tables_are_the_checkpoint_tables_in_both_formats(run, tmp_path):
     ck = load_checkpoint(run["ck"], "dlrm")
     saved = full_tables(run["ck"], ck["tables"])
@@ -203,6 +248,11 @@ def test_movielens_raw_rows_with_multi_hot_genres(tmp_path):
     assert torch.equal(got, want)
     with pytest.raises(ValueError, match="sparse_0: value 99 is not in the vocabulary"):
         load_export(tmp_path / "out").logits({**sparse, "sparse_0": ["99", "2"]}, dense)
+    # no row stands for a missing value here: None (or no genres) adds nothing
+    no_genre = load_export(tmp_path / "out").logits({**sparse, "sparse_6": [[], ["Animation", "Comedy"]]}, dense)
+    assert torch.equal(load_export(tmp_path / "out").logits({**sparse, "sparse_6": [None, ["Animation", "Comedy"]]},
+                                                            dense), no_genre)
+    assert torch.equal(load_export(tmp_path / "out").logits({**sparse, "sparse_2": [None, "18-24"]}, dense)[1], got[1])
 
 
 def test_a_whole_table_checkpoint_exports_too(run, tmp_path):

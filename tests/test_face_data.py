@@ -264,9 +264,13 @@ def test_unreadable_images_are_counted_and_reported_not_raised(tmp_path, capsys)
     faces = ImageFolderFaces(tmp_path, image_size=16)
     x, ok = faces.load(torch.arange(5))
     assert ok.tolist() == [True, True, True, True, False]
-    assert faces.bad.total == 1
+    for _ in range(4):  # drawn again in later batches: skipped without a read, logged once
+        assert faces.load(torch.tensor([4, 0]))[1].tolist() == [False, True]
+    assert faces.bad.total == 1 and faces.unreadable == {4}
     faces.bad.report()
-    assert "bob/1.jpg" in capsys.readouterr().err
+    err = capsys.readouterr().err  # was: "skipped 5 malformed row(s) ...; first: line 4: ...; line 4: ..."
+    assert err.splitlines() == [f"{tmp_path / 'bob' / '1.jpg'}: unreadable image (UnidentifiedImageError: cannot "
+                                f"identify image file '{tmp_path / 'bob' / '1.jpg'}')"]
     batch = PairBatches(faces, 4, seed=0).get(0, 0)
     assert batch.a.shape[0] + batch.dropped >= 1
     with pytest.raises(DataFormatError, match="no images"):

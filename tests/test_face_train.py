@@ -67,14 +67,16 @@ def test_a_resume_with_other_settings_is_refused_in_one_line_naming_them(tmp_pat
     kw = dict(num_classes=40, batch_size=16, epochs=2, eval_pairs=100, eval_classes=20, checkpoint_dir=str(tmp_path))
     assert FaceTrainer(small(**kw, max_steps=2)).fit()["stopped_early"]
     with pytest.raises(CheckpointError, match=r"face-last\.pt: cannot resume with other settings: "
-                                              r"margin 0\.3 in the checkpoint, 0\.5 now$") as err:
+                                              r"--margin 0\.3 in the checkpoint, 0\.5 now$") as err:
         FaceTrainer(small(**kw, margin=0.5, resume=True)).fit()
     assert "\n" not in str(err.value)
-    with pytest.raises(CheckpointError, match=r"lr 0\.1 in the checkpoint, 0\.2 now; weight_decay 0\.0005 in the "
-                                              r"checkpoint, 0\.0 now; epochs 2 in the checkpoint, 1 now"):
+    with pytest.raises(CheckpointError, match=r"--lr 0\.1 in the checkpoint, 0\.2 now; --weight-decay 0\.0005 in "
+                                              r"the checkpoint, 0\.0 now; --epochs 2 in the checkpoint, 1 now "
+                                              r"\(--epochs may only be raised\)"):
         FaceTrainer(small(**{**kw, "epochs": 1}, lr=0.2, weight_decay=0.0, resume=True)).fit()
     for name, value in (("scale", 16.0), ("topk", 3), ("gallery_momentum", 0.9), ("batch_size", 8)):
-        with pytest.raises(CheckpointError, match=rf"{name} .* in the checkpoint, {value!r} now"):
+        flag = "--" + name.replace("_", "-")
+        with pytest.raises(CheckpointError, match=rf"{flag} .* in the checkpoint, {value!r} now"):
             FaceTrainer(small(**{**kw, name: value}, resume=True)).fit()
     more = FaceTrainer(small(**{**kw, "epochs": 3}, resume=True)).fit()  # a run may be extended
     assert more["epochs_done"] == 3
@@ -95,13 +97,26 @@ def test_resume_keeps_the_list_of_skipped_samples(tmp_path):
     summary = whole.fit()
     first = FaceTrainer(small(**kw, checkpoint_dir=str(tmp_path / "ck"), max_steps=5))
     first.fit()
-    assert 0 < first.source.bad.total < whole.source.bad.total  # samples skipped before and after the stop
+    assert 0 < first.source.bad.total <= whole.source.bad.total == 2  # each bad record logged once
     resumed = FaceTrainer(small(**kw, checkpoint_dir=str(tmp_path / "ck"), resume=True))
-    assert resumed.fit()["skipped_samples"] == summary["skipped_samples"] == whole.source.bad.total
+    assert resumed.fit()["skipped_samples"] == summary["skipped_samples"] > first.dropped  # drawn again after the stop
+    assert resumed.source.unreadable == whole.source.unreadable == {5, 20}
     assert resumed.source.bad.to_json() == whole.source.bad.to_json()
     skipped = whole.source.bad.to_json()
     assert list(skipped) == [str(tmp_path / "train.rec")]  # one entry for the file, by record index
     assert set(skipped[str(tmp_path / "train.rec")]["first_lines"]) == {6, 21}
+
+
+def test_fewer_than_two_classes_or_pairs_is_one_line_not_a_torch_message():
+    """`--num-classes 1` reached batch norm: "Expected more than 1 value per channel"."""
+    with pytest.raises(ValueError, match=r"^--num-classes 1 class: a classifier needs at least 2$"):
+        FaceTrainer(small(num_classes=1))
+    with pytest.raises(ValueError, match=r"^the dcp head needs two identity pairs a step, and --batch-size 4: a "
+                                         r"quarter of it are pairs; 8 or more gives two \(or use --head fc\)$"):
+        FaceTrainer(small(num_classes=40, batch_size=4))
+    out = run_cli("train", "--num-classes", "1")
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].endswith(
+        "error: argument --num-classes: must be >= 2, not 1")
 
 
 def test_images_with_the_cnn_backbone_train_one_epoch():

@@ -266,4 +266,11 @@ def torch_equivalent(name: str, params, lr: float) -> torch.optim.Optimizer:
     if name not in TORCH_EQUIVALENTS:
         raise ValueError(f"optimizer {name!r} has no torch equivalent; choose from "
                          f"{sorted(TORCH_EQUIVALENTS)}")
+    if not torch.sparse.check_sparse_tensor_invariants.is_enabled():
+        # torch's sparse Adagrad builds sparse tensors from the coalesced gradient (valid
+        # indices by construction) without saying whether to check them, and torch 2.13 warns
+        # "Sparse invariant checks are implicitly disabled" at the first step. Disabled is
+        # torch's default: saying so explicitly silences the warning and changes nothing
+        # (checks a caller enabled stay enabled).
+        torch.sparse.check_sparse_tensor_invariants.disable()
     return TORCH_EQUIVALENTS[name](params, lr=lr)

@@ -23,6 +23,7 @@ That persistence, with the checks that refuse a checkpoint before anything chang
 """
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -40,7 +41,24 @@ from .slot_map import SlotMap
 from .stats import CacheStats
 from .transfers import RowTransfers
 
+logger = logging.getLogger(__name__)
+
 MAX_PENDING_PREFETCHES = 8
+
+
+def ratio_at_least(rows: int, num_rows: int) -> str:
+    """`rows / num_rows` rounded up to two significant digits: the smallest such cache ratio
+    whose cache (`ceil(ratio * num_rows)` slots) has `rows` slots.
+
+    Example:
+        >>> ratio_at_least(2_345, 46_000), ratio_at_least(7, 7)
+        ('0.051', '1')
+    """
+    if rows >= num_rows:
+        return "1"
+    exact = rows / num_rows
+    digits = 1 - math.floor(math.log10(exact))
+    return f"{math.ceil(exact * 10 ** digits - 1e-9) / 10 ** digits:.{max(digits, 0)}f}"
 
 
 @dataclass
@@ -139,6 +157,7 @@ class RowCache(RowCacheState):
         self._mark, self._epoch = np.zeros(self.num_slots, dtype=np.int64), 0
         self._owner = fused_admission.new_owner(self.num_slots)  # its scratch for distinct slots
         self.stats = CacheStats()
+        self._warned_small = False  # `_warn_small` said it
         self.step = 0  # optimizer steps taken (Adam's bias correction counts these)
         self._row_bytes = self.host.row_bytes()
         self._prefetched: deque[_Prefetched] = deque()
@@ -174,6 +193,8 @@ class RowCache(RowCacheState):
             indices, touched, overflow = self._reuse(consumed), consumed.held, None
         else:
             indices, touched, overflow, _, hits, misses = self._admit(ids, serve_overflow=True)
+            if overflow is not None and hits + misses > self.num_slots:
+                self._warn_small(hits + misses)
         if consumed is not None:
             hits, misses = consumed.hits, consumed.misses
         self.stats.hits += hits
@@ -187,6 +208,17 @@ class RowCache(RowCacheState):
         if consumed is not None and not taken_over:
             self._hold(consumed.held, -1)
         return Lookup(self.transfers.to_device(indices), overflow, held, ids if keep else None, segments)
+
+    def _warn_small(self, distinct: int) -> None:
+        """Say once that a batch needs more distinct rows than the cache has slots (the
+        overflow path keeps training exact, but every such step pays for it)."""
+        if self._warned_small:
+            return
+        self._warned_small = True
+        logger.warning(f"the cache holds {self.num_slots:,} rows, a batch needs {distinct:,} distinct rows of "
+                       f"{self.num_rows:,}: the rest are served beside the cache every such step (exact, slower; "
+                       f"overflow_rows); a cache ratio (--cache-ratio) of {ratio_at_least(distinct, self.num_rows)} "
+                       f"or more holds such a batch")
 
     def _reuse(self, consumed: _Prefetched) -> torch.Tensor:
         """The lookup of a batch whose prefetch placed every id: what a second admission

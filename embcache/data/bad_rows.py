@@ -32,8 +32,10 @@ class BadRowLog:
         1
     """
 
-    def __init__(self, keep: int = 5):
+    def __init__(self, keep: int = 5, noun: str = "malformed row", position: str | None = "line"):
         self.keep = keep
+        self.noun = noun            # what a skipped item is called in `report`
+        self.position = position    # what its number is ("line", "record"); None: the file is the item
         self.files: dict[str, FileBadRows] = {}
 
     def add(self, path: str | os.PathLike, line: int, reason: str) -> None:
@@ -67,10 +69,16 @@ class BadRowLog:
                                         list(e["first_reasons"])) for path, e in saved.items()}
 
     def report(self, stream=None) -> None:
-        """Print one line per file with skipped rows (nothing when every row was good)."""
+        """Print one line per file with skipped rows (nothing when every row was good); a
+        file that is one item (`position` None: an image of a folder) is its reason alone."""
         stream = stream or sys.stderr
         for path, e in self.files.items():
-            if e.count:
-                kinds = ", ".join(f"{n} {k}" for k, n in sorted(e.by_reason.items()))
-                first = "; ".join(f"line {ln}: {r}" for ln, r in zip(e.first_lines, e.first_reasons))
-                print(f"{path}: skipped {e.count:,} malformed row(s) ({kinds}); first: {first}", file=stream)
+            if not e.count:
+                continue
+            if self.position is None and e.count == 1:
+                print(f"{path}: {e.first_reasons[0]}", file=stream)
+                continue
+            kinds = ", ".join(f"{n} {k}" for k, n in sorted(e.by_reason.items()))
+            first = "; ".join((f"{self.position} {ln}: " if self.position else "") + r
+                              for ln, r in zip(e.first_lines, e.first_reasons))
+            print(f"{path}: skipped {e.count:,} {self.noun}(s) ({kinds}); first: {first}", file=stream)

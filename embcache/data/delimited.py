@@ -9,7 +9,10 @@ for the caller to classify, and `LineNumbers` maps a delivered row back to its p
 """
 from __future__ import annotations
 
+import codecs
+import contextlib
 import os
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -94,19 +97,21 @@ def read_blocks(path: str | os.PathLike, column_names: list[str], delimiter: str
             bad_rows.add(path, number, f"wrong column count: {row.actual_columns} fields, expected {expected}")
         return "skip"
 
+    _check_text(path)
     if header:
         _check_header(path, column_names, delimiter)
     try:
         stream = pa.input_stream(str(path), compression="detect")
-        reader = pacsv.open_csv(
-            stream,
-            read_options=pacsv.ReadOptions(column_names=None if header else column_names,
-                                           block_size=block_bytes, use_threads=False),
-            parse_options=pacsv.ParseOptions(delimiter=delimiter, quote_char='"' if delimiter == "," else False,
-                                             ignore_empty_lines=False, invalid_row_handler=on_invalid),
-            convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in column_names},
-                                                 include_columns=column_names, strings_can_be_null=False,
-                                                 quoted_strings_can_be_null=False))
+        with _quiet_decode_errors(on_invalid):
+            reader = pacsv.open_csv(
+                stream,
+                read_options=pacsv.ReadOptions(column_names=None if header else column_names,
+                                               block_size=block_bytes, use_threads=False),
+                parse_options=pacsv.ParseOptions(delimiter=delimiter, quote_char='"' if delimiter == "," else False,
+                                                 ignore_empty_lines=False, invalid_row_handler=on_invalid),
+                convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in column_names},
+                                                     include_columns=column_names, strings_can_be_null=False,
+                                                     quoted_strings_can_be_null=False))
     except FileNotFoundError:
         raise format_error(path, None, "no such file") from None
     except (OSError, pa.ArrowException) as err:
@@ -116,7 +121,8 @@ def read_blocks(path: str | os.PathLike, column_names: list[str], delimiter: str
     delivered = 0
     while True:
         try:
-            block = reader.read_next_batch()
+            with _quiet_decode_errors(on_invalid):
+                block = reader.read_next_batch()
         except StopIteration:
             return
         except (OSError, pa.ArrowException) as err:
@@ -124,6 +130,68 @@ def read_blocks(path: str | os.PathLike, column_names: list[str], delimiter: str
         yield block, delivered, lines
         delivered += block.num_rows
         lines.forget_before(delivered)  # the consumer is done with this block's rows
+
+
+@contextlib.contextmanager
+def _quiet_decode_errors(handler):
+    """Silence the "Exception ignored in: <function on_invalid>" report of a line that is not
+    UTF-8: pyarrow fails to decode such a line for the invalid-row handler before calling it,
+    reports that as unraisable, then raises its own parse error, which `_read_error` words.
+    Any other unraisable report goes to the hook that was there."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not (isinstance(unraisable.exc_value, UnicodeDecodeError) and unraisable.object is handler):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+
+
+TEXT_CHECK_BYTES = 1 << 20
+
+
+def _check_text(path: Path) -> None:
+    """The start of the file must be UTF-8 text: a binary file (or gzip without a `.gz` name)
+    is refused at once, naming the line, rather than read as lines of garbage."""
+    try:
+        found = first_non_utf8(path, TEXT_CHECK_BYTES)
+    except FileNotFoundError:
+        raise format_error(path, None, "no such file") from None
+    except (OSError, pa.ArrowException) as err:
+        raise format_error(path, None, f"cannot read: {first_line(err)}") from None
+    if found is not None:
+        hint = "" if path.suffix == ".gz" else " (gzip is read from a .gz name)"
+        raise _not_text(path, *found, f": is it a binary or compressed file?{hint}")
+
+
+def _not_text(path: Path, line: int, byte: int, hint: str = ""):
+    return format_error(path, line, f"not UTF-8 text (byte 0x{byte:02x}){hint}")
+
+
+def first_non_utf8(path: str | os.PathLike, limit: int | None = None) -> tuple[int, int] | None:
+    """(1-based line, byte) of the first byte that is not UTF-8 in the (decompressed) file,
+    reading at most `limit` bytes (a character cut by the limit is not taken for a bad one);
+    None when there is none."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    line, read = 1, 0
+    with pa.input_stream(str(path), compression="detect") as stream:
+        while limit is None or read < limit:
+            chunk = stream.read(1 << 20 if limit is None else min(1 << 20, limit - read))
+            read += len(chunk)
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as err:
+                pending = len(err.object) - len(chunk)  # bytes of a character begun in the last chunk
+                at = max(err.start - pending, 0)
+                return line + chunk.count(b"\n", 0, at), err.object[err.start]
+            if not chunk:
+                break
+            line += chunk.count(b"\n")
+    return None
 
 
 def _check_header(path: Path, column_names: list[str], delimiter: str) -> None:
@@ -142,6 +210,15 @@ def _check_header(path: Path, column_names: list[str], delimiter: str) -> None:
 
 
 def _read_error(path: Path, lines: LineNumbers, err: Exception, delivered: int | None = None):
+    if isinstance(err, pa.ArrowException) and ("UTF8" in str(err) or "Expected" in str(err)):
+        # a line that is not UTF-8 (in a field, or one of the wrong column count): name it
+        # rather than print pyarrow's message with the line's bytes in it
+        try:
+            found = first_non_utf8(path)
+        except (OSError, pa.ArrowException):
+            found = None
+        if found is not None:
+            return _not_text(path, *found)
     near = "" if delivered is None else f" (after line {int(lines.of(np.array([delivered]))[0]) - 1})"
     return format_error(path, None, f"cannot read{near}: {first_line(err)}")
 

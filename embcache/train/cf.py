@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from cpu_kernels.heat import HeatEngine, HeatOptions, compile_kernels, max_threads
-from cpu_kernels.model import CFConfig, CFParams
+from cpu_kernels.model import CFConfig, CFParams, histories
 from cpu_kernels.torch_reference import TorchEngine, TorchOptions
+from embcache.arg_types import option_names
 from embcache.data.cf.interactions import TEST_FRACTION, Interactions
 from embcache.errors import CheckpointError, DataFormatError
 from embcache.train.cf_eval import evaluate_params
@@ -158,6 +159,29 @@ def data_fingerprint(data: Interactions) -> dict:
             "test": data.num_test, "crc32": crc}
 
 
+def params_from_checkpoint(path: str | Path, data: Interactions) -> CFParams:
+    """The embeddings of a `cf train --checkpoint-dir` checkpoint (`cf-last.pt`, or the
+    directory holding it), for evaluating them on `data`, which must be the data they were
+    trained on (CheckpointError naming the difference otherwise). The SimpleX histories are
+    drawn again, as a resume draws them."""
+    from embcache.checkpoint import load_checkpoint
+    from embcache.train.run import checkpoint_file
+
+    path = checkpoint_file(path, "cf")
+    ck = load_checkpoint(path, kind="cf")
+    saved, now = ck.get("data"), data_fingerprint(data)
+    if saved is not None and saved != now:
+        raise CheckpointError(f"{path} was trained on other data ({saved['users']:,} users, {saved['items']:,} "
+                              f"items, {saved['train']:,} training pairs; {data.name} has {now['users']:,}, "
+                              f"{now['items']:,} and {now['train']:,})")
+    config = CFConfig(**{k: v for k, v in ck["config"].items() if k in MODEL_SETTINGS})
+    U, I, W = (np.ascontiguousarray(ck[name], dtype=np.float32) for name in ("U", "I", "W"))
+    if (len(U), len(I)) != (data.num_users, data.num_items):
+        raise CheckpointError(f"{path}: has {len(U):,} users and {len(I):,} items, the data {data.num_users:,} "
+                              f"and {data.num_items:,}")
+    return CFParams(U, I, W, *histories(config, data.train_indptr, data.train_indices), config)
+
+
 class CFTrainer(Trainer):
     """Trains `cfg`'s model on `data` (read from `cfg.data` when not given), starting from
     `params` when given (else `cfg.load`'s file, else fresh seeded rows).
@@ -194,16 +218,30 @@ class CFTrainer(Trainer):
         self.engine = make_engine(cfg.engine, self.params, self.data, cfg.heat_options(), cfg.torch_options())
         self.threads = cfg.threads or max_threads()
 
+    setting_names = option_names((*MODEL_SETTINGS, "engine", *{n for e in ENGINE_SETTINGS.values() for n in e}),
+                                 unflagged=("init_std",))
+
     @property
     def must_match(self) -> tuple[str, ...]:
         return (*MODEL_SETTINGS, "engine", *ENGINE_SETTINGS[self.cfg.engine])
 
     def fit(self) -> dict:
+        self._warn_of_settings()
         if self.cfg.engine == "heat" and self.cfg.epochs > 0:
             seconds = compile_kernels()
             if seconds > 1.0:
                 logger.info(f"compiled the HEAT kernels in {seconds:.1f} s (numba caches them for later runs)")
         return super().fit()
+
+    def _warn_of_settings(self) -> None:
+        """Settings that run but are surely not what was meant: one line each."""
+        items, pairs = self.data.num_items, self.data.num_train
+        if self.cfg.negatives > items:
+            logger.warning(f"--negatives {self.cfg.negatives:,} is more than the {items:,} items: each pair's "
+                           f"negatives repeat items (they are drawn with replacement)")
+        if self.cfg.engine == "torch" and self.cfg.batch_size > pairs:
+            logger.warning(f"--batch-size {self.cfg.batch_size:,} is larger than the training split ({pairs:,} "
+                           f"pairs): an epoch is one step")
 
     # ------------------------------------------------------------------ one epoch
     def train_epoch(self) -> dict:

@@ -49,11 +49,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                                 "checkpoint's)")
     p.set_defaults(func=train)
 
-    e = sub.add_parser("evaluate", help="evaluate saved embeddings", formatter_class=fmt,
-                       description="Load embeddings written by `train --save` and report Recall@k / NDCG@k on "
-                                   "the test split of --data (which must be the data they were trained on), "
-                                   "next to the popularity baseline.")
-    e.add_argument("load", metavar="FILE", help="embeddings file (.npy, .npz or .parquet)")
+    e = sub.add_parser("evaluate", help="evaluate saved embeddings or a checkpoint", formatter_class=fmt,
+                       description="Load embeddings written by `train --save` (or the checkpoint of `train "
+                                   "--checkpoint-dir`) and report Recall@k / NDCG@k on the test split of --data "
+                                   "(which must be the data they were trained on), next to the popularity "
+                                   "baseline.")
+    e.add_argument("load", metavar="FILE", help="embeddings file (.npy, .npz or .parquet), or a checkpoint "
+                                                "(cf-last.pt, or the --checkpoint-dir holding it)")
     _data_args(e)
     e.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all cores)")
     e.set_defaults(func=evaluate)
@@ -104,7 +106,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help=f"learning rate (default {h.lr} for heat's SGD, {TorchOptions.lr:g} for torch's Adam)")
     p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--tile", type=non_negative_int, default=h.tile,
-                   help="heat: items per thread tile that negatives are drawn from (sized for a private L2)")
+                   help="heat: items per thread tile that negatives are drawn from (sized for a private L2); "
+                        "0: untiled, as --no-tiling")
     p.add_argument("--refresh", type=positive_int, default=h.refresh,
                    help="heat: samples between two tiles of a thread")
     p.add_argument("--no-tiling", action="store_true", help="heat: draw negatives from all items")
@@ -249,7 +252,14 @@ def evaluate(args) -> int:
     data = load_interactions(data_config(args))
     print(data.summary())
     try:
-        params = load_params(args.load, data.num_items, data.train_indptr, data.train_indices)
+        if Path(args.load).suffix == ".pt" or Path(args.load).is_dir():
+            from embcache.train.cf import params_from_checkpoint
+
+            params = params_from_checkpoint(args.load, data)
+        else:
+            params = load_params(args.load, data.num_items, data.train_indptr, data.train_indices)
+    except UserFacingError:
+        raise
     except (ValueError, OSError, KeyError) as err:
         raise UserFacingError(str(err)) from None
     except MemoryError as err:

@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from embcache.arg_types import option_names
 from embcache.cache.optimizers import TORCH_EQUIVALENTS, torch_equivalent
 from embcache.data.loader import Batch, CTRBatches, lookahead_window
 from embcache.distributed import placement, table_checkpoint
@@ -130,6 +131,40 @@ def data_fingerprint(meta: dict) -> dict:
     return {"num_dense": meta["num_dense"],
             "sparse": [(f["name"], f["cardinality"]) for f in meta["sparse"]],
             "rows": {name: split.get("rows") for name, split in sorted(meta.get("splits", {}).items())}}
+
+
+def data_difference(saved: dict, now: dict) -> str:
+    """How the data of fingerprint `now` differs from the checkpoint's (`saved`), in words.
+
+    Example:
+        >>> data_difference({"num_dense": 13, "sparse": [("sparse_0", 9)], "rows": {"train": 100}},
+        ...                 {"num_dense": 13, "sparse": [("sparse_0", 7)], "rows": {"train": 80}})
+        "sparse_0 has 9 ids in the checkpoint's data, 7 here; train rows 100 in the checkpoint's data, 80 here"
+    """
+    parts = []
+    if saved.get("num_dense") != now.get("num_dense"):
+        parts.append(f"{saved.get('num_dense')} dense features in the checkpoint's data, {now.get('num_dense')} here")
+    was, cur = dict(map(tuple, saved.get("sparse", []))), dict(map(tuple, now.get("sparse", [])))
+    if list(was) != list(cur):
+        parts.append(f"{len(was)} sparse features in the checkpoint's data ({_names(was)}), {len(cur)} here "
+                     f"({_names(cur)})")
+    else:
+        other = [f for f in was if was[f] != cur[f]]
+        parts += [f"{f} has {was[f]:,} ids in the checkpoint's data, {cur[f]:,} here" for f in other[:2]]
+        if len(other) > 2:
+            parts[-1] += f" (and {len(other) - 2} more features)"
+    rows_was, rows_cur = saved.get("rows", {}), now.get("rows", {})
+    for split in sorted(set(rows_was) | set(rows_cur)):
+        a, b = rows_was.get(split), rows_cur.get(split)
+        if a != b:
+            parts.append(f"{split} rows {a if a is None else f'{a:,}'} in the checkpoint's data, "
+                         f"{b if b is None else f'{b:,}'} here")
+    return "; ".join(parts) or "other data"
+
+
+def _names(features: dict) -> str:
+    names = list(features)
+    return ", ".join(names) if len(names) <= 3 else f"{names[0]} .. {names[-1]}"
 
 
 def _init_table(weight: torch.Tensor, seed: int, num_rows: int) -> None:
@@ -305,6 +340,7 @@ class DLRMTrainer(Trainer):
 
     kind = "dlrm"
     must_match = RESUME_MUST_MATCH
+    setting_names = option_names(RESUME_MUST_MATCH + CACHE_SETTINGS, {"sparse_lr": "--lr"})
 
     def __init__(self, cfg: DLRMConfig, data_dir: str | Path):
         from embcache.data.ctr_format import load_id_frequencies, read_meta
@@ -318,13 +354,20 @@ class DLRMTrainer(Trainer):
         self._pending: int | None = None  # prefetched batches not yet trained (None: ask the cache)
         self.pipelined = cfg.pipeline
 
+    def fit(self) -> dict:
+        rows = self.meta["splits"]["train"]["rows"]
+        if self.cfg.batch_size > rows and self.world.is_main:
+            logger.warning(f"--batch-size {self.cfg.batch_size:,} is larger than the training split ({rows:,} rows): "
+                           f"an epoch is one step")
+        return super().fit()
+
     # ------------------------------------------------------------------ checkpoints
     def data_fingerprint(self) -> dict:
         return data_fingerprint(self.meta)
 
     def data_mismatch(self, saved_config: dict, saved: dict, now: dict) -> str:
         return (f"data (checkpoint trained on {saved_config.get('data')!r}, this run reads {str(self.data_dir)!r}: "
-                f"other features, cardinalities or rows)")
+                f"{data_difference(saved, now)})")
 
     def trainer_state(self) -> dict:
         """Collective. The dense part from rank 0's copy (identical on every rank); a cached

@@ -252,6 +252,7 @@ def evaluate(args) -> int:
         data_dir = Path(data_dir)
         if not (data_dir / "meta.json").is_file():
             raise ValueError(f"{data_dir}: no meta.json here (the checkpoint's data moved? give --data)")
+        _check_same_data(path, ckpt, data_dir)
 
         def run():
             trainer = DLRMTrainer(cfg, data_dir)
@@ -267,6 +268,21 @@ def evaluate(args) -> int:
           f"({result['samples']:,} samples, step {ckpt['step']})")
     print(json.dumps({"split": args.split, "step": ckpt["step"], **result}, default=float))
     return 0
+
+
+def _check_same_data(path: Path, ckpt: dict, data_dir: Path) -> None:
+    """A checkpoint evaluates only on the data it was trained on (or a copy): one line naming
+    the difference otherwise (not the resume's wording: nothing resumes here)."""
+    from embcache.data.ctr_format import read_meta
+    from embcache.train.dlrm import data_difference, data_fingerprint
+
+    saved = ckpt.get("data")
+    if saved is None:
+        return
+    now = data_fingerprint(read_meta(data_dir))
+    if json.dumps(saved) != json.dumps(now):
+        raise ValueError(f"{path} was trained on other data than {data_dir} ({data_difference(saved, now)}); "
+                         f"evaluate it on its own data (leave out --data) or a copy of it")
 
 
 def summary_rows(s: dict) -> list[tuple[str, str]]:

@@ -181,7 +181,10 @@ def checkpoint_data(path: Path, ck: dict, data: str | None) -> tuple[Path, dict]
     meta = read_meta(data_dir)
     saved = ck.get("data")
     if saved is not None and json.dumps(saved) != json.dumps(data_fingerprint(meta)):
-        raise UserFacingError(f"{data_dir}: other features, cardinalities or rows than the data of {path}")
+        from embcache.train.dlrm import data_difference
+
+        raise UserFacingError(f"{data_dir}: other features, cardinalities or rows than the data of {path} "
+                              f"({data_difference(saved, data_fingerprint(meta))})")
     return data_dir, meta
 
 

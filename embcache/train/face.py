@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from embcache.arg_types import option_names
 from embcache.data.face.loaders import PairBatch, PairBatches
 from embcache.distributed.data_parallel import data_parallel
 from embcache.distributed.global_norm import global_batch_norm
@@ -122,6 +123,8 @@ class FaceTrainer(Trainer):
     kind = "face"
     must_match = MUST_MATCH
     only_raised = ("epochs",)
+    setting_names = option_names(MUST_MATCH + only_raised,
+                                 unflagged=("momentum", "synthetic_dim", "synthetic_id_dim", "synthetic_noise"))
 
     def __init__(self, cfg: FaceConfig, source=None):
         super().__init__(cfg, cfg.resolved_device())
@@ -130,6 +133,10 @@ class FaceTrainer(Trainer):
         self.num_classes = self.source.num_classes if cfg.data != "synthetic" else cfg.num_classes
         if cfg.data != "synthetic" and cfg.num_classes and cfg.num_classes > self.num_classes:
             self.num_classes = cfg.num_classes
+        if self.num_classes < 2:  # one class: every softmax is 1, nothing to learn
+            where = "--num-classes" if cfg.data == "synthetic" else f"{cfg.data}: the data has"
+            raise ValueError(f"{where} {self.num_classes} {'class' if self.num_classes == 1 else 'classes'}: "
+                             f"a classifier needs at least 2")
         self.batches = PairBatches(self.source, cfg.batch_size, cfg.seed)
         backbone = cfg.backbone
         if backbone == "auto":
@@ -144,6 +151,10 @@ class FaceTrainer(Trainer):
                                weight_decay=cfg.weight_decay, seed=cfg.seed, device=self.device, world=self.world)
         self.gallery = None
         if cfg.head == "dcp":
+            if self.batches.identity.pairs < 2:  # the gallery net's batch norm needs two samples
+                why = ("only one identity has two samples" if self.batches.identity.identities.numel() < 2
+                       else f"--batch-size {cfg.batch_size}: a quarter of it are pairs; 8 or more gives two")
+                raise ValueError(f"the dcp head needs two identity pairs a step, and {why} (or use --head fc)")
             if self.batches.identity.pairs > self.head.pool.num_slots:
                 raise ValueError(f"the pool has {self.head.pool.num_slots} slots but a step brings "
                                  f"{self.batches.identity.pairs} identities; raise --pool-ratio or lower --batch-size")
@@ -256,6 +267,7 @@ class FaceTrainer(Trainer):
                 "gallery": self.gallery.state_dict() if self.gallery is not None else None,
                 "head": self._head_state(), "optimizer": self._optimizer_state(), "dropped": self.dropped,
                 "bad_samples": self.source.bad.to_json() if hasattr(self.source, "bad") else {},
+                "unreadable_samples": sorted(getattr(self.source, "unreadable", ())),
                 "num_slots": self.head.pool.num_slots if self.cfg.head == "dcp" else None}
 
     def state(self) -> dict:
@@ -279,6 +291,7 @@ class FaceTrainer(Trainer):
         self.dropped = ck["dropped"]
         if hasattr(self.source, "bad"):  # so that the skipped list agrees with the skipped count
             self.source.bad.load_json(ck.get("bad_samples", {}))
+            self.source.unreadable = set(ck.get("unreadable_samples", ()))
 
     @property
     def _sharded_head(self) -> bool:

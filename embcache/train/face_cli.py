@@ -40,7 +40,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="verification .bin files (lfw.bin, cfp_fp.bin, agedb_30.bin) evaluated after each epoch")
     p.add_argument("--head", choices=HEADS, default=d.head,
                    help="dcp: dynamic class pool; fc: one weight row per class; pfc: Partial FC")
-    p.add_argument("--num-classes", type=positive_int, default=None,
+    p.add_argument("--num-classes", type=int_in(2), default=None,
                    help=f"synthetic: number of training identities (default {d.num_classes}); real data: the label "
                         f"space, labels must be below it (default there: max label + 1)")
     p.add_argument("--pool-ratio", type=ratio, default=d.pool_ratio, help="dcp: pool slots as a fraction of classes")
@@ -104,7 +104,9 @@ def train(args) -> int:
         except (ValueError, OSError) as err:
             raise UserFacingError(str(err)) from None
         if summary["skipped_samples"] and trainer.world.is_main:
-            print(f"skipped {summary['skipped_samples']:,} unreadable sample(s) in training batches:")
+            images = trainer.source.bad.total
+            distinct = f" ({images:,} distinct)" if summary["skipped_samples"] > images else ""
+            print(f"skipped {summary['skipped_samples']:,} unreadable sample(s) in training batches{distinct}:")
             trainer.source.bad.report()
         # the trainer (and its DDP wrapper) goes here, while the process group is alive: a DDP
         # reducer outliving `destroy_process_group` can deadlock the exit with gloo

@@ -171,18 +171,21 @@ def checkpoint_to_evaluate(path: str | os.PathLike, kind: str, config_cls, devic
     return path, ck, cfg
 
 
-def resume_mismatches(saved: dict, now: dict, must_match, only_raised=()) -> list[str]:
+def resume_mismatches(saved: dict, now: dict, must_match, only_raised=(), names=None) -> list[str]:
     """One phrase per setting that stops `now` from resuming a run with settings `saved`:
-    "NAME SAVED in the checkpoint, NOW now". Settings in `only_raised` may grow (a run can
-    be extended), not shrink. Two names of one existing path are the same setting."""
+    "NAME SAVED in the checkpoint, NOW now", NAME from `names` (the flag the user typed:
+    "--lr" for `sparse_lr`), else the field's own. Settings in `only_raised` may grow (a run
+    can be extended), not shrink. Two names of one existing path are the same setting."""
+    names = names or {}
     out = []
     for k in must_match:
         was, cur = saved.get(k), now.get(k)
         if was != cur and not _same_path(was, cur):
-            out.append(f"{k} {was!r} in the checkpoint, {cur!r} now")
+            out.append(f"{names.get(k, k)} {was!r} in the checkpoint, {cur!r} now")
     for k in only_raised:
         if k in saved and now.get(k) is not None and now[k] < saved[k]:
-            out.append(f"{k} {saved[k]!r} in the checkpoint, {now[k]!r} now ({k} may only be raised)")
+            n = names.get(k, k)
+            out.append(f"{n} {saved[k]!r} in the checkpoint, {now[k]!r} now ({n} may only be raised)")
     return out
 
 
@@ -208,6 +211,7 @@ class Trainer:
     kind: ClassVar[str] = ""
     must_match: ClassVar[tuple[str, ...]] = ()
     only_raised: ClassVar[tuple[str, ...]] = ()
+    setting_names: ClassVar[dict[str, str]] = {}  # config field -> its flag, for messages
     pipelined: bool = False  # losses stay on the device between reads (else read at every step)
 
     def __init__(self, cfg: RunConfig, device: torch.device | None = None):
@@ -490,7 +494,8 @@ class Trainer:
         skeleton's names, whatever version wrote it)."""
         path = Path(path)
         ck = self.upgrade_checkpoint(load_checkpoint(path, kind=self.kind))
-        differ = resume_mismatches(ck["config"], asdict(self.cfg), self.must_match, self.only_raised)
+        differ = resume_mismatches(ck["config"], asdict(self.cfg), self.must_match, self.only_raised,
+                                   self.setting_names)
         saved_data, data = ck.get("data"), self.data_fingerprint()
         if saved_data is not None and data is not None and saved_data != data:
             differ.append(self.data_mismatch(ck["config"], saved_data, data))

@@ -18,10 +18,12 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
 class IndexedFaces:
     """What the identity and instance loaders need from a labelled image collection whose
     samples are grouped by label: sample ids `offsets[y] .. offsets[y+1]-1` belong to `y`.
-    Unreadable samples are counted in `bad` (file and index) and reported, not raised;
-    `read` names a sample `file#index` in its errors."""
+    Unreadable samples are skipped, logged once each in `bad` (file and index) and reported,
+    not raised; `unreadable` holds their indices, so that a sample drawn again is skipped
+    without another read. `read` names a sample `file#index` in its errors; `position` is
+    what the index is called in the report (None: each file is one image)."""
 
-    def __init__(self, labels: torch.Tensor, image_size: int, name: str):
+    def __init__(self, labels: torch.Tensor, image_size: int, name: str, position: str | None = None):
         self.labels = labels.long()
         if self.labels.numel() and bool((self.labels[1:] < self.labels[:-1]).any()):
             order = torch.argsort(self.labels, stable=True)
@@ -37,7 +39,8 @@ class IndexedFaces:
         self.sample_shape = (3, image_size, image_size)
         self.image_size = image_size
         self.name = name
-        self.bad = BadRowLog()
+        self.bad = BadRowLog(noun="unreadable image", position=position)
+        self.unreadable: set[int] = set()
 
     def count_of(self, labels: torch.Tensor) -> torch.Tensor:
         return self.counts[labels]
@@ -59,12 +62,17 @@ class IndexedFaces:
         out = torch.zeros(ids.numel(), *self.sample_shape)
         ok = torch.ones(ids.numel(), dtype=torch.bool)
         for i, sid in enumerate(ids.tolist()):
+            raw = self.raw_index(sid)
+            if raw in self.unreadable:  # logged when first read
+                ok[i] = False
+                continue
             try:
-                out[i] = self.read(self.raw_index(sid))
-            except DataFormatError as err:  # "file#index: reason": counted per file, by index
+                out[i] = self.read(raw)
+            except DataFormatError as err:  # "file#index: reason": logged per file, by index
                 where, _, rest = str(err).partition(": ")
                 file, _, index = where.rpartition("#")
-                self.bad.add(file or where, int(index) if index.isdigit() else self.raw_index(sid), rest)
+                self.bad.add(file or where, int(index) if index.isdigit() else raw, rest)
+                self.unreadable.add(raw)
                 ok[i] = False
         return out, ok
 

@@ -206,7 +206,7 @@ class RecordIOFaces(IndexedFaces):
         self.image_keys = keys
         labels = self._labels(progress, num_classes)
         super().__init__(torch.from_numpy(labels), image_size,
-                         f"RecordIO {self.records.rec_path} ({len(keys):,} images)")
+                         f"RecordIO {self.records.rec_path} ({len(keys):,} images)", position="record")
         if num_classes:
             self.num_classes = max(self.num_classes, num_classes)
             self.counts = torch.bincount(self.labels, minlength=self.num_classes)
