@@ -13,9 +13,10 @@ import contextlib
 import importlib
 import logging
 import os
+import signal
 import sys
 
-from embcache.errors import UserFacingError
+from embcache.errors import RunInterrupted, UserFacingError
 
 # name -> (module that builds its parser, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -54,11 +55,12 @@ def dispatch(prog: str, description: str, commands: dict[str, tuple[str, str]], 
         with console_logging():
             return int(args.func(args) or 0)
     except UserFacingError as err:
-        print(f"{prog} {name}: error: {err}", file=sys.stderr, flush=True)
+        label = "" if isinstance(err, RunInterrupted) else "error: "
+        print(f"{prog} {name}: {label}{err}", file=sys.stderr, flush=True)
         if getattr(err, "exit_now", False):  # a broken process group: nothing left to clean up safely
             sys.stdout.flush()
-            os._exit(1)
-        return 1
+            os._exit(err.exit_code)
+        return err.exit_code
 
 
 class _ConsoleHandler(logging.Handler):
@@ -95,13 +97,20 @@ def _listing(prog: str, commands: dict[str, tuple[str, str]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return dispatch(
-        "embcache",
-        "Train models dominated by one giant table: cached embedding bags (DLRM), "
-        "HEAT CPU kernels (collaborative filtering), and a dynamic class pool (face).",
-        COMMANDS,
-        sys.argv[1:] if argv is None else argv,
-    )
+    try:
+        return dispatch(
+            "embcache",
+            "Train models dominated by one giant table: cached embedding bags (DLRM), "
+            "HEAT CPU kernels (collaborative filtering), and a dynamic class pool (face).",
+            COMMANDS,
+            sys.argv[1:] if argv is None else argv,
+        )
+    except KeyboardInterrupt:  # Ctrl-C outside a training loop (which stops by itself): no traceback
+        with contextlib.suppress(Exception):
+            previous = signal.signal(signal.SIGINT, signal.SIG_DFL)  # another Ctrl-C meanwhile: just stop
+            print("\nembcache: interrupted", file=sys.stderr, flush=True)
+            signal.signal(signal.SIGINT, previous)
+        return RunInterrupted.exit_code
 
 
 if __name__ == "__main__":

@@ -211,7 +211,8 @@ class CFTrainer(Trainer):
         self.begin_epoch(n, unit="pair")
         progress = self.cfg.progress
         t0 = time.perf_counter()
-        stats = self.engine.epoch(self.epoch, chunks=20 if progress else 1,
+        # in chunks even without a bar (the same arithmetic): a second Ctrl-C stops at the next one
+        stats = self.engine.epoch(self.epoch, chunks=20,
                                   progress=(lambda done, loss: self.tick(done, loss=f"{loss:.4f}")) if progress
                                   else None)
         seconds = time.perf_counter() - t0

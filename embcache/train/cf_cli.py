@@ -20,7 +20,13 @@ from embcache.arg_types import (
     positive_int,
 )
 from embcache.errors import UserFacingError
-from embcache.train.run_cli import add_run_arguments, config_values, print_summary, run_rows
+from embcache.train.run_cli import (
+    add_run_arguments,
+    config_values,
+    print_summary,
+    refuse_existing_run,
+    run_rows,
+)
 
 TRAIN_DESCRIPTION = (
     "Train with the HEAT kernels (--engine heat) or the PyTorch reference (--engine torch). A progress bar per "
@@ -193,6 +199,7 @@ def train(args) -> int:
         raise UserFacingError(f"{args.save}: embeddings are saved as {', '.join(FORMATS)}")
     if args.resume and args.load:
         raise UserFacingError("--resume and --load both give starting embeddings: choose one")
+    refuse_existing_run(args, "cf")
     data = load_interactions(data_config(args))
     print(data.summary())
     try:

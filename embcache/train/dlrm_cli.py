@@ -8,7 +8,14 @@ from pathlib import Path
 
 from embcache.arg_types import fraction, int_in, memory_size, positive_float, positive_int, ratio
 from embcache.errors import UserFacingError
-from embcache.train.run_cli import add_run_arguments, config_values, print_summary, run_launched, run_rows
+from embcache.train.run_cli import (
+    add_run_arguments,
+    config_values,
+    print_summary,
+    refuse_existing_run,
+    run_launched,
+    run_rows,
+)
 
 REPO_DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 
@@ -224,6 +231,7 @@ def train(args) -> int:
                         "pipeline": not args.no_pipeline})
     try:
         cfg.resolved_device()
+        refuse_existing_run(args, "dlrm")
         data_dir = _prepared_once(args)
         if cfg.cache_ratio == "auto":
             cfg.cache_ratio = _auto_cache_ratio(args, cfg, data_dir) if cfg.sparse == "cached" \

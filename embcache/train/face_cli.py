@@ -16,7 +16,14 @@ from embcache.arg_types import (
     ratio,
 )
 from embcache.errors import UserFacingError
-from embcache.train.run_cli import add_run_arguments, config_values, print_summary, run_launched, run_rows
+from embcache.train.run_cli import (
+    add_run_arguments,
+    config_values,
+    print_summary,
+    refuse_existing_run,
+    run_launched,
+    run_rows,
+)
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -90,6 +97,7 @@ def train(args) -> int:
     alone prints)."""
     from embcache.train.face import FaceTrainer
 
+    refuse_existing_run(args, "face")
     cfg = _config(args)
 
     def body():  # bad input becomes one line inside the launch, which tells the other ranks

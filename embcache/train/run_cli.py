@@ -32,10 +32,14 @@ def add_run_arguments(p: argparse.ArgumentParser, kind: str, *, epochs: int, epo
     if stepwise:
         p.add_argument("--checkpoint-every", type=positive_int, default=checkpoint_every,
                        help="steps between checkpoints")
-    p.add_argument("--resume", action="store_true",
-                   help=f"continue from {kind}-last.pt in --checkpoint-dir, exactly where it stopped; without "
-                        f"one there the run stops with an error (leave out --resume to start afresh); settings "
-                        f"that change the arithmetic or the data must be the checkpoint's")
+    start = p.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true",
+                       help=f"continue from {kind}-last.pt in --checkpoint-dir, exactly where it stopped; without "
+                            f"one there the run stops with an error (leave out --resume to start afresh); settings "
+                            f"that change the arithmetic or the data must be the checkpoint's")
+    start.add_argument("--overwrite", action="store_true",
+                       help=f"start afresh in a --checkpoint-dir that holds a run's {kind}-last.pt, replacing it "
+                            f"(without --resume or --overwrite such a directory is refused: no run is lost)")
     p.add_argument("--metrics-out", default=None, metavar="FILE",
                    help="JSON-lines metrics log (appended): start, step, epoch and summary records")
     if stepwise:
@@ -47,6 +51,16 @@ def add_run_arguments(p: argparse.ArgumentParser, kind: str, *, epochs: int, epo
         p.add_argument("--dist-timeout", type=positive_float, default=300.0, metavar="SECONDS",
                        help="under torchrun: how long a rank waits for the others before it stops with one "
                             "line (a rank died or hung); the last checkpoint stays intact")
+
+
+def refuse_existing_run(args, kind: str) -> None:
+    """Before any data is read or model built: stop in one line when --checkpoint-dir holds
+    a run of `kind` and neither --resume nor --overwrite says what to do with it (the
+    trainer checks the same; this only saves the wait)."""
+    if args.checkpoint_dir and not args.resume and not args.overwrite:
+        from embcache.train.run import refuse_existing_run as refuse
+
+        refuse(args.checkpoint_dir, kind)
 
 
 def run_launched(cfg, body):
