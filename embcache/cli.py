@@ -52,7 +52,7 @@ def dispatch(prog: str, description: str, commands: dict[str, tuple[str, str]], 
         parser.print_help()
         return 2
     try:
-        with console_logging():
+        with console_logging(), threads_kept():
             return int(args.func(args) or 0)
     except UserFacingError as err:
         label = "" if isinstance(err, RunInterrupted) else "error: "
@@ -88,6 +88,22 @@ def console_logging():
         log.removeHandler(handler)
         log.setLevel(level)
         log.propagate = propagate
+
+
+@contextlib.contextmanager
+def threads_kept():
+    """A command run in-process (a test, a notebook) leaves torch's and numba's thread counts
+    as it found them (`--threads` sets them for the command: `embcache.threads`)."""
+    torch, numba = sys.modules.get("torch"), sys.modules.get("numba")
+    saved_torch = torch.get_num_threads() if torch is not None else None
+    saved_numba = numba.get_num_threads() if numba is not None else None
+    try:
+        yield
+    finally:
+        if saved_torch is not None:
+            torch.set_num_threads(saved_torch)
+        if saved_numba is not None:
+            numba.set_num_threads(saved_numba)
 
 
 def _listing(prog: str, commands: dict[str, tuple[str, str]]) -> str:

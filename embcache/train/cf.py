@@ -24,6 +24,7 @@ from cpu_kernels.torch_reference import TorchEngine, TorchOptions
 from embcache.data.cf.interactions import TEST_FRACTION, Interactions
 from embcache.errors import CheckpointError, DataFormatError
 from embcache.train.cf_eval import evaluate_params
+from embcache.threads import default_threads
 from embcache.train.run import RunConfig, Trainer, check_loss
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,8 @@ class CFTrainConfig(RunConfig):
         model ... init_std: the model (`CFConfig`); `seed` seeds it too.
         engine: "heat" (numba SGD kernels) or "torch" (batched reference, Adam).
         lr: the engine's learning rate (None: its default).
-        threads: CPU threads (None: all numba sees).
+        threads: CPU threads of the engine and the evaluation (None: the cores this process
+            may use, `embcache.threads.default_threads`).
         tile, refresh, w_sync, kernel, user_run: HEAT's (`HeatOptions`); batch_size: torch's.
         eval_every, ks, topk: evaluation every N epochs (and after the last), Recall@k and
             NDCG@k cut-offs, top-k back-end.
@@ -103,12 +105,17 @@ class CFTrainConfig(RunConfig):
     def model_config(self) -> CFConfig:
         return CFConfig(**{name: getattr(self, name) for name in MODEL_SETTINGS})
 
+    def resolved_threads(self) -> int:
+        """`threads`, or the default: the cores this process may use
+        (`embcache.threads.default_threads`), at most the threads numba has."""
+        return self.threads or min(default_threads(), max_threads())
+
     def heat_options(self) -> HeatOptions:
-        return HeatOptions(lr=self.lr, threads=self.threads, tile=self.tile, refresh=self.refresh,
+        return HeatOptions(lr=self.lr, threads=self.resolved_threads(), tile=self.tile, refresh=self.refresh,
                            w_sync=self.w_sync, kernel=self.kernel, user_run=self.user_run)
 
     def torch_options(self) -> TorchOptions:
-        return TorchOptions(lr=self.lr, batch_size=self.batch_size, threads=self.threads)
+        return TorchOptions(lr=self.lr, batch_size=self.batch_size, threads=self.resolved_threads())
 
 
 def load_interactions(cfg: CFTrainConfig) -> Interactions:
@@ -192,7 +199,7 @@ class CFTrainer(Trainer):
                                    self.data.train_indices)
         self.params = params
         self.engine = make_engine(cfg.engine, self.params, self.data, cfg.heat_options(), cfg.torch_options())
-        self.threads = cfg.threads or max_threads()
+        self.threads = cfg.resolved_threads()
 
     @property
     def must_match(self) -> tuple[str, ...]:

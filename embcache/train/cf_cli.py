@@ -21,6 +21,8 @@ from embcache.arg_types import (
 )
 from embcache.errors import UserFacingError
 from embcache.train.run_cli import (
+    add_threads_argument,
+    apply_threads,
     add_run_arguments,
     config_values,
     print_summary,
@@ -50,7 +52,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--save", default=None, metavar="FILE", help="write the embeddings (.npy, .npz or .parquet)")
     p.add_argument("--load", default=None, metavar="FILE", help="start from saved embeddings (and their settings)")
     add_run_arguments(p, "cf", epochs=20, epochs_help="passes over the training pairs (0: only evaluate)",
-                      min_epochs=0, stepwise=False, device=False, seed=None,
+                      min_epochs=0, stepwise=False, device=False, threads=False, seed=None,
                       seed_help="initial rows, histories, order, negatives (default 0, or the --load file's / "
                                 "checkpoint's)")
     p.set_defaults(func=train)
@@ -61,7 +63,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                                    "next to the popularity baseline.")
     e.add_argument("load", metavar="FILE", help="embeddings file (.npy, .npz or .parquet)")
     _data_args(e)
-    e.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all cores)")
+    add_threads_argument(e, "CPU threads")
     e.set_defaults(func=evaluate)
     return parser
 
@@ -108,7 +110,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="heat: numba kernels (SGD); torch: batched PyTorch reference (Adam)")
     p.add_argument("--lr", type=positive_float, default=None,
                    help=f"learning rate (default {h.lr} for heat's SGD, {TorchOptions.lr:g} for torch's Adam)")
-    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all cores)")
+    add_threads_argument(p, "CPU threads of the engine and the evaluation")
     p.add_argument("--tile", type=non_negative_int, default=h.tile,
                    help="heat: items per thread tile that negatives are drawn from (sized for a private L2)")
     p.add_argument("--refresh", type=positive_int, default=h.refresh,
@@ -200,6 +202,11 @@ def train(args) -> int:
     if args.resume and args.load:
         raise UserFacingError("--resume and --load both give starting embeddings: choose one")
     refuse_existing_run(args, "cf")
+    from cpu_kernels.heat import max_threads
+
+    if args.threads is not None and not 1 <= args.threads <= max_threads():
+        raise UserFacingError(f"--threads must be in 1..{max_threads()} on this machine")
+    apply_threads(args)  # the engine's and the evaluation's torch work
     data = load_interactions(data_config(args))
     print(data.summary())
     try:
@@ -247,12 +254,9 @@ def evaluate(args) -> int:
     from embcache.train.cf import load_interactions
     from embcache.train.cf_eval import evaluate_params, format_metrics, popularity
 
-    if args.threads is not None:
-        import numba
-
-        if not 1 <= args.threads <= max_threads():
-            raise UserFacingError(f"--threads must be in 1..{max_threads()} on this machine")
-        numba.set_num_threads(args.threads)
+    if args.threads is not None and not 1 <= args.threads <= max_threads():
+        raise UserFacingError(f"--threads must be in 1..{max_threads()} on this machine")
+    apply_threads(args)
     data = load_interactions(data_config(args))
     print(data.summary())
     try:

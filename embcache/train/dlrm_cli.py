@@ -9,6 +9,7 @@ from pathlib import Path
 from embcache.arg_types import fraction, int_in, memory_size, positive_float, positive_int, ratio
 from embcache.errors import UserFacingError
 from embcache.train.run_cli import (
+    apply_threads,
     add_run_arguments,
     config_values,
     print_summary,
@@ -236,6 +237,7 @@ def train(args) -> int:
     try:
         cfg.resolved_device()
         refuse_existing_run(args, "dlrm")
+        apply_threads(args)
         data_dir = _prepared_once(args)
         if cfg.cache_ratio == "auto":
             cfg.cache_ratio = _auto_cache_ratio(args, cfg, data_dir) if cfg.sparse == "cached" \

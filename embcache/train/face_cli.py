@@ -17,6 +17,7 @@ from embcache.arg_types import (
 )
 from embcache.errors import UserFacingError
 from embcache.train.run_cli import (
+    apply_threads,
     add_run_arguments,
     config_values,
     print_summary,
@@ -98,6 +99,7 @@ def train(args) -> int:
     from embcache.train.face import FaceTrainer
 
     refuse_existing_run(args, "face")
+    apply_threads(args)
     cfg = _config(args)
 
     def body():  # bad input becomes one line inside the launch, which tells the other ranks

@@ -14,11 +14,14 @@ from embcache.arg_types import non_negative_int, positive_float, positive_int
 def add_run_arguments(p: argparse.ArgumentParser, kind: str, *, epochs: int, epochs_help: str,
                       seed: int | None = 0, seed_help: str = "seeds the initial parameters and the data order",
                       stepwise: bool = True, checkpoint_every: int = 200, device: bool = True,
-                      min_epochs: int = 1) -> None:
+                      min_epochs: int = 1, threads: bool = True) -> None:
     """The flags of `RunConfig` (and `StepRunConfig` when `stepwise`), worded the same in
-    every trainer. `kind` names the checkpoint file (`<kind>-last.pt`)."""
+    every trainer, and `--threads` (`add_threads_argument`) unless the trainer words its own.
+    `kind` names the checkpoint file (`<kind>-last.pt`)."""
     if device:
         p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    if threads:
+        add_threads_argument(p)
     p.add_argument("--seed", type=non_negative_int, default=seed, help=seed_help)
     p.add_argument("--epochs", type=positive_int if min_epochs else non_negative_int, default=epochs,
                    help=epochs_help)
@@ -51,6 +54,22 @@ def add_run_arguments(p: argparse.ArgumentParser, kind: str, *, epochs: int, epo
         p.add_argument("--dist-timeout", type=positive_float, default=300.0, metavar="SECONDS",
                        help="under torchrun: how long a rank waits for the others before it stops with one "
                             "line (a rank died or hung); the last checkpoint stays intact")
+
+
+def add_threads_argument(p: argparse.ArgumentParser, what: str = "CPU threads of torch and numba") -> None:
+    """`--threads N`; None (not given) is `embcache.threads.default_threads()`."""
+    from embcache.threads import usable_cores
+
+    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                   help=f"{what} (default: the cores this process may use, {usable_cores()} here, shared among "
+                        f"torchrun's processes on the node; outside torchrun an OMP_NUM_THREADS you set)")
+
+
+def apply_threads(args) -> int:
+    """Set torch's and numba's threads from --threads (or its default); returns the number."""
+    from embcache.threads import set_threads
+
+    return set_threads(args.threads)
 
 
 def refuse_existing_run(args, kind: str) -> None:
