@@ -6,11 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
-from embcache.arg_types import int_in, positive_float
+from embcache.arg_types import DefaultsHelpFormatter, int_in, positive_float
 from embcache.errors import as_user_errors
 
 DATASETS = Path(__file__).resolve().parents[2] / "datasets"
-FORMATTER = argparse.ArgumentDefaultsHelpFormatter  # every action but `info` shows its defaults
+FORMATTER = DefaultsHelpFormatter  # every option's default in --help
 ACTION_TEXTS = {  # action: (one line in the list of actions, description atop its --help)
     "criteo-kaggle": ("Criteo Kaggle train.txt",
                       "Criteo Display Advertising Challenge train.txt (or .gz). The last seventh of the rows "
@@ -84,7 +84,7 @@ def _add_vocabulary_options(p: argparse.ArgumentParser) -> None:
                    help="values seen fewer times share id 0 with missing values (DLRM uses 15 on Terabyte)")
     p.add_argument("--max-ids-per-feature", type=int_in(2), default=None,
                    help="cap every table at this many rows: a feature with more distinct values is "
-                        "hashed into buckets, which also bounds pass 1's memory")
+                        "hashed into buckets, which also bounds pass 1's memory (default: no cap)")
     p.add_argument("--rows-per-shard", type=int_in(1), default=2_000_000, help="rows per Parquet file")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -121,7 +121,8 @@ def _add_avazu(which) -> None:
 
 def _add_ml100k(which) -> None:
     p = _action_parser(which, "ml-100k", _ml100k)
-    p.add_argument("--input", default=None, help="directory with u.data/u.user/u.item (or RecBole's ml-100k.*)")
+    p.add_argument("--input", default=None, help="directory with u.data/u.user/u.item (or RecBole's ml-100k.*) (default: the RecBole copy, "
+                        "fetched once into datasets/ml-100k/)")
     _add_out(p, default=str(DATASETS / "ml-100k-ctr"))
     _add_split(p, "seeded random 80/10/10, or chronological", int_in(0))
 
@@ -136,7 +137,7 @@ def _add_synthetic(sub) -> None:
 
 
 def _add_info(sub) -> None:
-    p = sub.add_parser("info", help="show a prepared directory's meta.json at a glance")
+    p = sub.add_parser("info", help="show a prepared directory's meta.json at a glance", formatter_class=FORMATTER)
     p.add_argument("dir", help="a directory with meta.json")
     p.add_argument("--head", type=int_in(0), default=0, help="also print the first N training rows")
     p.add_argument("--json", action="store_true", help="print meta.json as it is")

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from embcache.arg_types import (
+    DefaultsHelpFormatter,
     finite_float,
     fraction,
     non_negative_float,
@@ -42,15 +43,15 @@ TRAIN_DESCRIPTION = (
 def build_parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = DefaultsHelpFormatter
     p = sub.add_parser("train", help="train SimpleX / MF-CCL and evaluate after each epoch", formatter_class=fmt,
                        description=TRAIN_DESCRIPTION)
     _data_args(p)
     _model_args(p)
     _engine_args(p)
     p.add_argument("--eval-every", type=positive_int, default=1, help="evaluate every N epochs (and after the last)")
-    p.add_argument("--save", default=None, metavar="FILE", help="write the embeddings (.npy, .npz or .parquet)")
-    p.add_argument("--load", default=None, metavar="FILE", help="start from saved embeddings (and their settings)")
+    p.add_argument("--save", default=None, metavar="FILE", help="write the embeddings (.npy, .npz or .parquet) (default: not saved)")
+    p.add_argument("--load", default=None, metavar="FILE", help="start from saved embeddings (and their settings) (default: fresh rows drawn from --seed)")
     add_run_arguments(p, "cf", epochs=20, epochs_help="passes over the training pairs (0: only evaluate)",
                       min_epochs=0, stepwise=False, device=False, threads=False, seed=None,
                       seed_help="initial rows, histories, order, negatives (default 0, or the --load file's / "
@@ -102,8 +103,7 @@ def negatives_count(text: str) -> int:
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    from cpu_kernels.heat import KERNELS, HeatOptions
-    from cpu_kernels.torch_reference import TorchOptions
+    from cpu_kernels.options import KERNELS, HeatOptions, TorchOptions
 
     h = HeatOptions()
     p.add_argument("--engine", choices=("heat", "torch"), default="heat",

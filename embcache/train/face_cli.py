@@ -7,6 +7,7 @@ import argparse
 import json
 
 from embcache.arg_types import (
+    DefaultsHelpFormatter,
     fraction,
     int_in,
     non_negative_float,
@@ -28,14 +29,13 @@ from embcache.train.run_cli import (
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
-    from embcache.nn.backbones import BACKBONES
-    from embcache.nn.heads import HEADS, MARGINS
-    from embcache.train.face import FaceConfig
+    from embcache.nn.choices import BACKBONES, HEADS, MARGINS
+    from embcache.train.face_config import FaceConfig
 
     d = FaceConfig()
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = DefaultsHelpFormatter
     p = sub.add_parser("train", help="train a face embedding (and evaluate it after each epoch)", formatter_class=fmt,
                        description="Train a probe net with the dcp / fc / pfc head. The progress bar shows loss, "
                                    "learning rate and pool occupancy; verification accuracy (10-fold), TAR@FAR "
@@ -78,14 +78,15 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                        formatter_class=fmt, description="Load the probe net of a face checkpoint and report "
                                                         "verification (and, on synthetic data, identification).")
     e.add_argument("checkpoint", help="a face checkpoint file, or the --checkpoint-dir holding face-last.pt")
-    e.add_argument("--val", nargs="*", default=None, metavar="BIN", help="verification .bin files")
-    e.add_argument("--device", default=None)
+    e.add_argument("--val", nargs="*", default=None, metavar="BIN",
+                   help="verification .bin files (default: the run's --val)")
+    e.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     e.set_defaults(func=evaluate)
     return parser
 
 
 def _config(args):
-    from embcache.train.face import FaceConfig
+    from embcache.train.face_config import FaceConfig
 
     values = config_values(args, FaceConfig)
     if values.get("num_classes") is None:

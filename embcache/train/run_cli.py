@@ -9,6 +9,8 @@ import json
 from dataclasses import fields
 
 from embcache.arg_types import non_negative_int, positive_float, positive_int
+from embcache.distributed.settings import DEFAULT_TIMEOUT_S
+from embcache.train.run_config import LOG_EVERY
 
 
 def add_run_arguments(p: argparse.ArgumentParser, kind: str, *, epochs: int, epochs_help: str,
@@ -27,11 +29,11 @@ def add_run_arguments(p: argparse.ArgumentParser, kind: str, *, epochs: int, epo
                    help=epochs_help)
     if stepwise:
         p.add_argument("--max-steps", type=positive_int, default=None,
-                       help="stop after this many steps in all (a checkpoint is written there)")
+                       help="stop after this many steps in all, with a checkpoint (default: none, every epoch to its end)")
     where = (f"every --checkpoint-every steps and at each epoch's end" if stepwise else "after every epoch")
     p.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                    help=f"keep the run's checkpoint here as {kind}-last.pt, written atomically {where}: "
-                        f"a killed run loses at most the work since")
+                        f"a killed run loses at most the work since (default: none, no checkpoints)")
     if stepwise:
         p.add_argument("--checkpoint-every", type=positive_int, default=checkpoint_every,
                        help="steps between checkpoints")
@@ -44,14 +46,14 @@ def add_run_arguments(p: argparse.ArgumentParser, kind: str, *, epochs: int, epo
                        help=f"start afresh in a --checkpoint-dir that holds a run's {kind}-last.pt, replacing it "
                             f"(without --resume or --overwrite such a directory is refused: no run is lost)")
     p.add_argument("--metrics-out", default=None, metavar="FILE",
-                   help="JSON-lines metrics log (appended): start, step, epoch and summary records")
+                   help="JSON-lines metrics log (appended): start, step, epoch and summary records (default: none)")
     if stepwise:
-        p.add_argument("--log-every", type=positive_int, default=50, metavar="N",  # run.LOG_EVERY (not imported: no torch here)
+        p.add_argument("--log-every", type=positive_int, default=LOG_EVERY, metavar="N",
                        help="steps between two step records of the metrics log; a pipelined trainer (dlrm) "
                             "reads its losses from the device and refreshes the progress bar this often")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     if stepwise:
-        p.add_argument("--dist-timeout", type=positive_float, default=300.0, metavar="SECONDS",
+        p.add_argument("--dist-timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                        help="under torchrun: how long a rank waits for the others before it stops with one "
                             "line (a rank died or hung); the last checkpoint stays intact")
 
@@ -90,7 +92,7 @@ def run_launched(cfg, body):
 
     from embcache.distributed.world import launch
 
-    with launch(cfg.resolved_device(), getattr(cfg, "dist_timeout", 300.0)) as world:
+    with launch(cfg.resolved_device(), getattr(cfg, "dist_timeout", DEFAULT_TIMEOUT_S)) as world:
         if not world.is_main:
             logging.getLogger("embcache").setLevel(logging.WARNING)
         return body(), world
