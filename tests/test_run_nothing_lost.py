@@ -241,3 +241,36 @@ def test_a_second_ctrl_c_stops_the_command_at_once(tmp_path):
     assert err.splitlines()[-1] == (f"embcache slow: interrupted again: stopped at once; the checkpoint of step 2 "
                                     f"in {tmp_path} is intact: resume with --resume")
     assert err.splitlines()[-2] == "SIGINT: stopping after this step; Ctrl-C again stops at once"
+
+
+def test_ctrl_c_under_torchrun_stops_every_rank_after_one_step(small_synthetic, tmp_path):
+    """The terminal's Ctrl-C reaches the launcher and both ranks (and the launcher passes it
+    on again): the ranks agree on the step to stop after (a multiple of --log-every), write
+    one checkpoint of it and each says so; any world size resumes it."""
+    import torch
+
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed not built")
+    from tests.torchrun_helpers import rank_env, torchrun_command
+
+    ck = tmp_path / "ck"
+    args = ["dlrm", "train", "--data", str(small_synthetic), "--batch-size", "64", "--embedding-dim", "8",
+            "--dense-arch", "16", "--over-arch", "16", "--arch", "torch", "--device", "cpu", "--no-progress",
+            "--log-every", "5", "--checkpoint-every", "1000", "--cache-ratio", "0.01", "--dist-timeout", "60",
+            "--checkpoint-dir", str(ck), "--metrics-out", str(ck / "m.jsonl")]
+    proc = subprocess.Popen(torchrun_command(2, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO, env=rank_env(), start_new_session=True)
+    _wait_for_step(ck / "m.jsonl", 10, proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    saved = load_checkpoint(ck / "dlrm-last.pt", "dlrm")
+    step = saved["step"]
+    assert saved["world_size"] == 2 and 10 <= step < 94 and step % 5 == 0
+    for rank in (0, 1):
+        assert f"embcache dlrm: rank {rank}: interrupted at step {step} (checkpoint in {ck})" in err, err[-3000:]
+    assert err.count("SIGINT: stopping after this step") == 1  # rank 0 speaks; the launcher's copy is no second
+    resumed = subprocess.run([sys.executable, "-m", "embcache", *args, "--resume", "--max-steps", str(step + 5)],
+                             capture_output=True, text=True, cwd=REPO, env=rank_env(), timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed from {ck / 'dlrm-last.pt'}" in resumed.stdout
+    assert load_checkpoint(ck / "dlrm-last.pt", "dlrm")["step"] == step + 5

@@ -189,7 +189,7 @@ class StopSignals:
     second SIGINT within `SAME_SIGNAL_S` of the first is the launcher passing the user's
     Ctrl-C on, not a second one. Elsewhere than the main thread nothing is installed."""
 
-    SAME_SIGNAL_S = 1.0
+    SAME_SIGNAL_S = 3.0
 
     def __init__(self, at_once, distributed: bool = False, announce: bool = True, what: str = "step"):
         self.received: int | None = None  # the first signal's number
