@@ -22,8 +22,12 @@ $(STAMP): setup.py Makefile
 install: $(STAMP)
 
 # The main job: DLRM through the embedding cache on built-in synthetic Criteo-shaped data.
+# Run again, it continues the run in runs/dlrm (--resume; a finished one just reports);
+# `make run RUN_ARGS=--overwrite` starts over.
+RUN_DIR  ?= runs/dlrm
+RUN_ARGS ?= $(if $(wildcard $(RUN_DIR)/dlrm-last.pt $(RUN_DIR)/last.pt),--resume)
 run: install
-	$(VENV)/bin/embcache dlrm train --checkpoint-dir runs/dlrm --metrics-out runs/dlrm/metrics.jsonl
+	$(VENV)/bin/embcache dlrm train --checkpoint-dir $(RUN_DIR) --metrics-out $(RUN_DIR)/metrics.jsonl $(RUN_ARGS)
 
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -4,13 +4,13 @@ gathers, batched matmuls for the similarities, autograd, Adam). It is the accura
 of the tests and the baseline that `embcache bench cf` measures HEAT against."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from cpu_kernels.model import CFConfig, CFParams
+from cpu_kernels.options import TorchOptions  # noqa: F401 (its home before)
 
 
 def user_side(U, I, W, hist, hist_len, users, config: CFConfig):
@@ -73,31 +73,6 @@ def sample_negatives(users, num_items: int, K: int, generator, seen_keys=None, m
         negs[rows, cols] = fresh
         bad[rows, cols] = _is_seen(seen_keys, base[rows, 0] + fresh)
     return negs, redraws, int(bad.sum())
-
-
-@dataclass(frozen=True)
-class TorchOptions:
-    """Args:
-        lr: Adam learning rate. 1e-2 (the published runs use 1e-3..1e-4 over ~100 epochs):
-            with it, on MovieLens-100k, torch follows HEAT's Recall@20 epoch by epoch, so
-            that equal epochs compare equal accuracy.
-        batch_size: training pairs per step.
-        threads: torch intra-op threads (None: torch's default).
-        max_redraws: the "unseen" rule's rounds of redraws (`sample_negatives`).
-    """
-
-    lr: float = 1e-2
-    batch_size: int = 1024
-    threads: int | None = None
-    max_redraws: int = 16
-
-    def __post_init__(self):
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, not {self.lr}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, not {self.batch_size}")
-        if self.max_redraws < 0:
-            raise ValueError(f"max_redraws must be >= 0, not {self.max_redraws}")
 
 
 class TorchEngine:

@@ -1,10 +1,12 @@
 """Argparse `type=` checkers shared by every command: a bad number is argparse's own
 one-line usage error naming the option ("argument --lr: must be > 0, not 0", exit
-status 2), never a traceback from deep inside a run. Light on purpose: no torch import,
-so `--help` stays instant."""
+status 2), never a traceback from deep inside a run; and `DefaultsHelpFormatter`, which
+shows every option's default in `--help`. Light on purpose: no torch import, so `--help`
+stays instant."""
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import re
 
@@ -105,3 +107,32 @@ def option_names(fields, renamed: dict[str, str] | None = None, unflagged=()) ->
     """
     renamed = renamed or {}
     return {f: renamed.get(f, f if f in unflagged else "--" + f.replace("_", "-")) for f in fields}
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """argparse's help with every option's default: "(default: X)" is added to an option's
+    help (an option without help gets it too, unlike `ArgumentDefaultsHelpFormatter`),
+    unless the help speaks of its default already or the option is a flag (off unless
+    given), required, or positional. An option whose default is None must say in its
+    help what not giving it means ("(default: ...)"): None would tell a user nothing."""
+
+    @staticmethod
+    def default_text(action: argparse.Action) -> str | None:
+        """"(default: X)" for `action`, or None where none is added."""
+        if (not action.option_strings or action.required or action.nargs == 0 or action.default is None
+                or action.default is argparse.SUPPRESS or "default" in (action.help or "")):
+            return None
+        value = action.default
+        if isinstance(value, (list, tuple)):
+            value = " ".join(map(str, value))
+        return f"(default: {value})"
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text, extra = action.help or "", self.default_text(action)
+        return f"{text} {extra.replace('%', '%%')}".strip() if extra else text
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if not action.help and self.default_text(action):  # argparse prints no help line for it otherwise
+            action = copy.copy(action)
+            action.help = self.default_text(action).replace("%", "%%")
+        return super()._format_action(action)

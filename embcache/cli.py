@@ -13,9 +13,10 @@ import contextlib
 import importlib
 import logging
 import os
+import signal
 import sys
 
-from embcache.errors import UserFacingError
+from embcache.errors import RunInterrupted, UserFacingError
 
 # name -> (module that builds its parser, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -58,14 +59,15 @@ def dispatch(prog: str, description: str, commands: dict[str, tuple[str, str]], 
         parser.print_help()
         return 2
     try:
-        with console_logging():
+        with console_logging(), threads_kept():
             return int(args.func(args) or 0)
     except UserFacingError as err:
-        print(f"{prog} {name}: error: {err}", file=sys.stderr, flush=True)
+        label = "" if isinstance(err, RunInterrupted) else "error: "
+        print(f"{prog} {name}: {label}{err}", file=sys.stderr, flush=True)
         if getattr(err, "exit_now", False):  # a broken process group: nothing left to clean up safely
             sys.stdout.flush()
-            os._exit(1)
-        return 1
+            os._exit(err.exit_code)
+        return err.exit_code
 
 
 class _ConsoleHandler(logging.Handler):
@@ -95,6 +97,22 @@ def console_logging():
         log.propagate = propagate
 
 
+@contextlib.contextmanager
+def threads_kept():
+    """A command run in-process (a test, a notebook) leaves torch's and numba's thread counts
+    as it found them (`--threads` sets them for the command: `embcache.threads`)."""
+    torch, numba = sys.modules.get("torch"), sys.modules.get("numba")
+    saved_torch = torch.get_num_threads() if torch is not None else None
+    saved_numba = numba.get_num_threads() if numba is not None else None
+    try:
+        yield
+    finally:
+        if saved_torch is not None:
+            torch.set_num_threads(saved_torch)
+        if saved_numba is not None:
+            numba.set_num_threads(saved_numba)
+
+
 def _listing(prog: str, commands: dict[str, tuple[str, str]]) -> str:
     width = max(len(n) for n in commands)
     lines = [f"  {n.ljust(width)}  {h}" for n, (_, h) in sorted(commands.items())]
@@ -104,14 +122,21 @@ def _listing(prog: str, commands: dict[str, tuple[str, str]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     from embcache import __version__  # the package's own module: no torch
 
-    return dispatch(
-        "embcache",
-        "Train models dominated by one giant table: cached embedding bags (DLRM), "
-        "HEAT CPU kernels (collaborative filtering), and a dynamic class pool (face).",
-        COMMANDS,
-        sys.argv[1:] if argv is None else argv,
-        version=__version__,
-    )
+    try:
+        return dispatch(
+            "embcache",
+            "Train models dominated by one giant table: cached embedding bags (DLRM), "
+            "HEAT CPU kernels (collaborative filtering), and a dynamic class pool (face).",
+            COMMANDS,
+            sys.argv[1:] if argv is None else argv,
+            version=__version__,
+        )
+    except KeyboardInterrupt:  # Ctrl-C outside a training loop (which stops by itself): no traceback
+        with contextlib.suppress(Exception):
+            previous = signal.signal(signal.SIGINT, signal.SIG_DFL)  # another Ctrl-C meanwhile: just stop
+            print("\nembcache: interrupted", file=sys.stderr, flush=True)
+            signal.signal(signal.SIGINT, previous)
+        return RunInterrupted.exit_code
 
 
 if __name__ == "__main__":

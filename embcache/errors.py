@@ -17,7 +17,9 @@ import os
 class UserFacingError(Exception):
     """An error caused by the user's input (a missing file, a bad row, a bad setting):
     the `embcache` command prints it as one line, without a traceback, and exits with
-    status 1."""
+    status `exit_code`."""
+
+    exit_code = 1
 
 
 class DataFormatError(UserFacingError, ValueError):
@@ -37,6 +39,15 @@ class CheckpointError(UserFacingError, ValueError):
 
 class TrainingDiverged(UserFacingError, ValueError):
     """The loss became NaN or infinite; nothing from the bad step was checkpointed."""
+
+
+class RunInterrupted(UserFacingError):
+    """Ctrl-C (SIGINT) or SIGTERM stopped a training run: after the step it was in, with a
+    checkpoint where the run keeps one, or at once on a second signal. The `embcache`
+    command prints its one line (no "error:") and exits with `exit_code`, 130 as a shell
+    reports a process stopped by Ctrl-C."""
+
+    exit_code = 130
 
 
 def format_error(path: str | os.PathLike, line: int | None, what: str) -> DataFormatError:

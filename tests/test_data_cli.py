@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -146,3 +147,54 @@ def test_a_binary_or_late_non_utf8_input_is_one_line_naming_file_and_line(tmp_pa
     late.write_bytes(good.encode() * lines + b"1\t2\t\xff\xfe\n" + good.encode() * 5)
     err = _prepare_stderr(late, tmp_path / "o2")
     assert err.splitlines() == [f"embcache data: error: {late}:{lines + 1}: not UTF-8 text (byte 0xff)"]
+
+
+def _no_leftovers(parent):
+    return [p.name for p in parent.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+
+
+def test_an_existing_output_is_replaced_only_with_force(tmp_path, capsys):
+    out = tmp_path / "syn"
+    args = ["data", "synthetic", "--out", str(out), "--rows", "500", "--scale", "0.0005", "--no-progress"]
+    assert main([*args, "--seed", "1"]) == 0
+    capsys.readouterr()
+    assert main([*args, "--seed", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"embcache data: error: {out} already holds a prepared data set; choose another --out, or "
+                   f"replace it with --force\n")
+    assert json.loads((out / "meta.json").read_text())["generator"]["seed"] == 1  # untouched
+    assert main([*args, "--seed", "2", "--force"]) == 0
+    assert json.loads((out / "meta.json").read_text())["generator"]["seed"] == 2
+    assert _no_leftovers(tmp_path) == []
+    (tmp_path / "empty").mkdir()  # an empty directory is no data set to lose
+    assert main([*args[:3], str(tmp_path / "empty"), *args[4:]]) == 0
+
+
+def test_a_failed_prepare_leaves_nothing_behind(tmp_path, capsys, monkeypatch):
+    src = tmp_path / "train.txt"
+    src.write_text("not\ta\tcriteo\tline\n" * 3)
+    out = tmp_path / "o"
+    assert main(["data", "prepare", "criteo-kaggle", "--input", str(src), "--out", str(out), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "no usable rows" in err and ".tmp-" not in err
+    assert not out.exists() and _no_leftovers(tmp_path) == []
+
+    import embcache.data.synthetic as synthetic
+
+    def interrupted(out_dir, **kw):  # Ctrl-C halfway through writing
+        (Path(out_dir) / "train").mkdir()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(synthetic, "generate_synthetic", interrupted)
+    assert main(["data", "synthetic", "--out", str(out), "--no-progress"]) == 130
+    assert capsys.readouterr().err.strip() == "embcache: interrupted"
+    assert not out.exists() and _no_leftovers(tmp_path) == []
+
+
+def test_force_does_not_delete_the_input(tmp_path, capsys):
+    src = tmp_path / "train.txt"
+    src.write_text(kaggle_text())
+    assert main(["data", "prepare", "criteo-kaggle", "--input", str(src), "--out", str(tmp_path), "--force",
+                 "--no-progress"]) == 1
+    assert f"{tmp_path} holds the input {src}: --force would delete it" in capsys.readouterr().err
+    assert src.read_text() == kaggle_text()

@@ -32,6 +32,8 @@ from embcache.bench.criteo_trace import CriteoTrace
 from embcache.cache.optimizers import TORCH_EQUIVALENTS, torch_equivalent
 from embcache.device import resolve_device
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
+from embcache.threads import set_threads
+from embcache.train.run_cli import add_threads_argument
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -61,6 +63,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR), help="results directory")
     p.add_argument("--name", default="cache", help="results file stem")
+    add_threads_argument(p)
     p.set_defaults(func=run)
     return p
 
@@ -240,6 +243,7 @@ def plot(hits: dict, path) -> None:
 
 
 def run(args) -> int:
+    set_threads(args.threads)
     device = resolve_device(args.device)
     hits = times = None
     if "hit-rate" in args.parts:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from embcache.bench.common import DEFAULT_RESULTS_DIR, REPO_ROOT, write_json
+from embcache.train.run_cli import add_threads_argument
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -32,6 +33,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--data-cache", default=str(REPO_ROOT / "datasets"))
     p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR))
     p.add_argument("--name", default="dlrm")
+    add_threads_argument(p)
     p.set_defaults(func=run)
     return p
 
@@ -44,6 +46,8 @@ def _variant(args, data_dir: Path, sparse: str, ratio: float | None) -> dict:
         cmd += ["--cache-ratio", str(ratio)]
     if args.device:
         cmd += ["--device", args.device]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")

@@ -43,7 +43,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--feat-dim", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3, help="timed steps per configuration (after one warm-up)")
     p.add_argument("--max-gib", type=float, default=6.0, help="skip configurations whose persistent state exceeds this")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (1 keeps ratios stable on a shared machine)")
+    p.add_argument("--threads", type=int, default=1, help="torch and numba threads (1 keeps ratios stable on a shared machine)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--accuracy-classes", type=int, default=2000, help="identities of the accuracy task (0: skip it)")
     p.add_argument("--accuracy-epochs", type=int, default=10)
@@ -161,8 +161,9 @@ def accuracy_runs(classes: int, epochs: int, device) -> dict:
 
 def run(args) -> int:
     from embcache.bench.common import write_json
+    from embcache.threads import set_threads
 
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     device = resolve_device(args.device)
     load_before = os.getloadavg()
     rows = []

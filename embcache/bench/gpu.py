@@ -39,6 +39,8 @@ from embcache.cache.optimizers import TORCH_EQUIVALENTS, torch_equivalent
 from embcache.device import resolve_device
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
 from embcache.nn.dlrm_arch import DLRMDense
+from embcache.threads import set_threads
+from embcache.train.run_cli import add_threads_argument
 
 NUM_DENSE = 13
 NUM_TABLES = len(CRITEO_KAGGLE_CARDINALITIES)
@@ -62,6 +64,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR), help="results directory")
     p.add_argument("--name", default="gpu", help="results file stem")
+    add_threads_argument(p)
     p.set_defaults(func=run)
     return p
 
@@ -307,6 +310,7 @@ def markdown_table(result: dict) -> list[str]:
 
 
 def run(args) -> int:
+    set_threads(args.threads)
     device = resolve_device(args.device)
     trace = CriteoTrace(scale=args.scale, batch_size=args.batch_size, batches=args.warmup_steps + args.steps,
                         seed=args.seed)

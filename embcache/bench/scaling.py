@@ -47,7 +47,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 def _launch(ranks: int, args: list[str]) -> dict:
     """One run on `ranks` processes (torchrun; one thread each); its summary."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-           "-m", "embcache", *args]
+           "-m", "embcache", *args, "--threads", "1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_ROOT)
     if proc.returncode != 0:

@@ -28,6 +28,8 @@ import numpy as np
 import torch
 
 from embcache.bench.common import DEFAULT_RESULTS_DIR, write_json
+from embcache.threads import set_threads
+from embcache.train.run_cli import add_threads_argument
 
 ROW_STATE = 2  # Adagrad: one float32 accumulator per weight: a row costs 2 x dim x 4 bytes
 
@@ -49,6 +51,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--dir", default=None, help="where the table files go (default: a temporary directory)")
     p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR))
     p.add_argument("--name", default="tiers")
+    add_threads_argument(p)
     p.set_defaults(func=run)
     return p
 
@@ -204,6 +207,7 @@ def _drop_from_page_cache(directory: Path) -> None:
 
 
 def run(args) -> int:
+    set_threads(args.threads)
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="embcache-tiers-"))
     work.mkdir(parents=True, exist_ok=True)
     try:

@@ -33,7 +33,8 @@ import math
 
 import torch
 
-POLICIES = ("freq", "lfu", "lru")
+from embcache.cache.choices import POLICIES
+
 # victim selection reads a threshold off a sample of this size once the cache has this many slots
 _SAMPLE_SIZE = 4096
 _SAMPLED_MIN_SLOTS = 8192

@@ -47,7 +47,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-POLICIES = ("freq", "lfu", "lru")
+from embcache.cache.choices import POLICIES
+
 MAX_SURROGATE_BATCHES = 256
 # key levels of `freq` (count + online count): exact below this, then PER_OCTAVE per doubling
 EXACT_LEVELS = 4096

@@ -16,7 +16,8 @@ import math
 
 import torch
 
-OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
+from embcache.cache.choices import OPTIMIZERS
+
 # what each optimizer here equals on an uncached table (row-wise Adagrad has none in torch)
 TORCH_EQUIVALENTS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.SparseAdam}
 

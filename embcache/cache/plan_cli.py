@@ -8,7 +8,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from embcache.arg_types import fraction, int_in, memory_size, non_negative_int, positive_int, ratio
+from embcache.arg_types import (
+    DefaultsHelpFormatter,
+    fraction,
+    int_in,
+    memory_size,
+    non_negative_int,
+    positive_int,
+    ratio,
+)
 from embcache.errors import as_user_errors
 
 
@@ -20,13 +28,12 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         >>> args.device_memory, args.embedding_dim, args.trace
         (8589934592, 128, None)
     """
-    from embcache.cache.optimizers import OPTIMIZERS
-    from embcache.cache.planner import DEFAULT_RATIOS, POLICIES
-    from embcache.train.dlrm import MAX_PREFETCH_DEPTH, DLRMConfig
+    from embcache.cache.choices import OPTIMIZERS, PLANNED_RATIOS, POLICIES
+    from embcache.train.dlrm_config import MAX_PREFETCH_DEPTH, DLRMConfig
 
     d = DLRMConfig()
     p = argparse.ArgumentParser(prog=prog, description=__doc__,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=DefaultsHelpFormatter)
     p.add_argument("data_dir", metavar="DATA_DIR", help="a prepared data set (meta.json + id counts)")
     p.add_argument("--device-memory", type=memory_size, default="16GiB", metavar="SIZE",
                    help="device memory the cache may use, e.g. 16GiB, '16 GiB', 512MB, 16e9 (bytes)")
@@ -50,9 +57,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="the cache's admission control for freq/lfu (default: the cache's default, which the "
                         "trainer uses)")
     p.add_argument("--seed", type=non_negative_int, default=d.seed, help="the trainer's --seed (its shard order)")
-    p.add_argument("--ratios", type=ratio, nargs="+", default=list(DEFAULT_RATIOS), metavar="R",
+    p.add_argument("--ratios", type=ratio, nargs="+", default=list(PLANNED_RATIOS), metavar="R",
                    help="cache ratios (fraction of all rows on the device)")
-    p.add_argument("--plot", default=None, metavar="PATH", help="also draw the curves into this PNG")
+    p.add_argument("--plot", default=None, metavar="PATH", help="also draw the curves into this PNG (default: no picture)")
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object instead of a table")
     p.set_defaults(func=run)
     return p

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from embcache.cache.choices import PLANNED_RATIOS
 from embcache.cache.hit_curves import POLICIES, Prediction, expected_distinct, replay, surrogate_batches
 
-DEFAULT_RATIOS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.025, 0.05, 0.10, 0.25)
+DEFAULT_RATIOS = PLANNED_RATIOS
 # The cache's bookkeeping, read off `RowCache`; it lives on the host (beside the ids it
 # reads), so the device holds only rows and their state: per slot, slot_to_id (int64),
 # dirty (bool), holds (int32) and the policy's slot_last and slot_primary (float64); per

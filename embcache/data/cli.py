@@ -6,11 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
-from embcache.arg_types import int_in, positive_float
+from embcache.arg_types import DefaultsHelpFormatter, int_in, positive_float
 from embcache.errors import as_user_errors
 
 DATASETS = Path(__file__).resolve().parents[2] / "datasets"
-FORMATTER = argparse.ArgumentDefaultsHelpFormatter  # every action but `info` shows its defaults
+FORMATTER = DefaultsHelpFormatter  # every option's default in --help
 ACTION_TEXTS = {  # action: (one line in the list of actions, description atop its --help)
     "criteo-kaggle": ("Criteo Kaggle train.txt",
                       "Criteo Display Advertising Challenge train.txt (or .gz). The last seventh of the rows "
@@ -64,8 +64,12 @@ def _action_parser(group, name: str, func) -> argparse.ArgumentParser:
     return p
 
 
-def _add_out(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, help="output directory")
+def _add_out(p: argparse.ArgumentParser, default: str | None = None) -> None:
+    """--out (required unless `default`) and --force."""
+    p.add_argument("--out", required=default is None, default=default,
+                   help="output directory: written whole or not at all (a temporary directory beside it is "
+                        "renamed into place at the end; a failed run leaves nothing)")
+    p.add_argument("--force", action="store_true", help="replace --out when it is not empty")
 
 
 def _add_split(p: argparse.ArgumentParser, split_help: str, seed_type, seed_help: str | None = None) -> None:
@@ -80,7 +84,7 @@ def _add_vocabulary_options(p: argparse.ArgumentParser) -> None:
                    help="values seen fewer times share id 0 with missing values (DLRM uses 15 on Terabyte)")
     p.add_argument("--max-ids-per-feature", type=int_in(2), default=None,
                    help="cap every table at this many rows: a feature with more distinct values is "
-                        "hashed into buckets, which also bounds pass 1's memory")
+                        "hashed into buckets, which also bounds pass 1's memory (default: no cap)")
     p.add_argument("--rows-per-shard", type=int_in(1), default=2_000_000, help="rows per Parquet file")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -117,8 +121,9 @@ def _add_avazu(which) -> None:
 
 def _add_ml100k(which) -> None:
     p = _action_parser(which, "ml-100k", _ml100k)
-    p.add_argument("--input", default=None, help="directory with u.data/u.user/u.item (or RecBole's ml-100k.*)")
-    p.add_argument("--out", default=str(DATASETS / "ml-100k-ctr"), help="output directory")
+    p.add_argument("--input", default=None, help="directory with u.data/u.user/u.item (or RecBole's ml-100k.*) (default: the RecBole copy, "
+                        "fetched once into datasets/ml-100k/)")
+    _add_out(p, default=str(DATASETS / "ml-100k-ctr"))
     _add_split(p, "seeded random 80/10/10, or chronological", int_in(0))
 
 
@@ -132,7 +137,7 @@ def _add_synthetic(sub) -> None:
 
 
 def _add_info(sub) -> None:
-    p = sub.add_parser("info", help="show a prepared directory's meta.json at a glance")
+    p = sub.add_parser("info", help="show a prepared directory's meta.json at a glance", formatter_class=FORMATTER)
     p.add_argument("dir", help="a directory with meta.json")
     p.add_argument("--head", type=int_in(0), default=0, help="also print the first N training rows")
     p.add_argument("--json", action="store_true", help="print meta.json as it is")
@@ -147,42 +152,47 @@ def _vocab_kwargs(args) -> dict:
 def _criteo_kaggle(args) -> int:
     from embcache.data.criteo import convert_criteo_kaggle
 
-    _done(as_user_errors(convert_criteo_kaggle, args.input, args.out, **_vocab_kwargs(args)), args.out)
-    return 0
+    return _staged(args, [args.input], lambda out: convert_criteo_kaggle(args.input, out, **_vocab_kwargs(args)))
 
 
 def _criteo_terabyte(args) -> int:
     from embcache.data.criteo import convert_criteo_terabyte
 
-    _done(as_user_errors(convert_criteo_terabyte, args.input_dir, args.out, days=args.days, **_vocab_kwargs(args)), args.out)
-    return 0
+    return _staged(args, [args.input_dir], lambda out: convert_criteo_terabyte(args.input_dir, out, days=args.days,
+                                                                              **_vocab_kwargs(args)))
 
 
 def _avazu(args) -> int:
     from embcache.data.avazu import convert_avazu
 
-    _done(as_user_errors(convert_avazu, args.input, args.out, split=args.split, seed=args.seed, **_vocab_kwargs(args)),
-          args.out)
-    return 0
+    return _staged(args, [args.input], lambda out: convert_avazu(args.input, out, split=args.split, seed=args.seed,
+                                                                 **_vocab_kwargs(args)))
 
 
 def _ml100k(args) -> int:
     from embcache.data.movielens_ctr import prepare_ml100k_ctr
 
-    _done(as_user_errors(prepare_ml100k_ctr, args.out, args.input, split=args.split, seed=args.seed), args.out)
-    return 0
+    return _staged(args, [args.input], lambda out: prepare_ml100k_ctr(out, args.input, split=args.split,
+                                                                      seed=args.seed))
 
 
 def _synthetic(args) -> int:
     from embcache.data.synthetic import generate_synthetic
 
-    _done(as_user_errors(generate_synthetic, args.out, rows=args.rows, scale=args.scale, seed=args.seed,
-                 progress=not args.no_progress), args.out)
+    return _staged(args, [], lambda out: generate_synthetic(out, rows=args.rows, scale=args.scale, seed=args.seed,
+                                                            progress=not args.no_progress))
+
+
+def _staged(args, inputs: list, write) -> int:
+    """Run `write(directory)` into a temporary directory that becomes --out when it succeeds
+    (`staging.staged_output`: an existing non-empty --out only with --force), then print
+    the data set's summary."""
+    from embcache.data.staging import staged_output
+
+    with staged_output(args.out, args.force, [p for p in inputs if p]) as tmp:
+        meta = as_user_errors(write, tmp)
+    print(summary(meta, args.out))
     return 0
-
-
-def _done(meta: dict, out) -> None:
-    print(summary(meta, out))
 
 
 def summary(meta: dict, where) -> str:

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from embcache.distributed.settings import DEFAULT_TIMEOUT_S
 from embcache.errors import UserFacingError, first_line
 
 ERROR_KEY = "embcache/error"  # the rendezvous-store key where a failing rank leaves its line
-DEFAULT_TIMEOUT_S = 300.0
 
 
 class PeerFailure(UserFacingError, RuntimeError):

@@ -1,13 +1,12 @@
 """Modules users put in models: cached embedding bags (and their torchrec-compatible
 collection) and, for classification with huge label spaces, the class-pool heads."""
-from .cached_embedding_bag import CachedEmbeddingBag
-
 __all__ = ["CachedEmbeddingBag", "CachedEmbeddingBagCollection", "TorchEmbeddingBagCollection",
            "DynamicClassPool", "DCPHead", "FullFC", "PartialFC", "build_head"]
 
-# name -> submodule; loaded on first use (the collections import torchrec where it is
+# name -> submodule; loaded on first use (torch; the collections import torchrec where it is
 # installed, ~3 s: `sparse_types`)
 _LAZY = {
+    "CachedEmbeddingBag": "cached_embedding_bag",
     "CachedEmbeddingBagCollection": "cached_collection",
     "TorchEmbeddingBagCollection": "torch_collection",
     "DynamicClassPool": "class_pool",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-BACKBONES = ("mlp", "cnn", "iresnet18", "iresnet50")
+from .choices import BACKBONES
 
 
 class MLP(nn.Module):

@@ -19,10 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .choices import HEADS, MARGINS
 from .class_pool import DynamicClassPool
-
-MARGINS = ("arcface", "cosface")
-HEADS = ("dcp", "fc", "pfc")
 
 
 def apply_margin(cos: torch.Tensor, kind: str, margin: float) -> torch.Tensor:

@@ -25,6 +25,7 @@ from embcache.arg_types import option_names
 from embcache.data.cf.interactions import TEST_FRACTION, Interactions
 from embcache.errors import CheckpointError, DataFormatError
 from embcache.train.cf_eval import evaluate_params
+from embcache.threads import default_threads
 from embcache.train.run import RunConfig, Trainer, check_loss
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,8 @@ class CFTrainConfig(RunConfig):
         model ... init_std: the model (`CFConfig`); `seed` seeds it too.
         engine: "heat" (numba SGD kernels) or "torch" (batched reference, Adam).
         lr: the engine's learning rate (None: its default).
-        threads: CPU threads (None: all numba sees).
+        threads: CPU threads of the engine and the evaluation (None: the cores this process
+            may use, `embcache.threads.default_threads`).
         tile, refresh, w_sync, kernel, user_run: HEAT's (`HeatOptions`); batch_size: torch's.
         eval_every, ks, topk: evaluation every N epochs (and after the last), Recall@k and
             NDCG@k cut-offs, top-k back-end.
@@ -104,12 +106,17 @@ class CFTrainConfig(RunConfig):
     def model_config(self) -> CFConfig:
         return CFConfig(**{name: getattr(self, name) for name in MODEL_SETTINGS})
 
+    def resolved_threads(self) -> int:
+        """`threads`, or the default: the cores this process may use
+        (`embcache.threads.default_threads`), at most the threads numba has."""
+        return self.threads or min(default_threads(), max_threads())
+
     def heat_options(self) -> HeatOptions:
-        return HeatOptions(lr=self.lr, threads=self.threads, tile=self.tile, refresh=self.refresh,
+        return HeatOptions(lr=self.lr, threads=self.resolved_threads(), tile=self.tile, refresh=self.refresh,
                            w_sync=self.w_sync, kernel=self.kernel, user_run=self.user_run)
 
     def torch_options(self) -> TorchOptions:
-        return TorchOptions(lr=self.lr, batch_size=self.batch_size, threads=self.threads)
+        return TorchOptions(lr=self.lr, batch_size=self.batch_size, threads=self.resolved_threads())
 
 
 def load_interactions(cfg: CFTrainConfig) -> Interactions:
@@ -216,7 +223,7 @@ class CFTrainer(Trainer):
                                    self.data.train_indices)
         self.params = params
         self.engine = make_engine(cfg.engine, self.params, self.data, cfg.heat_options(), cfg.torch_options())
-        self.threads = cfg.threads or max_threads()
+        self.threads = cfg.resolved_threads()
 
     setting_names = option_names((*MODEL_SETTINGS, "engine", *{n for e in ENGINE_SETTINGS.values() for n in e}),
                                  unflagged=("init_std",))
@@ -249,7 +256,8 @@ class CFTrainer(Trainer):
         self.begin_epoch(n, unit="pair")
         progress = self.cfg.progress
         t0 = time.perf_counter()
-        stats = self.engine.epoch(self.epoch, chunks=20 if progress else 1,
+        # in chunks even without a bar (the same arithmetic): a second Ctrl-C stops at the next one
+        stats = self.engine.epoch(self.epoch, chunks=20,
                                   progress=(lambda done, loss: self.tick(done, loss=f"{loss:.4f}")) if progress
                                   else None)
         seconds = time.perf_counter() - t0

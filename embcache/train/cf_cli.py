@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from embcache.arg_types import (
+    DefaultsHelpFormatter,
     finite_float,
     fraction,
     non_negative_float,
@@ -20,7 +21,15 @@ from embcache.arg_types import (
     positive_int,
 )
 from embcache.errors import UserFacingError
-from embcache.train.run_cli import add_run_arguments, config_values, print_summary, run_rows
+from embcache.train.run_cli import (
+    add_threads_argument,
+    apply_threads,
+    add_run_arguments,
+    config_values,
+    print_summary,
+    refuse_existing_run,
+    run_rows,
+)
 
 TRAIN_DESCRIPTION = (
     "Train with the HEAT kernels (--engine heat) or the PyTorch reference (--engine torch). A progress bar per "
@@ -34,17 +43,17 @@ TRAIN_DESCRIPTION = (
 def build_parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = DefaultsHelpFormatter
     p = sub.add_parser("train", help="train SimpleX / MF-CCL and evaluate after each epoch", formatter_class=fmt,
                        description=TRAIN_DESCRIPTION)
     _data_args(p)
     _model_args(p)
     _engine_args(p)
     p.add_argument("--eval-every", type=positive_int, default=1, help="evaluate every N epochs (and after the last)")
-    p.add_argument("--save", default=None, metavar="FILE", help="write the embeddings (.npy, .npz or .parquet)")
-    p.add_argument("--load", default=None, metavar="FILE", help="start from saved embeddings (and their settings)")
+    p.add_argument("--save", default=None, metavar="FILE", help="write the embeddings (.npy, .npz or .parquet) (default: not saved)")
+    p.add_argument("--load", default=None, metavar="FILE", help="start from saved embeddings (and their settings) (default: fresh rows drawn from --seed)")
     add_run_arguments(p, "cf", epochs=20, epochs_help="passes over the training pairs (0: only evaluate)",
-                      min_epochs=0, stepwise=False, device=False, seed=None,
+                      min_epochs=0, stepwise=False, device=False, threads=False, seed=None,
                       seed_help="initial rows, histories, order, negatives (default 0, or the --load file's / "
                                 "checkpoint's)")
     p.set_defaults(func=train)
@@ -57,7 +66,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     e.add_argument("load", metavar="FILE", help="embeddings file (.npy, .npz or .parquet), or a checkpoint "
                                                 "(cf-last.pt, or the --checkpoint-dir holding it)")
     _data_args(e)
-    e.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all cores)")
+    add_threads_argument(e, "CPU threads")
     e.set_defaults(func=evaluate)
     return parser
 
@@ -96,15 +105,14 @@ def negatives_count(text: str) -> int:
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    from cpu_kernels.heat import KERNELS, HeatOptions
-    from cpu_kernels.torch_reference import TorchOptions
+    from cpu_kernels.options import KERNELS, HeatOptions, TorchOptions
 
     h = HeatOptions()
     p.add_argument("--engine", choices=("heat", "torch"), default="heat",
                    help="heat: numba kernels (SGD); torch: batched PyTorch reference (Adam)")
     p.add_argument("--lr", type=positive_float, default=None,
                    help=f"learning rate (default {h.lr} for heat's SGD, {TorchOptions.lr:g} for torch's Adam)")
-    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all cores)")
+    add_threads_argument(p, "CPU threads of the engine and the evaluation")
     p.add_argument("--tile", type=non_negative_int, default=h.tile,
                    help="heat: items per thread tile that negatives are drawn from (sized for a private L2); "
                         "0: untiled, as --no-tiling")
@@ -196,6 +204,12 @@ def train(args) -> int:
         raise UserFacingError(f"{args.save}: embeddings are saved as {', '.join(FORMATS)}")
     if args.resume and args.load:
         raise UserFacingError("--resume and --load both give starting embeddings: choose one")
+    refuse_existing_run(args, "cf")
+    from cpu_kernels.heat import max_threads
+
+    if args.threads is not None and not 1 <= args.threads <= max_threads():
+        raise UserFacingError(f"--threads must be in 1..{max_threads()} on this machine")
+    apply_threads(args)  # the engine's and the evaluation's torch work
     data = load_interactions(data_config(args))
     print(data.summary())
     try:
@@ -243,12 +257,9 @@ def evaluate(args) -> int:
     from embcache.train.cf import load_interactions
     from embcache.train.cf_eval import evaluate_params, format_metrics, popularity
 
-    if args.threads is not None:
-        import numba
-
-        if not 1 <= args.threads <= max_threads():
-            raise UserFacingError(f"--threads must be in 1..{max_threads()} on this machine")
-        numba.set_num_threads(args.threads)
+    if args.threads is not None and not 1 <= args.threads <= max_threads():
+        raise UserFacingError(f"--threads must be in 1..{max_threads()} on this machine")
+    apply_threads(args)
     data = load_interactions(data_config(args))
     print(data.summary())
     try:

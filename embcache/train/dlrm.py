@@ -44,7 +44,6 @@ from __future__ import annotations
 import logging
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -63,66 +62,21 @@ from embcache.errors import CheckpointError
 from embcache.nn.cached_collection import CachedEmbeddingBagCollection, group_tables
 from embcache.nn.sparse_types import HAVE_TORCHREC, TORCHREC_ERROR, EmbeddingBagConfig
 from embcache.train.dlrm_eval import binary_metrics
-from embcache.train.run import StepRunConfig, Trainer
+from embcache.train.dlrm_config import (  # noqa: F401 (their home before; importers use them from here)
+    ARCHS,
+    CACHE_SETTINGS,
+    MAX_PREFETCH_DEPTH,
+    RESUME_MUST_MATCH,
+    SPARSE_MODES,
+    DLRMConfig,
+)
+from embcache.train.run import Trainer
 
 logger = logging.getLogger(__name__)
-SPARSE_MODES = ("cached", "device", "host")
-ARCHS = ("auto", "torchrec", "torch")
-MAX_PREFETCH_DEPTH = 4  # batches prefetched ahead at most (the cache keeps up to 8 pending: none is dropped)
 READ_AHEAD = 2  # batches the pipelined loop's reader thread makes before the trainer takes them
 DENSE_PARTS = ("dense_arch", "inter_arch", "over_arch")  # what `compile` compiles (those the model has)
 # torchrec's DLRM trips a torch.fx deprecation warning on every run; it is not ours to fix.
 logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
-
-
-@dataclass
-class DLRMConfig(StepRunConfig):
-    """Everything a run depends on; stored in every checkpoint. The run settings (device,
-    seed, epochs, max_steps, checkpoints, resume, metrics, progress) are `StepRunConfig`'s."""
-
-    data: str = "synthetic"
-    sparse: str = "cached"
-    cache_ratio: float = 0.015
-    eviction: str = "freq"
-    warmup_ratio: float = 0.7
-    admission: bool = False
-    sparse_optimizer: str = "adagrad"
-    sparse_lr: float = 0.05
-    dense_lr: float = 0.05
-    embedding_dim: int = 16
-    dense_arch: list[int] = field(default_factory=lambda: [64])
-    over_arch: list[int] = field(default_factory=lambda: [64, 32])
-    batch_size: int = 2048
-    eval_batch_size: int = 8192
-    prefetch_depth: int = 1  # batches whose rows are prefetched ahead of the one training (0: none)
-    arch: str = "auto"  # the model: torchrec's DLRM (where it imports: auto) or the same in plain torch
-    prefetch: bool | None = None  # earlier versions' switch: False is prefetch_depth 0 (their configs load)
-    row_wise_rows: int | None = None  # under torchrun: split a table with more rows by rows (None: past a fair share)
-    host_store: str = "memory"  # or "mmap:DIR": the cached tables as memory-mapped files (rank r: DIR/rank<r>)
-    row_dtype: str = "float32"  # how cached rows are stored: float32 | float16 | bfloat16
-    row_rounding: str = "stochastic"  # how half-precision rows are rounded on write: nearest | stochastic
-    pipeline: bool = True  # losses read every log_every steps, batches read in a background thread (False: each step)
-    compile: bool = False  # the dense part under torch.compile (the cached collection stays eager)
-
-    def __post_init__(self) -> None:
-        # `prefetch` folded into the depth once, so that a later `replace(cfg, prefetch_depth=2)`
-        # is not undone by it
-        if self.prefetch is not None:
-            if not self.prefetch:
-                self.prefetch_depth = 0
-            self.prefetch = None
-        if not 0 <= self.prefetch_depth <= MAX_PREFETCH_DEPTH:
-            raise ValueError(f"prefetch_depth must be from 0 to {MAX_PREFETCH_DEPTH}, got {self.prefetch_depth}")
-
-
-# Settings a resumed run must share with its checkpoint: they change the arithmetic.
-# The cache's own settings (ratio, eviction, warm-up, prefetch depth) change only which rows
-# are resident, never a result, so a resume may change them (the first three start the
-# cache cold).
-# `arch` is not one of them either: torchrec's DLRM and the plain-torch one compute the same.
-RESUME_MUST_MATCH = ("sparse", "sparse_optimizer", "sparse_lr", "dense_lr", "embedding_dim",
-                     "dense_arch", "over_arch", "batch_size", "seed")
-CACHE_SETTINGS = ("cache_ratio", "eviction", "warmup_ratio")
 
 
 def data_fingerprint(meta: dict) -> dict:

@@ -6,22 +6,30 @@ import argparse
 import json
 from pathlib import Path
 
-from embcache.arg_types import fraction, int_in, memory_size, positive_float, positive_int, ratio
+from embcache.arg_types import DefaultsHelpFormatter, fraction, int_in, memory_size, positive_float, positive_int, ratio
 from embcache.errors import UserFacingError
-from embcache.train.run_cli import add_run_arguments, config_values, print_summary, run_launched, run_rows
+from embcache.train.run_cli import (
+    apply_threads,
+    add_run_arguments,
+    config_values,
+    print_summary,
+    refuse_existing_run,
+    run_launched,
+    run_rows,
+)
 
 REPO_DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
-    from embcache.cache.optimizers import OPTIMIZERS
-    from embcache.train.dlrm import ARCHS, MAX_PREFETCH_DEPTH, SPARSE_MODES, DLRMConfig
+    from embcache.cache.choices import OPTIMIZERS
+    from embcache.train.dlrm_config import ARCHS, MAX_PREFETCH_DEPTH, SPARSE_MODES, DLRMConfig
 
     d = DLRMConfig()
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     p = sub.add_parser("train", help="train (and evaluate) a DLRM",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       formatter_class=DefaultsHelpFormatter,
                        description="Train DLRM (torchrec's, or the same model in plain torch) with a cached "
                                    "sparse part. Progress bar "
                                    "shows loss, samples/s and the live cache hit rate; validation "
@@ -72,15 +80,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.set_defaults(func=train)
 
     _add_evaluate_parser(sub)
-    from embcache.train.dlrm_export import add_export_parser
-
-    add_export_parser(sub)
+    _add_export_parser(sub)
     return parser
 
 
 def _add_cache_options(p: argparse.ArgumentParser, d) -> None:
     """How the cache chooses its rows, and where and how the full tables are stored."""
-    from embcache.cache.eviction import POLICIES
+    from embcache.cache.choices import POLICIES
 
     p.add_argument("--eviction", choices=POLICIES, default=d.eviction)
     p.add_argument("--warmup-ratio", type=fraction, default=d.warmup_ratio,
@@ -99,10 +105,10 @@ def _add_cache_options(p: argparse.ArgumentParser, d) -> None:
 
 
 def _add_evaluate_parser(sub) -> None:
-    from embcache.train.dlrm import ARCHS
+    from embcache.train.dlrm_config import ARCHS
 
     e = sub.add_parser("evaluate", help="AUC and log loss of a checkpoint on the test (or val) split",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       formatter_class=DefaultsHelpFormatter,
                        description="Evaluate a checkpoint written by `dlrm train --checkpoint-dir`: the model "
                                    "and settings come from the checkpoint, the data from the directory it "
                                    "trained on (or --data, for a moved copy: it must have the same features, "
@@ -115,6 +121,32 @@ def _add_evaluate_parser(sub) -> None:
     e.add_argument("--arch", choices=ARCHS, default="auto",
                    help="the model to evaluate in (either reads a checkpoint of the other)")
     e.set_defaults(func=evaluate)
+
+
+def _add_export_parser(sub) -> None:
+    """The `export` action of `embcache dlrm` (`embcache.train.dlrm_export`)."""
+    from embcache.train.dlrm_config import TABLE_FORMATS
+
+    e = sub.add_parser("export", help="write a checkpoint's tables, vocabularies and dense model for serving",
+                       formatter_class=DefaultsHelpFormatter,
+                       description="Write every table in id order (float32), the raw value behind every id "
+                                   "(where the data directory records it), the dense model as a torch.export "
+                                   "program and a manifest; `embcache.serve.load_export(DIR)` scores raw rows.")
+    e.add_argument("checkpoint", help="a checkpoint file, or the --checkpoint-dir holding dlrm-last.pt")
+    e.add_argument("--out", required=True, help="the export directory (refused when it holds files, unless --force)")
+    e.add_argument("--format", choices=TABLE_FORMATS, default="npy", help="file format of the tables (default: npy)")
+    e.add_argument("--data", default=None, help="prepared data directory (default: the checkpoint's)")
+    e.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    e.add_argument("--verify", choices=("val", "test"), default=None, metavar="SPLIT",
+                   help="then score SPLIT (val or test) through the export and through the trainer's model "
+                        "and report whether the logits agree bit for bit (default: no check)")
+    e.set_defaults(func=_export)
+
+
+def _export(args) -> int:
+    from embcache.train.dlrm_export import export_command
+
+    return export_command(args)
 
 
 def host_store(text: str) -> str:
@@ -176,20 +208,24 @@ def resolve_data(args) -> Path:
     """A prepared dataset directory for `--data`, preparing the built-in ones on first use."""
     from embcache.data.ctr_format import read_meta
 
+    from embcache.data.staging import staged_output
+
     out = builtin_data_dir(args)
     if args.data == "synthetic":
         if not (out / "meta.json").exists():
             from embcache.data.synthetic import generate_synthetic
 
             print(f"generating synthetic Criteo-shaped data into {out} ...")
-            generate_synthetic(out, rows=args.synthetic_rows, scale=args.synthetic_scale, seed=args.seed)
+            with staged_output(out, force=True) as tmp:  # whole or not at all (Ctrl-C, a full disk)
+                generate_synthetic(tmp, rows=args.synthetic_rows, scale=args.synthetic_scale, seed=args.seed)
         return out
     if args.data == "ml-100k":
         if not (out / "meta.json").exists():
             from embcache.data.movielens_ctr import prepare_ml100k_ctr
 
             print(f"preparing MovieLens-100k as CTR into {out} ...")
-            prepare_ml100k_ctr(out)
+            with staged_output(out, force=True) as tmp:
+                prepare_ml100k_ctr(tmp)
         return out
     path = Path(args.data)
     if not (path / "meta.json").is_file():
@@ -224,6 +260,8 @@ def train(args) -> int:
                         "pipeline": not args.no_pipeline})
     try:
         cfg.resolved_device()
+        refuse_existing_run(args, "dlrm")
+        apply_threads(args)
         data_dir = _prepared_once(args)
         if cfg.cache_ratio == "auto":
             cfg.cache_ratio = _auto_cache_ratio(args, cfg, data_dir) if cfg.sparse == "cached" \

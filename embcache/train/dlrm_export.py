@@ -27,10 +27,10 @@ import torch
 
 from embcache.errors import CheckpointError, DataOutputError, UserFacingError, writing
 from embcache.nn.dlrm_arch import DLRMDense
+from embcache.train.dlrm_config import TABLE_FORMATS
 
 FORMAT = "embcache-dlrm-export"
 VERSION = 1
-TABLE_FORMATS = ("npy", "parquet")
 DENSE_FILE = "dense.pt2"
 
 
@@ -123,23 +123,6 @@ def write_vocabulary(data_dir: Path, meta: dict, feature: str, vocab_dir: Path) 
         entry["keys_file"] = f"vocab/{target.name}"
         entry["max_ids"] = meta.get("max_ids_per_feature")
     return entry
-
-
-def add_export_parser(sub) -> None:
-    """The `export` action of `embcache dlrm`."""
-    e = sub.add_parser("export", help="write a checkpoint's tables, vocabularies and dense model for serving",
-                       description="Write every table in id order (float32), the raw value behind every id "
-                                   "(where the data directory records it), the dense model as a torch.export "
-                                   "program and a manifest; `embcache.serve.load_export(DIR)` scores raw rows.")
-    e.add_argument("checkpoint", help="a checkpoint file, or the --checkpoint-dir holding dlrm-last.pt")
-    e.add_argument("--out", required=True, help="the export directory (refused when it holds files, unless --force)")
-    e.add_argument("--format", choices=TABLE_FORMATS, default="npy", help="file format of the tables (default: npy)")
-    e.add_argument("--data", default=None, help="prepared data directory (default: the checkpoint's)")
-    e.add_argument("--force", action="store_true", help="replace a non-empty --out")
-    e.add_argument("--verify", choices=("val", "test"), default=None, metavar="SPLIT",
-                   help="then score SPLIT (val or test) through the export and through the trainer's model "
-                        "and report whether the logits agree bit for bit")
-    e.set_defaults(func=export_command)
 
 
 def export_command(args) -> int:

@@ -7,6 +7,7 @@ import argparse
 import json
 
 from embcache.arg_types import (
+    DefaultsHelpFormatter,
     fraction,
     int_in,
     non_negative_float,
@@ -16,18 +17,25 @@ from embcache.arg_types import (
     ratio,
 )
 from embcache.errors import UserFacingError
-from embcache.train.run_cli import add_run_arguments, config_values, print_summary, run_launched, run_rows
+from embcache.train.run_cli import (
+    apply_threads,
+    add_run_arguments,
+    config_values,
+    print_summary,
+    refuse_existing_run,
+    run_launched,
+    run_rows,
+)
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
-    from embcache.nn.backbones import BACKBONES
-    from embcache.nn.heads import HEADS, MARGINS
-    from embcache.train.face import FaceConfig
+    from embcache.nn.choices import BACKBONES, HEADS, MARGINS
+    from embcache.train.face_config import FaceConfig
 
     d = FaceConfig()
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = DefaultsHelpFormatter
     p = sub.add_parser("train", help="train a face embedding (and evaluate it after each epoch)", formatter_class=fmt,
                        description="Train a probe net with the dcp / fc / pfc head. The progress bar shows loss, "
                                    "learning rate and pool occupancy; verification accuracy (10-fold), TAR@FAR "
@@ -70,14 +78,15 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                        formatter_class=fmt, description="Load the probe net of a face checkpoint and report "
                                                         "verification (and, on synthetic data, identification).")
     e.add_argument("checkpoint", help="a face checkpoint file, or the --checkpoint-dir holding face-last.pt")
-    e.add_argument("--val", nargs="*", default=None, metavar="BIN", help="verification .bin files")
-    e.add_argument("--device", default=None)
+    e.add_argument("--val", nargs="*", default=None, metavar="BIN",
+                   help="verification .bin files (default: the run's --val)")
+    e.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     e.set_defaults(func=evaluate)
     return parser
 
 
 def _config(args):
-    from embcache.train.face import FaceConfig
+    from embcache.train.face_config import FaceConfig
 
     values = config_values(args, FaceConfig)
     if values.get("num_classes") is None:
@@ -90,6 +99,8 @@ def train(args) -> int:
     alone prints)."""
     from embcache.train.face import FaceTrainer
 
+    refuse_existing_run(args, "face")
+    apply_threads(args)
     cfg = _config(args)
 
     def body():  # bad input becomes one line inside the launch, which tells the other ranks

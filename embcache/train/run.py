@@ -11,6 +11,14 @@ all three:
   none (a typo in the directory must not start a fresh run over an old one); settings that
   shape the arithmetic or the data must match the checkpoint's, and a resume with others is
   refused in one line naming each (setting, value in the checkpoint, value now);
+- **nothing lost**: a run without `--resume` refuses a directory that holds a checkpoint
+  of its kind already, in one line naming the two ways on (`--resume`, `--overwrite`);
+- **Ctrl-C** (SIGINT; SIGTERM too, as schedulers send it, outside torchrun, whose launcher
+  sends SIGTERM when a peer failed): the run finishes the step it is in (cf: the epoch),
+  writes its checkpoint where it keeps one and stops with `RunInterrupted`, one line
+  ("interrupted at step N ...; resume with --resume"); a second signal stops it at once,
+  the last checkpoint intact. Under torchrun the ranks agree on the step to stop after
+  (every `log_every` steps), so that their checkpoint is one;
 - **divergence guard**: a NaN or infinite loss stops the run, naming the first step whose
   loss it was, before it reaches a checkpoint, so the last checkpoint is always good to
   resume from;
@@ -35,74 +43,27 @@ import logging
 import math
 import os
 import resource
+import signal
+import threading
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 
 from embcache.checkpoint import load_checkpoint, save_checkpoint
-from embcache.device import resolve_device
-from embcache.distributed.world import DEFAULT_TIMEOUT_S, barrier, current
-from embcache.errors import CheckpointError, TrainingDiverged
+from embcache.distributed.world import barrier, current
+from embcache.errors import CheckpointError, RunInterrupted, TrainingDiverged
+from embcache.train.run_config import LOG_EVERY, RunConfig, StepRunConfig  # noqa: F401 (their home before)
 
 logger = logging.getLogger(__name__)
 
-LOG_EVERY = 50  # default steps between two `step` records of the metrics log (`log_every`)
 # checkpoints written before the kind-prefixed names: kind -> the file name they used
 LEGACY_CHECKPOINT_NAMES = {"dlrm": "last.pt"}
 # positions written under other names before the trainers shared this skeleton
 _LEGACY_POSITION_KEYS = {"step_in_epoch": ("batch_in_epoch",), "step": ("global_step",),
                          "epoch": ("epochs_done",), "history": ("records",)}
-
-
-@dataclass
-class RunConfig:
-    """Settings every trainer shares: where it runs, its seed, how long, and how the run is
-    kept (checkpoints, metrics) and shown (progress).
-
-    Args:
-        device: "cpu", "cuda" or "cuda:N"; None: CUDA when present.
-        seed: seeds the initial parameters and the order of the data.
-        epochs: passes over the training data.
-        checkpoint_dir: where `<kind>-last.pt` is written (None: no checkpoints).
-        resume: continue from the checkpoint in `checkpoint_dir`.
-        metrics_out: JSON-lines metrics log (appended, so a resumed run continues it).
-        progress: show a progress bar.
-    """
-
-    device: str | None = None
-    seed: int = 0
-    epochs: int = 1
-    checkpoint_dir: str | None = None
-    resume: bool = False
-    metrics_out: str | None = None
-    progress: bool = True
-
-    def resolved_device(self) -> torch.device:
-        """`device` as a torch.device; ValueError in one line for a bad or absent one."""
-        return resolve_device(self.device)
-
-
-@dataclass
-class StepRunConfig(RunConfig):
-    """A run made of optimizer steps (dlrm, face), which can stop and checkpoint between
-    them. (cf trains whole epochs: it checkpoints at each epoch's end.)
-
-    Args:
-        max_steps: stop after this many steps in all (a checkpoint is written there).
-        checkpoint_every: steps between two checkpoints (and one at every epoch's end).
-        log_every: steps between two `step` records of the metrics log; a pipelined
-            trainer reads its losses from the device (and refreshes the bar) this often.
-        dist_timeout: under torchrun, seconds a rank waits for the others in a collective
-            before it stops with one line (a rank died or hung).
-    """
-
-    max_steps: int | None = None
-    checkpoint_every: int = 200
-    dist_timeout: float = DEFAULT_TIMEOUT_S
-    log_every: int = LOG_EVERY
 
 
 class MetricsLog:
@@ -153,6 +114,33 @@ def checkpoint_in(directory: str | os.PathLike, kind: str) -> Path:
     return current
 
 
+def existing_run(directory: str | os.PathLike | None, kind: str) -> str | None:
+    """What a run would lose if it started afresh in `directory`: "a dlrm run (step 98)"
+    when a checkpoint of `kind` is there (its position read cheaply, or left out when the file
+    cannot be read), None when there is none."""
+    if not directory:
+        return None
+    path = checkpoint_in(directory, kind)
+    if not path.is_file():
+        return None
+    try:  # memory-mapped: a large checkpoint is not read in full for its position
+        ck = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        stepwise = "max_steps" in ck["config"]  # a `StepRunConfig`'s; cf's runs are whole epochs
+        where = f"step {ck['step']}" if stepwise else f"epoch {ck['epoch']}"
+    except Exception:  # an older or damaged file is still a run's: it is kept all the same
+        return f"a {kind} run ({path.name})"
+    return f"a {kind} run ({where})"
+
+
+def refuse_existing_run(directory: str | os.PathLike | None, kind: str) -> None:
+    """CheckpointError in one line when `directory` holds a run of `kind`: a run that does
+    not resume it must say `overwrite` to replace it."""
+    found = existing_run(directory, kind)
+    if found:
+        raise CheckpointError(f"{directory} holds {found}; continue it with --resume or start over "
+                              f"with --overwrite")
+
+
 def config_from_checkpoint(config_cls, saved: dict, **overrides):
     """A `config_cls` with the settings a checkpoint recorded (those the class still has),
     then `overrides`."""
@@ -195,6 +183,52 @@ def _same_path(a, b) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
 
+class StopSignals:
+    """While a run trains (a `with` block in the main thread): the first SIGINT or SIGTERM
+    is noted (`received`) for the loop to stop at the next step's end, and a short line on
+    stderr says so; the second calls `at_once`, which raises to stop the run where it is
+    (the handlers are the previous ones again from then on). Under torchrun only SIGINT is
+    taken (the launcher's SIGTERM means a peer failed: `embcache.distributed.world`), and a
+    second SIGINT within `SAME_SIGNAL_S` of the first is the launcher passing the user's
+    Ctrl-C on, not a second one. Elsewhere than the main thread nothing is installed."""
+
+    SAME_SIGNAL_S = 3.0
+
+    def __init__(self, at_once, distributed: bool = False, announce: bool = True, what: str = "step"):
+        self.received: int | None = None  # the first signal's number
+        self._at = 0.0
+        self._at_once, self._distributed, self._announce, self._what = at_once, distributed, announce, what
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT,) if self._distributed else (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def _handle(self, signum, frame) -> None:
+        now = time.monotonic()
+        if self.received is None:
+            self.received, self._at = signum, now
+            if self._announce:  # os.write: the interrupted code may be inside a print to stderr
+                again = "Ctrl-C" if signum == signal.SIGINT else "the signal"
+                os.write(2, f"\n{signal.Signals(signum).name}: stopping after this {self._what}; {again} again stops "
+                            f"at once\n".encode())
+            return
+        if self._distributed and now - self._at < self.SAME_SIGNAL_S:
+            return
+        self._restore()
+        self._at_once()
+
+
 class Trainer:
     """Base of `DLRMTrainer`, `FaceTrainer` and `CFTrainer`: the loop, checkpoints, resume,
     metrics log and divergence guard; see the module docstring.
@@ -217,6 +251,11 @@ class Trainer:
     def __init__(self, cfg: RunConfig, device: torch.device | None = None):
         if cfg.resume and not cfg.checkpoint_dir:
             raise CheckpointError("--resume needs --checkpoint-dir")
+        if cfg.resume and getattr(cfg, "overwrite", False):
+            raise CheckpointError("--resume continues the run in --checkpoint-dir, --overwrite starts over there: "
+                                  "choose one")
+        if not cfg.resume and not getattr(cfg, "overwrite", False):
+            refuse_existing_run(cfg.checkpoint_dir, self.kind)
         if getattr(cfg, "log_every", 1) < 1:
             raise ValueError(f"log_every must be >= 1, got {cfg.log_every}")
         self.cfg = cfg
@@ -232,6 +271,9 @@ class Trainer:
         self._loss_ema: float | None = None
         self._unread: list = []  # losses of the steps not read yet (floats or device tensors)
         self._unread_samples = 0
+        self._signals: StopSignals | None = None  # while the loop runs
+        self._interrupted = False  # a stop signal was received (on some rank) and the loop stops
+        self._saved_position: tuple[int, int, int] | None = None  # (epoch, step_in_epoch, step) of the checkpoint
 
     # ------------------------------------------------------------------ what a trainer writes
     def train_epoch(self) -> dict | None:
@@ -307,20 +349,35 @@ class Trainer:
                             f"(raise --epochs to go on)")
         self.log.write(event="start", kind=self.kind, config=asdict(self.cfg), world_size=self.world.size,
                        **self.start_fields())
+        self._signals = StopSignals(self._stop_at_once, self.world.distributed, self.world.is_main,
+                                    "step" if self._stepwise else "epoch")
         try:
-            while self.epoch < self.cfg.epochs and not self.stopped_early:
-                stats = self.train_epoch()
-                self.read_losses()
-                self._close_bar()
-                if stats is None:
-                    self.stopped_early = True
-                else:
-                    self._end_epoch(stats)
-                self.save()
+            with self._signals:
+                while self.epoch < self.cfg.epochs and not self.stopped_early:
+                    stats = self.train_epoch()
+                    self.read_losses()
+                    self._close_bar()
+                    if stats is None:
+                        self.stopped_early = True
+                    else:
+                        self._end_epoch(stats)
+                    if not (self._interrupted and self._saved_position == self._position):
+                        self.save()
+                    if self.stop_requested():
+                        break
         except TrainingDiverged as err:
             self._close_bar()
             self.log.write(event="diverged", message=str(err))
             raise
+        except RunInterrupted:  # a second signal: stopped at once
+            self._close_bar()
+            self.log.write(event="interrupted", epoch=self.epoch, step=self.step, at_once=True)
+            raise
+        finally:
+            self._signals = None
+        if self._interrupted and not self._finished():
+            self.log.write(event="interrupted", epoch=self.epoch, step=self.step)
+            raise RunInterrupted(self._interrupted_line())
         summary = self.summary()
         self.log.write(event="summary", **summary)
         return summary
@@ -338,9 +395,55 @@ class Trainer:
     def _stepwise(self) -> bool:
         return isinstance(self.cfg, StepRunConfig)
 
+    def _finished(self) -> bool:
+        """The run did all it was asked: every epoch, or `max_steps`."""
+        return self.epoch >= self.cfg.epochs or (self._stepwise and self.cfg.max_steps is not None
+                                                 and self.step >= self.cfg.max_steps)
+
     def should_stop(self) -> bool:
-        """`max_steps` reached: the run ends here (after a checkpoint)."""
-        return self._stepwise and self.cfg.max_steps is not None and self.step >= self.cfg.max_steps
+        """`max_steps` reached, or a stop signal received: the run ends here (after a
+        checkpoint)."""
+        return self._interrupted or (self._stepwise and self.cfg.max_steps is not None
+                                     and self.step >= self.cfg.max_steps)
+
+    # ------------------------------------------------------------------ Ctrl-C
+    def stop_requested(self) -> bool:
+        """Whether a stop signal (`StopSignals`) was received: on one process, here; under
+        torchrun, on any rank (collective: every rank calls it at the same point)."""
+        if not self._interrupted:
+            received = self._signals is not None and self._signals.received is not None
+            if self.world.distributed:
+                from embcache.distributed.world import all_sum
+
+                received = all_sum({"stop": int(received)})["stop"] > 0
+            self._interrupted = received
+        return self._interrupted
+
+    @property
+    def _position(self) -> tuple[int, int, int]:
+        return self.epoch, self.step_in_epoch, self.step
+
+    def _where(self) -> str:
+        """Where the run stands: "step 37", or "epoch 3" for a run of whole epochs."""
+        return f"step {self.step}" if self._stepwise else f"epoch {self.epoch}"
+
+    def _interrupted_line(self) -> str:
+        """The line of a run stopped by a signal after a whole step (checkpointed)."""
+        if self.checkpoint_path is None:
+            return (f"interrupted at {self._where()}; nothing was kept (no --checkpoint-dir): a run with "
+                    f"--checkpoint-dir DIR can be stopped and resumed")
+        return f"interrupted at {self._where()} (checkpoint in {self.cfg.checkpoint_dir}); resume with --resume"
+
+    def _stop_at_once(self) -> None:
+        """A second stop signal: raise `RunInterrupted` from where the run is."""
+        if self.checkpoint_path is None or self._saved_position is None:
+            kept = "nothing was checkpointed" if self.checkpoint_path is None or not self.checkpoint_path.exists() \
+                else f"the checkpoint in {self.cfg.checkpoint_dir} is as it was"
+        else:
+            epoch, _, step = self._saved_position
+            kept = (f"the checkpoint of {f'step {step}' if self._stepwise else f'epoch {epoch}'} in "
+                    f"{self.cfg.checkpoint_dir} is intact: resume with --resume")
+        raise RunInterrupted(f"interrupted again: stopped at once; {kept}")
 
     def begin_epoch(self, total: int, unit: str = "step") -> None:
         """Open the epoch's progress bar (`total` units, the done ones already counted) and
@@ -376,6 +479,8 @@ class Trainer:
         if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
             self.save()
             self._t_last = time.perf_counter()
+        if not self.world.distributed or self.step % self._log_every == 0:
+            self.stop_requested()  # collective under torchrun: the ranks agree every log_every steps
 
     @property
     def _log_every(self) -> int:
@@ -461,6 +566,7 @@ class Trainer:
             save_checkpoint(payload, self.checkpoint_path, kind=self.kind)
             self.after_save(payload)
         barrier()  # no rank runs ahead of a checkpoint that is not yet in place
+        self._saved_position = self._position
         return self.checkpoint_path
 
     def after_save(self, payload: dict) -> None:
@@ -479,6 +585,7 @@ class Trainer:
         path = self.resume_checkpoint()
         ck = self.restore(path)
         self.epoch, self.step_in_epoch, self.step = ck["epoch"], ck["step_in_epoch"], ck["step"]
+        self._saved_position = self._position
         self.history = ck["history"]
         self.train_seconds, self.train_samples = ck.get("train_seconds", 0.0), ck.get("train_samples", 0)
         if "rng" in ck:
