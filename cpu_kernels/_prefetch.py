@@ -19,6 +19,25 @@ from numba.extending import intrinsic
 LINE_FLOATS = 16  # float32 values in a 64-byte cache line
 
 
+def element_pointer(context, builder, aryty, ary_value, index_values, index_types):
+    """LLVM code for the address of one array element (no bounds check): what an intrinsic
+    that acts on memory needs (this prefetch; the cache's atomic minimum uses it too)."""
+    ary = context.make_array(aryty)(context, builder, ary_value)
+    inds = [context.cast(builder, v, t, types.intp) for v, t in zip(index_values, index_types)]
+    return cgutils.get_item_pointer2(context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
+                                     strides=cgutils.unpack_tuple(builder, ary.strides), layout=aryty.layout,
+                                     inds=inds, wraparound=False)
+
+
+def emit_prefetch(builder, ptr) -> None:
+    """LLVM code asking the CPU to load the cache line at `ptr`: read (0), keep in every
+    cache level (3), data (1)."""
+    i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                        "llvm.prefetch.p0")
+    builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+
+
 @intrinsic
 def _prefetch_element(typingctx, arr, row, col):
     """Start loading the cache line that holds `arr[row, col]` (2-D array, no bounds check)."""
@@ -27,18 +46,8 @@ def _prefetch_element(typingctx, arr, row, col):
     sig = types.void(arr, row, col)
 
     def codegen(context, builder, signature, args):
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        inds = [context.cast(builder, v, t, types.intp) for v, t in zip(args[1:], signature.args[1:])]
-        ptr = cgutils.get_item_pointer2(context, builder, data=ary.data,
-                                        shape=cgutils.unpack_tuple(builder, ary.shape),
-                                        strides=cgutils.unpack_tuple(builder, ary.strides),
-                                        layout=aryty.layout, inds=inds, wraparound=False)
-        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-                                            "llvm.prefetch.p0")
-        # read (0), keep in every cache level (3), data (1)
-        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        emit_prefetch(builder, element_pointer(context, builder, signature.args[0], args[0], args[1:],
+                                               signature.args[1:]))
         return context.get_dummy_value()
 
     return sig, codegen

@@ -9,18 +9,11 @@
 """
 from __future__ import annotations
 
-from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
-
-def _entry_pointer(context, builder, aryty, ary_value, index_value, index_type):
-    ary = context.make_array(aryty)(context, builder, ary_value)
-    i = context.cast(builder, index_value, index_type, types.intp)
-    return cgutils.get_item_pointer2(context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
-                                     strides=cgutils.unpack_tuple(builder, ary.strides), layout=aryty.layout,
-                                     inds=[i], wraparound=False)
+# the element address and the prefetch instruction are HEAT's (its kernels prefetch rows)
+from cpu_kernels._prefetch import element_pointer, emit_prefetch
 
 
 @intrinsic
@@ -30,7 +23,7 @@ def atomic_min(typingctx, arr, idx, val):
     sig = types.void(arr, idx, val)
 
     def codegen(context, builder, signature, args):
-        ptr = _entry_pointer(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+        ptr = element_pointer(context, builder, signature.args[0], args[0], [args[1]], [signature.args[1]])
         v = context.cast(builder, args[2], signature.args[2], types.int32)
         builder.atomic_rmw("min", ptr, v, "monotonic")
         return context.get_dummy_value()
@@ -45,11 +38,8 @@ def prefetch_entry(typingctx, arr, idx):
     sig = types.void(arr, idx)
 
     def codegen(context, builder, signature, args):
-        ptr = _entry_pointer(context, builder, signature.args[0], args[0], args[1], signature.args[1])
-        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-                                            "llvm.prefetch.p0")
-        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        emit_prefetch(builder, element_pointer(context, builder, signature.args[0], args[0], [args[1]],
+                                               [signature.args[1]]))
         return context.get_dummy_value()
 
     return sig, codegen
