@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from dataclasses import dataclass
 
 import numba
 import numpy as np
@@ -35,6 +34,7 @@ import torch
 from . import fused_admission
 from .eviction import EvictionPolicy
 from .host_store import HostStore
+from .lookup import Lookup, Overflow, Prefetched, ratio_at_least  # noqa: F401 (Lookup: part of this module's API)
 from .optimizers import RowOptimizer, RowRounding, update_rows
 from .row_cache_state import CACHE_FILE, RowCacheState  # noqa: F401 (CACHE_FILE: part of this module's API)
 from .slot_map import SlotMap
@@ -44,60 +44,6 @@ from .transfers import RowTransfers
 logger = logging.getLogger(__name__)
 
 MAX_PENDING_PREFETCHES = 8
-
-
-def ratio_at_least(rows: int, num_rows: int) -> str:
-    """`rows / num_rows` rounded up to two significant digits: the smallest such cache ratio
-    whose cache (`ceil(ratio * num_rows)` slots) has `rows` slots.
-
-    Example:
-        >>> ratio_at_least(2_345, 46_000), ratio_at_least(7, 7)
-        ('0.051', '1')
-    """
-    if rows >= num_rows:
-        return "1"
-    exact = rows / num_rows
-    digits = 1 - math.floor(math.log10(exact))
-    return f"{math.ceil(exact * 10 ** digits - 1e-9) / 10 ** digits:.{max(digits, 0)}f}"
-
-
-@dataclass
-class Overflow:
-    """Rows of one batch that did not fit in the cache, kept beside it for one step."""
-
-    ids: torch.Tensor  # sorted unique ids (host, with the bookkeeping)
-    weight: torch.Tensor
-    state: dict
-    device_ids: torch.Tensor  # the same ids beside the rows (stochastic rounding hashes them)
-
-
-@dataclass
-class Lookup:
-    """Where one batch's lookups point: `indices` index `cache.weight` (then the
-    overflow rows, from `num_slots` on); `held` slots cannot be evicted until released.
-    `ids` are the batch's ids in lookup order (host-side, with the bookkeeping) and
-    `segments` the runs of lookups that an uncached model keeps apart: per table, the
-    number of lookups of each of its features (None: one table, one feature); together
-    they let the gradient be summed exactly as torch sums it."""
-
-    indices: torch.Tensor
-    overflow: Overflow | None
-    held: torch.Tensor | None
-    ids: torch.Tensor | None = None
-    segments: list[list[int]] | None = None
-
-
-@dataclass
-class _Prefetched:
-    """A prefetched batch: its ids, the distinct slots it holds, its hits and misses, and
-    (when the prefetch gave every id a slot) each lookup's slot, which stays valid while
-    held: the batch's forward then reuses it instead of looking every id up again."""
-
-    ids: torch.Tensor
-    held: torch.Tensor
-    hits: int
-    misses: int
-    slots: torch.Tensor | None = None
 
 
 class RowCache(RowCacheState):
@@ -160,7 +106,7 @@ class RowCache(RowCacheState):
         self._warned_small = False  # `_warn_small` said it
         self.step = 0  # optimizer steps taken (Adam's bias correction counts these)
         self._row_bytes = self.host.row_bytes()
-        self._prefetched: deque[_Prefetched] = deque()
+        self._prefetched: deque[Prefetched] = deque()
         self._stream = torch.cuda.Stream(self.device) if on_cuda else None
         if ids_freq is not None and warmup_ratio > 0:
             self.warm_up(ids_freq, warmup_ratio)
@@ -220,7 +166,7 @@ class RowCache(RowCacheState):
                        f"overflow_rows); a cache ratio (--cache-ratio) of {ratio_at_least(distinct, self.num_rows)} "
                        f"or more holds such a batch")
 
-    def _reuse(self, consumed: _Prefetched) -> torch.Tensor:
+    def _reuse(self, consumed: Prefetched) -> torch.Tensor:
         """The lookup of a batch whose prefetch placed every id: what a second admission
         pass would decide, without it. Every row is resident in a slot the prefetch has held
         since, so that pass would find only hits, at exactly the held slots; all it would
@@ -249,7 +195,7 @@ class RowCache(RowCacheState):
     def _prefetch(self, ids: torch.Tensor) -> None:
         indices, touched, _, placed_all, hits, misses = self._admit(ids, serve_overflow=False)
         self._hold(touched, +1)
-        self._prefetched.append(_Prefetched(ids, touched, hits, misses, indices if placed_all else None))
+        self._prefetched.append(Prefetched(ids, touched, hits, misses, indices if placed_all else None))
 
     def _wait_for_prefetch(self) -> None:
         """Order the compute stream after the side stream: every touch of the maps, holds
@@ -257,7 +203,7 @@ class RowCache(RowCacheState):
         if self._stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self._stream)
 
-    def _take_prefetched(self, ids: torch.Tensor) -> _Prefetched | None:
+    def _take_prefetched(self, ids: torch.Tensor) -> Prefetched | None:
         """The prefetch made for exactly these ids, if any; older ones are dropped
         (their rows stay resident, their counts are not the batch's)."""
         for i, entry in enumerate(self._prefetched):
@@ -544,16 +490,3 @@ class RowCache(RowCacheState):
     def drop_prefetches(self) -> None:
         while self._prefetched:
             self._hold(self._prefetched.popleft().held, -1)
-
-    def _restore_prefetches(self, ids: torch.Tensor, sizes: torch.Tensor, counts: torch.Tensor,
-                            held: tuple[torch.Tensor, torch.Tensor] | None) -> None:
-        """The pending prefetches, each holding the slots it held when saved (checkpoints
-        of earlier versions lack them: every resident row of its batch is held then)."""
-        parts = ids.to(self.book).split(sizes.tolist())
-        held_parts = held[0].to(self.book).split(held[1].tolist()) if held is not None else [None] * len(parts)
-        for part, slots, (hits, misses) in zip(parts, held_parts, counts.tolist()):
-            if slots is None:
-                slots = torch.unique(self.slots.lookup(part))
-                slots = slots[slots >= 0]
-            self._hold(slots, +1)
-            self._prefetched.append(_Prefetched(part, slots, int(hits), int(misses)))

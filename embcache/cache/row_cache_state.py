@@ -4,8 +4,8 @@ refuse a checkpoint before anything changes.
 Kept apart from the engine (`row_cache.py`: lookup, admission, gradients, updates) so
 that the hot path reads in one file. `RowCacheState` is a mixin: its methods use the
 engine's attributes (`host`, `slots`, `policy`, `dirty`, `holds`, `transfers`, `stats`,
-`step`) and a few of its methods (`sync_host`, `drop_prefetches`, `_load`,
-`_restore_prefetches`), and nothing else. The format is the one every earlier
+`step`, `book`, `_prefetched`) and a few of its methods (`sync_host`, `drop_prefetches`,
+`_load`, `_hold`), and nothing else. The format is the one every earlier
 checkpoint has: nothing here changed it.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 from embcache.errors import CheckpointError, first_line, writing
 
 from .eviction import POLICIES
+from .lookup import Prefetched
 from .stats import check_stats_tensor
 from .table_files import fresh_directory
 
@@ -260,3 +261,16 @@ class RowCacheState:
         if weight.dtype != self.host.weight.dtype:
             raise ValueError(f"checkpoint rows are {str(weight.dtype).removeprefix('torch.')}, this cache stores "
                              f"{str(self.host.weight.dtype).removeprefix('torch.')} (saved with another row_dtype?)")
+
+    def _restore_prefetches(self, ids: torch.Tensor, sizes: torch.Tensor, counts: torch.Tensor,
+                            held: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        """The pending prefetches, each holding the slots it held when saved (checkpoints
+        of earlier versions lack them: every resident row of its batch is held then)."""
+        parts = ids.to(self.book).split(sizes.tolist())
+        held_parts = held[0].to(self.book).split(held[1].tolist()) if held is not None else [None] * len(parts)
+        for part, slots, (hits, misses) in zip(parts, held_parts, counts.tolist()):
+            if slots is None:
+                slots = torch.unique(self.slots.lookup(part))
+                slots = slots[slots >= 0]
+            self._hold(slots, +1)
+            self._prefetched.append(Prefetched(part, slots, int(hits), int(misses)))
