@@ -103,7 +103,7 @@ def test_default_size_generates_quickly(tmp_path):
     import time
 
     t0 = time.perf_counter()
-    meta = generate_synthetic(tmp_path, seed=0)  # the main job's default: 200k rows, scale 0.01
+    meta = generate_synthetic(tmp_path, seed=0)  # the main job's default: 200k rows, scale 0.1
     elapsed = time.perf_counter() - t0
     assert meta["splits"]["train"]["rows"] == 200_000
     assert elapsed < 30, f"default synthetic set took {elapsed:.1f}s"

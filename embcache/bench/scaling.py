@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from embcache.bench.common import DEFAULT_RESULTS_DIR, REPO_ROOT, write_json
+from embcache.data.defaults import SYNTHETIC_ROWS, SYNTHETIC_SCALE
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -31,8 +32,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2] + ([4] if cores >= 4 else []),
                    help="world sizes to run (default: 1, 2, and 4 where the host has 4 cores)")
     p.add_argument("--which", nargs="+", choices=("dlrm", "face"), default=["dlrm", "face"])
-    p.add_argument("--rows", type=int, default=200_000, help="training rows of the synthetic CTR set")
-    p.add_argument("--scale", type=float, default=0.1, help="multiplies Criteo Kaggle's cardinalities")
+    p.add_argument("--rows", type=int, default=SYNTHETIC_ROWS, help="training rows of the synthetic CTR set")
+    p.add_argument("--scale", type=float, default=SYNTHETIC_SCALE, help="multiplies Criteo Kaggle's cardinalities")
     p.add_argument("--steps", type=int, default=40, help="training steps of each run")
     p.add_argument("--batch-size", type=int, default=4096, help="global DLRM batch")
     p.add_argument("--face-batch-size", type=int, default=512, help="global face batch")

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from embcache.arg_types import DefaultsHelpFormatter, int_in, positive_float
+from embcache.data.defaults import SYNTHETIC_ROWS, SYNTHETIC_SCALE
 from embcache.errors import as_user_errors
 
 DATASETS = Path(__file__).resolve().parents[2] / "datasets"
@@ -36,7 +37,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     Example:
         >>> args = build_parser("embcache data").parse_args(["synthetic", "--out", "syn"])
         >>> args.rows, args.scale, args.func is _synthetic
-        (200000, 0.01, True)
+        (200000, 0.1, True)
     """
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -130,8 +131,9 @@ def _add_ml100k(which) -> None:
 def _add_synthetic(sub) -> None:
     p = _action_parser(sub, "synthetic", _synthetic)
     _add_out(p)
-    p.add_argument("--rows", type=int_in(1), default=200_000, help="training rows")
-    p.add_argument("--scale", type=positive_float, default=0.01, help="multiplies Criteo Kaggle's cardinalities")
+    p.add_argument("--rows", type=int_in(1), default=SYNTHETIC_ROWS, help="training rows")
+    p.add_argument("--scale", type=positive_float, default=SYNTHETIC_SCALE,
+                   help="multiplies Criteo Kaggle's cardinalities (the DLRM trainer's built-in data set: the same)")
     p.add_argument("--seed", type=int_in(0), default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 

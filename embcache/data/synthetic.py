@@ -25,6 +25,7 @@ import numpy as np
 
 from embcache.errors import check_whole
 from embcache.data.ctr_format import CTRDatasetWriter, SparseFeature
+from embcache.data.defaults import SYNTHETIC_ROWS, SYNTHETIC_SCALE
 from embcache.data.delimited import splitmix64
 from embcache.data.raw_values import identity_values
 
@@ -137,7 +138,8 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     return float((ranks[labels].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
 
 
-def generate_synthetic(out_dir: str | os.PathLike, rows: int = 200_000, scale: float = 0.01, seed: int = 0,
+def generate_synthetic(out_dir: str | os.PathLike, rows: int = SYNTHETIC_ROWS, scale: float = SYNTHETIC_SCALE,
+                       seed: int = 0,
                        val_rows: int | None = None, test_rows: int | None = None,
                        chunk_rows: int = 65_536, rows_per_shard: int = 1_000_000,
                        progress: bool = False) -> dict:
@@ -146,7 +148,7 @@ def generate_synthetic(out_dir: str | os.PathLike, rows: int = 200_000, scale: f
     Args:
         out_dir: target directory (old shards there are replaced).
         rows: training rows; `val_rows` / `test_rows` default to a tenth of it each.
-        scale: multiplies Criteo Kaggle's cardinalities (0.01: ~290k embedding rows in all).
+        scale: multiplies Criteo Kaggle's cardinalities (0.1: 3.4 M embedding rows in all).
         seed: everything is a function of it.
         chunk_rows: rows generated at a time (memory ~ chunk_rows * 40 * 8 bytes).
 
