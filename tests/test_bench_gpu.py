@@ -24,6 +24,6 @@ def test_bench_gpu_compares_cached_and_whole_tables_from_the_same_start(tmp_path
     assert cached[0]["hit_rate"] <= cached[1]["hit_rate"]  # a larger cache hits at least as often
     assert data["pinned_copy_gbps"] is None  # no link to measure without CUDA
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
-    assert len(table) == 2 + len(rows)  # header, rule, one row per variant: the README's GPU table
+    assert len(table) == 2 + len(rows)  # header, rule, one row per variant: the GPU table of docs/cache.md
     assert table[2].startswith("| 4 | whole table on the device |") and "| 1.00 |" in table[2]
     assert table[-1].startswith("| 4 | cached 30.0%, no prefetch |")

@@ -88,7 +88,7 @@ def test_raw_rows_score_bit_for_bit_as_the_trainer(run):
 
 
 def test_none_and_a_left_out_feature_are_missing_and_a_bad_dense_row_is_one_line(run):
-    """The README's row (`"sparse_25": None`): None and a feature left out both take the
+    """docs/export.md's row (`"sparse_25": None`): None and a feature left out both take the
     row of missing and unknown values (id 0), as an unseen value does; a dense vector of
     the wrong length is a ValueError naming it and the length expected."""
     model = load_export(run["out"])

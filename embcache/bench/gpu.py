@@ -287,8 +287,9 @@ def plot(result: dict, path) -> None:
 
 
 def markdown_table(result: dict) -> list[str]:
-    """The README's GPU table, one row per variant: what the benchmark measured, read at a
-    glance (the ratio to the whole table on the device first)."""
+    """The GPU table of docs/cache.md ("On a GPU: the device path"), one row per variant:
+    what the benchmark measured, read at a glance (the ratio to the whole table on the
+    device first)."""
     def fmt(value, spec: str, scale: float = 1.0) -> str:
         return "-" if value is None else format(value * scale, spec)
 
@@ -328,5 +329,5 @@ def run(args) -> int:
     png = path.with_suffix(".png")
     plot(result, png)
     print("\n".join(markdown_table(result)))
-    print(f"wrote {path} and {png} (the table above is the README's)")
+    print(f"wrote {path} and {png} (the table above is docs/cache.md's, \"On a GPU: the device path\")")
     return 0

@@ -14,7 +14,7 @@ holds the nets, the head (with the pool's slots and LRU keys), the optimizer and
 position in the data; the data order is a function of (seed, epoch, step), so a resumed run
 is bit-identical to an uninterrupted one on CPU.
 
-Under torchrun (DESIGN.md section 5) every rank takes its slice of the same global batch: the
+Under torchrun (docs/scaling.md) every rank takes its slice of the same global batch: the
 probe net is under DDP with summed gradients (each rank's loss is its samples' share of the
 global batch's mean) and its batch norms use the global batch's statistics, so N ranks train
 what one process trains. dcp: the gallery net is the same on every rank, and the gallery
