@@ -32,7 +32,7 @@ run: install
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# Every benchmark at its README settings; results land in bench/results/.
+# Every benchmark at its settings in docs/benchmarks.md; results land in bench/results/.
 bench: install
 	$(VENV)/bin/embcache bench cache --batches 600 --parts hit-rate
 	$(VENV)/bin/embcache bench cache --parts timing --timing-steps 60 --name cache_timing

@@ -11,7 +11,7 @@ entries the one used longer ago goes first.
 
 Counts are per batch: an id used five times in one batch counts once.
 
-Admission control (`freq` and `lfu` with `admission=True`; off by default, see the README's
+Admission control (`freq` and `lfu` with `admission=True`; off by default, see docs/cache.md's
 cache benchmark): a missed row is admitted only if its key is above the key of the slot it
 would take; a colder one is served beside the cache for that step (the cache's exact
 overflow path, counted as `bypassed_rows`) and its access is counted, so it gets in once it

@@ -29,7 +29,7 @@ batches keep what is left, highest keys first (at depth 2 or more this is a lowe
 measured 4-6 points under a real cache smaller than one batch's rows). With admission control (`freq` and `lfu`;
 the cache's default) a missed row gets in only if it is hotter than the row it would
 evict, so no row is held below the top: the cache is the top `C` by key, `K = C`.
-Measured against real `RowCache` runs: see the README's "How big a cache".
+Measured against real `RowCache` runs: see docs/planning.md.
 
 **From the counts alone** the order of the accesses is unknown. The surrogate trace
 assumes each of an id's `f` occurrences falls into one of the epoch's `B` batches

@@ -58,7 +58,7 @@ class CachedEmbeddingBag(nn.Module):
             traffic and speed change). Off by default: on the cache benchmark it gains
             0.0-0.3 point, on the default DLRM run 0.5 point at 6 % fewer samples/s (the
             side table costs more on the CPU than the misses it saves); where a batch
-            needs more rows than the cache holds it gains up to 14 points (README).
+            needs more rows than the cache holds it gains up to 14 points (docs/cache.md).
         half_life: `freq` / `lfu` halve their counts every `half_life` lookup passes
             (None: never), to follow a hot set that drifts.
         host_store: "memory" (default) or "mmap:DIR": the full table and its optimizer
@@ -71,7 +71,7 @@ class CachedEmbeddingBag(nn.Module):
         rounding: "stochastic" (default) or "nearest": how a half-precision row is
             rounded when written (`RowRounding`); `rounding_seed` seeds the stochastic one.
             Stochastic rounding keeps, on average, updates smaller than half a unit in
-            the last place, which nearest rounding drops (README, "Row precision").
+            the last place, which nearest rounding drops (docs/cache.md, "Row precision").
 
     Example:
         >>> import torch

@@ -1,5 +1,5 @@
 """The dynamic class pool: Q slots of gallery features standing in for a classifier's weight
-rows, for label spaces far larger than Q (F2C; README.md, section "Dynamic Class Pool").
+rows, for label spaces far larger than Q (F2C; docs/class-pool.md).
 
 Each slot holds the two latest gallery features of one identity (written alternately, the
 older one replaced). Which label sits in which slot is a `SlotMap` (sorted index: no per-label

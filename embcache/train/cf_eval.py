@@ -25,7 +25,7 @@ from cpu_kernels.model import CFParams
 from embcache.data.cf.interactions import Interactions
 
 BACKENDS = ("torch", "faiss")
-# bench/results/cf.json, "topk": torch was faster on this 2-core machine (see README)
+# bench/results/cf.json, "topk": torch was faster on this 2-core machine (see docs/heat.md)
 DEFAULT_BACKEND = "torch"
 
 
