@@ -73,6 +73,8 @@ class RowCache(RowCacheState):
     # a forward reuses its prefetch's decisions (`_reuse`); tests switch it off to compare
     # with a second admission pass over the same ids, which must decide exactly the same
     reuse_prefetch = True
+    # lookups without `keep` leave the cache as it is (`_peek`): set for a validation pass
+    frozen = False
 
     def __init__(self, weight: torch.Tensor, cache_rows: int, optimizer: RowOptimizer,
                  eviction: str = "freq", ids_freq: torch.Tensor | None = None,
@@ -134,6 +136,8 @@ class RowCache(RowCacheState):
         on the host and the returned indices and rows travel without waiting."""
         ids = ids.to(self.book)
         self._wait_for_prefetch()
+        if self.frozen and not keep:
+            return self._peek(ids, segments)
         consumed = self._take_prefetched(ids)
         if consumed is not None and consumed.slots is not None and self.reuse_prefetch:
             indices, touched, overflow = self._reuse(consumed), consumed.held, None
@@ -154,6 +158,24 @@ class RowCache(RowCacheState):
         if consumed is not None and not taken_over:
             self._hold(consumed.held, -1)
         return Lookup(self.transfers.to_device(indices), overflow, held, ids if keep else None, segments)
+
+    def _peek(self, ids: torch.Tensor, segments: list[list[int]] | None) -> Lookup:
+        """A frozen cache's lookup (validation): resident rows where they are, the others
+        served beside the cache; nothing admitted, evicted or counted as a use, so that the
+        working set and the policy are training's alone. Hits and misses per distinct id,
+        as training counts them."""
+        unique, where = torch.unique(ids.reshape(-1), return_inverse=True)
+        slots = self.slots.lookup(unique)
+        absent = torch.nonzero(slots < 0).flatten()
+        overflow = None
+        if absent.numel():
+            overflow = self._serve_overflow(unique.index_select(0, absent), 0)
+            slots.index_copy_(0, absent, self.num_slots + torch.arange(absent.numel(), device=slots.device))
+        self.stats.hits += unique.numel() - absent.numel()
+        self.stats.misses += absent.numel()
+        self.stats.batches += 1
+        indices = slots.index_select(0, where).view(ids.shape)
+        return Lookup(self.transfers.to_device(indices), overflow, None, None, segments)
 
     def _warn_small(self, distinct: int) -> None:
         """Say once that a batch needs more distinct rows than the cache has slots (the

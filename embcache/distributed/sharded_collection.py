@@ -220,6 +220,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
     def separate_stats(self):
         return self.local.separate_stats()
 
+    def evaluation(self):
+        return self.local.evaluation()
+
     def cache_rows(self) -> int:
         return self.local.cache_rows() if self.local is not None else 0
 

@@ -320,6 +320,14 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
             inner = [stack.enter_context(bag.separate_stats()) for bag in self.bags]
             yield lambda: combine_stats(s.as_dict() for s in inner)
 
+    @contextmanager
+    def evaluation(self):
+        """`separate_stats` with every bag read-only (`CachedEmbeddingBag.evaluation`): a
+        validation pass leaves the working sets as training left them."""
+        with ExitStack() as stack:
+            inner = [stack.enter_context(bag.evaluation()) for bag in self.bags]
+            yield lambda: combine_stats(s.as_dict() for s in inner)
+
     def reset_cache_stats(self) -> None:
         for bag in self.bags:
             bag.reset_cache_stats()

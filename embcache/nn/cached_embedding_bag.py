@@ -221,6 +221,20 @@ class CachedEmbeddingBag(nn.Module):
         finally:
             self.cache.stats = outer
 
+    @contextmanager
+    def evaluation(self):
+        """A validation block: its lookups counted apart (yields their `CacheStats`) and
+        read-only: rows that are not resident are served beside the cache, nothing is
+        admitted or evicted, so the working set and the eviction policy stay training's
+        alone (a run that validates where it stops resumes to the residency of one that
+        did not stop). The rows read are the same either way."""
+        with self.separate_stats() as stats:
+            self.cache.frozen = True
+            try:
+                yield stats
+            finally:
+                self.cache.frozen = False
+
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         for key, value in self.cache.state_dict().items():
             destination[prefix + key] = value if keep_vars else value.detach()
