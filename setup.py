@@ -26,6 +26,7 @@ setup(
         "tqdm>=4.66,<5",
         "matplotlib>=3.8,<4",
         "pillow>=10,<14",
+        "tensorboard==2.21.0",  # --tensorboard DIR (torch.utils.tensorboard writes through it)
         # torchrec's own run-time dependencies (torchrec itself goes in with --no-deps)
         "iopath",
         "pyre-extensions",

@@ -295,6 +295,8 @@ class DLRMTrainer(Trainer):
     kind = "dlrm"
     must_match = RESUME_MUST_MATCH
     setting_names = option_names(RESUME_MUST_MATCH + CACHE_SETTINGS, {"sparse_lr": "--lr"})
+    headline = ("auc", True, "a further epoch over the same data often overfits a CTR model (one epoch is "
+                             "usual); keep --epochs at the best one, or lower --lr")
 
     def __init__(self, cfg: DLRMConfig, data_dir: str | Path):
         from embcache.data.ctr_format import load_id_frequencies, read_meta
@@ -458,14 +460,15 @@ class DLRMTrainer(Trainer):
     @torch.no_grad()
     def evaluate(self, split: str = "val") -> dict:
         """AUC and log loss on a split (every rank its slice; the scores gathered in the
-        order one process sees them). Its lookups go through the cache but are counted
-        apart (as `cache_hit_rate` of the result): the run's hit rate and bytes moved
+        order one process sees them). Its lookups read through the cache without changing
+        it (`evaluation`: nothing admitted or evicted) and are counted apart (as
+        `cache_hit_rate` of the result): the run's working set, hit rate and bytes moved
         are training's."""
         self.model.eval()
         logits, labels = [], []
         cached = self.cfg.sparse == "cached" and self.sparse.local is not None
         training_comm = dict(getattr(self.sparse, "comm_bytes", {}))  # count training's traffic only
-        with self.sparse.separate_stats() if cached else nullcontext() as eval_stats:
+        with self.sparse.evaluation() if cached else nullcontext() as eval_stats:
             with self._stream(self._batches(split, self.cfg.eval_batch_size)) as batches:
                 for batch in batches:
                     logits.append(self.model(batch.dense, batch.sparse).squeeze(-1).cpu())

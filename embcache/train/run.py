@@ -68,17 +68,32 @@ _LEGACY_POSITION_KEYS = {"step_in_epoch": ("batch_in_epoch",), "step": ("global_
 
 class MetricsLog:
     """Append-only JSON-lines file: one object per event. Opened in append mode so that a
-    resumed run continues the same file."""
+    resumed run continues the same file. With `open_tensorboard`, every record also goes
+    to TensorBoard (`embcache.train.tensorboard_log`)."""
 
     def __init__(self, path: str | os.PathLike | None):
         self.path = Path(path) if path else None
+        self.tensorboard = None
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def open_tensorboard(self, directory: str | None, purge_step: int | None = None) -> None:
+        if directory:
+            from embcache.train.tensorboard_log import TensorBoardLog
+
+            self.tensorboard = TensorBoardLog(directory, purge_step)
 
     def write(self, **record) -> None:
         if self.path:
             with open(self.path, "a") as f:
                 f.write(json.dumps(record, default=float) + "\n")
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
 
 
 def check_loss(loss: float, where: str) -> None:
@@ -246,6 +261,8 @@ class Trainer:
     must_match: ClassVar[tuple[str, ...]] = ()
     only_raised: ClassVar[tuple[str, ...]] = ()
     setting_names: ClassVar[dict[str, str]] = {}  # config field -> its flag, for messages
+    # (score key, higher is better, advice): a warning when an epoch scores worse than the one before
+    headline: ClassVar[tuple[str, bool, str] | None] = None
     pipelined: bool = False  # losses stay on the device between reads (else read at every step)
 
     def __init__(self, cfg: RunConfig, device: torch.device | None = None):
@@ -347,6 +364,9 @@ class Trainer:
             if self.epoch >= self.cfg.epochs:
                 logger.info(f"the checkpoint has {self.epoch} epoch(s) already: nothing to train "
                             f"(raise --epochs to go on)")
+        if self.world.is_main:
+            self.log.open_tensorboard(getattr(self.cfg, "tensorboard", None),
+                                      purge_step=self.step + 1 if self.cfg.resume else None)
         self.log.write(event="start", kind=self.kind, config=asdict(self.cfg), world_size=self.world.size,
                        **self.start_fields())
         self._signals = StopSignals(self._stop_at_once, self.world.distributed, self.world.is_main,
@@ -359,6 +379,8 @@ class Trainer:
                     self._close_bar()
                     if stats is None:
                         self.stopped_early = True
+                        if not self._interrupted:  # --max-steps: the run ends with its scores
+                            self.evaluate_now()
                     else:
                         self._end_epoch(stats)
                     if not (self._interrupted and self._saved_position == self._position):
@@ -375,6 +397,7 @@ class Trainer:
             raise
         finally:
             self._signals = None
+            self.log.close()
         if self._interrupted and not self._finished():
             self.log.write(event="interrupted", epoch=self.epoch, step=self.step)
             raise RunInterrupted(self._interrupted_line())
@@ -383,13 +406,55 @@ class Trainer:
         return summary
 
     def _end_epoch(self, stats: dict) -> None:
-        record = {"epoch": self.epoch + 1, **({"step": self.step} if self._stepwise else {}), **stats,
-                  **self.evaluate_epoch()}
+        scores = self._scores_at_this_step() or self.evaluate_epoch()
+        record = {"epoch": self.epoch + 1, **({"step": self.step} if self._stepwise else {}), **stats, **scores}
+        previous = self._last_epoch_record()
         self.history.append(record)
         self.log.write(event="epoch", **self.epoch_log_fields(), **record)
         logger.info(self.format_epoch(record))
+        self._hint_if_worse(previous, record)
         self.epoch += 1
         self.step_in_epoch = 0
+
+    def _scores_at_this_step(self) -> dict:
+        """The scores of an evaluation made at this very step (`--eval-every` landing on an
+        epoch's last step), taken out of the history for the epoch's record: {} if none."""
+        if self.history and self.history[-1].get("partial") and self.history[-1].get("step") == self.step:
+            last = self.history.pop()
+            return {k: v for k, v in last.items() if k not in ("epoch", "step", "partial")}
+        return {}
+
+    def _last_epoch_record(self) -> dict | None:
+        return next((r for r in reversed(self.history) if not r.get("partial")), None)
+
+    def evaluate_now(self) -> None:
+        """Validation in the middle of an epoch (every `eval_every` steps, and where
+        `max_steps` ends a run): an `eval` record, a line, and the history's latest scores.
+        Its time is not training time. Once per step: nothing when this step has scores."""
+        if not self._stepwise or (self.history and self.history[-1].get("step") == self.step):
+            return
+        self.read_losses()
+        scores = self.evaluate_epoch()
+        self._t_last = time.perf_counter()
+        if not scores:
+            return
+        record = {"epoch": self.epoch + 1, "step": self.step, "partial": True, **scores}
+        self.history.append(record)
+        self.log.write(event="eval", **self.epoch_log_fields(), **record)
+        logger.info(f"step {self.step}, {self.format_epoch(record)} (epoch in progress)")
+
+    def _hint_if_worse(self, previous: dict | None, record: dict) -> None:
+        """One line when an epoch's headline score (`headline`) is worse than the previous
+        epoch's: a further epoch overfits more often than not (CTR models above all)."""
+        if self.headline is None or previous is None:
+            return
+        key, higher_is_better, advice = self.headline
+        before, now = previous.get(key), record.get(key)
+        if not isinstance(before, (int, float)) or not isinstance(now, (int, float)):
+            return
+        if (now < before) if higher_is_better else (now > before):
+            logger.warning(f"{key} went from {before:.4f} after epoch {previous['epoch']} to {now:.4f} after epoch "
+                           f"{record['epoch']}: {advice}")
 
     @property
     def _stepwise(self) -> bool:
@@ -476,6 +541,9 @@ class Trainer:
         self.step_in_epoch += 1
         if not self.pipelined or self.step % self._log_every == 0:
             self.read_losses()
+        eval_every = getattr(self.cfg, "eval_every", None)
+        if eval_every and self.step % eval_every == 0:
+            self.evaluate_now()
         if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
             self.save()
             self._t_last = time.perf_counter()

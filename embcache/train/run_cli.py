@@ -51,6 +51,13 @@ def add_run_arguments(p: argparse.ArgumentParser, kind: str, *, epochs: int, epo
         p.add_argument("--log-every", type=positive_int, default=LOG_EVERY, metavar="N",
                        help="steps between two step records of the metrics log; a pipelined trainer (dlrm) "
                             "reads its losses from the device and refreshes the progress bar this often")
+    p.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="also write the metrics as TensorBoard scalars to DIR (loss, samples/s and the trainer's "
+                        "own, e.g. hit rate, every --log-every steps; validation scores per epoch); "
+                        "watch with `tensorboard --logdir DIR` (default: none)")
+    if stepwise:
+        p.add_argument("--eval-every", type=positive_int, default=None, metavar="N",
+                       help="also validate every N steps (default: at each epoch's end, and at --max-steps)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     if stepwise:
         p.add_argument("--dist-timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",

@@ -30,6 +30,7 @@ class RunConfig:
             refused, so that no run is lost to a forgotten `resume`.
         metrics_out: JSON-lines metrics log (appended, so a resumed run continues it).
         progress: show a progress bar.
+        tensorboard: also write the metrics log's numbers as TensorBoard scalars here.
     """
 
     device: str | None = None
@@ -40,6 +41,7 @@ class RunConfig:
     metrics_out: str | None = None
     progress: bool = True
     overwrite: bool = False
+    tensorboard: str | None = None
 
     def resolved_device(self) -> torch.device:
         """`device` as a torch.device; ValueError in one line for a bad or absent one."""
@@ -60,9 +62,12 @@ class StepRunConfig(RunConfig):
             trainer reads its losses from the device (and refreshes the bar) this often.
         dist_timeout: under torchrun, seconds a rank waits for the others in a collective
             before it stops with one line (a rank died or hung).
+        eval_every: validate every this many steps as well (None: at each epoch's end and
+            where `max_steps` stops the run).
     """
 
     max_steps: int | None = None
     checkpoint_every: int = 200
     dist_timeout: float = DEFAULT_TIMEOUT_S
     log_every: int = LOG_EVERY
+    eval_every: int | None = None
