@@ -33,7 +33,7 @@ TRAIN_DESCRIPTION = (
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
-    from embcache.train.cf_config import CFTrainConfig
+    from embcache.train.cf_config import MODEL_FLAGS, CFTrainConfig
 
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -66,8 +66,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
-# the model's flags (the seed is the run's), and what one means when it is not given
-MODEL_FLAGS = ("model", "dim", "negatives", "negatives_from", "margin", "neg_weight", "gamma", "history")
+# what a model flag (or --seed) means when it is not given
 FROM_SAVED = "(default: {default}, or the --load file's / checkpoint's)"
 
 

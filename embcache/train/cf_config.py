@@ -18,7 +18,7 @@ from embcache.arg_types import (
 )
 from embcache.data.cf.interactions import TEST_FRACTION
 from embcache.data.cf.sources import DATA_CHOICES
-from embcache.settings_fields import inherit, setting
+from embcache.settings_fields import has_flag, inherit, setting
 from embcache.train.run_config import THREADS_DEFAULT, RunConfig
 
 ENGINES = ("heat", "torch")
@@ -142,3 +142,7 @@ class CFTrainConfig(RunConfig):
 
     def torch_options(self) -> TorchOptions:
         return TorchOptions(lr=self.lr, batch_size=self.batch_size, threads=self.resolved_threads())
+
+
+# the model's settings that are flags (the seed is the run's: `RunConfig`)
+MODEL_FLAGS = tuple(f.name for f in fields(CFTrainConfig) if f.name in MODEL_SETTINGS and f.name != "seed" and has_flag(f))
