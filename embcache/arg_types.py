@@ -96,19 +96,6 @@ def memory_size(text: str) -> int:
 memory_size.__name__ = "memory size"
 
 
-def option_names(fields, renamed: dict[str, str] | None = None, unflagged=()) -> dict[str, str]:
-    """Config field -> the option a user types for it, for messages in their words:
-    `--field-name`, or `renamed[field]`; fields in `unflagged` (no option sets them) keep
-    their own name.
-
-    Example:
-        >>> option_names(["sparse_lr", "batch_size", "init_std"], {"sparse_lr": "--lr"}, ["init_std"])
-        {'sparse_lr': '--lr', 'batch_size': '--batch-size', 'init_std': 'init_std'}
-    """
-    renamed = renamed or {}
-    return {f: renamed.get(f, f if f in unflagged else "--" + f.replace("_", "-")) for f in fields}
-
-
 class DefaultsHelpFormatter(argparse.HelpFormatter):
     """argparse's help with every option's default: "(default: X)" is added to an option's
     help (an option without help gets it too, unlike `ArgumentDefaultsHelpFormatter`),

@@ -33,7 +33,7 @@ from embcache.cache.optimizers import TORCH_EQUIVALENTS, torch_equivalent
 from embcache.device import resolve_device
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
 from embcache.threads import set_threads
-from embcache.train.run_cli import add_threads_argument
+from embcache.train.run_cli import add_device_argument, add_threads_argument
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -57,7 +57,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--dim", type=int, default=16, help="embedding dim of the timing run")
     p.add_argument("--optimizers", nargs="+", default=["sgd", "adagrad"],
                    choices=list(TORCH_EQUIVALENTS))
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    add_device_argument(p)
     p.add_argument("--parts", nargs="+", choices=["hit-rate", "timing"], default=["hit-rate", "timing"],
                    help="what to measure (both by default; each part is side by side within itself)")
     p.add_argument("--seed", type=int, default=0)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from embcache.bench.common import DEFAULT_RESULTS_DIR, REPO_ROOT, write_json
-from embcache.train.run_cli import add_threads_argument
+from embcache.train.run_cli import add_device_argument, add_threads_argument
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -29,7 +29,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--batch-size", type=int, default=4096)
     p.add_argument("--embedding-dim", type=int, default=16)
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    add_device_argument(p)
     p.add_argument("--data-cache", default=str(REPO_ROOT / "datasets"))
     p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR))
     p.add_argument("--name", default="dlrm")

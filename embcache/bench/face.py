@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from embcache.device import resolve_device
+from embcache.train.run_cli import add_device_argument
 
 DEFAULT_CLASSES = (10**4, 10**5, 10**6, 10**7)
 VARIANTS = (("fc", None), ("pfc", 0.1), ("dcp", 0.01), ("dcp", 0.1))
@@ -44,7 +45,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="timed steps per configuration (after one warm-up)")
     p.add_argument("--max-gib", type=float, default=6.0, help="skip configurations whose persistent state exceeds this")
     p.add_argument("--threads", type=int, default=1, help="torch and numba threads (1 keeps ratios stable on a shared machine)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    add_device_argument(p)
     p.add_argument("--accuracy-classes", type=int, default=2000, help="identities of the accuracy task (0: skip it)")
     p.add_argument("--accuracy-epochs", type=int, default=10)
     p.add_argument("--out-dir", default=None, help="default bench/results")

@@ -40,7 +40,7 @@ from embcache.device import resolve_device
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
 from embcache.nn.dlrm_arch import DLRMDense
 from embcache.threads import set_threads
-from embcache.train.run_cli import add_threads_argument
+from embcache.train.run_cli import add_device_argument, add_threads_argument
 
 NUM_DENSE = 13
 NUM_TABLES = len(CRITEO_KAGGLE_CARDINALITIES)
@@ -60,7 +60,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--prefetch-depth", type=int, default=1, help="batches prefetched ahead (0: none)")
     p.add_argument("--no-profile", action="store_true", help="skip the profiler summary (CUDA only)")
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    add_device_argument(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR), help="results directory")
     p.add_argument("--name", default="gpu", help="results file stem")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -21,102 +20,14 @@ import numpy as np
 from cpu_kernels.heat import HeatEngine, HeatOptions, compile_kernels, max_threads
 from cpu_kernels.model import CFConfig, CFParams, histories
 from cpu_kernels.torch_reference import TorchEngine, TorchOptions
-from embcache.arg_types import option_names
-from embcache.data.cf.interactions import TEST_FRACTION, Interactions
+from embcache.data.cf.interactions import Interactions
 from embcache.errors import CheckpointError, DataFormatError
+from embcache.settings_fields import option_names
+from embcache.train.cf_config import ENGINE_SETTINGS, ENGINES, MODEL_SETTINGS, CFTrainConfig  # noqa: F401 (users import it here)
 from embcache.train.cf_eval import evaluate_params
-from embcache.threads import default_threads
-from embcache.train.run import RunConfig, Trainer, check_loss
+from embcache.train.run import Trainer, check_loss
 
 logger = logging.getLogger(__name__)
-
-ENGINES = ("heat", "torch")
-MODEL_SETTINGS = tuple(f.name for f in fields(CFConfig))  # the seed is the run's
-ENGINE_SETTINGS = {"heat": ("lr", "tile", "refresh", "w_sync", "kernel", "user_run"), "torch": ("lr", "batch_size")}
-
-
-@dataclass
-class CFTrainConfig(RunConfig):
-    """Everything a cf run depends on; stored in every checkpoint. Defaults come from
-    `CFConfig` (model), `HeatOptions` and `TorchOptions` (engines); the run settings
-    (seed, epochs, checkpoints, resume, metrics, progress) are `RunConfig`'s.
-
-    Args:
-        data: "ml-100k", "synthetic", a LightGCN directory or a MovieLens ratings file;
-            split, test_fraction, split_seed, min_rating and synthetic_* shape it (see
-            `embcache.data.cf.sources.read_interactions`).
-        model ... init_std: the model (`CFConfig`); `seed` seeds it too.
-        engine: "heat" (numba SGD kernels) or "torch" (batched reference, Adam).
-        lr: the engine's learning rate (None: its default).
-        threads: CPU threads of the engine and the evaluation (None: the cores this process
-            may use, `embcache.threads.default_threads`).
-        tile, refresh, w_sync, kernel, user_run: HEAT's (`HeatOptions`); batch_size: torch's.
-        eval_every, ks, topk: evaluation every N epochs (and after the last), Recall@k and
-            NDCG@k cut-offs, top-k back-end.
-        load: start from these saved embeddings instead of fresh rows.
-    """
-
-    device: str | None = "cpu"
-    epochs: int = 20
-    data: str = "ml-100k"
-    split: str = "random"
-    test_fraction: float = TEST_FRACTION
-    split_seed: int = 0
-    min_rating: int = 0
-    synthetic_users: int = 30_000
-    synthetic_items: int = 40_000
-    synthetic_interactions: int = 1_000_000
-    skip_bad_lines: bool = False
-    model: str = CFConfig.model
-    dim: int = CFConfig.dim
-    negatives: int = CFConfig.negatives
-    negatives_from: str = CFConfig.negatives_from
-    margin: float = CFConfig.margin
-    neg_weight: float = CFConfig.neg_weight
-    gamma: float = CFConfig.gamma
-    history: int = CFConfig.history
-    init_std: float = CFConfig.init_std
-    engine: str = "heat"
-    lr: float | None = None
-    threads: int | None = None
-    tile: int = HeatOptions.tile
-    refresh: int = HeatOptions.refresh
-    w_sync: int = HeatOptions.w_sync
-    kernel: str = HeatOptions.kernel
-    user_run: int = HeatOptions.user_run
-    batch_size: int = TorchOptions.batch_size
-    eval_every: int = 1
-    ks: tuple[int, ...] = (20,)
-    topk: str = "auto"
-    load: str | None = None
-
-    def __post_init__(self):
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, not {self.engine!r}")
-        if self.lr is None:  # resolved here, so that a checkpoint records the rate used
-            self.lr = HeatOptions.lr if self.engine == "heat" else TorchOptions.lr
-        self.ks = tuple(self.ks)
-
-    @classmethod
-    def for_model(cls, config: CFConfig, **settings) -> "CFTrainConfig":
-        """The run of `config`'s model (its seed included) with the other `settings`; a
-        model setting among them (the negative rule, say) replaces the config's."""
-        return cls(**({name: getattr(config, name) for name in MODEL_SETTINGS} | settings))
-
-    def model_config(self) -> CFConfig:
-        return CFConfig(**{name: getattr(self, name) for name in MODEL_SETTINGS})
-
-    def resolved_threads(self) -> int:
-        """`threads`, or the default: the cores this process may use
-        (`embcache.threads.default_threads`), at most the threads numba has."""
-        return self.threads or min(default_threads(), max_threads())
-
-    def heat_options(self) -> HeatOptions:
-        return HeatOptions(lr=self.lr, threads=self.resolved_threads(), tile=self.tile, refresh=self.refresh,
-                           w_sync=self.w_sync, kernel=self.kernel, user_run=self.user_run)
-
-    def torch_options(self) -> TorchOptions:
-        return TorchOptions(lr=self.lr, batch_size=self.batch_size, threads=self.resolved_threads())
 
 
 def load_interactions(cfg: CFTrainConfig) -> Interactions:
@@ -225,8 +136,8 @@ class CFTrainer(Trainer):
         self.engine = make_engine(cfg.engine, self.params, self.data, cfg.heat_options(), cfg.torch_options())
         self.threads = cfg.resolved_threads()
 
-    setting_names = option_names((*MODEL_SETTINGS, "engine", *{n for e in ENGINE_SETTINGS.values() for n in e}),
-                                 unflagged=("init_std",))
+    setting_names = option_names(CFTrainConfig, (*MODEL_SETTINGS, "engine",
+                                                 *{n for e in ENGINE_SETTINGS.values() for n in e}))
 
     @property
     def must_match(self) -> tuple[str, ...]:

@@ -10,22 +10,14 @@ import argparse
 import json
 from pathlib import Path
 
-from embcache.arg_types import (
-    DefaultsHelpFormatter,
-    finite_float,
-    fraction,
-    non_negative_float,
-    non_negative_int,
-    open_fraction,
-    positive_float,
-    positive_int,
-)
+from embcache.arg_types import DefaultsHelpFormatter
 from embcache.errors import UserFacingError
+from embcache.settings_fields import add_config_arguments, config_values
+from embcache.train.cf_config import negatives_count  # noqa: F401 (its home before)
 from embcache.train.run_cli import (
     add_threads_argument,
     apply_threads,
     add_run_arguments,
-    config_values,
     print_summary,
     refuse_existing_run,
     run_rows,
@@ -41,21 +33,24 @@ TRAIN_DESCRIPTION = (
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
+    from embcache.train.cf_config import MODEL_FLAGS, CFTrainConfig
+
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     fmt = DefaultsHelpFormatter
     p = sub.add_parser("train", help="train SimpleX / MF-CCL and evaluate after each epoch", formatter_class=fmt,
                        description=TRAIN_DESCRIPTION)
+    # the settings are CFTrainConfig's fields (`embcache.settings_fields`); a model setting left
+    # out is --load's file's or the checkpoint's, else the field's (`make_config`)
     _data_args(p)
-    _model_args(p)
-    _engine_args(p)
-    p.add_argument("--eval-every", type=positive_int, default=1, help="evaluate every N epochs (and after the last)")
-    p.add_argument("--save", default=None, metavar="FILE", help="write the embeddings (.npy, .npz or .parquet) (default: not saved)")
-    p.add_argument("--load", default=None, metavar="FILE", help="start from saved embeddings (and their settings) (default: fresh rows drawn from --seed)")
-    add_run_arguments(p, "cf", epochs=20, epochs_help="passes over the training pairs (0: only evaluate)",
-                      min_epochs=0, stepwise=False, device=False, threads=False, seed=None,
-                      seed_help="initial rows, histories, order, negatives (default 0, or the --load file's / "
-                                "checkpoint's)")
+    add_config_arguments(p, CFTrainConfig, MODEL_FLAGS, unset=MODEL_FLAGS, unset_note=FROM_SAVED)
+    add_config_arguments(p, CFTrainConfig, ["engine", "lr", "threads", "tile", "refresh"])
+    p.add_argument("--no-tiling", action="store_true", help="heat: draw negatives from all items (--tile 0)")
+    add_config_arguments(p, CFTrainConfig, ["w_sync", "kernel", "user_run", "batch_size", "eval_every"])
+    p.add_argument("--save", default=None, metavar="FILE",
+                   help="write the embeddings (.npy, .npz or .parquet) (default: not saved)")
+    add_config_arguments(p, CFTrainConfig, ["load"])
+    add_run_arguments(p, CFTrainConfig, "cf", device=False, threads=False, unset=["seed"], unset_note=FROM_SAVED)
     p.set_defaults(func=train)
 
     e = sub.add_parser("evaluate", help="evaluate saved embeddings or a checkpoint", formatter_class=fmt,
@@ -71,97 +66,27 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
-    """The model's settings; None (not given) means the --load file's or the checkpoint's,
-    else the default shown."""
-    from cpu_kernels.model import MODELS, NEGATIVE_RULES, CFConfig
-
-    c = CFConfig()
-    p.add_argument("--model", choices=MODELS, default=None,
-                   help=f"simplex: user side g*u + (1-g)*W*mean(history); mf-ccl: the user row (default {c.model})")
-    p.add_argument("--dim", type=positive_int, default=None, help=f"embedding dimension (default {c.dim})")
-    p.add_argument("--negatives", type=negatives_count, default=None,
-                   help=f"K uniformly sampled negatives per training pair (default {c.negatives})")
-    p.add_argument("--negatives-from", choices=NEGATIVE_RULES, default=None,
-                   help=f"unseen: negatives are items the user has no training pair with; all: any item, the "
-                        f"rule before (default {c.negatives_from})")
-    p.add_argument("--margin", type=finite_float, default=None,
-                   help=f"m: negatives with cosine above m are pushed away (default {c.margin})")
-    p.add_argument("--neg-weight", type=non_negative_float, default=None,
-                   help=f"w: weight of the mean negative term (default {c.neg_weight})")
-    p.add_argument("--gamma", type=fraction, default=None,
-                   help=f"SimpleX: weight g of the user row against the history (default {c.gamma})")
-    p.add_argument("--history", type=non_negative_int, default=None,
-                   help=f"SimpleX: most history items per user, drawn once (default {c.history})")
-
-
-def negatives_count(text: str) -> int:
-    """--negatives is K, a count; the rule has its own flag, and a rule given here is told so."""
-    from cpu_kernels.model import NEGATIVE_RULES
-
-    if text in NEGATIVE_RULES:
-        raise argparse.ArgumentTypeError(f"is the number K of negatives; for the rule write --negatives-from {text}")
-    return positive_int(text)
-
-
-def _engine_args(p: argparse.ArgumentParser) -> None:
-    from cpu_kernels.options import KERNELS, HeatOptions, TorchOptions
-
-    h = HeatOptions()
-    p.add_argument("--engine", choices=("heat", "torch"), default="heat",
-                   help="heat: numba kernels (SGD); torch: batched PyTorch reference (Adam)")
-    p.add_argument("--lr", type=positive_float, default=None,
-                   help=f"learning rate (default {h.lr} for heat's SGD, {TorchOptions.lr:g} for torch's Adam)")
-    add_threads_argument(p, "CPU threads of the engine and the evaluation")
-    p.add_argument("--tile", type=non_negative_int, default=h.tile,
-                   help="heat: items per thread tile that negatives are drawn from (sized for a private L2); "
-                        "0: untiled, as --no-tiling")
-    p.add_argument("--refresh", type=positive_int, default=h.refresh,
-                   help="heat: samples between two tiles of a thread")
-    p.add_argument("--no-tiling", action="store_true", help="heat: draw negatives from all items")
-    p.add_argument("--w-sync", type=positive_int, default=h.w_sync,
-                   help="heat, SimpleX: samples between two applications of a thread's W gradient")
-    p.add_argument("--kernel", choices=KERNELS, default=h.kernel,
-                   help="heat: runs (SimpleX's user side once per run of a user's samples) or sample (every "
-                        "sample its own user side, in a plain shuffle: the kernel before runs)")
-    p.add_argument("--user-run", type=positive_int, default=h.user_run,
-                   help="heat --kernel runs, SimpleX: most samples of one user in a run (1: a plain shuffle)")
-    p.add_argument("--batch-size", type=positive_int, default=TorchOptions.batch_size,
-                   help="torch: training pairs per Adam step")
+# what a model flag (or --seed) means when it is not given
+FROM_SAVED = "(default: {default}, or the --load file's / checkpoint's)"
 
 
 def _data_args(p: argparse.ArgumentParser) -> None:
-    from embcache.data.cf.sources import DATA_CHOICES
+    from embcache.train.cf_config import DATA_SETTINGS, CFTrainConfig
 
-    p.add_argument("--data", default="ml-100k", help=DATA_CHOICES)
-    p.add_argument("--split", choices=("random", "time"), default="random",
-                   help="ratings only: per user, a seeded random 20 %% or the latest 20 %% is the test set")
-    p.add_argument("--test-fraction", type=open_fraction, default=0.2,
-                   help="ratings and synthetic: test share per user, strictly between 0 and 1")
-    p.add_argument("--split-seed", type=non_negative_int, default=0,
-                   help="ratings and synthetic: seed of the split and data")
-    p.add_argument("--min-rating", type=non_negative_int, default=0, help="ratings: keep ratings >= this (0: all)")
-    p.add_argument("--synthetic-users", type=positive_int, default=30_000)
-    p.add_argument("--synthetic-items", type=positive_int, default=40_000)
-    p.add_argument("--synthetic-interactions", type=positive_int, default=1_000_000)
-    p.add_argument("--skip-bad-lines", action="store_true",
-                   help="skip and count malformed input lines instead of stopping at the first")
-    p.add_argument("-k", "--k", type=positive_int, nargs="+", default=[20], help="cut-offs of Recall@k and NDCG@k")
-    p.add_argument("--topk", choices=("auto", "torch", "faiss"), default="auto", help="top-k back-end")
+    add_config_arguments(p, CFTrainConfig, DATA_SETTINGS)
 
 
 def data_config(args):
     """A `CFTrainConfig` holding only what --data and its options say (for reading the data)."""
-    from embcache.train.cf import CFTrainConfig
+    from embcache.train.cf_config import DATA_SETTINGS, CFTrainConfig
 
-    names = ("data", "split", "test_fraction", "split_seed", "min_rating", "synthetic_users", "synthetic_items",
-             "synthetic_interactions", "skip_bad_lines")
-    return CFTrainConfig(**{n: getattr(args, n) for n in names}, ks=tuple(args.k), topk=args.topk)
+    values = config_values(args, CFTrainConfig)
+    return CFTrainConfig(**{n: values[n] for n in DATA_SETTINGS})
 
 
 def saved_model_settings(args) -> dict:
     """The model settings of --load's file or --resume's checkpoint ({} without either)."""
-    from embcache.train.cf import MODEL_SETTINGS
+    from embcache.train.cf_config import MODEL_SETTINGS
 
     if args.load:
         from dataclasses import asdict
@@ -186,13 +111,13 @@ def saved_model_settings(args) -> dict:
 def make_config(args):
     """The run's `CFTrainConfig`: model settings from the flags given, else from --load's
     file or the checkpoint, else the defaults."""
-    from embcache.train.cf import MODEL_SETTINGS, CFTrainConfig
+    from embcache.train.cf_config import MODEL_SETTINGS, CFTrainConfig
 
     values = config_values(args, CFTrainConfig)
     model = saved_model_settings(args)
     model.update({k: values[k] for k in MODEL_SETTINGS if values.get(k) is not None})
     values = {k: v for k, v in values.items() if k not in MODEL_SETTINGS or v is not None}
-    return CFTrainConfig(**{**values, **model, "ks": tuple(args.k), "tile": 0 if args.no_tiling else args.tile})
+    return CFTrainConfig(**{**values, **model, "tile": 0 if args.no_tiling else args.tile})
 
 
 def train(args) -> int:

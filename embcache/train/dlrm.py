@@ -51,7 +51,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embcache.arg_types import option_names
 from embcache.cache.optimizers import TORCH_EQUIVALENTS, torch_equivalent
 from embcache.data.loader import Batch, CTRBatches, lookahead_window
 from embcache.distributed import placement, table_checkpoint
@@ -61,6 +60,7 @@ from embcache.distributed.world import all_sum, current, gather_objects
 from embcache.errors import CheckpointError
 from embcache.nn.cached_collection import CachedEmbeddingBagCollection, group_tables
 from embcache.nn.sparse_types import HAVE_TORCHREC, TORCHREC_ERROR, EmbeddingBagConfig
+from embcache.settings_fields import option_names
 from embcache.train.dlrm_eval import binary_metrics
 from embcache.train.dlrm_config import (  # noqa: F401 (their home before; importers use them from here)
     ARCHS,
@@ -294,7 +294,7 @@ class DLRMTrainer(Trainer):
 
     kind = "dlrm"
     must_match = RESUME_MUST_MATCH
-    setting_names = option_names(RESUME_MUST_MATCH + CACHE_SETTINGS, {"sparse_lr": "--lr"})
+    setting_names = option_names(DLRMConfig, RESUME_MUST_MATCH + CACHE_SETTINGS)
     headline = ("auc", True, "a further epoch over the same data often overfits a CTR model (one epoch is "
                              "usual); keep --epochs at the best one, or lower --lr")
 

@@ -6,12 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
-from embcache.arg_types import DefaultsHelpFormatter, fraction, int_in, memory_size, positive_float, positive_int, ratio
+from embcache.arg_types import DefaultsHelpFormatter, memory_size, positive_float, positive_int
 from embcache.errors import UserFacingError
+from embcache.settings_fields import add_config_arguments, config_values
 from embcache.train.run_cli import (
     apply_threads,
     add_run_arguments,
-    config_values,
     print_summary,
     refuse_existing_run,
     run_launched,
@@ -22,10 +22,8 @@ REPO_DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
-    from embcache.cache.choices import OPTIMIZERS
-    from embcache.train.dlrm_config import ARCHS, MAX_PREFETCH_DEPTH, SPARSE_MODES, DLRMConfig
+    from embcache.train.dlrm_config import DLRMConfig
 
-    d = DLRMConfig()
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     p = sub.add_parser("train", help="train (and evaluate) a DLRM",
@@ -34,9 +32,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                                    "sparse part. Progress bar "
                                    "shows loss, samples/s and the live cache hit rate; validation "
                                    "AUC and log loss after each epoch; a summary at the end.")
-    p.add_argument("--data", default=d.data,
-                   help="'synthetic' (Criteo-shaped, generated on first use), 'ml-100k' "
-                        "(MovieLens-100k as CTR), or a directory with meta.json")
+    # the settings are DLRMConfig's fields (`embcache.settings_fields`); the flags declared here
+    # are the command's own: where the built-in data is made, and shorthands
+    add_config_arguments(p, DLRMConfig, ["data"])
     p.add_argument("--data-cache", default=str(REPO_DATASETS),
                    help="where 'synthetic' and 'ml-100k' are prepared")
     p.add_argument("--synthetic-rows", type=positive_int, default=200_000,
@@ -44,39 +42,17 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--synthetic-scale", type=positive_float, default=0.1,
                    help="multiplies Criteo Kaggle's cardinalities for the synthetic set "
                         "(0.1: 3.4 M embedding rows, so the 1.5 %% cache holds 51 k)")
-    p.add_argument("--sparse", choices=SPARSE_MODES, default=d.sparse,
-                   help="cached tables, whole tables on the device, or whole tables on the host")
-    _add_cache_size(p, d.cache_ratio)
-    _add_cache_options(p, d)
-    p.add_argument("--sparse-optimizer", choices=OPTIMIZERS, default=d.sparse_optimizer)
-    p.add_argument("--lr", type=positive_float, default=d.sparse_lr, help="learning rate of the embeddings")
-    p.add_argument("--dense-lr", type=positive_float, default=d.dense_lr, help="learning rate of the MLPs (Adagrad)")
-    p.add_argument("--embedding-dim", type=positive_int, default=d.embedding_dim)
-    p.add_argument("--dense-arch", type=positive_int, nargs="+", default=d.dense_arch,
-                   help="hidden sizes of the bottom MLP (the embedding dim is appended)")
-    p.add_argument("--over-arch", type=positive_int, nargs="+", default=d.over_arch,
-                   help="hidden sizes of the top MLP (the output 1 is appended)")
-    p.add_argument("--batch-size", type=positive_int, default=d.batch_size)
-    p.add_argument("--arch", choices=ARCHS, default=d.arch,
-                   help="the model: torchrec's DLRM, the same model in plain torch (same parameters, same "
-                        "results to the bit; no torchrec needed), or auto: torchrec where it is installed")
-    add_run_arguments(p, "dlrm", epochs=d.epochs, epochs_help="passes over the training split",
-                      checkpoint_every=d.checkpoint_every)
-    ahead = p.add_mutually_exclusive_group()
-    ahead.add_argument("--prefetch-depth", type=int_in(0, MAX_PREFETCH_DEPTH), default=d.prefetch_depth,
-                       metavar="D", help=f"batches whose rows are prefetched while the current one trains "
-                                         f"(0 to {MAX_PREFETCH_DEPTH}; 0: none)")
+    add_config_arguments(p, DLRMConfig, ["sparse", "cache_ratio"])
+    p.add_argument("--device-memory", type=memory_size, default=None, metavar="SIZE",
+                   help="with --cache-ratio auto: device memory the cache may use, e.g. 16GiB "
+                        "(default: the CUDA device's free memory, else 16 GiB)")
+    add_config_arguments(p, DLRMConfig, ["eviction", "warmup_ratio", "admission", "host_store", "row_dtype",
+                                         "row_rounding", "sparse_optimizer", "sparse_lr", "dense_lr", "embedding_dim",
+                                         "dense_arch", "over_arch", "batch_size", "arch"])
+    add_run_arguments(p, DLRMConfig, "dlrm")
+    ahead = add_config_arguments(p, DLRMConfig, ["prefetch_depth"])["prefetch"]
     ahead.add_argument("--no-prefetch", action="store_true", help="do not prefetch (--prefetch-depth 0)")
-    p.add_argument("--no-pipeline", action="store_true",
-                   help="the synchronous loop: read the loss at every step and the batches in the training "
-                        "thread (the same results to the bit, slower; default: losses read every --log-every "
-                        "steps, batches read, decoded and pinned in a background thread)")
-    p.add_argument("--compile", action="store_true",
-                   help="the dense part (bottom MLP, interaction, top MLP) under torch.compile; the cache stays "
-                        "eager. Results agree with eager to rounding, not to the bit; the first steps compile")
-    p.add_argument("--row-wise-rows", type=positive_int, default=None, metavar="N",
-                   help="under torchrun: split a table with more than N rows by rows over all ranks "
-                        "(default: a table holding more than its fair share, all rows / ranks)")
+    add_config_arguments(p, DLRMConfig, ["pipeline", "compile", "row_wise_rows"])
     p.set_defaults(func=train)
 
     _add_evaluate_parser(sub)
@@ -84,28 +60,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _add_cache_options(p: argparse.ArgumentParser, d) -> None:
-    """How the cache chooses its rows, and where and how the full tables are stored."""
-    from embcache.cache.choices import POLICIES
-
-    p.add_argument("--eviction", choices=POLICIES, default=d.eviction)
-    p.add_argument("--warmup-ratio", type=fraction, default=d.warmup_ratio,
-                   help="fraction of the cache filled with the hottest ids before training")
-    p.add_argument("--admission", action="store_true",
-                   help="admission control (freq, lfu): a missed row colder than the row it would evict is "
-                        "served beside the cache for the step; results are unchanged, the hit rate rises "
-                        "most where a batch needs more rows than the cache holds")
-    p.add_argument("--host-store", type=host_store, default=d.host_store, metavar="memory|mmap:DIR",
-                   help="where the full tables and optimizer state live: host memory, or files under DIR "
-                        "mapped into memory (the page cache is the RAM tier: tables larger than memory)")
-    p.add_argument("--row-dtype", choices=("float32", "float16", "bfloat16"), default=d.row_dtype,
-                   help="how embedding rows are stored (host and cache); optimizer state stays float32")
-    p.add_argument("--row-rounding", choices=("nearest", "stochastic"), default=d.row_rounding,
-                   help="how float16/bfloat16 rows are rounded when an update is written")
-
-
 def _add_evaluate_parser(sub) -> None:
-    from embcache.train.dlrm_config import ARCHS
+    from embcache.train.dlrm_config import DLRMConfig
 
     e = sub.add_parser("evaluate", help="AUC and log loss of a checkpoint on the test (or val) split",
                        formatter_class=DefaultsHelpFormatter,
@@ -117,9 +73,7 @@ def _add_evaluate_parser(sub) -> None:
                                       "(or the last.pt of earlier versions)")
     e.add_argument("--split", choices=("test", "val"), default="test")
     e.add_argument("--data", default=None, help="prepared data directory (default: the checkpoint's)")
-    e.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    e.add_argument("--arch", choices=ARCHS, default="auto",
-                   help="the model to evaluate in (either reads a checkpoint of the other)")
+    add_config_arguments(e, DLRMConfig, ["device", "arch"])  # arch: not the checkpoint's, the model to evaluate in
     e.set_defaults(func=evaluate)
 
 
@@ -147,33 +101,6 @@ def _export(args) -> int:
     from embcache.train.dlrm_export import export_command
 
     return export_command(args)
-
-
-def host_store(text: str) -> str:
-    """`--host-store`: "memory" or "mmap:DIR" (argparse's one-line error otherwise)."""
-    if text == "memory" or (text.startswith("mmap:") and len(text) > len("mmap:")):
-        return text
-    raise argparse.ArgumentTypeError(f"must be 'memory' or 'mmap:DIR', not {text!r}")
-
-
-def _add_cache_size(p: argparse.ArgumentParser, default: float) -> None:
-    """--cache-ratio (a number, or `auto`) and the --device-memory that `auto` sizes for."""
-    p.add_argument("--cache-ratio", type=cache_ratio, default=default,
-                   help="fraction of all embedding rows kept on the device, or 'auto': the smallest whose "
-                        "predicted hit rate (`embcache cache plan`, from the id counts) is within 1 point of "
-                        "the largest cache that fits --device-memory")
-    p.add_argument("--device-memory", type=memory_size, default=None, metavar="SIZE",
-                   help="with --cache-ratio auto: device memory the cache may use, e.g. 16GiB "
-                        "(default: the CUDA device's free memory, else 16 GiB)")
-
-
-def cache_ratio(text: str) -> float | str:
-    """`--cache-ratio`: a ratio in (0, 1], or `auto` (sized by the cache planner once the
-    data is known)."""
-    return "auto" if text == "auto" else ratio(text)
-
-
-cache_ratio.__name__ = "cache ratio"
 
 
 def _auto_cache_ratio(args, cfg, data_dir: Path) -> float:
@@ -255,9 +182,8 @@ def _prepared_once(args) -> Path:
 def train(args) -> int:
     from embcache.train.dlrm import DLRMConfig, DLRMTrainer
 
-    cfg = DLRMConfig(**{**config_values(args, DLRMConfig), "sparse_lr": args.lr,
-                        "prefetch_depth": 0 if args.no_prefetch else args.prefetch_depth,
-                        "pipeline": not args.no_pipeline})
+    cfg = DLRMConfig(**{**config_values(args, DLRMConfig), "prefetch_depth": 0 if args.no_prefetch
+                        else args.prefetch_depth})
     try:
         cfg.resolved_device()
         refuse_existing_run(args, "dlrm")

@@ -3,44 +3,117 @@ trainer (`embcache.train.dlrm`) so that `embcache dlrm --help` shows them withou
 torch."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import argparse
+from dataclasses import dataclass
 
+from embcache.arg_types import fraction, int_in, positive_float, positive_int, ratio
+from embcache.cache.choices import OPTIMIZERS, POLICIES
+from embcache.settings_fields import inherit, setting
 from embcache.train.run_config import StepRunConfig
 
 SPARSE_MODES = ("cached", "device", "host")
 ARCHS = ("auto", "torchrec", "torch")
 MAX_PREFETCH_DEPTH = 4  # batches prefetched ahead at most (the cache keeps up to 8 pending: none is dropped)
 TABLE_FORMATS = ("npy", "parquet")  # how `embcache dlrm export` writes the tables
+ROW_DTYPES = ("float32", "float16", "bfloat16")
+ROW_ROUNDINGS = ("nearest", "stochastic")
+
+
+def cache_ratio_value(text: str) -> float | str:
+    """`--cache-ratio`: a ratio in (0, 1], or `auto` (sized by the cache planner once the
+    data is known)."""
+    return "auto" if text == "auto" else ratio(text)
+
+
+cache_ratio_value.__name__ = "cache ratio"
+
+
+def host_store_spec(text: str) -> str:
+    """`--host-store`: "memory" or "mmap:DIR", as the host store itself checks it
+    (`embcache.cache.host_store.parse_host_store`: the one place the spec is read), with
+    argparse's one-line error for anything else."""
+    from embcache.cache.host_store import parse_host_store  # torch: only once a command line is parsed
+
+    try:
+        parse_host_store(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
 
 
 @dataclass
 class DLRMConfig(StepRunConfig):
     """Everything a run depends on; stored in every checkpoint. The run settings (device,
-    seed, epochs, max_steps, checkpoints, resume, metrics, progress) are `StepRunConfig`'s."""
+    seed, epochs, max_steps, checkpoints, resume, metrics, progress) are `StepRunConfig`'s.
+    Each field's `help` is what `embcache dlrm train --help` shows; besides:
 
-    data: str = "synthetic"
-    sparse: str = "cached"
-    cache_ratio: float = 0.015
-    eviction: str = "freq"
-    warmup_ratio: float = 0.7
-    admission: bool = False
-    sparse_optimizer: str = "adagrad"
-    sparse_lr: float = 0.05
-    dense_lr: float = 0.05
-    embedding_dim: int = 16
-    dense_arch: list[int] = field(default_factory=lambda: [64])
-    over_arch: list[int] = field(default_factory=lambda: [64, 32])
-    batch_size: int = 2048
+    - `host_store` "mmap:DIR" keeps rank r's tables under DIR/rank<r> under torchrun.
+    - `prefetch` is earlier versions' switch: False is `prefetch_depth` 0 (their configs load).
+    - `pipeline` False is the synchronous loop: the loss is read at every step and the
+      batches in the training thread.
+    - `row_wise_rows` None splits, under torchrun, a table holding more than its fair share.
+    """
+
+    epochs: int = inherit(StepRunConfig, "epochs", help="passes over the training split")
+    data: str = setting("synthetic", help="'synthetic' (Criteo-shaped, generated on first use), 'ml-100k' "
+                                          "(MovieLens-100k as CTR), or a directory with meta.json")
+    sparse: str = setting("cached", choices=SPARSE_MODES,
+                          help="cached tables, whole tables on the device, or whole tables on the host")
+    cache_ratio: float = setting(
+        0.015, type=cache_ratio_value,
+        help="fraction of all embedding rows kept on the device, or 'auto': the smallest whose predicted hit rate "
+             "(`embcache cache plan`, from the id counts) is within 1 point of the largest cache that fits "
+             "--device-memory")
+    eviction: str = setting("freq", choices=POLICIES,
+                            help="which cached row gives way to a missed one: freq (the id's count in the training "
+                                 "data plus its count so far), lfu (its count so far) or lru (the least recently "
+                                 "used); ties go to the least recently used")
+    warmup_ratio: float = setting(0.7, type=fraction,
+                                  help="fraction of the cache filled with the hottest ids before training")
+    admission: bool = setting(False, help="admission control (freq, lfu): a missed row colder than the row it would "
+                                          "evict is served beside the cache for the step; results are unchanged, "
+                                          "the hit rate rises most where a batch needs more rows than the cache "
+                                          "holds")
+    sparse_optimizer: str = setting("adagrad", choices=OPTIMIZERS,
+                                    help="the embeddings' row-wise optimizer (its state is kept with each row)")
+    sparse_lr: float = setting(0.05, flag="--lr", type=positive_float, help="learning rate of the embeddings")
+    dense_lr: float = setting(0.05, type=positive_float, help="learning rate of the MLPs (Adagrad)")
+    embedding_dim: int = setting(16, type=positive_int, help="floats per embedding row")
+    dense_arch: list[int] = setting(default_factory=lambda: [64], type=positive_int, nargs="+",
+                                    help="hidden sizes of the bottom MLP (the embedding dim is appended)")
+    over_arch: list[int] = setting(default_factory=lambda: [64, 32], type=positive_int, nargs="+",
+                                   help="hidden sizes of the top MLP (the output 1 is appended)")
+    batch_size: int = setting(2048, type=positive_int,
+                              help="training samples per step (under torchrun: of all ranks together)")
     eval_batch_size: int = 8192
-    prefetch_depth: int = 1  # batches whose rows are prefetched ahead of the one training (0: none)
-    arch: str = "auto"  # the model: torchrec's DLRM (where it imports: auto) or the same in plain torch
-    prefetch: bool | None = None  # earlier versions' switch: False is prefetch_depth 0 (their configs load)
-    row_wise_rows: int | None = None  # under torchrun: split a table with more rows by rows (None: past a fair share)
-    host_store: str = "memory"  # or "mmap:DIR": the cached tables as memory-mapped files (rank r: DIR/rank<r>)
-    row_dtype: str = "float32"  # how cached rows are stored: float32 | float16 | bfloat16
-    row_rounding: str = "stochastic"  # how half-precision rows are rounded on write: nearest | stochastic
-    pipeline: bool = True  # losses read every log_every steps, batches read in a background thread (False: each step)
-    compile: bool = False  # the dense part under torch.compile (the cached collection stays eager)
+    prefetch_depth: int = setting(
+        1, type=int_in(0, MAX_PREFETCH_DEPTH), metavar="D", exclusive="prefetch",
+        help=f"batches whose rows are prefetched while the current one trains (0 to {MAX_PREFETCH_DEPTH}; 0: none)")
+    arch: str = setting("auto", choices=ARCHS,
+                        help="the model: torchrec's DLRM, the same model in plain torch (same parameters, same "
+                             "results to the bit; no torchrec needed; either reads the other's checkpoints), or "
+                             "auto: torchrec where it is installed")
+    prefetch: bool | None = None
+    row_wise_rows: int | None = setting(
+        None, type=positive_int, metavar="N",
+        help="under torchrun: split a table with more than N rows by rows over all ranks (default: a table "
+             "holding more than its fair share, all rows / ranks)")
+    host_store: str = setting(
+        "memory", type=host_store_spec, metavar="memory|mmap:DIR",
+        help="where the full tables and optimizer state live: host memory, or files under DIR mapped into memory "
+             "(the page cache is the RAM tier: tables larger than memory)")
+    row_dtype: str = setting("float32", choices=ROW_DTYPES,
+                             help="how embedding rows are stored (host and cache); optimizer state stays float32")
+    row_rounding: str = setting("stochastic", choices=ROW_ROUNDINGS,
+                                help="how float16/bfloat16 rows are rounded when an update is written")
+    pipeline: bool = setting(
+        True, flag="--no-pipeline",
+        help="the synchronous loop: read the loss at every step and the batches in the training thread (the same "
+             "results to the bit, slower; default: losses read every --log-every steps, batches read, decoded "
+             "and pinned in a background thread)")
+    compile: bool = setting(
+        False, help="the dense part (bottom MLP, interaction, top MLP) under torch.compile; the cache stays eager. "
+                    "Results agree with eager to rounding, not to the bit; the first steps compile")
 
     def __post_init__(self) -> None:
         # `prefetch` folded into the depth once, so that a later `replace(cfg, prefetch_depth=2)`

@@ -31,7 +31,6 @@ from pathlib import Path
 
 import torch
 
-from embcache.arg_types import option_names
 from embcache.data.face.loaders import PairBatch, PairBatches
 from embcache.distributed.data_parallel import data_parallel
 from embcache.distributed.global_norm import global_batch_norm
@@ -39,6 +38,7 @@ from embcache.distributed.world import all_sum, broadcast_object
 from embcache.nn.backbones import build_backbone
 from embcache.nn.heads import build_head
 from embcache.train.face_eval import embed, identification_top1, verification
+from embcache.settings_fields import option_names
 from embcache.train.face_config import MUST_MATCH, FaceConfig  # noqa: F401 (their home before)
 from embcache.train.run import Trainer
 
@@ -83,8 +83,7 @@ class FaceTrainer(Trainer):
     kind = "face"
     must_match = MUST_MATCH
     only_raised = ("epochs",)
-    setting_names = option_names(MUST_MATCH + only_raised,
-                                 unflagged=("momentum", "synthetic_dim", "synthetic_id_dim", "synthetic_noise"))
+    setting_names = option_names(FaceConfig, MUST_MATCH + only_raised)
 
     def __init__(self, cfg: FaceConfig, source=None):
         super().__init__(cfg, cfg.resolved_device())

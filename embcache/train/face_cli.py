@@ -6,21 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from embcache.arg_types import (
-    DefaultsHelpFormatter,
-    fraction,
-    int_in,
-    non_negative_float,
-    non_negative_int,
-    positive_float,
-    positive_int,
-    ratio,
-)
+from embcache.arg_types import DefaultsHelpFormatter
 from embcache.errors import UserFacingError
+from embcache.settings_fields import add_config_arguments, config_values
 from embcache.train.run_cli import (
     apply_threads,
     add_run_arguments,
-    config_values,
     print_summary,
     refuse_existing_run,
     run_launched,
@@ -29,10 +20,8 @@ from embcache.train.run_cli import (
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
-    from embcache.nn.choices import BACKBONES, HEADS, MARGINS
     from embcache.train.face_config import FaceConfig
 
-    d = FaceConfig()
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     fmt = DefaultsHelpFormatter
@@ -42,45 +31,20 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                                    "and identification top-1 on held-out identities after each epoch; a summary "
                                    "at the end. Checkpoints are atomic and include the pool and its LRU state; "
                                    "--resume continues exactly where a killed run stopped.")
-    p.add_argument("--data", default=d.data, help="'synthetic', an image folder (<dir>/<identity>/<image>), "
-                                                  "or a directory with train.rec and train.idx")
-    p.add_argument("--val", nargs="*", default=[], metavar="BIN",
-                   help="verification .bin files (lfw.bin, cfp_fp.bin, agedb_30.bin) evaluated after each epoch")
-    p.add_argument("--head", choices=HEADS, default=d.head,
-                   help="dcp: dynamic class pool; fc: one weight row per class; pfc: Partial FC")
-    p.add_argument("--num-classes", type=int_in(2), default=None,
-                   help=f"synthetic: number of training identities (default {d.num_classes}); real data: the label "
-                        f"space, labels must be below it (default there: max label + 1)")
-    p.add_argument("--pool-ratio", type=ratio, default=d.pool_ratio, help="dcp: pool slots as a fraction of classes")
-    p.add_argument("--sample-rate", type=ratio, default=d.sample_rate, help="pfc: class centres sampled per step")
-    p.add_argument("--backbone", choices=("auto",) + BACKBONES, default=d.backbone,
-                   help="auto: mlp for feature vectors, iresnet18 for images")
-    p.add_argument("--feat-dim", type=positive_int, default=d.feat_dim, help="embedding size")
-    p.add_argument("--margin-type", choices=MARGINS, default=d.margin_type)
-    p.add_argument("--margin", type=non_negative_float, default=d.margin, help="additive angular (arcface) or cosine margin")
-    p.add_argument("--scale", type=positive_float, default=d.scale, help="logit scale s")
-    p.add_argument("--topk", type=positive_int, default=d.topk, help="dcp: k of the out-of-pool loss")
-    p.add_argument("--gallery-momentum", type=fraction, default=d.gallery_momentum,
-                   help="dcp: EMA momentum of the gallery net")
-    p.add_argument("--batch-size", type=int_in(4), default=d.batch_size,
-                   help="images per step: a quarter are identity pairs (two views each), the rest instances")
-    p.add_argument("--lr", type=positive_float, default=d.lr, help="SGD learning rate (cosine decay to 0)")
-    p.add_argument("--weight-decay", type=non_negative_float, default=d.weight_decay)
-    p.add_argument("--image-size", type=non_negative_int, default=d.image_size,
-                   help="synthetic: 0 for feature vectors, S for S x S images; real data: crop size (0 = 112)")
-    p.add_argument("--synthetic-samples", type=int_in(2), default=d.synthetic_samples, help="samples per synthetic identity")
-    p.add_argument("--eval-classes", type=positive_int, default=d.eval_classes, help="held-out synthetic identities")
-    add_run_arguments(p, "face", epochs=d.epochs, epochs_help="passes of the identity loader over the identities",
-                      checkpoint_every=d.checkpoint_every)
+    # the settings are FaceConfig's fields (`embcache.settings_fields`); --num-classes left out
+    # is the data's (`_config`)
+    add_config_arguments(p, FaceConfig, ["data", "val", "head", "num_classes", "pool_ratio", "sample_rate", "backbone",
+                                         "feat_dim", "margin_type", "margin", "scale", "topk", "gallery_momentum",
+                                         "batch_size", "lr", "weight_decay", "image_size", "synthetic_samples",
+                                         "eval_classes"], unset=["num_classes"])
+    add_run_arguments(p, FaceConfig, "face")
     p.set_defaults(func=train)
 
     e = sub.add_parser("evaluate", help="evaluate a checkpoint on held-out identities / verification files",
                        formatter_class=fmt, description="Load the probe net of a face checkpoint and report "
                                                         "verification (and, on synthetic data, identification).")
     e.add_argument("checkpoint", help="a face checkpoint file, or the --checkpoint-dir holding face-last.pt")
-    e.add_argument("--val", nargs="*", default=None, metavar="BIN",
-                   help="verification .bin files (default: the run's --val)")
-    e.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    add_config_arguments(e, FaceConfig, ["val", "device"], unset=["val"], unset_note="(default: the run's --val)")
     e.set_defaults(func=evaluate)
     return parser
 

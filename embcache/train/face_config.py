@@ -2,8 +2,11 @@
 that `embcache face --help` shows them without importing torch."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from embcache.arg_types import fraction, int_in, non_negative_float, non_negative_int, positive_float, positive_int, ratio
+from embcache.nn.choices import BACKBONES, HEADS, MARGINS
+from embcache.settings_fields import inherit, setting
 from embcache.train.run_config import StepRunConfig
 
 # settings a resumed run must share with its checkpoint: all that shape the data, the nets, the
@@ -17,30 +20,44 @@ MUST_MATCH = ("data", "head", "num_classes", "pool_ratio", "sample_rate", "backb
 @dataclass
 class FaceConfig(StepRunConfig):
     """Everything a run depends on; stored in every checkpoint. The run settings (device,
-    seed, epochs, max_steps, checkpoints, resume, metrics, progress) are `StepRunConfig`'s."""
+    seed, epochs, max_steps, checkpoints, resume, metrics, progress) are `StepRunConfig`'s.
+    Each field's `help` is what `embcache face train --help` shows; the fields without one
+    have no flag. `num_classes` 0 is, on real data, the largest label + 1."""
 
-    data: str = "synthetic"             # "synthetic", an image folder, or a directory with train.rec/train.idx
-    head: str = "dcp"                   # dcp | fc | pfc
-    num_classes: int = 2000             # synthetic: training identities; real data: checked against the labels
-    pool_ratio: float = 0.1             # dcp: Q = ceil(pool_ratio * num_classes)
-    sample_rate: float = 0.1            # pfc: fraction of class centres per step
-    backbone: str = "auto"              # auto (mlp for vectors, iresnet18 for images) | mlp | cnn | iresnet18 | iresnet50
-    feat_dim: int = 128
-    margin_type: str = "arcface"        # arcface | cosface
-    margin: float = 0.3
-    scale: float = 32.0
-    topk: int = 5                       # dcp: out-of-pool loss over the top-k cosines
-    gallery_momentum: float = 0.99      # dcp: EMA momentum of the gallery net
-    epochs: int = 10
-    batch_size: int = 128               # images per step: a quarter pairs (x2 views), half instances
-    lr: float = 0.1
+    data: str = setting("synthetic", help="'synthetic', an image folder (<dir>/<identity>/<image>), or a directory "
+                                          "with train.rec and train.idx")
+    head: str = setting("dcp", choices=HEADS,
+                        help="dcp: dynamic class pool; fc: one weight row per class; pfc: Partial FC")
+    num_classes: int = setting(2000, type=int_in(2),
+                               help="synthetic: number of training identities (default {default}); real data: the "
+                                    "label space, labels must be below it (default there: max label + 1)")
+    pool_ratio: float = setting(0.1, type=ratio, help="dcp: pool slots as a fraction of classes, Q = ceil(ratio * C)")
+    sample_rate: float = setting(0.1, type=ratio, help="pfc: class centres sampled per step")
+    backbone: str = setting("auto", choices=("auto",) + BACKBONES,
+                            help="auto: mlp for feature vectors, iresnet18 for images")
+    feat_dim: int = setting(128, type=positive_int, help="embedding size")
+    margin_type: str = setting("arcface", choices=MARGINS,
+                               help="arcface: an additive angular margin; cosface: an additive cosine margin")
+    margin: float = setting(0.3, type=non_negative_float, help="additive angular (arcface) or cosine margin")
+    scale: float = setting(32.0, type=positive_float, help="logit scale s")
+    topk: int = setting(5, type=positive_int, help="dcp: k of the out-of-pool loss (over the top-k cosines)")
+    gallery_momentum: float = setting(0.99, type=fraction, help="dcp: EMA momentum of the gallery net")
+    epochs: int = inherit(StepRunConfig, "epochs", 10, help="passes of the identity loader over the identities")
+    batch_size: int = setting(128, type=int_in(4),
+                              help="images per step: a quarter are identity pairs (two views each), the rest "
+                                   "instances")
+    lr: float = setting(0.1, type=positive_float, help="SGD learning rate (cosine decay to 0)")
     momentum: float = 0.9
-    weight_decay: float = 5e-4
+    weight_decay: float = setting(5e-4, type=non_negative_float, help="SGD weight decay")
     eval_pairs: int = 6000              # synthetic verification pairs
-    eval_classes: int = 500             # synthetic held-out identities
-    val: list = field(default_factory=list)  # verification .bin files for real data
-    image_size: int = 0                 # synthetic: 0 = vectors, else S x S images; real data: crop size (112)
+    eval_classes: int = setting(500, type=positive_int, help="held-out synthetic identities")
+    val: list = setting(default_factory=list, nargs="*", metavar="BIN",
+                        help="verification .bin files to evaluate on (lfw.bin, cfp_fp.bin, agedb_30.bin; "
+                             "training: after each epoch)")
+    image_size: int = setting(0, type=non_negative_int,
+                              help="synthetic: 0 for feature vectors, S for S x S images; real data: crop size "
+                                   "(0 = 112)")
     synthetic_dim: int = 64
     synthetic_id_dim: int = 16
-    synthetic_samples: int = 8
+    synthetic_samples: int = setting(8, type=int_in(2), help="samples per synthetic identity")
     synthetic_noise: float = 0.7

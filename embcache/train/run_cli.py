@@ -1,77 +1,53 @@
 """The command-line side of the run skeleton, shared by `embcache dlrm|face|cf train`: the
-run flags (device, seed, epochs, steps, checkpoints, resume, metrics, progress), the config
-they make, and the summary every run ends with. Light on purpose: no torch import, so
-`--help` stays instant."""
+run flags (device, seed, epochs, steps, checkpoints, resume, metrics, progress), made from
+the fields of `RunConfig` (`embcache.settings_fields`), and the summary every run ends
+with. Light on purpose: no torch import, so `--help` stays instant."""
 from __future__ import annotations
 
 import argparse
 import json
 from dataclasses import fields
 
-from embcache.arg_types import non_negative_int, positive_float, positive_int
+from embcache.arg_types import positive_int
 from embcache.distributed.settings import DEFAULT_TIMEOUT_S
-from embcache.train.run_config import LOG_EVERY
+from embcache.settings_fields import add_config_arguments
+from embcache.train.run_config import THREADS_DEFAULT, RunConfig, StepRunConfig
+
+RUN_FLAGS = ("seed", "epochs", "max_steps", "checkpoint_dir", "checkpoint_every", "resume", "overwrite", "metrics_out",
+             "log_every", "tensorboard", "eval_every", "progress", "dist_timeout")  # after --device and --threads, in the order `--help` shows them
 
 
-def add_run_arguments(p: argparse.ArgumentParser, kind: str, *, epochs: int, epochs_help: str,
-                      seed: int | None = 0, seed_help: str = "seeds the initial parameters and the data order",
-                      stepwise: bool = True, checkpoint_every: int = 200, device: bool = True,
-                      min_epochs: int = 1, threads: bool = True) -> None:
-    """The flags of `RunConfig` (and `StepRunConfig` when `stepwise`), worded the same in
-    every trainer, and `--threads` (`add_threads_argument`) unless the trainer words its own.
-    `kind` names the checkpoint file (`<kind>-last.pt`)."""
+def add_run_arguments(p: argparse.ArgumentParser, config_cls, kind: str, *, device: bool = True,
+                      threads: bool = True, **options) -> None:
+    """The flags of `RunConfig` (and `StepRunConfig`'s, for a config class of steps) as
+    `config_cls` declares them, with `--threads` (`add_threads_argument`) after `--device`
+    unless the trainer has its own. `kind` names the checkpoint file (`<kind>-last.pt`);
+    `options` (`unset`, `unset_note`) go to `add_config_arguments`."""
+    stepwise = issubclass(config_cls, StepRunConfig)
+    run_fields = {f.name for f in fields(StepRunConfig if stepwise else RunConfig)}  # cf's eval_every is its own
+    names = [n for n in RUN_FLAGS if n in run_fields and n != "device"]
+    when = "every --checkpoint-every steps and at each epoch's end" if stepwise else "after every epoch"
+    context = {"kind": kind, "checkpoint_when": when}
     if device:
-        p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+        add_config_arguments(p, config_cls, ["device"])
     if threads:
         add_threads_argument(p)
-    p.add_argument("--seed", type=non_negative_int, default=seed, help=seed_help)
-    p.add_argument("--epochs", type=positive_int if min_epochs else non_negative_int, default=epochs,
-                   help=epochs_help)
-    if stepwise:
-        p.add_argument("--max-steps", type=positive_int, default=None,
-                       help="stop after this many steps in all, with a checkpoint (default: none, every epoch to its end)")
-    where = (f"every --checkpoint-every steps and at each epoch's end" if stepwise else "after every epoch")
-    p.add_argument("--checkpoint-dir", default=None, metavar="DIR",
-                   help=f"keep the run's checkpoint here as {kind}-last.pt, written atomically {where}: "
-                        f"a killed run loses at most the work since (default: none, no checkpoints)")
-    if stepwise:
-        p.add_argument("--checkpoint-every", type=positive_int, default=checkpoint_every,
-                       help="steps between checkpoints")
-    start = p.add_mutually_exclusive_group()
-    start.add_argument("--resume", action="store_true",
-                       help=f"continue from {kind}-last.pt in --checkpoint-dir, exactly where it stopped; without "
-                            f"one there the run stops with an error (leave out --resume to start afresh); settings "
-                            f"that change the arithmetic or the data must be the checkpoint's")
-    start.add_argument("--overwrite", action="store_true",
-                       help=f"start afresh in a --checkpoint-dir that holds a run's {kind}-last.pt, replacing it "
-                            f"(without --resume or --overwrite such a directory is refused: no run is lost)")
-    p.add_argument("--metrics-out", default=None, metavar="FILE",
-                   help="JSON-lines metrics log (appended): start, step, epoch and summary records (default: none)")
-    if stepwise:
-        p.add_argument("--log-every", type=positive_int, default=LOG_EVERY, metavar="N",
-                       help="steps between two step records of the metrics log; a pipelined trainer (dlrm) "
-                            "reads its losses from the device and refreshes the progress bar this often")
-    p.add_argument("--tensorboard", default=None, metavar="DIR",
-                   help="also write the metrics as TensorBoard scalars to DIR (loss, samples/s and the trainer's "
-                        "own, e.g. hit rate, every --log-every steps; validation scores per epoch); "
-                        "watch with `tensorboard --logdir DIR` (default: none)")
-    if stepwise:
-        p.add_argument("--eval-every", type=positive_int, default=None, metavar="N",
-                       help="also validate every N steps (default: at each epoch's end, and at --max-steps)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    if stepwise:
-        p.add_argument("--dist-timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
-                       help="under torchrun: how long a rank waits for the others before it stops with one "
-                            "line (a rank died or hung); the last checkpoint stays intact")
+    add_config_arguments(p, config_cls, names, context=context, **options)
+
+
+def add_device_argument(p: argparse.ArgumentParser) -> None:
+    """`--device`, as the trainers have it (`RunConfig.device`), for a command that runs on
+    one device without a trainer's config (a benchmark)."""
+    add_config_arguments(p, RunConfig, ["device"])
 
 
 def add_threads_argument(p: argparse.ArgumentParser, what: str = "CPU threads of torch and numba") -> None:
-    """`--threads N`; None (not given) is `embcache.threads.default_threads()`."""
+    """`--threads N` (where it is no config field); None (not given) is
+    `embcache.threads.default_threads()`."""
     from embcache.threads import usable_cores
 
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
-                   help=f"{what} (default: the cores this process may use, {usable_cores()} here, shared among "
-                        f"torchrun's processes on the node; outside torchrun an OMP_NUM_THREADS you set)")
+                   help=f"{what} {THREADS_DEFAULT.format(cores=usable_cores())}")
 
 
 def apply_threads(args) -> int:
@@ -103,15 +79,6 @@ def run_launched(cfg, body):
         if not world.is_main:
             logging.getLogger("embcache").setLevel(logging.WARNING)
         return body(), world
-
-
-def config_values(args: argparse.Namespace, config_cls) -> dict:
-    """The fields of `config_cls` that `args` has (under the same names), with `progress`
-    from `--no-progress`."""
-    names = {f.name for f in fields(config_cls)}
-    values = {k: v for k, v in vars(args).items() if k in names}
-    values["progress"] = not args.no_progress
-    return values
 
 
 def print_summary(rows: list[tuple[str, str]], summary: dict) -> None:

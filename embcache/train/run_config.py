@@ -1,47 +1,63 @@
 """The settings every trainer shares (`RunConfig`, and `StepRunConfig` for runs of steps),
 apart from the run skeleton (`embcache.train.run`) so that the command line can show their
-defaults without importing torch."""
+defaults without importing torch. Each field that is a flag declares it (help, type, bounds)
+with `embcache.settings_fields.setting`: the command line is made from these fields."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from embcache.arg_types import non_negative_int, positive_float, positive_int
 from embcache.distributed.settings import DEFAULT_TIMEOUT_S
+from embcache.settings_fields import setting
 
 if TYPE_CHECKING:
     import torch
 
 LOG_EVERY = 50  # default steps between two `step` records of the metrics log (`log_every`)
 
+# `--threads`'s default, as its help says it (`{cores}`: the cores this process may use)
+THREADS_DEFAULT = ("(default: the cores this process may use, {cores} here, shared among torchrun's processes on "
+                   "the node; outside torchrun an OMP_NUM_THREADS you set)")
+
 
 @dataclass
 class RunConfig:
     """Settings every trainer shares: where it runs, its seed, how long, and how the run is
-    kept (checkpoints, metrics) and shown (progress).
+    kept (checkpoints, metrics) and shown (progress). Each field's `help` says what it does
+    (`--help` shows the same text; `{kind}` is the trainer's, e.g. dlrm). Besides:
 
-    Args:
-        device: "cpu", "cuda" or "cuda:N"; None: CUDA when present.
-        seed: seeds the initial parameters and the order of the data.
-        epochs: passes over the training data.
-        checkpoint_dir: where `<kind>-last.pt` is written (None: no checkpoints).
-        resume: continue from the checkpoint in `checkpoint_dir`.
-        overwrite: start afresh even where `checkpoint_dir` holds a run's checkpoint (it is
-            replaced at the first checkpoint of this run); without it such a directory is
-            refused, so that no run is lost to a forgotten `resume`.
-        metrics_out: JSON-lines metrics log (appended, so a resumed run continues it).
-        progress: show a progress bar.
-        tensorboard: also write the metrics log's numbers as TensorBoard scalars here.
+    - device None is CUDA when present.
+    - `overwrite`: without it (or `resume`) a `checkpoint_dir` holding a run's checkpoint
+      is refused, so that no run is lost to a forgotten `resume`; with it the checkpoint is
+      replaced at the first checkpoint of this run.
     """
 
-    device: str | None = None
-    seed: int = 0
-    epochs: int = 1
-    checkpoint_dir: str | None = None
-    resume: bool = False
-    metrics_out: str | None = None
-    progress: bool = True
-    overwrite: bool = False
-    tensorboard: str | None = None
+    device: str | None = setting(None, help="cpu or cuda (default: cuda if available)")
+    seed: int = setting(0, type=non_negative_int, help="seeds the initial parameters and the data order")
+    epochs: int = setting(1, type=positive_int, help="passes over the training data")
+    checkpoint_dir: str | None = setting(
+        None, metavar="DIR",
+        help="keep the run's checkpoint here as {kind}-last.pt, written atomically {checkpoint_when}: a killed "
+             "run loses at most the work since (default: none, no checkpoints)")
+    resume: bool = setting(
+        False, exclusive="start",
+        help="continue from {kind}-last.pt in --checkpoint-dir, exactly where it stopped; without one there the "
+             "run stops with an error (leave out --resume to start afresh); settings that change the arithmetic "
+             "or the data must be the checkpoint's")
+    metrics_out: str | None = setting(
+        None, metavar="FILE",
+        help="JSON-lines metrics log (appended): start, step, epoch and summary records (default: none)")
+    progress: bool = setting(True, flag="--no-progress", help="no progress bar")
+    overwrite: bool = setting(
+        False, exclusive="start",
+        help="start afresh in a --checkpoint-dir that holds a run's {kind}-last.pt, replacing it (without "
+             "--resume or --overwrite such a directory is refused: no run is lost)")
+    tensorboard: str | None = setting(
+        None, metavar="DIR",
+        help="also write the metrics as TensorBoard scalars to DIR (loss, samples/s and the trainer's own, e.g. "
+             "hit rate, every --log-every steps; validation scores per epoch); watch with "
+             "`tensorboard --logdir DIR` (default: none)")
 
     def resolved_device(self) -> torch.device:
         """`device` as a torch.device; ValueError in one line for a bad or absent one."""
@@ -53,21 +69,22 @@ class RunConfig:
 @dataclass
 class StepRunConfig(RunConfig):
     """A run made of optimizer steps (dlrm, face), which can stop and checkpoint between
-    them. (cf trains whole epochs: it checkpoints at each epoch's end.)
+    them. (cf trains whole epochs: it checkpoints at each epoch's end.) A pipelined trainer
+    reads its losses from the device every `log_every` steps."""
 
-    Args:
-        max_steps: stop after this many steps in all (a checkpoint is written there).
-        checkpoint_every: steps between two checkpoints (and one at every epoch's end).
-        log_every: steps between two `step` records of the metrics log; a pipelined
-            trainer reads its losses from the device (and refreshes the bar) this often.
-        dist_timeout: under torchrun, seconds a rank waits for the others in a collective
-            before it stops with one line (a rank died or hung).
-        eval_every: validate every this many steps as well (None: at each epoch's end and
-            where `max_steps` stops the run).
-    """
-
-    max_steps: int | None = None
-    checkpoint_every: int = 200
-    dist_timeout: float = DEFAULT_TIMEOUT_S
-    log_every: int = LOG_EVERY
-    eval_every: int | None = None
+    max_steps: int | None = setting(
+        None, type=positive_int,
+        help="stop after this many steps in all, with a checkpoint (default: none, every epoch to its end)")
+    checkpoint_every: int = setting(200, type=positive_int,
+                                    help="steps between checkpoints (and one at every epoch's end)")
+    dist_timeout: float = setting(
+        DEFAULT_TIMEOUT_S, type=positive_float, metavar="SECONDS",
+        help="under torchrun: how long a rank waits for the others in a collective before it stops with one "
+             "line (a rank died or hung); the last checkpoint stays intact")
+    log_every: int = setting(
+        LOG_EVERY, type=positive_int, metavar="N",
+        help="steps between two step records of the metrics log; a pipelined trainer (dlrm) reads its losses "
+             "from the device and refreshes the progress bar this often")
+    eval_every: int | None = setting(
+        None, type=positive_int, metavar="N",
+        help="also validate every N steps (default: at each epoch's end, and at --max-steps)")
