@@ -37,9 +37,9 @@ from embcache.distributed.data_parallel import data_parallel
 from embcache.distributed.global_norm import global_batch_norm
 from embcache.distributed.world import all_sum, broadcast_object
 from embcache.nn.backbones import build_backbone
-from embcache.nn.heads import build_head
 from embcache.train.face_eval import embed, identification_top1, verification
 from embcache.train.face_config import MUST_MATCH, FaceConfig  # noqa: F401 (their home before)
+from embcache.train.face_heads import build_head
 from embcache.train.run import Trainer
 
 def build_source(cfg: FaceConfig):
