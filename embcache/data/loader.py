@@ -1,5 +1,5 @@
 """Batches of a prepared CTR data set for training: dense features, a `KeyedJaggedTensor`
-of ids (torchrec's, or its stand-in without torchrec: `embcache.nn.sparse_types`) and float
+of ids (torchrec's, or its stand-in without torchrec: `embcache.sparse_types`) and float
 labels, streamed from the Parquet shards.
 
 Memory stays bounded whatever the file sizes: rows are read with `ParquetFile.iter_batches`, a
@@ -25,7 +25,7 @@ from embcache.data.background import BackgroundIterator
 from embcache.errors import format_error
 from embcache.data.ctr_format import read_meta, read_shard, sparse_features
 from embcache.distributed.world import slice_bounds
-from embcache.nn.sparse_types import KeyedJaggedTensor
+from embcache.sparse_types import KeyedJaggedTensor
 
 
 @dataclass

@@ -4,7 +4,7 @@ __all__ = ["CachedEmbeddingBag", "CachedEmbeddingBagCollection", "TorchEmbedding
            "DynamicClassPool", "DCPHead", "FullFC", "PartialFC"]
 
 # name -> submodule; loaded on first use (torch; the collections import torchrec where it is
-# installed, ~3 s: `sparse_types`)
+# installed, ~3 s: `embcache.sparse_types`)
 _LAZY = {
     "CachedEmbeddingBag": "cached_embedding_bag",
     "CachedEmbeddingBagCollection": "cached_collection",
