@@ -10,7 +10,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 
-from .world import World, collective_device, slice_bounds
+from embcache.partition import slice_bounds
+
+from .world import World, collective_device
 
 # torch 2.x marks these autograd-aware collectives deprecated in favour of a private module;
 # they are the public way to all-gather with a gradient, so keep them quiet
