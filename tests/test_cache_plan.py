@@ -166,7 +166,7 @@ def test_plan_json_and_the_largest_cache_that_fits(data_dir, capsys):
 @pytest.mark.parametrize("text, size", [("16 GiB", 16 * 2**30), ("16GiB", 16 * 2**30), ("16e9", 16 * 10**9),
                                         ("512MB", 512 * 10**6), ("1.5G", 3 * 2**29)])
 def test_memory_sizes_parse(text, size):
-    from embcache.cache.plan_cli import build_parser
+    from embcache.train.plan_cli import build_parser
 
     assert build_parser("plan").parse_args(["d", "--device-memory", text]).device_memory == size
 
