@@ -16,6 +16,7 @@ from embcache.cache.optimizers import OPTIMIZERS, make_optimizer
 from embcache.cache.row_cache import RowCache
 from embcache.cli import main
 from embcache.data.synthetic import generate_synthetic
+from embcache.train.dlrm_config import DLRMConfig
 
 RATIOS = (0.0025, 0.025, 0.1)  # 0.25 %: smaller than a batch's distinct rows (overflow)
 
@@ -151,7 +152,7 @@ def test_plan_json_and_the_largest_cache_that_fits(data_dir, capsys):
                  "--embedding-dim", "16", "--optimizer", "adam"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["row_bytes"] == 3 * 16 * 4 and plan["device_memory"] == 3_000_000 and not plan["traced"]
-    assert plan["prefetch"] and plan["prefetch_depth"] == 1 and plan["admission"] == planner.default_admission()
+    assert plan["prefetch"] and plan["prefetch_depth"] == 1 and plan["admission"] == DLRMConfig().admission
     assert "1-(1-1/B)^f" in plan["assumption"] and len(plan["curve"]["cache_rows"]) > 10
     low, high = plan["rows"]
     assert (low["ratio"], high["ratio"]) == (0.01, 0.5) and low["cache_rows"] == math.ceil(0.01 * plan["num_rows"])
@@ -166,9 +167,20 @@ def test_plan_json_and_the_largest_cache_that_fits(data_dir, capsys):
 @pytest.mark.parametrize("text, size", [("16 GiB", 16 * 2**30), ("16GiB", 16 * 2**30), ("16e9", 16 * 10**9),
                                         ("512MB", 512 * 10**6), ("1.5G", 3 * 2**29)])
 def test_memory_sizes_parse(text, size):
-    from embcache.cache.plan_cli import build_parser
+    from embcache.train.plan_cli import build_parser
 
     assert build_parser("plan").parse_args(["d", "--device-memory", text]).device_memory == size
+
+
+def test_plan_assumes_the_trainers_defaults():
+    """One default per setting: what `cache plan` assumes unless told is what `dlrm train` does."""
+    from embcache.train.plan_cli import build_parser
+
+    args, d = build_parser("plan").parse_args(["d"]), DLRMConfig()
+    assert (args.embedding_dim, args.optimizer, args.eviction, args.batch_size, args.warmup_ratio,
+            args.prefetch_depth, args.admission == "on", args.seed) == (
+        d.embedding_dim, d.sparse_optimizer, d.eviction, d.batch_size, d.warmup_ratio, d.prefetch_depth, d.admission,
+        d.seed)
 
 
 def test_bad_input_is_one_line(data_dir, tmp_path, capsys):

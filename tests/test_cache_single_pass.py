@@ -12,7 +12,7 @@ from embcache.cache import fused_admission
 from embcache.cache.row_cache import RowCache
 from embcache.nn import group_kernels
 from embcache.nn.cached_collection import CachedEmbeddingBagCollection, _concat_checked
-from embcache.nn.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
+from embcache.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
 
 from .cache_helpers import zipf_batches
 from .test_cache_fused import assert_same_state

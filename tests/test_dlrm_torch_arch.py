@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from embcache.nn import sparse_types as st
+from embcache import sparse_types as st
 from embcache.train.dlrm import DLRMConfig, DLRMTrainer
 from tests.test_dlrm import assert_same_checkpoint
 
@@ -105,6 +105,13 @@ def test_torch_collection_pools_and_gradients_like_torchrecs(pooling, weighted):
         assert got_grad.is_sparse and want_grad.is_sparse
         assert torch.equal(got_grad._indices(), want_grad._indices()), name  # the same terms, same order
         assert torch.equal(got_grad._values(), want_grad._values()), name
+
+
+def test_the_sparse_types_old_home_offers_the_same_names():
+    """`embcache.nn.sparse_types` (their home before the ground floor) is the same names."""
+    from embcache.nn import sparse_types as old
+
+    assert all(getattr(old, name) is getattr(st, name) for name in [*st.__all__, "CollectionInterface"])
 
 
 @needs_torchrec

@@ -10,7 +10,7 @@ from functools import partial
 
 import pytest
 import torch
-from embcache.nn.sparse_types import EmbeddingBagConfig
+from embcache.sparse_types import EmbeddingBagConfig
 
 import embcache.cache.table_files as tf
 from embcache import CachedEmbeddingBag, CachedEmbeddingBagCollection
@@ -270,7 +270,7 @@ def test_dlrm_resume_on_a_mapped_store_ignores_rows_written_after_the_checkpoint
 
 
 def test_a_collection_checkpoint_holds_every_group_and_resumes_exactly(tmp_path):
-    from embcache.nn.sparse_types import KeyedJaggedTensor
+    from embcache.sparse_types import KeyedJaggedTensor
 
     configs = [EmbeddingBagConfig(name=f"t{d}", embedding_dim=d, num_embeddings=500, feature_names=[f"f{d}"])
                for d in (4, 8)]

@@ -138,7 +138,7 @@ def test_a_checkpoint_of_other_row_type_is_refused():
 
 def test_a_collection_of_several_groups_trains_half_rows():
     """Each group (here three dims) rounds with bits of its own (their row ids overlap)."""
-    from embcache.nn.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
+    from embcache.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
 
     from embcache import CachedEmbeddingBagCollection
 

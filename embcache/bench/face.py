@@ -81,7 +81,7 @@ def _sync(device):
 
 
 def time_head(head_kind: str, rate, classes: int, batch: int, dim: int, repeats: int, device) -> dict:
-    from embcache.nn.heads import build_head
+    from embcache.train.face_heads import build_head
     from embcache.train.face import head_state_bytes
 
     gen = torch.Generator().manual_seed(0)

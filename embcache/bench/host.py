@@ -39,7 +39,7 @@ from embcache.bench.criteo_trace import CRITEO_KAGGLE_CARDINALITIES, bounded_zip
 from embcache.cache import row_cache, transfers
 from embcache.nn import cached_collection
 from embcache.nn.cached_collection import CachedEmbeddingBagCollection
-from embcache.nn.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
+from embcache.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
 
 # ids per sample of each of the 26 features in MLPerf DLRM-DCNv2's multi-hot Criteo data
 MULTI_HOT_SIZES = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]

@@ -60,7 +60,7 @@ def dlrm_traffic_model(meta: dict, freq: dict, embedding_dim: int, batch: int, w
                        dense_params: int) -> dict:
     """Modelled bytes per step (summed over ranks) for a one-hot CTR batch of `batch` rows."""
     from embcache.distributed import placement
-    from embcache.distributed.world import slice_bounds
+    from embcache.partition import slice_bounds
 
     tables = [placement.TableLoad(f"t_{f['name']}", (f["name"],), f["cardinality"], float(freq[f["name"]].sum()))
               for f in meta["sparse"]]

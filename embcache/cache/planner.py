@@ -207,11 +207,12 @@ def access_batches(data_dir, freq: np.ndarray, meta: dict, batch_size: int, trac
 
 def plan_cache(data_dir, *, embedding_dim: int, optimizer: str, device_memory: int, batch_size: int,
                warmup_ratio: float = 0.7, eviction: str = "freq", trace: int | None = None, seed: int = 0,
-               ratios=DEFAULT_RATIOS, prefetch_depth: int = 1, admission: bool | None = None) -> CachePlan:
+               ratios=DEFAULT_RATIOS, prefetch_depth: int = 1, admission: bool = False) -> CachePlan:
     """Read `data_dir` (meta.json's counts; with `trace`, its first batches too) and
     predict every policy at each ratio and on a grid of sizes, in one replay, for the
     trainer (`prefetch_depth`: the batches it admits ahead while the current one trains,
-    all of whose rows stay held; `admission`: None for the cache's default)."""
+    all of whose rows stay held; `admission`: whether its cache uses admission control, the
+    trainer's `--admission`)."""
     freq, meta = table_frequencies(data_dir)
     footprint = Footprint(freq.size, embedding_dim, optimizer, eviction)
     ratios = sorted(float(r) for r in ratios)
@@ -219,7 +220,7 @@ def plan_cache(data_dir, *, embedding_dim: int, optimizer: str, device_memory: i
     sizes = np.unique(np.concatenate([cache_sizes(ratios, freq.size), size_grid(freq.size),
                                       [largest] if largest else []])).astype(np.int64)
     batches, count, epoch = access_batches(data_dir, freq, meta, batch_size, trace, seed)
-    admission = default_admission() if admission is None else bool(admission)
+    admission = bool(admission)
     prediction = replay(batches, freq, sizes, warmup_ratio, count, held=1 + prefetch_depth, admission=admission)
     return CachePlan(str(data_dir), footprint, batch_size, warmup_ratio, bool(trace), seed, device_memory,
                      largest, ratios, prediction, epoch, expected_distinct(freq, epoch), int(np.count_nonzero(freq)),
@@ -228,16 +229,6 @@ def plan_cache(data_dir, *, embedding_dim: int, optimizer: str, device_memory: i
 
 # ---------------------------------------------------------------------------- the trainer's choice
 DEFAULT_DEVICE_MEMORY = 16 * 2**30  # what a cache on a CPU device may use unless told
-
-
-def default_admission() -> bool:
-    """Whether a cache the trainer builds uses admission control: `CachedEmbeddingBag`'s
-    default, read off its signature so the plan follows it."""
-    import inspect
-
-    from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
-
-    return bool(inspect.signature(CachedEmbeddingBag.__init__).parameters["admission"].default)
 
 
 def default_device_memory(device) -> tuple[int, str]:
@@ -258,12 +249,13 @@ def first_within(sizes: np.ndarray, rates: np.ndarray, best: float, tolerance: f
 
 def auto_cache_ratio(data_dir, *, embedding_dim: int, optimizer: str, eviction: str, batch_size: int,
                      warmup_ratio: float, device_memory: int, tolerance: float = 0.01, seed: int = 0,
-                     prefetch_depth: int = 1, admission: bool | None = None) -> tuple[float, str]:
+                     prefetch_depth: int = 1, admission: bool = False) -> tuple[float, str]:
     """The smallest cache ratio whose predicted hit rate (of `eviction`, from meta.json's
     counts) is within `tolerance` of the one of the largest cache that fits
     `device_memory`; returns it with one line saying why. Two replays: a coarse grid up to
     the largest cache, then a fine one between the grid point found and the one below it,
-    so that the rate stated is the model's at the size chosen."""
+    so that the rate stated is the model's at the size chosen. `prefetch_depth` and
+    `admission` are the trainer's, as in `plan_cache`."""
     from embcache.errors import UserFacingError
 
     freq, meta = table_frequencies(data_dir)
@@ -272,7 +264,6 @@ def auto_cache_ratio(data_dir, *, embedding_dim: int, optimizer: str, eviction: 
     if largest < 1:
         raise UserFacingError(f"--device-memory {format_bytes(device_memory)} holds no cache: one row with its "
                               f"{optimizer} state needs {footprint.row_bytes} B")
-    admission = default_admission() if admission is None else bool(admission)
 
     def rates(sizes: np.ndarray) -> np.ndarray:
         batches, count, _ = access_batches(data_dir, freq, meta, batch_size, None, seed)

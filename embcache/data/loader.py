@@ -1,5 +1,5 @@
 """Batches of a prepared CTR data set for training: dense features, a `KeyedJaggedTensor`
-of ids (torchrec's, or its stand-in without torchrec: `embcache.nn.sparse_types`) and float
+of ids (torchrec's, or its stand-in without torchrec: `embcache.sparse_types`) and float
 labels, streamed from the Parquet shards.
 
 Memory stays bounded whatever the file sizes: rows are read with `ParquetFile.iter_batches`, a
@@ -24,8 +24,8 @@ import torch
 from embcache.data.background import BackgroundIterator
 from embcache.errors import format_error
 from embcache.data.ctr_format import read_meta, read_shard, sparse_features
-from embcache.distributed.world import slice_bounds
-from embcache.nn.sparse_types import KeyedJaggedTensor
+from embcache.partition import slice_bounds
+from embcache.sparse_types import KeyedJaggedTensor
 
 
 @dataclass
@@ -77,8 +77,8 @@ class CTRBatches:
             only the batches still to come.
         read_rows: rows per Parquet read; bounds memory together with `batch_size`.
         part: `(rank, world_size)`: yield only this rank's slice of every global batch of
-            `batch_size` rows (`world.slice_bounds`), so N ranks together see the batches
-            one process sees.
+            `batch_size` rows (`embcache.partition.slice_bounds`), so N ranks together see
+            the batches one process sees.
 
     Ids outside `[0, cardinality)`, nulls, a shard whose columns or column types differ from
     meta.json (label integer/bool, dense floating point, sparse integer ids), or a damaged shard

@@ -18,63 +18,17 @@ from __future__ import annotations
 
 import math
 
-import warnings
-
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
 import torch.nn.functional as F
 from torch import nn
 
 from embcache.nn.heads import SampledRowsSGD, apply_margin, check_labels, sample_classes
 
-from .world import World, collective_device, slice_bounds
+from .gathers import gather_counts, gather_rows, gather_shards_to_main
+from embcache.partition import slice_bounds
 
-# torch 2.x marks these autograd-aware collectives deprecated in favour of a private module;
-# they are the public way to all-reduce / all-gather with a gradient, so keep them quiet
-warnings.filterwarnings("ignore", message=r"torch\.distributed\.nn\.functional", category=FutureWarning)
-
-
-# ------------------------------------------------------------------------ gathering rows
-def gather_counts(values: list[int], world: World) -> torch.Tensor:
-    """[size, len(values)] ints: every rank's `values`, in rank order (one small all-gather)."""
-    t = torch.tensor(values, dtype=torch.long, device=collective_device())
-    out = [torch.empty_like(t) for _ in range(world.size)]
-    dist.all_gather(out, t)
-    return torch.stack(out).cpu()
-
-
-def gather_rows(t: torch.Tensor, counts: list[int], grad: bool = False) -> torch.Tensor:
-    """Every rank's rows of `t` (rank r holds `counts[r]`), concatenated in rank order.
-
-    With `grad`, the result stays in the autograd graph and each rank's rows get back the
-    gradient summed over the ranks (`torch.distributed.nn.functional.all_gather`)."""
-    width = max(counts)
-    dev = t.device
-    padded = t.to(collective_device())
-    if t.shape[0] < width:
-        padded = torch.cat([padded, padded.new_zeros((width - t.shape[0],) + tuple(t.shape[1:]))])
-    if grad:
-        parts = dist_fn.all_gather(padded)
-    else:
-        parts = [torch.empty_like(padded) for _ in counts]
-        dist.all_gather(parts, padded.contiguous())
-    return torch.cat([p[:n] for p, n in zip(parts, counts)]).to(dev)
-
-
-def gather_shards_to_main(shard: torch.Tensor, total_rows: int, world: World) -> torch.Tensor | None:
-    """The whole table from every rank's row range (`slice_bounds` order), on rank 0; None
-    elsewhere. Collective."""
-    bounds = [slice_bounds(total_rows, world.size, r) for r in range(world.size)]
-    width = max(hi - lo for lo, hi in bounds)
-    padded = shard.detach().to(collective_device())
-    if padded.shape[0] < width:
-        padded = torch.cat([padded, padded.new_zeros((width - padded.shape[0],) + tuple(padded.shape[1:]))])
-    parts = [torch.empty_like(padded) for _ in bounds] if world.is_main else None
-    dist.gather(padded.contiguous(), parts, dst=0)
-    if not world.is_main:
-        return None
-    return torch.cat([p[:hi - lo] for p, (lo, hi) in zip(parts, bounds)]).to(shard.device)
+from .world import World, collective_device
 
 
 # ------------------------------------------------------------- the sharded margin softmax

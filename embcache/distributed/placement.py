@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .world import slice_bounds
+from embcache.partition import slice_bounds
 
 
 @dataclass(frozen=True)

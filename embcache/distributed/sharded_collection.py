@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from embcache.nn.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor
+from embcache.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor
 
 from .placement import Shard
 from .world import all_sum, collective_device, current, new_group

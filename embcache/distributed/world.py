@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from embcache.distributed.settings import DEFAULT_TIMEOUT_S
 from embcache.errors import UserFacingError, first_line
+from embcache.partition import slice_bounds  # World.slice; importers found it here before
 
 ERROR_KEY = "embcache/error"  # the rendezvous-store key where a failing rank leaves its line
 
@@ -68,18 +69,6 @@ class World:
         """This rank's `[start, stop)` of `n` items split in rank order, the first `n %
         size` ranks one longer (how a global batch is divided)."""
         return slice_bounds(n, self.size, self.rank)
-
-
-def slice_bounds(n: int, size: int, rank: int) -> tuple[int, int]:
-    """`[start, stop)` of part `rank` when `n` items are split into `size` nearly equal parts.
-
-    Example:
-        >>> [slice_bounds(10, 3, r) for r in range(3)]
-        [(0, 4), (4, 7), (7, 10)]
-    """
-    base, extra = divmod(n, size)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (1 if rank < extra else 0)
 
 
 def current() -> World:

@@ -1,10 +1,10 @@
 """Modules users put in models: cached embedding bags (and their torchrec-compatible
 collection) and, for classification with huge label spaces, the class-pool heads."""
 __all__ = ["CachedEmbeddingBag", "CachedEmbeddingBagCollection", "TorchEmbeddingBagCollection",
-           "DynamicClassPool", "DCPHead", "FullFC", "PartialFC", "build_head"]
+           "DynamicClassPool", "DCPHead", "FullFC", "PartialFC"]
 
 # name -> submodule; loaded on first use (torch; the collections import torchrec where it is
-# installed, ~3 s: `sparse_types`)
+# installed, ~3 s: `embcache.sparse_types`)
 _LAZY = {
     "CachedEmbeddingBag": "cached_embedding_bag",
     "CachedEmbeddingBagCollection": "cached_collection",
@@ -13,7 +13,6 @@ _LAZY = {
     "DCPHead": "heads",
     "FullFC": "heads",
     "PartialFC": "heads",
-    "build_head": "heads",
 }
 
 

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from embcache.device import resolve_device
+from embcache.sparse_types import CollectionInterface, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, pooling_mode
 
 from embcache.cache.host_store import MMAP_PREFIX, RowInit, parse_host_store
 from embcache.cache.row_cache import MAX_PENDING_PREFETCHES
@@ -27,7 +28,6 @@ from embcache.cache.table_files import fresh_directory
 from .bag_input import ID_DTYPES, check_feature_ids, check_layout, check_weights, to_device
 from .cached_embedding_bag import CachedEmbeddingBag
 from .group_kernels import concat_features
-from .sparse_types import CollectionInterface, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, pooling_mode
 
 
 class _Group:
@@ -92,7 +92,7 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
 
     Example:
         >>> import torch
-        >>> from embcache.nn.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
+        >>> from embcache.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
         >>> tables = [EmbeddingBagConfig(name="t0", embedding_dim=4, num_embeddings=100,
         ...                              feature_names=["f0"])]
         >>> ebc = CachedEmbeddingBagCollection(tables, cache_ratio=0.1, device="cpu")

@@ -148,7 +148,7 @@ class DLRM(nn.Module):
 
     Example:
         >>> import torch
-        >>> from embcache.nn.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
+        >>> from embcache.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
         >>> from embcache.nn.torch_collection import TorchEmbeddingBagCollection
         >>> ebc = TorchEmbeddingBagCollection([EmbeddingBagConfig(name="t", embedding_dim=4,
         ...                                    num_embeddings=10, feature_names=["f"])])

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .choices import HEADS, MARGINS
+from .choices import MARGINS
 from .class_pool import DynamicClassPool
 
 
@@ -251,28 +251,3 @@ class DCPHead(nn.Module):
 
     def after_backward(self, lr: float) -> None:
         """Nothing: the pool is written by `update_pool` from the gallery net."""
-
-
-def build_head(kind: str, num_classes: int, feat_dim: int, *, pool_ratio: float = 0.1, sample_rate: float = 0.1,
-               margin_type: str = "arcface", margin: float = 0.5, scale: float = 64.0, topk: int = 5,
-               momentum: float = 0.9, weight_decay: float = 5e-4, seed: int = 0,
-               device: torch.device | str | None = None, world=None) -> nn.Module:
-    """`dcp` | `fc` | `pfc` with the shared margin settings (`pool_ratio` sets Q for dcp).
-    With a `world` of several ranks, fc and pfc are their class-sharded versions (this
-    rank's range of classes); dcp's pool is the same on every rank."""
-    if world is not None and world.distributed and kind in ("fc", "pfc"):
-        from embcache.distributed.class_sharded import ShardedFullFC, ShardedPartialFC
-
-        if kind == "fc":
-            return ShardedFullFC(num_classes, feat_dim, margin, scale, margin_type, seed, world).to(device or "cpu")
-        return ShardedPartialFC(num_classes, feat_dim, sample_rate, margin, scale, margin_type, momentum,
-                                weight_decay, seed, world).to(device or "cpu")
-    if kind == "dcp":
-        q = max(1, math.ceil(pool_ratio * num_classes))
-        return DCPHead(num_classes, feat_dim, q, margin, scale, margin_type, topk, device=device)
-    if kind == "fc":
-        return FullFC(num_classes, feat_dim, margin, scale, margin_type, seed=seed).to(device or "cpu")
-    if kind == "pfc":
-        return PartialFC(num_classes, feat_dim, sample_rate, margin, scale, margin_type, momentum, weight_decay,
-                         seed=seed).to(device or "cpu")
-    raise ValueError(f"head must be one of {HEADS}, got {kind!r}")

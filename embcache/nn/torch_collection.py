@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .sparse_types import CollectionInterface, KeyedJaggedTensor, KeyedTensor, pooling_mode
+from embcache.sparse_types import CollectionInterface, KeyedJaggedTensor, KeyedTensor, pooling_mode
 
 
 class TorchEmbeddingBagCollection(CollectionInterface, nn.Module):
@@ -27,7 +27,7 @@ class TorchEmbeddingBagCollection(CollectionInterface, nn.Module):
 
     Example:
         >>> import torch
-        >>> from embcache.nn.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
+        >>> from embcache.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
         >>> ebc = TorchEmbeddingBagCollection([EmbeddingBagConfig(name="t", embedding_dim=4,
         ...                                    num_embeddings=10, feature_names=["f"])])
         >>> kjt = KeyedJaggedTensor(keys=["f"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 1]))

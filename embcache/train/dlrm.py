@@ -59,7 +59,7 @@ from embcache.distributed.sharded_collection import ShardedEmbeddingBagCollectio
 from embcache.distributed.world import all_sum, current, gather_objects
 from embcache.errors import CheckpointError
 from embcache.nn.cached_collection import CachedEmbeddingBagCollection, group_tables
-from embcache.nn.sparse_types import HAVE_TORCHREC, TORCHREC_ERROR, EmbeddingBagConfig
+from embcache.sparse_types import HAVE_TORCHREC, TORCHREC_ERROR, EmbeddingBagConfig
 from embcache.settings_fields import option_names
 from embcache.train.dlrm_eval import binary_metrics
 from embcache.train.dlrm_config import (  # noqa: F401 (their home before; importers use them from here)

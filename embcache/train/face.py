@@ -36,10 +36,10 @@ from embcache.distributed.data_parallel import data_parallel
 from embcache.distributed.global_norm import global_batch_norm
 from embcache.distributed.world import all_sum, broadcast_object
 from embcache.nn.backbones import build_backbone
-from embcache.nn.heads import build_head
 from embcache.train.face_eval import embed, identification_top1, verification
 from embcache.settings_fields import option_names
 from embcache.train.face_config import MUST_MATCH, FaceConfig  # noqa: F401 (their home before)
+from embcache.train.face_heads import build_head
 from embcache.train.run import Trainer
 
 def build_source(cfg: FaceConfig):
@@ -167,7 +167,7 @@ class FaceTrainer(Trainer):
         if self._counts is None:
             self.head.update_pool(torch.cat([y, y]), torch.cat([ga, gb]))
         else:
-            from embcache.distributed.class_sharded import gather_rows
+            from embcache.distributed.gathers import gather_rows
 
             pairs = self._counts[:, 0].tolist()
             y_all, ga_all, gb_all = gather_rows(y, pairs), gather_rows(ga, pairs), gather_rows(gb, pairs)
@@ -270,7 +270,7 @@ class FaceTrainer(Trainer):
         state = self.optimizer.state_dict()
         if not self._sharded_head:
             return state
-        from embcache.distributed.class_sharded import gather_shards_to_main
+        from embcache.distributed.gathers import gather_shards_to_main
 
         for i in self._head_param_indices():
             if torch.is_tensor(state["state"].get(i, {}).get("momentum_buffer")):
@@ -310,7 +310,7 @@ class FaceTrainer(Trainer):
         if not self.world.distributed:
             self.dropped += batch.dropped
             return 2 * own[0] + own[1]
-        from embcache.distributed.class_sharded import gather_counts
+        from embcache.distributed.gathers import gather_counts
 
         self._counts = gather_counts(own, self.world)
         self.dropped += int(self._counts[:, 2].sum())

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from embcache.distributed.world import slice_bounds
+from embcache.partition import slice_bounds
 
 
 def _generator(*parts: int) -> torch.Generator:

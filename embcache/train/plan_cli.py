@@ -25,8 +25,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
     Example:
         >>> args = build_parser("embcache cache plan").parse_args(["data", "--device-memory", "8 GiB"])
-        >>> args.device_memory, args.embedding_dim, args.trace
-        (8589934592, 128, None)
+        >>> args.device_memory, args.embedding_dim, args.admission, args.trace
+        (8589934592, 16, 'off', None)
     """
     from embcache.cache.choices import OPTIMIZERS, PLANNED_RATIOS, POLICIES
     from embcache.train.dlrm_config import MAX_PREFETCH_DEPTH, DLRMConfig
@@ -37,8 +37,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("data_dir", metavar="DATA_DIR", help="a prepared data set (meta.json + id counts)")
     p.add_argument("--device-memory", type=memory_size, default="16GiB", metavar="SIZE",
                    help="device memory the cache may use, e.g. 16GiB, '16 GiB', 512MB, 16e9 (bytes)")
-    p.add_argument("--embedding-dim", type=positive_int, default=128,
-                   help=f"floats per row (the trainer's default is {d.embedding_dim})")
+    p.add_argument("--embedding-dim", type=positive_int, default=d.embedding_dim,
+                   help="floats per row (the trainer's --embedding-dim)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=d.sparse_optimizer,
                    help="the sparse optimizer, whose state travels with each row")
     p.add_argument("--eviction", choices=POLICIES, default=d.eviction,
@@ -53,9 +53,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                        help="predict for `dlrm train --prefetch-depth D`: the trainer admits the next D batches' "
                             "rows while the current one trains, so D + 1 batches' rows stay resident")
     ahead.add_argument("--no-prefetch", action="store_true", help="the same as --prefetch-depth 0")
-    p.add_argument("--admission", choices=("on", "off"), default=None,
-                   help="the cache's admission control for freq/lfu (default: the cache's default, which the "
-                        "trainer uses)")
+    p.add_argument("--admission", choices=("on", "off"), default="on" if d.admission else "off",
+                   help="the cache's admission control for freq/lfu (the trainer's --admission)")
     p.add_argument("--seed", type=non_negative_int, default=d.seed, help="the trainer's --seed (its shard order)")
     p.add_argument("--ratios", type=ratio, nargs="+", default=list(PLANNED_RATIOS), metavar="R",
                    help="cache ratios (fraction of all rows on the device)")
@@ -74,7 +73,7 @@ def run(args) -> int:
                           warmup_ratio=args.warmup_ratio, eviction=args.eviction, trace=args.trace,
                           seed=args.seed, ratios=args.ratios,
                           prefetch_depth=0 if args.no_prefetch else args.prefetch_depth,
-                          admission=None if args.admission is None else args.admission == "on")
+                          admission=args.admission == "on")
         if args.plot:
             plot(plan, args.plot)
         return plan
