@@ -7,7 +7,7 @@ batches themselves (`--trace N`), or, from meta.json's counts alone, a surrogate
 drawn from them (each occurrence in a batch drawn uniformly: `hit_curves.surrogate_batches`).
 
 How the hit rates are predicted, and why that way: `embcache/cache/hit_curves.py`.
-Measured against real runs: the README's "How big a cache".
+Measured against real runs: docs/planning.md.
 """
 from __future__ import annotations
 
