@@ -58,7 +58,8 @@ def declaration_problems(parser: argparse.ArgumentParser, config_cls: type | Non
 
 
 def _parsers():
-    """(command words, parser) of every action of dlrm, face and cf, and of the benchmarks."""
+    """(command words, parser) of every action of dlrm, face and cf, of `cache plan` (the
+    trainer's settings, predicted), and of the benchmarks."""
     def walk(parser, words):
         yield words, parser
         for action in parser._actions:
@@ -68,6 +69,9 @@ def _parsers():
 
     for name in ("dlrm", "face", "cf"):
         yield from walk(importlib.import_module(COMMANDS[name][0]).build_parser(f"embcache {name}"), name)
+    cache = importlib.import_module(COMMANDS["cache"][0])
+    for name, (path, _) in cache.COMMANDS.items():
+        yield f"cache {name}", importlib.import_module(path).build_parser(f"embcache cache {name}")
     bench = importlib.import_module(COMMANDS["bench"][0])
     for name, (path, _) in bench.COMMANDS.items():
         yield f"bench {name}", importlib.import_module(path).build_parser(f"embcache bench {name}")

@@ -2,22 +2,18 @@
 set's id counts (and, with --trace N, a replay of its first N training batches), the hit
 rate each eviction policy is predicted to reach at each cache ratio, what each costs in
 device and host memory and in rows moved per step, and the largest cache that fits the
-device memory. How the predictions are made: embcache/cache/planner.py."""
+device memory. The trainer's settings (--embedding-dim, --optimizer, --eviction, --batch-size,
+--warmup-ratio, --prefetch-depth, --admission, --seed) mean and default to what they do for
+`embcache dlrm train`: the plan predicts that run. How the predictions are made:
+embcache/cache/planner.py."""
 from __future__ import annotations
 
 import argparse
 import json
 
-from embcache.arg_types import (
-    DefaultsHelpFormatter,
-    fraction,
-    int_in,
-    memory_size,
-    non_negative_int,
-    positive_int,
-    ratio,
-)
+from embcache.arg_types import DefaultsHelpFormatter, int_in, memory_size, ratio
 from embcache.errors import as_user_errors
+from embcache.settings_fields import add_config_arguments
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -29,7 +25,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         (8589934592, 16, 'off', None)
     """
     from embcache.cache.choices import OPTIMIZERS, PLANNED_RATIOS, POLICIES
-    from embcache.train.dlrm_config import MAX_PREFETCH_DEPTH, DLRMConfig
+    from embcache.train.dlrm_config import DLRMConfig
 
     d = DLRMConfig()
     p = argparse.ArgumentParser(prog=prog, description=__doc__,
@@ -37,25 +33,18 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("data_dir", metavar="DATA_DIR", help="a prepared data set (meta.json + id counts)")
     p.add_argument("--device-memory", type=memory_size, default="16GiB", metavar="SIZE",
                    help="device memory the cache may use, e.g. 16GiB, '16 GiB', 512MB, 16e9 (bytes)")
-    p.add_argument("--embedding-dim", type=positive_int, default=d.embedding_dim,
-                   help="floats per row (the trainer's --embedding-dim)")
+    # the trainer's own settings, declared once on DLRMConfig (the plan predicts that trainer)
+    add_config_arguments(p, DLRMConfig, ["embedding_dim"])
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=d.sparse_optimizer,
-                   help="the sparse optimizer, whose state travels with each row")
-    p.add_argument("--eviction", choices=POLICIES, default=d.eviction,
-                   help="the eviction policy whose hit rate picks the size (--json reports all three)")
-    p.add_argument("--batch-size", type=positive_int, default=d.batch_size, help="the trainer's batch size")
-    p.add_argument("--warmup-ratio", type=fraction, default=d.warmup_ratio,
-                   help="fraction of the cache filled with the hottest ids before training")
+                   help="the sparse optimizer (the trainer's --sparse-optimizer), whose state travels with each row")
+    add_config_arguments(p, DLRMConfig, ["eviction", "batch_size", "warmup_ratio"])
     p.add_argument("--trace", type=int_in(1), default=None, metavar="N",
                    help="replay the first N training batches (default: predict from the id counts alone)")
-    ahead = p.add_mutually_exclusive_group()
-    ahead.add_argument("--prefetch-depth", type=int_in(0, MAX_PREFETCH_DEPTH), default=d.prefetch_depth, metavar="D",
-                       help="predict for `dlrm train --prefetch-depth D`: the trainer admits the next D batches' "
-                            "rows while the current one trains, so D + 1 batches' rows stay resident")
+    ahead = add_config_arguments(p, DLRMConfig, ["prefetch_depth"])["prefetch"]
     ahead.add_argument("--no-prefetch", action="store_true", help="the same as --prefetch-depth 0")
     p.add_argument("--admission", choices=("on", "off"), default="on" if d.admission else "off",
                    help="the cache's admission control for freq/lfu (the trainer's --admission)")
-    p.add_argument("--seed", type=non_negative_int, default=d.seed, help="the trainer's --seed (its shard order)")
+    add_config_arguments(p, DLRMConfig, ["seed"])
     p.add_argument("--ratios", type=ratio, nargs="+", default=list(PLANNED_RATIOS), metavar="R",
                    help="cache ratios (fraction of all rows on the device)")
     p.add_argument("--plot", default=None, metavar="PATH", help="also draw the curves into this PNG (default: no picture)")
