@@ -8,8 +8,6 @@ import platform
 import time
 from pathlib import Path
 
-import torch
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_RESULTS_DIR = REPO_ROOT / "bench" / "results"
 
@@ -17,6 +15,8 @@ DEFAULT_RESULTS_DIR = REPO_ROOT / "bench" / "results"
 def hardware() -> dict:
     """The machine the numbers came from; benchmarks on shared machines are only
     comparable within one run, so this is recorded next to every result."""
+    import torch  # here, not at the top: the benchmarks' parsers import this module, their --help without torch
+
     info = {
         "python": platform.python_version(),
         "torch": torch.__version__,
