@@ -16,10 +16,11 @@ import math
 
 import torch
 
-from embcache.cache.choices import OPTIMIZERS
+from embcache.cache.choices import OPTIMIZERS, TORCH_OPTIMIZERS
 
 # what each optimizer here equals on an uncached table (row-wise Adagrad has none in torch)
 TORCH_EQUIVALENTS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.SparseAdam}
+assert tuple(TORCH_EQUIVALENTS) == TORCH_OPTIMIZERS  # the names the command line offers without torch
 
 
 class RowOptimizer:
