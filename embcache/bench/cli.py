@@ -1,8 +1,10 @@
 """Benchmarks. Each compares its variants side by side in one run (ratios, not absolute
 seconds) and writes JSON, and a PNG where a picture helps, under bench/results/."""
 
+# name -> (module that builds its parser, one-line help); the parsers' modules import no torch
+# (`--help` answers at once), a benchmark's work is imported when it runs
 COMMANDS: dict[str, tuple[str, str]] = {
-    "cache": ("embcache.bench.cache", "hit rate of freq/lfu/lru vs Belady, bytes moved, bookkeeping cost"),
+    "cache": ("embcache.bench.cache_cli", "hit rate of freq/lfu/lru vs Belady, bytes moved, bookkeeping cost"),
     "dlrm": ("embcache.bench.dlrm", "DLRM throughput: cached (0.5/1.5/5 %) vs whole tables on device / on host"),
     "cf": ("embcache.bench.cf", "HEAT vs the PyTorch reference: epoch time (1 and all threads, tiling on/off), Recall@20, memory traffic"),
     "scaling": ("embcache.bench.scaling", "DLRM and face training at 1, 2 (4) gloo ranks on CPU: samples/s vs 1 rank, bytes sent per step vs a model"),
