@@ -313,9 +313,9 @@ def test_a_collection_checkpoint_holds_every_group_and_resumes_exactly(tmp_path)
 def test_bench_tiers_reports_both_parts_and_deletes_its_files(tmp_path):
     import json
 
-    from embcache.bench import tiers
+    from embcache.bench import tiers, tiers_cli
 
-    args = tiers.build_parser("tiers").parse_args(
+    args = tiers_cli.build_parser("tiers").parse_args(
         ["--rows", "3000", "--dim", "8", "--steps", "4", "--rounds", "2", "--batch-size", "16", "--bag-size", "2",
          "--cache-ratio", "0.02", "--big-gib", "0.0005", "--big-steps", "3", "--dir", str(tmp_path / "work"),
          "--out", str(tmp_path / "out")])

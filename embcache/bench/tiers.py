@@ -1,21 +1,9 @@
-"""Host store tiers: the memory-mapped store against the memory store, and a table larger
-than memory trained through the cache.
-
-(1) On a table that fits in memory, the same `CachedEmbeddingBag` training (same ids,
-same cache) runs with `host_store="memory"` and with `host_store="mmap:DIR"`, and the
-samples/s are reported side by side (mmap / memory). (2) With `--big-gib G`, a table of G
-GiB of rows plus Adagrad state (as files) trains for `--big-steps` batches: samples/s,
-the process's peak resident memory split into anonymous memory (what the process
-allocated) and mapped file pages (page cache the kernel may take back), bytes the
-process read from and wrote to the disk (/proc/self/io), major page faults, and the
-bytes of rows the cache gathered. The big files are deleted afterwards.
-
-Ids are Zipf-distributed over the table with the hot ids scattered (a multiplicative
-hash of the rank), so the rows a batch misses are spread over the whole file.
-"""
+"""The work of `embcache bench tiers`: the memory store against the memory-mapped store,
+and a table larger than memory trained through the cache. What it measures and how is the
+command's description, the docstring of `embcache.bench.tiers_cli` (which holds the flags
+and imports this module only to run)."""
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import resource
@@ -27,33 +15,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from embcache.bench.common import DEFAULT_RESULTS_DIR, write_json
+from embcache.bench.common import write_json
 from embcache.threads import set_threads
-from embcache.train.run_cli import add_threads_argument
 
 ROW_STATE = 2  # Adagrad: one float32 accumulator per weight: a row costs 2 x dim x 4 bytes
-
-
-def build_parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", type=int, default=2_000_000, help="rows of the table that fits (part 1)")
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--steps", type=int, default=200, help="batches of part 1 (each store)")
-    p.add_argument("--rounds", type=int, default=10,
-                   help="part 1 alternates the two stores over this many slices of its batches")
-    p.add_argument("--batch-size", type=int, default=4096, help="bags per batch")
-    p.add_argument("--bag-size", type=int, default=8, help="ids per bag")
-    p.add_argument("--cache-ratio", type=float, default=0.015)
-    p.add_argument("--big-gib", type=float, default=0.0,
-                   help="part 2: GiB of rows + Adagrad state of the big table (0: skip)")
-    p.add_argument("--big-steps", type=int, default=300)
-    p.add_argument("--dir", default=None, help="where the table files go (default: a temporary directory)")
-    p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR))
-    p.add_argument("--name", default="tiers")
-    add_threads_argument(p)
-    p.set_defaults(func=run)
-    return p
 
 
 def zipf_ids(num_rows: int, count: int, rng: np.random.Generator, a: float = 1.1) -> torch.Tensor:
