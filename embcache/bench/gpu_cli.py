@@ -1,0 +1,59 @@
+"""DLRM on one GPU: the cache against whole tables on the GPU, in one run.
+
+The model is DLRM's dense part in plain torch (`embcache.nn.dlrm_arch`: no torchrec needed)
+over one embedding bag for the 26 Criteo tables concatenated into one id space, as the
+cached collection keeps them; the data is synthetic and Criteo-shaped (Kaggle
+cardinalities times `--scale`: 33.8 M rows at 1.0, Zipf ids). Side by side, for each
+embedding dim:
+
+- `gpu`: `nn.EmbeddingBag(sparse=True)` holding the whole table on the device, trained by
+  the matching torch sparse optimizer (what fits only while the table fits);
+- `cached r`: `CachedEmbeddingBag` with `r` of the rows on the device and the rest with
+  their optimizer state in (pinned) host memory, prefetching `--prefetch-depth` batches
+  ahead; at the middle ratio also without prefetch, which prices the copies it hides.
+
+Every variant starts from the same table and trains on the same batches, so their losses
+agree (to the bit on the CPU; to rounding where CUDA's kernels sum in another order): the
+run reports the largest difference. Throughput is timed over a window of steps with one
+device synchronisation at each end, so copies may overlap compute as they would in
+training. Also reported: hit rate, bytes moved per step, the host->device bandwidth a
+plain pinned copy reaches in the same run, the share of the copy time that prefetch hid,
+peak device memory, and how many times a step makes the host wait for the device
+(`syncs_per_step`, counted by torch's sync debug mode). On CUDA a `torch.profiler` summary of cached steps at the middle
+ratio is saved with the results, which says where the time goes.
+"""
+from __future__ import annotations
+
+import argparse
+
+from embcache.bench.common import DEFAULT_RESULTS_DIR
+from embcache.cache.choices import TORCH_OPTIMIZERS
+from embcache.train.run_cli import add_device_argument, add_threads_argument
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scale", type=float, default=1.0, help="times the Kaggle cardinalities (1.0: 33.8 M rows)")
+    p.add_argument("--dims", type=int, nargs="+", default=[16, 128], help="embedding dims (16: the make run model)")
+    p.add_argument("--ratios", type=float, nargs="+", default=[0.005, 0.015, 0.05], help="cache ratios")
+    p.add_argument("--batch-size", type=int, default=4096)
+    p.add_argument("--steps", type=int, default=60, help="timed steps per variant")
+    p.add_argument("--warmup-steps", type=int, default=10, help="untimed steps before them")
+    p.add_argument("--optimizer", default="adagrad", choices=sorted(TORCH_OPTIMIZERS), help="sparse optimizer")
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--prefetch-depth", type=int, default=1, help="batches prefetched ahead (0: none)")
+    p.add_argument("--no-profile", action="store_true", help="skip the profiler summary (CUDA only)")
+    add_device_argument(p)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR), help="results directory")
+    p.add_argument("--name", default="gpu", help="results file stem")
+    add_threads_argument(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    """Run the benchmark: `embcache.bench.gpu` (and torch) imported only now."""
+    from embcache.bench import gpu
+
+    return gpu.run(args)
