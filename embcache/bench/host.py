@@ -1,30 +1,8 @@
-"""The host's ceiling: how many samples a second the cache's host-side work allows, with
-no device work at all, so that a GPU is never what it measures.
-
-The bookkeeping of the cache lives on the host, beside the ids: every id of every batch
-passes through it before a GPU sees a row. This runs the DLRM trainer's whole sparse path
-as a training loop drives it (a `KeyedJaggedTensor` of 26 Criteo features -> group inputs
-and their checks -> the prefetch's admission -> gathers of the missed rows from the host
-store -> the forward's lookup -> the backward's host share: dirty bits and holds) over a
-`CachedEmbeddingBagCollection` whose rows sit on torch's `meta` device: shapes without
-values, so every device operation costs nothing, while the host store, the slot map, the
-policy and the gathers are real. At full Kaggle cardinalities (33.8 M rows), batch 16,384,
-for each cache ratio and thread count (torch's and numba's), side by side in one run:
-
-- `one-hot`: 26 ids a sample (Criteo Kaggle's shape);
-- `multi-hot`: MLPerf DLRM-DCNv2's pooling factors (1 to 100 ids per feature, 214 a
-  sample) over the same tables (MLPerf's own tables, 188 M rows capped at 40 M a table,
-  do not fit this machine's memory with their optimizer state).
-
-Reported: samples/s and ids/s of host ceiling (the median step), the time of each part
-per step, the speed-up with threads, and a projection to a 16-core host by Amdahl's law
-from the measured 1- and 2-thread figures (the serial share read off their ratio).
-Not counted: what a GPU step adds on the host (the copies' launches), and reading the
-Parquet batches, which the trainer does in a background thread.
-"""
+"""The work of `embcache bench host`: the host's ceiling, the cache's host-side work alone
+(its rows on `meta`). What it measures and how is the command's description, the docstring of
+`embcache.bench.host_cli` (which holds the flags and imports this module only to run)."""
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import os
@@ -34,8 +12,9 @@ import numba
 import numpy as np
 import torch
 
-from embcache.bench.common import DEFAULT_RESULTS_DIR, write_json
+from embcache.bench.common import write_json
 from embcache.bench.criteo_trace import CRITEO_KAGGLE_CARDINALITIES, bounded_zipf, scaled_cardinalities
+from embcache.bench.defaults import HOST_ROUNDS as ROUNDS
 from embcache.cache import row_cache, transfers
 from embcache.nn import cached_collection
 from embcache.nn.cached_collection import CachedEmbeddingBagCollection
@@ -44,7 +23,6 @@ from embcache.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
 # ids per sample of each of the 26 features in MLPerf DLRM-DCNv2's multi-hot Criteo data
 MULTI_HOT_SIZES = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
 PROJECTED_CORES = 16
-ROUNDS = 2  # each thread count is measured this many times, interleaved with the others
 # the parts of a step, each the time spent in one function (and what it calls)
 PARTS = {
     "group_inputs": (cached_collection, "_group_input"),
@@ -54,27 +32,6 @@ PARTS = {
     "holds": (row_cache.RowCache, "_hold"),
     "backward_host": (row_cache.RowCache, "apply_gradient"),
 }
-
-
-def build_parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scale", type=float, default=1.0, help="times the Kaggle cardinalities (1.0: 33.8 M rows)")
-    p.add_argument("--batch-size", type=int, default=16384)
-    p.add_argument("--dim", type=int, default=16, help="embedding dim (the host store's row width)")
-    p.add_argument("--ratios", type=float, nargs="+", default=[0.005, 0.015, 0.05], help="cache ratios")
-    p.add_argument("--threads", type=int, nargs="+", default=None,
-                   help="thread counts to measure (default: 1 up to all cores, doubling)")
-    p.add_argument("--shapes", nargs="+", default=["one-hot", "multi-hot"], choices=["one-hot", "multi-hot"])
-    p.add_argument("--steps", type=int, default=8,
-                   help=f"timed steps per thread count and round ({ROUNDS} rounds; the median is reported)")
-    p.add_argument("--warmup-steps", type=int, default=5, help="untimed steps first (compilation, warm caches)")
-    p.add_argument("--eviction", default="freq", choices=["freq", "lfu", "lru"])
-    p.add_argument("--prefetch-depth", type=int, default=1, help="batches prefetched ahead, as the trainer")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR), help="results directory")
-    p.add_argument("--name", default="host", help="results file stem")
-    p.set_defaults(func=run)
-    return p
 
 
 class PartTimer:
