@@ -11,5 +11,5 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tiers": ("embcache.bench.tiers_cli", "host store tiers: mmap vs memory store samples/s, and a table larger than RAM (--big-gib) with peak RSS and disk reads"),
     "gpu": ("embcache.bench.gpu_cli", "DLRM on one GPU (torch only): cached 0.5/1.5/5 % vs whole tables on the GPU, link use, prefetch"),
     "host": ("embcache.bench.host_cli", "the cache's host ceiling: samples/s of host work alone (rows on `meta`), one-hot and multi-hot, threads 1..all"),
-    "face": ("embcache.bench.face", "face head: step time and memory of fc / pfc 0.1 / dcp 1 % and 10 % vs classes, and accuracy"),
+    "face": ("embcache.bench.face_cli", "face head: step time and memory of fc / pfc 0.1 / dcp 1 % and 10 % vs classes, and accuracy"),
 }
