@@ -1,5 +1,5 @@
-"""`--help` of every command answers without importing torch, torchrec or numba (27 s under
-load, 3.6 s quiet, when it did), and shows every option's default."""
+"""`--help` of every command (every benchmark's too) answers without importing torch, torchrec
+or numba (27 s under load, 3.6 s quiet, when it did), and shows every option's default."""
 from __future__ import annotations
 
 import argparse
@@ -10,12 +10,13 @@ import sys
 
 import pytest
 
+from embcache.bench.cli import COMMANDS as BENCHES
 from embcache.cli import COMMANDS
 
 HELPS = [[], ["dlrm"], ["dlrm", "train"], ["dlrm", "evaluate"], ["dlrm", "export"], ["face"], ["face", "train"],
          ["face", "evaluate"], ["cf"], ["cf", "train"], ["cf", "evaluate"], ["data"], ["data", "synthetic"],
          ["data", "prepare", "criteo-kaggle"], ["data", "prepare", "ml-100k"], ["data", "info"], ["cache"],
-         ["cache", "plan"], ["bench"]]
+         ["cache", "plan"], ["bench"], *(["bench", name] for name in BENCHES)]
 HEAVY = ("torch", "torchrec", "numba", "fbgemm_gpu", "pyarrow")
 
 
@@ -25,13 +26,15 @@ import contextlib, io, json, sys
 from embcache.cli import main
 imported = {{}}
 for argv in {HELPS!r}:
+    before = set(sys.modules)
     with contextlib.redirect_stdout(io.StringIO()) as out:
         try:
             main([*argv, "--help"])
         except SystemExit:
             pass
     assert "usage:" in out.getvalue(), argv
-    imported[" ".join(argv)] = [m for m in {HEAVY!r} if m in sys.modules]
+    # what this help imported first (a heavy module an earlier one imported is that one's)
+    imported[" ".join(argv)] = [m for m in {HEAVY!r} if m in sys.modules and m not in before]
 print(json.dumps(imported))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
