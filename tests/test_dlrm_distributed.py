@@ -89,6 +89,9 @@ def test_two_ranks_train_what_one_process_trains(one_rank, two_ranks):
     other_rows = (23 * 128 + 56) / 24
     assert two["comm_bytes_per_step"]["pooled"] == pytest.approx(sum(columns) * 4 * other_rows)
     assert sum(columns) == 8 * (26 + 3)  # the three row-wise tables' features on both ranks
+    # CPU seconds of training summed over the ranks, per sample of the 2 epochs of 6,000 rows
+    assert two["train_cpu_seconds"] > 0 and one["train_cpu_seconds"] > 0
+    assert two["cpu_seconds_per_sample"] == pytest.approx(two["train_cpu_seconds"] / 12_000)
 
 
 @pytest.mark.parametrize("first,then", [(2, 1), (1, 2)])

@@ -33,6 +33,9 @@ def test_max_steps_ends_with_validation(small_synthetic, tmp_path, one_torch_thr
     assert [(r["step"], r["partial"]) for r in evals] == [(5, True)]
     assert 0.0 < evals[0]["auc"] < 1.0 and evals[0]["samples"] > 0
     assert summary["stopped_early"] and summary["val_auc"] == evals[0]["auc"]
+    # CPU time over the training windows, per sample of this process's 5 steps
+    assert 0 < summary["train_cpu_seconds"]
+    assert summary["cpu_seconds_per_sample"] == pytest.approx(summary["train_cpu_seconds"] / (5 * 256))
 
 
 def test_eval_every_validates_without_changing_training(small_synthetic, tmp_path, one_torch_thread):

@@ -56,6 +56,13 @@ def _launch(ranks: int, args: list[str]) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def cpu_fields(summary: dict) -> dict:
+    """A run's CPU seconds of training (every rank's user + system time, all threads) per
+    sample: what adding ranks costs in CPU, seen even where the cores are shared."""
+    return {"cpu_seconds_per_sample": summary.get("cpu_seconds_per_sample"),
+            "train_cpu_seconds": summary.get("train_cpu_seconds")}
+
+
 def dlrm_traffic_model(meta: dict, freq: dict, embedding_dim: int, batch: int, world: int,
                        dense_params: int) -> dict:
     """Modelled bytes per step (summed over ranks) for a one-hot CTR batch of `batch` rows."""
@@ -90,7 +97,7 @@ def _dlrm(args, ranks: int) -> list[dict]:
         out.append({"job": "dlrm", "ranks": world, "samples_per_s": s["train_samples_per_s"],
                     "hit_rate": s["hit_rate"], "steps": s["steps"],
                     "comm_bytes_per_step": measured, "comm_model_bytes_per_step": model,
-                    "peak_host_mib_rank0": s["peak_host_mib"]})
+                    "peak_host_mib_rank0": s["peak_host_mib"], **cpu_fields(s)})
         print(f"  dlrm {world} rank(s): {s['train_samples_per_s']:>9,.0f} samples/s, "
               f"{sum(measured.values()) / 2**20:.2f} MiB sent a step (model {sum(model.values()) / 2**20:.2f})",
               flush=True)
@@ -104,6 +111,7 @@ def _face(args, ranks: int) -> list[dict]:
                             "--num-classes", str(args.face_classes), "--device", "cpu", "--no-progress",
                             "--epochs", "100"])
         out.append({"job": "face", "ranks": world, "samples_per_s": s["train_samples_per_s"], "steps": s["steps"],
+                    **cpu_fields(s),
                     **({"comm_bytes_per_step": s["comm_bytes_per_step"]} if "comm_bytes_per_step" in s else {})})
         print(f"  face {world} rank(s): {s['train_samples_per_s']:>9,.0f} samples/s", flush=True)
     return out
@@ -118,8 +126,13 @@ def run(args) -> int:
     for job in ("dlrm", "face"):
         rows = [r for r in results if r["job"] == job]
         base = next((r["samples_per_s"] for r in rows if r["ranks"] == 1), None)
+        cpu_base = next((r["cpu_seconds_per_sample"] for r in rows if r["ranks"] == 1), None)
         for r in rows:
             r["speedup_vs_1_rank"] = r["samples_per_s"] / base if base else None
+            cpu = r.get("cpu_seconds_per_sample")
+            r["cpu_per_sample_vs_1_rank"] = cpu / cpu_base if cpu and cpu_base else None
+            print(f"  {job} {r['ranks']} rank(s): x{r['speedup_vs_1_rank'] or 0:.2f} samples/s, "
+                  f"x{r['cpu_per_sample_vs_1_rank'] or 0:.2f} CPU-seconds a sample vs 1 rank", flush=True)
     config = {k: v for k, v in vars(args).items() if k != "func"}
     config["threads_per_rank"] = 1
     path = write_json({"benchmark": "scaling", "config": config, "results": results}, args.name, args.out)

@@ -166,12 +166,13 @@ class CFTrainer(Trainer):
         n = self.data.num_train
         self.begin_epoch(n, unit="pair")
         progress = self.cfg.progress
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         # in chunks even without a bar (the same arithmetic): a second Ctrl-C stops at the next one
         stats = self.engine.epoch(self.epoch, chunks=20,
                                   progress=(lambda done, loss: self.tick(done, loss=f"{loss:.4f}")) if progress
                                   else None)
         seconds = time.perf_counter() - t0
+        self.account_cpu(time.process_time() - cpu0, n)
         check_loss(stats["loss"], f"epoch {self.epoch + 1}")
         self.train_seconds += seconds
         self.train_samples += n

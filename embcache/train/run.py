@@ -53,7 +53,7 @@ from typing import ClassVar
 import torch
 
 from embcache.checkpoint import load_checkpoint, save_checkpoint
-from embcache.distributed.world import barrier, current
+from embcache.distributed.world import all_sum, barrier, current
 from embcache.errors import CheckpointError, RunInterrupted, TrainingDiverged
 from embcache.train.run_config import LOG_EVERY, RunConfig, StepRunConfig  # noqa: F401 (their home before)
 
@@ -282,6 +282,9 @@ class Trainer:
         self.epoch = self.step_in_epoch = self.step = 0
         self.history: list[dict] = []
         self.train_seconds, self.train_samples = 0.0, 0
+        # CPU time (user + system, every thread of this process) over the same windows as
+        # train_seconds, and the samples of those windows: this process's, not a checkpoint's
+        self.train_cpu_seconds, self._cpu_samples, self._cpu_last = 0.0, 0, 0.0
         self.stopped_early = False
         self._bar = None
         self._t_last = 0.0
@@ -435,7 +438,7 @@ class Trainer:
             return
         self.read_losses()
         scores = self.evaluate_epoch()
-        self._t_last = time.perf_counter()
+        self._restart_clocks()
         if not scores:
             return
         record = {"epoch": self.epoch + 1, "step": self.step, "partial": True, **scores}
@@ -478,8 +481,6 @@ class Trainer:
         if not self._interrupted:
             received = self._signals is not None and self._signals.received is not None
             if self.world.distributed:
-                from embcache.distributed.world import all_sum
-
                 received = all_sum({"stop": int(received)})["stop"] > 0
             self._interrupted = received
         return self._interrupted
@@ -518,7 +519,7 @@ class Trainer:
         self._bar = tqdm(total=total, initial=self.step_in_epoch if unit == "step" else 0,
                          desc=f"epoch {self.epoch + 1}/{self.cfg.epochs}", unit=unit, unit_scale=unit != "step",
                          disable=not (self.cfg.progress and self.world.is_main), dynamic_ncols=True, leave=unit == "step")
-        self._t_last = time.perf_counter()
+        self._restart_clocks()
 
     def tick(self, done: int, **postfix) -> None:
         """Advance the progress bar by `done` units (for trainers without steps)."""
@@ -546,7 +547,7 @@ class Trainer:
             self.evaluate_now()
         if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
             self.save()
-            self._t_last = time.perf_counter()
+            self._restart_clocks()
         if not self.world.distributed or self.step % self._log_every == 0:
             self.stop_requested()  # collective under torchrun: the ranks agree every log_every steps
 
@@ -568,8 +569,10 @@ class Trainer:
             check_loss(loss, f"step {first + i}")
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        now = time.perf_counter()
+        now, cpu_now = time.perf_counter(), time.process_time()
         dt, self._t_last = now - self._t_last, now
+        self.account_cpu(cpu_now - self._cpu_last, samples)
+        self._cpu_last = cpu_now
         self.train_seconds += dt
         self.train_samples += samples
         rate = samples / dt if dt > 0 else float("inf")
@@ -601,6 +604,16 @@ class Trainer:
                 window[i] = v
         return [float(loss) for loss in window], samples
 
+    def _restart_clocks(self) -> None:
+        """Start the wall and CPU clocks of the next training window (after a checkpoint or
+        a validation, whose time is not training's)."""
+        self._t_last, self._cpu_last = time.perf_counter(), time.process_time()
+
+    def account_cpu(self, seconds: float, samples: int) -> None:
+        """Count `seconds` of this process's CPU time spent training `samples` samples."""
+        self.train_cpu_seconds += seconds
+        self._cpu_samples += samples
+
     def _close_bar(self) -> None:
         if self._bar is not None:
             self._bar.close()
@@ -611,8 +624,16 @@ class Trainer:
                **({"steps": self.step} if self._stepwise else {}),
                "train_seconds": self.train_seconds,
                "train_samples_per_s": self.train_samples / self.train_seconds if self.train_seconds else 0.0,
-               "device": str(self.device), "world_size": self.world.size}
+               **self._cpu_fields(), "device": str(self.device), "world_size": self.world.size}
         return {**out, **self.summary_fields(), **peak_memory(self.device)}
+
+    def _cpu_fields(self) -> dict:
+        """CPU seconds of training, summed over the ranks (collective), and per sample: the
+        cost of a sample whether or not the cores are shared with other jobs, so that what
+        distribution costs shows where wall-clock speed-ups cannot."""
+        cpu = all_sum({"cpu": self.train_cpu_seconds})["cpu"]
+        return {"train_cpu_seconds": cpu,
+                "cpu_seconds_per_sample": cpu / self._cpu_samples if self._cpu_samples else None}
 
     # ------------------------------------------------------------------ checkpoints
     @property

@@ -102,6 +102,9 @@ def run_rows(s: dict) -> list[tuple[str, str]]:
     rows = [("training throughput", f"{s['train_samples_per_s']:,.0f} samples/s over {s['train_seconds']:.1f} s"),
             ("steps", f"{s['steps']:,} ({done})") if "steps" in s else ("epochs", done),
             ("peak host memory", f"{s['peak_host_mib']:,.0f} MiB")]
+    if s.get("cpu_seconds_per_sample"):
+        rows.insert(1, ("CPU time", f"{s['cpu_seconds_per_sample'] * 1e6:,.1f} µs a sample "
+                                    f"({s['train_cpu_seconds']:.1f} CPU-s, all threads and processes)"))
     if s.get("world_size", 1) > 1:
         rows.insert(1, ("processes", f"{s['world_size']} (torchrun)"))
     if "peak_device_mib" in s:
