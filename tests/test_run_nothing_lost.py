@@ -249,7 +249,8 @@ def test_a_second_ctrl_c_stops_the_command_at_once(tmp_path):
 def test_ctrl_c_under_torchrun_stops_every_rank_after_one_step(small_synthetic, tmp_path):
     """The terminal's Ctrl-C reaches the launcher and both ranks (and the launcher passes it
     on again): the ranks agree on the step to stop after (a multiple of --log-every), write
-    one checkpoint of it and each says so; any world size resumes it."""
+    one checkpoint of it and each says so; the launcher (`embcache.torchrun`) adds one line,
+    no traceback, and exits 130; any world size resumes it."""
     import torch
 
     if not torch.distributed.is_available():
@@ -261,7 +262,9 @@ def test_ctrl_c_under_torchrun_stops_every_rank_after_one_step(small_synthetic, 
             "--dense-arch", "16", "--over-arch", "16", "--arch", "torch", "--device", "cpu", "--no-progress",
             "--log-every", "5", "--checkpoint-every", "1000", "--cache-ratio", "0.01", "--dist-timeout", "60",
             "--checkpoint-dir", str(ck), "--metrics-out", str(ck / "m.jsonl")]
-    proc = subprocess.Popen(torchrun_command(2, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    # through `python -m embcache.torchrun`: torchrun's launcher with the same arguments, one line on Ctrl-C
+    launcher = [sys.executable, "-m", "embcache.torchrun", *torchrun_command(2, *args)[3:]]
+    proc = subprocess.Popen(launcher, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=REPO, env=rank_env(), start_new_session=True)
     _wait_for_step(ck / "m.jsonl", 10, proc)
     os.killpg(proc.pid, signal.SIGINT)
@@ -272,6 +275,8 @@ def test_ctrl_c_under_torchrun_stops_every_rank_after_one_step(small_synthetic, 
     for rank in (0, 1):
         assert f"embcache dlrm: rank {rank}: interrupted at step {step} (checkpoint in {ck})" in err, err[-3000:]
     assert err.count("SIGINT: stopping after this step") == 1  # rank 0 speaks; the launcher's copy is no second
+    assert "Traceback" not in err and proc.returncode == 130
+    assert err.splitlines()[-1] == "torchrun: stopped by SIGINT; the workers' last lines say what was kept"
     resumed = subprocess.run([sys.executable, "-m", "embcache", *args, "--resume", "--max-steps", str(step + 5)],
                              capture_output=True, text=True, cwd=REPO, env=rank_env(), timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
