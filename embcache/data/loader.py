@@ -7,9 +7,17 @@ record batch at a time, and only the rows of the batch being assembled are held.
 across shard boundaries, so every row is in exactly one batch per epoch and only the last batch
 may be short. Resume is cheap: starting at batch i skips whole shards and row groups from the
 Parquet footers without reading them.
+
+Under several ranks (`part`) each rank reads only its slice of every global batch: its rows
+are cut (zero-copy) out of the record batches before they are checked, converted or pinned,
+and row groups holding none of its rows are not read at all. The global batches, their
+sizes and the end of the epoch come from the footers, so every rank yields the same number
+of batches; a bad row is reported by the rank whose slice holds it, with the same file and
+row as one process reports.
 """
 from __future__ import annotations
 
+import bisect
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,7 +86,7 @@ class CTRBatches:
         read_rows: rows per Parquet read; bounds memory together with `batch_size`.
         part: `(rank, world_size)`: yield only this rank's slice of every global batch of
             `batch_size` rows (`embcache.partition.slice_bounds`), so N ranks together see
-            the batches one process sees.
+            the batches one process sees; only the slice's rows are checked and converted.
 
     Ids outside `[0, cardinality)`, nulls, a shard whose columns or column types differ from
     meta.json (label integer/bool, dense floating point, sparse integer ids), or a damaged shard
@@ -158,49 +166,28 @@ class CTRBatches:
                        self.place)
 
     def host_batches(self) -> Iterator[Batch]:
-        """The batches on the host, pinned when CUDA will take them (`place` moves them)."""
+        """The batches on the host, pinned when CUDA will take them (`place` moves them).
+        Only this rank's rows of each global batch are read, checked and converted."""
         if self.start_batch >= self.batches_per_epoch():
             return
-        pending: list[pa.RecordBatch] = []
-        have = 0
-        for record in self._record_batches(self.start_batch * self.batch_size):
-            pending.append(record)
-            have += record.num_rows
-            while have >= self.batch_size:
-                table = pa.Table.from_batches(pending)
-                yield self._host_batch(table.slice(0, self.batch_size))
-                pending = table.slice(self.batch_size).to_batches()
-                have -= self.batch_size
-        if have and not self.drop_last:
-            yield self._host_batch(pa.Table.from_batches(pending))
+        rank, world = self.part
+        rows = _EpochRows(self)
+        index = self.start_batch
+        while True:
+            first = index * self.batch_size
+            size = min(self.batch_size, rows.reach(first + self.batch_size) - first)
+            if size <= 0 or (size < self.batch_size and self.drop_last):
+                return
+            start, stop = slice_bounds(size, world, rank)
+            yield self._host_batch(rows.table(first + start, first + stop), size)
+            if size < self.batch_size:
+                return
+            index += 1
 
     def with_next(self) -> Iterator[tuple[Batch, Batch | None]]:
         """`(batch, next batch)` pairs, the last with None: the next batch's ids are known while
         the current one trains, so the trainer can hand them to the cache's `prefetch`."""
         return lookahead(self)
-
-    def _record_batches(self, skip: int) -> Iterator[pa.RecordBatch]:
-        """Record batches from `skip` rows into the epoch on, each checked."""
-        for path in self.files():
-            pf = self._open(path)
-            rows = pf.metadata.num_rows
-            if skip >= rows:
-                skip -= rows
-                continue
-            first_row, groups = 0, list(range(pf.num_row_groups))
-            while groups and skip >= pf.metadata.row_group(groups[0]).num_rows:
-                step = pf.metadata.row_group(groups.pop(0)).num_rows
-                skip -= step
-                first_row += step
-            for record in read_shard(pf, path, batch_size=self.read_rows, row_groups=groups,
-                                      columns=self._columns, use_threads=False):
-                if skip:
-                    cut = min(skip, record.num_rows)
-                    record, skip, first_row = record.slice(cut), skip - cut, first_row + cut
-                if record.num_rows:
-                    self._check(record, path, first_row)
-                    yield record
-                    first_row += record.num_rows
 
     def _open(self, path: Path) -> pq.ParquetFile:
         try:
@@ -249,11 +236,9 @@ class CTRBatches:
                 raise format_error(path, None, f"row {first_row + row}: {f.name} id {int(ids[k])} "
                                                f"outside [0, {f.cardinality})")
 
-    def _host_batch(self, table: pa.Table) -> Batch:
-        global_size = table.num_rows
-        if self.part[1] > 1:
-            start, stop = slice_bounds(global_size, self.part[1], self.part[0])
-            table = table.slice(start, stop - start)
+    def _host_batch(self, table: pa.Table, global_size: int) -> Batch:
+        """`table` (this rank's rows, already checked) as a Batch of a global batch of
+        `global_size` rows."""
         n = table.num_rows
         labels = torch.from_numpy(table.column("label").to_numpy().astype(np.float32))
         dense = np.empty((n, self.num_dense), dtype=np.float32)
@@ -288,6 +273,100 @@ class CTRBatches:
         if self.device.type == "cpu" and self.sparse_device.type == "cpu":
             return batch
         return batch.to(self.device, sparse_device=self.sparse_device)
+
+
+class _EpochRows:
+    """The rows of an epoch: the split's shards end to end in visiting order, each opened
+    (footer and column types checked) when the rows asked for reach it, as one process
+    reading every row would reach it."""
+
+    def __init__(self, loader: CTRBatches):
+        self._loader = loader
+        self._paths = iter(loader.files())
+        self._shards: list[_Shard] = []  # opened and not yet passed, the last always kept
+        self._known = 0  # rows of the shards opened so far
+
+    def reach(self, row: int) -> int:
+        """Open shards until `row` rows of the epoch are known or none is left; returns the
+        rows known (the whole epoch's when fewer than `row`)."""
+        while self._known < row:
+            path = next(self._paths, None)
+            if path is None:
+                break
+            pf = self._loader._open(path)
+            self._shards.append(_Shard(self._loader, path, pf, self._known))
+            self._known += pf.metadata.num_rows
+        return self._known
+
+    def table(self, start: int, stop: int) -> pa.Table:
+        """Rows `[start, stop)` of the epoch (known by `reach`), each record batch's part
+        checked on its own; later calls ask for later rows."""
+        while len(self._shards) > 1 and self._shards[0].stop <= start:
+            self._shards.pop(0)
+        pieces = []
+        for shard in self._shards:
+            lo, hi = max(start, shard.first), min(stop, shard.stop)
+            if lo < hi:
+                pieces += shard.rows(lo - shard.first, hi - shard.first)
+        if not pieces:  # an empty slice (more ranks than rows in a last batch)
+            return self._shards[-1].empty()
+        return pa.Table.from_batches(pieces)
+
+
+class _Shard:
+    """One shard read forward, for the row ranges asked of it. A range is cut (zero-copy)
+    out of the record batches holding it before anything is checked or converted, so rows
+    not asked for are never checked or converted, and row groups holding none of the asked
+    rows are never read. Parquet's unit of reading is the row group: one holding an asked
+    row is read from disk and decoded by pyarrow from its start (it can skip no smaller
+    unit), other ranks' rows in it included."""
+
+    def __init__(self, loader: CTRBatches, path: Path, pf: pq.ParquetFile, first: int):
+        self._loader, self.path, self._pf = loader, path, pf
+        self.first = first  # row of the epoch that is the shard's row 0
+        self.stop = first + pf.metadata.num_rows
+        sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
+        self._group_starts = np.cumsum([0] + sizes[:-1]).tolist() if sizes else []
+        self._records: Iterator[pa.RecordBatch] | None = None  # of row group `_group`
+        self._group = -1
+        self._next = 0  # shard row where the next record of `_records` starts
+        self._record, self._record_start = None, 0
+
+    def rows(self, start: int, stop: int) -> list[pa.RecordBatch]:
+        """Shard rows `[start, stop)` as parts of record batches, each checked (the error
+        names the shard and the row in it)."""
+        pieces = []
+        while start < stop:
+            if self._record is None or start >= self._record_start + self._record.num_rows:
+                self._seek(start)
+            end = min(stop, self._record_start + self._record.num_rows)
+            piece = self._record.slice(start - self._record_start, end - start)
+            self._loader._check(piece, self.path, start)
+            pieces.append(piece)
+            start = end
+        return pieces
+
+    def _seek(self, row: int) -> None:
+        """Make `_record` the record batch holding shard row `row`: read on in the row group
+        being read when it holds `row`, else start reading the row group that does. One row
+        group at a time, so a record batch never reaches into a row group not asked for."""
+        group = bisect.bisect_right(self._group_starts, row) - 1
+        if group != self._group:
+            self._records = read_shard(self._pf, self.path, batch_size=self._loader.read_rows,
+                                       row_groups=[group], columns=self._loader._columns, use_threads=False)
+            self._group, self._next = group, self._group_starts[group]
+        for record in self._records:
+            self._record, self._record_start = record, self._next
+            self._next += record.num_rows
+            if self._next > row:
+                return
+        raise format_error(self.path, None, f"cannot read Parquet shard (damaged or truncated?): row group "
+                                            f"{group} ends at row {self._next}, before row {row}")
+
+    def empty(self) -> pa.Table:
+        """No rows, with the shard's column types."""
+        schema = self._pf.schema_arrow
+        return pa.schema([schema.field(c) for c in self._loader._columns]).empty_table()
 
 
 class _Placed(Iterator[Batch]):
