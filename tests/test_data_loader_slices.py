@@ -79,74 +79,68 @@ def test_slices_put_together_are_the_one_process_batches(data, world, batch_size
             assert_union_is([r[k] for r in skipped], one)
 
 
-def _count_rows(monkeypatch):
-    """Counts, per call site, the rows checked (`_check`), converted (`_host_batch`) and read
-    from Parquet (`read_shard`'s record batches)."""
-    seen = {"checked": 0, "converted": 0, "read": 0}
+def _watch(monkeypatch):
+    """Records the shard rows `_host_batch` is given to check and convert, the shard rows
+    `_check` (which names a bad row) is given, and how many rows are read from Parquet
+    (`read_shard`'s records)."""
+    seen = {"converted": [], "checked": [], "read": 0}
     check, host_batch, read_shard = CTRBatches._check, CTRBatches._host_batch, loader_module.read_shard
 
-    def counting_check(self, record, path, first_row):
-        seen["checked"] += record.num_rows
+    def watched_check(self, record, path, first_row):
+        seen["checked"] += [(path, first_row + k) for k in range(record.num_rows)]
         return check(self, record, path, first_row)
 
-    def counting_host_batch(self, table, global_size):
-        seen["converted"] += table.num_rows
-        return host_batch(self, table, global_size)
+    def watched_host_batch(self, pieces, global_size):
+        seen["converted"] += [(p.source.path, p.first_row + k) for p in pieces for k in range(len(p))]
+        return host_batch(self, pieces, global_size)
 
-    def counting_read_shard(*args, **kwargs):
+    def watched_read_shard(*args, **kwargs):
         for record in read_shard(*args, **kwargs):
             seen["read"] += record.num_rows
             yield record
 
-    monkeypatch.setattr(CTRBatches, "_check", counting_check)
-    monkeypatch.setattr(CTRBatches, "_host_batch", counting_host_batch)
-    monkeypatch.setattr(loader_module, "read_shard", counting_read_shard)
+    monkeypatch.setattr(CTRBatches, "_check", watched_check)
+    monkeypatch.setattr(CTRBatches, "_host_batch", watched_host_batch)
+    monkeypatch.setattr(loader_module, "read_shard", watched_read_shard)
     return seen
 
 
-def _row_groups_read(data, files, rows_wanted):
-    """Rows of the row groups (over the shards in visiting order) holding any epoch row of `rows_wanted`."""
-    total, first = 0, 0
-    wanted = set(rows_wanted)
+def _layout(files):
+    """The epoch's rows (shards in visiting order) as (shard, row in it), and the epoch rows
+    of each row group."""
+    where, groups = [], []
     for path in files:
         md = pq.ParquetFile(path).metadata
         for g in range(md.num_row_groups):
-            n = md.row_group(g).num_rows
-            if wanted & set(range(first, first + n)):
-                total += n
-            first += n
-    return total
+            groups.append(range(len(where), len(where) + md.row_group(g).num_rows))
+            where += [(path, groups[-1].start - groups[-1 - g].start + k) for k in range(len(groups[-1]))]
+    return where, groups
 
 
 @pytest.mark.parametrize("world,batch_size,start", [(1, 5, 0), (2, 5, 0), (3, 7, 1), (4, 12, 0), (4, 12, 1)])
 def test_a_rank_checks_and_converts_only_its_rows(data, monkeypatch, world, batch_size, start):
-    """Each rank's `_check` and conversion see exactly its slices' rows (never another
-    rank's), and it reads from Parquet only the row groups holding some of them."""
-    seen = _count_rows(monkeypatch)
+    """Each rank checks and converts exactly its slices' rows (never another rank's), calls
+    `_check` (which only names a bad row) on none, and reads from Parquet only the row
+    groups holding some of its rows."""
+    seen = _watch(monkeypatch)
     rows_of_ranks = []
     for rank in range(world):
-        for key in seen:
-            seen[key] = 0
+        seen.update(converted=[], checked=[], read=0)
         batches = CTRBatches(data, "train", batch_size, shuffle_shards=True, seed=1, start_batch=start,
                              part=(rank, world))
-        epoch = _dense_0_of_epoch(batches)
+        where, groups = _layout(batches.files())
         mine = []
         for k, batch in enumerate(batches):
             first = (start + k) * batch_size
             a, b = slice_bounds(batch.global_size, world, rank)
             mine += range(first + a, first + b)
-            assert batch.dense[:, 0].tolist() == epoch[first + a: first + b].tolist()
-        assert seen["checked"] == seen["converted"] == len(mine)
-        assert seen["read"] == _row_groups_read(data, batches.files(), mine)
+        assert seen["converted"] == [where[r] for r in mine]
+        assert seen["checked"] == []
+        assert seen["read"] == sum(len(g) for g in groups if set(g) & set(mine))
         rows_of_ranks.append(mine)
     assert sorted(r for mine in rows_of_ranks for r in mine) == list(range(start * batch_size, N))
     if world == 4 and batch_size == 12:  # 3-row slices in 3-row groups: most groups are not read
         assert seen["read"] < N - start * batch_size
-
-
-def _dense_0_of_epoch(batches):
-    """dense_0 (the row's index in `row_lists`) of every row of the epoch, in visiting order."""
-    return np.concatenate([pq.read_table(p, columns=["dense_0"]).column(0).to_numpy() for p in batches.files()])
 
 
 def _rewrite_with(path, column, row, value):
@@ -165,10 +159,12 @@ def _rewrite_with(path, column, row, value):
     ("sparse_2", [1, 2, 4], r"row 3: sparse_2 id 4 outside \[0, 4\)"),
     ("label", None, r"row 3: label is null"),
 ])
-def test_a_bad_row_is_reported_by_its_rank_as_one_process_reports_it(data, column, value, message):
+def test_a_bad_row_is_reported_by_its_rank_as_one_process_reports_it(data, monkeypatch, column, value, message):
     """Batch 4 at 2 ranks: epoch row 10 (shard 1, row 3) is the third row of batch 2,
-    in rank 1's slice [10, 12): rank 1 names the same file and row as one process;
-    rank 0 reads its batches to the end."""
+    in rank 1's slice [10, 12): rank 1 names the same file and row as one process, having
+    looked for it (`_check`) in its own slice only; rank 0 reads its batches to the end.
+    (A null makes its record batch, shard 1's rows 3-5, searched row by row: rank 0 searches
+    its own row 5 of it, epoch row 12.)"""
     meta = read_meta(data)
     path = data / meta["splits"]["train"]["files"][1]
     _rewrite_with(path, column, 3, value)
@@ -179,7 +175,15 @@ def test_a_bad_row_is_reported_by_its_rank_as_one_process_reports_it(data, colum
     with pytest.raises(DataFormatError, match=pattern) as rank1:
         list(CTRBatches(data, "train", 4, part=(1, 2)))
     assert str(rank1.value) == str(one.value) and "\n" not in str(rank1.value)
-    assert len(list(CTRBatches(data, "train", 4, part=(0, 2)))) == 6
+    seen = _watch(monkeypatch)
+    with pytest.raises(DataFormatError, match=pattern):
+        list(CTRBatches(data, "train", 4, part=(1, 2)))
+    assert seen["checked"] == [(path, 3), (path, 4)]  # its slice of batch 2, epoch rows 10 and 11
+    seen["checked"] = []
+    rank0 = list(CTRBatches(data, "train", 4, part=(0, 2)))
+    assert seen["checked"] == ([(path, 5)] if value is None else [])
+    assert len(rank0) == 6 and np.concatenate([b.dense[:, 0].numpy() for b in rank0]).tolist() == [
+        r for k in range(6) for r in range(4 * k, min(4 * k + 2, N))]
     assert len(list(CTRBatches(data, "train", 4, part=(1, 2)).skip(3))) == 3  # past the bad row
 
 
