@@ -388,22 +388,22 @@ class _EpochRows:
     reading every row would reach it."""
 
     def __init__(self, loader: CTRBatches):
-        self._loader = loader
+        self.loader = loader
         self._paths = iter(loader.files())
         self._shards: list[_Shard] = []  # opened and not yet passed
-        self._known = 0  # rows of the shards opened so far
+        self.known = 0  # rows of the shards opened so far
 
     def reach(self, row: int) -> int:
         """Open shards until `row` rows of the epoch are known or none is left; returns the
         rows known (the whole epoch's when fewer than `row`)."""
-        while self._known < row:
+        while self.known < row:
             path = next(self._paths, None)
             if path is None:
                 break
-            pf = self._loader._open(path)
-            self._shards.append(_Shard(self._loader, path, pf, self._known))
-            self._known += pf.metadata.num_rows
-        return self._known
+            pf = self.loader._open(path)
+            self._shards.append(_Shard(self, path, pf, self.known))
+            self.known += pf.metadata.num_rows
+        return self.known
 
     def rows(self, start: int, stop: int) -> list[_Rows]:
         """Rows `[start, stop)` of the epoch (known by `reach`) as parts of record batches;
@@ -421,19 +421,19 @@ class _EpochRows:
 class _Shard:
     """One shard read forward, for the row ranges asked of it. A range is cut (zero-copy)
     out of the record batches holding it before anything is checked or converted, so rows
-    not asked for are never checked or converted, and row groups holding none of the asked
-    rows are never read. Parquet's unit of reading is the row group: one holding an asked
-    row is read from disk and decoded by pyarrow from its start (it can skip no smaller
-    unit), other ranks' rows in it included."""
+    not asked for are never checked or converted, and row groups holding none of this
+    rank's rows are never read. Parquet's unit of reading is the row group: one holding an
+    asked row is read from disk and decoded by pyarrow whole (it can skip no less), other
+    ranks' rows in it included."""
 
-    def __init__(self, loader: CTRBatches, path: Path, pf: pq.ParquetFile, first: int):
-        self._loader, self.path, self._pf = loader, path, pf
+    def __init__(self, epoch: _EpochRows, path: Path, pf: pq.ParquetFile, first: int):
+        self._epoch, self._loader, self.path, self._pf = epoch, epoch.loader, path, pf
         self.first = first  # row of the epoch that is the shard's row 0
         self.stop = first + pf.metadata.num_rows
-        sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
-        self._group_starts = np.cumsum([0] + sizes[:-1]).tolist() if sizes else []
-        self._records: Iterator[pa.RecordBatch] | None = None  # of row group `_group`
-        self._group = -1
+        self._sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
+        self._group_starts = np.cumsum([0] + self._sizes[:-1]).tolist() if self._sizes else []
+        self._records: Iterator[pa.RecordBatch] | None = None  # of row groups [.., `_run_stop`)
+        self._run_stop = 0
         self._next = 0  # shard row where the next record of `_records` starts
         self._record: _Record | None = None
 
@@ -450,21 +450,47 @@ class _Shard:
         return pieces
 
     def _seek(self, row: int) -> None:
-        """Make `_record` the record batch holding shard row `row`: read on in the row group
-        being read when it holds `row`, else start reading the row group that does. One row
-        group at a time, so a record batch never reaches into a row group not asked for."""
+        """Make `_record` the record batch holding shard row `row`: read on when the reader's
+        row groups hold `row`, else start a reader at the row group that does, over it and
+        the row groups after it known to hold rows of this rank (a record batch may span row
+        groups: it never reaches into one without rows of this rank)."""
         group = bisect.bisect_right(self._group_starts, row) - 1
-        if group != self._group:
+        if self._records is None or group >= self._run_stop:
+            stop = group + 1
+            while stop < len(self._sizes) and self._wanted(stop):
+                stop += 1
             self._records = read_shard(self._pf, self.path, batch_size=self._loader.read_rows,
-                                       row_groups=[group], columns=self._loader._columns, use_threads=False)
-            self._group, self._next = group, self._group_starts[group]
+                                       row_groups=list(range(group, stop)), columns=self._loader._columns,
+                                       use_threads=False)
+            self._run_stop, self._next = stop, self._group_starts[group]
         for record in self._records:
             self._record = _Record(record, self.path, self._next, self._loader)
             self._next += record.num_rows
             if self._next > row:
                 return
-        raise format_error(self.path, None, f"cannot read Parquet shard (damaged or truncated?): row group "
-                                            f"{group} ends at row {self._next}, before row {row}")
+        raise format_error(self.path, None, f"cannot read Parquet shard (damaged or truncated?): its rows "
+                                            f"end at {self._next}, before row {row}")
+
+    def _wanted(self, group: int) -> bool:
+        """Whether row group `group` holds rows of this rank's slices of global batches known
+        to be whole. One holding rows of a batch not known whole yet (the last batch may be
+        short, and its slices other ones) is not: it is read, by a reader of its own, once
+        rows of it are asked for."""
+        lo = self.first + self._group_starts[group]  # in rows of the epoch
+        hi = lo + self._sizes[group]
+        size = self._loader.batch_size
+        whole = self._epoch.known // size * size  # the epoch's rows in batches known to be whole
+        if hi > whole:
+            return False
+        if lo == hi:  # an empty row group costs nothing to read on
+            return True
+        start, stop = slice_bounds(size, self._loader.part[1], self._loader.part[0])
+        if start == stop:
+            return False
+        if hi - lo >= size:
+            return True
+        # [lo, hi) meets at most two batches
+        return any(max(lo, b + start) < min(hi, b + stop) for b in (lo // size * size, (hi - 1) // size * size))
 
 
 class _Placed(Iterator[Batch]):
