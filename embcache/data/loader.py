@@ -3,18 +3,28 @@ of ids (torchrec's, or its stand-in without torchrec: `embcache.sparse_types`) a
 labels, streamed from the Parquet shards.
 
 Memory stays bounded whatever the file sizes: rows are read with `ParquetFile.iter_batches`, a
-record batch at a time, and only the rows of the batch being assembled are held. Batches run
-across shard boundaries, so every row is in exactly one batch per epoch and only the last batch
-may be short. Resume is cheap: starting at batch i skips whole shards and row groups from the
+record batch (of one row group) at a time, and only the rows of the batch being assembled are
+held. Batches run across shard boundaries, so every row is in exactly one batch per epoch and
+only the last batch may be short. Resume is cheap: starting at batch i skips whole shards and row groups from the
 Parquet footers without reading them.
+
+Under several ranks (`part`) each rank reads only its slice of every global batch: its rows
+are cut (zero-copy: numpy views of the record batch's columns) out of the record batches
+before they are checked, converted or pinned, and row groups holding none of its rows are
+not read at all. A row group holding some of its rows is read and decoded by pyarrow whole,
+other ranks' rows included: Parquet can skip no less. The global batches, their sizes and
+the end of the epoch come from the footers, so every rank yields the same number of batches;
+a bad row is reported by the rank whose slice holds it, with the same file and row as one
+process reports.
 """
 from __future__ import annotations
 
+import bisect
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from collections import deque
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -78,7 +88,7 @@ class CTRBatches:
         read_rows: rows per Parquet read; bounds memory together with `batch_size`.
         part: `(rank, world_size)`: yield only this rank's slice of every global batch of
             `batch_size` rows (`embcache.partition.slice_bounds`), so N ranks together see
-            the batches one process sees.
+            the batches one process sees; only the slice's rows are checked and converted.
 
     Ids outside `[0, cardinality)`, nulls, a shard whose columns or column types differ from
     meta.json (label integer/bool, dense floating point, sparse integer ids), or a damaged shard
@@ -113,6 +123,7 @@ class CTRBatches:
         self._columns = (["label"] + [f"dense_{j}" for j in range(self.num_dense)]
                          + [f.name for f in self.features])
         self._multi_hot = {f.name: f.multi_hot for f in self.features}
+        self._cardinalities = np.array([f.cardinality for f in self.features], dtype=np.uint64)
 
     # -------------------------------------------------------------- size and order
     def batches_per_epoch(self) -> int:
@@ -158,49 +169,28 @@ class CTRBatches:
                        self.place)
 
     def host_batches(self) -> Iterator[Batch]:
-        """The batches on the host, pinned when CUDA will take them (`place` moves them)."""
+        """The batches on the host, pinned when CUDA will take them (`place` moves them).
+        Only this rank's rows of each global batch are read, checked and converted."""
         if self.start_batch >= self.batches_per_epoch():
             return
-        pending: list[pa.RecordBatch] = []
-        have = 0
-        for record in self._record_batches(self.start_batch * self.batch_size):
-            pending.append(record)
-            have += record.num_rows
-            while have >= self.batch_size:
-                table = pa.Table.from_batches(pending)
-                yield self._host_batch(table.slice(0, self.batch_size))
-                pending = table.slice(self.batch_size).to_batches()
-                have -= self.batch_size
-        if have and not self.drop_last:
-            yield self._host_batch(pa.Table.from_batches(pending))
+        rank, world = self.part
+        rows = _EpochRows(self)
+        index = self.start_batch
+        while True:
+            first = index * self.batch_size
+            size = min(self.batch_size, rows.reach(first + self.batch_size) - first)
+            if size <= 0 or (size < self.batch_size and self.drop_last):
+                return
+            start, stop = slice_bounds(size, world, rank)
+            yield self._host_batch(rows.rows(first + start, first + stop), size)
+            if size < self.batch_size:
+                return
+            index += 1
 
     def with_next(self) -> Iterator[tuple[Batch, Batch | None]]:
         """`(batch, next batch)` pairs, the last with None: the next batch's ids are known while
         the current one trains, so the trainer can hand them to the cache's `prefetch`."""
         return lookahead(self)
-
-    def _record_batches(self, skip: int) -> Iterator[pa.RecordBatch]:
-        """Record batches from `skip` rows into the epoch on, each checked."""
-        for path in self.files():
-            pf = self._open(path)
-            rows = pf.metadata.num_rows
-            if skip >= rows:
-                skip -= rows
-                continue
-            first_row, groups = 0, list(range(pf.num_row_groups))
-            while groups and skip >= pf.metadata.row_group(groups[0]).num_rows:
-                step = pf.metadata.row_group(groups.pop(0)).num_rows
-                skip -= step
-                first_row += step
-            for record in read_shard(pf, path, batch_size=self.read_rows, row_groups=groups,
-                                      columns=self._columns, use_threads=False):
-                if skip:
-                    cut = min(skip, record.num_rows)
-                    record, skip, first_row = record.slice(cut), skip - cut, first_row + cut
-                if record.num_rows:
-                    self._check(record, path, first_row)
-                    yield record
-                    first_row += record.num_rows
 
     def _open(self, path: Path) -> pq.ParquetFile:
         try:
@@ -230,7 +220,10 @@ class CTRBatches:
         return pf
 
     def _check(self, record: pa.RecordBatch, path: Path, first_row: int) -> None:
-        """Ids in range and no nulls; the error names the shard and the row in it (0-based)."""
+        """Ids in range and no nulls; the error names the shard and the row in it (0-based).
+        The check that names the first bad row: `_host_batch` checks a slice's ids all at
+        once and calls this only to name the row when that fails, or first where the record
+        batch holds nulls."""
         for name in self._columns:
             if record.column(name).null_count:
                 row = int(np.flatnonzero(record.column(name).is_null().to_numpy(zero_copy_only=False))[0])
@@ -249,36 +242,58 @@ class CTRBatches:
                 raise format_error(path, None, f"row {first_row + row}: {f.name} id {int(ids[k])} "
                                                f"outside [0, {f.cardinality})")
 
-    def _host_batch(self, table: pa.Table) -> Batch:
-        global_size = table.num_rows
-        if self.part[1] > 1:
-            start, stop = slice_bounds(global_size, self.part[1], self.part[0])
-            table = table.slice(start, stop - start)
-        n = table.num_rows
-        labels = torch.from_numpy(table.column("label").to_numpy().astype(np.float32))
+    def _host_batch(self, pieces: list[_Rows], global_size: int) -> Batch:
+        """This rank's rows of a global batch of `global_size` rows (`pieces`, in order),
+        checked and converted into a Batch (pinned when CUDA will take it). The ids of the
+        whole slice are checked at once on the converted ids (and a piece of a record batch
+        holding nulls is checked by `_check` first); only when that check fails does `_check`
+        go over the pieces to name the file and row."""
+        for piece in pieces:
+            if not piece.source.clean:  # nulls somewhere in its record batch: in these rows?
+                self._check(piece.arrow(), piece.source.path, piece.first_row)
+        n = sum(len(piece) for piece in pieces)
+        labels = np.empty(n, dtype=np.float32)
+        at = 0
+        for piece in pieces:
+            labels[at: at + len(piece)] = piece.numpy(0)
+            at += len(piece)
         dense = np.empty((n, self.num_dense), dtype=np.float32)
         for j in range(self.num_dense):
-            dense[:, j] = table.column(f"dense_{j}").to_numpy()
-        values, lengths = [], []
-        for f in self.features:
-            col = table.column(f.name)
+            at = 0
+            for piece in pieces:
+                dense[at: at + len(piece), j] = piece.numpy(1 + j)
+                at += len(piece)
+        parts, counts = [], []  # ids in KJT order (key by key, pieces in order); ids per key
+        lengths = np.ones(len(self.features) * n, dtype=np.int64)
+        for k, f in enumerate(self.features):
+            column = 1 + self.num_dense + k
             if f.multi_hot:
-                col = col.combine_chunks()
-                values.append(pc.list_flatten(col).to_numpy().astype(np.int64, copy=False))
-                lengths.append(pc.list_value_length(col).to_numpy().astype(np.int64))
+                at = k * n
+                for ids, sizes in (piece.lists(column) for piece in pieces):
+                    parts.append(ids)
+                    lengths[at: at + len(sizes)] = sizes
+                    at += len(sizes)
+                counts.append(int(lengths[k * n: at].sum()))
             else:
-                values.append(col.to_numpy().astype(np.int64, copy=False))
-                lengths.append(np.ones(n, dtype=np.int64))
-        sparse = KeyedJaggedTensor(keys=[f.name for f in self.features],
-                                   values=torch.from_numpy(np.concatenate(values) if values
-                                                           else np.zeros(0, dtype=np.int64)),
-                                   lengths=torch.from_numpy(np.concatenate(lengths) if lengths
-                                                            else np.zeros(0, dtype=np.int64)))
-        batch = Batch(torch.from_numpy(dense), sparse, labels, global_size)
+                parts += [piece.numpy(column) for piece in pieces]
+                counts.append(n)
+        ids = _concat([part.astype(np.int64, copy=False) for part in parts], np.int64)
+        # one comparison for every id of every feature: negative ids are huge as uint64
+        if np.count_nonzero(ids.view(np.uint64) >= np.repeat(self._cardinalities, counts)):
+            self._locate(pieces)
+        sparse = KeyedJaggedTensor(keys=[f.name for f in self.features], values=torch.from_numpy(ids),
+                                   lengths=torch.from_numpy(lengths))
+        batch = Batch(torch.from_numpy(dense), sparse, torch.from_numpy(labels), global_size)
         if "cuda" in (self.device.type, self.sparse_device.type):
             return Batch(batch.dense.pin_memory(), batch.sparse.pin_memory(), batch.labels.pin_memory(),
                          global_size)
         return batch
+
+    def _locate(self, pieces: list[_Rows]) -> None:
+        """Raise `_check`'s error for the first bad row of `pieces` (a slice found bad)."""
+        for piece in pieces:
+            self._check(piece.arrow(), piece.source.path, piece.first_row)
+        raise RuntimeError("a slice failed the batch check but no row of it fails _check")
 
     def place(self, batch: Batch) -> Batch:
         """A batch of `host_batches` on `device` (its ids on `sparse_device`); from pinned
@@ -288,6 +303,194 @@ class CTRBatches:
         if self.device.type == "cpu" and self.sparse_device.type == "cpu":
             return batch
         return batch.to(self.device, sparse_device=self.sparse_device)
+
+
+def _concat(arrays: list[np.ndarray], dtype) -> np.ndarray:
+    """The arrays end to end in a new array (none: an empty one of `dtype`)."""
+    return np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
+
+
+class _Record:
+    """A record batch read from a shard, with its columns (in the loader's column order) as
+    numpy views where Arrow allows one: no copy and no work over its rows, so a rank's rows
+    of it are numpy slices of them. A column Arrow cannot view (bool labels), and every
+    column of a record batch holding a null anywhere, is converted piece by piece instead."""
+
+    def __init__(self, record: pa.RecordBatch, path: Path, first_row: int, loader: CTRBatches):
+        self.record, self.path = record, path
+        self.first_row = first_row  # the shard's row that is the record's row 0
+        self.stop = first_row + record.num_rows
+        self.columns = [record.column(name) for name in loader._columns]
+        multi = [loader._multi_hot.get(name, False) for name in loader._columns]
+        # Arrow knows a fresh array's null count (the Parquet reader sets it): no pass over the rows
+        self.clean = not any(c.null_count or (m and c.values.null_count) for c, m in zip(self.columns, multi))
+        self._views = [_view(c, m) if self.clean else None for c, m in zip(self.columns, multi)]
+
+    def numpy(self, column: int, start: int, stop: int) -> np.ndarray:
+        """Rows `[start, stop)` of a column as numpy (a view when one was taken)."""
+        view = self._views[column]
+        if view is not None:
+            return view[start:stop]
+        return self.columns[column].slice(start, stop - start).to_numpy(zero_copy_only=False)
+
+    def lists(self, column: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows `[start, stop)` of a list column: the ids end to end, and the list lengths."""
+        view = self._views[column]
+        if view is not None:
+            offsets, values = view
+            offsets = offsets[start: stop + 1]
+            return values[offsets[0]: offsets[-1]], np.diff(offsets)
+        lists = self.columns[column].slice(start, stop - start)
+        return (pc.list_flatten(lists).to_numpy(zero_copy_only=False),
+                pc.list_value_length(lists).to_numpy(zero_copy_only=False))
+
+
+def _view(column: pa.Array, multi_hot: bool):
+    """A column with no nulls as a zero-copy numpy view (a list column: its offsets and its
+    values, which the offsets index), or None where Arrow has none."""
+    try:
+        if multi_hot:
+            return column.offsets.to_numpy(), column.values.to_numpy()
+        return column.to_numpy()
+    except pa.ArrowInvalid:  # not zero-copy (bool)
+        return None
+
+
+class _Rows(NamedTuple):
+    """Rows `[start, stop)` of a record batch read from a shard: one rank's, or part of them."""
+
+    source: _Record
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def first_row(self) -> int:
+        """The shard's row that is the first of these."""
+        return self.source.first_row + self.start
+
+    def numpy(self, column: int) -> np.ndarray:
+        return self.source.numpy(column, self.start, self.stop)
+
+    def lists(self, column: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.source.lists(column, self.start, self.stop)
+
+    def arrow(self) -> pa.RecordBatch:
+        """These rows as a record batch (zero-copy)."""
+        return self.source.record.slice(self.start, self.stop - self.start)
+
+
+class _EpochRows:
+    """The rows of an epoch: the split's shards end to end in visiting order, each opened
+    (footer and column types checked) when the rows asked for reach it, as one process
+    reading every row would reach it."""
+
+    def __init__(self, loader: CTRBatches):
+        self.loader = loader
+        self._paths = iter(loader.files())
+        self._shards: list[_Shard] = []  # opened and not yet passed
+        self.known = 0  # rows of the shards opened so far
+
+    def reach(self, row: int) -> int:
+        """Open shards until `row` rows of the epoch are known or none is left; returns the
+        rows known (the whole epoch's when fewer than `row`)."""
+        while self.known < row:
+            path = next(self._paths, None)
+            if path is None:
+                break
+            pf = self.loader._open(path)
+            self._shards.append(_Shard(self, path, pf, self.known))
+            self.known += pf.metadata.num_rows
+        return self.known
+
+    def rows(self, start: int, stop: int) -> list[_Rows]:
+        """Rows `[start, stop)` of the epoch (known by `reach`) as parts of record batches;
+        later calls ask for later rows."""
+        while self._shards and self._shards[0].stop <= start:
+            self._shards.pop(0)
+        pieces = []
+        for shard in self._shards:
+            lo, hi = max(start, shard.first), min(stop, shard.stop)
+            if lo < hi:
+                pieces += shard.rows(lo - shard.first, hi - shard.first)
+        return pieces
+
+
+class _Shard:
+    """One shard read forward, for the row ranges asked of it. A range is cut (zero-copy)
+    out of the record batches holding it before anything is checked or converted, so rows
+    not asked for are never checked or converted, and row groups holding none of this
+    rank's rows are never read. Parquet's unit of reading is the row group: one holding an
+    asked row is read from disk and decoded by pyarrow whole (it can skip no less), other
+    ranks' rows in it included."""
+
+    def __init__(self, epoch: _EpochRows, path: Path, pf: pq.ParquetFile, first: int):
+        self._epoch, self._loader, self.path, self._pf = epoch, epoch.loader, path, pf
+        self.first = first  # row of the epoch that is the shard's row 0
+        self.stop = first + pf.metadata.num_rows
+        self._sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
+        self._group_starts = np.cumsum([0] + self._sizes[:-1]).tolist() if self._sizes else []
+        self._records: Iterator[pa.RecordBatch] | None = None  # of row groups [.., `_run_stop`)
+        self._run_stop = 0
+        self._next = 0  # shard row where the next record of `_records` starts
+        self._record: _Record | None = None
+
+    def rows(self, start: int, stop: int) -> list[_Rows]:
+        """Shard rows `[start, stop)` as parts of record batches."""
+        pieces = []
+        while start < stop:
+            if self._record is None or start >= self._record.stop:
+                self._seek(start)
+            at = self._record.first_row
+            end = min(stop, self._record.stop)
+            pieces.append(_Rows(self._record, start - at, end - at))
+            start = end
+        return pieces
+
+    def _seek(self, row: int) -> None:
+        """Make `_record` the record batch holding shard row `row`: read on when the reader's
+        row groups hold `row`, else start a reader at the row group that does, over it and
+        the row groups after it known to hold rows of this rank (a record batch may span row
+        groups: it never reaches into one without rows of this rank)."""
+        group = bisect.bisect_right(self._group_starts, row) - 1
+        if self._records is None or group >= self._run_stop:
+            stop = group + 1
+            while stop < len(self._sizes) and self._wanted(stop):
+                stop += 1
+            self._records = read_shard(self._pf, self.path, batch_size=self._loader.read_rows,
+                                       row_groups=list(range(group, stop)), columns=self._loader._columns,
+                                       use_threads=False)
+            self._run_stop, self._next = stop, self._group_starts[group]
+        for record in self._records:
+            self._record = _Record(record, self.path, self._next, self._loader)
+            self._next += record.num_rows
+            if self._next > row:
+                return
+        raise format_error(self.path, None, f"cannot read Parquet shard (damaged or truncated?): its rows "
+                                            f"end at {self._next}, before row {row}")
+
+    def _wanted(self, group: int) -> bool:
+        """Whether row group `group` holds rows of this rank's slices of global batches known
+        to be whole. One holding rows of a batch not known whole yet (the last batch may be
+        short, and its slices other ones) is not: it is read, by a reader of its own, once
+        rows of it are asked for."""
+        lo = self.first + self._group_starts[group]  # in rows of the epoch
+        hi = lo + self._sizes[group]
+        size = self._loader.batch_size
+        whole = self._epoch.known // size * size  # the epoch's rows in batches known to be whole
+        if hi > whole:
+            return False
+        if lo == hi:  # an empty row group costs nothing to read on
+            return True
+        start, stop = slice_bounds(size, self._loader.part[1], self._loader.part[0])
+        if start == stop:
+            return False
+        if hi - lo >= size:
+            return True
+        # [lo, hi) meets at most two batches
+        return any(max(lo, b + start) < min(hi, b + stop) for b in (lo // size * size, (hi - 1) // size * size))
 
 
 class _Placed(Iterator[Batch]):
