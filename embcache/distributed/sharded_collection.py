@@ -27,7 +27,9 @@ wait in order (a trainer prefetching D batches ahead has D of them). On one proc
 this happens: the collection is the local one.
 
 The exchanges run on a process group of their own, so they cannot interleave with the
-data-parallel all-reduces that DDP launches during the same backward.
+data-parallel all-reduces that DDP launches during the same backward. A training step that
+prefetches makes three all-to-alls on it: the next batch's ids, the pooled embeddings, and
+their gradients (`tests/test_sharded_routing.py` counts them).
 """
 from __future__ import annotations
 
