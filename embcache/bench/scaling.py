@@ -8,15 +8,18 @@ computes the same steps. Beside the measured traffic per step stands a model of 
 
 - pooled embeddings: each owner sends its columns for the other ranks' samples,
   `sum_r D_r * (B - B_r) * 4` bytes, and the same again as gradients in the backward;
-- ids: for every feature a rank's samples look up in another rank's table, lengths and
-  ids (int64; a row-wise shard gets the share of ids its rows hold, modelled as its share
-  of the table's rows);
+- ids: one block from every rank to every other owner: a header (`1 + ranks + features the
+  owner serves` int64s) and, for every feature the owner serves, the rank's lengths and ids
+  (int64; a row-wise shard gets the share of ids its rows hold, modelled as its share of
+  the table's rows), each block padded to the capacity the ranks give that owner (its
+  largest block plus 1/32, see `distributed/sharded_collection.py`);
 - dense gradients: one all-reduce of the MLPs' gradients (DDP), `4 * parameters` bytes.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -67,6 +70,7 @@ def dlrm_traffic_model(meta: dict, freq: dict, embedding_dim: int, batch: int, w
                        dense_params: int) -> dict:
     """Modelled bytes per step (summed over ranks) for a one-hot CTR batch of `batch` rows."""
     from embcache.distributed import placement
+    from embcache.distributed.sharded_collection import block_capacity
     from embcache.partition import slice_bounds
 
     tables = [placement.TableLoad(f"t_{f['name']}", (f["name"],), f["cardinality"], float(freq[f["name"]].sum()))
@@ -74,7 +78,11 @@ def dlrm_traffic_model(meta: dict, freq: dict, embedding_dim: int, batch: int, w
     shards = placement.plan(tables, world)
     local = [slice_bounds(batch, world, r)[1] - slice_bounds(batch, world, r)[0] for r in range(world)]
     pooled = sum(embedding_dim * len(s.features) * (batch - local[s.rank]) * 4 for s in shards)
-    ids = sum(local[r] * 8 * (1 + s.rows / s.table_rows) for s in shards for r in range(world) if r != s.rank)
+    served = [[s for s in shards if s.rank == o] for o in range(world)]
+    block = [[1 + world + sum(len(s.features) * (1 + local[r] * (1 + s.rows / s.table_rows)) for s in served[o])
+              for o in range(world)] for r in range(world)]  # block[r][o]: rank r's for owner o, in int64s
+    capacity = [block_capacity(math.ceil(max(row[o] for row in block))) for o in range(world)]
+    ids = sum(8 * capacity[o] for r in range(world) for o in range(world) if o != r) if world > 1 else 0
     return {"ids": ids, "pooled": pooled, "pooled_grad": pooled, "dense_allreduce": 4 * dense_params if world > 1 else 0}
 
 

@@ -3,11 +3,19 @@
 Each rank reads its own slice of every global batch, but the rows its samples need live on
 their owner ranks (`placement.plan`). A forward therefore moves data twice:
 
-1. **ids to owners** (all-to-all): every rank sends, for each shard, its samples' lengths
-   and ids (a row-wise shard gets only the ids in its range, shifted to start at 0);
+1. **ids to owners** (one all-to-all of one buffer): every rank sends each owner one block,
+   a header (its batch, the sizes of all its blocks, the number of ids of each feature the
+   owner serves) and, for each (shard, feature) the owner serves, its samples' lengths and
+   ids (a row-wise shard gets only the ids in its range, shifted to start at 0). Each block
+   travels in a capacity every rank agrees on, padded with zeros: the largest block for that
+   owner in the previous exchange plus 1/32, so no size has to be exchanged first. A block
+   that outgrows it (the first batch, a larger evaluation batch, a row-wise shard's ids
+   growing) is cut there and its rest follows in a second all-to-all, which every rank
+   knows to make from the headers it received;
 2. the owner looks the whole global batch up in its own cached collection, in global
    sample order, so each row's gradient is summed over the same samples in the same order
-   as on one process;
+   as on one process (the owner writes the received lengths and ids into that order in one
+   copy);
 3. **pooled embeddings back** (all-to-all with autograd): each rank receives `[B_local, D]`
    per owner and assembles the features in the model's order (adding the partial sums of
    a row-wise table). The backward sends the gradients the same way in reverse, and the
@@ -19,7 +27,9 @@ wait in order (a trainer prefetching D batches ahead has D of them). On one proc
 this happens: the collection is the local one.
 
 The exchanges run on a process group of their own, so they cannot interleave with the
-data-parallel all-reduces that DDP launches during the same backward.
+data-parallel all-reduces that DDP launches during the same backward. A training step that
+prefetches makes three all-to-alls on it: the next batch's ids, the pooled embeddings, and
+their gradients (`tests/test_sharded_routing.py` counts them).
 """
 from __future__ import annotations
 
@@ -89,6 +99,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._group = new_group() if self.world.distributed else None
         self._pending: deque[tuple[KeyedJaggedTensor, _Routed]] = deque(maxlen=MAX_PENDING)
         self.comm_bytes = {"ids": 0, "pooled": 0}
+        # elements of a routing block for each owner, the same on every rank: header only at first
+        self._capacity = [self._header_size(o) for o in range(self.world.size)]
 
     # --------------------------------------------------------- torchrec's interface
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
@@ -137,47 +149,82 @@ class ShardedEmbeddingBagCollection(nn.Module):
         return self._route(features)
 
     def _route(self, kjt: KeyedJaggedTensor) -> _Routed:
+        """Send each owner its block of this rank's samples and receive this rank's lookups
+        from every rank (see the module docstring)."""
+        inbound, heads = self._exchange_blocks(self._blocks_out(kjt))
+        batch_from = [h[0] for h in heads]
+        ids_from = [h[1 + self.world.size:] for h in heads]
+        return _Routed(self._owner_kjt(inbound, batch_from, ids_from, kjt.lengths().dtype), batch_from)
+
+    def _exchange_blocks(self, blocks: list[list[torch.Tensor]]) -> tuple[list[torch.Tensor], list[list[int]]]:
+        """One all-to-all of the blocks, each in the capacity every rank gives its owner (a
+        second one only when a block is longer): the blocks received, in rank order, and
+        their headers as ints."""
+        world, me, capacity = self.world.size, self.world.rank, self._capacity
+        device = collective_device()  # NCCL exchanges device tensors only: host ids move once
+        send, rest = _pack(blocks, capacity)
+        send = send.to(device, non_blocking=True)
+        recv = send.new_empty(world * capacity[me])
+        dist.all_to_all_single(recv, send, [capacity[me]] * world, capacity, group=self._group)
+        inbound = list(recv.view(world, capacity[me]).unbind(0))
+        heads = recv.view(world, capacity[me])[:, :self._header_size(me)].tolist()
+        sizes = [h[1: 1 + world] for h in heads]  # sizes[s][o]: rank s's block for owner o
+        sent = sum(c for o, c in enumerate(capacity) if o != me)
+        if any(n > c for row in sizes for n, c in zip(row, capacity)):
+            # a block outgrew its capacity: every rank saw it in the headers and sends the rest
+            send_rest = [max(n - c, 0) for n, c in zip(sizes[me], capacity)]
+            recv_rest = [max(row[me] - capacity[me], 0) for row in sizes]
+            more = recv.new_empty(sum(recv_rest))
+            rest = torch.cat(rest).to(device, non_blocking=True) if rest else send[:0]
+            dist.all_to_all_single(more, rest, recv_rest, send_rest, group=self._group)
+            inbound = [torch.cat([block, extra]) if n else block
+                       for block, extra, n in zip(inbound, more.split(recv_rest), recv_rest)]
+            sent += sum(n for o, n in enumerate(send_rest) if o != me)
+        self.comm_bytes["ids"] += sent * recv.element_size()
+        self._capacity = [block_capacity(max(row[o] for row in sizes)) for o in range(world)]
+        return inbound, heads
+
+    def _header_size(self, owner: int) -> int:
+        """A block's header: the sender's batch, its block sizes for every owner, and the
+        number of ids of each feature `owner` serves."""
+        return 1 + self.world.size + len(self._served[owner])
+
+    def _blocks_out(self, kjt: KeyedJaggedTensor) -> list[list[torch.Tensor]]:
+        """Per owner, the pieces of this rank's block (header, lengths, ids), views of the
+        batch where a whole table is served."""
         batch = kjt.stride()
-        lengths = kjt.lengths().view(len(kjt.keys()), batch)
-        per_key = dict(zip(kjt.keys(), zip(lengths.unbind(0), kjt.values().split(lengths.sum(1).tolist()))))
-        send_lengths, send_values = [], []
-        for served in self._served:
-            parts = [_lookups_into(shard, *per_key[f]) for shard, f in served]
-            send_lengths.append(torch.cat([p[0] for p in parts]) if parts else lengths.new_zeros(0))
-            send_values.append(torch.cat([p[1] for p in parts]) if parts else kjt.values().new_zeros(0))
-        # NCCL exchanges device tensors only: ids from the host (a cached run keeps them there) move
-        device = collective_device()
-        send_lengths = [t.to(device, non_blocking=True) for t in send_lengths]
-        send_values = [t.to(device, non_blocking=True) for t in send_values]
-        counts = torch.tensor([[v.numel(), batch] for v in send_values], dtype=torch.long, device=device)
-        recv_counts = torch.empty_like(counts)
-        dist.all_to_all_single(recv_counts.view(-1), counts.view(-1), group=self._group)
-        values_from, batch_from = recv_counts[:, 0].tolist(), recv_counts[:, 1].tolist()
-        n_mine = len(self._served[self.world.rank])
-        recv_lengths = self._exchange(torch.cat(send_lengths), [t.numel() for t in send_lengths],
-                                      [n_mine * b for b in batch_from])
-        recv_values = self._exchange(torch.cat(send_values), [t.numel() for t in send_values], values_from)
-        self.comm_bytes["ids"] += _sent_bytes(send_lengths, self.world.rank) + _sent_bytes(send_values, self.world.rank)
-        return _Routed(self._owner_kjt(recv_lengths, recv_values, batch_from, values_from, n_mine), batch_from)
+        values = kjt.values()
+        lengths = kjt.lengths().view(len(kjt.keys()), batch).to(values.dtype)
+        count = lengths.sum(1).tolist()
+        per_key = dict(zip(kjt.keys(), zip(lengths.unbind(0), values.split(count))))
+        # per owner: (lengths, ids) of each (shard, feature) it serves
+        parts = [[_lookups_into(shard, *per_key[f]) for shard, f in served] for served in self._served]
+        sizes = [self._header_size(o) + sum(n.numel() + v.numel() for n, v in p) for o, p in enumerate(parts)]
+        heads = torch.tensor([x for p in parts for x in (batch, *sizes, *(v.numel() for _, v in p))],
+                             dtype=values.dtype, device=values.device).split([self._header_size(o) for o in
+                                                                               range(self.world.size)])
+        return [[head, *(n for n, _ in p), *(v for _, v in p)] for head, p in zip(heads, parts)]
+
+    def _owner_kjt(self, inbound: list[torch.Tensor], batch_from: list[int], ids_from: list[list[int]],
+                   lengths_dtype: torch.dtype) -> KeyedJaggedTensor:
+        """The global batch's lookups into this rank's shards, samples in rank order: the
+        lengths and ids of every feature from every rank, copied once into place."""
+        served = self._served[self.world.rank]
+        header = self._header_size(self.world.rank)
+        keys = [shard.feature_key(f) for shard, f in served]
+        n = len(served)
+        lengths = [block[header: header + n * b].view(n, b).unbind(0) for block, b in zip(inbound, batch_from)]
+        ids = [block[header + n * b: header + n * b + sum(c)].split(c)
+               for block, b, c in zip(inbound, batch_from, ids_from)]
+        parts = [source[j] for per_source in (lengths, ids) for j in range(n) for source in per_source]
+        out = torch.cat(parts) if parts else inbound[0][:0]
+        n_lengths = n * sum(batch_from)
+        return KeyedJaggedTensor(keys=keys, values=out[n_lengths:], lengths=out[:n_lengths].to(lengths_dtype))
 
     def _exchange(self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int]) -> torch.Tensor:
         out = send.new_empty(sum(recv_splits))
         dist.all_to_all_single(out, send, recv_splits, send_splits, group=self._group)
         return out
-
-    def _owner_kjt(self, lengths: torch.Tensor, values: torch.Tensor, batch_from: list[int],
-                   values_from: list[int], n_mine: int) -> KeyedJaggedTensor:
-        """The global batch's lookups into this rank's shards, samples in rank order."""
-        per_source_lengths = [part.view(n_mine, b) for part, b in zip(lengths.split([n_mine * b for b in batch_from]),
-                                                                     batch_from)]
-        per_source_values = []
-        for part, lens in zip(values.split(values_from), per_source_lengths):
-            per_source_values.append(part.split(lens.sum(1).tolist()))
-        keys = [shard.feature_key(f) for shard, f in self._served[self.world.rank]]
-        out_lengths = [torch.cat([lens[j] for lens in per_source_lengths]) for j in range(n_mine)]
-        out_values = [torch.cat([vals[j] for vals in per_source_values]) for j in range(n_mine)]
-        return KeyedJaggedTensor(keys=keys, values=torch.cat(out_values) if out_values else values,
-                                 lengths=torch.cat(out_lengths) if out_lengths else lengths)
 
     # --------------------------------------------------------- steps 2 and 3
     def _local_pooled(self, routed: _Routed) -> torch.Tensor:
@@ -259,5 +306,26 @@ def _lookups_into(shard: Shard, lengths: torch.Tensor, ids: torch.Tensor) -> tup
     return counts, ids[inside] - shard.row_start
 
 
-def _sent_bytes(parts: list[torch.Tensor], me: int) -> int:
-    return sum(t.numel() * t.element_size() for r, t in enumerate(parts) if r != me)
+def block_capacity(largest: int) -> int:
+    """Elements a routing block gets for an owner whose largest block was `largest`: 1/32
+    more, so that the next batches' blocks fit as the ids of a row-wise table vary, in
+    whole 8s.
+
+    Example:
+        >>> block_capacity(1000)  # 1000 + 31, in whole 8s
+        1032
+    """
+    return -(-(largest + largest // 32) // 8) * 8
+
+
+def _pack(blocks: list[list[torch.Tensor]], capacity: list[int]) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    """The send buffer of the first all-to-all, each owner's block cut or padded with zeros
+    to its capacity (written in one copy when all fit), and what remains of each block
+    (None when all fit)."""
+    sizes = [sum(p.numel() for p in parts) for parts in blocks]
+    zeros = blocks[0][0].new_zeros(max(max(c - n, 0) for n, c in zip(sizes, capacity)))
+    if all(n <= c for n, c in zip(sizes, capacity)):
+        return torch.cat([p for parts, n, c in zip(blocks, sizes, capacity) for p in (*parts, zeros[: c - n])]), None
+    whole = torch.cat([p for parts in blocks for p in parts]).split(sizes)
+    send = torch.cat([p for block, c in zip(whole, capacity) for p in (block[:c], zeros[: max(c - block.numel(), 0)])])
+    return send, [block[c:] for block, c in zip(whole, capacity)]
