@@ -171,6 +171,111 @@ def test_a_checkpoint_moves_from_2_ranks_to_1_process_and_back(tmp_path, head):
     assert torch.equal(ranks[1]["own_head"]["weight"], ck["head"]["weight"][60:])
 
 
+# ------------------------------------------------------------------- batch-norm modes
+def _norm_nets():
+    """The nets the batch-norm test compares, seeded (the same on every rank): the MLP and
+    the small CNN, whose batch norms see 2-D and 4-D inputs."""
+    from embcache.nn.backbones import build_backbone
+
+    torch.manual_seed(0)
+    return {"mlp": build_backbone("mlp", 8, (12,)), "cnn": build_backbone("cnn", 8, (3, 8, 8))}
+
+
+def _norm_inputs(name: str) -> tuple:
+    """(x, a, b, w): a batch of 24 far from zero mean, two more batches, and the weights
+    of the loss `(net(x) * w).sum() / 24`."""
+    g = torch.Generator().manual_seed(1)
+    shape = (12,) if name == "mlp" else (3, 8, 8)
+    x, a, b = (torch.randn(24, *shape, generator=g) * 3 + 5 for _ in range(3))
+    return x, a, b, torch.randn(24, 8, generator=g)
+
+
+def _norm_rank(rank: int, size: int, port: int, out: str) -> None:
+    """One rank: each net in each batch-norm mode on this rank's slice, under DDP with
+    summed gradients; dumps outputs, gradients and running statistics."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    from embcache.distributed.data_parallel import data_parallel
+    from embcache.distributed.global_norm import average_running_stats, forward_apart, global_batch_norm
+    from embcache.distributed.world import launch
+    from embcache.partition import slice_bounds
+
+    dump = {}
+    with launch(torch.device("cpu"), 60.0):
+        for mode in ("global", "local"):
+            for name, net in _norm_nets().items():
+                if mode == "global":
+                    net = global_batch_norm(net)
+                model = data_parallel(net, torch.device("cpu"))
+                x, a, b, w = _norm_inputs(name)
+                lo, hi = slice_bounds(24, size, rank)
+                y = model(x[lo:hi])
+                ((y * w[lo:hi]).sum() / 24).backward()
+                with torch.no_grad():
+                    apart = forward_apart(net, [a[lo:hi], b[lo:hi]])
+                own = {k: v.clone() for k, v in net.state_dict().items()}
+                average_running_stats(net)
+                dump[mode, name] = {"out": y.detach(), "grads": {k: p.grad for k, p in net.named_parameters()},
+                                    "apart": apart, "own_state": own, "averaged_state": net.state_dict()}
+                del model
+    torch.save(dump, os.path.join(out, f"rank{rank}.pt"))
+
+
+def _max_gap(a: dict, b: dict) -> float:
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+def test_global_batch_norm_is_the_whole_batch_and_local_each_rank_s_slice(tmp_path):
+    out = tmp_path / "norm"
+    out.mkdir()
+    mp.start_processes(_norm_rank, args=(2, free_port(), str(out)), nprocs=2, start_method="spawn", join=True)
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    slices = [(0, 12), (12, 24)]
+    for name in ("mlp", "cnn"):
+        x, a, b, w = _norm_inputs(name)
+        # global: each rank's rows are the one-process net's on the whole batch, the summed
+        # gradients the whole batch's, and the running statistics the whole batch's
+        net = _norm_nets()[name]
+        y = net(x)
+        ((y * w).sum() / 24).backward()
+        with torch.no_grad():
+            ya, yb = net(a), net(b)  # each its own batch (the gallery's two views)
+        whole_state = {k: v.clone() for k, v in net.state_dict().items()}
+        grads = {k: p.grad for k, p in net.named_parameters()}
+        for r, (lo, hi) in enumerate(slices):
+            got = ranks[r]["global", name]
+            assert torch.allclose(got["out"], y[lo:hi].detach(), atol=2e-5), name
+            assert torch.allclose(got["apart"][0], ya[lo:hi], atol=2e-5) and torch.allclose(got["apart"][1], yb[lo:hi],
+                                                                                               atol=2e-5), name
+            assert _max_gap(got["grads"], grads) < 2e-5, name
+            assert _max_gap(got["own_state"], whole_state) < 2e-5, name
+        # local: each rank's batch norm is a one-process net's on that rank's slice alone; the
+        # summed gradients are the sum of the slices' gradients; the averaged running
+        # statistics are the mean of the slices' running statistics
+        per_slice, summed = [], {}
+        for r, (lo, hi) in enumerate(slices):
+            net = _norm_nets()[name]
+            y = net(x[lo:hi])
+            ((y * w[lo:hi]).sum() / 24).backward()
+            with torch.no_grad():
+                ya, yb = net(a[lo:hi]), net(b[lo:hi])
+            got = ranks[r]["local", name]
+            assert torch.allclose(got["out"], y.detach(), atol=2e-5) and _max_gap(got["own_state"], net.state_dict()) < 2e-5
+            assert torch.allclose(got["apart"][0], ya, atol=2e-5) and torch.allclose(got["apart"][1], yb, atol=2e-5)
+            per_slice.append(net.state_dict())
+            for k, p in net.named_parameters():
+                summed[k] = summed.get(k, 0) + p.grad
+        for r in range(2):
+            assert _max_gap(ranks[r]["local", name]["grads"], summed) < 2e-5, name
+            averaged = ranks[r]["local", name]["averaged_state"]
+            for k in averaged:
+                if "running" in k:
+                    assert torch.allclose(averaged[k], (per_slice[0][k] + per_slice[1][k]) / 2, atol=1e-5), k
+        # and the two modes differ (the slices' statistics are not the batch's)
+        assert not torch.allclose(ranks[0]["local", name]["out"], ranks[0]["global", name]["out"], atol=1e-3)
+
+
 def summary_of(result) -> dict:
     assert result.returncode == 0, result.stderr[-2000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
