@@ -50,13 +50,16 @@ def _rank(rank: int, size: int, port: int, kw: dict, out: str, resume_only: bool
 
 
 def _record_losses(trainer) -> list:
-    losses, step = [], trainer.train_step
+    """The global batch's loss of every step, as the trainer reads it (one process: at each
+    step; several ranks: every `log_every` steps, the ranks' shares summed)."""
+    losses, read = [], trainer._read_unread
 
-    def recorded(batch):
-        losses.append(step(batch))
-        return losses[-1]
+    def recorded():
+        out = read()
+        losses.extend(out[0])
+        return out
 
-    trainer.train_step = recorded
+    trainer._read_unread = recorded
     return losses
 
 

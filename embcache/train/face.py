@@ -17,9 +17,12 @@ is bit-identical to an uninterrupted one on CPU.
 Under torchrun (docs/scaling.md) every rank takes its slice of the same global batch: the
 probe net is under DDP with summed gradients (each rank's loss is its samples' share of the
 global batch's mean) and its batch norms use the global batch's statistics, so N ranks train
-what one process trains. dcp: the gallery net is the same on every rank, and the gallery
-features of the whole global batch are gathered (in rank order, which is the one-process
-batch order) so that every rank's pool and LRU table stay identical. fc / pfc: the class
+what one process trains (`--batch-norm local`: each rank's slice alone, as arcface_torch
+trains, without the batch norms' all-reduces). dcp: the gallery net is the same on every
+rank, and the gallery features and labels of the whole global batch are gathered (one
+all-gather, in rank order, which is the one-process batch order) so that every rank's pool
+and LRU table stay identical. Each step's loss stays a tensor until the skeleton reads it
+(every `log_every` steps: one all-reduce). fc / pfc: the class
 centres are sharded by class (`embcache.distributed.class_sharded`). The checkpoint is one
 file in the one-process format whatever the world size.
 """
@@ -33,8 +36,8 @@ import torch
 
 from embcache.data.face.loaders import PairBatch, PairBatches
 from embcache.distributed.data_parallel import data_parallel
-from embcache.distributed.global_norm import global_batch_norm
-from embcache.distributed.world import all_sum, broadcast_object
+from embcache.distributed.global_norm import average_running_stats, forward_apart, global_batch_norm
+from embcache.distributed.world import broadcast_object
 from embcache.nn.backbones import build_backbone
 from embcache.train.face_eval import embed, identification_top1, verification
 from embcache.settings_fields import option_names
@@ -102,7 +105,8 @@ class FaceTrainer(Trainer):
             backbone = "mlp" if len(self.source.sample_shape) == 1 else "iresnet18"
         self.backbone_name = backbone
         self.probe = build_backbone(backbone, cfg.feat_dim, self.source.sample_shape).to(self.device)
-        if self.world.distributed:
+        self.global_norm = self.world.distributed and cfg.batch_norm == "global"
+        if self.global_norm:
             self.probe = global_batch_norm(self.probe)
         self.head = build_head(cfg.head, self.num_classes, cfg.feat_dim, pool_ratio=cfg.pool_ratio,
                                sample_rate=cfg.sample_rate, margin_type=cfg.margin_type, margin=cfg.margin,
@@ -125,15 +129,19 @@ class FaceTrainer(Trainer):
         self.dropped = 0
         self.eval_data = None
         self._counts = None  # per step, under several ranks: [size, 3] (pairs, instances, dropped) of each
+        # under several ranks a step's loss is this rank's share, a tensor summed over the ranks when the
+        # skeleton reads it (every log_every steps, one all-reduce) rather than an all-reduce a step
+        self.pipelined = self.world.distributed
 
     # -- one step ------------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
         """Cosine decay from `lr` to zero over the run."""
         return self.cfg.lr * 0.5 * (1.0 + math.cos(math.pi * step / max(1, self.total_steps)))
 
-    def train_step(self, batch: PairBatch) -> float:
+    def train_step(self, batch: PairBatch) -> float | torch.Tensor:
         """One optimizer step on this rank's part of the global batch; returns the global
-        batch's mean loss (the same on every rank)."""
+        batch's mean loss (the same on every rank), or under several ranks, where the head's
+        loss is this rank's share of it, that share as a tensor (the skeleton sums them)."""
         dev = self.device
         a, b, c = batch.a.to(dev), batch.b.to(dev), batch.c.to(dev)
         y, z = batch.pair_labels.to(dev), batch.instance_labels.to(dev)
@@ -154,7 +162,7 @@ class FaceTrainer(Trainer):
             self._update_gallery()
         if self._counts is None or getattr(self.head, "global_loss", False):
             return float(loss.detach())
-        return all_sum({"loss": float(loss.detach())})["loss"]
+        return loss.detach()
 
     def _dcp_loss(self, a, b, c, y, labels) -> torch.Tensor:
         """Pool update from the gallery features of the whole global batch (gathered in rank
@@ -162,15 +170,21 @@ class FaceTrainer(Trainer):
         the global batch's mean)."""
         dev = self.device
         with torch.no_grad():
-            ga, gb = self.gallery(a), self.gallery(b)
+            # each view is a batch of its own; with global batch norm both go through the net at
+            # once, one all-reduce a batch norm for the two
+            ga, gb = forward_apart(self.gallery, [a, b])
         total = None
         if self._counts is None:
             self.head.update_pool(torch.cat([y, y]), torch.cat([ga, gb]))
         else:
             from embcache.distributed.gathers import gather_rows
 
-            pairs = self._counts[:, 0].tolist()
-            y_all, ga_all, gb_all = gather_rows(y, pairs), gather_rows(ga, pairs), gather_rows(gb, pairs)
+            # one all-gather: float64 holds the float32 features and the labels (< 2**53) exactly
+            d = ga.shape[1]
+            rows = gather_rows(torch.cat([ga.double(), gb.double(), y[:, None].double()], 1),
+                               self._counts[:, 0].tolist())
+            y_all = rows[:, 2 * d].long()
+            ga_all, gb_all = rows[:, :d].to(ga.dtype), rows[:, d:2 * d].to(gb.dtype)
             self.head.update_pool(torch.cat([y_all, y_all]), torch.cat([ga_all, gb_all]))
             total = int(2 * self._counts[:, 0].sum() + self._counts[:, 1].sum())
         feats = self.model(torch.cat([a, b, c]))
@@ -211,9 +225,22 @@ class FaceTrainer(Trainer):
         return out
 
     def evaluate_epoch(self) -> dict:
-        """Rank 0 evaluates (the probe is the same on every rank) and tells the others, so
-        that every rank's history, and so the checkpoint, is the same."""
+        """Rank 0 evaluates (the probe is the same on every rank: per-rank batch norm's
+        running statistics are averaged first) and tells the others, so that every rank's
+        history, and so the checkpoint, is the same."""
+        self._share_running_stats()
         return broadcast_object(self.evaluate() if self.world.is_main else None)
+
+    def _share_running_stats(self) -> None:
+        """Per-rank batch norm under several ranks: every rank's running statistics replaced
+        by their mean over the ranks (collective; the gallery net takes them too, as it
+        does after every step). Global batch norm keeps them equal by itself."""
+        if self.world.distributed and not self.global_norm:
+            average_running_stats(self.probe)
+            if self.gallery is not None:
+                with torch.no_grad():
+                    for g, p in zip(self.gallery.buffers(), self.probe.buffers()):
+                        g.copy_(p)
 
     def format_epoch(self, record: dict) -> str:
         return format_epoch(record)
@@ -221,7 +248,9 @@ class FaceTrainer(Trainer):
     # -- checkpoints ---------------------------------------------------------------------
     def trainer_state(self) -> dict:
         """The one-process checkpoint whatever the world size (collective: a class-sharded
-        head's tables and their momentum are gathered to rank 0)."""
+        head's tables and their momentum are gathered to rank 0, per-rank batch norm's
+        running statistics averaged)."""
+        self._share_running_stats()
         return {"probe": self.probe.state_dict(),
                 "gallery": self.gallery.state_dict() if self.gallery is not None else None,
                 "head": self._head_state(), "optimizer": self._optimizer_state(), "dropped": self.dropped,

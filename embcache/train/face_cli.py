@@ -34,7 +34,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     # the settings are FaceConfig's fields (`embcache.settings_fields`); --num-classes left out
     # is the data's (`_config`)
     add_config_arguments(p, FaceConfig, ["data", "val", "head", "num_classes", "pool_ratio", "sample_rate", "backbone",
-                                         "feat_dim", "margin_type", "margin", "scale", "topk", "gallery_momentum",
+                                         "feat_dim", "batch_norm", "margin_type", "margin", "scale", "topk", "gallery_momentum",
                                          "batch_size", "lr", "weight_decay", "image_size", "synthetic_samples",
                                          "eval_classes"], unset=["num_classes"])
     add_run_arguments(p, FaceConfig, "face")
