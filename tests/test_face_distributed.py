@@ -298,6 +298,15 @@ def test_torchrun_dcp_accuracy_matches_one_process_and_its_checkpoint_resumes_in
     assert two.stdout.count("\nsummary\n") == 1  # rank 0 alone prints
     records = [json.loads(line) for line in (tmp_path / "two.jsonl").read_text().splitlines()]
     assert [r["event"] for r in records].count("summary") == 1 and records[-1]["world_size"] == 2
+    # `face evaluate` under torchrun: each rank embeds its share, rank 0 scores and alone prints;
+    # the scores are one process's, and the ones the run recorded for the same net
+    ev2, ev1 = torchrun(2, "face", "evaluate", tmp_path / "two"), embcache("face", "evaluate", tmp_path / "two")
+    m2, m1 = summary_of(ev2)["synthetic"], summary_of(ev1)["synthetic"]
+    print(f"face evaluate of the 2-rank checkpoint: 2 ranks {m2['accuracy']:.4f} (top-1 "
+          f"{m2['identification_top1']:.4f}), 1 process {m1['accuracy']:.4f} (top-1 {m1['identification_top1']:.4f})")
+    assert ev2.stdout.count("epoch 4 | synthetic") == 1 and [line[0] for line in ev2.stdout.splitlines()].count("{") == 1
+    for key in ("accuracy", "identification_top1", "tar@far=0.001"):
+        assert abs(m2[key] - m1[key]) <= 1e-3 and abs(m2[key] - s2["final"]["synthetic"][key]) <= 1e-3, key
     # the 2-rank checkpoint extends in one process without torchrun
     more = summary_of(embcache(*[a if a != "4" else "5" for a in args], "--checkpoint-dir", tmp_path / "two",
                                "--resume"))

@@ -22,7 +22,8 @@ trains, without the batch norms' all-reduces). dcp: the gallery net is the same 
 rank, and the gallery features and labels of the whole global batch are gathered (one
 all-gather, in rank order, which is the one-process batch order) so that every rank's pool
 and LRU table stay identical. Each step's loss stays a tensor until the skeleton reads it
-(every `log_every` steps: one all-reduce). fc / pfc: the class
+(every `log_every` steps: one all-reduce), and evaluation embeds each rank's share of the
+held-out samples. fc / pfc: the class
 centres are sharded by class (`embcache.distributed.class_sharded`). The checkpoint is one
 file in the one-process format whatever the world size.
 """
@@ -202,16 +203,18 @@ class FaceTrainer(Trainer):
 
     # -- evaluation ----------------------------------------------------------------------
     def evaluate(self) -> dict:
-        """Verification (and, on synthetic data, identification) on held-out identities."""
-        out = {}
+        """Verification (and, on synthetic data, identification) on held-out identities.
+        Collective under several ranks: each rank embeds its share of the samples, rank 0
+        scores them, every rank returns the scores."""
+        out, scores = {}, self.world.is_main
         if self.cfg.data == "synthetic":
             if self.eval_data is None:
                 self.eval_data = (self.source.verification_pairs(self.cfg.eval_pairs), self.source.identification_set())
             (a, b, same), (g, gl, p, pl) = self.eval_data
-            ea, eb = embed(self.probe, a, device=self.device), embed(self.probe, b, device=self.device)
-            out["synthetic"] = verification(ea, eb, same)
-            out["synthetic"]["identification_top1"] = identification_top1(
-                embed(self.probe, g, device=self.device), gl, embed(self.probe, p, device=self.device), pl)
+            ea, eb, eg, ep = self._embed(a), self._embed(b), self._embed(g), self._embed(p)
+            if scores:
+                out["synthetic"] = verification(ea, eb, same)
+                out["synthetic"]["identification_top1"] = identification_top1(eg, gl, ep, pl)
         for path in self.cfg.val:
             from embcache.data.face.verification import load_verification_bin
 
@@ -220,16 +223,31 @@ class FaceTrainer(Trainer):
             if path not in self.eval_data:
                 self.eval_data[path] = load_verification_bin(path, self.cfg.image_size or 112)
             a, b, same = self.eval_data[path]
-            kw = dict(device=self.device, flip=True)
-            out[Path(path).stem] = verification(embed(self.probe, a, **kw), embed(self.probe, b, **kw), same)
-        return out
+            ea, eb = self._embed(a, flip=True), self._embed(b, flip=True)
+            if scores:
+                out[Path(path).stem] = verification(ea, eb, same)
+        return broadcast_object(out if scores else None)
+
+    def _embed(self, samples: torch.Tensor, flip: bool = False) -> torch.Tensor:
+        """The probe's normalised embeddings of `samples`; under several ranks each rank
+        embeds its slice and the slices are gathered (in order) on every rank."""
+        if not self.world.distributed:
+            return embed(self.probe, samples, device=self.device, flip=flip)
+        from embcache.distributed.gathers import gather_rows
+        from embcache.partition import slice_bounds
+
+        n, size = samples.shape[0], self.world.size
+        lo, hi = self.world.slice(n)
+        own = embed(self.probe, samples[lo:hi], device=self.device, flip=flip) if hi > lo \
+            else torch.zeros(0, self.cfg.feat_dim)
+        return gather_rows(own, [b - a for a, b in (slice_bounds(n, size, r) for r in range(size))])
 
     def evaluate_epoch(self) -> dict:
-        """Rank 0 evaluates (the probe is the same on every rank: per-rank batch norm's
-        running statistics are averaged first) and tells the others, so that every rank's
-        history, and so the checkpoint, is the same."""
+        """`evaluate` (collective), after per-rank batch norm's running statistics are made
+        the same on every rank, so that every rank's history, and so the checkpoint, is the
+        same."""
         self._share_running_stats()
-        return broadcast_object(self.evaluate() if self.world.is_main else None)
+        return self.evaluate()
 
     def _share_running_stats(self) -> None:
         """Per-rank batch norm under several ranks: every rank's running statistics replaced
