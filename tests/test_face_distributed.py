@@ -174,6 +174,32 @@ def test_a_checkpoint_moves_from_2_ranks_to_1_process_and_back(tmp_path, head):
     assert torch.equal(ranks[1]["own_head"]["weight"], ck["head"]["weight"][60:])
 
 
+def test_every_rank_reports_the_samples_any_rank_found_unreadable(tmp_path):
+    import numpy as np
+
+    from embcache.data.face.images import encode_jpeg
+    from embcache.data.face.recordio import write_recordio
+
+    rng = np.random.default_rng(0)
+    items = [(y, encode_jpeg(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8))) for y in range(12) for _ in range(3)]
+    for i in (5, 13, 20, 30, 34):
+        items[i] = (items[i][0], b"garbage")
+    write_recordio(tmp_path / "train.rec", items)
+    kw = dict(data=str(tmp_path), num_classes=0, image_size=16, backbone="cnn", batch_size=8, epochs=2)
+    ranks = run_ranks(tmp_path, **kw, checkpoint_dir=str(tmp_path / "ck"))
+    one, _ = run_one(**kw)
+    # each rank read only its slices, yet every rank's list, and the checkpoint's, is the whole
+    # run's: the one-process list (each sample once, however many ranks or steps drew it)
+    expected = one.source.bad.to_json()
+    assert one.source.bad.total == len(one.source.unreadable) >= 4
+    for r in ranks:
+        assert r["state"]["bad_samples"] == expected
+        assert r["state"]["unreadable_samples"] == sorted(one.source.unreadable)
+        assert r["state"]["dropped"] == one.dropped
+    ck = torch.load(tmp_path / "ck" / "face-last.pt", weights_only=False)
+    assert ck["bad_samples"] == expected and ck["unreadable_samples"] == sorted(one.source.unreadable)
+
+
 # ------------------------------------------------------------------- batch-norm modes
 def _norm_nets():
     """The nets the batch-norm test compares, seeded (the same on every rank): the MLP and

@@ -22,8 +22,9 @@ trains, without the batch norms' all-reduces). dcp: the gallery net is the same 
 rank, and the gallery features and labels of the whole global batch are gathered (one
 all-gather, in rank order, which is the one-process batch order) so that every rank's pool
 and LRU table stay identical. Each step's loss stays a tensor until the skeleton reads it
-(every `log_every` steps: one all-reduce), and evaluation embeds each rank's share of the
-held-out samples. fc / pfc: the class
+(every `log_every` steps: one all-reduce), evaluation embeds each rank's share of the
+held-out samples, and the samples a rank finds unreadable are told to the others at that
+step (every rank's list of skipped samples is the whole run's). fc / pfc: the class
 centres are sharded by class (`embcache.distributed.class_sharded`). The checkpoint is one
 file in the one-process format whatever the world size.
 """
@@ -38,7 +39,7 @@ import torch
 from embcache.data.face.loaders import PairBatch, PairBatches
 from embcache.distributed.data_parallel import data_parallel
 from embcache.distributed.global_norm import average_running_stats, forward_apart, global_batch_norm
-from embcache.distributed.world import broadcast_object
+from embcache.distributed.world import broadcast_object, gather_objects
 from embcache.nn.backbones import build_backbone
 from embcache.train.face_eval import embed, identification_top1, verification
 from embcache.settings_fields import option_names
@@ -129,7 +130,7 @@ class FaceTrainer(Trainer):
         self.total_steps = cfg.epochs * self.batches.steps_per_epoch
         self.dropped = 0
         self.eval_data = None
-        self._counts = None  # per step, under several ranks: [size, 3] (pairs, instances, dropped) of each
+        self._counts = None  # per step, under several ranks: [size, 4] (pairs, instances, dropped, newly unreadable)
         # under several ranks a step's loss is this rank's share, a tensor summed over the ranks when the
         # skeleton reads it (every log_every steps, one all-reduce) rather than an all-reduce a step
         self.pipelined = self.world.distributed
@@ -351,9 +352,13 @@ class FaceTrainer(Trainer):
 
     def _count_batch(self, batch: PairBatch) -> int:
         """Samples in the global batch (and its unreadable ones added to `dropped`); under
-        several ranks every rank's (pairs, instances, dropped) are gathered into `_counts`,
-        which the step needs to gather rows and to divide by the global batch size."""
-        own = [batch.a.shape[0], batch.c.shape[0], batch.dropped]
+        several ranks every rank's (pairs, instances, dropped, newly unreadable) are gathered
+        into `_counts`, which the step needs to gather rows and to divide by the global
+        batch size. Samples that a rank found unreadable at this step are then sent to the
+        others, so that every rank's list of skipped samples (reported, checkpointed) is
+        the run's, as one process's would be."""
+        fresh = self.source.take_fresh_unreadable() if hasattr(self.source, "take_fresh_unreadable") else []
+        own = [batch.a.shape[0], batch.c.shape[0], batch.dropped, len(fresh)]
         if not self.world.distributed:
             self.dropped += batch.dropped
             return 2 * own[0] + own[1]
@@ -361,6 +366,10 @@ class FaceTrainer(Trainer):
 
         self._counts = gather_counts(own, self.world)
         self.dropped += int(self._counts[:, 2].sum())
+        if int(self._counts[:, 3].sum()):  # rare: an object all-gather only at such a step
+            for rank, entries in enumerate(gather_objects(fresh)):
+                if rank != self.world.rank:
+                    self.source.add_unreadable(entries)
         return int(2 * self._counts[:, 0].sum() + self._counts[:, 1].sum())
 
     def step_log_fields(self) -> dict:
