@@ -41,6 +41,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=4096, help="global DLRM batch")
     p.add_argument("--face-batch-size", type=int, default=512, help="global face batch")
     p.add_argument("--face-classes", type=int, default=20_000)
+    p.add_argument("--face-batch-norm", nargs="+", choices=("global", "local"), default=["global"],
+                   help="face's --batch-norm at 2+ ranks, each given one run (1 rank: the same either way, run once)")
     p.add_argument("--data-cache", default=str(REPO_ROOT / "datasets"))
     p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR))
     p.add_argument("--name", default="scaling")
@@ -115,13 +117,15 @@ def _dlrm(args, ranks: int) -> list[dict]:
 def _face(args, ranks: int) -> list[dict]:
     out = []
     for world in ranks:
-        s = _launch(world, ["face", "train", "--max-steps", str(args.steps), "--batch-size", str(args.face_batch_size),
-                            "--num-classes", str(args.face_classes), "--device", "cpu", "--no-progress",
-                            "--epochs", "100"])
-        out.append({"job": "face", "ranks": world, "samples_per_s": s["train_samples_per_s"], "steps": s["steps"],
-                    **cpu_fields(s),
-                    **({"comm_bytes_per_step": s["comm_bytes_per_step"]} if "comm_bytes_per_step" in s else {})})
-        print(f"  face {world} rank(s): {s['train_samples_per_s']:>9,.0f} samples/s", flush=True)
+        for norm in args.face_batch_norm if world > 1 else args.face_batch_norm[:1]:
+            s = _launch(world, ["face", "train", "--max-steps", str(args.steps), "--batch-size",
+                                str(args.face_batch_size), "--num-classes", str(args.face_classes), "--device", "cpu",
+                                "--no-progress", "--epochs", "100", "--batch-norm", norm])
+            out.append({"job": "face", "ranks": world, **({"batch_norm": norm} if world > 1 else {}),
+                        "samples_per_s": s["train_samples_per_s"], "steps": s["steps"], **cpu_fields(s),
+                        **({"comm_bytes_per_step": s["comm_bytes_per_step"]} if "comm_bytes_per_step" in s else {})})
+            mode = f" (--batch-norm {norm})" if world > 1 else ""
+            print(f"  face {world} rank(s){mode}: {s['train_samples_per_s']:>9,.0f} samples/s", flush=True)
     return out
 
 
@@ -139,7 +143,8 @@ def run(args) -> int:
             r["speedup_vs_1_rank"] = r["samples_per_s"] / base if base else None
             cpu = r.get("cpu_seconds_per_sample")
             r["cpu_per_sample_vs_1_rank"] = cpu / cpu_base if cpu and cpu_base else None
-            print(f"  {job} {r['ranks']} rank(s): x{r['speedup_vs_1_rank'] or 0:.2f} samples/s, "
+            mode = f" (--batch-norm {r['batch_norm']})" if "batch_norm" in r else ""
+            print(f"  {job} {r['ranks']} rank(s){mode}: x{r['speedup_vs_1_rank'] or 0:.2f} samples/s, "
                   f"x{r['cpu_per_sample_vs_1_rank'] or 0:.2f} CPU-seconds a sample vs 1 rank", flush=True)
     config = {k: v for k, v in vars(args).items() if k != "func"}
     config["threads_per_rank"] = 1

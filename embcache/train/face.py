@@ -17,9 +17,14 @@ is bit-identical to an uninterrupted one on CPU.
 Under torchrun (docs/scaling.md) every rank takes its slice of the same global batch: the
 probe net is under DDP with summed gradients (each rank's loss is its samples' share of the
 global batch's mean) and its batch norms use the global batch's statistics, so N ranks train
-what one process trains. dcp: the gallery net is the same on every rank, and the gallery
-features of the whole global batch are gathered (in rank order, which is the one-process
-batch order) so that every rank's pool and LRU table stay identical. fc / pfc: the class
+what one process trains (`--batch-norm local`: each rank's slice alone, as arcface_torch
+trains, without the batch norms' all-reduces). dcp: the gallery net is the same on every
+rank, and the gallery features and labels of the whole global batch are gathered (one
+all-gather, in rank order, which is the one-process batch order) so that every rank's pool
+and LRU table stay identical. Each step's loss stays a tensor until the skeleton reads it
+(every `log_every` steps: one all-reduce), evaluation embeds each rank's share of the
+held-out samples, and the samples a rank finds unreadable are told to the others at that
+step (every rank's list of skipped samples is the whole run's). fc / pfc: the class
 centres are sharded by class (`embcache.distributed.class_sharded`). The checkpoint is one
 file in the one-process format whatever the world size.
 """
@@ -33,8 +38,8 @@ import torch
 
 from embcache.data.face.loaders import PairBatch, PairBatches
 from embcache.distributed.data_parallel import data_parallel
-from embcache.distributed.global_norm import global_batch_norm
-from embcache.distributed.world import all_sum, broadcast_object
+from embcache.distributed.global_norm import average_running_stats, forward_apart, global_batch_norm
+from embcache.distributed.world import broadcast_object, gather_objects
 from embcache.nn.backbones import build_backbone
 from embcache.train.face_eval import embed, identification_top1, verification
 from embcache.settings_fields import option_names
@@ -102,7 +107,8 @@ class FaceTrainer(Trainer):
             backbone = "mlp" if len(self.source.sample_shape) == 1 else "iresnet18"
         self.backbone_name = backbone
         self.probe = build_backbone(backbone, cfg.feat_dim, self.source.sample_shape).to(self.device)
-        if self.world.distributed:
+        self.global_norm = self.world.distributed and cfg.batch_norm == "global"
+        if self.global_norm:
             self.probe = global_batch_norm(self.probe)
         self.head = build_head(cfg.head, self.num_classes, cfg.feat_dim, pool_ratio=cfg.pool_ratio,
                                sample_rate=cfg.sample_rate, margin_type=cfg.margin_type, margin=cfg.margin,
@@ -124,16 +130,20 @@ class FaceTrainer(Trainer):
         self.total_steps = cfg.epochs * self.batches.steps_per_epoch
         self.dropped = 0
         self.eval_data = None
-        self._counts = None  # per step, under several ranks: [size, 3] (pairs, instances, dropped) of each
+        self._counts = None  # per step, under several ranks: [size, 4] (pairs, instances, dropped, newly unreadable)
+        # under several ranks a step's loss is this rank's share, a tensor summed over the ranks when the
+        # skeleton reads it (every log_every steps, one all-reduce) rather than an all-reduce a step
+        self.pipelined = self.world.distributed
 
     # -- one step ------------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
         """Cosine decay from `lr` to zero over the run."""
         return self.cfg.lr * 0.5 * (1.0 + math.cos(math.pi * step / max(1, self.total_steps)))
 
-    def train_step(self, batch: PairBatch) -> float:
+    def train_step(self, batch: PairBatch) -> float | torch.Tensor:
         """One optimizer step on this rank's part of the global batch; returns the global
-        batch's mean loss (the same on every rank)."""
+        batch's mean loss (the same on every rank), or under several ranks, where the head's
+        loss is this rank's share of it, that share as a tensor (the skeleton sums them)."""
         dev = self.device
         a, b, c = batch.a.to(dev), batch.b.to(dev), batch.c.to(dev)
         y, z = batch.pair_labels.to(dev), batch.instance_labels.to(dev)
@@ -154,7 +164,7 @@ class FaceTrainer(Trainer):
             self._update_gallery()
         if self._counts is None or getattr(self.head, "global_loss", False):
             return float(loss.detach())
-        return all_sum({"loss": float(loss.detach())})["loss"]
+        return loss.detach()
 
     def _dcp_loss(self, a, b, c, y, labels) -> torch.Tensor:
         """Pool update from the gallery features of the whole global batch (gathered in rank
@@ -162,15 +172,21 @@ class FaceTrainer(Trainer):
         the global batch's mean)."""
         dev = self.device
         with torch.no_grad():
-            ga, gb = self.gallery(a), self.gallery(b)
+            # each view is a batch of its own; with global batch norm both go through the net at
+            # once, one all-reduce a batch norm for the two
+            ga, gb = forward_apart(self.gallery, [a, b])
         total = None
         if self._counts is None:
             self.head.update_pool(torch.cat([y, y]), torch.cat([ga, gb]))
         else:
             from embcache.distributed.gathers import gather_rows
 
-            pairs = self._counts[:, 0].tolist()
-            y_all, ga_all, gb_all = gather_rows(y, pairs), gather_rows(ga, pairs), gather_rows(gb, pairs)
+            # one all-gather: float64 holds the float32 features and the labels (< 2**53) exactly
+            d = ga.shape[1]
+            rows = gather_rows(torch.cat([ga.double(), gb.double(), y[:, None].double()], 1),
+                               self._counts[:, 0].tolist())
+            y_all = rows[:, 2 * d].long()
+            ga_all, gb_all = rows[:, :d].to(ga.dtype), rows[:, d:2 * d].to(gb.dtype)
             self.head.update_pool(torch.cat([y_all, y_all]), torch.cat([ga_all, gb_all]))
             total = int(2 * self._counts[:, 0].sum() + self._counts[:, 1].sum())
         feats = self.model(torch.cat([a, b, c]))
@@ -188,16 +204,18 @@ class FaceTrainer(Trainer):
 
     # -- evaluation ----------------------------------------------------------------------
     def evaluate(self) -> dict:
-        """Verification (and, on synthetic data, identification) on held-out identities."""
-        out = {}
+        """Verification (and, on synthetic data, identification) on held-out identities.
+        Collective under several ranks: each rank embeds its share of the samples, rank 0
+        scores them, every rank returns the scores."""
+        out, scores = {}, self.world.is_main
         if self.cfg.data == "synthetic":
             if self.eval_data is None:
                 self.eval_data = (self.source.verification_pairs(self.cfg.eval_pairs), self.source.identification_set())
             (a, b, same), (g, gl, p, pl) = self.eval_data
-            ea, eb = embed(self.probe, a, device=self.device), embed(self.probe, b, device=self.device)
-            out["synthetic"] = verification(ea, eb, same)
-            out["synthetic"]["identification_top1"] = identification_top1(
-                embed(self.probe, g, device=self.device), gl, embed(self.probe, p, device=self.device), pl)
+            ea, eb, eg, ep = self._embed(a), self._embed(b), self._embed(g), self._embed(p)
+            if scores:
+                out["synthetic"] = verification(ea, eb, same)
+                out["synthetic"]["identification_top1"] = identification_top1(eg, gl, ep, pl)
         for path in self.cfg.val:
             from embcache.data.face.verification import load_verification_bin
 
@@ -206,14 +224,42 @@ class FaceTrainer(Trainer):
             if path not in self.eval_data:
                 self.eval_data[path] = load_verification_bin(path, self.cfg.image_size or 112)
             a, b, same = self.eval_data[path]
-            kw = dict(device=self.device, flip=True)
-            out[Path(path).stem] = verification(embed(self.probe, a, **kw), embed(self.probe, b, **kw), same)
-        return out
+            ea, eb = self._embed(a, flip=True), self._embed(b, flip=True)
+            if scores:
+                out[Path(path).stem] = verification(ea, eb, same)
+        return broadcast_object(out if scores else None)
+
+    def _embed(self, samples: torch.Tensor, flip: bool = False) -> torch.Tensor:
+        """The probe's normalised embeddings of `samples`; under several ranks each rank
+        embeds its slice and the slices are gathered (in order) on every rank."""
+        if not self.world.distributed:
+            return embed(self.probe, samples, device=self.device, flip=flip)
+        from embcache.distributed.gathers import gather_rows
+        from embcache.partition import slice_bounds
+
+        n, size = samples.shape[0], self.world.size
+        lo, hi = self.world.slice(n)
+        own = embed(self.probe, samples[lo:hi], device=self.device, flip=flip) if hi > lo \
+            else torch.zeros(0, self.cfg.feat_dim)
+        return gather_rows(own, [b - a for a, b in (slice_bounds(n, size, r) for r in range(size))])
 
     def evaluate_epoch(self) -> dict:
-        """Rank 0 evaluates (the probe is the same on every rank) and tells the others, so
-        that every rank's history, and so the checkpoint, is the same."""
-        return broadcast_object(self.evaluate() if self.world.is_main else None)
+        """`evaluate` (collective), after per-rank batch norm's running statistics are made
+        the same on every rank, so that every rank's history, and so the checkpoint, is the
+        same."""
+        self._share_running_stats()
+        return self.evaluate()
+
+    def _share_running_stats(self) -> None:
+        """Per-rank batch norm under several ranks: every rank's running statistics replaced
+        by their mean over the ranks (collective; the gallery net takes them too, as it
+        does after every step). Global batch norm keeps them equal by itself."""
+        if self.world.distributed and not self.global_norm:
+            average_running_stats(self.probe)
+            if self.gallery is not None:
+                with torch.no_grad():
+                    for g, p in zip(self.gallery.buffers(), self.probe.buffers()):
+                        g.copy_(p)
 
     def format_epoch(self, record: dict) -> str:
         return format_epoch(record)
@@ -221,7 +267,9 @@ class FaceTrainer(Trainer):
     # -- checkpoints ---------------------------------------------------------------------
     def trainer_state(self) -> dict:
         """The one-process checkpoint whatever the world size (collective: a class-sharded
-        head's tables and their momentum are gathered to rank 0)."""
+        head's tables and their momentum are gathered to rank 0, per-rank batch norm's
+        running statistics averaged)."""
+        self._share_running_stats()
         return {"probe": self.probe.state_dict(),
                 "gallery": self.gallery.state_dict() if self.gallery is not None else None,
                 "head": self._head_state(), "optimizer": self._optimizer_state(), "dropped": self.dropped,
@@ -304,9 +352,13 @@ class FaceTrainer(Trainer):
 
     def _count_batch(self, batch: PairBatch) -> int:
         """Samples in the global batch (and its unreadable ones added to `dropped`); under
-        several ranks every rank's (pairs, instances, dropped) are gathered into `_counts`,
-        which the step needs to gather rows and to divide by the global batch size."""
-        own = [batch.a.shape[0], batch.c.shape[0], batch.dropped]
+        several ranks every rank's (pairs, instances, dropped, newly unreadable) are gathered
+        into `_counts`, which the step needs to gather rows and to divide by the global
+        batch size. Samples that a rank found unreadable at this step are then sent to the
+        others, so that every rank's list of skipped samples (reported, checkpointed) is
+        the run's, as one process's would be."""
+        fresh = self.source.take_fresh_unreadable() if hasattr(self.source, "take_fresh_unreadable") else []
+        own = [batch.a.shape[0], batch.c.shape[0], batch.dropped, len(fresh)]
         if not self.world.distributed:
             self.dropped += batch.dropped
             return 2 * own[0] + own[1]
@@ -314,6 +366,10 @@ class FaceTrainer(Trainer):
 
         self._counts = gather_counts(own, self.world)
         self.dropped += int(self._counts[:, 2].sum())
+        if int(self._counts[:, 3].sum()):  # rare: an object all-gather only at such a step
+            for rank, entries in enumerate(gather_objects(fresh)):
+                if rank != self.world.rank:
+                    self.source.add_unreadable(entries)
         return int(2 * self._counts[:, 0].sum() + self._counts[:, 1].sum())
 
     def step_log_fields(self) -> dict:

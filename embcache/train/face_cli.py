@@ -34,7 +34,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     # the settings are FaceConfig's fields (`embcache.settings_fields`); --num-classes left out
     # is the data's (`_config`)
     add_config_arguments(p, FaceConfig, ["data", "val", "head", "num_classes", "pool_ratio", "sample_rate", "backbone",
-                                         "feat_dim", "margin_type", "margin", "scale", "topk", "gallery_momentum",
+                                         "feat_dim", "batch_norm", "margin_type", "margin", "scale", "topk", "gallery_momentum",
                                          "batch_size", "lr", "weight_decay", "image_size", "synthetic_samples",
                                          "eval_classes"], unset=["num_classes"])
     add_run_arguments(p, FaceConfig, "face")
@@ -93,20 +93,30 @@ def train(args) -> int:
 
 
 def evaluate(args) -> int:
+    """Evaluate in this process, or under torchrun with every rank embedding its share of
+    the held-out samples (rank 0 scores them and alone prints)."""
     from embcache.train.face import FaceConfig, FaceTrainer, format_epoch
     from embcache.train.run import checkpoint_to_evaluate
 
     try:
         _, ck, cfg = checkpoint_to_evaluate(args.checkpoint, "face", FaceConfig, args.device)
-        if args.val is not None:
-            cfg.val = list(args.val)
-        trainer = FaceTrainer(cfg)
-        trainer.probe.load_state_dict(ck["probe"])
-        metrics = trainer.evaluate()
     except (ValueError, OSError) as err:
         raise UserFacingError(str(err)) from None
-    print(format_epoch({"epoch": ck["epoch"], **metrics}))
-    print(json.dumps(metrics))
+    if args.val is not None:
+        cfg.val = list(args.val)
+
+    def body():
+        try:
+            trainer = FaceTrainer(cfg)
+            trainer.probe.load_state_dict(ck["probe"])
+            return trainer.evaluate()
+        except (ValueError, OSError) as err:
+            raise UserFacingError(str(err)) from None
+
+    metrics, world = run_launched(cfg, body)
+    if world.is_main:
+        print(format_epoch({"epoch": ck["epoch"], **metrics}))
+        print(json.dumps(metrics))
     return 0
 
 

@@ -15,6 +15,8 @@ MUST_MATCH = ("data", "head", "num_classes", "pool_ratio", "sample_rate", "backb
                "seed", "margin_type", "margin", "scale", "topk", "gallery_momentum", "lr", "momentum",
                "weight_decay", "image_size", "synthetic_dim", "synthetic_id_dim", "synthetic_samples",
                "synthetic_noise")
+# how the probe net's batch norms divide the global batch under torchrun (see the field)
+BATCH_NORMS = ("global", "local")
 
 
 @dataclass
@@ -36,6 +38,13 @@ class FaceConfig(StepRunConfig):
     backbone: str = setting("auto", choices=("auto",) + BACKBONES,
                             help="auto: mlp for feature vectors, iresnet18 for images")
     feat_dim: int = setting(128, type=positive_int, help="embedding size")
+    batch_norm: str = setting("global", choices=BATCH_NORMS,
+                              help="under torchrun: global normalises with the whole global batch's statistics, so "
+                                   "N ranks train what one process trains (one all-reduce a batch-norm layer in the "
+                                   "forward and one in the backward); local normalises each rank's slice alone, as "
+                                   "arcface_torch trains (no batch-norm traffic; the ranks' running statistics are "
+                                   "averaged before evaluation and checkpoints). One process: the same. A resume "
+                                   "may change it, as it may change the number of ranks")
     margin_type: str = setting("arcface", choices=MARGINS,
                                help="arcface: an additive angular margin; cosface: an additive cosine margin")
     margin: float = setting(0.3, type=non_negative_float, help="additive angular (arcface) or cosine margin")

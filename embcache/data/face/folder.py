@@ -21,7 +21,11 @@ class IndexedFaces:
     Unreadable samples are skipped, logged once each in `bad` (file and index) and reported,
     not raised; `unreadable` holds their indices, so that a sample drawn again is skipped
     without another read. `read` names a sample `file#index` in its errors; `position` is
-    what the index is called in the report (None: each file is one image)."""
+    what the index is called in the report (None: each file is one image).
+
+    Under several ranks each rank reads its own samples: `take_fresh_unreadable` hands over
+    the ones this source found unreadable since it was last asked, and `add_unreadable`
+    takes another rank's, so that every rank's `bad` and `unreadable` are the whole run's."""
 
     def __init__(self, labels: torch.Tensor, image_size: int, name: str, position: str | None = None):
         self.labels = labels.long()
@@ -41,6 +45,7 @@ class IndexedFaces:
         self.name = name
         self.bad = BadRowLog(noun="unreadable image", position=position)
         self.unreadable: set[int] = set()
+        self._fresh: list[tuple[int, str, int, str]] = []  # (raw index, file, index, reason) not yet taken
 
     def count_of(self, labels: torch.Tensor) -> torch.Tensor:
         return self.counts[labels]
@@ -71,10 +76,26 @@ class IndexedFaces:
             except DataFormatError as err:  # "file#index: reason": logged per file, by index
                 where, _, rest = str(err).partition(": ")
                 file, _, index = where.rpartition("#")
-                self.bad.add(file or where, int(index) if index.isdigit() else raw, rest)
+                entry = (raw, file or where, int(index) if index.isdigit() else raw, rest)
+                self.bad.add(*entry[1:])
                 self.unreadable.add(raw)
+                self._fresh.append(entry)
                 ok[i] = False
         return out, ok
+
+    def take_fresh_unreadable(self) -> list[tuple[int, str, int, str]]:
+        """The samples found unreadable since the last call, as (raw index, file, index,
+        reason) for `add_unreadable`; forgotten here once taken."""
+        fresh, self._fresh = self._fresh, []
+        return fresh
+
+    def add_unreadable(self, entries) -> None:
+        """Samples another reader found unreadable (`take_fresh_unreadable`'s entries):
+        logged and skipped from now on as if found here; the ones known already are left."""
+        for raw, file, index, reason in entries:
+            if raw not in self.unreadable:
+                self.bad.add(file, index, reason)
+                self.unreadable.add(raw)
 
     def read(self, index: int) -> torch.Tensor:
         raise NotImplementedError
