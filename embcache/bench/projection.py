@@ -46,17 +46,17 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 
 def send_matrix(shards, world: int, batch: int, dim: int) -> list[list[float]]:
-    """`m[a][b]`: bytes rank a sends rank b a step for a one-hot batch: lengths and ids to the
-    owners (a row-wise shard gets its rows' share of the ids), pooled embeddings back and their
+    """`m[a][b]`: bytes rank a sends rank b a step for a one-hot batch: the routing block of
+    lengths and ids to each owner (`scaling.ids_bytes`), pooled embeddings back and their
     gradients out again (float32). The model of `bench scaling`, rank by rank."""
+    from embcache.bench.scaling import ids_bytes
     from embcache.partition import slice_bounds
 
     local = [slice_bounds(batch, world, r)[1] - slice_bounds(batch, world, r)[0] for r in range(world)]
-    send = [[0.0] * world for _ in range(world)]
+    send = [list(row) for row in ids_bytes(shards, world, batch)]
     for s in shards:
         for r in range(world):
             if r != s.rank:
-                send[r][s.rank] += local[r] * len(s.features) * 8 * (1 + s.rows / s.table_rows)
                 send[s.rank][r] += 2 * local[r] * len(s.features) * dim * 4
     return send
 

@@ -68,11 +68,27 @@ def cpu_fields(summary: dict) -> dict:
             "train_cpu_seconds": summary.get("train_cpu_seconds")}
 
 
+def ids_bytes(shards, world: int, batch: int) -> list[list[float]]:
+    """`m[r][o]`: bytes of the routing block rank r sends owner o a step for a one-hot batch
+    (`sharded_collection`'s one buffer: a header, then each feature's lengths and ids, a
+    row-wise shard getting its rows' share of the ids), padded to the owner's slot."""
+    from embcache.distributed.sharded_collection import block_capacity
+    from embcache.partition import slice_bounds
+
+    if world == 1:
+        return [[0.0]]
+    local = [slice_bounds(batch, world, r)[1] - slice_bounds(batch, world, r)[0] for r in range(world)]
+    served = [[s for s in shards if s.rank == o] for o in range(world)]
+    block = [[1 + world + sum(len(s.features) * (1 + local[r] * (1 + s.rows / s.table_rows)) for s in served[o])
+              for o in range(world)] for r in range(world)]  # block[r][o]: rank r's for owner o, in int64s
+    capacity = [block_capacity(math.ceil(max(row[o] for row in block))) for o in range(world)]
+    return [[8.0 * capacity[o] if o != r else 0.0 for o in range(world)] for r in range(world)]
+
+
 def dlrm_traffic_model(meta: dict, freq: dict, embedding_dim: int, batch: int, world: int,
                        dense_params: int) -> dict:
     """Modelled bytes per step (summed over ranks) for a one-hot CTR batch of `batch` rows."""
     from embcache.distributed import placement
-    from embcache.distributed.sharded_collection import block_capacity
     from embcache.partition import slice_bounds
 
     tables = [placement.TableLoad(f"t_{f['name']}", (f["name"],), f["cardinality"], float(freq[f["name"]].sum()))
@@ -80,11 +96,7 @@ def dlrm_traffic_model(meta: dict, freq: dict, embedding_dim: int, batch: int, w
     shards = placement.plan(tables, world)
     local = [slice_bounds(batch, world, r)[1] - slice_bounds(batch, world, r)[0] for r in range(world)]
     pooled = sum(embedding_dim * len(s.features) * (batch - local[s.rank]) * 4 for s in shards)
-    served = [[s for s in shards if s.rank == o] for o in range(world)]
-    block = [[1 + world + sum(len(s.features) * (1 + local[r] * (1 + s.rows / s.table_rows)) for s in served[o])
-              for o in range(world)] for r in range(world)]  # block[r][o]: rank r's for owner o, in int64s
-    capacity = [block_capacity(math.ceil(max(row[o] for row in block))) for o in range(world)]
-    ids = sum(8 * capacity[o] for r in range(world) for o in range(world) if o != r) if world > 1 else 0
+    ids = sum(map(sum, ids_bytes(shards, world, batch)))
     return {"ids": ids, "pooled": pooled, "pooled_grad": pooled, "dense_allreduce": 4 * dense_params if world > 1 else 0}
 
 
