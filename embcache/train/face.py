@@ -124,7 +124,8 @@ class FaceTrainer(Trainer):
                 raise ValueError(f"the pool has {self.head.pool.num_slots} slots but a step brings "
                                  f"{self.batches.identity.pairs} identities; raise --pool-ratio or lower --batch-size")
             self.gallery = copy.deepcopy(self.probe).requires_grad_(False)
-        self.model = data_parallel(self.probe, self.device)  # the probe itself on one process
+        # the probe itself on one process; at 2 ranks its gradients are summed by one all-gather
+        self.model = data_parallel(self.probe, self.device, gather_sum=self.world.size == 2)
         self.optimizer = torch.optim.SGD(list(self.probe.parameters()) + list(self.head.parameters()), lr=cfg.lr,
                                          momentum=cfg.momentum, weight_decay=cfg.weight_decay)
         self.total_steps = cfg.epochs * self.batches.steps_per_epoch
