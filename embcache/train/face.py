@@ -188,19 +188,22 @@ class FaceTrainer(Trainer):
         total = None
         if not self.world.distributed:
             self.head.update_pool(torch.cat([y, y]), torch.cat([ga, gb]))
+            feats = self.model(torch.cat([a, b, c]))
         else:
             from embcache.distributed.gathers import gather_rows_and_counts
 
-            # one all-gather: float64 holds the float32 features, the labels (< 2**53) and the counts exactly
+            # one all-gather: float64 holds the float32 features, the labels (< 2**53) and the counts
+            # exactly; the probe's forward, which needs nothing from the pool, runs while it travels
             d, width = ga.shape[1], -(-self.batches.identity.pairs // self.world.size)
-            rows, counts = gather_rows_and_counts(torch.cat([ga.double(), gb.double(), y[:, None].double()], 1),
-                                                  own, width)
+            gathered = gather_rows_and_counts(torch.cat([ga.double(), gb.double(), y[:, None].double()], 1),
+                                              own, width, async_op=True)
+            feats = self.model(torch.cat([a, b, c]))
+            rows, counts = gathered()
             self._take_counts(own, counts)
             y_all = rows[:, 2 * d].long()
             ga_all, gb_all = rows[:, :d].to(ga.dtype), rows[:, d:2 * d].to(gb.dtype)
             self.head.update_pool(torch.cat([y_all, y_all]), torch.cat([ga_all, gb_all]))
             total = int(2 * self._counts[:, 0].sum() + self._counts[:, 1].sum())
-        feats = self.model(torch.cat([a, b, c]))
         positives = torch.cat([gb, ga, torch.zeros(c.shape[0], ga.shape[1], device=dev)])
         has_positive = torch.arange(labels.numel(), device=dev) < 2 * y.numel()
         return self.head.loss(feats, labels, positives, has_positive, batch_total=total)
