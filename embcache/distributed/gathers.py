@@ -1,7 +1,8 @@
 """Gathers of tensor rows over the ranks, in rank order (the one-process order of a global
 batch or of a table split by `slice_bounds`): the face trainer's global batch and its pool
-updates, and the class-sharded heads' batches and checkpoints. The world's small collectives
-(sums, objects, barriers) are in `world`."""
+updates (with the ranks' batch counts in the same all-gather), and the class-sharded heads'
+batches and checkpoints. The world's small collectives (sums, objects, barriers) are in
+`world`."""
 from __future__ import annotations
 
 import warnings
@@ -43,6 +44,35 @@ def gather_rows(t: torch.Tensor, counts: list[int], grad: bool = False) -> torch
         parts = [torch.empty_like(padded) for _ in counts]
         dist.all_gather(parts, padded.contiguous())
     return torch.cat([p[:n] for p, n in zip(parts, counts)]).to(dev)
+
+
+def gather_rows_and_counts(t: torch.Tensor, counts: list[int], width: int, async_op: bool = False):
+    """`gather_rows` of a float64 `t` of at most `width` rows a rank, and every rank's
+    `counts` ([size, len(counts)] int64, in rank order), in one all-gather: a rank that
+    needs its peers' counts to read their rows does not pay a collective for them first.
+    With `async_op`, a function that waits for the all-gather and returns them, so that the
+    caller can compute meanwhile.
+
+    The counts travel as a header row (float64 holds integers below 2**53 exactly), so `t`
+    needs at least 1 + len(counts) columns."""
+    n, k = t.shape[0], len(counts)
+    if t.dtype != torch.float64 or n > width or t.shape[1] < k + 1:
+        raise ValueError(f"gather_rows_and_counts: {n} float64 rows of {t.shape[1]} columns for a width of {width} "
+                         f"and {k} counts (got {t.dtype})")
+    payload = t.new_zeros((width + 1, t.shape[1]))
+    payload[0, :k + 1] = torch.tensor([n, *counts], dtype=torch.float64)
+    payload[1:n + 1] = t
+    payload = payload.to(collective_device())
+    parts = [torch.empty_like(payload) for _ in range(dist.get_world_size())]
+    work = dist.all_gather(parts, payload, async_op=True)
+
+    def result() -> tuple[torch.Tensor, torch.Tensor]:
+        work.wait()
+        heads = torch.stack([p[0, :k + 1] for p in parts]).long().cpu()
+        rows = torch.cat([p[1:int(h[0]) + 1] for p, h in zip(parts, heads)]).to(t.device)
+        return rows, heads[:, 1:]
+
+    return result if async_op else result()
 
 
 def gather_shards_to_main(shard: torch.Tensor, total_rows: int, world: World) -> torch.Tensor | None:

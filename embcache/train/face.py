@@ -20,8 +20,8 @@ global batch's mean) and its batch norms use the global batch's statistics, so N
 what one process trains (`--batch-norm local`: each rank's slice alone, as arcface_torch
 trains, without the batch norms' all-reduces). dcp: the gallery net is the same on every
 rank, and the gallery features and labels of the whole global batch are gathered (one
-all-gather, in rank order, which is the one-process batch order) so that every rank's pool
-and LRU table stay identical. Each step's loss stays a tensor until the skeleton reads it
+all-gather, in rank order, which is the one-process batch order, that brings every rank's
+batch counts too) so that every rank's pool and LRU table stay identical. Each step's loss stays a tensor until the skeleton reads it
 (every `log_every` steps: one all-reduce), evaluation embeds each rank's share of the
 held-out samples, and the samples a rank finds unreadable are told to the others at that
 step (every rank's list of skipped samples is the whole run's). fc / pfc: the class
@@ -124,13 +124,16 @@ class FaceTrainer(Trainer):
                 raise ValueError(f"the pool has {self.head.pool.num_slots} slots but a step brings "
                                  f"{self.batches.identity.pairs} identities; raise --pool-ratio or lower --batch-size")
             self.gallery = copy.deepcopy(self.probe).requires_grad_(False)
-        self.model = data_parallel(self.probe, self.device)  # the probe itself on one process
+        # the probe itself on one process; at 2 ranks its gradients are summed by one all-gather
+        self.model = data_parallel(self.probe, self.device, gather_sum=self.world.size == 2)
+        # foreach: the same arithmetic as the loop over parameters, in fewer calls
         self.optimizer = torch.optim.SGD(list(self.probe.parameters()) + list(self.head.parameters()), lr=cfg.lr,
-                                         momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+                                         momentum=cfg.momentum, weight_decay=cfg.weight_decay, foreach=True)
         self.total_steps = cfg.epochs * self.batches.steps_per_epoch
         self.dropped = 0
         self.eval_data = None
         self._counts = None  # per step, under several ranks: [size, 4] (pairs, instances, dropped, newly unreadable)
+        self._samples, self._fresh = 0, []  # the step's global batch size; samples found unreadable at it
         # under several ranks a step's loss is this rank's share, a tensor summed over the ranks when the
         # skeleton reads it (every log_every steps, one all-reduce) rather than an all-reduce a step
         self.pipelined = self.world.distributed
@@ -148,8 +151,15 @@ class FaceTrainer(Trainer):
         a, b, c = batch.a.to(dev), batch.b.to(dev), batch.c.to(dev)
         y, z = batch.pair_labels.to(dev), batch.instance_labels.to(dev)
         labels = torch.cat([y, y, z])
+        own = self._own_counts(batch)
+        if not self.world.distributed:
+            self._take_counts(own, None)
+        elif self.cfg.head != "dcp":  # dcp: the counts come with its gallery features' all-gather
+            from embcache.distributed.gathers import gather_counts
+
+            self._take_counts(own, gather_counts(own, self.world))
         if self.cfg.head == "dcp":
-            loss = self._dcp_loss(a, b, c, y, labels)
+            loss = self._dcp_loss(a, b, c, y, labels, own)
         else:
             kw = {} if self._counts is None else {"counts": (2 * self._counts[:, 0] + self._counts[:, 1]).tolist()}
             loss = self.head.loss(self.model(torch.cat([a, b, c])), labels, **kw)
@@ -166,41 +176,47 @@ class FaceTrainer(Trainer):
             return float(loss.detach())
         return loss.detach()
 
-    def _dcp_loss(self, a, b, c, y, labels) -> torch.Tensor:
+    def _dcp_loss(self, a, b, c, y, labels, own: list[int]) -> torch.Tensor:
         """Pool update from the gallery features of the whole global batch (gathered in rank
-        order: the one-process order), then the loss of this rank's probes (their share of
-        the global batch's mean)."""
+        order: the one-process order, with every rank's counts `own`), then the loss of this
+        rank's probes (their share of the global batch's mean)."""
         dev = self.device
         with torch.no_grad():
             # each view is a batch of its own; with global batch norm both go through the net at
             # once, one all-reduce a batch norm for the two
             ga, gb = forward_apart(self.gallery, [a, b])
         total = None
-        if self._counts is None:
+        if not self.world.distributed:
             self.head.update_pool(torch.cat([y, y]), torch.cat([ga, gb]))
+            feats = self.model(torch.cat([a, b, c]))
         else:
-            from embcache.distributed.gathers import gather_rows
+            from embcache.distributed.gathers import gather_rows_and_counts
 
-            # one all-gather: float64 holds the float32 features and the labels (< 2**53) exactly
-            d = ga.shape[1]
-            rows = gather_rows(torch.cat([ga.double(), gb.double(), y[:, None].double()], 1),
-                               self._counts[:, 0].tolist())
+            # one all-gather: float64 holds the float32 features, the labels (< 2**53) and the counts
+            # exactly; the probe's forward, which needs nothing from the pool, runs while it travels
+            d, width = ga.shape[1], -(-self.batches.identity.pairs // self.world.size)
+            gathered = gather_rows_and_counts(torch.cat([ga.double(), gb.double(), y[:, None].double()], 1),
+                                              own, width, async_op=True)
+            feats = self.model(torch.cat([a, b, c]))
+            rows, counts = gathered()
+            self._take_counts(own, counts)
             y_all = rows[:, 2 * d].long()
             ga_all, gb_all = rows[:, :d].to(ga.dtype), rows[:, d:2 * d].to(gb.dtype)
             self.head.update_pool(torch.cat([y_all, y_all]), torch.cat([ga_all, gb_all]))
             total = int(2 * self._counts[:, 0].sum() + self._counts[:, 1].sum())
-        feats = self.model(torch.cat([a, b, c]))
         positives = torch.cat([gb, ga, torch.zeros(c.shape[0], ga.shape[1], device=dev)])
         has_positive = torch.arange(labels.numel(), device=dev) < 2 * y.numel()
         return self.head.loss(feats, labels, positives, has_positive, batch_total=total)
 
     @torch.no_grad()
     def _update_gallery(self) -> None:
+        """The gallery's parameters move towards the probe's (`gallery_momentum`); its
+        buffers (batch-norm statistics) are the probe's."""
         m = self.cfg.gallery_momentum
-        for g, p in zip(self.gallery.parameters(), self.probe.parameters()):
-            g.mul_(m).add_(p.detach(), alpha=1.0 - m)
-        for g, p in zip(self.gallery.buffers(), self.probe.buffers()):
-            g.copy_(p)
+        gallery = list(self.gallery.parameters())
+        torch._foreach_mul_(gallery, m)
+        torch._foreach_add_(gallery, [p.detach() for p in self.probe.parameters()], alpha=1.0 - m)
+        torch._foreach_copy_(list(self.gallery.buffers()), list(self.probe.buffers()))
 
     # -- evaluation ----------------------------------------------------------------------
     def evaluate(self) -> dict:
@@ -346,31 +362,34 @@ class FaceTrainer(Trainer):
             if self.should_stop():
                 return None
             batch = self.batches.get(self.epoch, self.step_in_epoch, (self.world.rank, self.world.size))
-            samples = self._count_batch(batch)
-            self.after_step(self.train_step(batch), samples)
+            loss = self.train_step(batch)
+            self.after_step(loss, self._samples)
         return {}
 
-    def _count_batch(self, batch: PairBatch) -> int:
-        """Samples in the global batch (and its unreadable ones added to `dropped`); under
-        several ranks every rank's (pairs, instances, dropped, newly unreadable) are gathered
-        into `_counts`, which the step needs to gather rows and to divide by the global
-        batch size. Samples that a rank found unreadable at this step are then sent to the
-        others, so that every rank's list of skipped samples (reported, checkpointed) is
-        the run's, as one process's would be."""
-        fresh = self.source.take_fresh_unreadable() if hasattr(self.source, "take_fresh_unreadable") else []
-        own = [batch.a.shape[0], batch.c.shape[0], batch.dropped, len(fresh)]
-        if not self.world.distributed:
-            self.dropped += batch.dropped
-            return 2 * own[0] + own[1]
-        from embcache.distributed.gathers import gather_counts
+    def _own_counts(self, batch: PairBatch) -> list[int]:
+        """This rank's (pairs, instances, dropped, newly unreadable) of the step; the samples
+        the source found unreadable since the last step are kept for `_take_counts`."""
+        self._fresh = self.source.take_fresh_unreadable() if hasattr(self.source, "take_fresh_unreadable") else []
+        return [batch.a.shape[0], batch.c.shape[0], batch.dropped, len(self._fresh)]
 
-        self._counts = gather_counts(own, self.world)
-        self.dropped += int(self._counts[:, 2].sum())
-        if int(self._counts[:, 3].sum()):  # rare: an object all-gather only at such a step
-            for rank, entries in enumerate(gather_objects(fresh)):
+    def _take_counts(self, own: list[int], counts: torch.Tensor | None) -> None:
+        """Account for the global batch from every rank's `_own_counts` (`counts`, [size, 4]
+        in rank order; None on one process): its samples (`_samples`), its unreadable ones
+        added to `dropped`. Under several ranks `_counts` keeps them (the step gathers rows
+        and divides by the global batch size with them), and the samples a rank found
+        unreadable at this step are sent to the others, so that every rank's list of
+        skipped samples (reported, checkpointed) is the run's, as one process's would be."""
+        if counts is None:
+            self.dropped += own[2]
+            self._samples = 2 * own[0] + own[1]
+            return
+        self._counts = counts
+        self.dropped += int(counts[:, 2].sum())
+        self._samples = int(2 * counts[:, 0].sum() + counts[:, 1].sum())
+        if int(counts[:, 3].sum()):  # rare: an object all-gather only at such a step
+            for rank, entries in enumerate(gather_objects(self._fresh)):
                 if rank != self.world.rank:
                     self.source.add_unreadable(entries)
-        return int(2 * self._counts[:, 0].sum() + self._counts[:, 1].sum())
 
     def step_log_fields(self) -> dict:
         return {"lr": self.lr_at(self.step)}

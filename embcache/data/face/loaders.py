@@ -121,7 +121,10 @@ class PairBatches:
         p0, p1 = slice_bounds(ia.numel(), part[1], part[0])
         c0, c1 = slice_bounds(ic.numel(), part[1], part[0])
         ia, ib, y, ic = ia[p0:p1], ib[p0:p1], y[p0:p1], ic[c0:c1]
-        (xa, oka), (xb, okb), (xc, okc) = self.source.load(ia), self.source.load(ib), self.source.load(ic)
+        # one load for the three (a source's cost per call is not small beside its cost per sample)
+        x, ok = self.source.load(torch.cat([ia, ib, ic]))
+        sizes = [ia.numel(), ib.numel(), ic.numel()]
+        (xa, xb, xc), (oka, okb, okc) = x.split(sizes), ok.split(sizes)
         pair_ok = oka & okb
         if flips is not None:
             xa, xb = _flip(xa, flips[0][p0:p1]), _flip(xb, flips[1][p0:p1])

@@ -30,9 +30,17 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def _mix_int(x: int) -> int:
+    """`_mix` of one value, in Python (the same bits, without a tensor op per round)."""
+    for _ in range(2):
+        x ^= x >> 16
+        x = (x * 0x45D9F3B) & _M32
+    return x ^ (x >> 16)
+
+
 def hashed_normal(seed: int, a: torch.Tensor, b: torch.Tensor, n: int) -> torch.Tensor:
     """[m, n] standard normals, a pure function of (seed, a[i], b[i], column)."""
-    h = _mix((a.long() & _M32) ^ _mix(torch.tensor(seed & _M32)))
+    h = _mix((a.long() & _M32) ^ _mix_int(seed & _M32))
     h = _mix(h ^ ((b.long() * 0x2545F49) & _M32))
     cols = torch.arange(2 * n, dtype=torch.long)
     u = (_mix(h[:, None] ^ ((cols[None, :] * 0x61C8864) & _M32)).double() + 0.5) / 2.0**32
