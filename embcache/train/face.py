@@ -26,12 +26,15 @@ batch counts too) so that every rank's pool and LRU table stay identical. Each s
 held-out samples, and the samples a rank finds unreadable are told to the others at that
 step (every rank's list of skipped samples is the whole run's). fc / pfc: the class
 centres are sharded by class (`embcache.distributed.class_sharded`). The checkpoint is one
-file in the one-process format whatever the world size.
+file in the one-process format whatever the world size. A dcp run's summary says what a
+rank's steps sent, by collective (`comm_bytes_per_step`, counted by `CollectiveMeter`;
+`bench scaling` sets a model of it beside).
 """
 from __future__ import annotations
 
 import copy
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -137,6 +140,8 @@ class FaceTrainer(Trainer):
         # under several ranks a step's loss is this rank's share, a tensor summed over the ranks when the
         # skeleton reads it (every log_every steps, one all-reduce) rather than an all-reduce a step
         self.pipelined = self.world.distributed
+        # dcp: the bytes its steps' collectives send (the summary's comm_bytes_per_step)
+        self.comm = CollectiveMeter(self.world.size) if cfg.head == "dcp" else None
 
     # -- one step ------------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
@@ -362,7 +367,11 @@ class FaceTrainer(Trainer):
             if self.should_stop():
                 return None
             batch = self.batches.get(self.epoch, self.step_in_epoch, (self.world.rank, self.world.size))
-            loss = self.train_step(batch)
+            if self.comm is None:
+                loss = self.train_step(batch)
+            else:
+                with self.comm:
+                    loss = self.train_step(batch)
             self.after_step(loss, self._samples)
         return {}
 
@@ -406,7 +415,63 @@ class FaceTrainer(Trainer):
                "final": self.history[-1] if self.history else None}
         if self.cfg.head == "dcp":
             out["pool"] = {"slots": self.head.pool.num_slots, **self.head.pool.stats}
+            out["comm_bytes_per_step"] = self.comm.per_step()
         return out
+
+
+# the collectives of a dcp training step, by (collective, the function that calls it)
+COMM_KINDS = {("all_gather", "gather_rows_and_counts"): "gallery_allgather",  # features, labels, counts
+              ("all_reduce", "_AllReduce.forward"): "batch_norm_allreduce",  # GlobalBatchNorm's, forward and backward
+              ("all_gather", "_gather_sum_hook"): "ddp_gradients",  # DDP's sum at 2 ranks
+              ("all_reduce", "_sum_hook"): "ddp_gradients"}  # DDP's sum beyond
+
+
+class CollectiveMeter:
+    """Bytes this rank sends in the collectives of the steps run inside `with meter:`, by
+    kind (`COMM_KINDS`; a collective from any other caller under its own name): every
+    tensor handed to `torch.distributed.all_gather` or `all_reduce` meanwhile, as a rank
+    sends it at world size N: an all-gather's tensor to each of the N - 1 others, an
+    all-reduce's 2(N - 1)/N times its bytes (a ring's reduce-scatter and all-gather). At 2
+    ranks both are the tensor's bytes. One process: nothing is counted."""
+
+    def __init__(self, size: int):
+        self.size, self.steps, self._saved = size, 0, None
+        self.sent = dict.fromkeys(sorted(set(COMM_KINDS.values())), 0.0)
+
+    def __enter__(self) -> "CollectiveMeter":
+        if self.size > 1:
+            import torch.distributed as dist
+
+            self._saved = {name: getattr(dist, name) for name in ("all_gather", "all_reduce")}
+            for name, fn in self._saved.items():
+                setattr(dist, name, self._counted(name, fn))
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        if self._saved is not None:
+            import torch.distributed as dist
+
+            for name, fn in self._saved.items():
+                setattr(dist, name, fn)
+            self._saved = None
+        self.steps += kind is None
+
+    def _counted(self, name: str, collective):
+        times = self.size - 1 if name == "all_gather" else 2 * (self.size - 1) / self.size
+        position = 1 if name == "all_gather" else 0  # all_gather(tensor_list, tensor), all_reduce(tensor)
+
+        def counted(*args, **kw):
+            tensor = kw["tensor"] if "tensor" in kw else args[position]
+            caller = sys._getframe(1).f_code.co_qualname
+            kind = COMM_KINDS.get((name, caller), f"{name} by {caller}")
+            self.sent[kind] = self.sent.get(kind, 0.0) + times * tensor.numel() * tensor.element_size()
+            return collective(*args, **kw)
+
+        return counted
+
+    def per_step(self) -> dict:
+        """This rank's bytes a step, by kind (every rank sends the same in a dcp step)."""
+        return {k: v / max(self.steps, 1) for k, v in self.sent.items()}
 
 
 def head_state_bytes(head: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
