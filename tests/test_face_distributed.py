@@ -41,11 +41,12 @@ def _rank(rank: int, size: int, port: int, kw: dict, out: str, resume_only: bool
     with launch(torch.device("cpu"), 60.0):
         trainer = FaceTrainer(config(**kw))
         losses = _record_losses(trainer)
+        summary = None
         if resume_only:
             trainer.resume()
         else:
-            trainer.fit()
-        torch.save(_dump(trainer, losses), os.path.join(out, f"rank{rank}.pt"))
+            summary = trainer.fit()
+        torch.save({**_dump(trainer, losses), "summary": summary}, os.path.join(out, f"rank{rank}.pt"))
         del trainer  # before the process group goes (a DDP reducer outliving it can hang the exit)
 
 

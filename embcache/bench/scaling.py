@@ -14,6 +14,17 @@ computes the same steps. Beside the measured traffic per step stands a model of 
   the table's rows), each block padded to the capacity the ranks give that owner (its
   largest block plus 1/32, see `distributed/sharded_collection.py`);
 - dense gradients: one all-reduce of the MLPs' gradients (DDP), `4 * parameters` bytes.
+
+Face (dcp), bytes one rank sends a step at N > 1 ranks (`bench/face_traffic.py`; d the
+embedding size, w = ceil(pairs / N) with pairs = B // 4, c each batch-norm layer's
+channels, P the probe's parameters, ring = 2 (N - 1) / N):
+
+- gallery all-gather (features of both views, labels, a header row of counts; float64):
+  `(N - 1) (w + 1) (2 d + 1) 8`;
+- batch-norm all-reduces (`--batch-norm global`; none with `local`): sums, sums of squares
+  and a count in float64 for the gallery's two views, the probe's forward and its backward,
+  `ring * sum_c 4 (2 c + 1) 8`;
+- DDP's gradient sum (float32): `4 P` at 2 ranks (one all-gather), `ring * 4 P` beyond.
 """
 from __future__ import annotations
 
@@ -127,17 +138,23 @@ def _dlrm(args, ranks: int) -> list[dict]:
 
 
 def _face(args, ranks: int) -> list[dict]:
+    from embcache.bench.face_traffic import face_model_for
+
     out = []
     for world in ranks:
         for norm in args.face_batch_norm if world > 1 else args.face_batch_norm[:1]:
             s = _launch(world, ["face", "train", "--max-steps", str(args.steps), "--batch-size",
                                 str(args.face_batch_size), "--num-classes", str(args.face_classes), "--device", "cpu",
                                 "--no-progress", "--epochs", "100", "--batch-norm", norm])
+            measured = s["comm_bytes_per_step"]
+            model = face_model_for(args.face_batch_size, args.face_classes, world, norm)
             out.append({"job": "face", "ranks": world, **({"batch_norm": norm} if world > 1 else {}),
                         "samples_per_s": s["train_samples_per_s"], "steps": s["steps"], **cpu_fields(s),
-                        **({"comm_bytes_per_step": s["comm_bytes_per_step"]} if "comm_bytes_per_step" in s else {})})
+                        "comm_bytes_per_step": measured, "comm_model_bytes_per_step": model})
             mode = f" (--batch-norm {norm})" if world > 1 else ""
-            print(f"  face {world} rank(s){mode}: {s['train_samples_per_s']:>9,.0f} samples/s", flush=True)
+            print(f"  face {world} rank(s){mode}: {s['train_samples_per_s']:>9,.0f} samples/s, "
+                  f"{sum(measured.values()) / 2**20:.3f} MiB a rank sends a step (model "
+                  f"{sum(model.values()) / 2**20:.3f})", flush=True)
     return out
 
 
