@@ -186,6 +186,8 @@ def _convert_raw(src: TextSource, out_dir: str | os.PathLike, source: str, progr
     if max_counted_keys is not None:
         check_whole("max_counted_keys", max_counted_keys, 1)
     bad = BadRowLog()
+    for path in src.files:  # listed in file order, whichever pass reads them
+        bad.seen(path)
     prescan = list(range(len(src.files))) if src.prescan is None else sorted(set(src.prescan))
     good_per_file: list[int | None] = [None] * len(src.files)
     if prescan:
