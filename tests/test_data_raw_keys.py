@@ -199,6 +199,15 @@ def test_prepare_command_with_raw_keys(tmp_path, capsys):
     assert pq.read_table(tmp_path / "o" / "train" / "part-00000.parquet").column("sparse_0")[1].as_py() == key("bb")
 
 
+def test_prepare_terabyte_command_with_day_splits(tmp_path, capsys):
+    days = write_days(tmp_path)
+    assert main(["data", "prepare", "criteo-terabyte", "--input-dir", str(days), "--days", "0-1", "--keys", "raw",
+                 "--day-splits", "--out", str(tmp_path / "o"), "--no-progress"]) == 0
+    meta = read_meta(tmp_path / "o")
+    assert day_splits(meta) == ["day_0", "day_1"] and is_raw_keys(meta)
+    assert "day_1 4 rows in 2 file(s)" in capsys.readouterr().out  # val's and test's
+
+
 @pytest.mark.parametrize("argv,message", [
     (["prepare", "criteo-kaggle", "--keys", "raw", "--min-count", "2"], "--keys raw has none"),
     (["prepare", "avazu", "--keys", "raw", "--max-ids-per-feature", "9"], "--keys raw has none"),

@@ -227,3 +227,6 @@ def test_synthetic_days_command(tmp_path, capsys):
     meta = read_meta(tmp_path / "o")
     assert meta["generator"]["drift"] == 0.1 and day_splits(meta) == ["day_0", "day_1", "day_2"]
     assert meta["splits"]["day_1"]["rows"] == 500
+    assert main(["data", "info", str(tmp_path / "o"), "--head", "2"]) == 0  # no train split: day_0's rows
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert len(rows) == 2 and rows[0]["sparse_3"] == day_table(tmp_path / "o", "day_0").column("sparse_3")[0].as_py()

@@ -168,7 +168,7 @@ def _add_synthetic(sub) -> None:
 def _add_info(sub) -> None:
     p = sub.add_parser("info", help="show a prepared directory's meta.json at a glance", formatter_class=FORMATTER)
     p.add_argument("dir", help="a directory with meta.json")
-    p.add_argument("--head", type=int_in(0), default=0, help="also print the first N training rows")
+    p.add_argument("--head", type=int_in(0), default=0, help="also print the first N training rows (day_0's for data made by day)")
     p.add_argument("--json", action="store_true", help="print meta.json as it is")
     p.set_defaults(func=_info)
 
@@ -281,6 +281,7 @@ def _info(args) -> int:
         if info.get("count"):
             print(f"  {name}: {info['count']:,} bad rows, first at lines {info['first_lines']}")
     if args.head:
-        for row in as_user_errors(head_rows, args.dir, "train", args.head):
+        split = "train" if "train" in meta["splits"] else next(iter(meta["splits"]), "train")  # day_0 of days
+        for row in as_user_errors(head_rows, args.dir, split, args.head):
             print(json.dumps(row))
     return 0
