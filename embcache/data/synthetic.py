@@ -35,7 +35,8 @@ model that learns nothing about new values could reach.
 
 Keys (`keys="raw"`): a value's key is `keys.mix64(((feature + 1) << 40) | value number)`, an
 int64 spread over the whole range (never 0: 0 means missing); the same data as `keys="ids"`,
-whose ids are the value numbers (with `days`, the cardinality counts every value of every day).
+whose ids are the value numbers (with `days`: day 0's below the scaled cardinality, new ones
+numbered on from there, and the cardinality counts them all).
 """
 from __future__ import annotations
 
