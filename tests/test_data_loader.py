@@ -14,7 +14,9 @@ from embcache.errors import DataFormatError
 from embcache.data.ctr_format import (
     CTRDatasetWriter,
     SparseFeature,
+    is_raw_keys,
     load_id_frequencies,
+    load_key_frequencies,
     multi_hot,
     read_meta,
 )
@@ -294,3 +296,91 @@ def test_shard_types_that_are_accepted(data):
     assert batch.labels.tolist() == [0.0, 1.0] and batch.dense[:, 0].tolist() == [3.0, 4.0]
     assert batch.sparse.to_dict()["sparse_1"].values().tolist() == [0, 6]
     assert batch.sparse.to_dict()["sparse_2"].values().tolist() == [0, 1, 3]
+
+
+# ------------------------------------------------------------------ raw keys
+EXTREME = np.array([-(1 << 63), (1 << 63) - 1, 0, -1, 1 << 40, 7], dtype=np.int64)
+
+
+@pytest.fixture
+def raw_data(tmp_path):
+    """Raw-key data: keys far outside any cardinality, multi-hot too, a train and a day split
+    sharing files."""
+    w = CTRDatasetWriter(tmp_path, 1, FEATURES, source="raw", keys="raw", rows_per_shard=4, row_group_rows=3,
+                         splits=("train", "val"))
+    n = len(EXTREME)
+    lists = [EXTREME[: k % 3] for k in range(n)]
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in lists])])
+    sparse = [EXTREME, EXTREME[::-1].copy(), multi_hot(offsets, np.concatenate(lists))]
+    w.write("train", np.arange(n) % 2, np.arange(n, dtype=np.float32)[:, None], sparse)
+    w.cut()
+    w.write("val", [1], [[9.0]], [EXTREME[:1], EXTREME[1:2], multi_hot([0, 1], EXTREME[2:3])])
+    w.add_view("day_0", w.splits["train"]["files"], n)
+    w.finish()
+    return tmp_path, lists
+
+
+def test_raw_keys_outside_any_cardinality_load(raw_data):
+    data, lists = raw_data
+    meta = read_meta(data)
+    assert is_raw_keys(meta) and meta["keys"] == "raw" and meta["id_frequency_file"] == "key_freq.npz"
+    # the cardinality is the distinct keys counted over train (informational)
+    assert [f["cardinality"] for f in meta["sparse"]] == [6, 6, 2]
+    for split in ("train", "day_0"):
+        batches = list(CTRBatches(data, split, 4))
+        kjt = [b.sparse.to_dict() for b in batches]
+        assert torch.cat([k["sparse_0"].values() for k in kjt]).tolist() == EXTREME.tolist()
+        assert torch.cat([k["sparse_1"].values() for k in kjt]).tolist() == EXTREME[::-1].tolist()
+        assert torch.cat([k["sparse_2"].values() for k in kjt]).tolist() == np.concatenate(lists).tolist()
+    keys, counts = load_key_frequencies(data)["sparse_2"]
+    assert keys.tolist() == [-(1 << 63), (1 << 63) - 1] and counts.tolist() == [4, 2]
+    keys, counts = load_key_frequencies(data)["sparse_0"]
+    assert keys.tolist() == sorted(EXTREME.tolist()) and counts.tolist() == [1] * 6  # train only
+    # the same shard declared as ids is refused, naming the file and the row
+    meta.pop("keys")
+    (data / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataFormatError, match=r"train/part-00000\.parquet: row 0: sparse_0 id -9223372036854775808 "
+                                              r"outside \[0, 6\)"):
+        list(CTRBatches(data, "train", 4))
+
+
+def test_raw_keys_bad_rows_still_name_file_and_row(raw_data):
+    data, _ = raw_data
+    meta = read_meta(data)
+    bad = data / meta["splits"]["val"]["files"][0]
+    _write_raw(bad, label=pa.array([0, 1, 0], pa.int8()), dense_0=pa.array([0, 0, 0], pa.float32()),
+               sparse_0=pa.array([1 << 62, -5, 3]), sparse_1=pa.array([0, None, 0], pa.int64()),
+               sparse_2=pa.array([[], [], []], pa.list_(pa.int64())))
+    meta["splits"]["val"]["rows"] = 3
+    (data / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataFormatError, match=r"val/part-00000\.parquet: row 1: sparse_1 is null"):
+        list(CTRBatches(data, "val", 2))
+    _write_raw(bad, label=pa.array([0, 1, 0], pa.int8()), dense_0=pa.array([0, 0, 0], pa.float32()),
+               sparse_0=pa.array([1.5, 2.0, 3.0]), sparse_1=pa.array([0, 1, 0]),
+               sparse_2=pa.array([[], [], []], pa.list_(pa.int64())))
+    with pytest.raises(DataFormatError, match=r"val/part-00000\.parquet: column sparse_0 is double"):
+        list(CTRBatches(data, "val", 2))
+    with pytest.raises(DataFormatError, match="has no split 'day_9'"):
+        CTRBatches(data, "day_9", 2)
+
+
+def test_writer_views_and_split_names(tmp_path):
+    w = CTRDatasetWriter(tmp_path, 0, FEATURES[:1], source="t", splits=("day_0", "day_1"), counted=("day_0", "day_1"),
+                         split_counts=True)
+    w.write("day_0", [0, 1], np.zeros((2, 0)), [np.array([1, 1])])
+    w.end_split("day_0")
+    w.write("day_1", [1], np.zeros((1, 0)), [np.array([4])])
+    with pytest.raises(ValueError, match="split must be one of"):
+        w.write("train", [1], np.zeros((1, 0)), [np.array([4])])
+    with pytest.raises(ValueError, match="no written files"):
+        w.add_view("both", ["elsewhere.parquet"], 1)
+    meta = w.finish()
+    assert list(meta["splits"]) == ["day_0", "day_1"] and "keys" not in meta
+    assert meta["split_frequency_files"]["day_0"] == {"file": "freq/day_0.npz", "exact": True}
+    assert load_id_frequencies(tmp_path)["sparse_0"].tolist() == [0, 2, 0, 0, 1]  # every counted split
+    keys, counts = load_key_frequencies(tmp_path, "day_1")["sparse_0"]
+    assert keys.tolist() == [4] and counts.tolist() == [1]
+    with pytest.raises(DataFormatError, match="no counts of split 'train'"):
+        load_key_frequencies(tmp_path, "train")
+    with pytest.raises(ValueError, match="identifiers"):
+        CTRDatasetWriter(tmp_path / "x", 0, FEATURES[:1], source="t", splits=("../up",))

@@ -10,7 +10,10 @@ Splits: "random" (default) sends each row to train / val / test with probability
 seeded hash of its position (the common 8:1:1 random protocol; streams, reproducible); "time"
 holds out the last two days present: the day before the last is val, the last is test.
 Malformed rows (wrong field count, label other than 0/1, an hour that is not YYMMDDHH, empty
-lines) are skipped, counted per file and stored in meta.json.
+lines) are skipped, counted per file and stored in meta.json. With `keys="raw"` the sparse
+columns hold each value's 64-bit key instead (hour + 1 and weekday + 1 for the two derived
+features, `delimited.string_keys` for the others; 0 = missing), no vocabulary, and the random
+split needs no first pass.
 """
 from __future__ import annotations
 
@@ -84,7 +87,8 @@ def convert_avazu(input_path: str | os.PathLike, out_dir: str | os.PathLike, spl
                      dense_names=["hour of day / 23"],
                      sparse_names=["hour of day", "weekday (0 = Monday)", *CATEGORICAL],
                      parse=parse_avazu_block, assign=assign, observe=observe,
-                     sparse_columns=[None, None, *CATEGORICAL], sparse_keys=["int+1", "int+1"] + ["string"] * 21)
+                     sparse_columns=[None, None, *CATEGORICAL], sparse_keys=["int+1", "int+1"] + ["string"] * 21,
+                     prescan=[] if split == "random" else None)
     protocol = ("random 8:1:1 by a hash of (seed, row position)" if split == "random"
                 else "by day: the last day is test, the day before val, the rest train")
     return convert(src, out_dir, source=f"Avazu ({path.name})", min_count=min_count, max_ids=max_ids,

@@ -6,9 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
-from embcache.arg_types import DefaultsHelpFormatter, int_in, positive_float
-from embcache.data.defaults import SYNTHETIC_ROWS, SYNTHETIC_SCALE
-from embcache.errors import as_user_errors
+from embcache.arg_types import DefaultsHelpFormatter, float_in, int_in, positive_float
+from embcache.data.defaults import MAX_COUNTED_KEYS, SYNTHETIC_DRIFT, SYNTHETIC_ROWS, SYNTHETIC_SCALE
+from embcache.errors import UserFacingError, as_user_errors
 
 DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 FORMATTER = DefaultsHelpFormatter  # every option's default in --help
@@ -18,7 +18,8 @@ ACTION_TEXTS = {  # action: (one line in the list of actions, description atop i
                       "is held out: first half val, second half test."),
     "criteo-terabyte": ("Criteo Terabyte day_N files",
                         "Criteo 1TB click logs: day_0..day_23, plain or .gz. The last listed day is held out "
-                        "(first half val, second half test); the others train."),
+                        "(first half val, second half test); the others train. With --day-splits every day is "
+                        "also a split of its own (day_N), for training day after day."),
     "avazu": ("Avazu train.csv", "Avazu CTR train.csv (or train.gz), header required."),
     "ml-100k": ("MovieLens-100k as CTR (rating >= 4 is a click)",
                 "MovieLens-100k as CTR data. Without --input the RecBole copy is fetched once with pip "
@@ -26,7 +27,10 @@ ACTION_TEXTS = {  # action: (one line in the list of actions, description atop i
     "synthetic": ("generate Criteo-shaped synthetic data",
                   "Criteo-shaped synthetic data: Kaggle's cardinalities times --scale, Zipf ids, labels from "
                   "a hidden logistic model whose AUC is stored in meta.json as oracle_auc. val and test get "
-                  "a tenth of --rows each."),
+                  "a tenth of --rows each. With --days N: splits day_0..day_{N-1} of --rows rows each "
+                  "instead, and every day a fraction --drift of each feature's distinct values is new "
+                  "(never seen before) while old values fade; new values carry effects of their own, "
+                  "so a model that learns them gains AUC (see docs/open-vocabularies.md)."),
 }
 
 
@@ -79,8 +83,20 @@ def _add_split(p: argparse.ArgumentParser, split_help: str, seed_type, seed_help
     p.add_argument("--seed", type=seed_type, default=0, help=seed_help)
 
 
+def _add_keys(p: argparse.ArgumentParser, what: str) -> None:
+    """--keys ids|raw."""
+    p.add_argument("--keys", choices=("ids", "raw"), default="ids",
+                   help=f"ids: {what}; raw: each value's 64-bit key as int64 (any int64, 0 = missing), for "
+                        "tables without a vocabulary (meta.json \"keys\": \"raw\"; per-key counts in key_freq.npz)")
+
+
 def _add_vocabulary_options(p: argparse.ArgumentParser) -> None:
     """The options of the two-pass converters (`converter.convert`)."""
+    _add_keys(p, "a vocabulary of contiguous ids per feature, built by a first pass")
+    p.add_argument("--max-counted-keys", type=int_in(0), default=None,
+                   help="--keys raw: per-key counts are exact up to this many distinct keys per feature; past "
+                        "it the most frequent keys are kept (meta.json says so), which bounds memory; 0: no cap "
+                        f"(default: {MAX_COUNTED_KEYS:,})")
     p.add_argument("--min-count", type=int_in(1), default=1,
                    help="values seen fewer times share id 0 with missing values (DLRM uses 15 on Terabyte)")
     p.add_argument("--max-ids-per-feature", type=int_in(2), default=None,
@@ -108,6 +124,9 @@ def _add_criteo_terabyte(which) -> None:
     p.add_argument("--input-dir", required=True, help="directory holding day_N or day_N.gz")
     p.add_argument("--days", default="0-23",
                    help="days to use, e.g. 0-23 or 0,1,23 (last = held out); checked before any reading")
+    p.add_argument("--day-splits", action="store_true",
+                   help="also list every day as a split, day_N, over the same files (shards are cut at each "
+                        "day's end); meta.json's day_splits names them in order")
     _add_out(p)
     _add_vocabulary_options(p)
 
@@ -131,44 +150,64 @@ def _add_ml100k(which) -> None:
 def _add_synthetic(sub) -> None:
     p = _action_parser(sub, "synthetic", _synthetic)
     _add_out(p)
-    p.add_argument("--rows", type=int_in(1), default=SYNTHETIC_ROWS, help="training rows")
+    p.add_argument("--rows", type=int_in(1), default=SYNTHETIC_ROWS,
+                   help="training rows; with --days: rows per day")
     p.add_argument("--scale", type=positive_float, default=SYNTHETIC_SCALE,
                    help="multiplies Criteo Kaggle's cardinalities (the DLRM trainer's built-in data set: the same)")
     p.add_argument("--seed", type=int_in(0), default=0)
+    p.add_argument("--days", type=int_in(1), default=None,
+                   help="write this many day splits, day_0.. (--rows rows each), instead of train/val/test "
+                        "(default: none: train/val/test, the data as it always was)")
+    p.add_argument("--drift", type=float_in(0, 1, high_open=True), default=None,
+                   help="with --days: the fraction of each feature's distinct values that are new every day "
+                        f"(never seen on an earlier day), in [0, 1) (default: {SYNTHETIC_DRIFT} with --days)")
+    _add_keys(p, "value numbers as ids in [0, cardinality)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _add_info(sub) -> None:
     p = sub.add_parser("info", help="show a prepared directory's meta.json at a glance", formatter_class=FORMATTER)
     p.add_argument("dir", help="a directory with meta.json")
-    p.add_argument("--head", type=int_in(0), default=0, help="also print the first N training rows")
+    p.add_argument("--head", type=int_in(0), default=0, help="also print the first N training rows (day_0's for data made by day)")
     p.add_argument("--json", action="store_true", help="print meta.json as it is")
     p.set_defaults(func=_info)
 
 
 def _vocab_kwargs(args) -> dict:
-    return dict(min_count=args.min_count, max_ids=args.max_ids_per_feature, progress=not args.no_progress,
-                rows_per_shard=args.rows_per_shard)
+    """The converter's keyword arguments; flags that do not go with --keys are one line."""
+    if args.keys == "raw" and (args.min_count != 1 or args.max_ids_per_feature is not None):
+        raise UserFacingError("--min-count and --max-ids-per-feature build a vocabulary; --keys raw has none")
+    if args.keys == "ids" and args.max_counted_keys is not None:
+        raise UserFacingError("--max-counted-keys caps the per-key counts of --keys raw; --keys ids counts every id")
+    kwargs = dict(min_count=args.min_count, max_ids=args.max_ids_per_feature, progress=not args.no_progress,
+                  rows_per_shard=args.rows_per_shard)
+    if args.keys == "raw":
+        cap = MAX_COUNTED_KEYS if args.max_counted_keys is None else args.max_counted_keys or None
+        kwargs.update(keys="raw", max_counted_keys=cap)
+    return kwargs
 
 
 def _criteo_kaggle(args) -> int:
     from embcache.data.criteo import convert_criteo_kaggle
 
-    return _staged(args, [args.input], lambda out: convert_criteo_kaggle(args.input, out, **_vocab_kwargs(args)))
+    kwargs = _vocab_kwargs(args)
+    return _staged(args, [args.input], lambda out: convert_criteo_kaggle(args.input, out, **kwargs))
 
 
 def _criteo_terabyte(args) -> int:
     from embcache.data.criteo import convert_criteo_terabyte
 
+    kwargs = _vocab_kwargs(args)
     return _staged(args, [args.input_dir], lambda out: convert_criteo_terabyte(args.input_dir, out, days=args.days,
-                                                                              **_vocab_kwargs(args)))
+                                                                              day_splits=args.day_splits, **kwargs))
 
 
 def _avazu(args) -> int:
     from embcache.data.avazu import convert_avazu
 
+    kwargs = _vocab_kwargs(args)
     return _staged(args, [args.input], lambda out: convert_avazu(args.input, out, split=args.split, seed=args.seed,
-                                                                 **_vocab_kwargs(args)))
+                                                                 **kwargs))
 
 
 def _ml100k(args) -> int:
@@ -181,8 +220,13 @@ def _ml100k(args) -> int:
 def _synthetic(args) -> int:
     from embcache.data.synthetic import generate_synthetic
 
+    if args.drift is not None and args.days is None:
+        raise UserFacingError("--drift needs --days (the data drifts from one day to the next)")
+    extra = {} if args.days is None else {"days": args.days, "drift": args.drift}
+    if args.keys == "raw":
+        extra["keys"] = "raw"
     return _staged(args, [], lambda out: generate_synthetic(out, rows=args.rows, scale=args.scale, seed=args.seed,
-                                                            progress=not args.no_progress))
+                                                            progress=not args.no_progress, **extra))
 
 
 def _staged(args, inputs: list, write) -> int:
@@ -203,11 +247,20 @@ def summary(meta: dict, where) -> str:
                        for s, info in meta["splits"].items())
     cards = [f["cardinality"] for f in meta["sparse"]]
     multi = [f["name"] for f in meta["sparse"] if f.get("multi_hot")]
+    raw = meta.get("keys") == "raw"
     lines = [f"{where}: {meta.get('source', '?')}",
              f"  splits      {splits}",
              f"  dense       {meta['num_dense']} columns",
-             f"  sparse      {len(cards)} features, {sum(cards):,} ids in all (largest {max(cards, default=0):,})"
+             f"  sparse      {len(cards)} features, " + (
+                 f"raw 64-bit keys: {sum(cards):,} distinct keys counted (largest {max(cards, default=0):,})"
+                 + ("" if meta.get("key_counts", {}).get("exact", True) else ", per-key counts capped")
+                 if raw else f"{sum(cards):,} ids in all (largest {max(cards, default=0):,})")
              + (f"; multi-hot: {', '.join(multi)}" if multi else "")]
+    days = [d["split"] for d in meta.get("day_splits", [])]
+    if days:
+        drift = meta.get("generator", {}).get("drift")
+        lines.append(f"  days        {len(days)} day splits, {days[0]}..{days[-1]}"
+                     + (f"; drift {drift:g} new values a day" if drift is not None else ""))
     if meta.get("oracle_auc") is not None:
         lines.append(f"  oracle AUC  {meta['oracle_auc']:.4f} on val (the hidden model's ceiling)")
     bad = sum(v.get("count", 0) for v in meta.get("bad_rows", {}).values())
@@ -228,6 +281,7 @@ def _info(args) -> int:
         if info.get("count"):
             print(f"  {name}: {info['count']:,} bad rows, first at lines {info['first_lines']}")
     if args.head:
-        for row in as_user_errors(head_rows, args.dir, "train", args.head):
+        split = "train" if "train" in meta["splits"] else next(iter(meta["splits"]), "train")  # day_0 of days
+        for row in as_user_errors(head_rows, args.dir, split, args.head):
             print(json.dumps(row))
     return 0

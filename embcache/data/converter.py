@@ -7,6 +7,16 @@ each row to its split and writes the canonical format. Memory: one block of text
 per-feature (key, count) arrays of pass 1 -- never a whole file. Those arrays grow with the
 number of distinct values (16 bytes each) unless `max_ids` caps them: a feature with more
 distinct values than the cap is counted in `max_ids` hash buckets instead (see `vocabulary`).
+
+With raw keys (`keys="raw"`) there is no vocabulary: each value's 64-bit key
+(`delimited.string_keys`; `int+1` for a derived integer feature) is written as it is, int64,
+and counted per key in bounded memory (`frequency.KeyCounter`, capped at `max_counted_keys`
+keys per feature). Pass 1 then reads only the files whose good-row counts the split protocol
+needs (`TextSource.prescan`: Kaggle's whole file, Terabyte's held-out day, nothing for a
+random split) and only counts their good rows; the other files' bad rows are logged in pass 2.
+
+A source with `day_splits` (Terabyte's input days) gets each input file's rows listed as a
+split of its own (`day_<n>`), over the same shards: shards are cut at every file's end.
 """
 from __future__ import annotations
 
@@ -22,11 +32,13 @@ import pyarrow as pa
 from embcache.data.bad_rows import BadRowLog
 from embcache.errors import check_whole, format_error, writing
 from embcache.data.ctr_format import (
+    KEY_MODES,
     SPLITS,
     CTRDatasetWriter,
     SparseFeature,
     check_output_dir,
 )
+from embcache.data.frequency import DEFAULT_MAX_COUNTED_KEYS
 from embcache.data.delimited import BLOCK_BYTES, is_empty_line, read_blocks
 from embcache.data.raw_values import LongValues, converter_values, save_raw_values
 from embcache.data.vocabulary import ValueCounter, Vocabulary, check_max_ids
@@ -79,6 +91,11 @@ class TextSource:
         assign: (file index, indices of the good rows within that file, good rows per file,
             the block's aux arrays) -> split code per row (0 train, 1 val, 2 test).
         observe: optional; called with each block's aux in pass 1 (e.g. to find the last day).
+        prescan: raw keys only: the indices of the files whose good-row counts `assign`
+            needs (and `observe` must see) before writing; None: every file. The entries of
+            `good_per_file` for the others are None while writing.
+        day_splits: a split name per file: each file's rows are also listed as that split
+            (shards cut at every file's end).
     """
 
     files: list[Path]
@@ -92,17 +109,30 @@ class TextSource:
     observe: Callable[[dict], None] | None = None  # sees every good block's aux in pass 1
     sparse_columns: list[str | None] | None = None  # input column of each feature (None: derived)
     sparse_keys: list[str] | None = None  # "string" (default) or "int+1" per feature: see raw_values
+    prescan: list[int] | None = None
+    day_splits: list[str] | None = None
 
 
 def convert(src: TextSource, out_dir: str | os.PathLike, source: str, min_count: int = 1,
             max_ids: int | None = None, progress: bool = True, block_bytes: int = BLOCK_BYTES,
-            rows_per_shard: int = 2_000_000, extra_meta: dict | None = None) -> dict:
+            rows_per_shard: int = 2_000_000, extra_meta: dict | None = None, keys: str = "ids",
+            max_counted_keys: int | None = DEFAULT_MAX_COUNTED_KEYS) -> dict:
     """Run both passes; returns the written meta (bad rows are printed to stderr too). Beside
     the shards: vocabulary.npz (the keys owning ids 1..) and raw_values/ (the raw value of
     every id, so a served model maps raw rows to ids and a table row back to its value).
+    With `keys="raw"`: the values' keys instead of ids, no vocabulary (see the module's
+    docstring); `min_count` and `max_ids` shape a vocabulary and must stay at their defaults.
 
     Arguments are checked and the output directory is made (and must be writable) before pass
     1 starts, so a mistake costs seconds, not a pass over the input."""
+    if keys not in KEY_MODES:
+        raise ValueError(f"keys must be one of {KEY_MODES}, got {keys!r}")
+    if keys == "raw":
+        if min_count != 1 or max_ids is not None:
+            raise ValueError("--min-count and --max-ids-per-feature build a vocabulary; raw keys have none "
+                             "(use --keys ids, or leave them out)")
+        return _convert_raw(src, out_dir, source, progress, block_bytes, rows_per_shard, extra_meta or {},
+                            max_counted_keys)
     _check_arguments(src, out_dir, min_count, max_ids, block_bytes, rows_per_shard)
     bad = BadRowLog()
     counters, good_per_file = _count_values(src, bad, max_ids, progress, block_bytes)
@@ -115,7 +145,14 @@ def convert(src: TextSource, out_dir: str | os.PathLike, source: str, min_count:
     writer = CTRDatasetWriter(out_dir, len(src.dense_names), features, source=source,
                               rows_per_shard=rows_per_shard)
     long_values = LongValues(vocabs, src.sparse_columns or [None] * len(vocabs))
-    _write_rows(src, vocabs, writer, good_per_file, progress, block_bytes, long_values)
+
+    def to_ids(block, parsed):
+        ids = [v.lookup(parsed.keys[:, f]) for f, v in enumerate(vocabs)]
+        long_values.observe(block, parsed.ok, ids)
+        return ids
+
+    _write_rows(src, writer, good_per_file, progress, block_bytes, to_ids)
+    extra_meta = {**(extra_meta or {}), **_day_list(src, writer)}
     _save_vocabularies(Path(out_dir), vocabs)
     raw_values = _save_raw_values(Path(out_dir), src, features, vocabs, long_values)
     return writer.finish(
@@ -141,14 +178,65 @@ def _check_arguments(src: TextSource, out_dir: str | os.PathLike, min_count: int
     check_output_dir(out_dir)
 
 
+def _convert_raw(src: TextSource, out_dir: str | os.PathLike, source: str, progress: bool, block_bytes: int,
+                 rows_per_shard: int, extra_meta: dict, max_counted_keys: int | None) -> dict:
+    """`convert` with raw keys: pass 1 counts the good rows of `src.prescan`'s files only,
+    pass 2 writes every value's key."""
+    _check_arguments(src, out_dir, 1, None, block_bytes, rows_per_shard)
+    if max_counted_keys is not None:
+        check_whole("max_counted_keys", max_counted_keys, 1)
+    bad = BadRowLog()
+    for path in src.files:  # listed in file order, whichever pass reads them
+        bad.seen(path)
+    prescan = list(range(len(src.files))) if src.prescan is None else sorted(set(src.prescan))
+    good_per_file: list[int | None] = [None] * len(src.files)
+    if prescan:
+        _, counted = _count_values(src, bad, None, progress, block_bytes, files=prescan, count_values=False)
+        for index, good in zip(prescan, counted):
+            good_per_file[index] = good
+        if len(prescan) == len(src.files) and sum(counted) == 0:
+            bad.report()
+            raise format_error(src.files[0], None, f"no usable rows in {len(src.files)} file(s)")
+    features = [SparseFeature(f"sparse_{f}", 0) for f in range(len(src.sparse_names))]
+    writer = CTRDatasetWriter(out_dir, len(src.dense_names), features, source=source, rows_per_shard=rows_per_shard,
+                              keys="raw", max_counted_keys=max_counted_keys)
+
+    def to_keys(block, parsed):
+        return [parsed.keys[:, f].view(np.int64) for f in range(len(features))]
+
+    good = _write_rows(src, writer, good_per_file, progress, block_bytes, to_keys,
+                       bad=bad, logged=set(prescan), desc="pass 2/2: writing" if prescan else "writing")
+    bad.report()
+    if sum(good) == 0:
+        raise format_error(src.files[0], None, f"no usable rows in {len(src.files)} file(s)")
+    kinds = src.sparse_keys or ["string"] * len(features)
+    return writer.finish(
+        bad_rows=bad.to_json(),
+        key_rule="each value's 64-bit key stored as int64 (the bits of the uint64): 'string' = "
+                 "data.delimited.string_keys (a value of up to 8 bytes is its bytes, big-endian; a longer one a "
+                 "hash with the top bit set), 'int+1' = the integer plus 1; 0 = missing",
+        key_kinds={f.name: k for f, k in zip(features, kinds)}, features=_feature_names(src, features),
+        input_files=[str(p) for p in src.files], good_rows_per_file=good, **extra_meta, **_day_list(src, writer))
+
+
+def _day_list(src: TextSource, writer: CTRDatasetWriter) -> dict:
+    """meta.json's "day_splits" (`ctr_format.day_splits`) for a source with day splits."""
+    if not src.day_splits:
+        return {}
+    return {"day_splits": [{"split": name, "rows": writer.views[name]["rows"]} for name in src.day_splits]}
+
+
 def _count_values(src: TextSource, bad: BadRowLog, max_ids: int | None, progress: bool,
-                  block_bytes: int) -> tuple[list[ValueCounter], list[int]]:
-    """Pass 1: one ValueCounter per sparse feature fed with every good row, and the good rows
-    per file; malformed rows go to `bad`, every good block's aux to `src.observe`."""
-    counters = [ValueCounter(max_ids) for _ in src.sparse_names]
+                  block_bytes: int, files: list[int] | None = None,
+                  count_values: bool = True) -> tuple[list[ValueCounter], list[int]]:
+    """Pass 1: one ValueCounter per sparse feature fed with every good row (none without
+    `count_values`), and the good rows per file (of `files`, indices of `src.files`; default
+    all); malformed rows go to `bad`, every good block's aux to `src.observe`."""
+    counters = [ValueCounter(max_ids) for _ in src.sparse_names] if count_values else []
     good_per_file = []
-    with _bar(progress, "pass 1/2: counting values") as bar:
-        for path in src.files:
+    chosen = src.files if files is None else [src.files[i] for i in files]
+    with _bar(progress, "pass 1/2: counting values" if count_values else "pass 1/2: counting rows") as bar:
+        for path in chosen:
             good = 0
             for block, first, lines in read_blocks(path, src.columns, src.delimiter, src.header, bad, block_bytes):
                 parsed = src.parse(block)
@@ -181,25 +269,39 @@ def _build_vocabularies(counters: list[ValueCounter], min_count: int, max_ids: i
     return vocabs
 
 
-def _write_rows(src: TextSource, vocabs: list[Vocabulary], writer: CTRDatasetWriter, good_per_file: list[int],
-                progress: bool, block_bytes: int, long_values: LongValues) -> None:
-    """Pass 2: read the files again, map values to ids and write each good row to its split
-    (`long_values` sees the ids of each block)."""
-    with _bar(progress, "pass 2/2: writing", total=sum(good_per_file)) as bar:
+def _write_rows(src: TextSource, writer: CTRDatasetWriter, good_per_file: list[int | None], progress: bool,
+                block_bytes: int, to_sparse: Callable, bad: BadRowLog | None = None, logged: set[int] = frozenset(),
+                desc: str = "pass 2/2: writing") -> list[int]:
+    """Pass 2: read the files again, turn each block's values into its sparse columns
+    (`to_sparse(block, parsed)`: ids, or keys) and write each good row to its split; returns
+    the good rows per file. With `bad`, the malformed rows of the files not in `logged` (not
+    read by pass 1) are logged. With `src.day_splits`, each file's rows become a split too."""
+    known = None if any(g is None for g in good_per_file) else sum(good_per_file)
+    good_rows = []
+    with _bar(progress, desc, total=known) as bar:
         for file_index, path in enumerate(src.files):
+            log = bad if bad is not None and file_index not in logged else None
+            before = {s: (len(writer.splits[s]["files"]), writer.splits[s]["rows"]) for s in SPLITS}
             done = 0
-            for block, _, _ in read_blocks(path, src.columns, src.delimiter, src.header, None, block_bytes):
+            for block, first, lines in read_blocks(path, src.columns, src.delimiter, src.header, log, block_bytes):
                 parsed = src.parse(block)
+                if log is not None:
+                    _log_bad_rows(log, path, parsed, first, lines)
                 n = len(parsed.label)
-                ids = [v.lookup(parsed.keys[:, f]) for f, v in enumerate(vocabs)]
-                long_values.observe(block, parsed.ok, ids)
+                sparse = to_sparse(block, parsed)
                 codes = src.assign(file_index, np.arange(done, done + n), good_per_file, parsed.aux)
                 for code, split in enumerate(SPLITS):
                     rows = np.flatnonzero(codes == code)
                     if len(rows):
-                        writer.write(split, parsed.label[rows], parsed.dense[rows], [i[rows] for i in ids])
+                        writer.write(split, parsed.label[rows], parsed.dense[rows], [i[rows] for i in sparse])
                 done += n
                 bar.update(n)
+            good_rows.append(done)
+            if src.day_splits:
+                writer.cut()
+                files = [f for s in SPLITS for f in writer.splits[s]["files"][before[s][0]:]]
+                writer.add_view(src.day_splits[file_index], files, done)
+    return good_rows
 
 
 def _id_rule(max_ids: int | None) -> str:

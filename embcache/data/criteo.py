@@ -11,7 +11,10 @@ Both releases share one line layout: label, 13 integer counts (I1-I13), 26 categ
   held-out day.
 
 Dense values: negatives clamped to 0, then log(x + 1); missing -> 0. Categorical values ->
-contiguous ids per feature (see `vocabulary`: id 0 = missing or rarer than `min_count`).
+contiguous ids per feature (see `vocabulary`: id 0 = missing or rarer than `min_count`), or with
+`keys="raw"` each value's own 64-bit key (`delimited.string_keys`: the 8 hex digits' bytes;
+0 = missing), no vocabulary. Terabyte with `day_splits`: each input day is also a split,
+`day_<n>` (n as in the file's name), over the same shards.
 Malformed lines (wrong field count, label other than 0/1, a count that is not a number, empty
 lines) are skipped, counted per file with their first line numbers, printed and stored in meta.json.
 """
@@ -48,11 +51,12 @@ def parse_criteo_block(block: pa.RecordBatch) -> Parsed:
     return Parsed(good, label[good], np.stack(dense, 1)[good], keys[good], checks.reasons)
 
 
-def _source(files: list[Path], assign) -> TextSource:
+def _source(files: list[Path], assign, prescan: list[int] | None = None,
+            day_splits: list[str] | None = None) -> TextSource:
     return TextSource(files=files, columns=COLUMNS, delimiter="\t", header=False,
                       dense_names=[f"log(max({n},0)+1), missing -> 0" for n in DENSE],
                       sparse_names=[f"{n} id" for n in CATEGORICAL], parse=parse_criteo_block, assign=assign,
-                      sparse_columns=list(CATEGORICAL))
+                      sparse_columns=list(CATEGORICAL), prescan=prescan, day_splits=day_splits)
 
 
 def kaggle_split(total: int) -> tuple[int, int]:
@@ -113,8 +117,12 @@ def terabyte_files(input_dir: str | os.PathLike, days: list[int]) -> list[Path]:
 
 
 def convert_criteo_terabyte(input_dir: str | os.PathLike, out_dir: str | os.PathLike, days: list[int] | str | None = None,
-                            min_count: int = 1, max_ids: int | None = None, progress: bool = True, **kwargs) -> dict:
-    """Convert Terabyte days (default all 24); the last listed day is split into val / test."""
+                            min_count: int = 1, max_ids: int | None = None, progress: bool = True,
+                            day_splits: bool = False, **kwargs) -> dict:
+    """Convert Terabyte days (default all 24); the last listed day is split into val / test.
+    With `day_splits`, each day is a split too (`day_<n>`, the whole day, the held-out one as
+    val then test), over the same shards (cut at each day's end), and meta.json's
+    "day_splits" lists them in order: `[{"split": "day_0", "rows": ...}, ...]`."""
     days = list(range(TERABYTE_DAYS)) if days is None else parse_days(days) if isinstance(days, str) else list(days)
     if len(days) < 2:
         raise DataFormatError("--days: need at least two days (training days, then the held-out day)")
@@ -126,8 +134,9 @@ def convert_criteo_terabyte(input_dir: str | os.PathLike, out_dir: str | os.Path
             return np.zeros(len(rows), dtype=np.int64)
         return np.where(rows < good_per_file[last] // 2, 1, 2)
 
-    return convert(_source(files, assign), out_dir, source=f"Criteo Terabyte (days {days})",
-                   min_count=min_count, max_ids=max_ids, progress=progress,
+    names = [f"day_{d}" for d in days] if day_splits else None
+    return convert(_source(files, assign, prescan=[last], day_splits=names), out_dir,
+                   source=f"Criteo Terabyte (days {days})", min_count=min_count, max_ids=max_ids, progress=progress,
                    extra_meta={"days": days, "split_protocol": f"days {days[:-1]} train; day {days[-1]}: "
                                                                 f"first half val, second half test"},
                    **kwargs)

@@ -17,6 +17,17 @@ in `[0, cardinality)`, or `list<int64>` for a multi-hot feature. meta.json::
 plus converter-specific keys (e.g. "oracle_auc", "id_mapping"). meta.json is written last and
 atomically, so a directory with a meta.json is a complete data set. Writing streams: a converter
 hands `CTRDatasetWriter.write` one chunk at a time, and shards are cut at `rows_per_shard`.
+
+Raw keys (`"keys": "raw"` in meta.json; absent or "ids" is the format above): the sparse
+columns hold int64 keys, any int64 (a value's 64-bit code, `embcache.keys`; 0 = missing),
+for a table without a vocabulary. Then "cardinality" is the number of distinct keys counted
+(informational: it bounds nothing), and "id_frequency_file" (key_freq.npz) holds per-key
+counts, `<name>.keys` and `<name>.counts` (`frequency.KeyCounter`; read them with
+`load_key_frequencies`), described by meta.json's "key_counts" (exact, or capped at
+"max_keys_per_feature"). Splits are named freely (`day_0`, `day_1`, ... for data made day by
+day, listed in order by "day_splits": `[{"split": "day_0", "rows": n}, ...]`), and a split may
+list files another lists too (a day of the train split); a split whose own counts were written
+names its file in "split_frequency_files".
 """
 from __future__ import annotations
 
@@ -38,13 +49,23 @@ from embcache.errors import (
     format_error,
     writing,
 )
-from embcache.data.frequency import IdFrequency, load_frequency_file
+from embcache.data.frequency import (
+    DEFAULT_MAX_COUNTED_KEYS,
+    IdFrequency,
+    KeyCounter,
+    load_frequency_file,
+    load_key_counts,
+    save_key_counts,
+)
 
 FORMAT = "embcache-ctr"
 VERSION = 1
 SPLITS = ("train", "val", "test")
 META = "meta.json"
 FREQ = "id_freq.npz"
+KEY_FREQ = "key_freq.npz"
+SPLIT_FREQ_DIR = "freq"  # per-split key counts: freq/<split>.npz
+KEY_MODES = ("ids", "raw")
 
 
 @dataclass(frozen=True)
@@ -69,6 +90,17 @@ def multi_hot(offsets: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.n
     return np.asarray(offsets, dtype=np.int32), np.asarray(values, dtype=np.int64)
 
 
+def is_raw_keys(meta: dict) -> bool:
+    """Whether a data set's sparse columns hold raw int64 keys (meta.json's `"keys": "raw"`)
+    rather than vocabulary ids in `[0, cardinality)`.
+
+    Example:
+        >>> is_raw_keys({"keys": "raw"}), is_raw_keys({"keys": "ids"}), is_raw_keys({})
+        (True, False, False)
+    """
+    return meta.get("keys", "ids") == "raw"
+
+
 class CTRDatasetWriter:
     """Writes a data set in the canonical format, chunk by chunk.
 
@@ -76,10 +108,18 @@ class CTRDatasetWriter:
         out_dir: created if missing. Old shards, meta.json and id_freq.npz there are removed
             first, so a half-rewritten directory never looks complete.
         num_dense: number of dense columns.
-        sparse: the categorical features, in column order.
+        sparse: the categorical features, in column order (in raw mode their cardinality is
+            not used: meta.json gets the distinct keys counted).
         source: one line saying where the data came from (stored in meta.json).
         rows_per_shard: a new Parquet file every this many rows of a split.
         row_group_rows: Parquet row-group size; the loader's memory is bounded by it.
+        keys: "ids" (vocabulary ids, checked against the cardinality) or "raw" (any int64
+            key; counted per key by a `KeyCounter`; meta.json gets `"keys": "raw"`).
+        splits: the split names (directories) written to.
+        counted: the splits whose rows the frequency file counts.
+        split_counts: also write each counted split's own key counts (`freq/<split>.npz`,
+            ids counted as keys in ids mode), saved and freed when `end_split` is called.
+        max_counted_keys: the cap of every `KeyCounter` (None: exact, unbounded).
 
     Example:
         >>> w = CTRDatasetWriter(tmp, num_dense=1, sparse=[SparseFeature("sparse_0", 3)], source="doc")  # doctest: +SKIP
@@ -88,15 +128,36 @@ class CTRDatasetWriter:
     """
 
     def __init__(self, out_dir: str | os.PathLike, num_dense: int, sparse: list[SparseFeature],
-                 source: str, rows_per_shard: int = 2_000_000, row_group_rows: int = 65_536):
+                 source: str, rows_per_shard: int = 2_000_000, row_group_rows: int = 65_536,
+                 keys: str = "ids", splits: tuple[str, ...] | list[str] = SPLITS,
+                 counted: tuple[str, ...] | list[str] = ("train",), split_counts: bool = False,
+                 max_counted_keys: int | None = DEFAULT_MAX_COUNTED_KEYS):
         check_whole("rows_per_shard", rows_per_shard, 1)
         check_whole("row_group_rows", row_group_rows, 1)
+        if keys not in KEY_MODES:
+            raise ValueError(f"keys must be one of {KEY_MODES}, got {keys!r}")
+        splits = list(splits)
+        for split in splits:
+            if not isinstance(split, str) or not split.isidentifier() or split in (SPLIT_FREQ_DIR, "raw_values"):
+                raise ValueError(f"split names must be identifiers such as day_0, got {split!r}")
+        if len(set(splits)) != len(splits) or not set(counted) <= set(splits):
+            raise ValueError(f"splits {splits} must be distinct and hold the counted ones {list(counted)}")
         self.out = Path(out_dir)
         self.num_dense, self.sparse, self.source = num_dense, list(sparse), source
         self.rows_per_shard, self.row_group_rows = int(rows_per_shard), int(row_group_rows)
         self.schema = arrow_schema(num_dense, self.sparse)
-        self.frequency = IdFrequency({f.name: f.cardinality for f in self.sparse})
-        self.splits: dict[str, dict] = {s: {"files": [], "rows": 0} for s in SPLITS}
+        self.raw = keys == "raw"
+        self.counted, self.max_counted_keys = tuple(counted), max_counted_keys
+        if self.raw:
+            self.key_counts = {f.name: KeyCounter(max_counted_keys) for f in self.sparse}
+        else:
+            self.frequency = IdFrequency({f.name: f.cardinality for f in self.sparse})
+        # split -> feature -> its own counter, until `end_split` saves it
+        self._split_counts = {s: {f.name: KeyCounter(max_counted_keys) for f in self.sparse}
+                              for s in self.counted} if split_counts else {}
+        self.split_files: dict[str, dict] = {}  # split -> meta.json's entry of its saved counts
+        self.splits: dict[str, dict] = {s: {"files": [], "rows": 0} for s in splits}
+        self.views: dict[str, dict] = {}  # splits made of other splits' files (`add_view`)
         # one open shard per split, so interleaved writes to several splits (a random split)
         # still fill every shard to rows_per_shard: split -> [writer, rows in its shard]
         self._open: dict[str, list] = {}
@@ -105,11 +166,12 @@ class CTRDatasetWriter:
     def _prepare_directory(self) -> None:
         with writing(self.out):
             self.out.mkdir(parents=True, exist_ok=True)
-            for name in (META, FREQ):
+            for name in (META, FREQ, KEY_FREQ):
                 (self.out / name).unlink(missing_ok=True)
-            for split in SPLITS:
+            for split in self.splits:
                 for old in (self.out / split).glob("part-*.parquet"):
                     old.unlink()
+                (self.out / SPLIT_FREQ_DIR / f"{split}.npz").unlink(missing_ok=True)
 
     def write(self, split: str, label, dense, sparse: list) -> None:
         """Append one chunk of rows to `split`.
@@ -118,11 +180,13 @@ class CTRDatasetWriter:
             label: `[n]` 0/1.
             dense: `[n, num_dense]` (already transformed; stored as float32).
             sparse: one entry per feature: `[n]` int ids for a one-hot feature, or the
-                `(offsets, values)` pair of `multi_hot` for a multi-hot one.
-        Ids outside `[0, cardinality)` raise ValueError: a converter bug, not bad input.
+                `(offsets, values)` pair of `multi_hot` for a multi-hot one (int64 keys in
+                raw mode).
+        Ids outside `[0, cardinality)` raise ValueError: a converter bug, not bad input
+        (raw keys may be any int64).
         """
         if split not in self.splits:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+            raise ValueError(f"split must be one of {tuple(self.splits)}, got {split!r}")
         label = np.asarray(label, dtype=np.int8)
         n = len(label)
         if n == 0:
@@ -136,7 +200,7 @@ class CTRDatasetWriter:
                 offsets, ids = multi_hot(*col)
             else:
                 ids = np.asarray(col, dtype=np.int64)
-            if len(ids) and (ids.min() < 0 or ids.max() >= feature.cardinality):
+            if not self.raw and len(ids) and (ids.min() < 0 or ids.max() >= feature.cardinality):
                 raise ValueError(f"{feature.name}: ids in [{ids.min()}, {ids.max()}] outside "
                                  f"[0, {feature.cardinality})")
             if feature.multi_hot:
@@ -147,7 +211,11 @@ class CTRDatasetWriter:
                 if len(ids) != n:
                     raise ValueError(f"{feature.name}: {len(ids)} ids for {n} rows")
                 columns.append(pa.array(ids))
-            if split == "train":
+            if split in self._split_counts:
+                self._split_counts[split][feature.name].update(ids)
+            elif split in self.counted and self.raw:
+                self.key_counts[feature.name].update(ids)
+            if split in self.counted and not self.raw:
                 self.frequency.update(feature.name, ids)
         table = pa.Table.from_arrays(columns, schema=self.schema)
         start = 0
@@ -178,15 +246,66 @@ class CTRDatasetWriter:
             with writing(self.out / self.splits[split]["files"][-1]):
                 shard[0].close()
 
-    def finish(self, bad_rows: dict | None = None, **extra) -> dict:
-        """Close the open shards, write id_freq.npz, then meta.json (atomically); return meta."""
+    def cut(self) -> None:
+        """Close every open shard: the next rows of any split start a new file (so a run of
+        files holds exactly the rows written in between: one input day, say)."""
         for split in list(self._open):
             self._close_shard(split)
+
+    def add_view(self, name: str, files: list[str], rows: int) -> None:
+        """Declare split `name`: files other splits wrote (whole files: `cut` between the
+        writes it is made of), listed in meta.json after the written splits."""
+        if name in self.splits or name in self.views:
+            raise ValueError(f"split {name!r} exists already")
+        known = {f for info in self.splits.values() for f in info["files"]}
+        if not set(files) <= known:
+            raise ValueError(f"split {name!r}: {sorted(set(files) - known)[:3]} are no written files")
+        self.views[name] = {"files": list(files), "rows": int(rows)}
+
+    def end_split(self, split: str) -> None:
+        """No more rows come for `split`: close its shard and save (then free) its own key
+        counts; its counts join the frequency file's in raw mode."""
+        self._close_shard(split)
+        counters = self._split_counts.pop(split, None)
+        if counters is None:
+            return
+        path = self.out / SPLIT_FREQ_DIR / f"{split}.npz"
+        with writing(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_key_counts(path, {name: c.result() for name, c in counters.items()})
+        self.split_files[split] = {"file": f"{SPLIT_FREQ_DIR}/{split}.npz",
+                                   "exact": all(c.exact for c in counters.values())}
+        if self.raw:
+            for name, counter in counters.items():
+                self.key_counts[name].absorb(counter)
+
+    def finish(self, bad_rows: dict | None = None, **extra) -> dict:
+        """Close the open shards, write the frequency file(s), then meta.json (atomically);
+        return meta."""
+        for split in list(self._open):
+            self._close_shard(split)
+        for split in list(self._split_counts):
+            self.end_split(split)
+        sparse = [asdict(f) for f in self.sparse]
+        keyed = {}
+        if self.raw:
+            for entry in sparse:
+                entry["cardinality"] = self.key_counts[entry["name"]].distinct()
+            keyed = {"keys": "raw",
+                     "key_counts": {"splits": list(self.counted), "max_keys_per_feature": self.max_counted_keys,
+                                    "exact": all(c.exact for c in self.key_counts.values()),
+                                    "features": {n: c.summary() for n, c in self.key_counts.items()}}}
+        if self.split_files:
+            keyed["split_frequency_files"] = dict(self.split_files)
         meta = {"format": FORMAT, "version": VERSION, "num_dense": self.num_dense,
-                "sparse": [asdict(f) for f in self.sparse], "splits": self.splits,
-                "id_frequency_file": FREQ, "source": self.source, "bad_rows": bad_rows or {}, **extra}
+                "sparse": sparse, "splits": {**self.splits, **self.views},
+                "id_frequency_file": KEY_FREQ if self.raw else FREQ, "source": self.source,
+                "bad_rows": bad_rows or {}, **keyed, **extra}
         with writing(self.out):
-            self.frequency.save(self.out / FREQ)
+            if self.raw:
+                save_key_counts(self.out / KEY_FREQ, {n: c.result() for n, c in self.key_counts.items()})
+            else:
+                self.frequency.save(self.out / FREQ)
             tmp = self.out / f".{META}.tmp-{os.getpid()}"
             tmp.write_text(json.dumps(meta, indent=1) + "\n")
             os.replace(tmp, self.out / META)
@@ -225,6 +344,8 @@ def read_meta(data_dir: str | os.PathLike) -> dict:
     for key in ("num_dense", "sparse", "splits", "id_frequency_file"):
         if key not in meta:
             raise format_error(path, None, f"lacks the key {key!r}")
+    if meta.get("keys", "ids") not in KEY_MODES:
+        raise format_error(path, None, f"keys {meta.get('keys')!r}: expected one of {', '.join(KEY_MODES)}")
     for split, info in meta["splits"].items():
         for rel in info.get("files", []):
             if not (Path(data_dir) / rel).is_file():
@@ -233,11 +354,15 @@ def read_meta(data_dir: str | os.PathLike) -> dict:
 
 
 def load_id_frequencies(data_dir: str | os.PathLike) -> dict:
-    """`{feature name: int64 torch.Tensor of counts}` over the train split, one count per id."""
+    """`{feature name: int64 torch.Tensor of counts}` over the train split, one count per id.
+    Data with raw keys has no ids: DataFormatError (use `load_key_frequencies`)."""
     import torch
 
     meta = read_meta(data_dir)
     path = Path(data_dir) / meta["id_frequency_file"]
+    if is_raw_keys(meta):
+        raise format_error(Path(data_dir) / META, None, "holds raw keys (\"keys\": \"raw\"), not ids: its "
+                                                        "counts are per key (load_key_frequencies)")
     try:
         counts = load_frequency_file(path)
     except (OSError, ValueError) as err:
@@ -249,6 +374,54 @@ def load_id_frequencies(data_dir: str | os.PathLike) -> dict:
             raise format_error(path, None, f"{f['name']} has {len(counts[f['name']])} counts, "
                                            f"cardinality is {f['cardinality']}")
     return {f["name"]: torch.from_numpy(counts[f["name"]]) for f in meta["sparse"]}
+
+
+def load_key_frequencies(data_dir: str | os.PathLike, split: str | None = None) -> dict:
+    """`{feature name: (keys, counts)}`, two int64 torch tensors: the keys (ascending, distinct)
+    and how often each was seen, over the counted splits (meta.json's "key_counts"; the train
+    split unless the data says otherwise), or over `split` alone where its counts were saved
+    ("split_frequency_files"). Raw-key data holds keys; for ids data the keys are the ids seen
+    (a count of 0 is left out). Counts may be capped: see "key_counts" / the split's "exact".
+    A missing or damaged file is a DataFormatError naming it."""
+    import torch
+
+    meta = read_meta(data_dir)
+    if split is None:
+        path = Path(data_dir) / meta["id_frequency_file"]
+    else:
+        files = meta.get("split_frequency_files", {})
+        if split not in files:
+            raise format_error(Path(data_dir) / META, None, f"has no counts of split {split!r} of its own"
+                               + (f" (it has: {', '.join(files)})" if files else ""))
+        path = Path(data_dir) / files[split]["file"]
+    try:
+        if split is None and not is_raw_keys(meta):
+            dense = load_frequency_file(path)
+            counts = {}
+            for name, c in dense.items():
+                ids = np.flatnonzero(c)
+                counts[name] = (ids.astype(np.int64), c[ids])
+        else:
+            counts = load_key_counts(path)
+    except (OSError, ValueError) as err:
+        raise format_error(path, None, f"cannot read key frequencies: {err}") from None
+    for f in meta["sparse"]:
+        if f["name"] not in counts:
+            raise format_error(path, None, f"has no counts for {f['name']}")
+    return {f["name"]: tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in counts[f["name"]])
+            for f in meta["sparse"]}
+
+
+def day_splits(meta: dict) -> list[str]:
+    """The names of a data set's day splits in day order (meta.json's "day_splits", present in
+    data written day by day: `embcache data synthetic --days`, Terabyte's `--day-splits`);
+    [] for data that has none. Each opens as any split: `CTRBatches(dir, "day_3", ...)`.
+
+    Example:
+        >>> day_splits({"day_splits": [{"split": "day_0", "rows": 5}, {"split": "day_1", "rows": 4}]})
+        ['day_0', 'day_1']
+    """
+    return [entry["split"] for entry in meta.get("day_splits", [])]
 
 
 def sparse_features(meta: dict) -> list[SparseFeature]:
@@ -289,6 +462,7 @@ def head_rows(data_dir: str | os.PathLike, split: str, n: int = 5) -> list[dict]
     return rows
 
 
-__all__ = ["FORMAT", "VERSION", "SPLITS", "SparseFeature", "CTRDatasetWriter", "arrow_schema",
-           "multi_hot", "read_meta", "load_id_frequencies", "sparse_features", "read_shard", "head_rows",
-           "DataFormatError", "DataOutputError", "check_output_dir"]
+__all__ = ["FORMAT", "VERSION", "SPLITS", "KEY_MODES", "SparseFeature", "CTRDatasetWriter", "arrow_schema",
+           "multi_hot", "read_meta", "is_raw_keys", "day_splits", "load_id_frequencies", "load_key_frequencies",
+           "sparse_features", "read_shard", "head_rows", "DataFormatError", "DataOutputError",
+           "check_output_dir"]

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 import torch
 from embcache.data.background import BackgroundIterator
 from embcache.errors import format_error
-from embcache.data.ctr_format import read_meta, read_shard, sparse_features
+from embcache.data.ctr_format import is_raw_keys, read_meta, read_shard, sparse_features
 from embcache.partition import slice_bounds
 from embcache.sparse_types import KeyedJaggedTensor
 
@@ -73,7 +73,8 @@ class CTRBatches:
 
     Args:
         data_dir: a directory written by `CTRDatasetWriter` (has meta.json).
-        split: "train", "val" or "test".
+        split: any split meta.json lists: "train", "val", "test", or a day ("day_3") of
+            data written day by day.
         batch_size: rows per batch; the last batch is shorter unless `drop_last`.
         shuffle_shards: visit the split's shards in a random order drawn from `seed`
             (rows within a shard keep their order). Pass a different seed per epoch.
@@ -92,7 +93,9 @@ class CTRBatches:
 
     Ids outside `[0, cardinality)`, nulls, a shard whose columns or column types differ from
     meta.json (label integer/bool, dense floating point, sparse integer ids), or a damaged shard
-    raise DataFormatError naming the file (and the row where there is one).
+    raise DataFormatError naming the file (and the row where there is one). Raw-key data
+    (`ctr_format.is_raw_keys`) holds int64 keys, any int64 (the cardinality bounds nothing):
+    its ids are not range-checked; every other check stays.
 
     Example:
         >>> for batch in CTRBatches("datasets/synthetic", "train", 2048):  # doctest: +SKIP
@@ -124,6 +127,7 @@ class CTRBatches:
                          + [f.name for f in self.features])
         self._multi_hot = {f.name: f.multi_hot for f in self.features}
         self._cardinalities = np.array([f.cardinality for f in self.features], dtype=np.uint64)
+        self.raw_keys = is_raw_keys(self.meta)
 
     # -------------------------------------------------------------- size and order
     def batches_per_epoch(self) -> int:
@@ -220,7 +224,8 @@ class CTRBatches:
         return pf
 
     def _check(self, record: pa.RecordBatch, path: Path, first_row: int) -> None:
-        """Ids in range and no nulls; the error names the shard and the row in it (0-based).
+        """Ids in range (raw keys: any) and no nulls; the error names the shard and the row in
+        it (0-based).
         The check that names the first bad row: `_host_batch` checks a slice's ids all at
         once and calls this only to name the row when that fails, or first where the record
         batch holds nulls."""
@@ -228,6 +233,8 @@ class CTRBatches:
             if record.column(name).null_count:
                 row = int(np.flatnonzero(record.column(name).is_null().to_numpy(zero_copy_only=False))[0])
                 raise format_error(path, None, f"row {first_row + row}: {name} is null")
+        if self.raw_keys:
+            return
         for f in self.features:
             col = record.column(f.name)
             if f.multi_hot:
@@ -279,7 +286,7 @@ class CTRBatches:
                 counts.append(n)
         ids = _concat([part.astype(np.int64, copy=False) for part in parts], np.int64)
         # one comparison for every id of every feature: negative ids are huge as uint64
-        if np.count_nonzero(ids.view(np.uint64) >= np.repeat(self._cardinalities, counts)):
+        if not self.raw_keys and np.count_nonzero(ids.view(np.uint64) >= np.repeat(self._cardinalities, counts)):
             self._locate(pieces)
         sparse = KeyedJaggedTensor(keys=[f.name for f in self.features], values=torch.from_numpy(ids),
                                    lengths=torch.from_numpy(lengths))
