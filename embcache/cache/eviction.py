@@ -73,6 +73,20 @@ class EvictionPolicy:
         if kind == "freq" and ids_freq is not None:
             self.prior = ids_freq.to(device=device, dtype=torch.float64)
 
+    def grow(self, num_ids: int) -> None:
+        """More ids (an open table's new rows), never seen: no count, no prior."""
+        if self.id_count is not None and num_ids > self.id_count.numel():
+            self.id_count = torch.cat([self.id_count, self.id_count.new_zeros(num_ids - self.id_count.numel())])
+        if self.prior is not None and num_ids > self.prior.numel():
+            self.prior = torch.cat([self.prior, self.prior.new_zeros(num_ids - self.prior.numel())])
+
+    def forget(self, ids: torch.Tensor) -> None:
+        """Ids given to new keys (an open table's reused rows): their counts start again."""
+        if self.id_count is not None:
+            self.id_count.index_fill_(0, ids.to(self.id_count.device), 0)
+        if self.prior is not None:
+            self.prior.index_fill_(0, ids.to(self.prior.device), 0)
+
     def tick(self) -> int:
         self.clock += 1
         if self.half_life and self.id_count is not None and self.clock % self.half_life == 0:

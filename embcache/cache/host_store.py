@@ -119,6 +119,27 @@ class HostStore:
         per = self.weight.shape[1] * self.weight.element_size()
         return per + sum(t.shape[1] * t.element_size() for t in self.state.values())
 
+    def grow(self, num_rows: int, state_init: dict[str, float]) -> None:
+        """Append rows up to `num_rows` (an open table's new rows: zero weights, each state
+        table at its initial value; the rows are given their keys' values when keys take
+        them). The memory backing only: a mapped table is made at its bound once."""
+        old = self.weight.shape[0]
+        if num_rows <= old:
+            return
+        if self.directory is not None:
+            raise ValueError(f"a host store mapped from {self.directory} cannot grow past its {old:,} rows: "
+                             f"give an open table on an mmap store its max_rows")
+        pin = self.pinned
+
+        def extend(table: torch.Tensor, value: float) -> torch.Tensor:
+            out = torch.empty((num_rows, table.shape[1]), dtype=table.dtype, pin_memory=pin)
+            out[:old].copy_(table)
+            out[old:].fill_(value)
+            return out
+
+        self.weight = extend(self.weight, 0.0)
+        self.state = {k: extend(v, state_init[k]) for k, v in self.state.items()}
+
     def gather(self, ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Copies of rows `ids` (host tensors, pinned when the store is)."""
         ids = ids.cpu()

@@ -50,6 +50,13 @@ class SlotMap:
             self.id_to_slot = None
             self._reindex()
 
+    def grow(self, num_ids: int) -> None:
+        """More ids (an open table's new rows), none of them resident."""
+        if num_ids > self.num_ids and self.id_to_slot is not None:
+            more = self.id_to_slot.new_full((num_ids - self.num_ids,), -1)
+            self.id_to_slot = torch.cat([self.id_to_slot, more])
+        self.num_ids = max(self.num_ids, int(num_ids))
+
     def _reindex(self) -> None:
         """Sorted mode: refresh the sorted copy of slot_to_id and its permutation."""
         self._sorted_ids, self._sorted_slots = torch.sort(self.slot_to_id)

@@ -39,7 +39,8 @@ HEADER = "header.json"
 FORMAT = "embcache-tables"
 VERSION = 1
 CHUNK_BYTES = 64 << 20  # what one read, write or fill step holds in memory
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "int64": torch.int64}  # int64: an open table's key index beside its rows
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 MADV_RANDOM = 1  # <sys/mman.h> on Linux
 

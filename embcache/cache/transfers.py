@@ -61,6 +61,12 @@ class RowTransfers:
         self._in_flight: np.ndarray | None = None
         self.waits = 0  # gathers that had to wait for a pending write (the host waited)
 
+    def grow(self, num_rows: int) -> None:
+        """The host store has grown to `num_rows` rows (an open table)."""
+        if self._in_flight is not None and num_rows > self.num_rows:
+            self._in_flight = np.concatenate([self._in_flight, np.zeros(num_rows - self.num_rows, np.int32)])
+        self.num_rows = max(self.num_rows, int(num_rows))
+
     # ------------------------------------------------------------------ host -> device
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
         """`t` (host) on the device without waiting: through pinned memory on CUDA."""

@@ -90,6 +90,8 @@ class CTRBatches:
         part: `(rank, world_size)`: yield only this rank's slice of every global batch of
             `batch_size` rows (`embcache.partition.slice_bounds`), so N ranks together see
             the batches one process sees; only the slice's rows are checked and converted.
+        key_map: raw-key data only: turns a batch's keys into closed tables' ids
+            (`data.key_maps`: hashing, a first-day vocabulary) as each batch is made.
 
     Ids outside `[0, cardinality)`, nulls, a shard whose columns or column types differ from
     meta.json (label integer/bool, dense floating point, sparse integer ids), or a damaged shard
@@ -105,7 +107,8 @@ class CTRBatches:
     def __init__(self, data_dir: str | os.PathLike, split: str, batch_size: int,
                  shuffle_shards: bool = False, seed: int = 0, drop_last: bool = False,
                  device: torch.device | str = "cpu", start_batch: int = 0, read_rows: int = 65_536,
-                 part: tuple[int, int] = (0, 1), sparse_device: torch.device | str | None = None):
+                 part: tuple[int, int] = (0, 1), sparse_device: torch.device | str | None = None,
+                 key_map=None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if start_batch < 0:
@@ -128,6 +131,9 @@ class CTRBatches:
         self._multi_hot = {f.name: f.multi_hot for f in self.features}
         self._cardinalities = np.array([f.cardinality for f in self.features], dtype=np.uint64)
         self.raw_keys = is_raw_keys(self.meta)
+        if key_map is not None and not self.raw_keys:
+            raise ValueError(f"{self.data_dir}: key_map applies to raw-key data (meta.json 'keys': 'raw') only")
+        self.key_map = key_map
 
     # -------------------------------------------------------------- size and order
     def batches_per_epoch(self) -> int:
@@ -288,6 +294,8 @@ class CTRBatches:
         # one comparison for every id of every feature: negative ids are huge as uint64
         if not self.raw_keys and np.count_nonzero(ids.view(np.uint64) >= np.repeat(self._cardinalities, counts)):
             self._locate(pieces)
+        if self.key_map is not None:
+            ids = self.key_map(ids, counts)
         sparse = KeyedJaggedTensor(keys=[f.name for f in self.features], values=torch.from_numpy(ids),
                                    lengths=torch.from_numpy(lengths))
         batch = Batch(torch.from_numpy(dense), sparse, torch.from_numpy(labels), global_size)

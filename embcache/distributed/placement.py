@@ -54,6 +54,7 @@ class TableLoad:
     features: tuple[str, ...]
     rows: int
     lookups: float = 0.0
+    whole: bool = False  # never split by rows (an open table: its rows are not ranges of ids)
 
 
 def plan(tables: list[TableLoad], world_size: int, row_wise_rows: int | None = None) -> list[Shard]:
@@ -77,7 +78,7 @@ def plan(tables: list[TableLoad], world_size: int, row_wise_rows: int | None = N
     load = [0.0] * world_size
     shards: dict[str, list[Shard]] = {}
     for t in tables:  # row-wise first: they load every rank evenly
-        if world_size > 1 and t.rows > limit:
+        if world_size > 1 and t.rows > limit and not t.whole:
             shards[t.name] = [Shard(t.name, t.features, r, *slice_bounds(t.rows, world_size, r), t.rows)
                               for r in range(world_size)]
             for r, s in enumerate(shards[t.name]):

@@ -20,7 +20,9 @@ older versions. The replace is the commit: a run killed at any moment leaves the
 `dlrm-last.pt` and the directory it names intact.
 
 A resume on M ranks reads, for each shard it owns, the rows of the saved parts that
-overlap it, whatever the saving world size: the parameters continue exactly. Residency is
+overlap it, whatever the saving world size: the parameters continue exactly. An open table (raw keys,
+`cache.open_table`) is saved whole, its store's rows with its key index and usage
+(`open.*`), the manifest marking it `"open": true`. Residency is
 restored only when the world size and placement are the saved ones (then the run continues
 bit for bit, cache statistics included); otherwise the caches start empty and the summed
 statistics carry over on rank 0.
@@ -83,6 +85,7 @@ def write_tables(checkpoint_dir: str | os.PathLike, kind: str, step: int, sharde
             "optimizer_steps": steps // max(owners, 1), "stats": totals,
             "placement": [asdict(s) for s in sharded.shards],
             "tables": {t.name: {"rows": t.num_embeddings, "dim": t.embedding_dim,
+                                **({"open": True} if t.name in getattr(sharded, "open_tables", ()) else {}),
                                 "parts": [[s.row_start, s.row_stop, _part_file(s)] for s in sharded.shards
                                           if s.table == t.name]}
                        for t in sharded.embedding_bag_configs()}}
@@ -131,6 +134,11 @@ def _rows_of(directory: Path, manifest: dict, shard: Shard) -> dict[str, torch.T
     table = manifest["tables"].get(shard.table)
     if table is None or table["rows"] != shard.table_rows:
         raise CheckpointError(f"{directory}: no table {shard.table!r} of {shard.table_rows:,} rows in the checkpoint")
+    if table.get("open"):  # whole, however many rows its keys took, with its key index
+        if not shard.whole or len(table["parts"]) != 1:
+            raise CheckpointError(f"{directory}: open table {shard.table!r} saved in {len(table['parts'])} parts, "
+                                  f"an open table is placed whole")
+        return _read_part(directory / table["parts"][0][2])
     pieces = []
     for start, stop, file in table["parts"]:
         lo, hi = max(start, shard.row_start), min(stop, shard.row_stop)

@@ -15,9 +15,10 @@ from embcache.device import to_device_async
 ID_DTYPES = (torch.int64, torch.int32)
 
 
-def check_bag_input(input, offsets, per_sample_weights, num_embeddings: int, mode: str):
+def check_bag_input(input, offsets, per_sample_weights, num_embeddings: int | None, mode: str):
     """Check a batch as `nn.EmbeddingBag` would, and more (id range, offsets order,
     finite weights). Returns 1-D ids, offsets and weights, where they were.
+    `num_embeddings` None: raw keys (an open table), any int64 value.
 
     Example:
         >>> import torch
@@ -27,7 +28,8 @@ def check_bag_input(input, offsets, per_sample_weights, num_embeddings: int, mod
         ValueError: id 7 at position 1 is outside [0, 5)
     """
     ids, offsets, weights = check_layout(input, offsets, per_sample_weights)
-    check_id_range(ids, num_embeddings)
+    if num_embeddings is not None:
+        check_id_range(ids, num_embeddings)
     check_weights(weights, mode)
     return ids, offsets, weights
 

@@ -33,8 +33,9 @@ from .group_kernels import concat_features
 class _Group:
     """Tables sharing one cache: their features in output order and row offsets."""
 
-    def __init__(self, key):
+    def __init__(self, key, open_table: dict | None = None):
         self.key = key
+        self.open = open_table  # an open table's settings (max_rows, retire, ttl): it is alone in its group
         self.tables: list[EmbeddingBagConfig] = []
         self.row_offsets: list[int] = []
         self.num_rows = 0
@@ -60,16 +61,21 @@ class _GroupInput:
     layout_checked: bool = False  # offsets made here from checked lengths: nothing to read again
 
 
-def group_tables(tables: list[EmbeddingBagConfig]) -> list[_Group]:
+def group_tables(tables: list[EmbeddingBagConfig], open_tables: dict[str, dict] | None = None) -> list[_Group]:
     """The tables that share a cache: one group per (dim, pooling), in order of first
-    appearance; each table's rows follow the previous table's in its group."""
+    appearance; each table's rows follow the previous table's in its group. An open table
+    (named in `open_tables`) has a group, and a cache, of its own: its rows come and go."""
+    open_tables = open_tables or {}
+    unknown = set(open_tables) - {t.name for t in tables}
+    if unknown:
+        raise ValueError(f"open_tables names no table: {sorted(unknown)}")
     groups: dict[tuple, _Group] = {}
     for t in tables:
         mode = pooling_mode(t.pooling)
         if mode is None:
             raise ValueError(f"table {t.name!r}: pooling {t.pooling} not supported (SUM or MEAN)")
-        key = (t.embedding_dim, mode)
-        groups.setdefault(key, _Group(key)).add(t)
+        key = (t.embedding_dim, mode) if t.name not in open_tables else ("open", t.name)
+        groups.setdefault(key, _Group(key, open_tables.get(t.name))).add(t)
     return list(groups.values())
 
 
@@ -87,6 +93,10 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         host_store: "memory" or "mmap:DIR"; with several groups (dims or poolings), group
             i's files go under DIR/group<i>. A mapped group is initialised chunk by chunk:
             at most one table's `init_fn` output is in memory at a time.
+        open_tables: `{table name: {"max_rows": .., "retire": .., "ttl": ..}}` (settings
+            optional): tables fed raw 64-bit keys instead of ids (`CachedEmbeddingBag`'s
+            `keys="raw"`), each a row on first sight; `num_embeddings` is then the keys
+            expected. Each open table has a cache of its own, of `cache_ratio` of that.
         **kwargs: passed to each `CachedEmbeddingBag` (eviction, optimizer, lr, eps,
             row_dtype, rounding, ...).
 
@@ -104,7 +114,8 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
 
     def __init__(self, tables: list[EmbeddingBagConfig], cache_ratio: float = 0.015,
                  ids_freq: dict[str, torch.Tensor] | None = None, is_weighted: bool = False,
-                 device: torch.device | str | None = None, host_store: str = "memory", **kwargs):
+                 device: torch.device | str | None = None, host_store: str = "memory",
+                 open_tables: dict[str, dict] | None = None, **kwargs):
         super().__init__()
         if not tables:
             raise ValueError("CachedEmbeddingBagCollection needs at least one table")
@@ -118,14 +129,22 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         if len(set(self._feature_names)) != len(self._feature_names):
             raise ValueError("a feature may be served by one table only")
         self._lengths_per_embedding = [t.embedding_dim for t in tables for _ in t.feature_names]
-        self._groups = group_tables(tables)
+        self._groups = group_tables(tables, open_tables)
         self.bags = nn.ModuleList()
         directory = parse_host_store(host_store)
         rounding_seed = kwargs.pop("rounding_seed", 0)
+        key_seed = kwargs.pop("key_seed", 0)  # an open table's seed: this plus the table's position
         for i, g in enumerate(self._groups):
             dim, mode = g.key
             freq = self._group_frequencies(g, ids_freq)
             store = "memory" if directory is None else f"{MMAP_PREFIX}{directory / f'group{i}'}"
+            if g.open is not None:
+                t = g.tables[0]
+                self.bags.append(CachedEmbeddingBag(
+                    t.num_embeddings, t.embedding_dim, mode=pooling_mode(t.pooling), cache_ratio=cache_ratio,
+                    device=self._device, host_store=store, rounding_seed=rounding_seed + i * 0x9E3779B9,
+                    keys="raw", key_seed=key_seed + self._configs.index(t), **g.open, **kwargs))
+                continue
             self.bags.append(CachedEmbeddingBag(g.num_rows, dim, mode=mode, cache_ratio=cache_ratio,
                                                 ids_freq=freq, device=self._device,
                                                 weight=RowInit(g.num_rows, dim, _GroupFiller(g)),
@@ -166,7 +185,8 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         # is checked there (no device sync), and only checked input moves to the device
         pooled: dict[str, torch.Tensor] = {}
         for bag, group in zip(self.bags, groups):
-            out = bag.lookup_normalized(*to_device(group.ids, group.offsets, group.weights, bag.device),
+            ids = group.ids if bag.open is None else bag.rows_of_keys(group.ids)
+            out = bag.lookup_normalized(*to_device(ids, group.offsets, group.weights, bag.device),
                                         segments=group.segments)
             out = out.view(len(group.features), group.batch, bag.embedding_dim)
             if len(self._groups) == 1:
@@ -184,8 +204,8 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         go as they are (from the loader: on the host): the cache decides where its
         bookkeeping runs and moves only rows."""
         groups = self._group_inputs(features)
-        for bag, group in zip(self.bags, groups):
-            bag.cache.prefetch(group.ids)
+        for bag, group in zip(self.bags, groups):  # an open table's new keys get rows in their forward
+            bag.cache.prefetch(group.ids if bag.open is None else bag.open.peek(group.ids))
         self._prepared.append((features, _versions(features), groups))
 
     def _take_prepared(self, features: KeyedJaggedTensor) -> list[_GroupInput] | None:
@@ -249,8 +269,15 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
     # --------------------------------------------------------- tables in id order
     def table_rows(self, name: str) -> dict[str, torch.Tensor]:
         """Table `name`'s rows and their optimizer state (`weight`, `optimizer.<k>`), in
-        id order and current: views of the live host store, not copies."""
+        id order and current: views of the live host store, not copies. An open table's
+        are its whole store (the default row first), with its key index and usage
+        (`open.<k>`, see `OpenTable.state_tensors`)."""
         for bag, g in zip(self.bags, self._groups):
+            if g.open is not None and g.tables[0].name == name:  # every row of its store, and its keys
+                bag.cache.sync_host()
+                host = bag.cache.host
+                return {"weight": host.weight, **{f"optimizer.{k}": v for k, v in host.state.items()},
+                        **{f"open.{k}": v for k, v in bag.open.state_tensors().items()}}
             for t, off in zip(g.tables, g.row_offsets):
                 if t.name == name:
                     bag.cache.sync_host()
@@ -269,6 +296,11 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         missing = [t.name for t in self._configs if t.name not in rows]
         if missing:
             raise ValueError(f"no saved rows for table(s) {', '.join(missing)}")
+        for bag, g in zip(self.bags, self._groups):  # the open tables' keys first: they size their stores
+            if g.open is not None:
+                saved = rows[g.tables[0].name]
+                bag.open.load_tensors({k[len("open."):]: v for k, v in saved.items() if k.startswith("open.")})
+                bag.cache.grow(saved["weight"].shape[0])
         for bag, g in zip(self.bags, self._groups):  # table by table into the store: never one tensor a group
             bag.cache.restore_row_parts(
                 [(off, rows[t.name]["weight"],
@@ -335,6 +367,10 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
     def cache_rows(self) -> int:
         return sum(bag.cache.num_slots for bag in self.bags)
 
+    def open_stats(self) -> dict[str, dict]:
+        """Per open table: keys live, made and retired, and the key index's bytes."""
+        return {g.tables[0].name: bag.open_stats() for bag, g in zip(self.bags, self._groups) if g.open is not None}
+
 
 class _GroupFiller:
     """A group's initial rows, made by each table's `init_fn` (as torchrec does), for any
@@ -379,6 +415,10 @@ def _group_input(group: _Group, values: torch.Tensor, lengths: torch.Tensor,
                 w_parts.append(weights[s: s + n])
             features.append(f)
     w = torch.cat(w_parts) if w_parts else None
+    if group.open is not None:  # raw keys: any int64, nothing to check or shift
+        ids = torch.cat([values[spans[f][1]: spans[f][1] + spans[f][2]] for f in features]).long()
+        all_lengths = torch.cat([lengths[spans[f][0]] for f in features])
+        return _GroupInput(ids, torch.cumsum(all_lengths, 0) - all_lengths, w, features, batch, segments)
     if values.device.type == "cpu" and lengths.device.type == "cpu":
         ids, offsets, bad_id, (bad_feature, bad_sample) = concat_features(
             values, lengths, [spans[f][1] for f in features], [spans[f][2] for f in features],

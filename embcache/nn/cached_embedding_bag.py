@@ -72,6 +72,16 @@ class CachedEmbeddingBag(nn.Module):
             rounded when written (`RowRounding`); `rounding_seed` seeds the stochastic one.
             Stochastic rounding keeps, on average, updates smaller than half a unit in
             the last place, which nearest rounding drops (docs/cache.md, "Row precision").
+        keys: "ids" (default: inputs are ids in `[0, num_embeddings)`) or "raw": inputs
+            are raw 64-bit keys (any int64), each given a row on first sight (an open
+            table, `cache.open_table.OpenTable`): `num_embeddings` is then the expected
+            number of keys (it sizes the cache, the first host store and the initial
+            values' bound), not a limit. `weight` and `ids_freq` do not apply.
+        max_rows, retire, ttl: an open table's bound on keys held, which keys retire
+            first under it ("lru" | "lfu"), and the steps without use after which a key
+            retires (None: never).
+        key_seed: seeds a raw key's first row (`keys.initial_rows`, uniform in
+            `+-init_bound`, by default `sqrt(1 / num_embeddings)` as torchrec's init).
 
     Example:
         >>> import torch
@@ -88,10 +98,19 @@ class CachedEmbeddingBag(nn.Module):
                  lr: float = 0.01, device: torch.device | str | None = None,
                  weight: torch.Tensor | RowInit | None = None, admission: bool = False,
                  half_life: int | None = None, host_store: str = "memory", row_dtype: str = "float32",
-                 rounding: str = "stochastic", rounding_seed: int = 0, **optimizer_kwargs):
+                 rounding: str = "stochastic", rounding_seed: int = 0, keys: str = "ids",
+                 max_rows: int | None = None, retire: str = "lru", ttl: int | None = None,
+                 key_seed: int = 0, init_bound: float | None = None, **optimizer_kwargs):
         super().__init__()
         _check_config(num_embeddings, embedding_dim, mode, cache_ratio, warmup_ratio,
                       eviction, optimizer, ids_freq, weight)
+        self.open = _open_table(keys, num_embeddings, embedding_dim, ids_freq, weight, host_store,
+                                max_rows, retire, ttl, key_seed, init_bound)
+        if self.open is not None:  # the store starts at the expected keys (+ the default row), zeros
+            first_rows = 1 + min(int(num_embeddings), self.open.max_rows or int(num_embeddings))
+            if host_store != "memory":  # a mapped store is made at its bound once
+                first_rows = 1 + self.open.max_rows
+            weight = RowInit(first_rows, int(embedding_dim), _zeros)
         parse_host_store(host_store)
         dtype = row_dtype_of(row_dtype)
         self.num_embeddings, self.embedding_dim, self.mode = int(num_embeddings), int(embedding_dim), mode
@@ -106,7 +125,7 @@ class CachedEmbeddingBag(nn.Module):
             if dtype == torch.float32 and host_store == "memory" and not copied_by_pinning:
                 weight = weight.clone()
         ids_freq = None if ids_freq is None else ids_freq.detach().cpu()
-        self.cache = RowCache(weight, math.ceil(cache_ratio * num_embeddings),
+        self.cache = RowCache(weight, math.ceil(cache_ratio * min(num_embeddings, weight.shape[0])),
                               make_optimizer(optimizer, lr, **optimizer_kwargs), eviction,
                               ids_freq, warmup_ratio, device, admission, half_life, host_store=host_store,
                               row_dtype=dtype, rounding=RowRounding(dtype, rounding, rounding_seed))
@@ -128,7 +147,16 @@ class CachedEmbeddingBag(nn.Module):
     def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
                 per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
         ids, offsets, weights = self.normalize_input(input, offsets, per_sample_weights)
+        if self.open is not None:
+            ids = self.rows_of_keys(ids)
         return self.lookup_normalized(ids, offsets, weights)
+
+    def rows_of_keys(self, keys: torch.Tensor) -> torch.Tensor:
+        """An open table's store rows for raw keys: made for new keys in training, the
+        default row for unseen keys otherwise (evaluation, `frozen`, no gradients)."""
+        train = self.training and torch.is_grad_enabled() and not self.cache.frozen
+        rows = self.open.map(keys, self.cache) if train else self.open.peek(keys)
+        return rows.to(keys.device)
 
     def lookup_normalized(self, ids: torch.Tensor, offsets: torch.Tensor,
                           weights: torch.Tensor | None,
@@ -169,13 +197,16 @@ class CachedEmbeddingBag(nn.Module):
         """Load the rows a coming batch will need (with CUDA, on a side stream that
         overlaps the current step). Optional: forward loads whatever is missing."""
         ids, _, _ = self.normalize_input(next_input, offsets, None)
+        if self.open is not None:  # keys known now; a new key's row is made by its forward
+            ids = self.open.peek(ids).to(ids.device)
         self.cache.prefetch(ids)
 
     def normalize_input(self, input, offsets=None, per_sample_weights=None):
         """Check a batch before anything changes, where it is (host input costs no
         device sync), then move it to the cache's device as 1-D ids, offsets and weights.
         Raises ValueError naming the problem."""
-        checked = check_bag_input(input, offsets, per_sample_weights, self.num_embeddings, self.mode)
+        limit = None if self.open is not None else self.num_embeddings
+        checked = check_bag_input(input, offsets, per_sample_weights, limit, self.mode)
         return to_device(*checked, self.device)
 
     # ------------------------------------------------------------------ host side
@@ -235,19 +266,37 @@ class CachedEmbeddingBag(nn.Module):
             finally:
                 self.cache.frozen = False
 
+    def keyed_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """An open table's (keys, rows): every key held and its row, current, in row order."""
+        keys, rows = self.open.live_rows()
+        return torch.from_numpy(keys), self.host_weight().index_select(0, torch.from_numpy(rows))
+
+    def open_stats(self) -> dict:
+        """An open table's keys: live, made, retired, and the key index's bytes ({} if closed)."""
+        return {} if self.open is None else self.open.stats()
+
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         for key, value in self.cache.state_dict().items():
             destination[prefix + key] = value if keep_vars else value.detach()
+        if self.open is not None:
+            for key, value in self.open.state_tensors().items():
+                destination[prefix + "open." + key] = value
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict,
                               missing_keys, unexpected_keys, error_msgs):
         mine = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)
                 and _is_cache_key(k[len(prefix):])}
+        opened = {k[len(prefix) + 5:]: v for k, v in state_dict.items() if k.startswith(prefix + "open.")}
         missing = set(self.cache.required_keys()) - set(mine)
+        if self.open is not None and not opened:
+            missing.add("open.index")
         if missing:
             missing_keys.extend(prefix + k for k in sorted(missing))
             return
         try:
+            if self.open is not None:
+                self.open.load_tensors(opened)  # checked whole before anything changes
+                self.cache.grow(mine["weight"].shape[0])
             self.cache.load_state_dict(mine)
         except ValueError as err:
             error_msgs.append(f"{prefix or 'CachedEmbeddingBag'}: {err}")
@@ -257,6 +306,29 @@ def _draw_normal(out: torch.Tensor, start: int) -> None:
     """`torch.randn` into `out` from the global generator: drawn whole, or chunk by chunk
     in chunks of a multiple of 16 elements, the values are the same."""
     out.normal_()
+
+
+def _zeros(out: torch.Tensor, start: int) -> None:
+    """An open table's store before keys arrive: a key's row gets its values on first sight."""
+    out.zero_()
+
+
+def _open_table(keys, num_embeddings, dim, ids_freq, weight, host_store, max_rows, retire, ttl, seed, bound):
+    """The `OpenTable` of a bag with `keys="raw"`, None for "ids"; ValueError for a
+    setting that does not apply."""
+    if keys not in ("ids", "raw"):
+        raise ValueError(f"keys must be 'ids' or 'raw', got {keys!r}")
+    if keys == "ids":
+        if max_rows is not None or ttl is not None:
+            raise ValueError("max_rows and ttl bound an open table: they need keys='raw'")
+        return None
+    if weight is not None or ids_freq is not None:
+        raise ValueError("keys='raw' makes a key's row on first sight: weight and ids_freq do not apply")
+    if host_store != "memory" and max_rows is None:
+        raise ValueError("an open table on an mmap host store needs max_rows (the files are made at the bound)")
+    from embcache.cache.open_table import OpenTable
+    bound = math.sqrt(1.0 / num_embeddings) if bound is None else float(bound)
+    return OpenTable(dim, seed, bound, max_rows, retire, ttl)
 
 
 def _is_cache_key(key: str) -> bool:

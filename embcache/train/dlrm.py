@@ -67,9 +67,11 @@ from embcache.train.dlrm_config import (  # noqa: F401 (their home before; impor
     CACHE_SETTINGS,
     MAX_PREFETCH_DEPTH,
     RESUME_MUST_MATCH,
+    parse_day_range,
     SPARSE_MODES,
     DLRMConfig,
 )
+from embcache.train.raw_keys import RawKeySetup, raw_key_setup
 from embcache.train.run import Trainer
 
 logger = logging.getLogger(__name__)
@@ -130,12 +132,13 @@ def _init_table(weight: torch.Tensor, seed: int, num_rows: int) -> None:
         weight.copy_(torch.rand(weight.shape, generator=gen) * (2 * bound) - bound)
 
 
-def table_configs(meta: dict, cfg: DLRMConfig) -> list[EmbeddingBagConfig]:
+def table_configs(meta: dict, cfg: DLRMConfig, rows: list[int] | None = None) -> list[EmbeddingBagConfig]:
+    """One table a sparse feature, of its cardinality (or `rows`: raw-key data's sizes)."""
+    rows = rows or [f["cardinality"] for f in meta["sparse"]]
     return [EmbeddingBagConfig(name=f"t_{f['name']}", embedding_dim=cfg.embedding_dim,
-                               num_embeddings=f["cardinality"], feature_names=[f["name"]],
-                               init_fn=partial(_init_table, seed=cfg.seed * 1000 + i,
-                                               num_rows=f["cardinality"]))
-            for i, f in enumerate(meta["sparse"])]
+                               num_embeddings=n, feature_names=[f["name"]],
+                               init_fn=partial(_init_table, seed=cfg.seed * 1000 + i, num_rows=n))
+            for i, (f, n) in enumerate(zip(meta["sparse"], rows))]
 
 
 def resolve_arch(arch: str) -> str:
@@ -170,11 +173,15 @@ class HostTables(nn.Module):
                         values=kt.values().to(self._device, non_blocking=True))
 
 
-def sharded_cache(tables, cfg: DLRMConfig, ids_freq: dict | None, device: torch.device):
-    """The cached sparse part, its rows placed on the ranks (all on this one without torchrun)."""
+def sharded_cache(tables, cfg: DLRMConfig, ids_freq: dict | None, device: torch.device,
+                  open_tables: dict[str, dict] | None = None):
+    """The cached sparse part, its rows placed on the ranks (all on this one without torchrun).
+    An open table (`open_tables`) is placed whole: its rows are not ranges of ids."""
     freq = ids_freq or {}
+    open_tables = open_tables or {}
     loads = [placement.TableLoad(t.name, tuple(t.feature_names), t.num_embeddings,
-                                 float(sum(freq[f].sum() for f in t.feature_names if f in freq)))
+                                 float(sum(freq[f].sum() for f in t.feature_names if f in freq)),
+                                 whole=t.name in open_tables)
              for t in tables]
     shards = placement.plan(loads, current().size, cfg.row_wise_rows)
     shard_freq = {s.feature_key(f): freq[f][s.row_start: s.row_stop] for s in shards for f in s.features if f in freq}
@@ -184,15 +191,19 @@ def sharded_cache(tables, cfg: DLRMConfig, ids_freq: dict | None, device: torch.
         host_store = f"{host_store}/rank{current().rank}"
 
     def make_local(configs):
+        mine = {c.name: open_tables[c.name] for c in configs if c.name in open_tables}
         return CachedEmbeddingBagCollection(
             configs, cache_ratio=cfg.cache_ratio, ids_freq=shard_freq or None, device=device,
+            open_tables=mine or None, key_seed=cfg.seed * 1000,
             eviction=cfg.eviction, warmup_ratio=cfg.warmup_ratio, admission=cfg.admission,
             optimizer=cfg.sparse_optimizer, lr=cfg.sparse_lr,
             host_store=host_store, row_dtype=cfg.row_dtype, rounding=cfg.row_rounding, rounding_seed=cfg.seed)
 
     if current().distributed:
         logger.info("placement:\n" + placement.describe(shards, current().size))
-    return ShardedEmbeddingBagCollection(tables, shards, make_local)
+    sharded = ShardedEmbeddingBagCollection(tables, shards, make_local)
+    sharded.open_tables = set(open_tables)  # the checkpoint saves their keys with their rows
+    return sharded
 
 
 def whole_tables(tables: list[EmbeddingBagConfig], cfg: DLRMConfig, device: torch.device, arch: str):
@@ -230,15 +241,17 @@ def dlrm(arch: str, sparse: nn.Module, meta: dict, cfg: DLRMConfig, device: torc
                 over_arch_layer_sizes=[*cfg.over_arch, 1], dense_device=device)
 
 
-def build_model(meta: dict, cfg: DLRMConfig, ids_freq: dict | None, device: torch.device | None = None):
+def build_model(meta: dict, cfg: DLRMConfig, ids_freq: dict | None, device: torch.device | None = None,
+                raw: RawKeySetup | None = None):
     """DLRM with the chosen sparse part; returns (model, sparse part, dense optimizer,
-    torch sparse optimizer or None). Under torchrun the dense MLPs are wrapped in DDP."""
+    torch sparse optimizer or None). Under torchrun the dense MLPs are wrapped in DDP.
+    `raw`: raw-key data's table sizes and open tables (`train.raw_keys`)."""
     device = device or cfg.resolved_device()
     arch = resolve_arch(cfg.arch)
-    tables = table_configs(meta, cfg)
+    tables = table_configs(meta, cfg, raw.rows if raw else None)
     sparse_opt = None
     if cfg.sparse == "cached":
-        sparse = sharded_cache(tables, cfg, ids_freq, device)
+        sparse = sharded_cache(tables, cfg, ids_freq, device, raw.open_tables if raw else None)
     elif current().distributed:
         raise ValueError(f"--sparse {cfg.sparse} is a single-process baseline; under torchrun use --sparse cached")
     elif cfg.sparse in ("device", "host"):
@@ -304,14 +317,29 @@ class DLRMTrainer(Trainer):
         super().__init__(cfg, cfg.resolved_device())
         self.data_dir = Path(data_dir)
         self.meta = read_meta(self.data_dir)
-        freq = load_id_frequencies(self.data_dir) if cfg.sparse == "cached" else None
-        self.model, self.sparse, self.dense_opt, self.sparse_opt = build_model(self.meta, cfg, freq, self.device)
+        self.days = parse_day_range(cfg.days) if cfg.days is not None else None
+        if self.days is not None:
+            missing = [f"day_{d}" for d in self.days if f"day_{d}" not in self.meta["splits"]]
+            if missing:
+                raise ValueError(f"--days {cfg.days}: {self.data_dir} has no split {', '.join(missing)} (it has "
+                                 f"{', '.join(self.meta['splits'])}; `data synthetic --days N` writes day splits)")
+            self.headline = None  # days differ: a lower AUC on the next day is no sign of overfitting
+        elif cfg.eval_next_day:
+            raise ValueError("--eval-next-day needs --days A-B")
+        self.raw = raw_key_setup(self.meta, cfg, self.data_dir, self.train_split(0))
+        freq = load_id_frequencies(self.data_dir) if cfg.sparse == "cached" and self.raw is None else None
+        self.model, self.sparse, self.dense_opt, self.sparse_opt = build_model(self.meta, cfg, freq, self.device,
+                                                                               self.raw)
         self.loss_fn = nn.BCEWithLogitsLoss()
         self._pending: int | None = None  # prefetched batches not yet trained (None: ask the cache)
         self.pipelined = cfg.pipeline
 
+    def train_split(self, epoch: int) -> str:
+        """The split epoch `epoch` trains on: `train`, or with --days its day."""
+        return "train" if self.days is None else f"day_{self.days[min(epoch, len(self.days) - 1)]}"
+
     def fit(self) -> dict:
-        rows = self.meta["splits"]["train"]["rows"]
+        rows = self.meta["splits"][self.train_split(self.epoch)]["rows"]
         if self.cfg.batch_size > rows and self.world.is_main:
             logger.warning(f"--batch-size {self.cfg.batch_size:,} is larger than the training split ({rows:,} rows): "
                            f"an epoch is one step")
@@ -388,7 +416,8 @@ class DLRMTrainer(Trainer):
         ids_on = self.device if self.cfg.sparse == "device" else torch.device("cpu")
         return CTRBatches(self.data_dir, split, batch_size, shuffle_shards=split == "train",
                           seed=self.cfg.seed + self.epoch, device=self.device, start_batch=start,
-                          part=(self.world.rank, self.world.size), sparse_device=ids_on)
+                          part=(self.world.rank, self.world.size), sparse_device=ids_on,
+                          key_map=self.raw.key_map if self.raw else None)
 
     def _loss(self, logits: torch.Tensor, batch) -> torch.Tensor:
         """One process: the batch mean. Several: this rank's share of the global batch's
@@ -440,7 +469,7 @@ class DLRMTrainer(Trainer):
         self._pending = max(self._pending, len(upcoming))
 
     def train_epoch(self) -> dict | None:
-        batches = self._batches("train", self.cfg.batch_size, start=self.step_in_epoch)
+        batches = self._batches(self.train_split(self.epoch), self.cfg.batch_size, start=self.step_in_epoch)
         self.begin_epoch(len(batches) + self.step_in_epoch)
         depth = self.cfg.prefetch_depth if self.cfg.sparse == "cached" else 0
         self._pending = None  # asked of the cache at the first step
@@ -452,9 +481,20 @@ class DLRMTrainer(Trainer):
         return {}
 
     def evaluate_epoch(self) -> dict:
-        return {"split": "val", **self.evaluate("val")}
+        if self.days is None:
+            return {"split": "val", **self.evaluate("val")}
+        day = self.days[min(self.epoch, len(self.days) - 1)]
+        following = f"day_{day + 1}"
+        if not self.cfg.eval_next_day or following not in self.meta["splits"]:
+            return {"day": day}
+        return {"day": day, "split": following, **self.evaluate(following)}
 
     def format_epoch(self, record: dict) -> str:
+        if "day" in record:
+            if "auc" not in record:
+                return f"day {record['day']}: trained (no next day evaluated)"
+            return (f"day {record['day']}: next day ({record['split']}) AUC {record['auc']:.4f}  "
+                    f"log loss {record['logloss']:.4f}")
         return f"epoch {record['epoch']}: val AUC {record['auc']:.4f}  log loss {record['logloss']:.4f}"
 
     @torch.no_grad()
@@ -501,8 +541,17 @@ class DLRMTrainer(Trainer):
         return {"hit_rate": s["hits"] / lookups if lookups else 0.0, "bytes_h2d": s["bytes_h2d"],
                 "bytes_d2h": s["bytes_d2h"], "overflow_rows": s["overflow_rows"], "bypassed_rows": s["bypassed_rows"]}
 
+    def _open_fields(self) -> dict:
+        """Open tables' keys summed over tables and ranks (collective): live, made, retired,
+        and the key indexes' bytes."""
+        if self.raw is None or self.raw.open_tables is None:
+            return {}
+        local = self.sparse.local.open_stats() if self.sparse.local is not None else {}
+        keys = ("live_keys", "new_keys", "retired_keys", "key_index_bytes")
+        return all_sum({k: sum(t[k] for t in local.values()) for k in keys})
+
     def step_log_fields(self) -> dict:
-        return self._cache_fields()
+        return {**self._cache_fields(), **self._open_fields()}
 
     def progress_fields(self) -> dict:
         if self.cfg.sparse != "cached" or self.sparse.local is None:
@@ -512,7 +561,10 @@ class DLRMTrainer(Trainer):
     def summary_fields(self) -> dict:
         last = self.history[-1] if self.history else {}
         out = {"val_auc": last.get("auc"), "val_logloss": last.get("logloss"), "sparse": self.cfg.sparse,
-               "arch": resolve_arch(self.cfg.arch), **self._cache_fields()}
+               "arch": resolve_arch(self.cfg.arch), **self._cache_fields(), **self._open_fields()}
+        if self.days is not None:
+            out["next_day"] = [{k: r[k] for k in ("day", "split", "auc", "logloss") if k in r}
+                               for r in self.history if not r.get("partial")]
         if self.cfg.sparse == "cached":
             out["cache_ratio"] = self.cfg.cache_ratio  # as given, or as `--cache-ratio auto` chose it
             out["cache_rows"] = all_sum({"rows": self.sparse.cache_rows()})["rows"]

@@ -17,6 +17,32 @@ MAX_PREFETCH_DEPTH = 4  # batches prefetched ahead at most (the cache keeps up t
 TABLE_FORMATS = ("npy", "parquet")  # how `embcache dlrm export` writes the tables
 ROW_DTYPES = ("float32", "float16", "bfloat16")
 ROW_ROUNDINGS = ("nearest", "stochastic")
+RAW_KEY_MODES = ("open", "hash", "first-day")  # how raw-key data meets its tables
+RETIRE_POLICIES = ("lru", "lfu")
+
+
+def max_rows_value(text: str) -> int | str:
+    """`--max-rows`: a positive number of rows, or `first-day`."""
+    return "first-day" if text == "first-day" else positive_int(text)
+
+
+max_rows_value.__name__ = "rows (a positive integer or first-day)"
+
+
+def day_range(text: str) -> str:
+    """`--days A-B` (or one day `A`): 0 <= A <= B."""
+    first, _, last = text.partition("-")
+    if not (first.isdigit() and (not last or last.isdigit())) or (last and int(last) < int(first)):
+        raise argparse.ArgumentTypeError(f"expected days as A-B with 0 <= A <= B (or one day A), got {text!r}")
+    return text
+
+
+day_range.__name__ = "days"
+
+
+def parse_day_range(text: str) -> list[int]:
+    first, _, last = text.partition("-")
+    return list(range(int(first), int(last or first) + 1))
 
 
 def cache_ratio_value(text: str) -> float | str:
@@ -111,6 +137,29 @@ class DLRMConfig(StepRunConfig):
         help="the synchronous loop: read the loss at every step and the batches in the training thread (the same "
              "results to the bit, slower; default: losses read every --log-every steps, batches read, decoded "
              "and pinned in a background thread)")
+    raw_keys: str = setting(
+        "open", choices=RAW_KEY_MODES,
+        help="data with raw 64-bit keys (meta.json 'keys': 'raw'; `data prepare --keys raw`, `data synthetic "
+             "--keys raw`): open tables (a key gets a row on first sight, the cached sparse part only), hashing "
+             "into --max-rows rows a table, or a vocabulary of the first training split's keys (later keys share "
+             "id 0)")
+    max_rows: int | str | None = setting(
+        None, type=max_rows_value, metavar="N|first-day",
+        help="raw-key data: rows a table, the bound of an open table (past it its coldest keys retire; default: "
+             "none) or the size of a hashed one (default first-day); first-day: each table's distinct keys in the "
+             "first training split")
+    retire: str = setting("lru", choices=RETIRE_POLICIES,
+                          help="open tables past --max-rows: retire the least recently or the least often used keys")
+    ttl: int | None = setting(None, type=positive_int, metavar="STEPS",
+                              help="open tables: a key unused for more than STEPS training steps retires (default: none, keys "
+                                   "retire only past --max-rows)")
+    days: str | None = setting(
+        None, type=day_range, metavar="A-B",
+        help="data written day by day (splits day_0, day_1, ...): train on day_A .. day_B in order, one day an "
+             "epoch (sets --epochs; default: none, the train split)")
+    eval_next_day: bool = setting(
+        False, help="with --days: after training on a day, evaluate on the next day's split before training on "
+                    "it (Criteo Terabyte's protocol); without it, days are trained without evaluation")
     compile: bool = setting(
         False, help="the dense part (bottom MLP, interaction, top MLP) under torch.compile; the cache stays eager. "
                     "Results agree with eager to rounding, not to the bit; the first steps compile")
@@ -122,6 +171,8 @@ class DLRMConfig(StepRunConfig):
             if not self.prefetch:
                 self.prefetch_depth = 0
             self.prefetch = None
+        if self.days is not None:
+            self.epochs = len(parse_day_range(self.days))
         if not 0 <= self.prefetch_depth <= MAX_PREFETCH_DEPTH:
             raise ValueError(f"prefetch_depth must be from 0 to {MAX_PREFETCH_DEPTH}, got {self.prefetch_depth}")
 
@@ -132,5 +183,6 @@ class DLRMConfig(StepRunConfig):
 # cache cold).
 # `arch` is not one of them either: torchrec's DLRM and the plain-torch one compute the same.
 RESUME_MUST_MATCH = ("sparse", "sparse_optimizer", "sparse_lr", "dense_lr", "embedding_dim",
-                     "dense_arch", "over_arch", "batch_size", "seed")
+                     "dense_arch", "over_arch", "batch_size", "seed", "raw_keys", "max_rows", "retire", "ttl",
+                     "days")
 CACHE_SETTINGS = ("cache_ratio", "eviction", "warmup_ratio")

@@ -177,11 +177,14 @@ def checkpoint_to_evaluate(path: str | os.PathLike, kind: str, config_cls, devic
 def resume_mismatches(saved: dict, now: dict, must_match, only_raised=(), names=None) -> list[str]:
     """One phrase per setting that stops `now` from resuming a run with settings `saved`:
     "NAME SAVED in the checkpoint, NOW now", NAME from `names` (the flag the user typed:
-    "--lr" for `sparse_lr`), else the field's own. Settings in `only_raised` may grow (a run
+    "--lr" for `sparse_lr`), else the field's own. A setting the checkpoint does not record
+    (added later) is not compared. Settings in `only_raised` may grow (a run
     can be extended), not shrink. Two names of one existing path are the same setting."""
     names = names or {}
     out = []
     for k in must_match:
+        if k not in saved:  # a setting added since the checkpoint was written: it had its one behaviour
+            continue
         was, cur = saved.get(k), now.get(k)
         if was != cur and not _same_path(was, cur):
             out.append(f"{names.get(k, k)} {was!r} in the checkpoint, {cur!r} now")

@@ -1,0 +1,238 @@
+"""Open tables (raw 64-bit keys, rows made on first sight, the coldest retired under a
+bound): training on raw keys equals training on vocabulary ids of the same data, to the
+bit; under a bound it equals an uncached table that retires the same keys."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from embcache import CachedEmbeddingBag
+from embcache.cache.open_table import OpenTable
+from embcache.keys import initial_rows
+
+DIM, BOUND, SEED = 8, 0.1, 3
+
+
+def key_stream(steps=30, batch=24, pool=400, seed=0, drift=0):
+    """Batches of raw int64 keys drawn Zipf-like from a pool that drifts by `drift` keys a step."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(-2**63, 2**63 - 1, size=pool + steps * drift, dtype=np.int64)
+    out = []
+    for t in range(steps):
+        ranks = np.minimum(rng.zipf(1.3, size=(batch, 2)) - 1, pool - 1)
+        out.append(torch.from_numpy(base[t * drift + ranks]))
+    return out
+
+
+def raw_bag(num, **kw):
+    return CachedEmbeddingBag(num, DIM, cache_ratio=0.2, device="cpu", keys="raw", key_seed=SEED,
+                              init_bound=BOUND, warmup_ratio=0, **kw)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_raw_keys_equal_vocabulary_ids_to_the_bit(optimizer):
+    """No bound reached: the same rows as a vocabulary table whose row i starts at
+    initial_rows(key of id i). The open table starts at 16 rows and grows to ~400."""
+    batches = key_stream()
+    vocab = {}
+    for b in batches:
+        for k in b.flatten().tolist():
+            vocab.setdefault(k, len(vocab))
+    keys = torch.tensor(list(vocab), dtype=torch.int64)
+    ref = CachedEmbeddingBag(len(vocab), DIM, cache_ratio=0.2, device="cpu", optimizer=optimizer, lr=0.05,
+                             weight=initial_rows(keys, DIM, SEED, BOUND), warmup_ratio=0)
+    bag = raw_bag(16, optimizer=optimizer, lr=0.05)
+    lookup = np.vectorize(vocab.__getitem__)
+    for b in batches:
+        ids = torch.from_numpy(lookup(b.numpy()).astype(np.int64))
+        out_ref, out = ref(ids), bag(b)
+        assert torch.equal(out, out_ref)
+        (out_ref ** 2).sum().backward()
+        (out ** 2).sum().backward()
+    got_keys, got_rows = bag.keyed_weight()
+    want = ref.full_weight().index_select(0, torch.from_numpy(lookup(got_keys.numpy()).astype(np.int64)))
+    assert got_keys.numel() == len(vocab)
+    assert torch.equal(got_rows, want)
+    assert bag.cache.num_rows > 16 and bag.open_stats()["retired_keys"] == 0
+
+
+class UncachedRows:
+    """The uncached reference store: an nn.EmbeddingBag's weight (and an Adagrad state)."""
+
+    def __init__(self, rows, opt=None):
+        self.bag = nn.EmbeddingBag(rows, DIM, mode="sum", sparse=True)
+        self.num_rows, self.opt = rows, opt
+
+    def grow(self, n):
+        assert n <= self.bag.weight.shape[0]
+        self.num_rows = n
+
+    def reset_rows(self, rows, weight):
+        with torch.no_grad():
+            self.bag.weight[rows] = weight
+        if self.opt is not None and self.bag.weight in self.opt.state:
+            self.opt.state[self.bag.weight]["sum"][rows] = 0.0
+
+    def held_rows(self):
+        return np.zeros(0, np.int64)
+
+
+@pytest.mark.parametrize("optimizer,retire,ttl", [("sgd", "lru", None), ("adagrad", "lfu", None),
+                                                   ("sgd", "lru", 4)])
+def test_bounded_open_table_equals_uncached_table_retiring_the_same_keys(optimizer, retire, ttl):
+    batches = key_stream(steps=40, drift=6)
+    max_rows = 120
+    bag = raw_bag(64, optimizer=optimizer, lr=0.05, max_rows=max_rows, retire=retire, ttl=ttl)
+    ref_open = OpenTable(DIM, SEED, BOUND, max_rows, retire, ttl)
+    store = UncachedRows(1 + max_rows)
+    store.opt = opt = (torch.optim.SGD if optimizer == "sgd" else torch.optim.Adagrad)(store.bag.parameters(), lr=0.05)
+    for b in batches:
+        out = bag(b)
+        out_ref = store.bag(ref_open.map(b, store))
+        assert torch.equal(out, out_ref)
+        opt.zero_grad()
+        (out_ref ** 2).sum().backward()
+        opt.step()
+        (out ** 2).sum().backward()
+    stats = bag.open_stats()
+    assert stats["retired_keys"] > 0 and stats["retired_keys"] == ref_open.retired
+    assert stats["live_keys"] <= max_rows
+    keys, rows = bag.keyed_weight()
+    ref_keys, ref_rows = ref_open.live_rows()
+    assert torch.equal(keys, torch.from_numpy(ref_keys))
+    assert torch.equal(rows, store.bag.weight.detach()[torch.from_numpy(ref_rows)])
+
+
+def test_a_retired_key_comes_back_at_its_first_value_and_unseen_keys_read_the_default_row():
+    bag = raw_bag(8, lr=0.5, ttl=2)
+    key = torch.tensor([[123456789]])
+    bag(key).sum().backward()  # trained once
+    for _ in range(4):
+        bag(torch.tensor([[7]])).sum().backward()  # 123456789 unused for 4 steps: retired
+    assert bag.open_stats()["retired_keys"] == 1
+    bag.eval()
+    with torch.no_grad():
+        assert torch.equal(bag(torch.tensor([[424242]])), torch.zeros(1, DIM))  # never seen: the zero row
+        assert torch.equal(bag(key), torch.zeros(1, DIM))  # retired: as never seen
+    assert bag.open_stats()["live_keys"] == 1  # evaluation made no key
+    bag.train()
+    out = bag(key)
+    assert torch.equal(out, initial_rows(key.flatten(), DIM, SEED, BOUND))
+
+
+def test_state_dict_resumes_exactly():
+    batches = key_stream(steps=24, drift=5)
+    whole = raw_bag(32, optimizer="adagrad", max_rows=90)
+    first = raw_bag(32, optimizer="adagrad", max_rows=90)
+    for b in batches[:12]:
+        (whole(b) ** 2).sum().backward()
+        (first(b) ** 2).sum().backward()
+    sd = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in first.state_dict().items()}
+    resumed = raw_bag(32, optimizer="adagrad", max_rows=90)
+    resumed.load_state_dict(sd)
+    for b in batches[12:]:
+        out_w, out_r = whole(b), resumed(b)
+        assert torch.equal(out_w, out_r)
+        (out_w ** 2).sum().backward()
+        (out_r ** 2).sum().backward()
+    for a, b in zip(whole.keyed_weight(), resumed.keyed_weight()):
+        assert torch.equal(a, b)
+    assert whole.open_stats() == resumed.open_stats()
+
+
+def test_a_checkpoint_of_another_open_table_is_refused_and_nothing_changes():
+    a, b = raw_bag(16, max_rows=50), raw_bag(16, max_rows=60)
+    (a(key_stream(1)[0]) ** 2).sum().backward()
+    before = b.open_stats()
+    with pytest.raises(Exception, match="max_rows"):
+        b.load_state_dict(a.state_dict())
+    assert b.open_stats() == before
+
+
+def test_settings_that_do_not_apply_are_refused():
+    with pytest.raises(ValueError, match="keys="):
+        CachedEmbeddingBag(10, DIM, device="cpu", max_rows=5)
+    with pytest.raises(ValueError, match="weight and ids_freq"):
+        CachedEmbeddingBag(10, DIM, device="cpu", keys="raw", weight=torch.zeros(10, DIM))
+    with pytest.raises(ValueError, match="mmap"):
+        CachedEmbeddingBag(10, DIM, device="cpu", keys="raw", host_store="mmap:/tmp/nowhere")
+    with pytest.raises(ValueError, match="keys must be"):
+        CachedEmbeddingBag(10, DIM, device="cpu", keys="words")
+
+
+def test_a_batch_larger_than_the_bound_is_one_clear_error():
+    bag = raw_bag(8, max_rows=4)
+    with pytest.raises(ValueError, match="raise max_rows"):
+        bag(torch.arange(10).view(5, 2))
+    assert bag.open_stats()["live_keys"] == 0
+
+
+def _live_keys(table):
+    return sorted(table.live_rows()[0].tolist())
+
+
+def test_lru_retires_the_least_recently_used_key_and_lfu_the_least_used():
+    store = UncachedRows(3)
+    lru = OpenTable(DIM, SEED, BOUND, max_rows=2, retire="lru", retire_chunk=1)
+    for keys in ([1], [2], [1], [3]):
+        lru.map(torch.tensor(keys), store)
+    assert _live_keys(lru) == [1, 3] and lru.retired == 1
+
+    store = UncachedRows(3)
+    lfu = OpenTable(DIM, SEED, BOUND, max_rows=2, retire="lfu", retire_chunk=1)
+    for keys in ([1], [1], [2], [3]):  # 3 takes 2's row (2 used once, 1 twice)
+        lfu.map(torch.tensor(keys), store)
+    assert _live_keys(lfu) == [1, 3]
+    lfu.map(torch.tensor([4]), store)  # 3 has one use in that row, not 2's use and its own
+    assert _live_keys(lfu) == [1, 4] and lfu.retired == 2
+
+
+def test_a_new_key_gets_its_first_value_whatever_row_it_takes():
+    store = UncachedRows(5)
+    table = OpenTable(DIM, SEED, BOUND, max_rows=4, retire_chunk=1)
+    rows = table.map(torch.tensor([10, 11, 12, 13, 14][:4]), store)
+    assert torch.equal(store.bag.weight.detach()[rows], initial_rows(torch.tensor([10, 11, 12, 13]), DIM, SEED, BOUND))
+    row = table.map(torch.tensor([99]), store)
+    assert torch.equal(store.bag.weight.detach()[row], initial_rows(torch.tensor([99]), DIM, SEED, BOUND))
+    assert table.peek(torch.tensor([10, 99, 5])).tolist()[1:] == [int(row), 0]
+
+
+def test_a_collection_with_an_open_table_equals_one_fed_vocabulary_ids():
+    """One closed table and one open one in a collection: outputs and rows equal a
+    collection whose second table holds the same keys as vocabulary ids."""
+    from embcache import CachedEmbeddingBagCollection
+    from embcache.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
+
+    stream = key_stream(steps=12, batch=16)
+    vocab = {}
+    for b in stream:
+        for k in b.flatten().tolist():
+            vocab.setdefault(k, len(vocab))
+    keys = torch.tensor(list(vocab), dtype=torch.int64)
+    bound = (1.0 / 64) ** 0.5
+
+    def tables(open_rows):
+        return [EmbeddingBagConfig(name="closed", embedding_dim=DIM, num_embeddings=50, feature_names=["c"],
+                                   init_fn=lambda w: torch.nn.init.constant_(w, 0.01)),
+                EmbeddingBagConfig(name="open", embedding_dim=DIM, num_embeddings=open_rows, feature_names=["o"],
+                                   init_fn=lambda w: w.copy_(initial_rows(keys, DIM, 1, bound)))]
+
+    raw = CachedEmbeddingBagCollection(tables(64), cache_ratio=0.3, device="cpu", open_tables={"open": {}},
+                                       warmup_ratio=0, lr=0.1)
+    ref = CachedEmbeddingBagCollection(tables(len(vocab)), cache_ratio=0.3, device="cpu", warmup_ratio=0, lr=0.1)
+    lookup = np.vectorize(vocab.__getitem__)
+    rng = np.random.default_rng(1)
+    for b in stream:
+        closed = torch.from_numpy(rng.integers(0, 50, size=b.shape[0]))
+        lengths = torch.tensor([1] * b.shape[0] + [2] * b.shape[0])
+        ids = torch.from_numpy(lookup(b.numpy()).astype(np.int64)).flatten()
+        out = raw(KeyedJaggedTensor(keys=["c", "o"], values=torch.cat([closed, b.flatten()]), lengths=lengths))
+        out_ref = ref(KeyedJaggedTensor(keys=["c", "o"], values=torch.cat([closed, ids]), lengths=lengths))
+        assert torch.equal(out.values(), out_ref.values())
+        (out.values() ** 2).sum().backward()
+        (out_ref.values() ** 2).sum().backward()
+    got_keys, got_rows = raw.bags[1].keyed_weight()
+    want = ref.table_weight("open").index_select(0, torch.from_numpy(lookup(got_keys.numpy()).astype(np.int64)))
+    assert torch.equal(got_rows, want)
+    assert torch.equal(raw.table_weight("closed"), ref.table_weight("closed"))
+    assert raw.open_stats()["open"]["live_keys"] == len(vocab)

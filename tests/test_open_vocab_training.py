@@ -1,0 +1,82 @@
+"""`embcache dlrm train` on data with raw keys, day after day: open tables (rows made as
+keys arrive, the coldest retired under --max-rows), hashing and a first-day vocabulary,
+next-day evaluation, and a killed run resumed exactly."""
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from embcache.data.ctr_format import load_key_frequencies
+from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+
+from tests.test_dlrm import assert_same_checkpoint
+
+
+@pytest.fixture(scope="module")
+def days(tmp_path_factory):
+    from embcache.data.synthetic import generate_synthetic
+
+    out = tmp_path_factory.mktemp("days")
+    generate_synthetic(out, rows=4000, scale=0.002, seed=0, days=3, drift=0.2, keys="raw")
+    return out
+
+
+def config(**kw):
+    base = DLRMConfig(batch_size=256, eval_batch_size=4096, embedding_dim=8, dense_arch=[16], over_arch=[16],
+                      device="cpu", progress=False, days="0-1", eval_next_day=True, cache_ratio=0.2)
+    return replace(base, **kw)
+
+
+def test_days_train_in_order_and_each_is_scored_on_the_next(days, tmp_path):
+    trainer = DLRMTrainer(config(metrics_out=str(tmp_path / "m.jsonl")), days)
+    summary = trainer.fit()
+    assert [(r["day"], r["split"]) for r in summary["next_day"]] == [(0, "day_1"), (1, "day_2")]
+    assert all(r["auc"] > 0.55 for r in summary["next_day"])
+    assert summary["steps"] == 2 * -(-4000 // 256)  # two days of 16 batches each
+    # no bound: every key seen keeps its row
+    assert summary["retired_keys"] == 0 and summary["live_keys"] == summary["new_keys"] > 0
+    first = load_key_frequencies(days, split="day_0")
+    assert summary["live_keys"] > sum(k.numel() for k, _ in first.values())  # day 1 brought new keys
+    epochs = [json.loads(line) for line in open(tmp_path / "m.jsonl") if '"epoch"' in line and '"event": "epoch"' in line]
+    assert [e["split"] for e in epochs] == ["day_1", "day_2"]
+
+
+def test_a_bounded_run_killed_mid_day_resumes_exactly(days, tmp_path):
+    whole = DLRMTrainer(config(max_rows="first-day", checkpoint_dir=str(tmp_path / "w")), days)
+    summary = whole.fit()
+    assert summary["retired_keys"] > 0  # day 1's new keys retired day 0's cold ones
+    part = DLRMTrainer(config(max_rows="first-day", checkpoint_dir=str(tmp_path / "p"), max_steps=21), days)
+    part.fit()  # stops 5 steps into day 1
+    resumed = DLRMTrainer(config(max_rows="first-day", checkpoint_dir=str(tmp_path / "p"), resume=True), days)
+    again = resumed.fit()
+    assert_same_checkpoint(tmp_path / "w" / "dlrm-last.pt", tmp_path / "p" / "dlrm-last.pt", residency=True)
+    for k in ("retired_keys", "live_keys", "new_keys"):
+        assert again[k] == summary[k], k
+    assert again["next_day"][-1]["auc"] == summary["next_day"][-1]["auc"]
+
+
+@pytest.mark.parametrize("mode", ["hash", "first-day"])
+def test_closed_tables_take_the_first_day_sizes(days, mode):
+    trainer = DLRMTrainer(config(raw_keys=mode, days="0", eval_next_day=True), days)
+    first = load_key_frequencies(days, split="day_0")
+    sizes = [t.num_embeddings for t in trainer.sparse.embedding_bag_configs()]
+    want = [k.numel() + (mode == "first-day") for k, _ in first.values()]
+    assert sizes == want
+    summary = trainer.fit()
+    assert summary["next_day"][0]["auc"] > 0.55 and "live_keys" not in summary
+
+
+def test_settings_that_do_not_fit_the_data_are_one_line(days, tmp_path):
+    with pytest.raises(ValueError, match="no split day_3, .*day_7"):
+        DLRMTrainer(config(days="0-7"), days)
+    with pytest.raises(ValueError, match="needs --days"):
+        DLRMTrainer(config(days=None, eval_next_day=True), days)
+    with pytest.raises(ValueError, match="cached sparse part"):
+        DLRMTrainer(config(sparse="device"), days)
+    from embcache.data.synthetic import generate_synthetic
+
+    ids = tmp_path / "ids"
+    generate_synthetic(ids, rows=1000, scale=0.001, seed=0)
+    with pytest.raises(ValueError, match="vocabulary ids"):
+        DLRMTrainer(config(days=None, eval_next_day=False, max_rows=100), ids)
