@@ -31,6 +31,31 @@ def mix64(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shift_right(x, 31)
 
 
+_INV1, _INV2 = (pow(m + (1 << 64), -1, 1 << 64) for m in (_MIX1, _MIX2))
+_INV1, _INV2 = (m - (1 << 64) if m >= 1 << 63 else m for m in (_INV1, _INV2))
+
+
+def _unshift_xor(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of `x ^ (x >>> bits)`."""
+    y = x
+    for _ in range(64 // bits + 1):
+        y = x ^ _shift_right(y, bits)
+    return y
+
+
+def unmix64(x: torch.Tensor) -> torch.Tensor:
+    """The inverse of `mix64`: `unmix64(mix64(k)) == k` for every int64 k.
+
+    Example:
+        >>> k = torch.tensor([0, 1, -5, 2**62])
+        >>> torch.equal(unmix64(mix64(k)), k)
+        True
+    """
+    x = _unshift_xor(x, 31) * _INV2
+    x = _unshift_xor(x, 27) * _INV1
+    return _unshift_xor(x, 30)
+
+
 def initial_rows(keys: torch.Tensor, dim: int, seed: int, bound: float) -> torch.Tensor:
     """float32 `[len(keys), dim]`: each key's first row, uniform in `[-bound, bound)`.
 

@@ -197,42 +197,64 @@ def test_a_new_key_gets_its_first_value_whatever_row_it_takes():
     assert table.peek(torch.tensor([10, 99, 5])).tolist()[1:] == [int(row), 0]
 
 
-def test_a_collection_with_an_open_table_equals_one_fed_vocabulary_ids():
-    """One closed table and one open one in a collection: outputs and rows equal a
-    collection whose second table holds the same keys as vocabulary ids."""
+def test_a_collection_with_open_tables_equals_one_fed_vocabulary_ids():
+    """One closed table and two open ones sharing a cache and a key index: outputs and rows
+    equal a collection whose open tables hold the same keys as vocabulary ids; the open
+    tables' rows come back table by table, and into another grouping (a checkpoint read
+    on another number of ranks) with the same values."""
     from embcache import CachedEmbeddingBagCollection
     from embcache.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
 
-    stream = key_stream(steps=12, batch=16)
-    vocab = {}
-    for b in stream:
-        for k in b.flatten().tolist():
-            vocab.setdefault(k, len(vocab))
-    keys = torch.tensor(list(vocab), dtype=torch.int64)
-    bound = (1.0 / 64) ** 0.5
+    streams = [key_stream(steps=12, batch=16, seed=s) for s in (0, 1)]
+    vocabs = [{}, {}]
+    for stream, vocab in zip(streams, vocabs):
+        for b in stream:
+            for k in b.flatten().tolist():
+                vocab.setdefault(k, len(vocab))
+    keys = [torch.tensor(list(v), dtype=torch.int64) for v in vocabs]
 
     def tables(open_rows):
-        return [EmbeddingBagConfig(name="closed", embedding_dim=DIM, num_embeddings=50, feature_names=["c"],
-                                   init_fn=lambda w: torch.nn.init.constant_(w, 0.01)),
-                EmbeddingBagConfig(name="open", embedding_dim=DIM, num_embeddings=open_rows, feature_names=["o"],
-                                   init_fn=lambda w: w.copy_(initial_rows(keys, DIM, 1, bound)))]
+        out = [EmbeddingBagConfig(name="closed", embedding_dim=DIM, num_embeddings=50, feature_names=["c"],
+                                  init_fn=lambda w: torch.nn.init.constant_(w, 0.01))]
+        for i in (0, 1):
+            n = open_rows[i]
+            out.append(EmbeddingBagConfig(
+                name=f"open{i}", embedding_dim=DIM, num_embeddings=n, feature_names=[f"o{i}"],
+                init_fn=lambda w, i=i, n=open_rows[i]: w.copy_(initial_rows(keys[i], DIM, 1 + i, (1.0 / (64 * (i + 1))) ** 0.5))))
+        return out
 
-    raw = CachedEmbeddingBagCollection(tables(64), cache_ratio=0.3, device="cpu", open_tables={"open": {}},
-                                       warmup_ratio=0, lr=0.1)
-    ref = CachedEmbeddingBagCollection(tables(len(vocab)), cache_ratio=0.3, device="cpu", warmup_ratio=0, lr=0.1)
-    lookup = np.vectorize(vocab.__getitem__)
+    open_tables = {"open0": {}, "open1": {}}
+    raw = CachedEmbeddingBagCollection(tables([64, 128]), cache_ratio=0.3, device="cpu", open_tables=open_tables,
+                                       warmup_ratio=0, lr=0.1, optimizer="adagrad")
+    assert len(raw.bags) == 2  # the closed table's cache, and one for both open tables
+    ref = CachedEmbeddingBagCollection(tables([len(vocabs[0]), len(vocabs[1])]), cache_ratio=0.3, device="cpu",
+                                       warmup_ratio=0, lr=0.1, optimizer="adagrad")
+    lookups = [np.vectorize(v.__getitem__) for v in vocabs]
     rng = np.random.default_rng(1)
-    for b in stream:
-        closed = torch.from_numpy(rng.integers(0, 50, size=b.shape[0]))
-        lengths = torch.tensor([1] * b.shape[0] + [2] * b.shape[0])
-        ids = torch.from_numpy(lookup(b.numpy()).astype(np.int64)).flatten()
-        out = raw(KeyedJaggedTensor(keys=["c", "o"], values=torch.cat([closed, b.flatten()]), lengths=lengths))
-        out_ref = ref(KeyedJaggedTensor(keys=["c", "o"], values=torch.cat([closed, ids]), lengths=lengths))
+    for b0, b1 in zip(*streams):
+        closed = torch.from_numpy(rng.integers(0, 50, size=b0.shape[0]))
+        lengths = torch.tensor([1] * b0.shape[0] + [2] * b0.shape[0] * 2)
+        ids = [torch.from_numpy(lk(b.numpy()).astype(np.int64)).flatten() for lk, b in zip(lookups, (b0, b1))]
+        out = raw(KeyedJaggedTensor(keys=["c", "o0", "o1"], values=torch.cat([closed, b0.flatten(), b1.flatten()]),
+                                    lengths=lengths))
+        out_ref = ref(KeyedJaggedTensor(keys=["c", "o0", "o1"], values=torch.cat([closed, *ids]), lengths=lengths))
         assert torch.equal(out.values(), out_ref.values())
         (out.values() ** 2).sum().backward()
         (out_ref.values() ** 2).sum().backward()
-    got_keys, got_rows = raw.bags[1].keyed_weight()
-    want = ref.table_weight("open").index_select(0, torch.from_numpy(lookup(got_keys.numpy()).astype(np.int64)))
-    assert torch.equal(got_rows, want)
+    for i in (0, 1):
+        got_keys, got_rows = raw.bags[1].keyed_weight(i)
+        want = ref.table_weight(f"open{i}").index_select(0, torch.from_numpy(lookups[i](got_keys.numpy()).astype(np.int64)))
+        assert torch.equal(got_rows, want)
+        assert raw.open_stats()[f"open{i}"]["live_keys"] == len(vocabs[i])
     assert torch.equal(raw.table_weight("closed"), ref.table_weight("closed"))
-    assert raw.open_stats()["open"]["live_keys"] == len(vocab)
+
+    saved = {t.name: {k: v.clone() for k, v in raw.table_rows(t.name).items()} for t in raw.embedding_bag_configs()}
+    apart = CachedEmbeddingBagCollection(tables([64, 128]), cache_ratio=0.3, device="cpu", warmup_ratio=0, lr=0.1,
+                                         optimizer="adagrad", open_tables={"open0": {}, "open1": {"ttl": 1000}})
+    assert len(apart.bags) == 3  # another grouping: each open table alone
+    apart.restore_tables(saved, raw.optimizer_steps())
+    for i in (0, 1):
+        got, want = apart.bags[1 + i].keyed_weight(0), raw.bags[1].keyed_weight(i)
+        order_got, order_want = torch.argsort(got[0]), torch.argsort(want[0])
+        assert torch.equal(got[0][order_got], want[0][order_want])
+        assert torch.equal(got[1][order_got], want[1][order_want])

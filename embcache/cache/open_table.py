@@ -16,6 +16,11 @@ a key unused for more than `ttl` steps retires at the next batch whatever the bo
 Every decision is a function of the keys seen and the step count alone, so a cached table
 and an uncached one (tests) retire the same keys.
 
+Several tables can share one index and one store (a collection's open tables of one width,
+so that one cache serves them all): a key is then coded with its table (`code`: mix64 of
+the key, xor a salt of the table), each row records its table, a new row starts from its
+table's seed and bound, and the bound and retirement are over the tables together.
+
 The store is anything with `num_rows`, `grow(num_rows)`, `reset_rows(rows, weight)` and
 `held_rows() -> int64 array` (see `RowStore`). It grows geometrically (capacity doubles,
 up to the bound), so a stream of new keys costs amortised O(1) copies a row.
@@ -29,12 +34,13 @@ import numpy as np
 import torch
 
 from embcache.errors import CheckpointError
-from embcache.keys import initial_rows
+from embcache.keys import initial_rows, mix64, unmix64
 
 from .key_index import KeyIndex
 
 RETIRE_POLICIES = ("lru", "lfu")
 DEFAULT_ROW = 0  # the store's row for a key never seen
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 
 
 class RowStore(Protocol):
@@ -54,18 +60,26 @@ def _touch(rows: np.ndarray, last_seen: np.ndarray, uses: np.ndarray, clock: int
         uses[r] += 1
 
 
+def table_salts(tables: int) -> torch.Tensor:
+    """Each table's salt: distinct, spread over 64 bits."""
+    return mix64(torch.arange(1, tables + 1, dtype=torch.int64) * _GOLDEN)
+
+
 class OpenTable:
-    """Keys -> store rows for one table. See the module docstring.
+    """Keys -> store rows for one table, or several sharing a store. See the module docstring.
 
     Args:
-        dim: row width. seed, bound: a new key's row is `initial_rows(key, dim, seed, bound)`.
-        max_rows: keys held at once (None: no bound; the store grows as keys arrive).
+        dim: row width.
+        seed, bound: a new key's row is `initial_rows(key, dim, seed, bound)`; lists of
+            them (one a table) make a shared table of `len(seed)` tables.
+        max_rows: keys held at once, over all its tables (None: no bound; the store grows
+            as keys arrive).
         retire: "lru" | "lfu": which keys retire first under the bound.
         ttl: steps without use after which a key retires (None: never).
         retire_chunk: keys retired at least at once under the bound.
     """
 
-    def __init__(self, dim: int, seed: int, bound: float, max_rows: int | None = None,
+    def __init__(self, dim: int, seed: int | list[int], bound: float | list[float], max_rows: int | None = None,
                  retire: str = "lru", ttl: int | None = None, retire_chunk: int | None = None):
         if retire not in RETIRE_POLICIES:
             raise ValueError(f"retire must be one of {RETIRE_POLICIES}, got {retire!r}")
@@ -73,49 +87,90 @@ class OpenTable:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         if ttl is not None and int(ttl) < 1:
             raise ValueError(f"ttl must be >= 1 step, got {ttl}")
-        self.dim, self.seed, self.bound = int(dim), int(seed), float(bound)
+        seeds = [int(x) for x in seed] if isinstance(seed, (list, tuple)) else [int(seed)]
+        bounds = [float(x) for x in bound] if isinstance(bound, (list, tuple)) else [float(bound)] * len(seeds)
+        if len(bounds) != len(seeds):
+            raise ValueError(f"one bound a table: {len(seeds)} seeds, {len(bounds)} bounds")
+        self.dim, self.seeds, self.bounds, self.tables = int(dim), seeds, bounds, len(seeds)
+        self.seed = seeds[0]
         self.max_rows = None if max_rows is None else int(max_rows)
         self.retire, self.ttl = retire, (None if ttl is None else int(ttl))
         self.retire_chunk = max(1, int(retire_chunk) if retire_chunk else (self.max_rows or 64) // 64)
+        self.salts = table_salts(self.tables)
         self.index = KeyIndex(self.max_rows)
         self.last_seen = np.zeros(0, np.int64)  # per index row: the step of its last use
         self.uses = np.zeros(0, np.int64)  # per index row: lookups since its key took it
+        self.row_table = np.zeros(0, np.int64)  # per index row: the table its key belongs to
         self.clock = 0
-        self.new_keys = 0  # keys given a row
-        self.retired = 0  # keys retired (bound or ttl)
+        self.new_per_table = np.zeros(self.tables, np.int64)  # keys given a row
+        self.retired_per_table = np.zeros(self.tables, np.int64)  # keys retired (bound or ttl)
+
+    @property
+    def new_keys(self) -> int:
+        return int(self.new_per_table.sum())
+
+    @property
+    def retired(self) -> int:
+        return int(self.retired_per_table.sum())
 
     # ------------------------------------------------------------------ lookups
-    def map(self, keys: torch.Tensor, store: RowStore) -> torch.Tensor:
-        """Store rows of a training batch's `keys` (same shape, int64, on the host): new
-        keys get rows (retiring cold keys first when the bound needs it), every key's
-        use is recorded."""
+    def code(self, keys: torch.Tensor, tables: torch.Tensor | None = None) -> np.ndarray:
+        """The index's key for raw `keys` of `tables` (one table index per key; None:
+        table 0): mix64(key) xor the table's salt."""
+        keys = keys.reshape(-1).to(torch.int64).cpu()
+        salt = self.salts[0] if tables is None else self.salts.index_select(0, tables.reshape(-1).cpu())
+        return np.ascontiguousarray((mix64(keys) ^ salt).numpy())
+
+    def raw_keys(self, rows: np.ndarray) -> np.ndarray:
+        """The raw keys of live index rows."""
+        codes = torch.from_numpy(self.index.keys_of(rows))
+        salt = self.salts.index_select(0, torch.from_numpy(self.row_table[rows]))
+        return unmix64(codes ^ salt).numpy()
+
+    def map(self, keys: torch.Tensor, store: RowStore, tables: torch.Tensor | None = None) -> torch.Tensor:
+        """Store rows of a training batch's `keys` (same shape, int64, on the host; `tables`:
+        each key's table, for a shared table): new keys get rows (retiring cold keys first
+        when the bound needs it), every key's use is recorded."""
         self.clock += 1
-        flat = np.ascontiguousarray(keys.reshape(-1).to(torch.int64).cpu().numpy())
+        flat = self.code(keys, tables)
         if self.ttl is not None:
             self._retire_expired(flat, store)
         unseen = self.index.unseen(flat)
         if unseen.size:
             self._make_room(unseen.size, flat, store)
-        rows, new_rows, new_keys = self.index.insert(flat)
+        rows, new_rows, _ = self.index.insert(flat)
         self._fit(self.index.num_rows)
         if new_rows.size:
-            self.last_seen[new_rows] = self.clock
-            self.uses[new_rows] = 0
-            need = 1 + self.index.num_rows
-            if need > store.num_rows:
-                cap = 1 + self.max_rows if self.max_rows else need
-                store.grow(min(cap, max(need, 2 * store.num_rows)))
-            store.reset_rows(torch.from_numpy(new_rows + 1),
-                             initial_rows(torch.from_numpy(new_keys), self.dim, self.seed, self.bound))
-            self.new_keys += new_rows.size
+            self._made(new_rows, rows, keys, tables, store)
         _touch(rows, self.last_seen, self.uses, self.clock)
         return torch.from_numpy(rows + 1).view(keys.shape)
 
-    def peek(self, keys: torch.Tensor) -> torch.Tensor:
+    def _made(self, new_rows: np.ndarray, rows: np.ndarray, keys: torch.Tensor, tables: torch.Tensor | None,
+              store: RowStore) -> None:
+        """Record new rows and give them their keys' first values in the store."""
+        distinct, first = np.unique(rows, return_index=True)
+        at = first[np.searchsorted(distinct, new_rows)]  # each new row's first position in the batch
+        raw = keys.reshape(-1).to(torch.int64).cpu().numpy()[at]
+        table = np.zeros(new_rows.size, np.int64) if tables is None else tables.reshape(-1).cpu().numpy()[at]
+        self.row_table[new_rows] = table
+        self.last_seen[new_rows] = self.clock
+        self.uses[new_rows] = 0
+        self.new_per_table += np.bincount(table, minlength=self.tables)
+        need = 1 + self.index.num_rows
+        if need > store.num_rows:
+            cap = 1 + self.max_rows if self.max_rows else need
+            store.grow(min(cap, max(need, 2 * store.num_rows)))
+        values = torch.empty(new_rows.size, self.dim)
+        for t in np.unique(table).tolist():
+            mine = np.flatnonzero(table == t)
+            values[torch.from_numpy(mine)] = initial_rows(torch.from_numpy(raw[mine]), self.dim, self.seeds[t],
+                                                          self.bounds[t])
+        store.reset_rows(torch.from_numpy(new_rows + 1), values)
+
+    def peek(self, keys: torch.Tensor, tables: torch.Tensor | None = None) -> torch.Tensor:
         """Store rows of `keys` for evaluation or serving: the default row for a key never
         seen (or retired). Changes nothing."""
-        flat = np.ascontiguousarray(keys.reshape(-1).to(torch.int64).cpu().numpy())
-        return torch.from_numpy(self.index.lookup(flat) + 1).view(keys.shape)
+        return torch.from_numpy(self.index.lookup(self.code(keys, tables)) + 1).view(keys.shape)
 
     # ------------------------------------------------------------------ retirement
     def _fit(self, rows: int) -> None:
@@ -123,25 +178,26 @@ class OpenTable:
             grow = max(rows, 2 * self.last_seen.size) - self.last_seen.size
             self.last_seen = np.concatenate([self.last_seen, np.zeros(grow, np.int64)])
             self.uses = np.concatenate([self.uses, np.zeros(grow, np.int64)])
+            self.row_table = np.concatenate([self.row_table, np.zeros(grow, np.int64)])
 
-    def _candidates(self, batch_keys: np.ndarray, store: RowStore) -> np.ndarray:
+    def _candidates(self, batch_codes: np.ndarray, store: RowStore) -> np.ndarray:
         """Live index rows that may retire now: not this batch's, not held by the store."""
         n = self.index.num_rows
         ok = self.index.live_mask().copy()
-        mine = self.index.lookup(batch_keys)
+        mine = self.index.lookup(batch_codes)
         ok[mine[mine >= 0]] = False
         held = np.asarray(store.held_rows(), dtype=np.int64) - 1
         held = held[(held >= 0) & (held < n)]
         ok[held] = False
         return np.flatnonzero(ok)
 
-    def _make_room(self, unseen: int, batch_keys: np.ndarray, store: RowStore) -> None:
+    def _make_room(self, unseen: int, batch_codes: np.ndarray, store: RowStore) -> None:
         if self.max_rows is None:
             return
         room = self.index.free_rows + (self.max_rows - self.index.num_rows)
         if unseen <= room:
             return
-        cand = self._candidates(batch_keys, store)
+        cand = self._candidates(batch_codes, store)
         want = min(cand.size, max(unseen - room, self.retire_chunk))
         if unseen - room > cand.size:
             raise ValueError(f"a batch brings {unseen:,} new keys but only {room + cand.size:,} of the table's "
@@ -151,62 +207,80 @@ class OpenTable:
             order = (cand, self.last_seen[cand])  # np.lexsort: the last key sorts first
         else:
             order = (cand, self.last_seen[cand], self.uses[cand])
-        coldest = cand[np.lexsort(order)[:want]]
-        self._retire(coldest)
+        self._retire(cand[np.lexsort(order)[:want]])
 
-    def _retire_expired(self, batch_keys: np.ndarray, store: RowStore) -> None:
+    def _retire_expired(self, batch_codes: np.ndarray, store: RowStore) -> None:
         if self.index.live == 0:
             return
         n = self.index.num_rows
         expired = self.index.live_mask() & (self.clock - self.last_seen[:n] > self.ttl)
         if expired.any():
-            cand = self._candidates(batch_keys, store)
+            cand = self._candidates(batch_codes, store)
             self._retire(cand[expired[cand]])
 
     def _retire(self, rows: np.ndarray) -> None:
         if rows.size:
+            self.retired_per_table += np.bincount(self.row_table[rows], minlength=self.tables)
             self.index.retire(np.sort(rows))
-            self.retired += rows.size
 
     # ------------------------------------------------------------------ reading
-    def live_rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, store rows) of every key held, in row order."""
-        rows = np.flatnonzero(self.index.live_mask())
-        return self.index.keys_of(rows), rows + 1
+    def live_index_rows(self, table: int | None = None) -> np.ndarray:
+        """Index rows of the keys held (of `table` only, if given), in row order."""
+        live = self.index.live_mask()
+        if table is not None:
+            live = live & (self.row_table[: live.size] == table)
+        return np.flatnonzero(live)
+
+    def live_rows(self, table: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(raw keys, store rows) of every key of `table` held, in row order."""
+        rows = self.live_index_rows(table)
+        return self.raw_keys(rows), rows + 1
 
     def stats(self) -> dict:
-        return {"live_keys": int(self.index.live), "new_keys": int(self.new_keys),
-                "retired_keys": int(self.retired), "key_index_bytes": int(self.index.nbytes())}
+        return {"live_keys": int(self.index.live), "new_keys": self.new_keys,
+                "retired_keys": self.retired, "key_index_bytes": int(self.index.nbytes())}
+
+    def table_stats(self, table: int) -> dict:
+        return {"live_keys": int(self.live_index_rows(table).size), "new_keys": int(self.new_per_table[table]),
+                "retired_keys": int(self.retired_per_table[table])}
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
         n = self.index.num_rows
         return {"index": self.index.state_dict(), "last_seen": self.last_seen[:n].copy(),
-                "uses": self.uses[:n].copy(), "clock": self.clock, "new_keys": self.new_keys,
-                "retired": self.retired, "max_rows": self.max_rows, "retire": self.retire, "ttl": self.ttl,
-                "seed": self.seed, "dim": self.dim}
+                "uses": self.uses[:n].copy(), "row_table": self.row_table[:n].copy(), "clock": self.clock,
+                "new_per_table": self.new_per_table.copy(), "retired_per_table": self.retired_per_table.copy(),
+                "max_rows": self.max_rows, "retire": self.retire, "ttl": self.ttl, "seed": self.seed,
+                "dim": self.dim, "tables": self.tables}
 
     def load_state_dict(self, state: dict) -> None:
         """Refuses (CheckpointError, nothing changed) a state made for another table."""
-        for name in ("max_rows", "retire", "ttl", "seed", "dim"):
+        for name in ("max_rows", "retire", "ttl", "seed", "dim", "tables"):
             if state.get(name) != getattr(self, name):
                 raise CheckpointError(f"the checkpoint's open table has {name}={state.get(name)!r}, "
                                       f"this one {getattr(self, name)!r}")
         index = KeyIndex(self.max_rows)
         index.load_state_dict(state["index"])
         n = index.num_rows
-        last_seen, uses = np.asarray(state["last_seen"], np.int64), np.asarray(state["uses"], np.int64)
-        if last_seen.shape != (n,) or uses.shape != (n,):
+        arrays = {k: np.asarray(state[k], np.int64) for k in ("last_seen", "uses", "row_table")}
+        if any(a.shape != (n,) for a in arrays.values()):
             raise CheckpointError(f"the checkpoint's open table has {n:,} rows but usage for "
-                                  f"{last_seen.shape} / {uses.shape}")
+                                  f"{[a.shape for a in arrays.values()]}")
+        if n and not bool(((arrays["row_table"] >= 0) & (arrays["row_table"] < self.tables)).all()):
+            raise CheckpointError(f"the checkpoint's open table names tables outside 0..{self.tables - 1}")
+        counts = {k: np.asarray(state[k], np.int64) for k in ("new_per_table", "retired_per_table")}
+        if any(c.shape != (self.tables,) for c in counts.values()):
+            raise CheckpointError(f"the checkpoint's open table counts keys for another number of tables")
         self.index = index
-        self.last_seen, self.uses = last_seen.copy(), uses.copy()
-        self.clock, self.new_keys, self.retired = int(state["clock"]), int(state["new_keys"]), int(state["retired"])
+        self.last_seen, self.uses, self.row_table = (arrays[k].copy() for k in ("last_seen", "uses", "row_table"))
+        self.new_per_table, self.retired_per_table = counts["new_per_table"].copy(), counts["retired_per_table"].copy()
+        self.clock = int(state["clock"])
 
     # the scalars of `state_dict`, in the order of the "scalars" tensor (None stored as -1)
-    _SCALARS = ("clock", "new_keys", "retired", "max_rows", "retire", "ttl", "seed", "dim")
+    _SCALARS = ("clock", "max_rows", "retire", "ttl", "seed", "dim", "tables")
     _ARRAYS = {"index.row_key": ("index", "row_key"), "index.free_rows": ("index", "free_rows"),
-               "last_seen": (None, "last_seen"), "uses": (None, "uses")}
+               "last_seen": (None, "last_seen"), "uses": (None, "uses"), "row_table": (None, "row_table"),
+               "new_per_table": (None, "new_per_table"), "retired_per_table": (None, "retired_per_table")}
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """`state_dict` as int64 `[n, 1]` tensors (loadable with weights_only, and savable
@@ -245,6 +319,58 @@ class OpenTable:
                 state[key] = array
         state["index"]["max_rows"] = -1 if state["max_rows"] is None else state["max_rows"]
         self.load_state_dict(state)
+
+    # ------------------------------------------------------------------ table by table
+    def table_part(self, table: int, members: int) -> dict[str, np.ndarray]:
+        """One table's keys as a checkpoint part holds them (int64 columns): its live index
+        rows, raw keys and usage, with what the whole index needs to be rebuilt exactly
+        when the same tables share it again (`members`: a digest of their names)."""
+        rows = self.live_index_rows(table)
+        return {"rows": rows, "keys": self.raw_keys(rows), "last_seen": self.last_seen[rows],
+                "uses": self.uses[rows], "free_rows": self.index.state_dict()["free_rows"].astype(np.int64),
+                "group": np.array([self.clock, self.index.num_rows, self.new_per_table[table],
+                                   self.retired_per_table[table], members, self.tables], np.int64)}
+
+    def load_table_parts(self, parts: list[dict[str, np.ndarray]], members: int) -> np.ndarray:
+        """Rebuild the index from every table's `table_part` (in table order); returns the
+        store rows each part's rows now live in (concatenated in part order). Saved by the
+        same tables sharing an index (same `members`, same free rows): every key back in
+        its row, the free rows and their order as they were (a resumed run continues
+        exactly). Otherwise (a checkpoint of another grouping, written on another number
+        of ranks): the keys in new rows, numbered in order; their values carry over."""
+        if len(parts) != self.tables:
+            raise CheckpointError(f"{len(parts)} saved tables for an open table of {self.tables}")
+        groups = [p["group"].reshape(-1) for p in parts]
+        free = parts[0]["free_rows"].reshape(-1)
+        exact = all(int(g[4]) == members and int(g[5]) == self.tables and int(g[1]) == int(groups[0][1])
+                    for g in groups) and all(np.array_equal(p["free_rows"].reshape(-1), free) for p in parts)
+        codes = [self.code(torch.from_numpy(p["keys"].reshape(-1).copy()),
+                           torch.full((p["keys"].size,), t, dtype=torch.int64)) for t, p in enumerate(parts)]
+        state = {"clock": max(int(g[0]) for g in groups), "max_rows": self.max_rows, "retire": self.retire,
+                 "ttl": self.ttl, "seed": self.seed, "dim": self.dim, "tables": self.tables,
+                 "new_per_table": np.array([int(g[2]) for g in groups], np.int64),
+                 "retired_per_table": np.array([int(g[3]) for g in groups], np.int64)}
+        if exact:
+            n = int(groups[0][1])
+            placed = [p["rows"].reshape(-1).astype(np.int64) for p in parts]
+            free_rows = free.astype(np.int32)
+        else:
+            n = sum(c.size for c in codes)
+            starts = np.cumsum([0] + [c.size for c in codes])
+            placed = [np.arange(starts[t], starts[t + 1], dtype=np.int64) for t in range(len(codes))]
+            free_rows = np.zeros(0, np.int32)
+        row_key, row_table = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        last_seen, uses = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        for t, (rows, p) in enumerate(zip(placed, parts)):
+            if rows.size and (rows.min() < 0 or rows.max() >= n):
+                raise CheckpointError(f"a saved open table's rows lie outside its {n:,} rows")
+            row_key[rows], row_table[rows] = codes[t], t
+            last_seen[rows], uses[rows] = p["last_seen"].reshape(-1), p["uses"].reshape(-1)
+        state.update({"index": {"row_key": row_key, "free_rows": free_rows,
+                                "max_rows": -1 if self.max_rows is None else self.max_rows},
+                      "last_seen": last_seen, "uses": uses, "row_table": row_table})
+        self.load_state_dict(state)
+        return np.concatenate(placed) + 1 if placed else np.zeros(0, np.int64)
 
     def rows_needed(self) -> int:
         """Store rows this table's keys use (the default row included)."""

@@ -128,7 +128,8 @@ class RowCache(RowCacheState):
         self.policy.on_admit(hot, target)
         return hot.numel()
 
-    def prepare(self, ids: torch.Tensor, keep: bool, segments: list[list[int]] | None = None) -> Lookup:
+    def prepare(self, ids: torch.Tensor, keep: bool, segments: list[list[int]] | None = None,
+                in_order: bool = False) -> Lookup:
         """Make the rows of one batch available; `keep` holds them until `release`
         (needed when a backward will update them). Consumes a matching prefetch, whose
         hits and misses are counted now, as this batch's. Ids from the host (as a loader
@@ -138,15 +139,18 @@ class RowCache(RowCacheState):
         self._wait_for_prefetch()
         if self.frozen and not keep:
             return self._peek(ids, segments)
-        consumed = self._take_prefetched(ids)
-        if consumed is not None and consumed.slots is not None and self.reuse_prefetch:
+        consumed = self._take_prefetched(ids, in_order)
+        same_ids = consumed is not None and (consumed.ids is ids or torch.equal(consumed.ids, ids))
+        if same_ids and consumed.slots is not None and self.reuse_prefetch:
             indices, touched, overflow = self._reuse(consumed), consumed.held, None
         else:
             indices, touched, overflow, _, hits, misses = self._admit(ids, serve_overflow=True)
             if overflow is not None and hits + misses > self.num_slots:
                 self._warn_small(hits + misses)
-        if consumed is not None:
+        if same_ids:
             hits, misses = consumed.hits, consumed.misses
+        elif consumed is not None:  # the rows the prefetch loaded (held since) are this batch's misses
+            hits, misses = hits - consumed.misses, misses + consumed.misses
         self.stats.hits += hits
         self.stats.misses += misses
         self.stats.batches += 1
@@ -225,9 +229,14 @@ class RowCache(RowCacheState):
         if self._stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self._stream)
 
-    def _take_prefetched(self, ids: torch.Tensor) -> Prefetched | None:
+    def _take_prefetched(self, ids: torch.Tensor, in_order: bool = False) -> Prefetched | None:
         """The prefetch made for exactly these ids, if any; older ones are dropped
-        (their rows stay resident, their counts are not the batch's)."""
+        (their rows stay resident, their counts are not the batch's). `in_order`: the
+        oldest pending prefetch, whatever its ids (an open table prefetches a batch's known
+        keys only, and its new keys get rows in the forward: the ids differ there, and the
+        forward then makes its own admission pass, the prefetch having loaded the rest)."""
+        if in_order:
+            return self._prefetched.popleft() if self._prefetched else None
         for i, entry in enumerate(self._prefetched):
             if entry.ids is ids or (entry.ids.shape == ids.shape and torch.equal(entry.ids, ids)):
                 for _ in range(i):

@@ -194,6 +194,27 @@ class RowCacheState:
         self.slots.clear()
         self.dirty.zero_()
 
+    def restore_rows_at(self, ids: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor],
+                        step: int) -> None:
+        """`restore_row_parts` for rows scattered over the table (an open table's, whose
+        rows are not ranges of ids), the cache emptied; the other rows keep their values."""
+        if weight.dim() != 2 or weight.shape != (ids.numel(), self.dim):
+            raise ValueError(f"rows of shape {tuple(weight.shape)} for {ids.numel()} ids of width {self.dim}")
+        self._check_row_dtype(weight)
+        for k, v in self.host.state.items():
+            if k not in state or tuple(state[k].shape) != (ids.numel(), v.shape[1]):
+                raise ValueError(f"optimizer state {k!r} missing or of another shape (saved with another "
+                                 f"optimizer than {self.optimizer.name!r}?)")
+        self.transfers.settle()
+        self.drop_prefetches()
+        self.holds.zero_()
+        self.host.weight.index_copy_(0, ids, weight.to(self.host.weight.dtype))
+        for k, v in self.host.state.items():
+            v.index_copy_(0, ids, state[k].to(v.dtype))
+        self.step = int(step)
+        self.slots.clear()
+        self.dirty.zero_()
+
     def _check_state_dict(self, sd: dict, tables: bool = True) -> tuple[dict, bool]:
         """Raise ValueError for a checkpoint this cache cannot load, so that a failed load
         changes nothing. Returns the policy state and whether the checkpoint's residency

@@ -9,7 +9,9 @@ call per group (in DLRM: one call).
 """
 from __future__ import annotations
 
+import math
 import os
+import zlib
 from collections import deque
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -35,7 +37,8 @@ class _Group:
 
     def __init__(self, key, open_table: dict | None = None):
         self.key = key
-        self.open = open_table  # an open table's settings (max_rows, retire, ttl): it is alone in its group
+        # open tables' settings (retire, ttl, max_rows a table): their keys share one index
+        self.open = open_table
         self.tables: list[EmbeddingBagConfig] = []
         self.row_offsets: list[int] = []
         self.num_rows = 0
@@ -59,6 +62,7 @@ class _GroupInput:
     batch: int
     segments: list[list[int]]
     layout_checked: bool = False  # offsets made here from checked lengths: nothing to read again
+    tables: torch.Tensor | None = None  # an open group's: each key's table (position in the group)
 
 
 def group_tables(tables: list[EmbeddingBagConfig], open_tables: dict[str, dict] | None = None) -> list[_Group]:
@@ -74,8 +78,17 @@ def group_tables(tables: list[EmbeddingBagConfig], open_tables: dict[str, dict] 
         mode = pooling_mode(t.pooling)
         if mode is None:
             raise ValueError(f"table {t.name!r}: pooling {t.pooling} not supported (SUM or MEAN)")
-        key = (t.embedding_dim, mode) if t.name not in open_tables else ("open", t.name)
-        groups.setdefault(key, _Group(key, open_tables.get(t.name))).add(t)
+        settings = open_tables.get(t.name)
+        if settings is None:
+            key = (t.embedding_dim, mode)
+        else:  # open tables of one width, pooling and retirement share a cache and a key index
+            key = (t.embedding_dim, mode, "open", settings.get("retire", "lru"), settings.get("ttl"),
+                   settings.get("max_rows") is None)
+        group = groups.setdefault(key, _Group(key, {} if settings is not None else None))
+        if settings is not None:
+            group.open.setdefault("max_rows", []).append(settings.get("max_rows"))
+            group.open.update({k: v for k, v in settings.items() if k != "max_rows"})
+        group.add(t)
     return list(groups.values())
 
 
@@ -135,15 +148,18 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         rounding_seed = kwargs.pop("rounding_seed", 0)
         key_seed = kwargs.pop("key_seed", 0)  # an open table's seed: this plus the table's position
         for i, g in enumerate(self._groups):
-            dim, mode = g.key
+            dim, mode = g.key[:2]
             freq = self._group_frequencies(g, ids_freq)
             store = "memory" if directory is None else f"{MMAP_PREFIX}{directory / f'group{i}'}"
             if g.open is not None:
-                t = g.tables[0]
+                bounds = g.open["max_rows"]
                 self.bags.append(CachedEmbeddingBag(
-                    t.num_embeddings, t.embedding_dim, mode=pooling_mode(t.pooling), cache_ratio=cache_ratio,
-                    device=self._device, host_store=store, rounding_seed=rounding_seed + i * 0x9E3779B9,
-                    keys="raw", key_seed=key_seed + self._configs.index(t), **g.open, **kwargs))
+                    g.num_rows, dim, mode=mode, cache_ratio=cache_ratio, device=self._device, host_store=store,
+                    rounding_seed=rounding_seed + i * 0x9E3779B9, keys="raw",
+                    key_seed=[key_seed + self._configs.index(t) for t in g.tables],
+                    init_bound=[math.sqrt(1.0 / t.num_embeddings) for t in g.tables],
+                    max_rows=None if None in bounds else sum(bounds), retire=g.open.get("retire", "lru"),
+                    ttl=g.open.get("ttl"), **kwargs))
                 continue
             self.bags.append(CachedEmbeddingBag(g.num_rows, dim, mode=mode, cache_ratio=cache_ratio,
                                                 ids_freq=freq, device=self._device,
@@ -185,7 +201,7 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         # is checked there (no device sync), and only checked input moves to the device
         pooled: dict[str, torch.Tensor] = {}
         for bag, group in zip(self.bags, groups):
-            ids = group.ids if bag.open is None else bag.rows_of_keys(group.ids)
+            ids = group.ids if bag.open is None else bag.rows_of_keys(group.ids, group.tables)
             out = bag.lookup_normalized(*to_device(ids, group.offsets, group.weights, bag.device),
                                         segments=group.segments)
             out = out.view(len(group.features), group.batch, bag.embedding_dim)
@@ -205,7 +221,7 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         bookkeeping runs and moves only rows."""
         groups = self._group_inputs(features)
         for bag, group in zip(self.bags, groups):  # an open table's new keys get rows in their forward
-            bag.cache.prefetch(group.ids if bag.open is None else bag.open.peek(group.ids))
+            bag.cache.prefetch(group.ids if bag.open is None else bag.open.peek(group.ids, group.tables))
         self._prepared.append((features, _versions(features), groups))
 
     def _take_prepared(self, features: KeyedJaggedTensor) -> list[_GroupInput] | None:
@@ -273,11 +289,14 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         are its whole store (the default row first), with its key index and usage
         (`open.<k>`, see `OpenTable.state_tensors`)."""
         for bag, g in zip(self.bags, self._groups):
-            if g.open is not None and g.tables[0].name == name:  # every row of its store, and its keys
+            if g.open is not None and name in [t.name for t in g.tables]:  # its keys' rows, with the keys
                 bag.cache.sync_host()
                 host = bag.cache.host
-                return {"weight": host.weight, **{f"optimizer.{k}": v for k, v in host.state.items()},
-                        **{f"open.{k}": v for k, v in bag.open.state_tensors().items()}}
+                part = bag.open.table_part([t.name for t in g.tables].index(name), _members(g))
+                where = torch.from_numpy(part["rows"] + 1)
+                return {"weight": host.weight.index_select(0, where),
+                        **{f"optimizer.{k}": v.index_select(0, where) for k, v in host.state.items()},
+                        **{f"open.{k}": torch.from_numpy(v.reshape(-1, 1)) for k, v in part.items()}}
             for t, off in zip(g.tables, g.row_offsets):
                 if t.name == name:
                     bag.cache.sync_host()
@@ -296,12 +315,18 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         missing = [t.name for t in self._configs if t.name not in rows]
         if missing:
             raise ValueError(f"no saved rows for table(s) {', '.join(missing)}")
-        for bag, g in zip(self.bags, self._groups):  # the open tables' keys first: they size their stores
-            if g.open is not None:
-                saved = rows[g.tables[0].name]
-                bag.open.load_tensors({k[len("open."):]: v for k, v in saved.items() if k.startswith("open.")})
-                bag.cache.grow(saved["weight"].shape[0])
-        for bag, g in zip(self.bags, self._groups):  # table by table into the store: never one tensor a group
+        for bag, g in zip(self.bags, self._groups):
+            if g.open is not None:  # keys first: they say where the rows go
+                parts = [rows[t.name] for t in g.tables]
+                where = bag.open.load_table_parts(
+                    [{k[len("open."):]: v.numpy() for k, v in p.items() if k.startswith("open.")} for p in parts],
+                    _members(g))
+                bag.cache.grow(bag.open.rows_needed())
+                state_keys = [k for k in bag.cache.host.state]
+                bag.cache.restore_rows_at(torch.from_numpy(where), torch.cat([p["weight"] for p in parts]),
+                                          {k: torch.cat([p[f"optimizer.{k}"] for p in parts]) for k in state_keys},
+                                          step)
+                continue
             bag.cache.restore_row_parts(
                 [(off, rows[t.name]["weight"],
                   {k: rows[t.name][f"optimizer.{k}"] for k in bag.cache.host.state if f"optimizer.{k}" in rows[t.name]})
@@ -368,8 +393,15 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         return sum(bag.cache.num_slots for bag in self.bags)
 
     def open_stats(self) -> dict[str, dict]:
-        """Per open table: keys live, made and retired, and the key index's bytes."""
-        return {g.tables[0].name: bag.open_stats() for bag, g in zip(self.bags, self._groups) if g.open is not None}
+        """Per open table: keys live, made and retired; per shared key index (`index<i>`),
+        its bytes and live keys."""
+        out = {}
+        for i, (bag, g) in enumerate(zip(self.bags, self._groups)):
+            if g.open is not None:
+                out.update({t.name: bag.open.table_stats(j) for j, t in enumerate(g.tables)})
+                out[f"index{i}"] = {"key_index_bytes": bag.open_stats()["key_index_bytes"],
+                                    "live_keys": bag.open_stats()["live_keys"]}
+        return out
 
 
 class _GroupFiller:
@@ -415,10 +447,15 @@ def _group_input(group: _Group, values: torch.Tensor, lengths: torch.Tensor,
                 w_parts.append(weights[s: s + n])
             features.append(f)
     w = torch.cat(w_parts) if w_parts else None
-    if group.open is not None:  # raw keys: any int64, nothing to check or shift
+    if group.open is not None:  # raw keys: any int64, nothing to check or shift; each key's table
         ids = torch.cat([values[spans[f][1]: spans[f][1] + spans[f][2]] for f in features]).long()
         all_lengths = torch.cat([lengths[spans[f][0]] for f in features])
-        return _GroupInput(ids, torch.cumsum(all_lengths, 0) - all_lengths, w, features, batch, segments)
+        position = {t.name: i for i, t in enumerate(group.tables)}
+        table_of = torch.tensor([position[name] for _, name, _ in tables], dtype=torch.int64)
+        key_tables = torch.repeat_interleave(table_of, torch.tensor([spans[f][2] for f in features]),
+                                             output_size=ids.numel())
+        return _GroupInput(ids, torch.cumsum(all_lengths, 0) - all_lengths, w, features, batch, segments,
+                           tables=key_tables)
     if values.device.type == "cpu" and lengths.device.type == "cpu":
         ids, offsets, bad_id, (bad_feature, bad_sample) = concat_features(
             values, lengths, [spans[f][1] for f in features], [spans[f][2] for f in features],
@@ -446,6 +483,12 @@ def _concat_checked(values, lengths, features, spans, tables, row_offsets):
     all_lengths = torch.cat([lengths[spans[f][0]] for f in features])
     offsets = torch.cumsum(all_lengths, 0) - all_lengths
     return ids, offsets
+
+
+def _members(group: _Group) -> int:
+    """A digest of an open group's table names: a checkpoint's rows go back to their own
+    row numbers only into the same grouping."""
+    return zlib.crc32("\n".join(t.name for t in group.tables).encode())
 
 
 def _versions(kjt: KeyedJaggedTensor) -> tuple:

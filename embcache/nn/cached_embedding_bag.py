@@ -82,6 +82,8 @@ class CachedEmbeddingBag(nn.Module):
             retires (None: never).
         key_seed: seeds a raw key's first row (`keys.initial_rows`, uniform in
             `+-init_bound`, by default `sqrt(1 / num_embeddings)` as torchrec's init).
+            Lists of seeds and bounds (one a table) make one open table serve several
+            tables (a collection's): the forward then takes each key's table.
 
     Example:
         >>> import torch
@@ -100,7 +102,8 @@ class CachedEmbeddingBag(nn.Module):
                  half_life: int | None = None, host_store: str = "memory", row_dtype: str = "float32",
                  rounding: str = "stochastic", rounding_seed: int = 0, keys: str = "ids",
                  max_rows: int | None = None, retire: str = "lru", ttl: int | None = None,
-                 key_seed: int = 0, init_bound: float | None = None, **optimizer_kwargs):
+                 key_seed: int | list[int] = 0, init_bound: float | list[float] | None = None,
+                 **optimizer_kwargs):
         super().__init__()
         _check_config(num_embeddings, embedding_dim, mode, cache_ratio, warmup_ratio,
                       eviction, optimizer, ids_freq, weight)
@@ -151,11 +154,12 @@ class CachedEmbeddingBag(nn.Module):
             ids = self.rows_of_keys(ids)
         return self.lookup_normalized(ids, offsets, weights)
 
-    def rows_of_keys(self, keys: torch.Tensor) -> torch.Tensor:
-        """An open table's store rows for raw keys: made for new keys in training, the
-        default row for unseen keys otherwise (evaluation, `frozen`, no gradients)."""
+    def rows_of_keys(self, keys: torch.Tensor, tables: torch.Tensor | None = None) -> torch.Tensor:
+        """An open table's store rows for raw keys (of `tables`, one a key, when it serves
+        several): made for new keys in training, the default row for unseen keys otherwise
+        (evaluation, `frozen`, no gradients)."""
         train = self.training and torch.is_grad_enabled() and not self.cache.frozen
-        rows = self.open.map(keys, self.cache) if train else self.open.peek(keys)
+        rows = self.open.map(keys, self.cache, tables) if train else self.open.peek(keys, tables)
         return rows.to(keys.device)
 
     def lookup_normalized(self, ids: torch.Tensor, offsets: torch.Tensor,
@@ -166,7 +170,7 @@ class CachedEmbeddingBag(nn.Module):
         table of an uncached collection, its features' numbers of lookups, so that each
         table's gradient is summed as torch sums it."""
         train = self.training and torch.is_grad_enabled()
-        lookup = self.cache.prepare(ids, keep=train, segments=segments)
+        lookup = self.cache.prepare(ids, keep=train, segments=segments, in_order=self.open is not None)
         table = self.cache.weight
         if lookup.overflow is not None:
             table = torch.cat([table, lookup.overflow.weight])
@@ -266,9 +270,10 @@ class CachedEmbeddingBag(nn.Module):
             finally:
                 self.cache.frozen = False
 
-    def keyed_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """An open table's (keys, rows): every key held and its row, current, in row order."""
-        keys, rows = self.open.live_rows()
+    def keyed_weight(self, table: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """An open table's (keys, rows): every key held and its row, current, in row order
+        (of its `table`-th table when it serves several)."""
+        keys, rows = self.open.live_rows(table)
         return torch.from_numpy(keys), self.host_weight().index_select(0, torch.from_numpy(rows))
 
     def open_stats(self) -> dict:
@@ -327,7 +332,7 @@ def _open_table(keys, num_embeddings, dim, ids_freq, weight, host_store, max_row
     if host_store != "memory" and max_rows is None:
         raise ValueError("an open table on an mmap host store needs max_rows (the files are made at the bound)")
     from embcache.cache.open_table import OpenTable
-    bound = math.sqrt(1.0 / num_embeddings) if bound is None else float(bound)
+    bound = math.sqrt(1.0 / num_embeddings) if bound is None else bound
     return OpenTable(dim, seed, bound, max_rows, retire, ttl)
 
 

@@ -547,8 +547,10 @@ class DLRMTrainer(Trainer):
         if self.raw is None or self.raw.open_tables is None:
             return {}
         local = self.sparse.local.open_stats() if self.sparse.local is not None else {}
-        keys = ("live_keys", "new_keys", "retired_keys", "key_index_bytes")
-        return all_sum({k: sum(t[k] for t in local.values()) for k in keys})
+        tables = [v for k, v in local.items() if not k.startswith("index")]
+        indexes = [v for k, v in local.items() if k.startswith("index")]
+        return all_sum({**{k: sum(t[k] for t in tables) for k in ("live_keys", "new_keys", "retired_keys")},
+                        "key_index_bytes": sum(i["key_index_bytes"] for i in indexes)})
 
     def step_log_fields(self) -> dict:
         return {**self._cache_fields(), **self._open_fields()}
