@@ -64,6 +64,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="torch and numba threads of each run (1 keeps the variants comparable on a shared "
                         "machine)")
     add_device_argument(p)
+    p.add_argument("--no-warmup", action="store_true",
+                   help="skip the warm-up: a tiny run of each variant first, so that the numba kernels are compiled "
+                        "and cached on disk before the measured runs (else the first run to need one pays for it)")
     p.add_argument("--data-cache", default=str(REPO_ROOT / "datasets"),
                    help="where the data is generated once and reused")
     p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR), help="results directory")
