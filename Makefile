@@ -41,6 +41,7 @@ bench: install
 	$(VENV)/bin/embcache bench cf --wide-dim 128
 	$(VENV)/bin/embcache bench face
 	$(VENV)/bin/embcache bench scaling
+	$(VENV)/bin/embcache bench vocab
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -12,5 +12,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gpu": ("embcache.bench.gpu_cli", "DLRM on one GPU (torch only): cached 0.5/1.5/5 % vs whole tables on the GPU, link use, prefetch"),
     "host": ("embcache.bench.host_cli", "the cache's host ceiling: samples/s of host work alone (rows on `meta`), one-hot and multi-hot, threads 1..all"),
     "face": ("embcache.bench.face_cli", "face head: step time and memory of fc / pfc 0.1 / dcp 1 % and 10 % vs classes, and accuracy"),
+    "vocab": ("embcache.bench.vocab_cli", "raw keys day after day: next-day AUC, memory and speed of open tables vs a day-0 vocabulary and hashing"),
     "projection": ("embcache.bench.projection", "DLRM at 8 GPUs a node and beyond: samples/s vs one GPU from the bytes a step sends, link by link"),
 }
