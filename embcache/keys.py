@@ -56,8 +56,9 @@ def unmix64(x: torch.Tensor) -> torch.Tensor:
     return _unshift_xor(x, 30)
 
 
-def initial_rows(keys: torch.Tensor, dim: int, seed: int, bound: float) -> torch.Tensor:
-    """float32 `[len(keys), dim]`: each key's first row, uniform in `[-bound, bound)`.
+def initial_rows(keys: torch.Tensor, dim: int, seed, bound) -> torch.Tensor:
+    """float32 `[len(keys), dim]`: each key's first row, uniform in `[-bound, bound)`
+    (`seed` and `bound`: numbers, or tensors of one a key).
 
     Example:
         >>> a = initial_rows(torch.tensor([7, 3]), 4, seed=1, bound=0.5)
@@ -66,8 +67,10 @@ def initial_rows(keys: torch.Tensor, dim: int, seed: int, bound: float) -> torch
         (True, True)
     """
     keys = torch.as_tensor(keys, dtype=torch.int64).reshape(-1, 1)
-    salt = mix64(torch.tensor(int(seed) & ((1 << 63) - 1), dtype=torch.int64) + _GOLDEN)
+    seed = torch.as_tensor(seed, dtype=torch.int64).reshape(-1, 1)  # one, or one a key
+    salt = mix64((seed & ((1 << 63) - 1)) + _GOLDEN)
     cols = torch.arange(int(dim), dtype=torch.int64) * _GOLDEN
     bits = mix64(mix64(keys ^ salt) + cols)  # [n, dim]
     unit = _shift_right(bits, 40).to(torch.float64) * (1.0 / (1 << 24))  # 24 bits: [0, 1)
-    return ((unit * 2.0 - 1.0) * float(bound)).to(torch.float32)
+    bound = torch.as_tensor(bound, dtype=torch.float64).reshape(-1, 1)
+    return ((unit * 2.0 - 1.0) * bound).to(torch.float32)

@@ -60,6 +60,51 @@ def _touch(rows: np.ndarray, last_seen: np.ndarray, uses: np.ndarray, clock: int
         uses[r] += 1
 
 
+@numba.njit(cache=True, nogil=True)
+def _code(keys: np.ndarray, tables: np.ndarray, salts: np.ndarray, out: np.ndarray) -> None:
+    """`out[i] = mix64(keys[i]) ^ salts[tables[i]]` (tables empty: table 0), in one pass;
+    the same bits as `keys.mix64` (numba's uint64 arithmetic wraps)."""
+    one = tables.size == 0
+    for i in range(keys.size):
+        x = np.uint64(keys[i])
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+        out[i] = np.int64(x ^ np.uint64(salts[0 if one else tables[i]]))
+
+
+@numba.njit(cache=True, nogil=True)
+def _first_positions(rows: np.ndarray, new_rows: np.ndarray, scratch: np.ndarray) -> np.ndarray:
+    """The first position in `rows` of each of `new_rows` (each occurs), in O(len(rows));
+    `scratch` (one entry an index row, -1) is left as it was found."""
+    for j in range(new_rows.size):
+        scratch[new_rows[j]] = j
+    out = np.full(new_rows.size, -1, np.int64)
+    left = new_rows.size
+    for i in range(rows.size):
+        j = scratch[rows[i]]
+        if j >= 0 and out[j] < 0:
+            out[j] = i
+            left -= 1
+            if left == 0:
+                break
+    for j in range(new_rows.size):
+        scratch[new_rows[j]] = -1
+    return out
+
+
+def _coldest(cand: np.ndarray, primary: np.ndarray, want: int) -> np.ndarray:
+    """The `want` candidates of smallest `primary`, ties to the lower row (`cand` is
+    ascending): the first `want` of a lexsort by (primary, row), by a partition rather
+    than a sort of every candidate."""
+    if want >= cand.size:
+        return cand
+    kth = np.partition(primary, want - 1)[want - 1]
+    below = cand[primary < kth]
+    ties = cand[primary == kth]
+    return np.concatenate([below, ties[: want - below.size]])
+
+
 def table_salts(tables: int) -> torch.Tensor:
     """Each table's salt: distinct, spread over 64 bits."""
     return mix64(torch.arange(1, tables + 1, dtype=torch.int64) * _GOLDEN)
@@ -97,10 +142,12 @@ class OpenTable:
         self.retire, self.ttl = retire, (None if ttl is None else int(ttl))
         self.retire_chunk = max(1, int(retire_chunk) if retire_chunk else (self.max_rows or 64) // 64)
         self.salts = table_salts(self.tables)
+        self._salts = self.salts.numpy()
         self.index = KeyIndex(self.max_rows)
         self.last_seen = np.zeros(0, np.int64)  # per index row: the step of its last use
         self.uses = np.zeros(0, np.int64)  # per index row: lookups since its key took it
         self.row_table = np.zeros(0, np.int64)  # per index row: the table its key belongs to
+        self._scratch = np.zeros(0, np.int64)  # per index row, -1: `_first_positions`' work space
         self.clock = 0
         self.new_per_table = np.zeros(self.tables, np.int64)  # keys given a row
         self.retired_per_table = np.zeros(self.tables, np.int64)  # keys retired (bound or ttl)
@@ -117,9 +164,12 @@ class OpenTable:
     def code(self, keys: torch.Tensor, tables: torch.Tensor | None = None) -> np.ndarray:
         """The index's key for raw `keys` of `tables` (one table index per key; None:
         table 0): mix64(key) xor the table's salt."""
-        keys = keys.reshape(-1).to(torch.int64).cpu()
-        salt = self.salts[0] if tables is None else self.salts.index_select(0, tables.reshape(-1).cpu())
-        return np.ascontiguousarray((mix64(keys) ^ salt).numpy())
+        flat = np.ascontiguousarray(keys.reshape(-1).to(torch.int64).cpu().numpy())
+        which = np.zeros(0, np.int64) if tables is None else \
+            np.ascontiguousarray(tables.reshape(-1).to(torch.int64).cpu().numpy())
+        out = np.empty_like(flat)
+        _code(flat, which, self._salts, out)
+        return out
 
     def raw_keys(self, rows: np.ndarray) -> np.ndarray:
         """The raw keys of live index rows."""
@@ -148,8 +198,7 @@ class OpenTable:
     def _made(self, new_rows: np.ndarray, rows: np.ndarray, keys: torch.Tensor, tables: torch.Tensor | None,
               store: RowStore) -> None:
         """Record new rows and give them their keys' first values in the store."""
-        distinct, first = np.unique(rows, return_index=True)
-        at = first[np.searchsorted(distinct, new_rows)]  # each new row's first position in the batch
+        at = _first_positions(rows, new_rows, self._scratch)  # each new row's first position in the batch
         raw = keys.reshape(-1).to(torch.int64).cpu().numpy()[at]
         table = np.zeros(new_rows.size, np.int64) if tables is None else tables.reshape(-1).cpu().numpy()[at]
         self.row_table[new_rows] = table
@@ -160,11 +209,8 @@ class OpenTable:
         if need > store.num_rows:
             cap = 1 + self.max_rows if self.max_rows else need
             store.grow(min(cap, max(need, 2 * store.num_rows)))
-        values = torch.empty(new_rows.size, self.dim)
-        for t in np.unique(table).tolist():
-            mine = np.flatnonzero(table == t)
-            values[torch.from_numpy(mine)] = initial_rows(torch.from_numpy(raw[mine]), self.dim, self.seeds[t],
-                                                          self.bounds[t])
+        values = initial_rows(torch.from_numpy(raw), self.dim, torch.tensor(self.seeds)[table],
+                              torch.tensor(self.bounds, dtype=torch.float64)[table])
         store.reset_rows(torch.from_numpy(new_rows + 1), values)
 
     def peek(self, keys: torch.Tensor, tables: torch.Tensor | None = None) -> torch.Tensor:
@@ -179,6 +225,7 @@ class OpenTable:
             self.last_seen = np.concatenate([self.last_seen, np.zeros(grow, np.int64)])
             self.uses = np.concatenate([self.uses, np.zeros(grow, np.int64)])
             self.row_table = np.concatenate([self.row_table, np.zeros(grow, np.int64)])
+            self._scratch = np.concatenate([self._scratch, np.full(grow, -1, np.int64)])
 
     def _candidates(self, batch_codes: np.ndarray, store: RowStore) -> np.ndarray:
         """Live index rows that may retire now: not this batch's, not held by the store."""
@@ -204,10 +251,10 @@ class OpenTable:
                              f"max_rows={self.max_rows:,} rows can be freed (the rest belong to this batch or "
                              f"batches in flight): raise max_rows")
         if self.retire == "lru":
-            order = (cand, self.last_seen[cand])  # np.lexsort: the last key sorts first
-        else:
-            order = (cand, self.last_seen[cand], self.uses[cand])
-        self._retire(cand[np.lexsort(order)[:want]])
+            primary = self.last_seen[cand]
+        else:  # fewest uses, then the older last use (the product stays far below 2**63)
+            primary = self.uses[cand] * (self.clock + 1) + self.last_seen[cand]
+        self._retire(_coldest(cand, primary, want))
 
     def _retire_expired(self, batch_codes: np.ndarray, store: RowStore) -> None:
         if self.index.live == 0:
@@ -273,6 +320,7 @@ class OpenTable:
             raise CheckpointError(f"the checkpoint's open table counts keys for another number of tables")
         self.index = index
         self.last_seen, self.uses, self.row_table = (arrays[k].copy() for k in ("last_seen", "uses", "row_table"))
+        self._scratch = np.full(n, -1, np.int64)
         self.new_per_table, self.retired_per_table = counts["new_per_table"].copy(), counts["retired_per_table"].copy()
         self.clock = int(state["clock"])
 
