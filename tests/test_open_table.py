@@ -258,3 +258,20 @@ def test_a_collection_with_open_tables_equals_one_fed_vocabulary_ids():
         order_got, order_want = torch.argsort(got[0]), torch.argsort(want[0])
         assert torch.equal(got[0][order_got], want[0][order_want])
         assert torch.equal(got[1][order_got], want[1][order_want])
+
+
+def test_bench_host_feeds_open_tables_the_same_lookups_as_raw_keys():
+    """`bench host --keys raw` compares the key index's cost on the same lookups: its raw
+    keys are a bijection of the ids, so each batch has the same distinct rows."""
+    from embcache.bench.host import as_raw_keys, build_collection, make_batches
+
+    batches = make_batches([50, 7], [2, 1], batch=64, count=3, seed=0)
+    raw = as_raw_keys(batches)
+    for b, r in zip(batches, raw):
+        assert torch.equal(b.lengths(), r.lengths())
+        assert len(set(b.values().tolist())) == len(set(r.values().tolist()))
+        assert not torch.equal(b.values(), r.values())
+    ebc = build_collection([50, 7], 4, 0.5, None, "freq", raw=True)
+    ebc(raw[0]).values().sum().backward()
+    stats = ebc.open_stats()
+    assert stats["t0"]["live_keys"] == len(set(raw[0].values()[:128].tolist()))

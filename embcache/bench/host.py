@@ -102,11 +102,20 @@ def _zero(weight: torch.Tensor) -> torch.Tensor:
     return weight.zero_()  # the values never matter here: no row is ever read on `meta`
 
 
-def build_collection(cardinalities, dim: int, ratio: float, freq: dict, eviction: str):
+def build_collection(cardinalities, dim: int, ratio: float, freq: dict | None, eviction: str, raw: bool = False):
+    """The collection the bench times; `raw`: every table open (rows made as keys arrive)."""
     tables = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=dim, num_embeddings=int(n), feature_names=[f"f{i}"],
                                  init_fn=_zero) for i, n in enumerate(cardinalities)]
-    return CachedEmbeddingBagCollection(tables, cache_ratio=ratio, ids_freq=freq, device="meta",
-                                        eviction=eviction, optimizer="adagrad")
+    return CachedEmbeddingBagCollection(tables, cache_ratio=ratio, ids_freq=None if raw else freq, device="meta",
+                                        eviction=eviction, optimizer="adagrad",
+                                        open_tables={t.name: {} for t in tables} if raw else None)
+
+
+def as_raw_keys(batches: list) -> list:
+    """The same lookups with each id a raw 64-bit key (a bijection: the same distinct rows)."""
+    from embcache.keys import mix64
+
+    return [KeyedJaggedTensor(keys=b.keys(), values=mix64(b.values() + 1), lengths=b.lengths()) for b in batches]
 
 
 def set_threads(n: int) -> None:
@@ -176,23 +185,26 @@ def run(args) -> int:
         batches = make_batches(cardinalities, sizes, args.batch_size, n_steps, args.seed)
         freq = id_counts(batches, cardinalities)
         ids_per_sample = sum(sizes)
-        for ratio in args.ratios:
-            ebc = build_collection(cardinalities, args.dim, ratio, freq, args.eviction)
+        for ratio, keys in [(r, k) for r in args.ratios for k in args.keys]:
+            ebc = build_collection(cardinalities, args.dim, ratio, freq, args.eviction, raw=keys == "raw")
             with timer.installed():
-                measured = measure(ebc, batches, threads, args, timer)
+                measured = measure(ebc, batches if keys == "ids" else as_raw_keys(batches), threads, args, timer)
             hit_rate = ebc.cache_stats()["hit_rate"]
             for t, r in measured.items():
                 rate = args.batch_size / r["step_s"]
                 results.append({"shape": shape, "ratio": ratio, "threads": t, "samples_per_s": rate,
                                 "ids_per_s": rate * ids_per_sample, "ids_per_sample": ids_per_sample,
-                                "hit_rate": hit_rate, **r})
+                                "hit_rate": hit_rate, **({"keys": keys} if len(args.keys) > 1 else {}), **r})
                 parts = "  ".join(f"{k} {1e3 * v:.1f}" for k, v in r["parts_s"].items())
-                print(f"  {shape} {ratio:.3%} {t} thread(s): {rate:,.0f} samples/s "
+                label = f" {keys}" if len(args.keys) > 1 else ""
+                print(f"  {shape}{label} {ratio:.3%} {t} thread(s): {rate:,.0f} samples/s, hit rate {hit_rate:.3f} "
                       f"({1e3 * r['step_s']:.1f} ms/step; ms: {parts})", flush=True)
             del ebc
     summary = summarize(results)
     for s in summary:
-        print(f"bench host: {s['shape']} {s['ratio']:.3%}: 1 thread {s['samples_per_s_1']:,.0f} samples/s"
+        print(f"bench host: {s['shape']}{' ' + s['keys'] if 'keys' in s else ''} {s['ratio']:.3%}: 1 thread "
+              f"{s['samples_per_s_1']:,.0f} samples/s"
+              + (f" (x{s['raw_vs_ids_1']:.2f} of ids)" if "raw_vs_ids_1" in s else "")
               + (f", 2 threads x{s['speedup_2']:.2f}, projected {PROJECTED_CORES} cores "
                  f"{s['projected']['samples_per_s']:,.0f}" if "speedup_2" in s else ""))
     path = write_json({"config": vars(args) | {"func": None, "threads": threads}, "results": results,
@@ -204,13 +216,18 @@ def run(args) -> int:
 
 def summarize(results: list[dict]) -> list[dict]:
     out = []
-    for shape, ratio in dict.fromkeys((r["shape"], r["ratio"]) for r in results):
-        by_t = {r["threads"]: r["samples_per_s"] for r in results if r["shape"] == shape and r["ratio"] == ratio}
-        row = {"shape": shape, "ratio": ratio, "samples_per_s_1": by_t.get(1)}
+    for shape, ratio, keys in dict.fromkeys((r["shape"], r["ratio"], r.get("keys")) for r in results):
+        by_t = {r["threads"]: r["samples_per_s"] for r in results
+                if r["shape"] == shape and r["ratio"] == ratio and r.get("keys") == keys}
+        row = {"shape": shape, "ratio": ratio, **({"keys": keys} if keys else {}), "samples_per_s_1": by_t.get(1)}
         if 1 in by_t and 2 in by_t:
             row["speedup_2"] = by_t[2] / by_t[1]
             row["projected"] = projection(by_t[1], by_t[2])
         out.append(row)
+    ids = {(r["shape"], r["ratio"]): r["samples_per_s_1"] for r in out if r.get("keys") == "ids"}
+    for r in out:  # raw keys against ids, the same lookups: what the key index costs the host
+        if r.get("keys") == "raw" and ids.get((r["shape"], r["ratio"])) and r["samples_per_s_1"]:
+            r["raw_vs_ids_1"] = r["samples_per_s_1"] / ids[(r["shape"], r["ratio"])]
     return out
 
 
@@ -224,11 +241,11 @@ def plot(results: list[dict], path) -> str | None:
     shapes = list(dict.fromkeys(r["shape"] for r in results))
     fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4), squeeze=False)
     for ax, shape in zip(axes[0], shapes):
-        for ratio in dict.fromkeys(r["ratio"] for r in results if r["shape"] == shape):
-            rows = sorted((r for r in results if r["shape"] == shape and r["ratio"] == ratio),
-                          key=lambda r: r["threads"])
+        for ratio, keys in dict.fromkeys((r["ratio"], r.get("keys")) for r in results if r["shape"] == shape):
+            rows = sorted((r for r in results if r["shape"] == shape and r["ratio"] == ratio
+                           and r.get("keys") == keys), key=lambda r: r["threads"])
             ax.plot([r["threads"] for r in rows], [r["samples_per_s"] / 1e6 for r in rows], "o-",
-                    label=f"cache {ratio:.1%}")
+                    label=f"cache {ratio:.1%}" + (f", {keys} keys" if keys else ""))
         ax.set_title(f"host ceiling, {shape}")
         ax.set_xlabel("threads")
         ax.set_ylabel("M samples/s")

@@ -36,7 +36,7 @@ import torch
 from embcache.errors import CheckpointError
 from embcache.keys import initial_rows, mix64, unmix64
 
-from .key_index import KeyIndex
+from .key_index import KeyIndex, TableFull
 
 RETIRE_POLICIES = ("lru", "lfu")
 DEFAULT_ROW = 0  # the store's row for a key never seen
@@ -185,10 +185,11 @@ class OpenTable:
         flat = self.code(keys, tables)
         if self.ttl is not None:
             self._retire_expired(flat, store)
-        unseen = self.index.unseen(flat)
-        if unseen.size:
-            self._make_room(unseen.size, flat, store)
-        rows, new_rows, _ = self.index.insert(flat)
+        try:  # one pass over the hash table; a second only when the bound needs room first
+            rows, new_rows, _ = self.index.insert(flat)
+        except TableFull:
+            self._make_room(self.index.unseen(flat).size, flat, store)
+            rows, new_rows, _ = self.index.insert(flat)
         self._fit(self.index.num_rows)
         if new_rows.size:
             self._made(new_rows, rows, keys, tables, store)

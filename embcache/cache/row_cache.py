@@ -150,7 +150,8 @@ class RowCache(RowCacheState):
         if same_ids:
             hits, misses = consumed.hits, consumed.misses
         elif consumed is not None:  # the rows the prefetch loaded (held since) are this batch's misses
-            hits, misses = hits - consumed.misses, misses + consumed.misses
+            loaded = consumed.held.numel() - consumed.hits
+            hits, misses = hits - loaded, misses + loaded
         self.stats.hits += hits
         self.stats.misses += misses
         self.stats.batches += 1

