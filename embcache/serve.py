@@ -36,18 +36,21 @@ class FeatureLookup:
     hashed: bool = False
     values: dict | None = None           # value -> id of "exact"
     integer: bool = False                # "exact" values are integers: "196" finds 196
+    open: bool = False                   # an open table's keys: key 0 (missing) is a key like any other
 
     @property
     def missing_id(self) -> int | None:
         """The id of a missing value: 0 where the vocabulary gives missing (and unknown) values
         a row ("string", "int+1"); None where it has no such row ("exact", "identity"): a
         missing value then adds nothing to its row's pooled embedding."""
-        return 0 if self.key in ("string", "int+1") else None
+        return 0 if self.key in ("string", "int+1", "raw") else None
 
     def ids(self, values: Sequence) -> np.ndarray:
         """int64 ids of `values` (None: missing, id 0 of a "string" or "int+1" vocabulary;
         the other kinds give it no id, see `bag`)."""
-        if self.key in ("string", "int+1"):
+        if self.open:
+            return self.ids_of_keys(self._keys(values))
+        if self.key in ("string", "int+1", "raw"):
             from embcache.data.vocabulary import Vocabulary
 
             return Vocabulary(self.keys, self.max_ids, self.hashed).lookup(self._keys(values))
@@ -72,6 +75,16 @@ class FeatureLookup:
             raise ValueError(f"{self.feature}: ids must lie in [0, {self.rows}), got {ids.min()}..{ids.max()}")
         return ids
 
+    def ids_of_keys(self, keys: np.ndarray) -> np.ndarray:
+        """An open table's rows of 64-bit keys (as the data holds them): 1.. for a key trained,
+        0 (zeros) for one never trained or retired."""
+        keys = np.asarray(keys).view(np.uint64) if np.asarray(keys).dtype == np.int64 else \
+            np.asarray(keys, dtype=np.uint64)
+        if len(self.keys) == 0:
+            return np.zeros(len(keys), dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+        return np.where(self.keys[pos] == keys, pos + 1, 0).astype(np.int64)
+
     def bag(self, rows: Sequence[Sequence]) -> tuple[np.ndarray, list[int]]:
         """(flat ids, ids per row) of rows of values; a None value is missing (`missing_id`,
         or left out where there is none)."""
@@ -89,7 +102,15 @@ class FeatureLookup:
             return value  # not an integer: not in the vocabulary
 
     def _keys(self, values: Sequence) -> np.ndarray:
-        """The converters' uint64 key of each value (0: missing)."""
+        """The converters' uint64 key of each value (0: missing); "raw": the value is its key
+        (an int64, as the data holds it)."""
+        if self.key == "raw":
+            try:
+                return np.array([0 if v is None else _whole(v) for v in values], dtype=np.int64).view(np.uint64)
+            except (TypeError, ValueError, OverflowError):
+                bad = next(v for v in values if not _is_whole(v))
+                raise ValueError(f"{self.feature}: keys are whole numbers (the value is its 64-bit key), "
+                                 f"got {bad!r}") from None
         if self.key == "int+1":
             keys = []
             for v in values:
@@ -126,7 +147,7 @@ def _is_whole(value) -> bool:
 def _lookup(directory: Path, table: dict) -> FeatureLookup:
     vocab = table["vocabulary"]
     lookup = FeatureLookup(table["feature"], vocab["key"], table["rows"], max_ids=vocab.get("max_ids"),
-                           hashed=bool(vocab.get("hashed")))
+                           hashed=bool(vocab.get("hashed")), open=bool(vocab.get("open")))
     if "keys_file" in vocab:
         lookup.keys = np.load(directory / vocab["keys_file"])
     if vocab["key"] == "exact":

@@ -5,6 +5,7 @@ import json
 from dataclasses import replace
 
 import pytest
+import numpy as np
 import torch
 
 from embcache.data.ctr_format import load_key_frequencies
@@ -80,3 +81,22 @@ def test_settings_that_do_not_fit_the_data_are_one_line(days, tmp_path):
     generate_synthetic(ids, rows=1000, scale=0.001, seed=0)
     with pytest.raises(ValueError, match="vocabulary ids"):
         DLRMTrainer(config(days=None, eval_next_day=False, max_rows=100), ids)
+
+
+def test_an_open_run_exports_and_serves_unseen_keys_with_the_zero_row(days, tmp_path):
+    from embcache.serve import load_export
+    from embcache.train.dlrm_export import export_checkpoint, verify_export
+
+    ck = tmp_path / "ck"
+    DLRMTrainer(config(days="0", max_rows="first-day", checkpoint_dir=str(ck)), days).fit()
+    out = tmp_path / "export"
+    manifest = export_checkpoint(ck, out)
+    assert all(t["vocabulary"]["open"] and t["vocabulary"]["key"] == "raw" for t in manifest["tables"])
+    checked = verify_export(ck, out, split="day_1")  # day 1 brings keys day 0 never trained
+    assert checked["rows"] == 4000 and checked["bit_for_bit"], checked
+    model = load_export(out)
+    first = model.lookups[2]
+    trained = int(first.keys.view(np.int64)[0])
+    never = next(k for k in range(1, 100) if k not in set(first.keys.view(np.int64).tolist()))
+    assert first.ids([trained, never]).tolist() == [1, 0]
+    assert torch.equal(model.tables[2][0], torch.zeros(model.tables[2].shape[1]))

@@ -41,13 +41,22 @@ def export_dense(model: DLRMDense, num_tables: int, dim: int, num_dense: int):
     return torch.export.export(model.eval(), example, dynamic_shapes=({0: batch}, {0: batch}))
 
 
-def checkpoint_tables(path: Path, ck: dict, meta: dict, cfg) -> dict[str, torch.Tensor]:
-    """Every table of the checkpoint as float32 `[rows, dim]` in id order, by table name."""
+def checkpoint_tables(path: Path, ck: dict, meta: dict, cfg,
+                      open_keys: dict[str, np.ndarray] | None = None) -> dict[str, torch.Tensor]:
+    """Every table of the checkpoint as float32 `[rows, dim]` in id order, by table name.
+    An open table's rows are those `open_table_rows` serves; its keys go into `open_keys`."""
     from embcache.distributed import table_checkpoint
 
     if "tables" in ck:
-        return {name: part["weight"].to(torch.float32)
-                for name, part in table_checkpoint.full_tables(path, ck["tables"]).items()}
+        out = {}
+        for name, part in table_checkpoint.full_tables(path, ck["tables"]).items():
+            if "open.keys" in part:
+                out[name], keys = open_table_rows(part)
+                if open_keys is not None:
+                    open_keys[name] = keys
+            else:
+                out[name] = part["weight"].to(torch.float32)
+        return out
     from embcache.train.dlrm import table_configs
 
     configs = table_configs(meta, cfg)
@@ -66,6 +75,16 @@ def checkpoint_tables(path: Path, ck: dict, meta: dict, cfg) -> dict[str, torch.
             raise CheckpointError(f"{path}: no weight of table {t.name!r} in the checkpoint")
         out[t.name] = model[keys[0]].to(torch.float32)
     return out
+
+
+def open_table_rows(part: dict[str, torch.Tensor]) -> tuple[torch.Tensor, np.ndarray]:
+    """An open table's saved part as a served table: row 0 zeros (the default row of a key
+    never seen), then the live keys' rows in ascending key order (as uint64, the order a
+    lookup's `searchsorted` wants); returns (table, the keys owning rows 1..)."""
+    keys = part["open.keys"].reshape(-1).numpy().view(np.uint64)
+    order = np.argsort(keys, kind="stable")
+    weight = part["weight"].to(torch.float32).index_select(0, torch.from_numpy(order))
+    return torch.cat([torch.zeros(1, weight.shape[1]), weight]), keys[order]
 
 
 def checkpoint_dense(ck: dict, meta: dict, cfg) -> DLRMDense:
@@ -96,9 +115,20 @@ def write_table(weight: torch.Tensor, path: Path) -> None:
         pq.write_table(table, path)
 
 
-def write_vocabulary(data_dir: Path, meta: dict, feature: str, vocab_dir: Path) -> dict:
+def write_vocabulary(data_dir: Path, meta: dict, feature: str, vocab_dir: Path,
+                     open_keys: np.ndarray | None = None) -> dict:
     """Copy a feature's raw-value file (and the keys its lookup needs) from the data
-    directory; returns the table's "vocabulary" entry of the manifest."""
+    directory; returns the table's "vocabulary" entry of the manifest. An open table's
+    (`open_keys`: the keys owning its rows 1..) is those keys: a value finds its key by the
+    data's rule (`key_kinds`: "string", "int+1", or "raw" where the value is its key) and
+    its row by them; a key never trained finds row 0, zeros."""
+    if open_keys is not None:
+        kind = meta.get("key_kinds", {}).get(feature, "raw")
+        target = vocab_dir / f"{feature}.keys.npy"
+        with writing(target):
+            np.save(target, open_keys.astype(np.uint64))
+        return {"key": kind if kind in ("string", "int+1") else "raw", "keys_file": f"vocab/{target.name}",
+                "id_0": "a key never trained (or retired): zeros", "hashed": False, "open": True}
     entry = dict(meta.get("raw_values", {}).get("features", {}).get(feature, {}))
     if not entry:  # prepared before raw values were recorded: the scorer takes ids
         return {"key": "identity", "id_0": "unknown", "hashed": False,
@@ -188,7 +218,11 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, tab
         if out.resolve() in (inside.resolve(), *inside.resolve().parents):
             raise UserFacingError(f"{out}: holds {inside}; export to another directory")
     try:
-        tables = checkpoint_tables(path, ck, meta, cfg)
+        if cfg.raw_keys in ("hash", "first-day") and meta.get("keys") == "raw":
+            raise UserFacingError(f"{path}: trained with --raw-keys {cfg.raw_keys}; its key map is not exported yet "
+                                  f"(export runs of open tables, --raw-keys open, or of vocabulary ids)")
+        open_keys: dict[str, np.ndarray] = {}
+        tables = checkpoint_tables(path, ck, meta, cfg, open_keys)
         dense = checkpoint_dense(ck, meta, cfg)
     except (KeyError, RuntimeError) as err:  # a state dict that does not fit the model
         raise CheckpointError(f"{path}: does not hold a DLRM of its own settings ({type(err).__name__}: "
@@ -199,7 +233,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, tab
         with writing(out.parent):
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp.mkdir()
-        manifest = write_export(tmp, tables, program, data_dir, meta, table_format)
+        manifest = write_export(tmp, tables, program, data_dir, meta, table_format, open_keys)
         manifest.update(checkpoint=str(path), step=ck.get("step"))
         with writing(tmp / "manifest.json"):
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -228,7 +262,7 @@ def _commit(tmp: Path, out: Path) -> None:
 
 
 def write_export(directory: Path, tables: dict[str, torch.Tensor], program, data_dir: Path, meta: dict,
-                 table_format: str) -> dict:
+                 table_format: str, open_keys: dict[str, np.ndarray] | None = None) -> dict:
     """Tables, vocabularies and the dense program into `directory`; returns the manifest
     (without the checkpoint's name and step)."""
     (directory / "tables").mkdir()
@@ -242,7 +276,8 @@ def write_export(directory: Path, tables: dict[str, torch.Tensor], program, data
         entries.append({"name": name, "feature": feature["name"], "rows": int(weight.shape[0]),
                         "dim": int(weight.shape[1]), "file": file, "multi_hot": bool(feature.get("multi_hot")),
                         "description": meta.get("features", {}).get(feature["name"]),
-                        "vocabulary": write_vocabulary(data_dir, meta, feature["name"], directory / "vocab")})
+                        "vocabulary": write_vocabulary(data_dir, meta, feature["name"], directory / "vocab",
+                                                       (open_keys or {}).get(name))})
     with writing(directory / DENSE_FILE):
         torch.export.save(program, directory / DENSE_FILE)
     dim = entries[0]["dim"]
@@ -289,8 +324,9 @@ def verify_export(checkpoint: str | os.PathLike, out: str | os.PathLike, split: 
     with torch.no_grad():
         for batch in trainer._batches(split, cfg.eval_batch_size):
             want = trainer.model(batch.dense, batch.sparse).reshape(-1).cpu()
-            ids = {f: (batch.sparse[f].values().cpu().numpy(), batch.sparse[f].lengths().tolist())
-                   for f in model.features}
+            ids = {f: (lookup.ids_of_keys(batch.sparse[f].values().cpu().numpy()) if lookup.open
+                       else batch.sparse[f].values().cpu().numpy(), batch.sparse[f].lengths().tolist())
+                   for f, lookup in zip(model.features, model.lookups)}
             start = time.perf_counter()
             got = model.logits_of_pooled(model.pool_ids(ids), batch.dense.cpu().numpy())
             seconds += time.perf_counter() - start
