@@ -100,3 +100,16 @@ def test_an_open_run_exports_and_serves_unseen_keys_with_the_zero_row(days, tmp_
     never = next(k for k in range(1, 100) if k not in set(first.keys.view(np.int64).tolist()))
     assert first.ids([trained, never]).tolist() == [1, 0]
     assert torch.equal(model.tables[2][0], torch.zeros(model.tables[2].shape[1]))
+
+
+def test_cache_plan_predicts_from_per_key_counts(days):
+    from embcache.cache.planner import plan_cache
+    from embcache.errors import UserFacingError
+
+    plan = plan_cache(days, embedding_dim=8, optimizer="adagrad", device_memory=1 << 30, batch_size=256)
+    counted = sum(k.numel() for k, _ in load_key_frequencies(days).values())
+    assert plan.footprint.num_rows == counted  # every key counted is a row of its open table
+    rates = plan.prediction.hit_rate("freq")
+    assert rates[-1] > rates[0] and 0 < rates[-1] <= 1  # a larger cache holds more of the hot keys
+    with pytest.raises(UserFacingError, match="per-key counts"):
+        plan_cache(days, embedding_dim=8, optimizer="adagrad", device_memory=1 << 30, batch_size=256, trace=4)

@@ -76,19 +76,31 @@ class Footprint:
 
 
 # ---------------------------------------------------------------------------- data
+def training_rows(meta: dict) -> int:
+    """The rows the counts were taken over: the train split's, or for raw-key data made
+    day by day, the counted splits' (`key_counts.splits`)."""
+    counted = meta.get("key_counts", {}).get("splits") if meta.get("keys") == "raw" else None
+    names = counted or ["train"]
+    return sum(int(meta["splits"].get(n, {}).get("rows", 0)) for n in names)
+
+
 def table_frequencies(data_dir) -> tuple[np.ndarray, dict]:
     """meta.json and the id counts of every feature, concatenated in meta.json's order:
-    the one id space of the trainer's shared cache. A data set without counts is a
+    the one id space of the trainer's shared cache. Raw-key data's per-key counts serve the
+    same way: each key counted is a row of its open table. A data set without counts is a
     DataFormatError naming the file."""
     from pathlib import Path
 
-    from embcache.data.ctr_format import load_id_frequencies, read_meta
+    from embcache.data.ctr_format import is_raw_keys, load_id_frequencies, load_key_frequencies, read_meta
     from embcache.errors import format_error
 
     meta = read_meta(data_dir)
-    if not meta["splits"].get("train", {}).get("rows"):
+    if not training_rows(meta):
         raise format_error(Path(data_dir) / "meta.json", None, "has no training rows: nothing to predict from")
-    counts = load_id_frequencies(data_dir)
+    if is_raw_keys(meta):
+        counts = {name: c for name, (_, c) in load_key_frequencies(data_dir).items()}
+    else:
+        counts = load_id_frequencies(data_dir)
     freq = np.concatenate([counts[f["name"]].numpy() for f in meta["sparse"]]).astype(np.float64)
     if not freq.any():
         raise format_error(Path(data_dir) / meta["id_frequency_file"], None,
@@ -197,7 +209,12 @@ def size_grid(num_rows: int, points: int = 48, largest: int | None = None) -> np
 def access_batches(data_dir, freq: np.ndarray, meta: dict, batch_size: int, trace: int | None, seed: int):
     """(the batches to replay, how many, the epoch's batches): the first `trace` training
     batches, or the surrogate drawn from the counts."""
-    epoch = max(1, -(-int(meta["splits"]["train"]["rows"]) // batch_size))
+    epoch = max(1, -(-training_rows(meta) // batch_size))
+    if trace and meta.get("keys") == "raw":
+        from embcache.errors import UserFacingError
+
+        raise UserFacingError("--trace replays ids of the train split; raw-key data is planned from its per-key "
+                              "counts (leave --trace out)")
     if trace:
         count = min(trace, epoch)
         return trace_batches(data_dir, batch_size, count, seed), count, epoch
