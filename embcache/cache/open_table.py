@@ -36,7 +36,7 @@ import torch
 from embcache.errors import CheckpointError
 from embcache.keys import initial_rows, mix64, unmix64
 
-from .key_index import KeyIndex, TableFull
+from .key_index import KeyIndex
 
 RETIRE_POLICIES = ("lru", "lfu")
 DEFAULT_ROW = 0  # the store's row for a key never seen
@@ -93,21 +93,24 @@ def _first_positions(rows: np.ndarray, new_rows: np.ndarray, scratch: np.ndarray
     return out
 
 
-def _coldest(cand: np.ndarray, primary: np.ndarray, want: int) -> np.ndarray:
-    """The `want` candidates of smallest `primary`, ties to the lower row (`cand` is
-    ascending): the first `want` of a lexsort by (primary, row), by a partition rather
-    than a sort of every candidate."""
+def _coldest(cand: np.ndarray, primary: np.ndarray, want: int, codes: np.ndarray) -> np.ndarray:
+    """The `want` candidates of smallest `primary`, ties to the smaller key code (not the
+    row: rows are numbered by arrival into one index, codes are the same in any grouping),
+    by a partition rather than a sort of every candidate."""
     if want >= cand.size:
         return cand
     kth = np.partition(primary, want - 1)[want - 1]
     below = cand[primary < kth]
-    ties = cand[primary == kth]
+    tied = primary == kth
+    ties = cand[tied][np.argsort(codes[tied], kind="stable")]
     return np.concatenate([below, ties[: want - below.size]])
 
 
-def table_salts(tables: int) -> torch.Tensor:
-    """Each table's salt: distinct, spread over 64 bits."""
-    return mix64(torch.arange(1, tables + 1, dtype=torch.int64) * _GOLDEN)
+def table_salts(seeds: list[int]) -> torch.Tensor:
+    """Each table's salt, from its seed (distinct seeds, distinct salts): a table's key codes
+    are the same whichever tables share its index (a rank's), so ties between keys break
+    the same way on any placement."""
+    return mix64((torch.tensor(seeds, dtype=torch.int64) + 1) * _GOLDEN)
 
 
 class OpenTable:
@@ -124,11 +127,13 @@ class OpenTable:
         retire_chunk: keys retired at least at once under the bound.
     """
 
-    def __init__(self, dim: int, seed: int | list[int], bound: float | list[float], max_rows: int | None = None,
-                 retire: str = "lru", ttl: int | None = None, retire_chunk: int | None = None):
+    def __init__(self, dim: int, seed: int | list[int], bound: float | list[float],
+                 max_rows: int | list[int | None] | None = None, retire: str = "lru", ttl: int | None = None,
+                 retire_chunk: int | None = None):
         if retire not in RETIRE_POLICIES:
             raise ValueError(f"retire must be one of {RETIRE_POLICIES}, got {retire!r}")
-        if max_rows is not None and int(max_rows) < 1:
+        per_table = list(max_rows) if isinstance(max_rows, (list, tuple)) else None
+        if any(m is not None and int(m) < 1 for m in (per_table or [max_rows])):
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         if ttl is not None and int(ttl) < 1:
             raise ValueError(f"ttl must be >= 1 step, got {ttl}")
@@ -138,12 +143,22 @@ class OpenTable:
             raise ValueError(f"one bound a table: {len(seeds)} seeds, {len(bounds)} bounds")
         self.dim, self.seeds, self.bounds, self.tables = int(dim), seeds, bounds, len(seeds)
         self.seed = seeds[0]
-        self.max_rows = None if max_rows is None else int(max_rows)
+        if per_table is None:
+            per_table = [max_rows] * self.tables if self.tables == 1 else [None] * self.tables
+        if len(per_table) != self.tables:
+            raise ValueError(f"one max_rows a table: {self.tables} tables, {len(per_table)} bounds")
+        # each table's bound (-1: none): a table's keys retire for its own new keys only, so the
+        # keys kept do not depend on which tables share the index (the placement over ranks)
+        self.table_bounds = np.array([-1 if m is None else int(m) for m in per_table], np.int64)
+        self.max_rows = None if (self.table_bounds < 0).any() else int(self.table_bounds.sum())
         self.retire, self.ttl = retire, (None if ttl is None else int(ttl))
-        self.retire_chunk = max(1, int(retire_chunk) if retire_chunk else (self.max_rows or 64) // 64)
-        self.salts = table_salts(self.tables)
+        self.chunks = np.maximum(1, np.full(self.tables, int(retire_chunk)) if retire_chunk else self.table_bounds // 64)
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"tables sharing an open table need distinct seeds (their keys' salts), got {seeds}")
+        self.salts = table_salts(seeds)
         self._salts = self.salts.numpy()
-        self.index = KeyIndex(self.max_rows)
+        self.index = KeyIndex(None)  # bounded table by table, after each batch (`_enforce_bounds`)
+        self.live_per_table = np.zeros(self.tables, np.int64)
         self.last_seen = np.zeros(0, np.int64)  # per index row: the step of its last use
         self.uses = np.zeros(0, np.int64)  # per index row: lookups since its key took it
         self.row_table = np.zeros(0, np.int64)  # per index row: the table its key belongs to
@@ -185,15 +200,13 @@ class OpenTable:
         flat = self.code(keys, tables)
         if self.ttl is not None:
             self._retire_expired(flat, store)
-        try:  # one pass over the hash table; a second only when the bound needs room first
-            rows, new_rows, _ = self.index.insert(flat)
-        except TableFull:
-            self._make_room(self.index.unseen(flat).size, flat, store)
-            rows, new_rows, _ = self.index.insert(flat)
+        rows, new_rows, _ = self.index.insert(flat)  # one pass over the hash table
         self._fit(self.index.num_rows)
         if new_rows.size:
             self._made(new_rows, rows, keys, tables, store)
         _touch(rows, self.last_seen, self.uses, self.clock)
+        if new_rows.size and (self.table_bounds >= 0).any():
+            self._enforce_bounds(rows, flat, store)
         return torch.from_numpy(rows + 1).view(keys.shape)
 
     def _made(self, new_rows: np.ndarray, rows: np.ndarray, keys: torch.Tensor, tables: torch.Tensor | None,
@@ -205,11 +218,13 @@ class OpenTable:
         self.row_table[new_rows] = table
         self.last_seen[new_rows] = self.clock
         self.uses[new_rows] = 0
-        self.new_per_table += np.bincount(table, minlength=self.tables)
+        made = np.bincount(table, minlength=self.tables)
+        self.new_per_table += made
+        self.live_per_table += made
         need = 1 + self.index.num_rows
-        if need > store.num_rows:
-            cap = 1 + self.max_rows if self.max_rows else need
-            store.grow(min(cap, max(need, 2 * store.num_rows)))
+        if need > store.num_rows:  # doubling, up to the bounds (and a batch's keys past them)
+            cap = 1 + self.max_rows + new_rows.size if self.max_rows else need
+            store.grow(max(need, min(cap, 2 * store.num_rows)))
         values = initial_rows(torch.from_numpy(raw), self.dim, torch.tensor(self.seeds)[table],
                               torch.tensor(self.bounds, dtype=torch.float64)[table])
         store.reset_rows(torch.from_numpy(new_rows + 1), values)
@@ -228,34 +243,35 @@ class OpenTable:
             self.row_table = np.concatenate([self.row_table, np.zeros(grow, np.int64)])
             self._scratch = np.concatenate([self._scratch, np.full(grow, -1, np.int64)])
 
-    def _candidates(self, batch_codes: np.ndarray, store: RowStore) -> np.ndarray:
-        """Live index rows that may retire now: not this batch's, not held by the store."""
+    def _candidates(self, batch_rows: np.ndarray, store: RowStore, table: int | None = None) -> np.ndarray:
+        """Live index rows (of `table`, if given) that may retire now: not this batch's, not
+        held by the store."""
         n = self.index.num_rows
         ok = self.index.live_mask().copy()
-        mine = self.index.lookup(batch_codes)
-        ok[mine[mine >= 0]] = False
+        if table is not None:
+            ok &= self.row_table[:n] == table
+        ok[batch_rows[batch_rows >= 0]] = False
         held = np.asarray(store.held_rows(), dtype=np.int64) - 1
         held = held[(held >= 0) & (held < n)]
         ok[held] = False
         return np.flatnonzero(ok)
 
-    def _make_room(self, unseen: int, batch_codes: np.ndarray, store: RowStore) -> None:
-        if self.max_rows is None:
-            return
-        room = self.index.free_rows + (self.max_rows - self.index.num_rows)
-        if unseen <= room:
-            return
-        cand = self._candidates(batch_codes, store)
-        want = min(cand.size, max(unseen - room, self.retire_chunk))
-        if unseen - room > cand.size:
-            raise ValueError(f"a batch brings {unseen:,} new keys but only {room + cand.size:,} of the table's "
-                             f"max_rows={self.max_rows:,} rows can be freed (the rest belong to this batch or "
-                             f"batches in flight): raise max_rows")
-        if self.retire == "lru":
-            primary = self.last_seen[cand]
-        else:  # fewest uses, then the older last use (the product stays far below 2**63)
-            primary = self.uses[cand] * (self.clock + 1) + self.last_seen[cand]
-        self._retire(_coldest(cand, primary, want))
+    def _enforce_bounds(self, batch_rows: np.ndarray, codes: np.ndarray, store: RowStore) -> None:
+        """Tables past their bound retire their coldest keys (at least a 64th of the bound at
+        once, so the scan is paid once a chunk); the keys of this batch and of batches in
+        flight stay, so a batch bringing more keys than its table's bound holds them all for
+        its step."""
+        over = self.live_per_table - self.table_bounds
+        for t in np.flatnonzero((self.table_bounds >= 0) & (over > 0)).tolist():
+            cand = self._candidates(batch_rows, store, t)
+            want = min(cand.size, max(int(over[t]), int(self.chunks[t])))
+            if want <= 0:
+                continue
+            if self.retire == "lru":
+                primary = self.last_seen[cand]
+            else:  # fewest uses, then the older last use (the product stays far below 2**63)
+                primary = self.uses[cand] * (self.clock + 1) + self.last_seen[cand]
+            self._retire(_coldest(cand, primary, want, self.index.keys_of(cand)))
 
     def _retire_expired(self, batch_codes: np.ndarray, store: RowStore) -> None:
         if self.index.live == 0:
@@ -263,12 +279,14 @@ class OpenTable:
         n = self.index.num_rows
         expired = self.index.live_mask() & (self.clock - self.last_seen[:n] > self.ttl)
         if expired.any():
-            cand = self._candidates(batch_codes, store)
+            cand = self._candidates(self.index.lookup(batch_codes), store)
             self._retire(cand[expired[cand]])
 
     def _retire(self, rows: np.ndarray) -> None:
         if rows.size:
-            self.retired_per_table += np.bincount(self.row_table[rows], minlength=self.tables)
+            gone = np.bincount(self.row_table[rows], minlength=self.tables)
+            self.retired_per_table += gone
+            self.live_per_table -= gone
             self.index.retire(np.sort(rows))
 
     # ------------------------------------------------------------------ reading
@@ -298,6 +316,7 @@ class OpenTable:
         return {"index": self.index.state_dict(), "last_seen": self.last_seen[:n].copy(),
                 "uses": self.uses[:n].copy(), "row_table": self.row_table[:n].copy(), "clock": self.clock,
                 "new_per_table": self.new_per_table.copy(), "retired_per_table": self.retired_per_table.copy(),
+                "table_bounds": self.table_bounds.copy(),
                 "max_rows": self.max_rows, "retire": self.retire, "ttl": self.ttl, "seed": self.seed,
                 "dim": self.dim, "tables": self.tables}
 
@@ -307,7 +326,11 @@ class OpenTable:
             if state.get(name) != getattr(self, name):
                 raise CheckpointError(f"the checkpoint's open table has {name}={state.get(name)!r}, "
                                       f"this one {getattr(self, name)!r}")
-        index = KeyIndex(self.max_rows)
+        bounds = np.asarray(state.get("table_bounds", self.table_bounds), np.int64)
+        if not np.array_equal(bounds, self.table_bounds):
+            raise CheckpointError(f"the checkpoint's open table has bounds {bounds.tolist()} a table, this one "
+                                  f"{self.table_bounds.tolist()}")
+        index = KeyIndex(None)
         index.load_state_dict(state["index"])
         n = index.num_rows
         arrays = {k: np.asarray(state[k], np.int64) for k in ("last_seen", "uses", "row_table")}
@@ -322,6 +345,8 @@ class OpenTable:
         self.index = index
         self.last_seen, self.uses, self.row_table = (arrays[k].copy() for k in ("last_seen", "uses", "row_table"))
         self._scratch = np.full(n, -1, np.int64)
+        live = index.live_mask()
+        self.live_per_table = np.bincount(self.row_table[:n][live], minlength=self.tables).astype(np.int64)
         self.new_per_table, self.retired_per_table = counts["new_per_table"].copy(), counts["retired_per_table"].copy()
         self.clock = int(state["clock"])
 
@@ -329,7 +354,8 @@ class OpenTable:
     _SCALARS = ("clock", "max_rows", "retire", "ttl", "seed", "dim", "tables")
     _ARRAYS = {"index.row_key": ("index", "row_key"), "index.free_rows": ("index", "free_rows"),
                "last_seen": (None, "last_seen"), "uses": (None, "uses"), "row_table": (None, "row_table"),
-               "new_per_table": (None, "new_per_table"), "retired_per_table": (None, "retired_per_table")}
+               "new_per_table": (None, "new_per_table"), "retired_per_table": (None, "retired_per_table"),
+               "table_bounds": (None, "table_bounds")}
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """`state_dict` as int64 `[n, 1]` tensors (loadable with weights_only, and savable
@@ -366,7 +392,7 @@ class OpenTable:
                 state[outer][key] = array.astype(np.int32 if key == "free_rows" else np.int64)
             else:
                 state[key] = array
-        state["index"]["max_rows"] = -1 if state["max_rows"] is None else state["max_rows"]
+        state["index"]["max_rows"] = -1
         self.load_state_dict(state)
 
     # ------------------------------------------------------------------ table by table
@@ -396,6 +422,7 @@ class OpenTable:
         codes = [self.code(torch.from_numpy(p["keys"].reshape(-1).copy()),
                            torch.full((p["keys"].size,), t, dtype=torch.int64)) for t, p in enumerate(parts)]
         state = {"clock": max(int(g[0]) for g in groups), "max_rows": self.max_rows, "retire": self.retire,
+                 "table_bounds": self.table_bounds.copy(),
                  "ttl": self.ttl, "seed": self.seed, "dim": self.dim, "tables": self.tables,
                  "new_per_table": np.array([int(g[2]) for g in groups], np.int64),
                  "retired_per_table": np.array([int(g[3]) for g in groups], np.int64)}
@@ -416,7 +443,7 @@ class OpenTable:
             row_key[rows], row_table[rows] = codes[t], t
             last_seen[rows], uses[rows] = p["last_seen"].reshape(-1), p["uses"].reshape(-1)
         state.update({"index": {"row_key": row_key, "free_rows": free_rows,
-                                "max_rows": -1 if self.max_rows is None else self.max_rows},
+                                "max_rows": -1},
                       "last_seen": last_seen, "uses": uses, "row_table": row_table})
         self.load_state_dict(state)
         return np.concatenate(placed) + 1 if placed else np.zeros(0, np.int64)

@@ -88,7 +88,8 @@ def group_tables(tables: list[EmbeddingBagConfig], open_tables: dict[str, dict] 
         group = groups.setdefault(key, _Group(key, {} if settings is not None else None))
         if settings is not None:
             group.open.setdefault("max_rows", []).append(settings.get("max_rows"))
-            group.open.update({k: v for k, v in settings.items() if k != "max_rows"})
+            group.open.setdefault("seeds", []).append(settings.get("seed"))
+            group.open.update({k: v for k, v in settings.items() if k not in ("max_rows", "seed")})
         group.add(t)
     return list(groups.values())
 
@@ -107,10 +108,13 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         host_store: "memory" or "mmap:DIR"; with several groups (dims or poolings), group
             i's files go under DIR/group<i>. A mapped group is initialised chunk by chunk:
             at most one table's `init_fn` output is in memory at a time.
-        open_tables: `{table name: {"max_rows": .., "retire": .., "ttl": ..}}` (settings
-            optional): tables fed raw 64-bit keys instead of ids (`CachedEmbeddingBag`'s
-            `keys="raw"`), each a row on first sight; `num_embeddings` is then the keys
-            expected. Each open table has a cache of its own, of `cache_ratio` of that.
+        open_tables: `{table name: {"max_rows": .., "retire": .., "ttl": .., "seed": ..}}`
+            (settings optional): tables fed raw 64-bit keys instead of ids
+            (`CachedEmbeddingBag`'s `keys="raw"`), each a row on first sight;
+            `num_embeddings` is then the keys expected. Open tables of one width, pooling
+            and retirement share a cache (of `cache_ratio` of their expected keys) and a key
+            index. `seed` seeds a table's first rows and its keys' salt (default: `key_seed`
+            plus the table's position here; a sharded collection passes the model's).
         **kwargs: passed to each `CachedEmbeddingBag` (eviction, optimizer, lr, eps,
             row_dtype, rounding, ...).
 
@@ -157,9 +161,10 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
                 self.bags.append(CachedEmbeddingBag(
                     g.num_rows, dim, mode=mode, cache_ratio=cache_ratio, device=self._device, host_store=store,
                     rounding_seed=rounding_seed + i * 0x9E3779B9, keys="raw",
-                    key_seed=[key_seed + self._configs.index(t) for t in g.tables],
+                    key_seed=[key_seed + self._configs.index(t) if seed is None else seed
+                              for t, seed in zip(g.tables, g.open["seeds"])],
                     init_bound=[math.sqrt(1.0 / t.num_embeddings) for t in g.tables],
-                    max_rows=None if None in bounds else sum(bounds), retire=g.open.get("retire", "lru"),
+                    max_rows=bounds, retire=g.open.get("retire", "lru"),
                     ttl=g.open.get("ttl"), **kwargs))
                 continue
             self.bags.append(CachedEmbeddingBag(g.num_rows, dim, mode=mode, cache_ratio=cache_ratio,

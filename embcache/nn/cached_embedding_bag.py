@@ -77,8 +77,8 @@ class CachedEmbeddingBag(nn.Module):
             table, `cache.open_table.OpenTable`): `num_embeddings` is then the expected
             number of keys (it sizes the cache, the first host store and the initial
             values' bound), not a limit. `weight` and `ids_freq` do not apply.
-        max_rows, retire, ttl: an open table's bound on keys held, which keys retire
-            first under it ("lru" | "lfu"), and the steps without use after which a key
+        max_rows, retire, ttl: an open table's bound on keys held (one a table for a shared
+            one), which keys retire first under it ("lru" | "lfu"), and the steps without use after which a key
             retires (None: never).
         key_seed: seeds a raw key's first row (`keys.initial_rows`, uniform in
             `+-init_bound`, by default `sqrt(1 / num_embeddings)` as torchrec's init).
@@ -101,7 +101,7 @@ class CachedEmbeddingBag(nn.Module):
                  weight: torch.Tensor | RowInit | None = None, admission: bool = False,
                  half_life: int | None = None, host_store: str = "memory", row_dtype: str = "float32",
                  rounding: str = "stochastic", rounding_seed: int = 0, keys: str = "ids",
-                 max_rows: int | None = None, retire: str = "lru", ttl: int | None = None,
+                 max_rows: int | list[int | None] | None = None, retire: str = "lru", ttl: int | None = None,
                  key_seed: int | list[int] = 0, init_bound: float | list[float] | None = None,
                  **optimizer_kwargs):
         super().__init__()
@@ -111,8 +111,8 @@ class CachedEmbeddingBag(nn.Module):
                                 max_rows, retire, ttl, key_seed, init_bound)
         if self.open is not None:  # the store starts at the expected keys (+ the default row), zeros
             first_rows = 1 + min(int(num_embeddings), self.open.max_rows or int(num_embeddings))
-            if host_store != "memory":  # a mapped store is made at its bound once
-                first_rows = 1 + self.open.max_rows
+            if host_store != "memory":  # a mapped store is made at its bound once (and a batch's keys past it)
+                first_rows = 1 + self.open.max_rows + max(64, self.open.max_rows // 8)
             weight = RowInit(first_rows, int(embedding_dim), _zeros)
         parse_host_store(host_store)
         dtype = row_dtype_of(row_dtype)

@@ -65,5 +65,6 @@ def raw_key_setup(meta: dict, cfg: DLRMConfig, data_dir: str | Path, first_split
                          f"use --raw-keys hash or first-day for it")
     expected = rows or [max(1, int(f["cardinality"])) for f in meta["sparse"]]
     open_tables = {table_name(n): {"max_rows": None if rows is None else rows[i], "retire": cfg.retire,
-                                   "ttl": cfg.ttl} for i, n in enumerate(names)}
+                                   "ttl": cfg.ttl, "seed": cfg.seed * 1000 + i}  # the model's table i, on any rank
+                   for i, n in enumerate(names)}
     return RawKeySetup(expected, open_tables, None)
