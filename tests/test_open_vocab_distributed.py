@@ -64,3 +64,24 @@ def test_two_ranks_keep_retire_and_train_what_one_process_does(days, tmp_path):
         b = torch.stack([t2[name][k] for k in t1[name]])
         assert torch.allclose(a, b, rtol=0, atol=TOLERANCE), (name, float((a - b).abs().max()),
                                                               int(((a - b).abs() > TOLERANCE).any(1).sum()), len(a))
+
+
+def test_a_run_of_one_process_resumes_on_two_ranks(days, tmp_path):
+    """N -> M: a checkpoint of one process (one shared index) resumed on 2 ranks (an index a
+    rank): the keys go into new rows and the run goes on keeping and retiring the same keys."""
+    whole = embcache(*args(days, tmp_path / "whole"))
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    part = embcache(*args(days, tmp_path / "moved"), "--max-steps", "17")  # 5 steps into day 1
+    assert part.returncode == 0, part.stderr[-2000:]
+    resumed = torchrun(2, *args(days, tmp_path / "moved"), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    s1, s2 = (json.loads(p.stdout.strip().splitlines()[-1]) for p in (whole, resumed))
+    for k in ("live_keys", "new_keys", "retired_keys"):
+        assert s1[k] == s2[k], k
+    _, t1 = keyed_tables(tmp_path / "whole")
+    _, t2 = keyed_tables(tmp_path / "moved")
+    for name in t1:
+        assert t1[name].keys() == t2[name].keys(), name
+        a = torch.stack([t1[name][k] for k in t1[name]])
+        b = torch.stack([t2[name][k] for k in t1[name]])
+        assert torch.allclose(a, b, rtol=0, atol=TOLERANCE), (name, float((a - b).abs().max()))
