@@ -113,3 +113,22 @@ def test_cache_plan_predicts_from_per_key_counts(days):
     assert rates[-1] > rates[0] and 0 < rates[-1] <= 1  # a larger cache holds more of the hot keys
     with pytest.raises(UserFacingError, match="per-key counts"):
         plan_cache(days, embedding_dim=8, optimizer="adagrad", device_memory=1 << 30, batch_size=256, trace=4)
+
+
+def test_terabyte_days_with_raw_keys_train_and_score_the_next_day(tmp_path):
+    """The converter's days (`data prepare criteo-terabyte --keys raw --day-splits`) train
+    day by day as the synthetic ones do: day 0's keys get rows, day 1 is scored."""
+    from embcache.data.criteo import convert_criteo_terabyte
+    from tests.test_data_raw_keys import write_days
+
+    out = tmp_path / "tb"
+    convert_criteo_terabyte(write_days(tmp_path), out, days="0-1", progress=False, keys="raw", day_splits=True)
+    trainer = DLRMTrainer(config(days="0", batch_size=2, eval_batch_size=8), out)
+    summary = trainer.fit()
+    assert summary["steps"] == 2 and summary["next_day"][0]["split"] == "day_1"
+    assert trainer.history[-1]["samples"] == 4
+    from embcache.data.loader import CTRBatches
+
+    distinct = sum(len(set(b.sparse[f].values().tolist())) for b in CTRBatches(out, "day_0", 100)
+                   for f in b.sparse.keys())
+    assert summary["live_keys"] == summary["new_keys"] == distinct  # a row for each of day 0's keys
