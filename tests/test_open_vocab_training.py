@@ -132,3 +132,15 @@ def test_terabyte_days_with_raw_keys_train_and_score_the_next_day(tmp_path):
     distinct = sum(len(set(b.sparse[f].values().tolist())) for b in CTRBatches(out, "day_0", 100)
                    for f in b.sparse.keys())
     assert summary["live_keys"] == summary["new_keys"] == distinct  # a row for each of day 0's keys
+
+
+def test_ttl_in_days_retires_keys_unused_for_a_day(days):
+    """--ttl-days 1 on days of 16 steps: a key of day 0 unused for 16 steps of day 1 retires."""
+    trainer = DLRMTrainer(config(ttl_days=1), days)
+    open_table = trainer.sparse.local.bags[-1].open
+    assert open_table.ttl == 16
+    summary = trainer.fit()
+    assert summary["retired_keys"] > 0
+    assert bool((open_table.clock - open_table.last_seen[open_table.live_index_rows()] <= 16).all())
+    with pytest.raises(ValueError, match="instead of --ttl"):
+        DLRMTrainer(config(ttl_days=1, ttl=5), days)

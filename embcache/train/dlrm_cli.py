@@ -54,7 +54,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     ahead.add_argument("--no-prefetch", action="store_true", help="do not prefetch (--prefetch-depth 0)")
     add_config_arguments(p, DLRMConfig, ["pipeline", "compile", "row_wise_rows"])
     raw = p.add_argument_group("raw keys and days", "data with raw 64-bit keys (docs/open-vocabularies.md)")
-    add_config_arguments(raw, DLRMConfig, ["raw_keys", "max_rows", "retire", "ttl", "days", "eval_next_day"])
+    add_config_arguments(raw, DLRMConfig, ["raw_keys", "max_rows", "retire", "ttl", "ttl_days", "days",
+                                           "eval_next_day"])
     p.set_defaults(func=train)
 
     _add_evaluate_parser(sub)

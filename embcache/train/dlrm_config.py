@@ -153,6 +153,8 @@ class DLRMConfig(StepRunConfig):
     ttl: int | None = setting(None, type=positive_int, metavar="STEPS",
                               help="open tables: a key unused for more than STEPS training steps retires (default: none, keys "
                                    "retire only past --max-rows)")
+    ttl_days: int | None = setting(None, type=positive_int, metavar="DAYS",
+                                   help="with --days: as --ttl, in days (a day's training steps; default: none)")
     days: str | None = setting(
         None, type=day_range, metavar="A-B",
         help="data written day by day (splits day_0, day_1, ...): train on day_A .. day_B in order, one day an "
@@ -184,5 +186,5 @@ class DLRMConfig(StepRunConfig):
 # `arch` is not one of them either: torchrec's DLRM and the plain-torch one compute the same.
 RESUME_MUST_MATCH = ("sparse", "sparse_optimizer", "sparse_lr", "dense_lr", "embedding_dim",
                      "dense_arch", "over_arch", "batch_size", "seed", "raw_keys", "max_rows", "retire", "ttl",
-                     "days")
+                     "ttl_days", "days")
 CACHE_SETTINGS = ("cache_ratio", "eviction", "warmup_ratio")

@@ -35,7 +35,8 @@ def raw_key_setup(meta: dict, cfg: DLRMConfig, data_dir: str | Path, first_split
     """None for data of vocabulary ids (where the raw-key settings must be left alone:
     ValueError otherwise)."""
     if not is_raw_keys(meta):
-        given = [flag for flag, value in (("--max-rows", cfg.max_rows), ("--ttl", cfg.ttl)) if value is not None]
+        given = [flag for flag, value in (("--max-rows", cfg.max_rows), ("--ttl", cfg.ttl), ("--ttl-days", cfg.ttl_days))
+                 if value is not None]
         if given:
             raise ValueError(f"{' and '.join(given)} apply to data with raw keys (`data prepare --keys raw`); "
                              f"{data_dir} holds vocabulary ids")
@@ -49,7 +50,7 @@ def raw_key_setup(meta: dict, cfg: DLRMConfig, data_dir: str | Path, first_split
         per_split = meta.get("split_frequency_files", {})
         first = load_key_frequencies(data_dir, split=first_split if first_split in per_split else None)
     if mode == "first-day":
-        if bound is not None or cfg.ttl is not None:
+        if bound is not None or cfg.ttl is not None or cfg.ttl_days is not None:
             raise ValueError("--raw-keys first-day sizes each table by the first split's keys: "
                              "--max-rows and --ttl do not apply")
         vocab = FirstDayVocabulary([first[n][0].numpy() for n in names])
@@ -57,14 +58,19 @@ def raw_key_setup(meta: dict, cfg: DLRMConfig, data_dir: str | Path, first_split
     rows = [max(1, first[n][0].numel()) for n in names] if bound == "first-day" else \
         [int(bound)] * len(names) if bound is not None else None
     if mode == "hash":
-        if cfg.ttl is not None:
+        if cfg.ttl is not None or cfg.ttl_days is not None:
             raise ValueError("--ttl retires keys of open tables: it does not apply to --raw-keys hash")
         return RawKeySetup(rows, None, HashedKeys(rows))
     if cfg.sparse != "cached":
         raise ValueError(f"open tables (--raw-keys open) live in the cached sparse part, not --sparse {cfg.sparse}; "
                          f"use --raw-keys hash or first-day for it")
     expected = rows or [max(1, int(f["cardinality"])) for f in meta["sparse"]]
+    ttl = cfg.ttl
+    if cfg.ttl_days is not None:  # a day is the first training day's steps
+        if cfg.ttl is not None or cfg.days is None:
+            raise ValueError("--ttl-days counts days of --days A-B, instead of --ttl")
+        ttl = cfg.ttl_days * max(1, -(-int(meta["splits"][first_split]["rows"]) // cfg.batch_size))
     open_tables = {table_name(n): {"max_rows": None if rows is None else rows[i], "retire": cfg.retire,
-                                   "ttl": cfg.ttl, "seed": cfg.seed * 1000 + i}  # the model's table i, on any rank
+                                   "ttl": ttl, "seed": cfg.seed * 1000 + i}  # the model's table i, on any rank
                    for i, n in enumerate(names)}
     return RawKeySetup(expected, open_tables, None)
