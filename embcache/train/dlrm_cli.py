@@ -253,10 +253,15 @@ def _check_same_data(path: Path, ckpt: dict, data_dir: Path) -> None:
 
 
 def summary_rows(s: dict) -> list[tuple[str, str]]:
-    rows = [("validation AUC", f"{s['val_auc']:.4f}" if s.get("val_auc") is not None else "-"),
-            ("validation log loss", f"{s['val_logloss']:.4f}" if s.get("val_logloss") is not None else "-"),
-            ("model", "DLRM in plain torch" if s.get("arch") == "torch" else "torchrec's DLRM"),
-            ("sparse part", f"{s['sparse']} on {s['device']}")]
+    scored = [d for d in s.get("next_day", []) if "auc" in d]
+    if scored:  # --days --eval-next-day: each day's score on the next
+        rows = [("next-day AUC", "  ".join(f"{d['split']} {d['auc']:.4f}" for d in scored)),
+                ("next-day log loss", "  ".join(f"{d['split']} {d['logloss']:.4f}" for d in scored))]
+    else:
+        rows = [("validation AUC", f"{s['val_auc']:.4f}" if s.get("val_auc") is not None else "-"),
+                ("validation log loss", f"{s['val_logloss']:.4f}" if s.get("val_logloss") is not None else "-")]
+    rows += [("model", "DLRM in plain torch" if s.get("arch") == "torch" else "torchrec's DLRM"),
+             ("sparse part", f"{s['sparse']} on {s['device']}")]
     if s["sparse"] == "cached":
         rows += [("cache", f"{s['cache_rows']:,} of {s['table_rows']:,} rows "
                            f"({s['cache_rows'] / s['table_rows']:.2%})"),
@@ -264,6 +269,9 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
                  ("bytes host->device", f"{s['bytes_h2d'] / 2**20:,.1f} MiB"),
                  ("bytes device->host", f"{s['bytes_d2h'] / 2**20:,.1f} MiB"),
                  ("overflow rows", f"{s['overflow_rows']:,}")]
+        if "live_keys" in s:
+            rows.append(("open tables", f"{s['live_keys']:,} keys held, {s['new_keys']:,} made, {s['retired_keys']:,} "
+                                        f"retired; key index {s['key_index_bytes'] / 2**20:,.1f} MiB"))
         if s.get("bypassed_rows"):
             rows.append(("rows served beside the cache", f"{s['bypassed_rows']:,} (declined by admission control)"))
     if "comm_bytes_per_step" in s:
