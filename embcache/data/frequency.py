@@ -26,6 +26,17 @@ DEFAULT_MAX_COUNTED_KEYS = MAX_COUNTED_KEYS  # per feature: 64 MiB of (key, coun
 _MERGE_MIN = 1 << 20
 
 
+def merge_counts(keys: np.ndarray, counts: np.ndarray, pending: list) -> tuple[np.ndarray, np.ndarray]:
+    """(ascending distinct keys, their int64 counts) of `keys`/`counts` and the `pending`
+    (keys, counts) batches together: a counter's periodic merge."""
+    keys = np.concatenate([keys] + [k for k, _ in pending])
+    counts = np.concatenate([counts] + [c for _, c in pending])
+    merged, inverse = np.unique(keys, return_inverse=True)
+    totals = np.zeros(len(merged), dtype=np.int64)
+    np.add.at(totals, inverse, counts)
+    return merged, totals
+
+
 class IdFrequency:
     """Running int64 counts of every id of every feature.
 
@@ -152,12 +163,8 @@ class KeyCounter:
     def _merge(self) -> None:
         if not self._pending:
             return
-        keys = np.concatenate([self.keys] + [k for k, _ in self._pending])
-        counts = np.concatenate([self.counts] + [c for _, c in self._pending])
+        self.keys, self.counts = merge_counts(self.keys, self.counts, self._pending)
         self._pending, self._pending_size = [], 0
-        self.keys, inverse = np.unique(keys, return_inverse=True)
-        self.counts = np.zeros(len(self.keys), dtype=np.int64)
-        np.add.at(self.counts, inverse, counts)
         if self.max_keys is not None and len(self.keys) > self.max_keys:
             keep = np.sort(np.lexsort((self.keys, -self.counts))[: self.max_keys])
             self.forgotten += int(self.counts.sum() - self.counts[keep].sum())

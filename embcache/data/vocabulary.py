@@ -20,6 +20,7 @@ import numpy as np
 
 from embcache.errors import is_whole
 from embcache.data.delimited import splitmix64
+from embcache.data.frequency import merge_counts
 
 _MERGE_MIN = 1 << 20
 
@@ -80,12 +81,8 @@ class ValueCounter:
 
     def _merge(self) -> None:
         if self._pending:
-            keys = np.concatenate([self.keys] + [k for k, _ in self._pending])
-            counts = np.concatenate([self.counts] + [c for _, c in self._pending])
+            self.keys, self.counts = merge_counts(self.keys, self.counts, self._pending)
             self._pending, self._pending_size = [], 0
-            self.keys, inverse = np.unique(keys, return_inverse=True)
-            self.counts = np.zeros(len(self.keys), dtype=np.int64)
-            np.add.at(self.counts, inverse, counts)
         if self.max_ids is not None and len(self.keys) > self.max_ids - 1:
             self.bucket_counts = _bucket_counts(self.keys, self.counts, self.max_ids)
             self.keys, self.counts = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
