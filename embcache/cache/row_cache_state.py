@@ -175,24 +175,18 @@ class RowCacheState:
             if first != covered or weight.dim() != 2 or weight.shape[1] != self.dim:
                 raise ValueError(f"rows from {first} of shape {tuple(weight.shape)} do not continue a table of "
                                  f"{(self.num_rows, self.dim)} at row {covered}")
-            self._check_row_dtype(weight)
-            for k, v in self.host.state.items():
-                if k not in state or tuple(state[k].shape) != (weight.shape[0], v.shape[1]):
-                    raise ValueError(f"optimizer state {k!r} missing or of another shape (saved with another "
-                                     f"optimizer than {self.optimizer.name!r}?)")
+            self._check_saved_rows(weight, state)
             covered += weight.shape[0]
         if covered != self.num_rows:
             raise ValueError(f"table is {covered} rows, this cache's is {(self.num_rows, self.dim)}")
-        self.transfers.settle()
-        self.drop_prefetches()
-        self.holds.zero_()
-        for first, weight, state in parts:
-            self.host.weight[first: first + weight.shape[0]].copy_(weight)
-            for k, v in self.host.state.items():
-                v[first: first + weight.shape[0]].copy_(state[k])
-        self.step = int(step)
-        self.slots.clear()
-        self.dirty.zero_()
+
+        def write() -> None:
+            for first, weight, state in parts:
+                self.host.weight[first: first + weight.shape[0]].copy_(weight)
+                for k, v in self.host.state.items():
+                    v[first: first + weight.shape[0]].copy_(state[k])
+
+        self._replace_rows(write, step)
 
     def restore_rows_at(self, ids: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor],
                         step: int) -> None:
@@ -200,17 +194,31 @@ class RowCacheState:
         rows are not ranges of ids), the cache emptied; the other rows keep their values."""
         if weight.dim() != 2 or weight.shape != (ids.numel(), self.dim):
             raise ValueError(f"rows of shape {tuple(weight.shape)} for {ids.numel()} ids of width {self.dim}")
+        self._check_saved_rows(weight, state)
+
+        def write() -> None:
+            self.host.weight.index_copy_(0, ids, weight.to(self.host.weight.dtype))
+            for k, v in self.host.state.items():
+                v.index_copy_(0, ids, state[k].to(v.dtype))
+
+        self._replace_rows(write, step)
+
+    def _check_saved_rows(self, weight: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
+        """ValueError unless `weight` has this cache's row type and `state` every optimizer
+        table of this cache, one row per row of `weight`."""
         self._check_row_dtype(weight)
         for k, v in self.host.state.items():
-            if k not in state or tuple(state[k].shape) != (ids.numel(), v.shape[1]):
+            if k not in state or tuple(state[k].shape) != (weight.shape[0], v.shape[1]):
                 raise ValueError(f"optimizer state {k!r} missing or of another shape (saved with another "
                                  f"optimizer than {self.optimizer.name!r}?)")
+
+    def _replace_rows(self, write, step: int) -> None:
+        """Run `write` (which puts checked rows into the host store) with nothing in flight,
+        then empty the cache: the restored rows are the store's, none resident or dirty."""
         self.transfers.settle()
         self.drop_prefetches()
         self.holds.zero_()
-        self.host.weight.index_copy_(0, ids, weight.to(self.host.weight.dtype))
-        for k, v in self.host.state.items():
-            v.index_copy_(0, ids, state[k].to(v.dtype))
+        write()
         self.step = int(step)
         self.slots.clear()
         self.dirty.zero_()
