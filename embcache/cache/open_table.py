@@ -7,19 +7,21 @@ row is `1 + KeyIndex row`, made on the key's first sight with `keys.initial_rows
 function of the key and the seed, so arrival order, retirement and the rank that owns the
 key never change a key's first value.
 
-Under `max_rows` (keys held at once) a batch that brings more new keys than there are
-free rows first retires the coldest keys: by last use (`retire="lru"`) or by uses
-(`"lfu"`, ties to the older), never a key of this batch nor a row the store says a batch
-in flight holds. It retires at least `retire_chunk` keys at a time (1/64 of the bound by
-default), so the scan over the rows is paid once per chunk, not every batch. With `ttl`,
-a key unused for more than `ttl` steps retires at the next batch whatever the bound.
-Every decision is a function of the keys seen and the step count alone, so a cached table
-and an uncached one (tests) retire the same keys.
+Under `max_rows` (keys held at once, one bound a table) a table that a batch takes past
+its bound then retires its coldest keys: by last use (`retire="lru"`) or by uses
+(`"lfu"`, then the older last use), ties to the smaller key code, never a key of this
+batch nor a row the store says a batch in flight holds (a batch with more keys than the
+bound keeps them all for its step). It retires at least `retire_chunk` keys at a time
+(1/64 of the bound by default), so the scan over the rows is paid once per chunk, not
+every batch. With `ttl`, a key unused for more than `ttl` steps retires at the next batch
+whatever the bound. Every decision is a function of the keys seen and the step count
+alone, so a cached table and an uncached one (tests) retire the same keys.
 
 Several tables can share one index and one store (a collection's open tables of one width,
 so that one cache serves them all): a key is then coded with its table (`code`: mix64 of
-the key, xor a salt of the table), each row records its table, a new row starts from its
-table's seed and bound, and the bound and retirement are over the tables together.
+the key, xor a salt from the table's seed), each row records its table, and a new row
+starts from its table's seed and bound. Each table is still bounded on its own, so the
+keys kept do not depend on which tables share an index (a rank's, under torchrun).
 
 The store is anything with `num_rows`, `grow(num_rows)`, `reset_rows(rows, weight)` and
 `held_rows() -> int64 array` (see `RowStore`). It grows geometrically (capacity doubles,
@@ -39,7 +41,6 @@ from embcache.keys import initial_rows, mix64, unmix64
 from .key_index import KeyIndex
 
 RETIRE_POLICIES = ("lru", "lfu")
-DEFAULT_ROW = 0  # the store's row for a key never seen
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 
 
@@ -120,8 +121,8 @@ class OpenTable:
         dim: row width.
         seed, bound: a new key's row is `initial_rows(key, dim, seed, bound)`; lists of
             them (one a table) make a shared table of `len(seed)` tables.
-        max_rows: keys held at once, over all its tables (None: no bound; the store grows
-            as keys arrive).
+        max_rows: keys held at once (None: no bound; the store grows as keys arrive); a
+            list: one bound (or None) a table.
         retire: "lru" | "lfu": which keys retire first under the bound.
         ttl: steps without use after which a key retires (None: never).
         retire_chunk: keys retired at least at once under the bound.
@@ -194,8 +195,8 @@ class OpenTable:
 
     def map(self, keys: torch.Tensor, store: RowStore, tables: torch.Tensor | None = None) -> torch.Tensor:
         """Store rows of a training batch's `keys` (same shape, int64, on the host; `tables`:
-        each key's table, for a shared table): new keys get rows (retiring cold keys first
-        when the bound needs it), every key's use is recorded."""
+        each key's table, for a shared table): new keys get rows, every key's use is
+        recorded, then tables past their bound retire their coldest keys."""
         self.clock += 1
         flat = self.code(keys, tables)
         if self.ttl is not None:
@@ -206,7 +207,7 @@ class OpenTable:
             self._made(new_rows, rows, keys, tables, store)
         _touch(rows, self.last_seen, self.uses, self.clock)
         if new_rows.size and (self.table_bounds >= 0).any():
-            self._enforce_bounds(rows, flat, store)
+            self._enforce_bounds(rows, store)
         return torch.from_numpy(rows + 1).view(keys.shape)
 
     def _made(self, new_rows: np.ndarray, rows: np.ndarray, keys: torch.Tensor, tables: torch.Tensor | None,
@@ -243,27 +244,28 @@ class OpenTable:
             self.row_table = np.concatenate([self.row_table, np.zeros(grow, np.int64)])
             self._scratch = np.concatenate([self._scratch, np.full(grow, -1, np.int64)])
 
-    def _candidates(self, batch_rows: np.ndarray, store: RowStore, table: int | None = None) -> np.ndarray:
-        """Live index rows (of `table`, if given) that may retire now: not this batch's, not
-        held by the store."""
+    def _retirable(self, batch_rows: np.ndarray, store: RowStore) -> np.ndarray:
+        """bool per index row: a live key that may retire now, not this batch's, not held
+        by the store."""
         n = self.index.num_rows
         ok = self.index.live_mask().copy()
-        if table is not None:
-            ok &= self.row_table[:n] == table
         ok[batch_rows[batch_rows >= 0]] = False
         held = np.asarray(store.held_rows(), dtype=np.int64) - 1
         held = held[(held >= 0) & (held < n)]
         ok[held] = False
-        return np.flatnonzero(ok)
+        return ok
 
-    def _enforce_bounds(self, batch_rows: np.ndarray, codes: np.ndarray, store: RowStore) -> None:
+    def _enforce_bounds(self, batch_rows: np.ndarray, store: RowStore) -> None:
         """Tables past their bound retire their coldest keys (at least a 64th of the bound at
         once, so the scan is paid once a chunk); the keys of this batch and of batches in
         flight stay, so a batch bringing more keys than its table's bound holds them all for
         its step."""
         over = self.live_per_table - self.table_bounds
+        retirable = None  # one scan of the rows for every table over its bound
         for t in np.flatnonzero((self.table_bounds >= 0) & (over > 0)).tolist():
-            cand = self._candidates(batch_rows, store, t)
+            if retirable is None:
+                retirable = self._retirable(batch_rows, store)
+            cand = np.flatnonzero(retirable & (self.row_table[: retirable.size] == t))
             want = min(cand.size, max(int(over[t]), int(self.chunks[t])))
             if want <= 0:
                 continue
@@ -279,8 +281,7 @@ class OpenTable:
         n = self.index.num_rows
         expired = self.index.live_mask() & (self.clock - self.last_seen[:n] > self.ttl)
         if expired.any():
-            cand = self._candidates(self.index.lookup(batch_codes), store)
-            self._retire(cand[expired[cand]])
+            self._retire(np.flatnonzero(expired & self._retirable(self.index.lookup(batch_codes), store)))
 
     def _retire(self, rows: np.ndarray) -> None:
         if rows.size:

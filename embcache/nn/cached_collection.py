@@ -68,8 +68,9 @@ class _GroupInput:
 
 def group_tables(tables: list[EmbeddingBagConfig], open_tables: dict[str, dict] | None = None) -> list[_Group]:
     """The tables that share a cache: one group per (dim, pooling), in order of first
-    appearance; each table's rows follow the previous table's in its group. An open table
-    (named in `open_tables`) has a group, and a cache, of its own: its rows come and go."""
+    appearance; each table's rows follow the previous table's in its group. Open tables
+    (named in `open_tables`) of one width, pooling and retirement form a group of their
+    own: one cache and one key index, each table bounded on its own."""
     open_tables = open_tables or {}
     unknown = set(open_tables) - {t.name for t in tables}
     if unknown:
@@ -83,8 +84,7 @@ def group_tables(tables: list[EmbeddingBagConfig], open_tables: dict[str, dict] 
         if settings is None:
             key = (t.embedding_dim, mode)
         else:  # open tables of one width, pooling and retirement share a cache and a key index
-            key = (t.embedding_dim, mode, "open", settings.get("retire", "lru"), settings.get("ttl"),
-                   settings.get("max_rows") is None)
+            key = (t.embedding_dim, mode, "open", settings.get("retire", "lru"), settings.get("ttl"))
         group = groups.setdefault(key, _Group(key, {} if settings is not None else None))
         if settings is not None:
             group.open.setdefault("max_rows", []).append(settings.get("max_rows"))
@@ -292,8 +292,8 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
     def table_rows(self, name: str) -> dict[str, torch.Tensor]:
         """Table `name`'s rows and their optimizer state (`weight`, `optimizer.<k>`), in
         id order and current: views of the live host store, not copies. An open table's
-        are its whole store (the default row first), with its key index and usage
-        (`open.<k>`, see `OpenTable.state_tensors`)."""
+        are the rows of its live keys (copies), with the keys, their usage and what its
+        shared index needs to be rebuilt (`open.<k>`, see `OpenTable.table_part`)."""
         for bag, g in zip(self.bags, self._groups):
             if g.open is not None and name in [t.name for t in g.tables]:  # its keys' rows, with the keys
                 bag.cache.sync_host()
@@ -405,8 +405,8 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         for i, (bag, g) in enumerate(zip(self.bags, self._groups)):
             if g.open is not None:
                 out.update({t.name: bag.open.table_stats(j) for j, t in enumerate(g.tables)})
-                out[f"index{i}"] = {"key_index_bytes": bag.open_stats()["key_index_bytes"],
-                                    "live_keys": bag.open_stats()["live_keys"]}
+                stats = bag.open_stats()
+                out[f"index{i}"] = {"key_index_bytes": stats["key_index_bytes"], "live_keys": stats["live_keys"]}
         return out
 
 

@@ -329,11 +329,12 @@ def _open_table(keys, num_embeddings, dim, ids_freq, weight, host_store, max_row
         return None
     if weight is not None or ids_freq is not None:
         raise ValueError("keys='raw' makes a key's row on first sight: weight and ids_freq do not apply")
-    if host_store != "memory" and max_rows is None:
-        raise ValueError("an open table on an mmap host store needs max_rows (the files are made at the bound)")
     from embcache.cache.open_table import OpenTable
     bound = math.sqrt(1.0 / num_embeddings) if bound is None else bound
-    return OpenTable(dim, seed, bound, max_rows, retire, ttl)
+    table = OpenTable(dim, seed, bound, max_rows, retire, ttl)
+    if host_store != "memory" and table.max_rows is None:  # every table's bound, when a list
+        raise ValueError("an open table on an mmap host store needs max_rows (the files are made at the bound)")
+    return table
 
 
 def _is_cache_key(key: str) -> bool:
