@@ -50,7 +50,7 @@ class FeatureLookup:
         the other kinds give it no id, see `bag`)."""
         if self.open:
             return self.ids_of_keys(self._keys(values))
-        if self.key in ("string", "int+1", "raw"):
+        if self.key in ("string", "int+1"):
             from embcache.data.vocabulary import Vocabulary
 
             return Vocabulary(self.keys, self.max_ids, self.hashed).lookup(self._keys(values))
@@ -78,12 +78,9 @@ class FeatureLookup:
     def ids_of_keys(self, keys: np.ndarray) -> np.ndarray:
         """An open table's rows of 64-bit keys (as the data holds them): 1.. for a key trained,
         0 (zeros) for one never trained or retired."""
-        keys = np.asarray(keys).view(np.uint64) if np.asarray(keys).dtype == np.int64 else \
-            np.asarray(keys, dtype=np.uint64)
-        if len(self.keys) == 0:
-            return np.zeros(len(keys), dtype=np.int64)
-        pos = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
-        return np.where(self.keys[pos] == keys, pos + 1, 0).astype(np.int64)
+        from embcache.data.vocabulary import Vocabulary
+
+        return Vocabulary(self.keys).lookup(keys, zero_is_missing=False)
 
     def bag(self, rows: Sequence[Sequence]) -> tuple[np.ndarray, list[int]]:
         """(flat ids, ids per row) of rows of values; a None value is missing (`missing_id`,

@@ -79,7 +79,9 @@ class Footprint:
 def training_rows(meta: dict) -> int:
     """The rows the counts were taken over: the train split's, or for raw-key data made
     day by day, the counted splits' (`key_counts.splits`)."""
-    counted = meta.get("key_counts", {}).get("splits") if meta.get("keys") == "raw" else None
+    from embcache.data.ctr_format import is_raw_keys
+
+    counted = meta.get("key_counts", {}).get("splits") if is_raw_keys(meta) else None
     names = counted or ["train"]
     return sum(int(meta["splits"].get(n, {}).get("rows", 0)) for n in names)
 
@@ -210,7 +212,9 @@ def access_batches(data_dir, freq: np.ndarray, meta: dict, batch_size: int, trac
     """(the batches to replay, how many, the epoch's batches): the first `trace` training
     batches, or the surrogate drawn from the counts."""
     epoch = max(1, -(-training_rows(meta) // batch_size))
-    if trace and meta.get("keys") == "raw":
+    from embcache.data.ctr_format import is_raw_keys
+
+    if trace and is_raw_keys(meta):
         from embcache.errors import UserFacingError
 
         raise UserFacingError("--trace replays ids of the train split; raw-key data is planned from its per-key "

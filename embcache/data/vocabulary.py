@@ -106,6 +106,8 @@ class Vocabulary:
         >>> v = Vocabulary.build(np.array([5, 9], np.uint64), np.array([3, 1]), min_count=2)
         >>> v.lookup(np.array([9, 5, 0, 7], np.uint64)).tolist()
         [0, 1, 0, 0]
+        >>> Vocabulary(np.array([0, 5], np.uint64)).lookup(np.array([0, 5, 6]), zero_is_missing=False).tolist()
+        [1, 2, 0]
     """
 
     keys: np.ndarray          # ascending uint64 keys (buckets when hashed) owning ids 1..
@@ -130,12 +132,14 @@ class Vocabulary:
     def cardinality(self) -> int:
         return 1 + len(self.keys)
 
-    def lookup(self, keys: np.ndarray) -> np.ndarray:
-        """int64 ids of `keys`; missing (0), rare or unknown keys -> 0."""
+    def lookup(self, keys: np.ndarray, zero_is_missing: bool = True) -> np.ndarray:
+        """int64 ids of `keys`; missing (0), rare or unknown keys -> 0. `zero_is_missing`
+        False: key 0 is a key like any other (an open table's keys), found where listed."""
         keys = np.asarray(keys, dtype=np.uint64)
         if len(self.keys) == 0:
             return np.zeros(len(keys), dtype=np.int64)
         if self.hashed:
             keys = hash_bucket(keys, self.max_ids)
         pos = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
-        return np.where((self.keys[pos] == keys) & (keys != 0), pos + 1, 0).astype(np.int64)
+        found = self.keys[pos] == keys
+        return np.where(found & (keys != 0) if zero_is_missing else found, pos + 1, 0).astype(np.int64)

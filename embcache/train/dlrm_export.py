@@ -218,7 +218,9 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, tab
         if out.resolve() in (inside.resolve(), *inside.resolve().parents):
             raise UserFacingError(f"{out}: holds {inside}; export to another directory")
     try:
-        if cfg.raw_keys in ("hash", "first-day") and meta.get("keys") == "raw":
+        from embcache.data.ctr_format import is_raw_keys
+
+        if cfg.raw_keys in ("hash", "first-day") and is_raw_keys(meta):
             raise UserFacingError(f"{path}: trained with --raw-keys {cfg.raw_keys}; its key map is not exported yet "
                                   f"(export runs of open tables, --raw-keys open, or of vocabulary ids)")
         open_keys: dict[str, np.ndarray] = {}
