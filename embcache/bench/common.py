@@ -1,10 +1,13 @@
 """What every benchmark writes beside its numbers: where they were measured, and where
-the results go."""
+the results go; and how a benchmark runs a trainer in a process of its own and reads its
+summary."""
 from __future__ import annotations
 
 import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -50,3 +53,25 @@ def write_json(payload: dict, name: str, out_dir: str | os.PathLike | None = Non
     tmp.write_text(json.dumps(payload, indent=2) + "\n")
     tmp.replace(path)
     return path
+
+
+def run_for_summary(argv: list[str], what: str, env: dict | None = None,
+                    launcher: list[str] | None = None) -> tuple[dict, float]:
+    """(the JSON summary a command prints last, its wall seconds) of `python -m embcache
+    argv` in a process of its own (under `launcher`, e.g. torchrun's module, when given).
+    A failure is one UserFacingError line: `what` failed with its status and the last line
+    it wrote, or ended without its summary."""
+    from embcache.errors import UserFacingError
+
+    cmd = [sys.executable, *(launcher or []), "-m", "embcache", *argv]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_ROOT)
+    wall = time.perf_counter() - start
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        said = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+        raise UserFacingError(f"{what} failed with status {proc.returncode}: {said[-1] if said else 'no output'}")
+    try:
+        return json.loads(lines[-1]), wall
+    except json.JSONDecodeError:
+        raise UserFacingError(f"{what} ended without its JSON summary: {lines[-1][:200]}") from None

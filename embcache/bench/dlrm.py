@@ -10,12 +10,9 @@ cache comes to all-on-GPU tables.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-from embcache.bench.common import DEFAULT_RESULTS_DIR, REPO_ROOT, write_json
+from embcache.bench.common import DEFAULT_RESULTS_DIR, REPO_ROOT, run_for_summary, write_json
 from embcache.train.run_cli import add_device_argument, add_threads_argument
 
 
@@ -39,7 +36,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 
 def _variant(args, data_dir: Path, sparse: str, ratio: float | None) -> dict:
-    cmd = [sys.executable, "-m", "embcache", "dlrm", "train", "--data", str(data_dir),
+    cmd = ["dlrm", "train", "--data", str(data_dir),
            "--sparse", sparse, "--max-steps", str(args.steps), "--batch-size", str(args.batch_size),
            "--embedding-dim", str(args.embedding_dim), "--no-progress"]
     if ratio is not None:
@@ -48,10 +45,7 @@ def _variant(args, data_dir: Path, sparse: str, ratio: float | None) -> dict:
         cmd += ["--device", args.device]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary, _ = run_for_summary(cmd, f"embcache {' '.join(cmd)}")
     return {"sparse": sparse, "ratio": ratio, **summary}
 
 

@@ -29,14 +29,11 @@ channels, P the probe's parameters, ring = 2 (N - 1) / N):
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
-from embcache.bench.common import DEFAULT_RESULTS_DIR, REPO_ROOT, write_json
+from embcache.bench.common import DEFAULT_RESULTS_DIR, REPO_ROOT, run_for_summary, write_json
 from embcache.data.defaults import SYNTHETIC_ROWS, SYNTHETIC_SCALE
 
 
@@ -63,13 +60,11 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 def _launch(ranks: int, args: list[str]) -> dict:
     """One run on `ranks` processes (torchrun; one thread each); its summary."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-           "-m", "embcache", *args, "--threads", "1"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_ROOT)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    argv = [*args, "--threads", "1"]
+    summary, _ = run_for_summary(argv, f"embcache {' '.join(argv)} on {ranks} rank(s)",
+                                 env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                 launcher=["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"])
+    return summary
 
 
 def cpu_fields(summary: dict) -> dict:

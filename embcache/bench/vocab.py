@@ -15,12 +15,10 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from embcache.bench.common import REPO_ROOT, write_json
+from embcache.bench.common import run_for_summary, write_json
 from embcache.errors import UserFacingError
 
 OPEN_FIELDS = ("live_keys", "new_keys", "retired_keys", "key_index_bytes")
@@ -89,21 +87,8 @@ def train_argv(mode: str, data: Path, args) -> list[str]:
 def run_variant(mode: str, data: Path, args) -> tuple[dict, float]:
     """(the run's JSON summary, its wall seconds); UserFacingError in one line if it fails."""
     argv = train_argv(mode, data, args)
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "embcache", *argv], capture_output=True, text=True, env=env,
-                          cwd=REPO_ROOT)
-    wall = time.perf_counter() - start
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        said = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-        raise UserFacingError(f"the {mode} run (embcache {' '.join(argv)}) failed with status {proc.returncode}: "
-                              f"{said[-1] if said else 'no output'}")
-    try:
-        return json.loads(lines[-1]), wall
-    except json.JSONDecodeError:
-        raise UserFacingError(f"the {mode} run (embcache {' '.join(argv)}) ended without its JSON summary: "
-                              f"{lines[-1][:200]}") from None
+    return run_for_summary(argv, f"the {mode} run (embcache {' '.join(argv)})",
+                           env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
 
 
 def warm_up(modes: list[str], args) -> float:
