@@ -18,7 +18,7 @@ _MIX1, _MIX2 = 0xBF58476D1CE4E5B9 - (1 << 64), 0x94D049BB133111EB - (1 << 64)  #
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 
 
-def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+def shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
     """Logical (unsigned) right shift of int64."""
     return (x >> bits) & ((1 << (64 - bits)) - 1)
 
@@ -27,8 +27,8 @@ def mix64(x: torch.Tensor) -> torch.Tensor:
     """splitmix64's finaliser over int64 tensors (wrapping arithmetic): a bijection of
     64-bit words whose outputs look independent even for consecutive inputs."""
     for shift, mul in ((30, _MIX1), (27, _MIX2)):
-        x = (x ^ _shift_right(x, shift)) * mul
-    return x ^ _shift_right(x, 31)
+        x = (x ^ shift_right(x, shift)) * mul
+    return x ^ shift_right(x, 31)
 
 
 _INV1, _INV2 = (pow(m + (1 << 64), -1, 1 << 64) for m in (_MIX1, _MIX2))
@@ -39,7 +39,7 @@ def _unshift_xor(x: torch.Tensor, bits: int) -> torch.Tensor:
     """Inverse of `x ^ (x >>> bits)`."""
     y = x
     for _ in range(64 // bits + 1):
-        y = x ^ _shift_right(y, bits)
+        y = x ^ shift_right(y, bits)
     return y
 
 
@@ -71,6 +71,6 @@ def initial_rows(keys: torch.Tensor, dim: int, seed, bound) -> torch.Tensor:
     salt = mix64((seed & ((1 << 63) - 1)) + _GOLDEN)
     cols = torch.arange(int(dim), dtype=torch.int64) * _GOLDEN
     bits = mix64(mix64(keys ^ salt) + cols)  # [n, dim]
-    unit = _shift_right(bits, 40).to(torch.float64) * (1.0 / (1 << 24))  # 24 bits: [0, 1)
+    unit = shift_right(bits, 40).to(torch.float64) * (1.0 / (1 << 24))  # 24 bits: [0, 1)
     bound = torch.as_tensor(bound, dtype=torch.float64).reshape(-1, 1)
     return ((unit * 2.0 - 1.0) * bound).to(torch.float32)

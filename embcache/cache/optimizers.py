@@ -17,6 +17,7 @@ import math
 import torch
 
 from embcache.cache.choices import OPTIMIZERS, TORCH_OPTIMIZERS
+from embcache.keys import mix64, shift_right
 
 # what each optimizer here equals on an uncached table (row-wise Adagrad has none in torch)
 TORCH_EQUIVALENTS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.SparseAdam}
@@ -160,7 +161,6 @@ ROW_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": to
 ROUNDINGS = ("nearest", "stochastic")
 # float32 mantissa bits a row type drops (float16: in its normal range; below, more)
 _DROPPED_BITS = {torch.float16: 13, torch.bfloat16: 16}
-_MIX1, _MIX2 = 0xBF58476D1CE4E5B9 - (1 << 64), 0x94D049BB133111EB - (1 << 64)  # splitmix64, as int64
 
 
 def row_dtype_of(name: str | torch.dtype) -> torch.dtype:
@@ -219,15 +219,7 @@ class RowRounding:
         x = (ids.to(torch.int64).unsqueeze(1) * width + cols) * 0x9E3779B1
         salt = (int(step) * 0x632BE59B + self.seed * 0x85157AF5) & ((1 << 64) - 1)
         x = x + (salt - (1 << 64) if salt >= 1 << 63 else salt)  # as int64 arithmetic wraps
-        for shift, mul in ((30, _MIX1), (27, _MIX2)):
-            x = (x ^ _shift_right(x, shift)) * mul
-        x = x ^ _shift_right(x, 31)
-        return _shift_right(x, 32)
-
-
-def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical (unsigned) right shift of int64."""
-    return (x >> bits) & ((1 << (64 - bits)) - 1)
+        return shift_right(mix64(x), 32)
 
 
 def update_rows(optimizer: RowOptimizer, weight: torch.Tensor, state: dict[str, torch.Tensor],
