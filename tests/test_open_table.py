@@ -290,3 +290,81 @@ def test_a_key_in_a_reused_row_starts_its_uses_from_nothing():
     for keys in ([A] * 5, [B], [C], [C], [C], [D], [E]):
         lfu.map(torch.tensor(keys), store)
     assert _live_keys(lfu) == [C, E]
+
+
+def _without_kept_lookups(bag):
+    """The bag's open table probes every key again in the forward (its prefetch's lookup unused)."""
+    bag.open._take_ahead = lambda keys, tables: None
+    return bag
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+@pytest.mark.parametrize("retire,ttl,eviction", [("lru", None, "freq"), ("lfu", 3, "lru"), ("lru", 5, "lfu")])
+def test_a_forward_reusing_its_prefetch_lookup_decides_as_two_full_passes(depth, retire, ttl, eviction):
+    """One pass over the key index and one admission pass a batch (the prefetch's, reused
+    by the forward for the keys known then) decide exactly what a forward probing every key
+    and admitting every row again decides: rows, keys, retirements, cache maps, policy,
+    holds and counts, to the bit; with new keys every step, retirement in between, and
+    keys made by an earlier forward after a later batch's prefetch (depth > 1)."""
+    from embcache.cache.row_cache import RowCache
+
+    from .test_cache_fused import assert_same_state
+
+    batches = key_stream(steps=36, batch=24, pool=300, drift=5, seed=depth)
+    slots = 30 * (depth + 1)  # room for the batches in flight, not for every key: rows are evicted
+    bags = [CachedEmbeddingBag(128, DIM, cache_ratio=slots / 128, device="cpu", keys="raw", key_seed=SEED,
+                               init_bound=BOUND, warmup_ratio=0, optimizer="adagrad", lr=0.05, max_rows=110,
+                               retire=retire, ttl=ttl, eviction=eviction) for _ in range(2)]
+    _without_kept_lookups(bags[1])
+    for bag in bags:
+        for ahead in batches[:depth]:
+            bag.prefetch(ahead)
+    calls = {"part": 0, "kept": 0}
+
+    def counted(name, fn, hit):
+        def wrapper(*args):
+            out = fn(*args)
+            calls[name] += hit(out)
+            return out
+        return wrapper
+
+    cache, table = bags[0].cache, bags[0].open
+    cache._reuse_part = counted("part", cache._reuse_part, lambda out: 1)
+    table._take_ahead = counted("kept", table._take_ahead, lambda out: out is not None)
+    for i, b in enumerate(batches):
+        outs = []
+        for k, bag in enumerate(bags):
+            RowCache.reuse_prefetch = k == 0
+            try:
+                out = bag(b)
+                if i + depth < len(batches):
+                    bag.prefetch(batches[i + depth])
+                (out ** 2).sum().backward()
+            finally:
+                RowCache.reuse_prefetch = True
+            outs.append(out)
+        assert torch.equal(outs[0], outs[1])
+        assert_same_state(*bags)
+        assert bags[0].open_stats() == bags[1].open_stats()
+    keys, rows = bags[0].keyed_weight()
+    keys_ref, rows_ref = bags[1].keyed_weight()
+    assert torch.equal(keys, keys_ref) and torch.equal(rows, rows_ref)
+    assert calls["kept"] == len(batches) and calls["part"] >= 20  # both shortcuts ran
+    assert bags[0].open_stats()["retired_keys"] > 20
+    assert ttl is not None or bags[0].cache.stats.evictions > 20  # (a ttl frees slots itself)
+
+
+def test_a_kept_lookup_forgets_a_key_retired_after_it():
+    """A lookup kept for a coming batch whose key retires before that batch (a store that
+    holds nothing for it, unlike the cache): the batch's map gives the key a fresh row at
+    its first value, as a map without the kept lookup does."""
+    store = UncachedRows(8)
+    table = OpenTable(DIM, SEED, BOUND, max_rows=2, retire="lru", retire_chunk=1)
+    table.map(torch.tensor([1]), store)
+    table.map(torch.tensor([2]), store)
+    assert table.rows_ahead(torch.tensor([1, 5])).tolist() == [1, 0]
+    table.map(torch.tensor([3]), store)  # 1 (the coldest) retires; 3 takes its row
+    assert _live_keys(table) == [2, 3]
+    rows = table.map(torch.tensor([1, 5]), store)
+    assert sorted(_live_keys(table)) == [1, 5] and int(rows[0]) != int(table.peek(torch.tensor([3]))[0])
+    assert torch.equal(store.bag.weight.detach()[rows], initial_rows(torch.tensor([1, 5]), DIM, SEED, BOUND))

@@ -23,12 +23,20 @@ the key, xor a salt from the table's seed), each row records its table, and a ne
 starts from its table's seed and bound. Each table is still bounded on its own, so the
 keys kept do not depend on which tables share an index (a rank's, under torchrun).
 
+A prefetch looks its batch's keys up ahead (`rows_ahead`, the same rows as `peek`) and the
+lookup is kept for that batch's `map`, which then probes the hash table only for the keys
+unknown at the prefetch: one pass over the index a batch, not two. A kept lookup stays
+exact: a key retired in between (not held by the store, so not the prefetch's) is looked
+up again, and a key made in between is found by the insert.
+
 The store is anything with `num_rows`, `grow(num_rows)`, `reset_rows(rows, weight)` and
 `held_rows() -> int64 array` (see `RowStore`). It grows geometrically (capacity doubles,
 up to the bound), so a stream of new keys costs amortised O(1) copies a row.
 """
 from __future__ import annotations
 
+from collections import deque
+from dataclasses import dataclass
 from typing import Protocol
 
 import numba
@@ -42,6 +50,7 @@ from .key_index import KeyIndex
 
 RETIRE_POLICIES = ("lru", "lfu")
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
+MAX_AHEAD = 8  # lookups kept for coming batches (as many as the cache keeps prefetches)
 
 
 class RowStore(Protocol):
@@ -92,6 +101,34 @@ def _first_positions(rows: np.ndarray, new_rows: np.ndarray, scratch: np.ndarray
     for j in range(new_rows.size):
         scratch[new_rows[j]] = -1
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _forget(rows: np.ndarray, gone: np.ndarray) -> None:
+    """rows[i] = -1 where `gone[rows[i]]` (a kept lookup whose key retired since)."""
+    for i in range(rows.size):
+        r = rows[i]
+        if r >= 0 and gone[r]:
+            rows[i] = -1
+
+
+@dataclass
+class _Ahead:
+    """A coming batch's keys looked up by its prefetch: its codes, and its index rows then
+    (-1: unknown), which its `map` reuses."""
+
+    keys: torch.Tensor
+    tables: torch.Tensor | None
+    codes: np.ndarray
+    rows: np.ndarray
+
+    def matches(self, keys: torch.Tensor, tables: torch.Tensor | None) -> bool:
+        return _same(self.keys, keys) and (tables is None) == (self.tables is None) and \
+            (tables is None or _same(self.tables, tables))
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a is b or (a.shape == b.shape and torch.equal(a, b))
 
 
 def _coldest(cand: np.ndarray, primary: np.ndarray, want: int, codes: np.ndarray) -> np.ndarray:
@@ -165,6 +202,7 @@ class OpenTable:
         self.row_table = np.zeros(0, np.int64)  # per index row: the table its key belongs to
         self._scratch = np.zeros(0, np.int64)  # per index row, -1: `_first_positions`' work space
         self.clock = 0
+        self._ahead: deque[_Ahead] = deque()  # `rows_ahead`'s lookups, oldest first
         self.new_per_table = np.zeros(self.tables, np.int64)  # keys given a row
         self.retired_per_table = np.zeros(self.tables, np.int64)  # keys retired (bound or ttl)
 
@@ -196,12 +234,25 @@ class OpenTable:
     def map(self, keys: torch.Tensor, store: RowStore, tables: torch.Tensor | None = None) -> torch.Tensor:
         """Store rows of a training batch's `keys` (same shape, int64, on the host; `tables`:
         each key's table, for a shared table): new keys get rows, every key's use is
-        recorded, then tables past their bound retire their coldest keys."""
+        recorded, then tables past their bound retire their coldest keys. A lookup kept by
+        `rows_ahead` for these keys is reused: only the keys it did not know are probed."""
         self.clock += 1
-        flat = self.code(keys, tables)
-        if self.ttl is not None:
-            self._retire_expired(flat, store)
-        rows, new_rows, _ = self.index.insert(flat)  # one pass over the hash table
+        ahead = self._take_ahead(keys, tables)
+        if ahead is None:
+            flat = self.code(keys, tables)
+            if self.ttl is not None:
+                self._retire_expired(self.index.lookup(flat), store)
+            rows, new_rows, _ = self.index.insert(flat)  # one pass over the hash table
+        else:
+            flat, rows = ahead.codes, ahead.rows
+            unknown = np.flatnonzero(rows < 0)
+            if self.ttl is not None:  # the keys made since the lookup are this batch's too
+                known = rows.copy()
+                known[unknown] = self.index.lookup(flat[unknown])
+                self._retire_expired(known, store)
+            new_rows = np.zeros(0, np.int64)
+            if unknown.size:  # the same rows, in the same order, as an insert of the whole batch
+                rows[unknown], new_rows, _ = self.index.insert(flat[unknown])
         self._fit(self.index.num_rows)
         if new_rows.size:
             self._made(new_rows, rows, keys, tables, store)
@@ -209,6 +260,25 @@ class OpenTable:
         if new_rows.size and (self.table_bounds >= 0).any():
             self._enforce_bounds(rows, store)
         return torch.from_numpy(rows + 1).view(keys.shape)
+
+    def rows_ahead(self, keys: torch.Tensor, tables: torch.Tensor | None = None) -> torch.Tensor:
+        """`peek` for a coming training batch (its prefetch): the lookup is kept, and that
+        batch's `map` probes only the keys unknown now."""
+        codes = self.code(keys, tables)
+        rows = self.index.lookup(codes)
+        if len(self._ahead) >= MAX_AHEAD:
+            self._ahead.popleft()
+        self._ahead.append(_Ahead(keys, tables, codes, rows.copy()))
+        return torch.from_numpy(rows + 1).view(keys.shape)
+
+    def _take_ahead(self, keys: torch.Tensor, tables: torch.Tensor | None) -> _Ahead | None:
+        """The kept lookup of exactly these keys, if any; older ones are dropped."""
+        for i, entry in enumerate(self._ahead):
+            if entry.matches(keys, tables):
+                for _ in range(i + 1):
+                    self._ahead.popleft()
+                return entry
+        return None
 
     def _made(self, new_rows: np.ndarray, rows: np.ndarray, keys: torch.Tensor, tables: torch.Tensor | None,
               store: RowStore) -> None:
@@ -275,13 +345,13 @@ class OpenTable:
                 primary = self.uses[cand] * (self.clock + 1) + self.last_seen[cand]
             self._retire(_coldest(cand, primary, want, self.index.keys_of(cand)))
 
-    def _retire_expired(self, batch_codes: np.ndarray, store: RowStore) -> None:
+    def _retire_expired(self, batch_rows: np.ndarray, store: RowStore) -> None:
         if self.index.live == 0:
             return
         n = self.index.num_rows
         expired = self.index.live_mask() & (self.clock - self.last_seen[:n] > self.ttl)
         if expired.any():
-            self._retire(np.flatnonzero(expired & self._retirable(self.index.lookup(batch_codes), store)))
+            self._retire(np.flatnonzero(expired & self._retirable(batch_rows, store)))
 
     def _retire(self, rows: np.ndarray) -> None:
         if rows.size:
@@ -289,6 +359,11 @@ class OpenTable:
             self.retired_per_table += gone
             self.live_per_table -= gone
             self.index.retire(np.sort(rows))
+            if self._ahead:  # kept lookups forget the retired keys' rows (they may be reused)
+                mask = np.zeros(self.index.num_rows, np.bool_)
+                mask[rows] = True
+                for entry in self._ahead:
+                    _forget(entry.rows, mask)
 
     # ------------------------------------------------------------------ reading
     def live_index_rows(self, table: int | None = None) -> np.ndarray:
@@ -344,6 +419,7 @@ class OpenTable:
         if any(c.shape != (self.tables,) for c in counts.values()):
             raise CheckpointError(f"the checkpoint's open table counts keys for another number of tables")
         self.index = index
+        self._ahead.clear()
         self.last_seen, self.uses, self.row_table = (arrays[k].copy() for k in ("last_seen", "uses", "row_table"))
         self._scratch = np.full(n, -1, np.int64)
         live = index.live_mask()

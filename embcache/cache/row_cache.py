@@ -141,15 +141,19 @@ class RowCache(RowCacheState):
             return self._peek(ids, segments)
         consumed = self._take_prefetched(ids, in_order)
         same_ids = consumed is not None and (consumed.ids is ids or torch.equal(consumed.ids, ids))
-        if same_ids and consumed.slots is not None and self.reuse_prefetch:
+        reusable = consumed is not None and consumed.slots is not None and self.reuse_prefetch
+        part = reusable and not same_ids and in_order and consumed.ids.shape == ids.shape
+        if same_ids and reusable:
             indices, touched, overflow = self._reuse(consumed), consumed.held, None
+        elif part:
+            indices, touched, overflow, hits, misses = self._reuse_part(consumed, ids)
         else:
             indices, touched, overflow, _, hits, misses = self._admit(ids, serve_overflow=True)
             if overflow is not None and hits + misses > self.num_slots:
                 self._warn_small(hits + misses)
         if same_ids:
             hits, misses = consumed.hits, consumed.misses
-        elif consumed is not None:  # the rows the prefetch loaded (held since) are this batch's misses
+        elif consumed is not None and not part:  # the rows the prefetch loaded (held since) are this batch's misses
             loaded = consumed.held.numel() - consumed.hits
             hits, misses = hits - loaded, misses + loaded
         self.stats.hits += hits
@@ -199,12 +203,50 @@ class RowCache(RowCacheState):
         since, so that pass would find only hits, at exactly the held slots; all it would
         change is the policy's record of the access (the clock, and one use per slot)."""
         self.policy.tick()
+        self._touch(consumed.held)
+        return consumed.slots
+
+    def _reuse_part(self, consumed: Prefetched, ids: torch.Tensor):
+        """The lookup of a batch whose in-order prefetch placed every id it was given, but
+        whose ids differ at some positions (an open table's prefetch gives a key unknown then
+        the default row; its forward, the key's new row): the prefetch's slots where the ids
+        agree, an admission pass over the other positions alone. It decides what a second
+        pass over the whole batch decides (the same victims: the prefetch's slots are held
+        either way; the same uses, at one clock), at the cost of the differing positions.
+        Returns (indices, the distinct slots the batch touches, overflow, hits, misses),
+        counted as that second pass counts them."""
+        flat, before, slots = ids.reshape(-1), consumed.ids.reshape(-1), consumed.slots.reshape(-1)
+        differ = torch.nonzero(flat != before).flatten()
+        part, added, overflow, _, hits, misses = self._admit(flat.index_select(0, differ), serve_overflow=True)
+        mark = torch.zeros(self.num_slots, dtype=torch.bool, device=self.book)
+        mark[added] = True  # the pass's slots: used (and counted) by it already
+        kept = consumed.held[~mark.index_select(0, consumed.held)]
+        hits += consumed.hits - (consumed.held.numel() - kept.numel())
+        # slots the prefetch gave only the differing positions are no longer the batch's
+        stale = slots.index_select(0, differ)
+        mark.zero_()
+        mark[stale] = True
+        mark[added] = False
+        if bool(mark.any()):
+            agree = torch.ones(flat.numel(), dtype=torch.bool, device=self.book)
+            agree[differ] = False
+            used = slots[agree]
+            mark[used[mark.index_select(0, used)]] = False  # stale slots still used elsewhere stay
+            dropped = mark.index_select(0, kept)
+            hits -= int(dropped.sum())
+            kept = kept[~dropped]
+        self._touch(kept)
+        indices = slots.clone()
+        indices.index_copy_(0, differ, part.reshape(-1))
+        return indices.view(ids.shape), torch.cat([kept, added]), overflow, hits, misses + consumed.misses
+
+    def _touch(self, slots: torch.Tensor) -> None:
+        """Record a use of distinct resident `slots` at the policy's clock."""
         if self._can_fuse():
-            fused_admission.touch(consumed.held.numpy(), self.policy.slot_primary.numpy(),
+            fused_admission.touch(slots.numpy(), self.policy.slot_primary.numpy(),
                                   self.policy.slot_last.numpy(), self.policy.clock, self.policy.id_count is not None)
         else:
-            self.policy.on_access(None, consumed.held)
-        return consumed.slots
+            self.policy.on_access(None, slots)
 
     def prefetch(self, ids: torch.Tensor) -> None:
         """Load the rows of a coming batch now (on a side stream with CUDA, so the copies

@@ -202,7 +202,7 @@ class CachedEmbeddingBag(nn.Module):
         overlaps the current step). Optional: forward loads whatever is missing."""
         ids, _, _ = self.normalize_input(next_input, offsets, None)
         if self.open is not None:  # keys known now; a new key's row is made by its forward
-            ids = self.open.peek(ids).to(ids.device)
+            ids = self.open.rows_ahead(ids).to(ids.device)
         self.cache.prefetch(ids)
 
     def normalize_input(self, input, offsets=None, per_sample_weights=None):
