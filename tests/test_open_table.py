@@ -368,3 +368,24 @@ def test_a_kept_lookup_forgets_a_key_retired_after_it():
     rows = table.map(torch.tensor([1, 5]), store)
     assert sorted(_live_keys(table)) == [1, 5] and int(rows[0]) != int(table.peek(torch.tensor([3]))[0])
     assert torch.equal(store.bag.weight.detach()[rows], initial_rows(torch.tensor([1, 5]), DIM, SEED, BOUND))
+
+
+def test_keys_added_before_training_train_as_keys_first_seen_in_training():
+    """`add_keys` gives keys their first values ahead (no use counted): training after it
+    gives the same outputs and rows as training that meets the keys as they come."""
+    from embcache.bench.host import as_raw_keys, build_collection, make_batches
+
+    batches = as_raw_keys(make_batches([60, 9], [2, 1], batch=32, count=6, seed=2))
+    ahead, fresh = (build_collection([60, 9], 4, 0.5, None, "lru", raw=True, device="cpu") for _ in range(2))
+    for b in batches:
+        ahead.add_keys(b)
+    known = {name: s["live_keys"] for name, s in ahead.open_stats().items() if name in ("t0", "t1")}
+    assert known == {f"t{i}": len(set(torch.cat([b[f"f{i}"].values() for b in batches]).tolist())) for i in (0, 1)}
+    for b in batches:
+        out, want = ahead(b).values(), fresh(b).values()
+        assert torch.equal(out, want)
+        (out ** 2).sum().backward()
+        (want ** 2).sum().backward()
+    for i in (0, 1):
+        assert torch.equal(ahead.bags[0].keyed_weight(i)[1], fresh.bags[0].keyed_weight(i)[1])
+    assert ahead.bags[0].open.uses.sum() == fresh.bags[0].open.uses.sum()  # adding counted no use

@@ -102,11 +102,12 @@ def _zero(weight: torch.Tensor) -> torch.Tensor:
     return weight.zero_()  # the values never matter here: no row is ever read on `meta`
 
 
-def build_collection(cardinalities, dim: int, ratio: float, freq: dict | None, eviction: str, raw: bool = False):
+def build_collection(cardinalities, dim: int, ratio: float, freq: dict | None, eviction: str, raw: bool = False,
+                     device: str = "meta"):
     """The collection the bench times; `raw`: every table open (rows made as keys arrive)."""
     tables = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=dim, num_embeddings=int(n), feature_names=[f"f{i}"],
                                  init_fn=_zero) for i, n in enumerate(cardinalities)]
-    return CachedEmbeddingBagCollection(tables, cache_ratio=ratio, ids_freq=None if raw else freq, device="meta",
+    return CachedEmbeddingBagCollection(tables, cache_ratio=ratio, ids_freq=None if raw else freq, device=device,
                                         eviction=eviction, optimizer="adagrad",
                                         open_tables={t.name: {} for t in tables} if raw else None)
 
@@ -186,9 +187,13 @@ def run(args) -> int:
         freq = id_counts(batches, cardinalities)
         ids_per_sample = sum(sizes)
         for ratio, keys in [(r, k) for r in args.ratios for k in args.keys]:
-            ebc = build_collection(cardinalities, args.dim, ratio, freq, args.eviction, raw=keys == "raw")
+            ebc = build_collection(cardinalities, args.dim, ratio, freq, args.eviction, raw=keys != "ids")
+            trace = batches if keys == "ids" else as_raw_keys(batches)
+            if keys == "raw":  # the steady state: every key of the trace known, as a vocabulary knows its ids
+                for b in trace:
+                    ebc.add_keys(b)
             with timer.installed():
-                measured = measure(ebc, batches if keys == "ids" else as_raw_keys(batches), threads, args, timer)
+                measured = measure(ebc, trace, threads, args, timer)
             hit_rate = ebc.cache_stats()["hit_rate"]
             for t, r in measured.items():
                 rate = args.batch_size / r["step_s"]
@@ -226,7 +231,7 @@ def summarize(results: list[dict]) -> list[dict]:
         out.append(row)
     ids = {(r["shape"], r["ratio"]): r["samples_per_s_1"] for r in out if r.get("keys") == "ids"}
     for r in out:  # raw keys against ids, the same lookups: what the key index costs the host
-        if r.get("keys") == "raw" and ids.get((r["shape"], r["ratio"])) and r["samples_per_s_1"]:
+        if r.get("keys", "").startswith("raw") and ids.get((r["shape"], r["ratio"])) and r["samples_per_s_1"]:
             r["raw_vs_ids_1"] = r["samples_per_s_1"] / ids[(r["shape"], r["ratio"])]
     return out
 

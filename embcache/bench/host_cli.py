@@ -43,9 +43,11 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help=f"timed steps per thread count and round ({HOST_ROUNDS} rounds; the median is reported)")
     p.add_argument("--warmup-steps", type=int, default=5, help="untimed steps first (compilation, warm caches)")
     p.add_argument("--eviction", default="freq", choices=["freq", "lfu", "lru"])
-    p.add_argument("--keys", nargs="+", default=["ids"], choices=["ids", "raw"],
+    p.add_argument("--keys", nargs="+", default=["ids"], choices=["ids", "raw", "raw-new"],
                    help="ids: vocabulary ids with their counts (warm-up, freq's prior); raw: the same lookups as "
-                        "raw 64-bit keys into open tables (each key a row on first sight, no counts beforehand)")
+                        "raw 64-bit keys into open tables that know every key of the trace beforehand (a long "
+                        "run's steady state: no counts, no warm-up); raw-new: keys get rows as they first come "
+                        "(every batch brings new ones)")
     p.add_argument("--prefetch-depth", type=int, default=1, help="batches prefetched ahead, as the trainer")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR), help="results directory")

@@ -261,6 +261,18 @@ class OpenTable:
             self._enforce_bounds(rows, store)
         return torch.from_numpy(rows + 1).view(keys.shape)
 
+    def add(self, keys: torch.Tensor, store: RowStore, tables: torch.Tensor | None = None) -> None:
+        """Rows for the keys not held yet, at their first values, as `map` would make them,
+        but no use recorded and the clock left standing: a table started with keys it is
+        known to meet."""
+        flat = self.code(keys, tables)
+        rows, new_rows, _ = self.index.insert(flat)
+        self._fit(self.index.num_rows)
+        if new_rows.size:
+            self._made(new_rows, rows, keys, tables, store)
+            if (self.table_bounds >= 0).any():
+                self._enforce_bounds(rows, store)
+
     def rows_ahead(self, keys: torch.Tensor, tables: torch.Tensor | None = None) -> torch.Tensor:
         """`peek` for a coming training batch (its prefetch): the lookup is kept, and that
         batch's `map` probes only the keys unknown now."""

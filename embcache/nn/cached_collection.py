@@ -398,6 +398,14 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
     def cache_rows(self) -> int:
         return sum(bag.cache.num_slots for bag in self.bags)
 
+    def add_keys(self, features: KeyedJaggedTensor) -> None:
+        """Give the keys of `features` rows in their open tables now, at the values their
+        first sight in training would give them (known keys unchanged, no use counted):
+        open tables started with keys they are known to meet. Closed tables ignore it."""
+        for bag, group in zip(self.bags, self._group_inputs(features)):
+            if bag.open is not None:
+                bag.open.add(group.ids, bag.cache, group.tables)
+
     def open_stats(self) -> dict[str, dict]:
         """Per open table: keys live, made and retired; per shared key index (`index<i>`),
         its bytes and live keys."""
