@@ -15,7 +15,7 @@ import torch
 from embcache.bench.common import write_json
 from embcache.bench.criteo_trace import CRITEO_KAGGLE_CARDINALITIES, bounded_zipf, scaled_cardinalities
 from embcache.bench.defaults import HOST_ROUNDS as ROUNDS
-from embcache.cache import row_cache, transfers
+from embcache.cache import open_table, row_cache, transfers
 from embcache.nn import cached_collection
 from embcache.nn.cached_collection import CachedEmbeddingBagCollection
 from embcache.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
@@ -31,6 +31,12 @@ PARTS = {
     "forward_reuse": (row_cache.RowCache, "_reuse"),
     "holds": (row_cache.RowCache, "_hold"),
     "backward_host": (row_cache.RowCache, "apply_gradient"),
+    # open tables only: the prefetch's key lookup, the forward's map of keys to rows (new
+    # keys, uses, retirement), and the forward's reuse of a prefetch whose rows differ
+    # where keys were new (its admission of those positions is counted in both)
+    "key_lookup_ahead": (open_table.OpenTable, "rows_ahead"),
+    "key_map": (open_table.OpenTable, "map"),
+    "forward_reuse_part": (row_cache.RowCache, "_reuse_part"),
 }
 
 
@@ -141,27 +147,32 @@ def time_steps(ebc, batches: list, depth: int, timer: PartTimer) -> tuple[list[f
     return steps, parts
 
 
-def measure(ebc, batches: list, threads: list[int], args, timer: PartTimer) -> dict[int, dict]:
-    """Per thread count, the median step and the mean parts. The cache is brought to its
-    steady state by an untimed pass first; then each thread count trains its own fresh
-    stretch of the trace (a stretch seen twice would hit more), the counts interleaved over
-    `ROUNDS` rounds so that a change of load on a shared machine touches them alike."""
+def measure(variants: dict, threads: list[int], args, timer: PartTimer) -> dict[str, dict[int, dict]]:
+    """Per variant (keys -> (collection, trace)) and thread count, the median step and the
+    mean parts. Each cache is brought to its steady state by an untimed pass first; then
+    each thread count trains its own fresh stretch of the trace (a stretch seen twice would
+    hit more), every variant the same stretch right after another, the counts interleaved
+    over `ROUNDS` rounds, so that a change of load on a shared machine touches all alike."""
     span = args.steps + args.prefetch_depth
-    time_steps(ebc, batches[: args.warmup_steps + args.prefetch_depth], args.prefetch_depth, timer)
-    ebc.reset_cache_stats()
-    got = {t: ([], []) for t in threads}
+    for ebc, trace in variants.values():
+        time_steps(ebc, trace[: args.warmup_steps + args.prefetch_depth], args.prefetch_depth, timer)
+        ebc.reset_cache_stats()
+    got = {(k, t): ([], []) for k in variants for t in threads}
     start = args.warmup_steps
     for _ in range(ROUNDS):
         for t in threads:
             set_threads(t)
-            steps, parts = time_steps(ebc, batches[start: start + span], args.prefetch_depth, timer)
-            got[t][0].extend(steps)
-            got[t][1].extend(parts)
+            for k, (ebc, trace) in variants.items():
+                steps, parts = time_steps(ebc, trace[start: start + span], args.prefetch_depth, timer)
+                got[k, t][0].extend(steps)
+                got[k, t][1].extend(parts)
             start += args.steps
     set_threads(threads[-1])
-    return {t: {"step_s": float(np.median(steps)),
-                "parts_s": {k: float(np.mean([p[k] for p in parts])) for k in PARTS}}
-            for t, (steps, parts) in got.items()}
+    out: dict[str, dict[int, dict]] = {k: {} for k in variants}
+    for (k, t), (steps, parts) in got.items():
+        out[k][t] = {"step_s": float(np.median(steps)),
+                     "parts_s": {name: float(np.mean([p[name] for p in parts])) for name in PARTS}}
+    return out
 
 
 def projection(rate_1: float, rate_2: float, cores: int = PROJECTED_CORES) -> dict:
@@ -186,25 +197,29 @@ def run(args) -> int:
         batches = make_batches(cardinalities, sizes, args.batch_size, n_steps, args.seed)
         freq = id_counts(batches, cardinalities)
         ids_per_sample = sum(sizes)
-        for ratio, keys in [(r, k) for r in args.ratios for k in args.keys]:
-            ebc = build_collection(cardinalities, args.dim, ratio, freq, args.eviction, raw=keys != "ids")
-            trace = batches if keys == "ids" else as_raw_keys(batches)
-            if keys == "raw":  # the steady state: every key of the trace known, as a vocabulary knows its ids
-                for b in trace:
-                    ebc.add_keys(b)
+        for ratio in args.ratios:
+            variants = {}
+            for keys in args.keys:
+                ebc = build_collection(cardinalities, args.dim, ratio, freq, args.eviction, raw=keys != "ids")
+                trace = batches if keys == "ids" else as_raw_keys(batches)
+                if keys == "raw":  # the steady state: every key of the trace known, as a vocabulary knows its ids
+                    for b in trace:
+                        ebc.add_keys(b)
+                variants[keys] = (ebc, trace)
             with timer.installed():
-                measured = measure(ebc, trace, threads, args, timer)
-            hit_rate = ebc.cache_stats()["hit_rate"]
-            for t, r in measured.items():
-                rate = args.batch_size / r["step_s"]
-                results.append({"shape": shape, "ratio": ratio, "threads": t, "samples_per_s": rate,
-                                "ids_per_s": rate * ids_per_sample, "ids_per_sample": ids_per_sample,
-                                "hit_rate": hit_rate, **({"keys": keys} if len(args.keys) > 1 else {}), **r})
-                parts = "  ".join(f"{k} {1e3 * v:.1f}" for k, v in r["parts_s"].items())
-                label = f" {keys}" if len(args.keys) > 1 else ""
-                print(f"  {shape}{label} {ratio:.3%} {t} thread(s): {rate:,.0f} samples/s, hit rate {hit_rate:.3f} "
-                      f"({1e3 * r['step_s']:.1f} ms/step; ms: {parts})", flush=True)
-            del ebc
+                measured = measure(variants, threads, args, timer)
+            for keys, (ebc, _) in variants.items():
+                hit_rate = ebc.cache_stats()["hit_rate"]
+                for t, r in measured[keys].items():
+                    rate = args.batch_size / r["step_s"]
+                    results.append({"shape": shape, "ratio": ratio, "threads": t, "samples_per_s": rate,
+                                    "ids_per_s": rate * ids_per_sample, "ids_per_sample": ids_per_sample,
+                                    "hit_rate": hit_rate, **({"keys": keys} if len(args.keys) > 1 else {}), **r})
+                    parts = "  ".join(f"{k} {1e3 * v:.1f}" for k, v in r["parts_s"].items() if v)
+                    label = f" {keys}" if len(args.keys) > 1 else ""
+                    print(f"  {shape}{label} {ratio:.3%} {t} thread(s): {rate:,.0f} samples/s, hit rate "
+                          f"{hit_rate:.3f} ({1e3 * r['step_s']:.1f} ms/step; ms: {parts})", flush=True)
+            del variants, ebc
     summary = summarize(results)
     for s in summary:
         print(f"bench host: {s['shape']}{' ' + s['keys'] if 'keys' in s else ''} {s['ratio']:.3%}: 1 thread "

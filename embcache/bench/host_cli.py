@@ -19,6 +19,13 @@ for each cache ratio and thread count (torch's and numba's), side by side in one
 Reported: samples/s and ids/s of host ceiling (the median step), the time of each part
 per step, the speed-up with threads, and a projection to a 16-core host by Amdahl's law
 from the measured 1- and 2-thread figures (the serial share read off their ratio).
+With `--keys ids raw raw-new` the same lookups also run as raw 64-bit keys into open tables
+(each id a key, one to one): `raw` tables know every key of the trace beforehand (a long
+run's steady state, where a batch's keys are known as a vocabulary knows its ids),
+`raw-new` tables give keys rows as they first come. Every variant trains the same stretch
+of the trace right after the others, so `raw_vs_ids_1` (samples/s against ids, 1 thread)
+is what the key index costs the host.
+
 Not counted: what a GPU step adds on the host (the copies' launches), and reading the
 Parquet batches, which the trainer does in a background thread.
 """
