@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from embcache.errors import DataFormatError, first_line
 
 EXPORT_FORMAT = "embcache-dlrm-export"
+KEY_RULES = ("open", "first-day", "hash")  # how a raw-key table finds a key's row (`dlrm_export.KeyRule`)
 
 
 @dataclass
@@ -36,7 +37,7 @@ class FeatureLookup:
     hashed: bool = False
     values: dict | None = None           # value -> id of "exact"
     integer: bool = False                # "exact" values are integers: "196" finds 196
-    open: bool = False                   # an open table's keys: key 0 (missing) is a key like any other
+    rule: str | None = None              # a raw-key table's KEY_RULES: key 0 (missing) is a key like any other
 
     @property
     def missing_id(self) -> int | None:
@@ -48,7 +49,7 @@ class FeatureLookup:
     def ids(self, values: Sequence) -> np.ndarray:
         """int64 ids of `values` (None: missing, id 0 of a "string" or "int+1" vocabulary;
         the other kinds give it no id, see `bag`)."""
-        if self.open:
+        if self.rule is not None:
             return self.ids_of_keys(self._keys(values))
         if self.key in ("string", "int+1"):
             from embcache.data.vocabulary import Vocabulary
@@ -76,8 +77,14 @@ class FeatureLookup:
         return ids
 
     def ids_of_keys(self, keys: np.ndarray) -> np.ndarray:
-        """An open table's rows of 64-bit keys (as the data holds them): 1.. for a key trained,
-        0 (zeros) for one never trained or retired."""
+        """A raw-key table's rows of 64-bit keys (as the data holds them) by its rule, as
+        training mapped them: "hash": `splitmix64(key) % rows` (the trainer's `HashedKeys`);
+        "open" / "first-day": 1.. for a key in `keys`, 0 for any other (an open table's zeros
+        for a key never trained or retired; a first-day table's trained row of later keys)."""
+        if self.rule == "hash":
+            from embcache.data.key_maps import HashedKeys
+
+            return HashedKeys([self.rows]).map_feature(0, np.asarray(keys, dtype=np.uint64))
         from embcache.data.vocabulary import Vocabulary
 
         return Vocabulary(self.keys).lookup(keys, zero_is_missing=False)
@@ -144,7 +151,7 @@ def _is_whole(value) -> bool:
 def _lookup(directory: Path, table: dict) -> FeatureLookup:
     vocab = table["vocabulary"]
     lookup = FeatureLookup(table["feature"], vocab["key"], table["rows"], max_ids=vocab.get("max_ids"),
-                           hashed=bool(vocab.get("hashed")), open=bool(vocab.get("open")))
+                           hashed=bool(vocab.get("hashed")), rule=_key_rule(directory, table))
     if "keys_file" in vocab:
         lookup.keys = np.load(directory / vocab["keys_file"])
     if vocab["key"] == "exact":
@@ -156,6 +163,22 @@ def _lookup(directory: Path, table: dict) -> FeatureLookup:
         lookup.values = {v: i for i, v in enumerate(column.to_pylist())}
         lookup.integer = pa.types.is_integer(column.type)
     return lookup
+
+
+def _key_rule(directory: Path, table: dict) -> str | None:
+    """A table's raw-key rule (exports from before rules name an open table by "open"
+    alone); one line naming the manifest for a rule this version cannot apply, or a hash
+    rule whose rows are not the table's (it would score other rows than training did)."""
+    vocab = table["vocabulary"]
+    rule = vocab.get("rule", "open" if vocab.get("open") else None)
+    where = f"{directory / 'manifest.json'}: table {table.get('name', table['feature'])}"
+    if rule is not None and rule not in KEY_RULES:
+        raise DataFormatError(f"{where}: vocabulary rule {rule!r} is not one of {', '.join(KEY_RULES)} "
+                              f"(an export of a newer embcache?)")
+    if rule == "hash" and vocab.get("rows") != table["rows"]:
+        raise DataFormatError(f"{where}: the hash rule's rows ({vocab.get('rows')}) are not the table's "
+                              f"({table['rows']})")
+    return rule
 
 
 def _read_table(path: Path) -> torch.Tensor:

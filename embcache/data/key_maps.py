@@ -13,6 +13,8 @@ ids.
 """
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from embcache.data.delimited import splitmix64
@@ -26,6 +28,12 @@ class KeyMap:
         raise NotImplementedError
 
     def map_feature(self, f: int, keys: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def record(self) -> dict:
+        """What identifies the map (its rule and what it was built from), small enough for a
+        checkpoint: an export rebuilds the map from the data and compares, so that it
+        serves keys exactly as training mapped them."""
         raise NotImplementedError
 
     def __call__(self, ids: np.ndarray, counts: list[int]) -> np.ndarray:
@@ -58,6 +66,9 @@ class HashedKeys(KeyMap):
     def map_feature(self, f: int, keys: np.ndarray) -> np.ndarray:
         return (splitmix64(keys.view(np.uint64)) % np.uint64(self._rows[f])).astype(np.int64)
 
+    def record(self) -> dict:
+        return {"rule": "hash", "rows": self.rows()}
+
 
 class FirstDayVocabulary(KeyMap):
     """Ids from one split's keys per feature (distinct; given in any order, numbered in
@@ -74,6 +85,18 @@ class FirstDayVocabulary(KeyMap):
 
     def rows(self) -> list[int]:
         return [k.size + 1 for k in self._keys]
+
+    def keys(self, f: int) -> np.ndarray:
+        """Feature f's keys owning ids 1.. in id order (ascending as int64)."""
+        return self._keys[f]
+
+    def record(self) -> dict:
+        """The rule, the table sizes and a SHA-256 of the keys (all features, in id order)."""
+        digest = hashlib.sha256()
+        for keys in self._keys:
+            digest.update(np.int64(keys.size).tobytes())
+            digest.update(np.ascontiguousarray(keys).tobytes())
+        return {"rule": "first-day", "rows": self.rows(), "keys_sha256": digest.hexdigest()}
 
     def map_feature(self, f: int, keys: np.ndarray) -> np.ndarray:
         vocab = self._keys[f]

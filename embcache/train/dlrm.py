@@ -70,6 +70,7 @@ from embcache.train.dlrm_config import (  # noqa: F401 (their home before; impor
     parse_day_range,
     SPARSE_MODES,
     DLRMConfig,
+    training_split,
 )
 from embcache.train.raw_keys import RawKeySetup, raw_key_setup
 from embcache.train.run import Trainer
@@ -336,7 +337,7 @@ class DLRMTrainer(Trainer):
 
     def train_split(self, epoch: int) -> str:
         """The split epoch `epoch` trains on: `train`, or with --days its day."""
-        return "train" if self.days is None else f"day_{self.days[min(epoch, len(self.days) - 1)]}"
+        return training_split(self.cfg.days, epoch)
 
     def fit(self) -> dict:
         rows = self.meta["splits"][self.train_split(self.epoch)]["rows"]
@@ -357,6 +358,8 @@ class DLRMTrainer(Trainer):
         """Collective. The dense part from rank 0's copy (identical on every rank); a cached
         sparse part as one logical checkpoint: each rank writes its own shards."""
         state = {"data_dir": str(self.data_dir.resolve()), "dense_optimizer": self.dense_opt.state_dict()}
+        if self.raw is not None and self.raw.key_map is not None:  # for `dlrm export` to check its rebuilt map
+            state["key_map"] = self.raw.key_map.record()
         if self.cfg.sparse != "cached":
             return {**state, "model": self.model.state_dict(), "sparse_optimizer": self.sparse_opt.state_dict()}
         manifest = table_checkpoint.write_tables(self.cfg.checkpoint_dir, self.kind, self.step, self.sparse)
@@ -409,15 +412,17 @@ class DLRMTrainer(Trainer):
         return True
 
     # ------------------------------------------------------------------ training
-    def _batches(self, split: str, batch_size: int, start: int = 0):
+    def _batches(self, split: str, batch_size: int, start: int = 0, map_keys: bool = True):
         """A split's batches: dense features and labels on the device; ids on the host for
         a cached or host-memory sparse part (the cache's bookkeeping runs there and only
-        rows cross), on the device for whole tables there."""
+        rows cross), on the device for whole tables there. `map_keys` False: a hashed or
+        first-day run's raw keys as the data holds them (`dlrm export`'s check maps them
+        both ways)."""
         ids_on = self.device if self.cfg.sparse == "device" else torch.device("cpu")
         return CTRBatches(self.data_dir, split, batch_size, shuffle_shards=split == "train",
                           seed=self.cfg.seed + self.epoch, device=self.device, start_batch=start,
                           part=(self.world.rank, self.world.size), sparse_device=ids_on,
-                          key_map=self.raw.key_map if self.raw else None)
+                          key_map=self.raw.key_map if self.raw and map_keys else None)
 
     def _loss(self, logits: torch.Tensor, batch) -> torch.Tensor:
         """One process: the batch mean. Several: this rank's share of the global batch's

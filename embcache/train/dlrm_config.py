@@ -45,6 +45,16 @@ def parse_day_range(text: str) -> list[int]:
     return list(range(int(first), int(last or first) + 1))
 
 
+def training_split(days: str | None, epoch: int) -> str:
+    """The split epoch `epoch` trains on: `train`, or with `--days A-B` its day (the last one
+    past B). The trainer and `dlrm export` both ask it, so that an export rebuilds a
+    first-day key map from the very split its run trained first."""
+    if days is None:
+        return "train"
+    order = parse_day_range(days)
+    return f"day_{order[min(epoch, len(order) - 1)]}"
+
+
 def cache_ratio_value(text: str) -> float | str:
     """`--cache-ratio`: a ratio in (0, 1], or `auto` (sized by the cache planner once the
     data is known)."""

@@ -4,7 +4,8 @@ trainer, cache or torchrec.
     DIR/manifest.json            what is below, the table order, and how to score a raw row
     DIR/tables/<table>.npy       float32 [rows, dim] in id order (or .parquet: id, embedding)
     DIR/vocab/<feature>.parquet  the raw value (or hash bucket) of every id, from the data
-    DIR/vocab/<feature>.keys.npy the keys owning ids 1.. (the converters' lookup), where used
+    DIR/vocab/<feature>.keys.npy the keys owning ids 1.. (the converters' lookup, an open
+                                 table's or a first-day vocabulary's keys), where used
     DIR/dense.pt2                the dense part as a `torch.export` program:
                                  (pooled [B, T, D], dense [B, k]) -> logit [B, 1]
 
@@ -20,6 +21,7 @@ import json
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +29,7 @@ import torch
 
 from embcache.errors import CheckpointError, DataOutputError, UserFacingError, writing
 from embcache.nn.dlrm_arch import DLRMDense
-from embcache.train.dlrm_config import TABLE_FORMATS
+from embcache.train.dlrm_config import TABLE_FORMATS, training_split
 
 FORMAT = "embcache-dlrm-export"
 VERSION = 1
@@ -41,10 +43,28 @@ def export_dense(model: DLRMDense, num_tables: int, dim: int, num_dense: int):
     return torch.export.export(model.eval(), example, dynamic_shapes=({0: batch}, {0: batch}))
 
 
+@dataclass
+class KeyRule:
+    """How a table of a raw-key run finds a key's row, as the export writes it (its
+    manifest vocabulary's "rule"): "open" and "first-day" look the key up in `keys` (uint64,
+    ascending, owning rows 1..; any other key -> row 0), "hash" takes row
+    `splitmix64(key) % rows` (`data.key_maps.HashedKeys`, the trainer's own map)."""
+
+    rule: str
+    id_0: str  # what row 0 is, in words
+    keys: np.ndarray | None = None
+    rows: int | None = None
+
+
+OPEN_ID_0 = "a key never trained (or retired): zeros"
+HASH_ID_0 = "the bucket of the keys hashing to 0, like any other"
+
+
 def checkpoint_tables(path: Path, ck: dict, meta: dict, cfg,
-                      open_keys: dict[str, np.ndarray] | None = None) -> dict[str, torch.Tensor]:
+                      key_rules: dict[str, KeyRule] | None = None) -> dict[str, torch.Tensor]:
     """Every table of the checkpoint as float32 `[rows, dim]` in id order, by table name.
-    An open table's rows are those `open_table_rows` serves; its keys go into `open_keys`."""
+    An open table's rows are those `open_table_rows` serves; its rule (its keys) goes into
+    `key_rules`."""
     from embcache.distributed import table_checkpoint
 
     if "tables" in ck:
@@ -52,8 +72,8 @@ def checkpoint_tables(path: Path, ck: dict, meta: dict, cfg,
         for name, part in table_checkpoint.full_tables(path, ck["tables"]).items():
             if "open.keys" in part:
                 out[name], keys = open_table_rows(part)
-                if open_keys is not None:
-                    open_keys[name] = keys
+                if key_rules is not None:
+                    key_rules[name] = KeyRule("open", OPEN_ID_0, keys=keys)
             else:
                 out[name] = part["weight"].to(torch.float32)
         return out
@@ -79,12 +99,65 @@ def checkpoint_tables(path: Path, ck: dict, meta: dict, cfg,
 
 def open_table_rows(part: dict[str, torch.Tensor]) -> tuple[torch.Tensor, np.ndarray]:
     """An open table's saved part as a served table: row 0 zeros (the default row of a key
-    never seen), then the live keys' rows in ascending key order (as uint64, the order a
-    lookup's `searchsorted` wants); returns (table, the keys owning rows 1..)."""
-    keys = part["open.keys"].reshape(-1).numpy().view(np.uint64)
+    never seen), then the live keys' rows in key order; returns (table, the keys owning
+    rows 1..)."""
+    weight = part["weight"]
+    return rows_in_key_order(torch.zeros(weight.shape[1]), weight, part["open.keys"].numpy())
+
+
+def rows_in_key_order(row_0: torch.Tensor, weight: torch.Tensor,
+                      keys: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+    """A served table of raw keys, float32: `row_0` (the row of every key not listed), then
+    `weight`'s rows (those of `keys`, in the same order) in ascending uint64 key order, the
+    order a lookup's `searchsorted` wants; returns (table, the keys owning rows 1..)."""
+    keys = np.ascontiguousarray(keys).reshape(-1).view(np.uint64)
     order = np.argsort(keys, kind="stable")
-    weight = part["weight"].to(torch.float32).index_select(0, torch.from_numpy(order))
-    return torch.cat([torch.zeros(1, weight.shape[1]), weight]), keys[order]
+    rows = weight.to(torch.float32).index_select(0, torch.from_numpy(order))
+    return torch.cat([row_0.to(torch.float32).reshape(1, -1), rows]), keys[order]
+
+
+def closed_key_rules(path: Path, ck: dict, meta: dict, cfg, data_dir: Path,
+                     tables: dict[str, torch.Tensor]) -> dict[str, KeyRule]:
+    """The rules of a `--raw-keys hash` or `first-day` run's tables, by table name (none for
+    other runs): its key map rebuilt from the data as its trainer built it (`raw_key_setup`
+    of its first training split) and checked against the checkpoint, so that the export
+    serves keys exactly as training mapped them. A first-day table is put into key order in
+    `tables` (training numbered its keys in int64 order; the served lookup wants uint64)."""
+    from embcache.data.key_maps import HashedKeys
+    from embcache.train.raw_keys import raw_key_setup, table_name
+
+    if cfg.raw_keys not in ("hash", "first-day"):  # open tables bring their keys; ids data needs none
+        return {}
+    split = training_split(cfg.days, 0)
+    setup = raw_key_setup(meta, cfg, data_dir, split)
+    if setup is None:  # data of vocabulary ids: the raw-key settings never applied
+        return {}
+    key_map = setup.key_map
+    check_key_map(path, ck, data_dir, split, key_map, [tables[table_name(f["name"])] for f in meta["sparse"]])
+    rules = {}
+    for f, feature in enumerate(meta["sparse"]):
+        name = table_name(feature["name"])
+        if isinstance(key_map, HashedKeys):
+            rules[name] = KeyRule("hash", HASH_ID_0, rows=key_map.rows()[f])
+        else:
+            weight = tables[name]
+            tables[name], keys = rows_in_key_order(weight[0], weight[1:], key_map.keys(f))
+            rules[name] = KeyRule("first-day", f"a key not among the first training split's ({split}): the row "
+                                               f"those keys shared in training", keys=keys)
+    return rules
+
+
+def check_key_map(path: Path, ck: dict, data_dir: Path, split: str, key_map, tables: list[torch.Tensor]) -> None:
+    """Refuse a rebuilt key map other than the run's: tables of other sizes, or (where the
+    checkpoint records it: checkpoints from before it do not) another record (`KeyMap.record`:
+    the rule, sizes and a digest of a first-day vocabulary's keys)."""
+    saved = ck.get("key_map")
+    sizes = [int(t.shape[0]) for t in tables]
+    if sizes == key_map.rows() and saved in (None, key_map.record()):
+        return
+    raise UserFacingError(f"{data_dir}: its {split} keys do not rebuild the key map {path} trained with "
+                          f"({'table sizes' if sizes != key_map.rows() else 'keys'} differ; give --data the "
+                          f"data it trained on)")
 
 
 def checkpoint_dense(ck: dict, meta: dict, cfg) -> DLRMDense:
@@ -116,19 +189,12 @@ def write_table(weight: torch.Tensor, path: Path) -> None:
 
 
 def write_vocabulary(data_dir: Path, meta: dict, feature: str, vocab_dir: Path,
-                     open_keys: np.ndarray | None = None) -> dict:
+                     key_rule: KeyRule | None = None) -> dict:
     """Copy a feature's raw-value file (and the keys its lookup needs) from the data
-    directory; returns the table's "vocabulary" entry of the manifest. An open table's
-    (`open_keys`: the keys owning its rows 1..) is those keys: a value finds its key by the
-    data's rule (`key_kinds`: "string", "int+1", or "raw" where the value is its key) and
-    its row by them; a key never trained finds row 0, zeros."""
-    if open_keys is not None:
-        kind = meta.get("key_kinds", {}).get(feature, "raw")
-        target = vocab_dir / f"{feature}.keys.npy"
-        with writing(target):
-            np.save(target, open_keys.astype(np.uint64))
-        return {"key": kind if kind in ("string", "int+1") else "raw", "keys_file": f"vocab/{target.name}",
-                "id_0": "a key never trained (or retired): zeros", "hashed": False, "open": True}
+    directory, or write a raw-key table's rule (`write_key_rule`); returns the table's
+    "vocabulary" entry of the manifest."""
+    if key_rule is not None:
+        return write_key_rule(meta, feature, vocab_dir, key_rule)
     entry = dict(meta.get("raw_values", {}).get("features", {}).get(feature, {}))
     if not entry:  # prepared before raw values were recorded: the scorer takes ids
         return {"key": "identity", "id_0": "unknown", "hashed": False,
@@ -153,6 +219,21 @@ def write_vocabulary(data_dir: Path, meta: dict, feature: str, vocab_dir: Path,
         entry["keys_file"] = f"vocab/{target.name}"
         entry["max_ids"] = meta.get("max_ids_per_feature")
     return entry
+
+
+def write_key_rule(meta: dict, feature: str, vocab_dir: Path, key_rule: KeyRule) -> dict:
+    """A raw-key table's "vocabulary" entry: a value finds its key by the data's rule
+    (`key_kinds`: "string", "int+1", or "raw" where the value is its key), then its row by
+    `key_rule`: in the keys written beside ("open", "first-day"), or by the hash ("hash")."""
+    kind = meta.get("key_kinds", {}).get(feature, "raw")
+    entry = {"key": kind if kind in ("string", "int+1") else "raw", "rule": key_rule.rule, "id_0": key_rule.id_0,
+             "hashed": key_rule.rule == "hash", "open": key_rule.rule == "open"}
+    if key_rule.keys is None:
+        return {**entry, "rows": key_rule.rows}
+    target = vocab_dir / f"{feature}.keys.npy"
+    with writing(target):
+        np.save(target, key_rule.keys.astype(np.uint64))
+    return {**entry, "keys_file": f"vocab/{target.name}"}
 
 
 def export_command(args) -> int:
@@ -218,13 +299,9 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, tab
         if out.resolve() in (inside.resolve(), *inside.resolve().parents):
             raise UserFacingError(f"{out}: holds {inside}; export to another directory")
     try:
-        from embcache.data.ctr_format import is_raw_keys
-
-        if cfg.raw_keys in ("hash", "first-day") and is_raw_keys(meta):
-            raise UserFacingError(f"{path}: trained with --raw-keys {cfg.raw_keys}; its key map is not exported yet "
-                                  f"(export runs of open tables, --raw-keys open, or of vocabulary ids)")
-        open_keys: dict[str, np.ndarray] = {}
-        tables = checkpoint_tables(path, ck, meta, cfg, open_keys)
+        key_rules: dict[str, KeyRule] = {}
+        tables = checkpoint_tables(path, ck, meta, cfg, key_rules)
+        key_rules.update(closed_key_rules(path, ck, meta, cfg, data_dir, tables))
         dense = checkpoint_dense(ck, meta, cfg)
     except (KeyError, RuntimeError) as err:  # a state dict that does not fit the model
         raise CheckpointError(f"{path}: does not hold a DLRM of its own settings ({type(err).__name__}: "
@@ -235,7 +312,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, tab
         with writing(out.parent):
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp.mkdir()
-        manifest = write_export(tmp, tables, program, data_dir, meta, table_format, open_keys)
+        manifest = write_export(tmp, tables, program, data_dir, meta, table_format, key_rules)
         manifest.update(checkpoint=str(path), step=ck.get("step"))
         with writing(tmp / "manifest.json"):
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -264,7 +341,7 @@ def _commit(tmp: Path, out: Path) -> None:
 
 
 def write_export(directory: Path, tables: dict[str, torch.Tensor], program, data_dir: Path, meta: dict,
-                 table_format: str, open_keys: dict[str, np.ndarray] | None = None) -> dict:
+                 table_format: str, key_rules: dict[str, KeyRule] | None = None) -> dict:
     """Tables, vocabularies and the dense program into `directory`; returns the manifest
     (without the checkpoint's name and step)."""
     (directory / "tables").mkdir()
@@ -279,7 +356,7 @@ def write_export(directory: Path, tables: dict[str, torch.Tensor], program, data
                         "dim": int(weight.shape[1]), "file": file, "multi_hot": bool(feature.get("multi_hot")),
                         "description": meta.get("features", {}).get(feature["name"]),
                         "vocabulary": write_vocabulary(data_dir, meta, feature["name"], directory / "vocab",
-                                                       (open_keys or {}).get(name))})
+                                                       (key_rules or {}).get(name))})
     with writing(directory / DENSE_FILE):
         torch.export.save(program, directory / DENSE_FILE)
     dim = entries[0]["dim"]
@@ -300,7 +377,9 @@ SCORING = [
     "value (its bytes, up to 8; a hash of longer ones) looked up in keys_file (ids 1..; hashed first as "
     "bucket = 1 + splitmix64(key) % (max_ids - 1) when hashed), unknown, rare or empty -> 0; 'int+1': key = "
     "value + 1, then as 'string'; 'exact': the value's row in file, unknown values have no id; 'identity': "
-    "the value is the id",
+    "the value is the id; 'raw': the value is its 64-bit key (as the data holds it); a raw key's id by "
+    "vocabulary.rule: 'open' or 'first-day': its position in keys_file (ids 1..), any other key -> 0; 'hash': "
+    "splitmix64(key) % rows",
     "2. pooled[b, t] = the sum of table t's rows of row b's ids (one id for a one-hot feature)",
     "3. dense[b] = the row's dense features as the data's dense columns hold them (dense_features)",
     "4. logit = the dense program(pooled, dense); click probability = sigmoid(logit)",
@@ -310,9 +389,10 @@ SCORING = [
 
 def verify_export(checkpoint: str | os.PathLike, out: str | os.PathLike, split: str = "val") -> dict:
     """Score a split of the checkpoint's data through the export (from the data's ids: the
-    tables and the dense program; raw-value lookups are the tests' to check) and through the
-    trainer's own model, batch by batch; returns rows, whether every logit is equal bit for
-    bit, and the largest difference."""
+    tables and the dense program; from raw keys by the export's rules, where the data holds
+    raw keys; raw-value lookups are the tests' to check) and through the trainer's own model
+    (raw keys mapped by its own key map), batch by batch; returns rows, whether every logit is
+    equal bit for bit, and the largest difference."""
     from embcache.serve import load_export
     from embcache.train.dlrm import DLRMConfig, DLRMTrainer
     from embcache.train.run import checkpoint_to_evaluate
@@ -323,10 +403,11 @@ def verify_export(checkpoint: str | os.PathLike, out: str | os.PathLike, split: 
     trainer.restore(path)
     trainer.model.eval()
     rows, equal, worst, seconds = 0, True, 0.0, 0.0
+    key_map = trainer.raw.key_map if trainer.raw else None
     with torch.no_grad():
-        for batch in trainer._batches(split, cfg.eval_batch_size):
-            want = trainer.model(batch.dense, batch.sparse).reshape(-1).cpu()
-            ids = {f: (lookup.ids_of_keys(batch.sparse[f].values().cpu().numpy()) if lookup.open
+        for batch in trainer._batches(split, cfg.eval_batch_size, map_keys=False):  # raw keys: the export maps them
+            want = trainer.model(batch.dense, mapped_keys(batch.sparse, key_map)).reshape(-1).cpu()
+            ids = {f: (lookup.ids_of_keys(batch.sparse[f].values().cpu().numpy()) if lookup.rule
                        else batch.sparse[f].values().cpu().numpy(), batch.sparse[f].lengths().tolist())
                    for f, lookup in zip(model.features, model.lookups)}
             start = time.perf_counter()
@@ -336,3 +417,14 @@ def verify_export(checkpoint: str | os.PathLike, out: str | os.PathLike, split: 
             worst = max(worst, float((got - want).abs().max()) if len(want) else 0.0)
     return {"split": split, "rows": rows, "bit_for_bit": equal, "max_abs_diff": worst,
             "export_rows_per_s": rows / seconds if seconds else None}
+
+
+def mapped_keys(sparse, key_map):
+    """A batch's raw keys as the trainer's `key_map` turns them into ids while loading (the
+    batch itself where there is none: ids data, open tables)."""
+    if key_map is None:
+        return sparse
+    from embcache.sparse_types import KeyedJaggedTensor
+
+    ids = key_map(sparse.values().cpu().numpy(), sparse.length_per_key())
+    return KeyedJaggedTensor(keys=sparse.keys(), values=torch.from_numpy(ids), lengths=sparse.lengths())
