@@ -280,7 +280,7 @@ class OpenTable:
         rows = self.index.lookup(codes)
         if len(self._ahead) >= MAX_AHEAD:
             self._ahead.popleft()
-        self._ahead.append(_Ahead(keys, tables, codes, rows.copy()))
+        self._ahead.append(_Ahead(keys, tables, codes, rows))  # (the caller gets a copy: rows + 1)
         return torch.from_numpy(rows + 1).view(keys.shape)
 
     def _take_ahead(self, keys: torch.Tensor, tables: torch.Tensor | None) -> _Ahead | None:
