@@ -476,3 +476,29 @@ def test_nbytes_counts_every_array():
     arrays = (index._slots, index._row_key, index._free, index._meta)
     assert index.nbytes() == sum(a.nbytes for a in arrays)
     assert index._slots.dtype == np.int32 and index._free.dtype == np.int32 and index._row_key.dtype == np.int64
+
+
+def test_a_lookup_over_threads_finds_what_one_thread_finds(monkeypatch):
+    """Chunks of a batch looked up in parallel (each with its own ring of homes) give the
+    rows of the serial pass: known keys, unknown ones, repeats, chunk edges anywhere."""
+    import numba
+
+    from embcache.cache import key_index
+
+    rng = np.random.default_rng(5)
+    index = KeyIndex(None)
+    known = rng.integers(-2**63, 2**63 - 1, size=20_000, dtype=np.int64)
+    index.insert(known)
+    batch = np.concatenate([known[rng.integers(0, known.size, 30_000)],
+                            rng.integers(-2**63, 2**63 - 1, size=7_000, dtype=np.int64)])
+    rng.shuffle(batch)
+    serial = index.lookup(batch)  # 37 k keys: one thread below 2 chunks of 32 k
+    monkeypatch.setattr(key_index, "_PARALLEL_CHUNK", 777)
+    threads = numba.get_num_threads()
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    try:
+        parallel = index.lookup(batch)
+    finally:
+        numba.set_num_threads(threads)
+    assert np.array_equal(parallel, serial)
+    assert (serial >= 0).sum() == 30_000 and np.array_equal(index.keys_of(serial[serial >= 0]), batch[serial >= 0])

@@ -125,6 +125,17 @@ def as_raw_keys(batches: list) -> list:
     return [KeyedJaggedTensor(keys=b.keys(), values=mix64(b.values() + 1), lengths=b.lengths()) for b in batches]
 
 
+def vocabulary_as_keys(cardinalities: list[int]) -> KeyedJaggedTensor:
+    """Every id of every table as `as_raw_keys` writes it, in id order, as one sample: what
+    an open table holds in a long run's steady state (as many keys as the vocabulary, its
+    rows in the vocabulary's order, so the two differ by the key index alone)."""
+    from embcache.keys import mix64
+
+    ids = torch.cat([torch.arange(n, dtype=torch.int64) for n in cardinalities])
+    return KeyedJaggedTensor(keys=[f"f{i}" for i in range(len(cardinalities))], values=mix64(ids + 1),
+                             lengths=torch.tensor(cardinalities, dtype=torch.int64))
+
+
 def set_threads(n: int) -> None:
     torch.set_num_threads(n)
     numba.set_num_threads(n)
@@ -202,9 +213,8 @@ def run(args) -> int:
             for keys in args.keys:
                 ebc = build_collection(cardinalities, args.dim, ratio, freq, args.eviction, raw=keys != "ids")
                 trace = batches if keys == "ids" else as_raw_keys(batches)
-                if keys == "raw":  # the steady state: every key of the trace known, as a vocabulary knows its ids
-                    for b in trace:
-                        ebc.add_keys(b)
+                if keys == "raw":  # the steady state: the vocabulary's keys known, rows in its order
+                    ebc.add_keys(vocabulary_as_keys(cardinalities))
                 variants[keys] = (ebc, trace)
             with timer.installed():
                 measured = measure(variants, threads, args, timer)

@@ -20,9 +20,10 @@ Reported: samples/s and ids/s of host ceiling (the median step), the time of eac
 per step, the speed-up with threads, and a projection to a 16-core host by Amdahl's law
 from the measured 1- and 2-thread figures (the serial share read off their ratio).
 With `--keys ids raw raw-new` the same lookups also run as raw 64-bit keys into open tables
-(each id a key, one to one): `raw` tables know every key of the trace beforehand (a long
-run's steady state, where a batch's keys are known as a vocabulary knows its ids),
-`raw-new` tables give keys rows as they first come. Every variant trains the same stretch
+(each id a key, one to one): `raw` tables know every id of the vocabulary as a key
+beforehand, their rows in the vocabulary's order (a long run's steady state: the same rows
+laid out alike, so that only the key index differs), `raw-new` tables start empty and give
+keys rows as they first come (holding only the keys seen, numbered by arrival). Every variant trains the same stretch
 of the trace right after the others, so `raw_vs_ids_1` (samples/s against ids, 1 thread)
 is what the key index costs the host.
 

@@ -60,6 +60,7 @@ _ROW_GROWTH = 1.25  # row_key's growth factor
 _AHEAD = 32
 _AHEAD_ROW = 16
 _RING = 64  # a power of two above _AHEAD
+_PARALLEL_CHUNK = 32_768  # lookups a thread takes at least (smaller batches look up on one thread)
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -134,6 +135,16 @@ def _lookup(keys, slots, row_key, salt, shift, out):
             if ahead >= 0:
                 prefetch_entry(row_key, ahead)
         out[i] = _find_from(keys[i], ring[i & (_RING - 1)], slots, row_key)[0]
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _lookup_chunks(keys, slots, row_key, salt, shift, out, chunk):
+    """`_lookup` over chunks of `chunk` keys in parallel (read-only: any chunk, the same rows)."""
+    n = keys.shape[0]
+    for c in numba.prange(-(-n // chunk)):
+        lo = c * chunk
+        hi = min(n, lo + chunk)
+        _lookup(keys[lo:hi], slots, row_key, salt, shift, out[lo:hi])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -433,7 +444,12 @@ class KeyIndex:
         """int64 rows of `keys`, -1 for unknown ones. Changes nothing."""
         keys = _as_keys(keys)
         out = np.empty(keys.shape[0], dtype=np.int64)
-        _lookup(keys, self._slots, self._row_key, self._salt, self._shift, out)
+        threads = numba.get_num_threads()
+        if threads > 1 and keys.shape[0] >= 2 * _PARALLEL_CHUNK:
+            chunk = max(_PARALLEL_CHUNK, -(-keys.shape[0] // (4 * threads)))
+            _lookup_chunks(keys, self._slots, self._row_key, self._salt, self._shift, out, chunk)
+        else:
+            _lookup(keys, self._slots, self._row_key, self._salt, self._shift, out)
         return out
 
     def unseen(self, keys) -> np.ndarray:
