@@ -293,8 +293,17 @@ def test_a_key_in_a_reused_row_starts_its_uses_from_nothing():
 
 
 def _without_kept_lookups(bag):
-    """The bag's open table probes every key again in the forward (its prefetch's lookup unused)."""
-    bag.open._take_ahead = lambda keys, tables: None
+    """The bag's open table probes every key again in the forward: its prefetch's lookup is
+    found (its tag still names the prefetch) but none of its rows is used."""
+    take = bag.open._take_ahead
+
+    def forgetting(keys, tables):
+        entry = take(keys, tables)
+        if entry is not None:
+            entry.rows = np.full_like(entry.rows, -1)
+        return entry
+
+    bag.open._take_ahead = forgetting
     return bag
 
 
@@ -362,7 +371,7 @@ def test_a_kept_lookup_forgets_a_key_retired_after_it():
     table = OpenTable(DIM, SEED, BOUND, max_rows=2, retire="lru", retire_chunk=1)
     table.map(torch.tensor([1]), store)
     table.map(torch.tensor([2]), store)
-    assert table.rows_ahead(torch.tensor([1, 5])).tolist() == [1, 0]
+    assert table.rows_ahead(torch.tensor([1, 5]))[0].tolist() == [1, 0]
     table.map(torch.tensor([3]), store)  # 1 (the coldest) retires; 3 takes its row
     assert _live_keys(table) == [2, 3]
     rows = table.map(torch.tensor([1, 5]), store)
@@ -389,3 +398,28 @@ def test_keys_added_before_training_train_as_keys_first_seen_in_training():
     for i in (0, 1):
         assert torch.equal(ahead.bags[0].keyed_weight(i)[1], fresh.bags[0].keyed_weight(i)[1])
     assert ahead.bags[0].open.uses.sum() == fresh.bags[0].open.uses.sum()  # adding counted no use
+
+
+def test_each_forward_takes_its_own_prefetch_after_a_stray_one():
+    """A batch prefetched twice leaves a stray prefetch behind: every later forward still
+    takes the prefetch made for its own keys (by the kept lookup's tag), not the oldest
+    pending one, whose rows belong to another batch."""
+    batches = key_stream(steps=10, batch=24, pool=300, drift=5, seed=4)
+    bag = raw_bag(128, max_rows=200)
+    taken = []
+    take = bag.cache._take_prefetched
+
+    def recording(ids, in_order=False, tag=None):
+        entry = take(ids, in_order, tag)
+        taken.append(None if entry is None or entry.tag is None else entry.tag.keys)
+        return entry
+
+    bag.cache._take_prefetched = recording
+    bag.prefetch(batches[0])
+    bag.prefetch(batches[0])  # the stray one
+    for i, b in enumerate(batches):
+        out = bag(b)
+        if i + 1 < len(batches):
+            bag.prefetch(batches[i + 1])
+        (out ** 2).sum().backward()
+    assert all(k is not None and torch.equal(k, b.reshape(-1)) for k, b in zip(taken, batches))

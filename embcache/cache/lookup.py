@@ -61,3 +61,4 @@ class Prefetched:
     hits: int
     misses: int
     slots: torch.Tensor | None = None
+    tag: object = None  # who asked (an open table's kept lookup), to find it when its ids differ

@@ -203,6 +203,7 @@ class OpenTable:
         self._scratch = np.zeros(0, np.int64)  # per index row, -1: `_first_positions`' work space
         self.clock = 0
         self._ahead: deque[_Ahead] = deque()  # `rows_ahead`'s lookups, oldest first
+        self._taken: _Ahead | None = None  # the one the last `map` used (`taken`)
         self.new_per_table = np.zeros(self.tables, np.int64)  # keys given a row
         self.retired_per_table = np.zeros(self.tables, np.int64)  # keys retired (bound or ttl)
 
@@ -238,6 +239,7 @@ class OpenTable:
         `rows_ahead` for these keys is reused: only the keys it did not know are probed."""
         self.clock += 1
         ahead = self._take_ahead(keys, tables)
+        self._taken = ahead
         if ahead is None:
             flat = self.code(keys, tables)
             if self.ttl is not None:
@@ -273,15 +275,23 @@ class OpenTable:
             if (self.table_bounds >= 0).any():
                 self._enforce_bounds(rows, store)
 
-    def rows_ahead(self, keys: torch.Tensor, tables: torch.Tensor | None = None) -> torch.Tensor:
+    def rows_ahead(self, keys: torch.Tensor, tables: torch.Tensor | None = None) -> tuple[torch.Tensor, object]:
         """`peek` for a coming training batch (its prefetch): the lookup is kept, and that
-        batch's `map` probes only the keys unknown now."""
+        batch's `map` probes only the keys unknown now. Returns (rows, a tag): the cache's
+        prefetch keeps the tag, and `taken()` gives it back after that batch's `map`, so the
+        forward finds its prefetch although new keys changed some of its rows."""
         codes = self.code(keys, tables)
         rows = self.index.lookup(codes)
         if len(self._ahead) >= MAX_AHEAD:
             self._ahead.popleft()
-        self._ahead.append(_Ahead(keys, tables, codes, rows))  # (the caller gets a copy: rows + 1)
-        return torch.from_numpy(rows + 1).view(keys.shape)
+        entry = _Ahead(keys, tables, codes, rows)  # (the caller gets a copy: rows + 1)
+        self._ahead.append(entry)
+        return torch.from_numpy(rows + 1).view(keys.shape), entry
+
+    def taken(self) -> object:
+        """The tag of the kept lookup the last `map` used (None: it had none), once."""
+        tag, self._taken = self._taken, None
+        return tag
 
     def _take_ahead(self, keys: torch.Tensor, tables: torch.Tensor | None) -> _Ahead | None:
         """The kept lookup of exactly these keys, if any; older ones are dropped."""
@@ -432,6 +442,7 @@ class OpenTable:
             raise CheckpointError(f"the checkpoint's open table counts keys for another number of tables")
         self.index = index
         self._ahead.clear()
+        self._taken = None
         self.last_seen, self.uses, self.row_table = (arrays[k].copy() for k in ("last_seen", "uses", "row_table"))
         self._scratch = np.full(n, -1, np.int64)
         live = index.live_mask()

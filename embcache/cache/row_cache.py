@@ -129,7 +129,7 @@ class RowCache(RowCacheState):
         return hot.numel()
 
     def prepare(self, ids: torch.Tensor, keep: bool, segments: list[list[int]] | None = None,
-                in_order: bool = False) -> Lookup:
+                in_order: bool = False, tag: object = None) -> Lookup:
         """Make the rows of one batch available; `keep` holds them until `release`
         (needed when a backward will update them). Consumes a matching prefetch, whose
         hits and misses are counted now, as this batch's. Ids from the host (as a loader
@@ -139,10 +139,10 @@ class RowCache(RowCacheState):
         self._wait_for_prefetch()
         if self.frozen and not keep:
             return self._peek(ids, segments)
-        consumed = self._take_prefetched(ids, in_order)
+        consumed = self._take_prefetched(ids, in_order, tag)
         same_ids = consumed is not None and (consumed.ids is ids or torch.equal(consumed.ids, ids))
         reusable = consumed is not None and consumed.slots is not None and self.reuse_prefetch
-        part = reusable and not same_ids and in_order and consumed.ids.shape == ids.shape
+        part = reusable and not same_ids and (in_order or tag is not None) and consumed.ids.shape == ids.shape
         if same_ids and reusable:
             indices, touched, overflow = self._reuse(consumed), consumed.held, None
         elif part:
@@ -248,23 +248,24 @@ class RowCache(RowCacheState):
         else:
             self.policy.on_access(None, slots)
 
-    def prefetch(self, ids: torch.Tensor) -> None:
+    def prefetch(self, ids: torch.Tensor, tag: object = None) -> None:
         """Load the rows of a coming batch now (on a side stream with CUDA, so the copies
-        overlap the current step); they are held until that batch's `prepare`."""
+        overlap the current step); they are held until that batch's `prepare` (the one
+        given the same ids, or the same `tag`)."""
         ids = ids.to(self.book)
         if len(self._prefetched) >= MAX_PENDING_PREFETCHES:
             self._hold(self._prefetched.popleft().held, -1)
         if self._stream is None:
-            self._prefetch(ids)
+            self._prefetch(ids, tag)
             return
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._stream):
-            self._prefetch(ids)
+            self._prefetch(ids, tag)
 
-    def _prefetch(self, ids: torch.Tensor) -> None:
+    def _prefetch(self, ids: torch.Tensor, tag: object = None) -> None:
         indices, touched, _, placed_all, hits, misses = self._admit(ids, serve_overflow=False)
         self._hold(touched, +1)
-        self._prefetched.append(Prefetched(ids, touched, hits, misses, indices if placed_all else None))
+        self._prefetched.append(Prefetched(ids, touched, hits, misses, indices if placed_all else None, tag))
 
     def _wait_for_prefetch(self) -> None:
         """Order the compute stream after the side stream: every touch of the maps, holds
@@ -272,20 +273,28 @@ class RowCache(RowCacheState):
         if self._stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self._stream)
 
-    def _take_prefetched(self, ids: torch.Tensor, in_order: bool = False) -> Prefetched | None:
+    def _take_prefetched(self, ids: torch.Tensor, in_order: bool = False, tag: object = None) -> Prefetched | None:
         """The prefetch made for exactly these ids, if any; older ones are dropped
-        (their rows stay resident, their counts are not the batch's). `in_order`: the
-        oldest pending prefetch, whatever its ids (an open table prefetches a batch's known
-        keys only, and its new keys get rows in the forward: the ids differ there, and the
-        forward then makes its own admission pass, the prefetch having loaded the rest)."""
-        if in_order:
-            return self._prefetched.popleft() if self._prefetched else None
+        (their rows stay resident, their counts are not the batch's). An open table's
+        prefetch gives a key unknown then the default row, and its forward the key's new
+        row, so its ids may differ: `tag` names the prefetch made for this batch (the open
+        table's kept lookup); `in_order` without one takes the oldest pending prefetch if it
+        has no tag either (one restored from a checkpoint, made for the batch that comes
+        first)."""
+        if tag is not None or in_order:
+            for i, entry in enumerate(self._prefetched):
+                if entry.tag is tag and (tag is not None or i == 0):
+                    return self._pop_through(i)
         for i, entry in enumerate(self._prefetched):
             if entry.ids is ids or (entry.ids.shape == ids.shape and torch.equal(entry.ids, ids)):
-                for _ in range(i):
-                    self._hold(self._prefetched.popleft().held, -1)
-                return self._prefetched.popleft()
+                return self._pop_through(i)
         return None
+
+    def _pop_through(self, i: int) -> Prefetched:
+        """The i-th pending prefetch, the ones before it dropped."""
+        for _ in range(i):
+            self._hold(self._prefetched.popleft().held, -1)
+        return self._prefetched.popleft()
 
     def _hold(self, slots: torch.Tensor, delta: int) -> None:
         """Hold (delta=+1) or let go of (-1) distinct `slots`. A count, not a flag: a

@@ -227,7 +227,10 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         bookkeeping runs and moves only rows."""
         groups = self._group_inputs(features)
         for bag, group in zip(self.bags, groups):  # an open table's new keys get rows in their forward
-            bag.cache.prefetch(group.ids if bag.open is None else bag.open.rows_ahead(group.ids, group.tables))
+            if bag.open is None:
+                bag.cache.prefetch(group.ids)
+            else:
+                bag.cache.prefetch(*bag.open.rows_ahead(group.ids, group.tables))
         self._prepared.append((features, _versions(features), groups))
 
     def _take_prepared(self, features: KeyedJaggedTensor) -> list[_GroupInput] | None:

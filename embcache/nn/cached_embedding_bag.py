@@ -170,7 +170,8 @@ class CachedEmbeddingBag(nn.Module):
         table of an uncached collection, its features' numbers of lookups, so that each
         table's gradient is summed as torch sums it."""
         train = self.training and torch.is_grad_enabled()
-        lookup = self.cache.prepare(ids, keep=train, segments=segments, in_order=self.open is not None)
+        tag = None if self.open is None else self.open.taken()  # its prefetch's, when rows_of_keys reused it
+        lookup = self.cache.prepare(ids, keep=train, segments=segments, in_order=self.open is not None, tag=tag)
         table = self.cache.weight
         if lookup.overflow is not None:
             table = torch.cat([table, lookup.overflow.weight])
@@ -201,9 +202,11 @@ class CachedEmbeddingBag(nn.Module):
         """Load the rows a coming batch will need (with CUDA, on a side stream that
         overlaps the current step). Optional: forward loads whatever is missing."""
         ids, _, _ = self.normalize_input(next_input, offsets, None)
+        tag = None
         if self.open is not None:  # keys known now; a new key's row is made by its forward
-            ids = self.open.rows_ahead(ids).to(ids.device)
-        self.cache.prefetch(ids)
+            rows, tag = self.open.rows_ahead(ids)
+            ids = rows.to(ids.device)
+        self.cache.prefetch(ids, tag)
 
     def normalize_input(self, input, offsets=None, per_sample_weights=None):
         """Check a batch before anything changes, where it is (host input costs no
