@@ -46,6 +46,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--rows", type=int, default=SYNTHETIC_ROWS, help="training rows of the synthetic CTR set")
     p.add_argument("--scale", type=float, default=SYNTHETIC_SCALE, help="multiplies Criteo Kaggle's cardinalities")
     p.add_argument("--steps", type=int, default=40, help="training steps of each run")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="rounds of every run, one after another (figures: medians; ratios: the median of each "
+                        "round's ratio to 1 rank)")
     p.add_argument("--batch-size", type=int, default=4096, help="global DLRM batch")
     p.add_argument("--face-batch-size", type=int, default=512, help="global face batch")
     p.add_argument("--face-classes", type=int, default=20_000)
@@ -106,7 +109,7 @@ def dlrm_traffic_model(meta: dict, freq: dict, embedding_dim: int, batch: int, w
     return {"ids": ids, "pooled": pooled, "pooled_grad": pooled, "dense_allreduce": 4 * dense_params if world > 1 else 0}
 
 
-def _dlrm(args, ranks: int) -> list[dict]:
+def _dlrm_data(args):
     from embcache.data.ctr_format import load_id_frequencies, read_meta
     from embcache.data.synthetic import generate_synthetic
 
@@ -114,62 +117,103 @@ def _dlrm(args, ranks: int) -> list[dict]:
     if not (data_dir / "meta.json").exists():
         print(f"generating {data_dir} ...", flush=True)
         generate_synthetic(data_dir, rows=args.rows, scale=args.scale, seed=0)
-    meta, freq = read_meta(data_dir), load_id_frequencies(data_dir)
+    return data_dir, read_meta(data_dir), load_id_frequencies(data_dir)
+
+
+def _dlrm_run(args, world: int, data) -> dict:
+    data_dir, meta, freq = data
+    s = _launch(world, ["dlrm", "train", "--data", str(data_dir), "--max-steps", str(args.steps),
+                        "--batch-size", str(args.batch_size), "--device", "cpu", "--no-progress"])
+    measured = s.get("comm_bytes_per_step", {"ids": 0, "pooled": 0, "pooled_grad": 0, "dense_allreduce": 0})
+    dense_params = measured["dense_allreduce"] // 4 if world > 1 else 0
+    model = dlrm_traffic_model(meta, freq, 16, args.batch_size, world, dense_params)
+    print(f"  dlrm {world} rank(s): {s['train_samples_per_s']:>9,.0f} samples/s, "
+          f"{sum(measured.values()) / 2**20:.2f} MiB sent a step (model {sum(model.values()) / 2**20:.2f})",
+          flush=True)
+    return {"job": "dlrm", "ranks": world, "samples_per_s": s["train_samples_per_s"],
+            "hit_rate": s["hit_rate"], "steps": s["steps"],
+            "comm_bytes_per_step": measured, "comm_model_bytes_per_step": model,
+            "peak_host_mib_rank0": s["peak_host_mib"], **cpu_fields(s)}
+
+
+def _face_run(args, world: int, norm: str) -> dict:
+    from embcache.bench.face_traffic import face_model_for
+
+    s = _launch(world, ["face", "train", "--max-steps", str(args.steps), "--batch-size",
+                        str(args.face_batch_size), "--num-classes", str(args.face_classes), "--device", "cpu",
+                        "--no-progress", "--epochs", "100", "--batch-norm", norm])
+    measured = s["comm_bytes_per_step"]
+    model = face_model_for(args.face_batch_size, args.face_classes, world, norm)
+    mode = f" (--batch-norm {norm})" if world > 1 else ""
+    print(f"  face {world} rank(s){mode}: {s['train_samples_per_s']:>9,.0f} samples/s, "
+          f"{sum(measured.values()) / 2**20:.3f} MiB a rank sends a step (model "
+          f"{sum(model.values()) / 2**20:.3f})", flush=True)
+    return {"job": "face", "ranks": world, **({"batch_norm": norm} if world > 1 else {}),
+            "samples_per_s": s["train_samples_per_s"], "steps": s["steps"], **cpu_fields(s),
+            "comm_bytes_per_step": measured, "comm_model_bytes_per_step": model}
+
+
+def _configs(args) -> list[tuple[str, int, str | None]]:
+    """(job, world size, face batch norm) of every run a round makes, in order."""
     out = []
-    for world in ranks:
-        s = _launch(world, ["dlrm", "train", "--data", str(data_dir), "--max-steps", str(args.steps),
-                            "--batch-size", str(args.batch_size), "--device", "cpu", "--no-progress"])
-        measured = s.get("comm_bytes_per_step", {"ids": 0, "pooled": 0, "pooled_grad": 0, "dense_allreduce": 0})
-        dense_params = measured["dense_allreduce"] // 4 if world > 1 else 0
-        model = dlrm_traffic_model(meta, freq, 16, args.batch_size, world, dense_params)
-        out.append({"job": "dlrm", "ranks": world, "samples_per_s": s["train_samples_per_s"],
-                    "hit_rate": s["hit_rate"], "steps": s["steps"],
-                    "comm_bytes_per_step": measured, "comm_model_bytes_per_step": model,
-                    "peak_host_mib_rank0": s["peak_host_mib"], **cpu_fields(s)})
-        print(f"  dlrm {world} rank(s): {s['train_samples_per_s']:>9,.0f} samples/s, "
-              f"{sum(measured.values()) / 2**20:.2f} MiB sent a step (model {sum(model.values()) / 2**20:.2f})",
-              flush=True)
+    if "dlrm" in args.which:
+        out += [("dlrm", w, None) for w in args.ranks]
+    if "face" in args.which:
+        out += [("face", w, norm) for w in args.ranks
+                for norm in (args.face_batch_norm if w > 1 else args.face_batch_norm[:1])]
     return out
 
 
-def _face(args, ranks: int) -> list[dict]:
-    from embcache.bench.face_traffic import face_model_for
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def summarize(rounds: list[list[dict]]) -> list[dict]:
+    """One result a configuration: its last run's fields, samples/s and CPU a sample as
+    medians over the rounds, and its ratios to 1 rank as the median of each round's ratio
+    (a round's runs follow one another, so a change of load on a shared host touches
+    both sides of a ratio alike)."""
+    def key(r):
+        return r["job"], r["ranks"], r.get("batch_norm")
 
     out = []
-    for world in ranks:
-        for norm in args.face_batch_norm if world > 1 else args.face_batch_norm[:1]:
-            s = _launch(world, ["face", "train", "--max-steps", str(args.steps), "--batch-size",
-                                str(args.face_batch_size), "--num-classes", str(args.face_classes), "--device", "cpu",
-                                "--no-progress", "--epochs", "100", "--batch-norm", norm])
-            measured = s["comm_bytes_per_step"]
-            model = face_model_for(args.face_batch_size, args.face_classes, world, norm)
-            out.append({"job": "face", "ranks": world, **({"batch_norm": norm} if world > 1 else {}),
-                        "samples_per_s": s["train_samples_per_s"], "steps": s["steps"], **cpu_fields(s),
-                        "comm_bytes_per_step": measured, "comm_model_bytes_per_step": model})
-            mode = f" (--batch-norm {norm})" if world > 1 else ""
-            print(f"  face {world} rank(s){mode}: {s['train_samples_per_s']:>9,.0f} samples/s, "
-                  f"{sum(measured.values()) / 2**20:.3f} MiB a rank sends a step (model "
-                  f"{sum(model.values()) / 2**20:.3f})", flush=True)
+    for cfg in dict.fromkeys(key(r) for r in rounds[0]):
+        runs = [next(r for r in rnd if key(r) == cfg) for rnd in rounds]
+        bases = [next((r for r in rnd if r["job"] == cfg[0] and r["ranks"] == 1), None) for rnd in rounds]
+        row = dict(runs[-1])
+        row["samples_per_s"] = _median([r["samples_per_s"] for r in runs])
+        row["samples_per_s_runs"] = [r["samples_per_s"] for r in runs]
+        cpus = [r.get("cpu_seconds_per_sample") for r in runs]
+        if all(cpus):
+            row["cpu_seconds_per_sample"] = _median(cpus)
+        if all(bases):
+            row["speedup_vs_1_rank"] = _median([r["samples_per_s"] / b["samples_per_s"] for r, b in zip(runs, bases)])
+            row["speedup_vs_1_rank_runs"] = [r["samples_per_s"] / b["samples_per_s"] for r, b in zip(runs, bases)]
+            pairs = [(r.get("cpu_seconds_per_sample"), b.get("cpu_seconds_per_sample")) for r, b in zip(runs, bases)]
+            if all(c and c0 for c, c0 in pairs):
+                row["cpu_per_sample_vs_1_rank"] = _median([c / c0 for c, c0 in pairs])
+        else:
+            row["speedup_vs_1_rank"] = row["cpu_per_sample_vs_1_rank"] = None
+        out.append(row)
     return out
 
 
 def run(args) -> int:
-    results = []
-    if "dlrm" in args.which:
-        results += _dlrm(args, args.ranks)
-    if "face" in args.which:
-        results += _face(args, args.ranks)
-    for job in ("dlrm", "face"):
-        rows = [r for r in results if r["job"] == job]
-        base = next((r["samples_per_s"] for r in rows if r["ranks"] == 1), None)
-        cpu_base = next((r["cpu_seconds_per_sample"] for r in rows if r["ranks"] == 1), None)
-        for r in rows:
-            r["speedup_vs_1_rank"] = r["samples_per_s"] / base if base else None
-            cpu = r.get("cpu_seconds_per_sample")
-            r["cpu_per_sample_vs_1_rank"] = cpu / cpu_base if cpu and cpu_base else None
-            mode = f" (--batch-norm {r['batch_norm']})" if "batch_norm" in r else ""
-            print(f"  {job} {r['ranks']} rank(s){mode}: x{r['speedup_vs_1_rank'] or 0:.2f} samples/s, "
-                  f"x{r['cpu_per_sample_vs_1_rank'] or 0:.2f} CPU-seconds a sample vs 1 rank", flush=True)
+    data = _dlrm_data(args) if "dlrm" in args.which else None
+    rounds = []
+    for i in range(args.repeats):
+        if args.repeats > 1:
+            print(f"round {i + 1} of {args.repeats}", flush=True)
+        rounds.append([_dlrm_run(args, w, data) if job == "dlrm" else _face_run(args, w, norm)
+                       for job, w, norm in _configs(args)])
+    results = summarize(rounds)
+    for r in results:
+        mode = f" (--batch-norm {r['batch_norm']})" if "batch_norm" in r else ""
+        print(f"  {r['job']} {r['ranks']} rank(s){mode}: x{r['speedup_vs_1_rank'] or 0:.2f} samples/s, "
+              f"x{r.get('cpu_per_sample_vs_1_rank') or 0:.2f} CPU-seconds a sample vs 1 rank"
+              + (f" (medians of {args.repeats} rounds)" if args.repeats > 1 else ""), flush=True)
     config = {k: v for k, v in vars(args).items() if k != "func"}
     config["threads_per_rank"] = 1
     path = write_json({"benchmark": "scaling", "config": config, "results": results}, args.name, args.out)
