@@ -6,14 +6,17 @@ a checkpoint moves between 1 process and 2 split ranks with its keys and values.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
 from embcache.checkpoint import load_checkpoint
 from embcache.distributed import placement
+from embcache.distributed.sharded_collection import open_shard_settings, shard_config
 from embcache.distributed.table_checkpoint import _open_rows, _read_open_part
 from embcache.errors import CheckpointError
+from embcache.sparse_types import EmbeddingBagConfig
 from tests.test_open_vocab_distributed import TOLERANCE, keyed_tables
 from tests.torchrun_helpers import embcache, torchrun
 
@@ -40,6 +43,11 @@ def test_an_open_table_over_the_threshold_becomes_one_key_hash_shard_per_rank():
     owner = placement.key_owner(keys, 2)
     assert torch.equal(big[0].owns(keys), owner == 0) and torch.equal(big[1].owns(keys), owner == 1)
     assert 0.45 < float((owner == 0).float().mean()) < 0.55
+    config = EmbeddingBagConfig(name="big", embedding_dim=4, num_embeddings=1000, feature_names=["fb"])
+    settings = {"max_rows": 101, "retire": "lru", "seed": 7}
+    assert open_shard_settings(settings, config, big[1]) == {**settings, "max_rows": 51, "init_bound": 1000 ** -0.5}
+    assert open_shard_settings({**settings, "max_rows": None}, config, big[0])["max_rows"] is None
+    assert shard_config(config, big[1]) == replace(config, num_embeddings=500)  # its name and features kept
 
 
 @pytest.fixture(scope="module")
@@ -122,15 +130,20 @@ def refused_when_inconsistent(directory, table, name):
 
 
 def test_a_checkpoint_moves_between_one_process_and_two_split_ranks(days, one, tmp_path):
-    """1 process -> 2 ranks split by key hash -> 1 process: each resume gives every key to
-    its owner, values and optimizer state unchanged, and the run ends as the uninterrupted one."""
+    """1 process -> 2 ranks split by key hash -> the same 2 ranks -> 1 process: each resume
+    gives every key to its owner, values and optimizer state unchanged, and the run ends as
+    the uninterrupted one."""
     s1, t1 = one
     first = embcache(*args(days, tmp_path), "--max-steps", "14")  # 2 steps into day 1
     assert first.returncode == 0, first.stderr[-2000:]
-    split = torchrun(2, *args(days, tmp_path), *SPLIT, "--resume", "--max-steps", "18")
+    split = torchrun(2, *args(days, tmp_path), *SPLIT, "--resume", "--max-steps", "17")
     assert split.returncode == 0, split.stderr[-2000:]
     ck = load_checkpoint(tmp_path / "dlrm-last.pt", "dlrm")
     assert ck["tables"]["world_size"] == 2 and any(t.get("key_hash") for t in ck["tables"]["tables"].values())
+    again = torchrun(2, *args(days, tmp_path), *SPLIT, "--resume", "--max-steps", "19")  # each shard its own part
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "the caches start cold" in split.stdout + split.stderr  # another placement: keys in new rows
+    assert "the caches start cold" not in again.stdout + again.stderr  # its own parts: every key in its row, warm
     last = embcache(*args(days, tmp_path), "--resume")
     assert last.returncode == 0, last.stderr[-2000:]
     s3 = json.loads(last.stdout.strip().splitlines()[-1])
