@@ -151,3 +151,21 @@ def test_a_checkpoint_moves_between_one_process_and_two_split_ranks(days, one, t
         assert s1[k] == s3[k], k
     assert [r["auc"] for r in s3["next_day"]] == pytest.approx([r["auc"] for r in s1["next_day"]], abs=1e-5)
     same_tables(t1, keyed_tables(tmp_path)[1])
+
+
+def test_a_split_tables_bound_is_divided_over_its_shards(days, tmp_path):
+    """`--max-rows first-day` over a table split by key hash: each shard retires its own
+    coldest keys past its share of the bound (ceil), so no shard holds much more than that
+    (a step's keys stay for their step)."""
+    run = torchrun(2, *args(days, tmp_path), *SPLIT, "--max-rows", "first-day", "--days", "0-0",
+                   "--batch-size", "64")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1])["retired_keys"] > 0
+    manifest = load_checkpoint(tmp_path / "dlrm-last.pt", "dlrm")["tables"]
+    split = {n: t for n, t in manifest["tables"].items() if t.get("key_hash")}
+    assert split
+    for name, table in split.items():
+        share = -(-table["rows"] // 2)
+        for _, _, file in table["parts"]:
+            held = _read_open_part(tmp_path / manifest["dir"] / file)["open.keys"].shape[0]
+            assert held <= share + 64, (name, file, held, share)  # the last batch's keys may stay
