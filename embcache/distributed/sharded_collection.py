@@ -6,7 +6,8 @@ their owner ranks (`placement.plan`). A forward therefore moves data twice:
 1. **ids to owners** (one all-to-all of one buffer): every rank sends each owner one block,
    a header (its batch, the sizes of all its blocks, the number of ids of each feature the
    owner serves) and, for each (shard, feature) the owner serves, its samples' lengths and
-   ids (a row-wise shard gets only the ids in its range, shifted to start at 0). Each block
+   ids (a row-wise shard gets only the ids in its range, shifted to start at 0; a key-hash
+   shard of an open table only the raw keys it owns, `placement.key_owner`, unchanged). Each block
    travels in a capacity every rank agrees on, padded with zeros: the largest block for that
    owner in the previous exchange plus 1/32, so no size has to be exchanged first. A block
    that outgrows it (the first batch, a larger evaluation batch, a row-wise shard's ids
@@ -18,7 +19,7 @@ their owner ranks (`placement.plan`). A forward therefore moves data twice:
    copy);
 3. **pooled embeddings back** (all-to-all with autograd): each rank receives `[B_local, D]`
    per owner and assembles the features in the model's order (adding the partial sums of
-   a row-wise table). The backward sends the gradients the same way in reverse, and the
+   a row-wise or key-hash table). The backward sends the gradients the same way in reverse, and the
    owner's cache applies them to its rows during `loss.backward()`.
 
 `prefetch(batch)` does step 1 for a coming batch while this one trains and keeps the
@@ -33,6 +34,7 @@ their gradients (`tests/test_sharded_routing.py` counts them).
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, replace
 
@@ -51,9 +53,14 @@ MAX_PENDING = 8
 
 def shard_config(table: EmbeddingBagConfig, shard: Shard) -> EmbeddingBagConfig:
     """The config of `shard` on its rank: the table itself when whole, else its rows
-    `[row_start, row_stop)`, initialised as those rows of the whole table would be."""
+    `[row_start, row_stop)`, initialised as those rows of the whole table would be. A
+    key-hash shard keeps the table's name and features, its `num_embeddings` its share of
+    the keys expected (its cache's size; its keys' first values are the table's, see
+    `open_shard_settings`)."""
     if shard.whole:
         return table
+    if shard.by_key:
+        return replace(table, num_embeddings=shard.rows)
 
     def init_rows(weight: torch.Tensor) -> None:
         full = torch.empty(table.num_embeddings, table.embedding_dim)
@@ -296,14 +303,31 @@ class _AllToAll(torch.autograd.Function):
         return back, None, None, None
 
 
+def open_shard_settings(settings: dict, table: EmbeddingBagConfig, shard: Shard) -> dict:
+    """An open table's settings (`CachedEmbeddingBagCollection`'s `open_tables`) for its
+    shard: a key-hash shard's keys start from the whole table's init bound, and its bound
+    on keys held is the table's `max_rows` divided over the shards (ceil): a per-shard
+    bound, under which each shard retires its own coldest keys."""
+    if not shard.by_key:
+        return settings
+    bound = settings.get("max_rows")
+    return {**settings, "max_rows": None if bound is None else -(-int(bound) // shard.parts),
+            "init_bound": math.sqrt(1.0 / table.num_embeddings)}
+
+
 def _lookups_into(shard: Shard, lengths: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(per-sample lengths, ids) of one feature's lookups that `shard` serves."""
     if shard.whole:
         return lengths, ids
-    inside = (ids >= shard.row_start) & (ids < shard.row_stop)
+    if shard.by_key:  # the raw keys it owns, as they are
+        inside = shard.owns(ids)
+        if bool(inside.all()):
+            return lengths, ids
+    else:
+        inside = (ids >= shard.row_start) & (ids < shard.row_stop)
     sample = torch.repeat_interleave(torch.arange(lengths.numel(), device=ids.device), lengths)
     counts = torch.bincount(sample[inside], minlength=lengths.numel()).to(lengths.dtype)
-    return counts, ids[inside] - shard.row_start
+    return counts, ids[inside] if shard.by_key else ids[inside] - shard.row_start
 
 
 def block_capacity(largest: int) -> int:

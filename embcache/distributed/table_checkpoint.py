@@ -7,6 +7,8 @@ Layout under the checkpoint directory (`kind` = "dlrm"):
         <table>.<start>-<stop>/     rows [start, stop) of a table and their optimizer
                                     state, in id order (written by the rows' owner) as
                                     raw files with their CRC-32 (`cache.table_files`)
+        <table>.keys<r>of<n>/       an open table split by key hash: shard r's keys, their
+                                    rows, optimizer state and usage
         cache.rank<r>.pt            rank r's cache residency and statistics
 
 The rows are copied from the host store chunk by chunk and read back through a mapping,
@@ -21,8 +23,14 @@ older versions. The replace is the commit: a run killed at any moment leaves the
 
 A resume on M ranks reads, for each shard it owns, the rows of the saved parts that
 overlap it, whatever the saving world size: the parameters continue exactly. An open table (raw keys,
-`cache.open_table`) is saved whole, its store's rows with its key index and usage
-(`open.*`), the manifest marking it `"open": true`. Residency is
+`cache.open_table`) is saved as it is placed: whole, or one part a key-hash shard
+(`"key_hash": n` in the manifest), each part its keys' rows with the keys, their usage and
+what its index needs (`open.*`), the manifest marking it `"open": true`. Read back by the
+shard that saved it, a part puts every key back in its row; read by another placement
+(another world size, or whole <-> split), the table's parts are merged and each shard
+takes the keys it owns now (`placement.key_owner`), in new rows, values, optimizer state
+and usage unchanged (the table's counts of keys made and retired go to its shard on the
+lowest rank, so their sums carry over). Residency is
 restored only when the world size and placement are the saved ones (then the run continues
 bit for bit, cache statistics included); otherwise the caches start empty and the summed
 statistics carry over on rank 0.
@@ -83,15 +91,30 @@ def write_tables(checkpoint_dir: str | os.PathLike, kind: str, step: int, sharde
     barrier()  # every part is on disk before rank 0 commits the manifest
     return {"version": MANIFEST_VERSION, "dir": name, "world_size": world.size,
             "optimizer_steps": steps // max(owners, 1), "stats": totals,
-            "placement": [asdict(s) for s in sharded.shards],
+            "placement": _placement(sharded.shards),
             "tables": {t.name: {"rows": t.num_embeddings, "dim": t.embedding_dim,
                                 **({"open": True} if t.name in getattr(sharded, "open_tables", ()) else {}),
+                                **_split_by_key(sharded.shards, t.name),
                                 "parts": [[s.row_start, s.row_stop, _part_file(s)] for s in sharded.shards
                                           if s.table == t.name]}
                        for t in sharded.embedding_bag_configs()}}
 
 
+def _placement(shards: list[Shard]) -> list[dict]:
+    """The shards as the manifest records them (a row-wise shard's as before key-hash
+    shards existed, so that older checkpoints' placements compare equal)."""
+    return [asdict(s) if s.by_key else {k: v for k, v in asdict(s).items() if k not in ("kind", "parts")}
+            for s in shards]
+
+
+def _split_by_key(shards: list[Shard], table: str) -> dict:
+    mine = [s for s in shards if s.table == table and s.by_key]
+    return {"key_hash": mine[0].parts} if mine else {}
+
+
 def _part_file(shard: Shard) -> str:
+    if shard.by_key:
+        return f"{shard.table}.keys{shard.rank}of{shard.parts}"
     return f"{shard.table}.{shard.row_start}-{shard.row_stop}"
 
 
@@ -120,7 +143,7 @@ def read_tables(checkpoint: Path, manifest: dict, sharded) -> bool:
             rows[shard.name] = _rows_of(directory, manifest, shard)
     local.restore_tables(rows, manifest["optimizer_steps"])
     same = (manifest["world_size"] == world.size
-            and manifest["placement"] == [asdict(s) for s in sharded.shards])
+            and manifest["placement"] == _placement(sharded.shards))
     cache_file = directory / f"cache.rank{world.rank}.pt"
     if same and cache_file.is_file():
         local.load_residency(_load(cache_file))
@@ -134,11 +157,8 @@ def _rows_of(directory: Path, manifest: dict, shard: Shard) -> dict[str, torch.T
     table = manifest["tables"].get(shard.table)
     if table is None or table["rows"] != shard.table_rows:
         raise CheckpointError(f"{directory}: no table {shard.table!r} of {shard.table_rows:,} rows in the checkpoint")
-    if table.get("open"):  # whole, however many rows its keys took, with its key index
-        if not shard.whole or len(table["parts"]) != 1:
-            raise CheckpointError(f"{directory}: open table {shard.table!r} saved in {len(table['parts'])} parts, "
-                                  f"an open table is placed whole")
-        return _read_part(directory / table["parts"][0][2])
+    if table.get("open"):  # its keys' rows, however many, with its key index
+        return _open_rows(directory, table, shard)
     pieces = []
     for start, stop, file in table["parts"]:
         lo, hi = max(start, shard.row_start), min(stop, shard.row_stop)
@@ -155,6 +175,64 @@ def _rows_of(directory: Path, manifest: dict, shard: Shard) -> dict[str, torch.T
     if len(pieces) == 1:  # the saving placement: the mapped rows as they are, no copy
         return pieces[0]
     return {k: torch.cat([p[k] for p in pieces]) for k in pieces[0]}
+
+
+_OPEN_COLUMNS = ("open.keys", "open.rows", "open.last_seen", "open.uses")  # one entry a key, as the weight
+
+
+def _open_rows(directory: Path, table: dict, shard: Shard) -> dict[str, torch.Tensor]:
+    """An open table's saved keys and rows for `shard` (`OpenTable.table_part`'s columns as
+    `open.<k>`). The part saved for this very shard (whole, or the same key-hash shard of
+    as many) as it is: its keys go back to their rows. Otherwise every part of the table,
+    merged and cut to the keys the shard owns (all for a whole one), marked as of another
+    grouping: the keys take new rows, their values and usage unchanged."""
+    parts, split = table["parts"], int(table.get("key_hash", 0))
+    files = [directory / file for _, _, file in parts]
+    if (shard.whole and not split and len(parts) == 1) or (shard.by_key and split == shard.parts == len(parts)):
+        path = files[0] if shard.whole else directory / _part_file(shard)
+        if path not in files:
+            raise CheckpointError(f"{directory}: the manifest names no part {path.name} of open table {shard.table!r}")
+        part = _read_open_part(path)
+        if shard.by_key and not bool(shard.owns(part["open.keys"].reshape(-1)).all()):
+            raise CheckpointError(f"{path}: holds keys that are not shard {shard.rank}'s of {shard.parts} "
+                                  f"(not the part the manifest says)")
+        return part
+    read = [_read_open_part(f) for f in files]
+    names = set(read[0])
+    for f, p in zip(files, read):
+        if set(p) != names:
+            raise CheckpointError(f"{f}: holds {sorted(set(p))}, another part of {shard.table!r} "
+                                  f"{sorted(names)}")
+    keys = torch.cat([p["open.keys"].reshape(-1) for p in read])
+    if torch.unique(keys).numel() != keys.numel():
+        raise CheckpointError(f"{directory}: open table {shard.table!r} has a key saved in two parts")
+    keep = shard.owns(keys) if shard.by_key else torch.ones_like(keys, dtype=torch.bool)
+    columns = [k for k in read[0] if k == "weight" or k.startswith("optimizer.") or k in _OPEN_COLUMNS]
+    out = {k: torch.cat([p[k] for p in read])[keep] for k in columns}
+    n = int(keep.sum())
+    out["open.rows"] = torch.arange(n, dtype=torch.int64).view(-1, 1)
+    out["open.free_rows"] = torch.zeros(0, 1, dtype=torch.int64)
+    groups = torch.stack([p["open.group"].reshape(-1) for p in read])  # clock, rows, new, retired, members, tables
+    counted = shard.whole or shard.rank == 0  # the table's counts of keys made and retired, once
+    out["open.group"] = torch.tensor([int(groups[:, 0].max()), n,
+                                      int(groups[:, 2].sum()) if counted else 0,
+                                      int(groups[:, 3].sum()) if counted else 0,
+                                      -1, int(groups[0, 5])], dtype=torch.int64).view(-1, 1)  # members -1: not exact
+    return out
+
+
+def _read_open_part(path: Path) -> dict[str, torch.Tensor]:
+    """A saved part of an open table, its columns checked against each other."""
+    part = _read_part(path)
+    missing = [k for k in (*_OPEN_COLUMNS, "open.group", "open.free_rows") if k not in part]
+    if missing:
+        raise CheckpointError(f"{path}: an open table's part without {', '.join(missing)}")
+    n = part["weight"].shape[0]
+    wrong = {k: tuple(v.shape) for k, v in part.items()
+             if (k in _OPEN_COLUMNS or k.startswith("optimizer.")) and v.shape[0] != n}
+    if wrong or part["open.group"].numel() != 6:
+        raise CheckpointError(f"{path}: {n:,} rows, but {wrong or 'a group record of the wrong size'}")
+    return part
 
 
 def _read_part(path: Path) -> dict[str, torch.Tensor]:

@@ -89,7 +89,8 @@ def group_tables(tables: list[EmbeddingBagConfig], open_tables: dict[str, dict] 
         if settings is not None:
             group.open.setdefault("max_rows", []).append(settings.get("max_rows"))
             group.open.setdefault("seeds", []).append(settings.get("seed"))
-            group.open.update({k: v for k, v in settings.items() if k not in ("max_rows", "seed")})
+            group.open.setdefault("init_bounds", []).append(settings.get("init_bound"))
+            group.open.update({k: v for k, v in settings.items() if k not in ("max_rows", "seed", "init_bound")})
         group.add(t)
     return list(groups.values())
 
@@ -114,7 +115,9 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
             `num_embeddings` is then the keys expected. Open tables of one width, pooling
             and retirement share a cache (of `cache_ratio` of their expected keys) and a key
             index. `seed` seeds a table's first rows and its keys' salt (default: `key_seed`
-            plus the table's position here; a sharded collection passes the model's).
+            plus the table's position here; a sharded collection passes the model's);
+            `init_bound` bounds its first rows (default `sqrt(1 / num_embeddings)`; a
+            shard of a table split by key hash passes the whole table's).
         **kwargs: passed to each `CachedEmbeddingBag` (eviction, optimizer, lr, eps,
             row_dtype, rounding, ...).
 
@@ -163,7 +166,8 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
                     rounding_seed=rounding_seed + i * 0x9E3779B9, keys="raw",
                     key_seed=[key_seed + self._configs.index(t) if seed is None else seed
                               for t, seed in zip(g.tables, g.open["seeds"])],
-                    init_bound=[math.sqrt(1.0 / t.num_embeddings) for t in g.tables],
+                    init_bound=[math.sqrt(1.0 / t.num_embeddings) if b is None else b
+                                for t, b in zip(g.tables, g.open["init_bounds"])],
                     max_rows=bounds, retire=g.open.get("retire", "lru"),
                     ttl=g.open.get("ttl"), **kwargs))
                 continue

@@ -55,7 +55,7 @@ from embcache.cache.optimizers import TORCH_EQUIVALENTS, torch_equivalent
 from embcache.data.loader import Batch, CTRBatches, lookahead_window
 from embcache.distributed import placement, table_checkpoint
 from embcache.distributed.data_parallel import data_parallel, unwrap
-from embcache.distributed.sharded_collection import ShardedEmbeddingBagCollection
+from embcache.distributed.sharded_collection import ShardedEmbeddingBagCollection, open_shard_settings
 from embcache.distributed.world import all_sum, current, gather_objects
 from embcache.errors import CheckpointError
 from embcache.nn.cached_collection import CachedEmbeddingBagCollection, group_tables
@@ -177,22 +177,28 @@ class HostTables(nn.Module):
 def sharded_cache(tables, cfg: DLRMConfig, ids_freq: dict | None, device: torch.device,
                   open_tables: dict[str, dict] | None = None):
     """The cached sparse part, its rows placed on the ranks (all on this one without torchrun).
-    An open table (`open_tables`) is placed whole: its rows are not ranges of ids."""
+    An open table (`open_tables`) that `--row-wise-rows` (or its default) would split by
+    rows is split by key hash instead, one shard a rank (its rows are not ranges of ids);
+    each shard's bound is its share of the table's `max_rows`."""
     freq = ids_freq or {}
     open_tables = open_tables or {}
     loads = [placement.TableLoad(t.name, tuple(t.feature_names), t.num_embeddings,
                                  float(sum(freq[f].sum() for f in t.feature_names if f in freq)),
-                                 whole=t.name in open_tables)
+                                 open=t.name in open_tables)
              for t in tables]
     shards = placement.plan(loads, current().size, cfg.row_wise_rows)
-    shard_freq = {s.feature_key(f): freq[f][s.row_start: s.row_stop] for s in shards for f in s.features if f in freq}
+    shard_freq = {s.feature_key(f): freq[f][s.row_start: s.row_stop] for s in shards for f in s.features
+                  if f in freq and not s.by_key}
+    by_name = {t.name: t for t in tables}
+    mine_by_table = {s.table: s for s in shards if s.rank == current().rank}
 
     host_store = cfg.host_store
     if host_store != "memory" and current().distributed:  # one store per rank
         host_store = f"{host_store}/rank{current().rank}"
 
     def make_local(configs):
-        mine = {c.name: open_tables[c.name] for c in configs if c.name in open_tables}
+        mine = {c.name: open_shard_settings(open_tables[c.name], by_name[c.name], mine_by_table[c.name])
+                for c in configs if c.name in open_tables}
         return CachedEmbeddingBagCollection(
             configs, cache_ratio=cfg.cache_ratio, ids_freq=shard_freq or None, device=device,
             open_tables=mine or None, key_seed=cfg.seed * 1000,

@@ -87,7 +87,8 @@ class DLRMConfig(StepRunConfig):
     - `prefetch` is earlier versions' switch: False is `prefetch_depth` 0 (their configs load).
     - `pipeline` False is the synchronous loop: the loss is read at every step and the
       batches in the training thread.
-    - `row_wise_rows` None splits, under torchrun, a table holding more than its fair share.
+    - `row_wise_rows` None splits, under torchrun, a table holding more than its fair share
+      (by rows; an open table by key hash).
     """
 
     epochs: int = inherit(StepRunConfig, "epochs", help="passes over the training split")
@@ -133,7 +134,8 @@ class DLRMConfig(StepRunConfig):
     row_wise_rows: int | None = setting(
         None, type=positive_int, metavar="N",
         help="under torchrun: split a table with more than N rows by rows over all ranks (default: a table "
-             "holding more than its fair share, all rows / ranks)")
+             "holding more than its fair share, all rows / ranks); an open table (raw keys) past it is split "
+             "by key hash instead, one shard a rank, its --max-rows divided over them")
     host_store: str = setting(
         "memory", type=host_store_spec, metavar="memory|mmap:DIR",
         help="where the full tables and optimizer state live: host memory, or files under DIR mapped into memory "
