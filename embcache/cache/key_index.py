@@ -89,10 +89,10 @@ def _home(key, salt, shift):
 
 
 @numba.njit(cache=True, nogil=True)
-def _find(key, slots, row_key, salt, shift):
-    """(the key's row or -1, the slot where the probe stopped)."""
+def _find_from(key, j, slots, row_key):
+    """(the key's row or -1, the slot where the probe stopped), probing from slot `j`, the
+    key's first (hashed already by the batch kernels, which keep a ring of them)."""
     mask = slots.shape[0] - 1
-    j = _home(key, salt, shift)
     while True:
         r = slots[j]
         if r < 0 or row_key[r] == key:
@@ -101,14 +101,9 @@ def _find(key, slots, row_key, salt, shift):
 
 
 @numba.njit(cache=True, nogil=True)
-def _find_from(key, j, slots, row_key):
-    """`_find` from the key's first slot `j`, hashed already."""
-    mask = slots.shape[0] - 1
-    while True:
-        r = slots[j]
-        if r < 0 or row_key[r] == key:
-            return r, j
-        j = (j + 1) & mask
+def _find(key, slots, row_key, salt, shift):
+    """`_find_from` the key's first slot."""
+    return _find_from(key, _home(key, salt, shift), slots, row_key)
 
 
 @numba.njit(cache=True, nogil=True)
