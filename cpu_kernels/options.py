@@ -75,12 +75,15 @@ class TorchOptions:
         batch_size: training pairs per step.
         threads: torch intra-op threads (None: torch's default).
         max_redraws: the "unseen" rule's rounds of redraws (`sample_negatives`).
+        device: where the parameters and Adam train ("cpu", "cuda"); the negatives are
+            drawn on the CPU either way, so a GPU run draws the CPU run's negatives.
     """
 
     lr: float = 1e-2
     batch_size: int = 1024
     threads: int | None = None
     max_redraws: int = 16
+    device: str = "cpu"
 
     def __post_init__(self):
         if not self.lr > 0:

@@ -95,11 +95,14 @@ class TorchEngine:
         self.config = params.config
         self.users = torch.from_numpy(np.asarray(users, dtype=np.int64))
         self.items = torch.from_numpy(np.asarray(items, dtype=np.int64))
-        self.U = torch.from_numpy(params.U).requires_grad_()
-        self.I = torch.from_numpy(params.I).requires_grad_()
-        self.W = torch.from_numpy(params.W).requires_grad_(self.config.simplex)
-        self.hist = torch.from_numpy(params.hist)
-        self.hist_len = torch.from_numpy(params.hist_len)
+        # on the CPU the tensors are the numpy arrays; elsewhere copies, written back to the
+        # arrays after every epoch (`_push`) and refreshed from them after a load (`_pull`)
+        self.device = torch.device(options.device)
+        self.U = torch.from_numpy(params.U).to(self.device).requires_grad_()
+        self.I = torch.from_numpy(params.I).to(self.device).requires_grad_()
+        self.W = torch.from_numpy(params.W).to(self.device).requires_grad_(self.config.simplex)
+        self.hist = torch.from_numpy(params.hist).to(self.device)
+        self.hist_len = torch.from_numpy(params.hist_len).to(self.device)
         trainable = [self.U, self.I] + ([self.W] if self.config.simplex else [])
         self.optimizer = torch.optim.Adam(trainable, lr=options.lr)
         self.generator = torch.Generator().manual_seed(self.config.seed)
@@ -120,6 +123,20 @@ class TorchEngine:
             raise ValueError(f"the checkpoint was written by the {state.get('engine')} engine, not torch")
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
+        self._pull()
+
+    def _pull(self) -> None:
+        """The parameters from `params`' arrays (a loaded checkpoint wrote them there)."""
+        if self.device.type != "cpu":
+            with torch.no_grad():
+                for tensor, array in ((self.U, self.params.U), (self.I, self.params.I), (self.W, self.params.W)):
+                    tensor.copy_(torch.from_numpy(array))
+
+    def _push(self) -> None:
+        """The parameters into `params`' arrays, where evaluation and checkpoints read them."""
+        if self.device.type != "cpu":
+            for tensor, array in ((self.U, self.params.U), (self.I, self.params.I), (self.W, self.params.W)):
+                array[...] = tensor.detach().cpu().numpy()
 
     def epoch(self, epoch: int, chunks: int = 1, progress=None, trace=None) -> dict:
         """One pass in the same seeded order as the HEAT engine; `progress(n, loss)` is called
@@ -139,6 +156,8 @@ class TorchEngine:
             redraws, kept = redraws + r, kept + k
             if trace is not None:
                 trace[idx] = negs
+            if self.device.type != "cpu":
+                users, pos, negs = (t.to(self.device, non_blocking=True) for t in (users, pos, negs))
             loss = cf_loss(self.U, self.I, self.W, self.hist, self.hist_len, users, pos, negs, c)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -150,4 +169,5 @@ class TorchEngine:
             if progress is not None and ((step + 1) % report_every == 0 or lo + o.batch_size >= n):
                 progress(since_n, since_loss / since_n)
                 since_n, since_loss = 0, 0.0
+        self._push()
         return {"loss": total / max(n, 1), "samples": n, "redraws": redraws, "seen_negatives": kept}

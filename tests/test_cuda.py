@@ -162,3 +162,38 @@ def test_checkpoint_moves_between_a_gpu_run_and_a_cpu_run(device, deterministic)
     back.load_state_dict(cpu.state_dict())
     assert torch.equal(back.full_weight(), cpu.full_weight())
     assert back.cache_stats() == cpu.cache_stats()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+def test_cf_torch_engine_on_the_device_trains_what_it_trains_on_the_cpu(device, tmp_path):
+    """The torch CF engine's parameters and Adam on the device, its negatives drawn on the
+    CPU: two epochs end where the CPU run ends (float32, different kernels: within 1e-4),
+    the parameters written back for evaluation, and a checkpoint resumes there."""
+    import numpy as np
+
+    from embcache.data.cf.synthetic import power_law_interactions
+    from embcache.train.cf import CFTrainConfig, CFTrainer
+
+    data = power_law_interactions(num_users=60, num_items=90, interactions=900, communities=3, seed=2)
+
+    def train(dev, epochs, ckdir, resume=False):
+        cfg = CFTrainConfig(epochs=epochs, engine="torch", negatives=4, threads=1, progress=False, device=dev,
+                            checkpoint_dir=str(ckdir), resume=resume)
+        trainer = CFTrainer(cfg, data)
+        return trainer, trainer.fit()
+
+    ref, ref_summary = train("cpu", 2, tmp_path / "ref")
+    got, summary = train(device, 2, tmp_path / "dev")
+    assert np.abs(got.params.U - ref.params.U).max() < 1e-4 and np.abs(got.params.I - ref.params.I).max() < 1e-4
+    assert abs(summary["recall@20"] - ref_summary["recall@20"]) < 1e-3
+    resumed, _ = train(device, 3, tmp_path / "dev", resume=True)
+    more, _ = train("cpu", 3, tmp_path / "ref", resume=True)
+    assert np.abs(resumed.params.U - more.params.U).max() < 1e-4
+
+
+def test_the_heat_engine_refuses_another_device_in_one_line():
+    from embcache.train.cf import CFTrainConfig, CFTrainer
+
+    with pytest.raises(ValueError, match="(HEAT engine runs on the CPU|CUDA)") as err:
+        CFTrainer(CFTrainConfig(epochs=1, engine="heat", device="cuda", progress=False))
+    assert "\n" not in str(err.value)

@@ -95,6 +95,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=positive_int, nargs="+", default=None,
                    help="thread counts (default: 1 and all cores)")
     p.add_argument("--model", choices=("simplex", "mf-ccl"), default="simplex")
+    p.add_argument("--torch-device", default="cpu",
+                   help="where the torch engine trains (cpu, cuda: HEAT on this host's cores against a GPU)")
     p.add_argument("--torch-max-pairs", type=positive_int, default=50_000,
                    help="synthetic set: above this many training pairs torch is timed on a seeded "
                         "subset of this size (ml-100k always runs full torch epochs)")
@@ -136,11 +138,13 @@ def epoch_bytes(params, users: np.ndarray, active_negatives: int, tile: int = 0,
 
 
 def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max_pairs: int,
-                tile: int | None = None, user_run: int | None = None, rule: str | None = None) -> dict:
+                tile: int | None = None, user_run: int | None = None, rule: str | None = None,
+                torch_device: str = "cpu") -> dict:
     """Train a fresh model with one engine; epoch times, throughput, final accuracy. `tile`:
     items per tile of the tiled HEAT variants (default HeatOptions.tile); `user_run`: the
     runs kernel's (default HeatOptions.user_run). BASELINE is the per-sample kernel, tiled.
-    `rule`: where negatives come from (default config.negatives_from)."""
+    `rule`: where negatives come from (default config.negatives_from); `torch_device`: where
+    the torch engine trains (HEAT runs on the CPU)."""
     import dataclasses
 
     import torch
@@ -153,13 +157,15 @@ def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max
     torch.set_num_threads(threads)
     config = dataclasses.replace(config, negatives_from=rule or config.negatives_from)
     params = CFParams.init(config, data.num_users, data.num_items, data.train_indptr, data.train_indices)
-    row = {"variant": variant, "threads": threads, "train_pairs": data.num_train, "negatives_from": config.negatives_from}
+    row = {"variant": variant, "threads": threads, "train_pairs": data.num_train, "negatives_from": config.negatives_from,
+           **({"device": torch_device} if variant == "torch" else {})}
     if variant == "torch" and torch_max_pairs is not None and data.num_train > torch_max_pairs:
         users, items = data.train_pairs()
         pick = np.sort(np.random.default_rng(0).choice(len(users), torch_max_pairs, replace=False))
         warm = max(len(pick) // 10, 1)
-        TorchEngine(params, users[pick[:warm]], items[pick[:warm]], TorchOptions(threads=threads)).epoch(0)
-        engine = TorchEngine(params, users[pick], items[pick], TorchOptions(threads=threads))
+        options = TorchOptions(threads=threads, device=torch_device)
+        TorchEngine(params, users[pick[:warm]], items[pick[:warm]], options).epoch(0)
+        engine = TorchEngine(params, users[pick], items[pick], options)
         t0 = time.perf_counter()
         engine.epoch(1)
         seconds = time.perf_counter() - t0
@@ -174,7 +180,8 @@ def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max
     every = 1 if torch_max_pairs is None else epochs
     cfg = CFTrainConfig.for_model(config, engine="torch" if variant == "torch" else "heat", threads=threads,
                                   tile=tile, epochs=epochs, eval_every=every, progress=False, kernel=kernel,
-                                  user_run=user_run or HeatOptions.user_run)
+                                  user_run=user_run or HeatOptions.user_run,
+                                  device=torch_device if variant == "torch" else "cpu")
     trainer = CFTrainer(cfg, data, params)
     engine = trainer.engine
     if variant != "torch":
@@ -418,7 +425,8 @@ def run_case(name: str, data, args, threads: list[int], bandwidth: dict[str, flo
     for t in threads:
         variants = VARIANTS + (() if args.no_baseline else (BASELINE,))
         for variant in variants:
-            row = run_variant(variant, data, config, t, epochs, max_pairs, tile, args.user_run)
+            row = run_variant(variant, data, config, t, epochs, max_pairs, tile, args.user_run,
+                              torch_device=args.torch_device)
             if "bytes_per_epoch" in row:
                 add_rates(row, bandwidth[str(t)])
             (baseline if variant == BASELINE else rows).append(row)
@@ -430,7 +438,8 @@ def run_case(name: str, data, args, threads: list[int], bandwidth: dict[str, flo
             for variant in OLD_RULE:
                 if variant == "torch" and max_pairs is not None and data.num_train > max_pairs:
                     continue  # its accuracy is not measured there
-                row = run_variant(variant, data, config, t, epochs, max_pairs, tile, args.user_run, rule="all")
+                row = run_variant(variant, data, config, t, epochs, max_pairs, tile, args.user_run, rule="all",
+                                  torch_device=args.torch_device)
                 new = next(r for r in rows if r["variant"] == variant and r["threads"] == t)
                 row["recall_unseen_vs_all"] = new["recall_at_20"] / row["recall_at_20"]
                 row["ndcg_unseen_vs_all"] = new["ndcg_at_20"] / row["ndcg_at_20"]

@@ -117,8 +117,9 @@ class CFTrainer(Trainer):
 
     def __init__(self, cfg: CFTrainConfig, data: Interactions | None = None, params: CFParams | None = None):
         device = cfg.resolved_device()
-        if device.type != "cpu":
-            raise ValueError(f"device {cfg.device!r}: both cf engines run on the CPU")
+        if device.type != "cpu" and cfg.engine != "torch":
+            raise ValueError(f"device {cfg.device!r}: the HEAT engine runs on the CPU (--engine torch can use "
+                             f"{device.type})")
         if cfg.threads is not None and not 1 <= cfg.threads <= max_threads():
             raise ValueError(f"--threads must be in 1..{max_threads()} on this machine")
         super().__init__(cfg, device)

@@ -50,7 +50,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--save", default=None, metavar="FILE",
                    help="write the embeddings (.npy, .npz or .parquet) (default: not saved)")
     add_config_arguments(p, CFTrainConfig, ["load"])
-    add_run_arguments(p, CFTrainConfig, "cf", device=False, threads=False, unset=["seed"], unset_note=FROM_SAVED)
+    add_run_arguments(p, CFTrainConfig, "cf", threads=False, unset=["seed"], unset_note=FROM_SAVED)
     p.set_defaults(func=train)
 
     e = sub.add_parser("evaluate", help="evaluate saved embeddings or a checkpoint", formatter_class=fmt,

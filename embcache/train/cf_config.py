@@ -51,7 +51,8 @@ class CFTrainConfig(RunConfig):
     - `load`: start from these saved embeddings instead of fresh rows.
     """
 
-    device: str | None = "cpu"
+    device: str | None = inherit(RunConfig, "device", "cpu",
+                                 help="cpu, or cuda for --engine torch (HEAT runs on the CPU); default cpu")
     seed: int = inherit(RunConfig, "seed", help="initial rows, histories, order, negatives")
     epochs: int = inherit(RunConfig, "epochs", 20, type=non_negative_int,
                           help="passes over the training pairs (0: only evaluate)")
@@ -141,7 +142,8 @@ class CFTrainConfig(RunConfig):
                            w_sync=self.w_sync, kernel=self.kernel, user_run=self.user_run)
 
     def torch_options(self) -> TorchOptions:
-        return TorchOptions(lr=self.lr, batch_size=self.batch_size, threads=self.resolved_threads())
+        return TorchOptions(lr=self.lr, batch_size=self.batch_size, threads=self.resolved_threads(),
+                            device=str(self.resolved_device()))
 
 
 # the model's settings that are flags (the seed is the run's: `RunConfig`)
