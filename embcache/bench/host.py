@@ -118,21 +118,24 @@ def build_collection(cardinalities, dim: int, ratio: float, freq: dict | None, e
                                         open_tables={t.name: {} for t in tables} if raw else None)
 
 
-def as_raw_keys(batches: list) -> list:
-    """The same lookups with each id a raw 64-bit key (a bijection: the same distinct rows)."""
+def key_of(ids: torch.Tensor) -> torch.Tensor:
+    """The raw 64-bit key the bench gives an id (a bijection: the same distinct rows)."""
     from embcache.keys import mix64
 
-    return [KeyedJaggedTensor(keys=b.keys(), values=mix64(b.values() + 1), lengths=b.lengths()) for b in batches]
+    return mix64(ids + 1)
+
+
+def as_raw_keys(batches: list) -> list:
+    """The same lookups with each id its raw key (`key_of`)."""
+    return [KeyedJaggedTensor(keys=b.keys(), values=key_of(b.values()), lengths=b.lengths()) for b in batches]
 
 
 def vocabulary_as_keys(cardinalities: list[int]) -> KeyedJaggedTensor:
-    """Every id of every table as `as_raw_keys` writes it, in id order, as one sample: what
+    """Every id of every table as its raw key (`key_of`), in id order, as one sample: what
     an open table holds in a long run's steady state (as many keys as the vocabulary, its
     rows in the vocabulary's order, so the two differ by the key index alone)."""
-    from embcache.keys import mix64
-
     ids = torch.cat([torch.arange(n, dtype=torch.int64) for n in cardinalities])
-    return KeyedJaggedTensor(keys=[f"f{i}" for i in range(len(cardinalities))], values=mix64(ids + 1),
+    return KeyedJaggedTensor(keys=[f"f{i}" for i in range(len(cardinalities))], values=key_of(ids),
                              lengths=torch.tensor(cardinalities, dtype=torch.int64))
 
 

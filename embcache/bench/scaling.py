@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from statistics import median
 from pathlib import Path
 
 from embcache.bench.common import DEFAULT_RESULTS_DIR, REPO_ROOT, run_for_summary, write_json
@@ -164,12 +165,6 @@ def _configs(args) -> list[tuple[str, int, str | None]]:
     return out
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def summarize(rounds: list[list[dict]]) -> list[dict]:
     """One result a configuration: its last run's fields, samples/s and CPU a sample as
     medians over the rounds, and its ratios to 1 rank as the median of each round's ratio
@@ -183,17 +178,17 @@ def summarize(rounds: list[list[dict]]) -> list[dict]:
         runs = [next(r for r in rnd if key(r) == cfg) for rnd in rounds]
         bases = [next((r for r in rnd if r["job"] == cfg[0] and r["ranks"] == 1), None) for rnd in rounds]
         row = dict(runs[-1])
-        row["samples_per_s"] = _median([r["samples_per_s"] for r in runs])
+        row["samples_per_s"] = median([r["samples_per_s"] for r in runs])
         row["samples_per_s_runs"] = [r["samples_per_s"] for r in runs]
         cpus = [r.get("cpu_seconds_per_sample") for r in runs]
         if all(cpus):
-            row["cpu_seconds_per_sample"] = _median(cpus)
+            row["cpu_seconds_per_sample"] = median(cpus)
         if all(bases):
-            row["speedup_vs_1_rank"] = _median([r["samples_per_s"] / b["samples_per_s"] for r, b in zip(runs, bases)])
+            row["speedup_vs_1_rank"] = median([r["samples_per_s"] / b["samples_per_s"] for r, b in zip(runs, bases)])
             row["speedup_vs_1_rank_runs"] = [r["samples_per_s"] / b["samples_per_s"] for r, b in zip(runs, bases)]
             pairs = [(r.get("cpu_seconds_per_sample"), b.get("cpu_seconds_per_sample")) for r, b in zip(runs, bases)]
             if all(c and c0 for c, c0 in pairs):
-                row["cpu_per_sample_vs_1_rank"] = _median([c / c0 for c, c0 in pairs])
+                row["cpu_per_sample_vs_1_rank"] = median([c / c0 for c, c0 in pairs])
         else:
             row["speedup_vs_1_rank"] = row["cpu_per_sample_vs_1_rank"] = None
         out.append(row)

@@ -24,6 +24,11 @@ def ratio_at_least(rows: int, num_rows: int) -> str:
     return f"{math.ceil(exact * 10 ** digits - 1e-9) / 10 ** digits:.{max(digits, 0)}f}"
 
 
+def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two batches of ids (or keys) are the same: the very tensor, or equal ones."""
+    return a is b or (a.shape == b.shape and torch.equal(a, b))
+
+
 @dataclass
 class Overflow:
     """Rows of one batch that did not fit in the cache, kept beside it for one step."""

@@ -47,6 +47,7 @@ from embcache.errors import CheckpointError
 from embcache.keys import initial_rows, mix64, unmix64
 
 from .key_index import KeyIndex
+from .lookup import same_values
 
 RETIRE_POLICIES = ("lru", "lfu")
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
@@ -123,24 +124,21 @@ class _Ahead:
     rows: np.ndarray
 
     def matches(self, keys: torch.Tensor, tables: torch.Tensor | None) -> bool:
-        return _same(self.keys, keys) and (tables is None) == (self.tables is None) and \
-            (tables is None or _same(self.tables, tables))
+        return same_values(self.keys, keys) and (tables is None) == (self.tables is None) and \
+            (tables is None or same_values(self.tables, tables))
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a is b or (a.shape == b.shape and torch.equal(a, b))
-
-
-def _coldest(cand: np.ndarray, primary: np.ndarray, want: int, codes: np.ndarray) -> np.ndarray:
+def _coldest(cand: np.ndarray, primary: np.ndarray, want: int, codes_of) -> np.ndarray:
     """The `want` candidates of smallest `primary`, ties to the smaller key code (not the
     row: rows are numbered by arrival into one index, codes are the same in any grouping),
-    by a partition rather than a sort of every candidate."""
+    by a partition rather than a sort of every candidate; `codes_of(rows)` is asked for
+    the tied candidates' codes alone."""
     if want >= cand.size:
         return cand
     kth = np.partition(primary, want - 1)[want - 1]
     below = cand[primary < kth]
-    tied = primary == kth
-    ties = cand[tied][np.argsort(codes[tied], kind="stable")]
+    ties = cand[primary == kth]
+    ties = ties[np.argsort(codes_of(ties), kind="stable")]
     return np.concatenate([below, ties[: want - below.size]])
 
 
@@ -365,7 +363,7 @@ class OpenTable:
                 primary = self.last_seen[cand]
             else:  # fewest uses, then the older last use (the product stays far below 2**63)
                 primary = self.uses[cand] * (self.clock + 1) + self.last_seen[cand]
-            self._retire(_coldest(cand, primary, want, self.index.keys_of(cand)))
+            self._retire(_coldest(cand, primary, want, self.index.keys_of))
 
     def _retire_expired(self, batch_rows: np.ndarray, store: RowStore) -> None:
         if self.index.live == 0:

@@ -34,7 +34,7 @@ import torch
 from . import fused_admission
 from .eviction import EvictionPolicy
 from .host_store import HostStore
-from .lookup import Lookup, Overflow, Prefetched, ratio_at_least  # noqa: F401 (Lookup: part of this module's API)
+from .lookup import Lookup, Overflow, Prefetched, ratio_at_least, same_values  # noqa: F401 (Lookup: part of this module's API)
 from .optimizers import RowOptimizer, RowRounding, update_rows
 from .row_cache_state import CACHE_FILE, RowCacheState  # noqa: F401 (CACHE_FILE: part of this module's API)
 from .slot_map import SlotMap
@@ -140,7 +140,7 @@ class RowCache(RowCacheState):
         if self.frozen and not keep:
             return self._peek(ids, segments)
         consumed = self._take_prefetched(ids, in_order, tag)
-        same_ids = consumed is not None and (consumed.ids is ids or torch.equal(consumed.ids, ids))
+        same_ids = consumed is not None and same_values(consumed.ids, ids)
         reusable = consumed is not None and consumed.slots is not None and self.reuse_prefetch
         part = reusable and not same_ids and (in_order or tag is not None) and consumed.ids.shape == ids.shape
         if same_ids and reusable:
@@ -286,7 +286,7 @@ class RowCache(RowCacheState):
                 if entry.tag is tag and (tag is not None or i == 0):
                     return self._pop_through(i)
         for i, entry in enumerate(self._prefetched):
-            if entry.ids is ids or (entry.ids.shape == ids.shape and torch.equal(entry.ids, ids)):
+            if same_values(entry.ids, ids):
                 return self._pop_through(i)
         return None
 
