@@ -30,3 +30,17 @@ def test_one_round_gives_that_rounds_figures():
     out = summarize([[run("dlrm", 1, 80, 1.0), run("dlrm", 2, 100, 1.6)]])
     assert [r["speedup_vs_1_rank"] for r in out] == [1.0, 1.25]
     assert out[1]["cpu_per_sample_vs_1_rank"] == 1.6
+
+
+def test_independent_processes_are_compared_with_the_one_rank_run_not_taken_for_it():
+    def alone(ranks, samples_per_s, cpu):
+        return {**run("dlrm", ranks, samples_per_s, cpu), "variant": "independent"}
+
+    rounds = [[run("dlrm", 1, 100, 1.0), run("dlrm", 2, 130, 1.4), alone(2, 160, 1.2)],
+              [run("dlrm", 1, 80, 1.0), run("dlrm", 2, 100, 1.5), alone(2, 120, 1.3)]]
+    out = summarize(rounds)
+    assert [(r["ranks"], r.get("variant")) for r in out] == [(1, None), (2, None), (2, "independent")]
+    ceiling = out[2]
+    assert ceiling["speedup_vs_1_rank_runs"] == [1.6, 1.5]
+    assert abs(ceiling["cpu_per_sample_vs_1_rank"] - 1.25) < 1e-12  # rounds' 1.2 and 1.3
+    assert out[1]["speedup_vs_1_rank_runs"] == [1.3, 1.25]

@@ -55,11 +55,21 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--face-classes", type=int, default=20_000)
     p.add_argument("--face-batch-norm", nargs="+", choices=("global", "local"), default=["global"],
                    help="face's --batch-norm at 2+ ranks, each given one run (1 rank: the same either way, run once)")
+    p.add_argument("--independent", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run DLRM as N single processes at once, each on its B/N share with nothing sent "
+                        "between them: this host's ceiling for N ranks")
     p.add_argument("--data-cache", default=str(REPO_ROOT / "datasets"))
     p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR))
     p.add_argument("--name", default="scaling")
     p.set_defaults(func=run)
     return p
+
+
+def _launch_alone(args: list[str]) -> dict:
+    """One run in one process (no torchrun, one thread); its summary."""
+    argv = [*args, "--threads", "1"]
+    summary, _ = run_for_summary(argv, f"embcache {' '.join(argv)}", env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return summary
 
 
 def _launch(ranks: int, args: list[str]) -> dict:
@@ -137,6 +147,29 @@ def _dlrm_run(args, world: int, data) -> dict:
             "peak_host_mib_rank0": s["peak_host_mib"], **cpu_fields(s)}
 
 
+def _dlrm_independent_run(args, world: int, data) -> dict:
+    """The host's own ceiling for `world` ranks: `world` single processes at once, each
+    training its share of the global batch (`B / world`, one thread) with nothing sent
+    between them. What they reach together is what `world` ranks could reach on this host
+    with free communication and no duplicated work: the rest of a real run's shortfall is
+    the distribution's own cost."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    data_dir = data[0]
+    argv = ["dlrm", "train", "--data", str(data_dir), "--max-steps", str(args.steps),
+            "--batch-size", str(args.batch_size // world), "--device", "cpu", "--no-progress"]
+    with ThreadPoolExecutor(world) as pool:
+        runs = list(pool.map(lambda _: _launch_alone(argv), range(world)))
+    rate = sum(s["train_samples_per_s"] for s in runs)
+    cpu = sum(s["train_cpu_seconds"] for s in runs)
+    samples = sum(s["train_samples_per_s"] * s["train_seconds"] for s in runs)
+    print(f"  dlrm {world} independent process(es), batch {args.batch_size // world} each: {rate:>9,.0f} samples/s "
+          f"together", flush=True)
+    return {"job": "dlrm", "ranks": world, "variant": "independent", "samples_per_s": rate,
+            "samples_per_s_each": [s["train_samples_per_s"] for s in runs], "steps": args.steps,
+            "train_cpu_seconds": cpu, "cpu_seconds_per_sample": cpu / samples if samples else None}
+
+
 def _face_run(args, world: int, norm: str) -> dict:
     from embcache.bench.face_traffic import face_model_for
 
@@ -159,6 +192,8 @@ def _configs(args) -> list[tuple[str, int, str | None]]:
     out = []
     if "dlrm" in args.which:
         out += [("dlrm", w, None) for w in args.ranks]
+        if args.independent:
+            out += [("dlrm", w, "independent") for w in args.ranks if w > 1]
     if "face" in args.which:
         out += [("face", w, norm) for w in args.ranks
                 for norm in (args.face_batch_norm if w > 1 else args.face_batch_norm[:1])]
@@ -171,12 +206,13 @@ def summarize(rounds: list[list[dict]]) -> list[dict]:
     (a round's runs follow one another, so a change of load on a shared host touches
     both sides of a ratio alike)."""
     def key(r):
-        return r["job"], r["ranks"], r.get("batch_norm")
+        return r["job"], r["ranks"], r.get("batch_norm"), r.get("variant")
 
     out = []
     for cfg in dict.fromkeys(key(r) for r in rounds[0]):
         runs = [next(r for r in rnd if key(r) == cfg) for rnd in rounds]
-        bases = [next((r for r in rnd if r["job"] == cfg[0] and r["ranks"] == 1), None) for rnd in rounds]
+        bases = [next((r for r in rnd if r["job"] == cfg[0] and r["ranks"] == 1 and "variant" not in r), None)
+                 for rnd in rounds]
         row = dict(runs[-1])
         row["samples_per_s"] = median([r["samples_per_s"] for r in runs])
         row["samples_per_s_runs"] = [r["samples_per_s"] for r in runs]
@@ -201,11 +237,13 @@ def run(args) -> int:
     for i in range(args.repeats):
         if args.repeats > 1:
             print(f"round {i + 1} of {args.repeats}", flush=True)
-        rounds.append([_dlrm_run(args, w, data) if job == "dlrm" else _face_run(args, w, norm)
-                       for job, w, norm in _configs(args)])
+        rounds.append([_dlrm_independent_run(args, w, data) if mode == "independent" else
+                       _dlrm_run(args, w, data) if job == "dlrm" else _face_run(args, w, mode)
+                       for job, w, mode in _configs(args)])
     results = summarize(rounds)
     for r in results:
-        mode = f" (--batch-norm {r['batch_norm']})" if "batch_norm" in r else ""
+        mode = f" (--batch-norm {r['batch_norm']})" if "batch_norm" in r else \
+            " independent processes (the host's ceiling)" if "variant" in r else ""
         print(f"  {r['job']} {r['ranks']} rank(s){mode}: x{r['speedup_vs_1_rank'] or 0:.2f} samples/s, "
               f"x{r.get('cpu_per_sample_vs_1_rank') or 0:.2f} CPU-seconds a sample vs 1 rank"
               + (f" (medians of {args.repeats} rounds)" if args.repeats > 1 else ""), flush=True)
