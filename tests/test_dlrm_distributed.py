@@ -94,6 +94,11 @@ def test_two_ranks_train_what_one_process_trains(one_rank, two_ranks):
     assert two["cpu_seconds_per_sample"] == pytest.approx(two["train_cpu_seconds"] / 12_000)
 
 
+def test_overlapping_the_pooled_exchange_with_the_bottom_mlp_changes_no_bit(data, two_ranks, tmp_path):
+    ok(torchrun(2, *train_args(data, tmp_path, "--no-overlap-exchange")))
+    assert_same_checkpoint(two_ranks[0] / "dlrm-last.pt", tmp_path / "dlrm-last.pt", residency=True)
+
+
 @pytest.mark.parametrize("first,then", [(2, 1), (1, 2)])
 def test_a_checkpoint_written_by_n_ranks_resumes_on_m(data, one_rank, tmp_path, first, then):
     run = {1: embcache, 2: lambda *a: torchrun(2, *a)}

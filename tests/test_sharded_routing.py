@@ -40,12 +40,16 @@ def _init(rank: int, size: int, port: int) -> None:
     torch.set_num_threads(1)
 
 
-def _count_all_to_alls(counts: collections.Counter) -> None:
-    """Count this process's `all_to_all_single` calls: "ids" (integer buffers) or "pooled"."""
+def _count_all_to_alls(counts: collections.Counter, events: list | None = None) -> None:
+    """Count this process's `all_to_all_single` calls: "ids" (integer buffers) or "pooled"
+    (and list them in order in `events`)."""
     original = dist.all_to_all_single
 
     def counted(output, input, *args, **kwargs):
-        counts["pooled" if output.dtype.is_floating_point else "ids"] += 1
+        kind = "pooled" if output.dtype.is_floating_point else "ids"
+        counts[kind] += 1
+        if events is not None:
+            events.append(kind)
         return original(output, input, *args, **kwargs)
 
     dist.all_to_all_single = counted
@@ -131,11 +135,12 @@ def test_each_owner_receives_every_ranks_lookups_in_global_sample_order_in_one_a
 
 def _train_rank(rank: int, size: int, port: int, data: str, out: str) -> None:
     _init(rank, size, port)
+    from embcache.distributed.data_parallel import unwrap
     from embcache.distributed.world import launch
     from embcache.train.dlrm import DLRMConfig, DLRMTrainer
 
-    counts = collections.Counter()
-    _count_all_to_alls(counts)
+    counts, events = collections.Counter(), []
+    _count_all_to_alls(counts, events)
     original = dist.all_reduce
 
     def all_reduce(*args, **kwargs):
@@ -148,17 +153,20 @@ def _train_rank(rank: int, size: int, port: int, data: str, out: str) -> None:
                      epochs=1, max_steps=6, cache_ratio=0.05, row_wise_rows=10**9, checkpoint_dir=os.path.join(out, "ck"))
     with launch(torch.device("cpu"), 60.0):
         trainer = DLRMTrainer(cfg, data)
-        per_step, step = [], trainer.train_step
+        per_step, order, step = [], [], trainer.train_step
+        unwrap(trainer.model.dense_arch).register_forward_pre_hook(lambda *_: events.append("bottom_mlp"))
 
         def counted(*args, **kwargs):
             before = collections.Counter(counts)
+            events.clear()
             loss = step(*args, **kwargs)
             per_step.append(dict(counts - before))
+            order.append(list(events))
             return loss
 
         trainer.train_step = counted
         trainer.fit()
-        torch.save({"per_step": per_step, "prefetch_depth": trainer.cfg.prefetch_depth},
+        torch.save({"per_step": per_step, "order": order, "prefetch_depth": trainer.cfg.prefetch_depth},
                    os.path.join(out, f"rank{rank}.pt"))
         del trainer  # before the process group goes (a DDP reducer outliving it can hang the exit)
 
@@ -179,3 +187,7 @@ def test_a_dlrm_training_step_makes_one_all_to_all_of_ids_and_one_of_pooled_embe
     # buffer), sends the pooled embeddings in one and their gradients back in one; DDP
     # all-reduces the two MLPs' gradients
     assert steady == [{"ids": 1, "pooled": 2, "all_reduce": 2}] * 5
+    # the pooled embeddings are on their way before the bottom MLP runs (it overlaps them),
+    # their gradients go back in the backward, after it
+    for order in ranks[0]["order"]:
+        assert [e for e in order if e != "ids"] == ["pooled", "bottom_mlp", "pooled"]

@@ -22,6 +22,13 @@ their owner ranks (`placement.plan`). A forward therefore moves data twice:
    a row-wise or key-hash table). The backward sends the gradients the same way in reverse, and the
    owner's cache applies them to its rows during `loss.backward()`.
 
+Steps 2 and 3 can start before the model asks for the features: `start(batch)` looks the
+batch up and starts the pooled exchange without waiting, and the forward of that batch
+waits for it. DLRM runs its bottom MLP before its sparse part, so a hook that starts the
+sparse part first (`overlap_pooled_exchange`, on by default in `dlrm train` under
+torchrun) lets the bottom MLP run while the pooled embeddings travel; the numbers are the
+same to the bit (tests/test_dlrm_distributed.py).
+
 `prefetch(batch)` does step 1 for a coming batch while this one trains and keeps the
 result, so the ids of a batch cross the network once; up to `MAX_PENDING` routed batches
 wait in order (a trainer prefetching D batches ahead has D of them). On one process none of
@@ -81,6 +88,17 @@ class _Routed:
     batch_per_rank: list[int]
 
 
+@dataclass
+class _Started:
+    """A batch whose pooled exchange `start` began: the forward of `features` waits for
+    `work` and reads `recv`."""
+
+    features: KeyedJaggedTensor
+    routed: _Routed
+    recv: torch.Tensor
+    work: object
+
+
 class ShardedEmbeddingBagCollection(nn.Module):
     """torchrec-compatible collection whose tables are spread over the ranks.
 
@@ -105,6 +123,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._served = [[(s, f) for s in shards if s.rank == o for f in s.features] for o in range(self.world.size)]
         self._group = new_group() if self.world.distributed else None
         self._pending: deque[tuple[KeyedJaggedTensor, _Routed]] = deque(maxlen=MAX_PENDING)
+        self._started: _Started | None = None
         self.comm_bytes = {"ids": 0, "pooled": 0}
         # elements of a routing block for each owner, the same on every rank: header only at first
         self._capacity = [self._header_size(o) for o in range(self.world.size)]
@@ -119,9 +138,28 @@ class ShardedEmbeddingBagCollection(nn.Module):
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         if not self.world.distributed:
             return self.local(features)
+        started, self._started = self._started, None
+        if started is not None:
+            started.work.wait()
+            if started.features is features:
+                return self._to_features(self._pooled_blocks(started.recv, started.routed), features.stride())
         routed = self._take_routed(features)
-        pooled = self._local_pooled(routed)
-        return self._to_features(self._return_pooled(pooled, routed), features.stride())
+        recv, _ = self._send_pooled(self._local_pooled(routed), routed)
+        return self._to_features(self._pooled_blocks(recv, routed), features.stride())
+
+    def start(self, features: KeyedJaggedTensor) -> None:
+        """Look `features` up and start sending the pooled embeddings back, without waiting
+        for them: the forward of the same batch waits, so whatever runs in between (DLRM's
+        bottom MLP, see `overlap_pooled_exchange`) overlaps the exchange. Collective under
+        torchrun: every rank starts the same batches. Nothing is computed otherwise than by
+        the forward alone (the same lookups, the same exchange; only its wait moves)."""
+        if not self.world.distributed:
+            return
+        if self._started is not None:  # started and never consumed: finish it, every rank alike
+            self._started.work.wait()
+        routed = self._take_routed(features)
+        recv, work = self._send_pooled(self._local_pooled(routed), routed, wait=False)
+        self._started = _Started(features, routed, recv, work)
 
     def prefetch(self, features: KeyedJaggedTensor) -> None:
         """Route a coming batch's ids now and have the owners load its rows. Collective under
@@ -228,11 +266,6 @@ class ShardedEmbeddingBagCollection(nn.Module):
         n_lengths = n * sum(batch_from)
         return KeyedJaggedTensor(keys=keys, values=out[n_lengths:], lengths=out[:n_lengths].to(lengths_dtype))
 
-    def _exchange(self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int]) -> torch.Tensor:
-        out = send.new_empty(sum(recv_splits))
-        dist.all_to_all_single(out, send, recv_splits, send_splits, group=self._group)
-        return out
-
     # --------------------------------------------------------- steps 2 and 3
     def _local_pooled(self, routed: _Routed) -> torch.Tensor:
         """`[B_global, D_mine]`: this rank's shards looked up for every rank's samples."""
@@ -242,18 +275,36 @@ class ShardedEmbeddingBagCollection(nn.Module):
         empty = torch.zeros(sum(routed.batch_per_rank), 0, requires_grad=torch.is_grad_enabled())
         return empty
 
-    def _return_pooled(self, pooled: torch.Tensor, routed: _Routed) -> list[torch.Tensor]:
-        """Each owner's `[B_local, D_owner]` block for this rank's samples."""
+    def _widths(self) -> list[int]:
+        return [sum(self._dim[f] for _, f in served) for served in self._served]
+
+    def _send_pooled(self, pooled: torch.Tensor, routed: _Routed, wait: bool = True):
+        """Send each rank its samples' rows of `pooled` (with autograd where it has a
+        gradient): (the `[B_local * sum D_owner]` buffer it fills, the exchange's work, None
+        once waited for)."""
         batch = routed.batch_per_rank[self.world.rank]
-        width = [sum(self._dim[f] for _, f in served) for served in self._served]
         send_splits = [b * pooled.shape[1] for b in routed.batch_per_rank]
-        recv_splits = [batch * w for w in width]
+        recv_splits = [batch * w for w in self._widths()]
         send = pooled.reshape(-1)
-        recv = (_AllToAll.apply(send, send_splits, recv_splits, self._group)
-                if torch.is_grad_enabled() and send.requires_grad else self._exchange(send, send_splits, recv_splits))
+        work = []
+        if torch.is_grad_enabled() and send.requires_grad:
+            recv = _AllToAll.apply(send, send_splits, recv_splits, self._group, work)
+        else:
+            recv = send.new_empty(sum(recv_splits))
+            work.append(dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self._group,
+                                               async_op=True))
         sent = sum(n for r, n in enumerate(send_splits) if r != self.world.rank)
         self.comm_bytes["pooled"] += sent * pooled.element_size()
-        return [block.view(batch, w) for block, w in zip(recv.split(recv_splits), width)]
+        if wait:
+            work[0].wait()
+            return recv, None
+        return recv, work[0]
+
+    def _pooled_blocks(self, recv: torch.Tensor, routed: _Routed) -> list[torch.Tensor]:
+        """Each owner's `[B_local, D_owner]` block for this rank's samples."""
+        batch = routed.batch_per_rank[self.world.rank]
+        width = self._widths()
+        return [block.view(batch, w) for block, w in zip(recv.split([batch * w for w in width]), width)]
 
     def _to_features(self, blocks: list[torch.Tensor], batch: int) -> KeyedTensor:
         """The owners' blocks as the model's features in order; a row-wise table's
@@ -289,10 +340,13 @@ class _AllToAll(torch.autograd.Function):
     """`all_to_all_single` whose backward sends the gradients back the way the values came."""
 
     @staticmethod
-    def forward(ctx, send, send_splits, recv_splits, group):
+    def forward(ctx, send, send_splits, recv_splits, group, work: list):
+        """Started, not waited for: the exchange's work is appended to `work`, and its output
+        must not be read before `work[0].wait()`."""
         ctx.splits, ctx.group = (send_splits, recv_splits), group
         out = send.new_empty(sum(recv_splits))
-        dist.all_to_all_single(out, send.contiguous(), recv_splits, send_splits, group=group)
+        work.append(dist.all_to_all_single(out, send.contiguous(), recv_splits, send_splits, group=group,
+                                           async_op=True))
         return out
 
     @staticmethod
@@ -300,7 +354,21 @@ class _AllToAll(torch.autograd.Function):
         send_splits, recv_splits = ctx.splits
         back = grad.new_empty(sum(send_splits))
         dist.all_to_all_single(back, grad.contiguous(), send_splits, recv_splits, group=ctx.group)
-        return back, None, None, None
+        return back, None, None, None, None
+
+
+def overlap_pooled_exchange(model: nn.Module, sharded: ShardedEmbeddingBagCollection):
+    """Have `model` (a DLRM, torchrec's or `nn.dlrm_arch`'s: `forward(dense, sparse)`, the
+    bottom MLP before the sparse part) start the sparse part's lookup and pooled exchange
+    before its bottom MLP, which then runs while the pooled embeddings travel; its own
+    forward of the sparse part waits for them. Only under torchrun (nothing to overlap on
+    one process). Returns the hook's handle (`.remove()` undoes it)."""
+    def start(_module, args, kwargs):
+        sparse = args[1] if len(args) > 1 else kwargs.get("sparse_features")
+        if sparse is not None:
+            sharded.start(sparse)
+
+    return model.register_forward_pre_hook(start, with_kwargs=True)
 
 
 def open_shard_settings(settings: dict, table: EmbeddingBagConfig, shard: Shard) -> dict:

@@ -55,7 +55,8 @@ from embcache.cache.optimizers import TORCH_EQUIVALENTS, torch_equivalent
 from embcache.data.loader import Batch, CTRBatches, lookahead_window
 from embcache.distributed import placement, table_checkpoint
 from embcache.distributed.data_parallel import data_parallel, unwrap
-from embcache.distributed.sharded_collection import ShardedEmbeddingBagCollection, open_shard_settings
+from embcache.distributed.sharded_collection import (ShardedEmbeddingBagCollection, open_shard_settings,
+                                                     overlap_pooled_exchange)
 from embcache.distributed.world import all_sum, current, gather_objects
 from embcache.errors import CheckpointError
 from embcache.nn.cached_collection import CachedEmbeddingBagCollection, group_tables
@@ -266,6 +267,8 @@ def build_model(meta: dict, cfg: DLRMConfig, ids_freq: dict | None, device: torc
     else:
         raise ValueError(f"sparse must be one of {SPARSE_MODES}, got {cfg.sparse!r}")
     model = dlrm(arch, sparse, meta, cfg, device)
+    if isinstance(sparse, ShardedEmbeddingBagCollection) and current().distributed and cfg.overlap_exchange:
+        overlap_pooled_exchange(model, sparse)
     dense_params = [p for n, p in model.named_parameters() if not n.startswith("sparse_arch.")]
     dense_opt = torch.optim.Adagrad(dense_params, lr=cfg.dense_lr)
     model.dense_arch = data_parallel(model.dense_arch, device)

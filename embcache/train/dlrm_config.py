@@ -136,6 +136,10 @@ class DLRMConfig(StepRunConfig):
         help="under torchrun: split a table with more than N rows by rows over all ranks (default: a table "
              "holding more than its fair share, all rows / ranks); an open table (raw keys) past it is split "
              "by key hash instead, one shard a rank, its --max-rows divided over them")
+    overlap_exchange: bool = setting(
+        True, flag="--no-overlap-exchange",
+        help="under torchrun: wait for the pooled embeddings' all-to-all only after the bottom MLP, which runs "
+             "while they travel (default); --no-overlap-exchange waits before it. The same results to the bit")
     host_store: str = setting(
         "memory", type=host_store_spec, metavar="memory|mmap:DIR",
         help="where the full tables and optimizer state live: host memory, or files under DIR mapped into memory "
