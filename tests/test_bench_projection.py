@@ -38,3 +38,21 @@ def test_the_binding_term(world):
     slow_node = project(CARDINALITIES, world, node_gbps=1e-3, nic_gbps=1e12, **kw)
     assert slow_nic["binds"] == ("NIC" if world > 8 else "compute")
     assert slow_node["binds"] == "NVLink"  # a node's GPUs exchange most of the bytes at 16 too
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_the_best_split_is_the_fastest_threshold_and_never_slower_than_the_default(world):
+    from embcache.bench.projection import best_split
+
+    args = (8, 65_536, 128, 2_000_000, 1e6, 450.0, 50.0)
+    best = best_split(CARDINALITIES, world, *args)
+    default = project(CARDINALITIES, world, *args)
+    assert best["speedup_no_overlap"] >= default["speedup_no_overlap"]
+    # its threshold, given to the trainer's placement, projects the same
+    assert project(CARDINALITIES, world, *args, row_wise_rows=best["row_wise_rows"]) == best
+    for threshold in (None, 1_000, 100_000, 5_000_000):
+        assert project(CARDINALITIES, world, *args, row_wise_rows=threshold)["speedup_no_overlap"] <= \
+            best["speedup_no_overlap"] + 1e-12
+    # 13 one-hot tables on 4 ranks do not balance whole: splitting more evens the lookups
+    if world == 4:
+        assert default["imbalance"] > 1.05 and best["imbalance"] < default["imbalance"]

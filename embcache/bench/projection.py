@@ -39,6 +39,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="one GPU's samples/s of the whole step (not measured here: see the description)")
     p.add_argument("--node-gbps", type=float, default=450.0, help="GB/s a GPU sends within its node (NVLink)")
     p.add_argument("--nic-gbps", type=float, default=50.0, help="GB/s a GPU sends to other nodes (400 Gb/s NIC)")
+    p.add_argument("--best-split", action=argparse.BooleanOptionalAction, default=True,
+                   help="also project each world size with the --row-wise-rows threshold that projects fastest "
+                        "(more tables split by rows: lookups even, more partial sums sent)")
     p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR))
     p.add_argument("--name", default="projection")
     p.set_defaults(func=run)
@@ -70,12 +73,13 @@ def rank_bytes(shards, world: int, batch: int, dim: int, dense_params: int) -> l
 
 
 def project(cardinalities: list[int], world: int, per_node: int, batch: int, dim: int, dense_params: int,
-            rate: float, node_gbps: float, nic_gbps: float) -> dict:
-    """One world size's projection (see the module docstring)."""
+            rate: float, node_gbps: float, nic_gbps: float, row_wise_rows: int | None = None) -> dict:
+    """One world size's projection (see the module docstring), the tables placed as the
+    trainer places them with `--row-wise-rows row_wise_rows` (None: its default)."""
     from embcache.distributed import placement
 
     tables = [placement.TableLoad(f"t{i}", (f"f{i}",), rows, float(batch)) for i, rows in enumerate(cardinalities)]
-    shards = placement.plan(tables, world)
+    shards = placement.plan(tables, world, row_wise_rows)
     lookups = [0.0] * world
     for s in shards:
         lookups[s.rank] += batch * s.rows / s.table_rows
@@ -94,27 +98,48 @@ def project(cardinalities: list[int], world: int, per_node: int, batch: int, dim
     t_inside, t_across = max(t_links, key=sum)
     t_link = t_inside + t_across
     t_one = batch / rate
-    return {"gpus": world, "rate_per_gpu": rate, "imbalance": imbalance, "compute_ms": t_compute * 1e3,
+    return {"gpus": world, "rate_per_gpu": rate, "row_wise_rows": row_wise_rows,
+            "split_tables": len({s.table for s in shards if not s.whole}), "imbalance": imbalance, "compute_ms": t_compute * 1e3,
             "link_ms": t_link * 1e3, "bytes_per_rank_mib": max(sum(b["to"]) + b["allreduce"] for b in per_rank) / 2**20,
             "speedup_no_overlap": t_one / (t_compute + t_link), "speedup_full_overlap": t_one / max(t_compute, t_link),
             "binds": "compute" if t_compute >= t_link else ("NVLink" if t_inside >= t_across else "NIC")}
+
+
+def best_split(cardinalities: list[int], world: int, *args) -> dict:
+    """The projection at `world` for the `--row-wise-rows` threshold that projects fastest
+    (no overlap; a tie to the fewer split tables). Table-wise placement balances lookups
+    only to a whole table (26 one-hot tables on 8 ranks: 3 or 4 a rank), so splitting a few
+    more tables by rows evens the lookups, at the price of more pooled partial sums on the
+    links: this weighs the two with the same model."""
+    candidates = [None, *sorted({c - 1 for c in cardinalities if c > 1}, reverse=True)]
+    best = None
+    for threshold in candidates:
+        r = project(cardinalities, world, *args, row_wise_rows=threshold)
+        if best is None or r["speedup_no_overlap"] > best["speedup_no_overlap"] + 1e-12:
+            best = r
+    return best
 
 
 def run(args) -> int:
     from embcache.bench.common import write_json
     from embcache.data.synthetic import CRITEO_KAGGLE_CARDINALITIES
 
-    rows = [project(list(CRITEO_KAGGLE_CARDINALITIES), n, args.gpus_per_node, args.batch_size, args.embedding_dim,
-                    args.dense_params, rate, args.node_gbps, args.nic_gbps)
+    hardware = (args.gpus_per_node, args.batch_size, args.embedding_dim, args.dense_params)
+    links = (args.node_gbps, args.nic_gbps)
+    rows = [{**project(list(CRITEO_KAGGLE_CARDINALITIES), n, *hardware, rate, *links), "placement": "default"}
             for rate in args.rate for n in args.gpus]
+    if args.best_split:
+        rows += [{**best_split(list(CRITEO_KAGGLE_CARDINALITIES), n, *hardware, rate, *links), "placement": "best split"}
+                 for rate in args.rate for n in args.gpus if n > 1]
     print(f"DLRM, Criteo-Kaggle shape ({len(CRITEO_KAGGLE_CARDINALITIES)} tables, {sum(CRITEO_KAGGLE_CARDINALITIES):,} "
           f"rows, dim {args.embedding_dim}), global batch {args.batch_size:,}; {args.gpus_per_node} GPUs a node, "
           f"{args.node_gbps:g} GB/s inside, {args.nic_gbps:g} GB/s between nodes")
-    print("| GPUs | one GPU's samples/s | compute ms | link ms | MiB a rank | imbalance | speed-up (no overlap - "
-          "full overlap) | binds |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| GPUs | one GPU's samples/s | placement (--row-wise-rows: tables split) | compute ms | link ms | "
+          "MiB a rank | imbalance | speed-up (no overlap - full overlap) | binds |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['gpus']} | {r['rate_per_gpu'] / 1e6:.1f} M | {r['compute_ms']:.2f} | {r['link_ms']:.2f} | "
+        where = f"{r['row_wise_rows'] or 'default'}: {r['split_tables']}"
+        print(f"| {r['gpus']} | {r['rate_per_gpu'] / 1e6:.1f} M | {where} | {r['compute_ms']:.2f} | {r['link_ms']:.2f} | "
               f"{r['bytes_per_rank_mib']:.1f} | {r['imbalance']:.2f} | {r['speedup_no_overlap']:.2f} - "
               f"{r['speedup_full_overlap']:.2f} | {r['binds']} |")
     config = {k: v for k, v in vars(args).items() if k != "func"}
