@@ -110,12 +110,15 @@ def _zero(weight: torch.Tensor) -> torch.Tensor:
 
 def build_collection(cardinalities, dim: int, ratio: float, freq: dict | None, eviction: str, raw: bool = False,
                      device: str = "meta"):
-    """The collection the bench times; `raw`: every table open (rows made as keys arrive)."""
+    """The collection the bench times; `raw`: every table open (rows made as keys arrive),
+    each given its ids' counts as its keys' (`key_counts`), so that the two differ by the
+    key index alone, not by the `freq` policy's prior."""
     tables = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=dim, num_embeddings=int(n), feature_names=[f"f{i}"],
                                  init_fn=_zero) for i, n in enumerate(cardinalities)]
+    open_tables = {t.name: {} if freq is None else {"key_freq": key_counts(freq[t.name])} for t in tables}
     return CachedEmbeddingBagCollection(tables, cache_ratio=ratio, ids_freq=None if raw else freq, device=device,
                                         eviction=eviction, optimizer="adagrad",
-                                        open_tables={t.name: {} for t in tables} if raw else None)
+                                        open_tables=open_tables if raw else None)
 
 
 def key_of(ids: torch.Tensor) -> torch.Tensor:
@@ -123,6 +126,15 @@ def key_of(ids: torch.Tensor) -> torch.Tensor:
     from embcache.keys import mix64
 
     return mix64(ids + 1)
+
+
+def key_counts(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A table's id counts as its keys' (`key_of`): (keys ascending, counts), the ids never
+    seen left out, as `load_key_frequencies` gives raw-key data's."""
+    ids = torch.nonzero(counts).flatten()
+    keys = key_of(ids)
+    order = torch.argsort(keys)
+    return keys[order], counts[ids[order]]
 
 
 def as_raw_keys(batches: list) -> list:
@@ -240,7 +252,10 @@ def run(args) -> int:
               + (f" (x{s['raw_vs_ids_1']:.2f} of ids)" if "raw_vs_ids_1" in s else "")
               + (f", 2 threads x{s['speedup_2']:.2f}, projected {PROJECTED_CORES} cores "
                  f"{s['projected']['samples_per_s']:,.0f}" if "speedup_2" in s else ""))
-    path = write_json({"config": vars(args) | {"func": None, "threads": threads}, "results": results,
+    # raw variants get the ids' counts as their keys' (`build_collection`): the same freq prior
+    raw_key_freq = any(k != "ids" for k in args.keys)
+    path = write_json({"config": vars(args) | {"func": None, "threads": threads, "raw_key_freq": raw_key_freq},
+                       "results": results,
                        "summary": summary}, args.name, args.out)
     png = plot(results, path.with_suffix(".png"))
     print(f"bench host: wrote {path}" + (f" and {png}" if png else ""))
