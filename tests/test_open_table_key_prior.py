@@ -164,3 +164,21 @@ def test_dlrm_train_on_raw_keys_gives_open_tables_the_datas_counts(raw_data):
     assert seen > 0
     lru = DLRMTrainer(replace(cfg, eviction="lru"), raw_data)
     assert all(bag.open is None or bag.open.key_counts is None for bag in lru.sparse.local.bags)
+
+
+def test_bench_hosts_raw_variant_starts_from_the_ids_counts_and_residency():
+    """`bench host --keys raw`: the open tables get the ids' counts as their keys' and, the
+    vocabulary's keys known, their caches warm up as the ids' do (the same counts resident;
+    rows of equal counts may differ)."""
+    from embcache.bench.host import build_collection, warm_up_known_keys
+
+    card = [50, 7]
+    freq = id_counts(make_batches(card, [2, 1], batch=64, count=3, seed=0), card)
+    ids = build_collection(card, 4, 0.5, freq, "freq", device="cpu")
+    raw = build_collection(card, 4, 0.5, freq, "freq", raw=True, device="cpu")
+    raw.add_keys(vocabulary_as_keys(card))
+    warm_up_known_keys(raw)
+    counts = torch.cat([freq["t0"], freq["t1"]]).double()
+    want = sorted(counts[_resident(ids)].tolist())
+    assert want and sorted(raw.bags[0].cache.policy.prior[_resident(raw)].tolist()) == want
+    assert torch.equal(raw.bags[0].cache.policy.prior[1:], counts)
