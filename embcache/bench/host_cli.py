@@ -23,7 +23,9 @@ With `--keys ids raw raw-new` the same lookups also run as raw 64-bit keys into 
 (each id a key, one to one): `raw` tables know every id of the vocabulary as a key
 beforehand, their rows in the vocabulary's order (a long run's steady state: the same rows
 laid out alike, so that only the key index differs), `raw-new` tables start empty and give
-keys rows as they first come (holding only the keys seen, numbered by arrival). Every variant trains the same stretch
+keys rows as they first come (holding only the keys seen, numbered by arrival). Both get
+the ids' counts as their keys' (`key_freq`: freq's prior, as the ids have it; the JSON
+config's `raw_key_freq`), and `raw`'s caches warm up from them as the ids' do. Every variant trains the same stretch
 of the trace right after the others, so `raw_vs_ids_1` (samples/s against ids, 1 thread)
 is what the key index costs the host.
 
@@ -54,8 +56,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--keys", nargs="+", default=["ids"], choices=["ids", "raw", "raw-new"],
                    help="ids: vocabulary ids with their counts (warm-up, freq's prior); raw: the same lookups as "
                         "raw 64-bit keys into open tables that know every key of the trace beforehand (a long "
-                        "run's steady state: no counts, no warm-up); raw-new: keys get rows as they first come "
-                        "(every batch brings new ones)")
+                        "run's steady state: the ids' counts as the keys' prior and warm-up); raw-new: keys get rows "
+                        "as they first come (every batch brings new ones; the same counts)")
     p.add_argument("--prefetch-depth", type=int, default=1, help="batches prefetched ahead, as the trainer")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR), help="results directory")

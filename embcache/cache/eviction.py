@@ -87,6 +87,20 @@ class EvictionPolicy:
         if self.prior is not None:
             self.prior.index_fill_(0, ids.to(self.prior.device), 0)
 
+    def set_prior(self, ids: torch.Tensor, counts: torch.Tensor) -> None:
+        """The prior counts of `ids` (an open table's rows, each given its key's count when a
+        key takes it, since its ids are only known as keys arrive). `freq` alone has a
+        prior; the first one given starts every other id at 0, which adds nothing to its
+        keys, so a table without counts decides as before. Set for rows not resident with
+        a live key (an open table's rows just reset, or retired, whose counts start again
+        when a key takes them): a resident row's count is kept against its prior when it
+        leaves."""
+        if self.kind != "freq" or ids.numel() == 0:
+            return
+        if self.prior is None:
+            self.prior = torch.zeros(self.id_count.numel(), dtype=torch.float64, device=self.id_count.device)
+        self.prior.index_copy_(0, ids.to(self.prior.device), counts.to(self.prior))
+
     def tick(self) -> int:
         self.clock += 1
         if self.half_life and self.id_count is not None and self.clock % self.half_life == 0:

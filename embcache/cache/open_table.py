@@ -23,6 +23,12 @@ the key, xor a salt from the table's seed), each row records its table, and a ne
 starts from its table's seed and bound. Each table is still bounded on its own, so the
 keys kept do not depend on which tables share an index (a rank's, under torchrun).
 
+A table may be given its keys' counts in the training data (`key_freq`, as
+`data.ctr_format.load_key_frequencies` gives them): a row made for a key then gets the
+key's count as the store's `freq` prior (`set_prior`; 0 for a key not counted), the prior
+a vocabulary table gets from `ids_freq`; a retiring key's row loses it. The counts are
+looked up (a binary search) for the keys given rows alone, never on a lookup.
+
 A prefetch looks its batch's keys up ahead (`rows_ahead`, the same rows as `peek`) and the
 lookup is kept for that batch's `map`, which then probes the hash table only for the keys
 unknown at the prefetch: one pass over the index a batch, not two. A kept lookup stays
@@ -30,7 +36,8 @@ exact: a key retired in between (not held by the store, so not the prefetch's) i
 up again, and a key made in between is found by the insert.
 
 The store is anything with `num_rows`, `grow(num_rows)`, `reset_rows(rows, weight)` and
-`held_rows() -> int64 array` (see `RowStore`). It grows geometrically (capacity doubles,
+`held_rows() -> int64 array` (see `RowStore`), and `set_prior(rows, counts)` where the
+table has counts. It grows geometrically (capacity doubles,
 up to the bound), so a stream of new keys costs amortised O(1) copies a row.
 """
 from __future__ import annotations
@@ -128,6 +135,54 @@ class _Ahead:
             (tables is None or same_values(self.tables, tables))
 
 
+@dataclass(frozen=True)
+class KeyCounts:
+    """One table's counted keys (int64, ascending, distinct) and their counts (float64, as
+    the policy keeps a prior): the `freq` prior of the rows its keys take."""
+
+    keys: np.ndarray
+    counts: np.ndarray
+
+    @classmethod
+    def of(cls, pair, table: str) -> "KeyCounts":
+        """`(keys, counts)` tensors or arrays checked (ValueError naming `table`)."""
+        if isinstance(pair, KeyCounts):
+            return pair
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise ValueError(f"key_freq of {table} must be (keys, counts), got {type(pair).__name__}")
+        keys, counts = (np.asarray(a.cpu() if torch.is_tensor(a) else a) for a in pair)
+        if keys.ndim != 1 or keys.shape != counts.shape or keys.dtype.kind not in "iu":
+            raise ValueError(f"key_freq of {table} must be 1-D integer keys and as many counts, got "
+                             f"{keys.dtype} {keys.shape} and {counts.shape}")
+        keys, counts = keys.astype(np.int64), counts.astype(np.float64)
+        if keys.size > 1 and not bool((keys[1:] > keys[:-1]).all()):
+            raise ValueError(f"key_freq of {table}: keys must be ascending and distinct")
+        if not bool(np.isfinite(counts).all()) or bool((counts < 0).any()):
+            raise ValueError(f"key_freq of {table}: counts must be finite and non-negative")
+        return cls(keys, counts)
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """Each key's count, 0 for a key not counted (a binary search a key)."""
+        if self.keys.size == 0:
+            return np.zeros(keys.size, np.float64)
+        at = np.minimum(np.searchsorted(self.keys, keys), self.keys.size - 1)
+        return np.where(self.keys[at] == keys, self.counts[at], 0.0)
+
+
+def _key_counts(key_freq, tables: int) -> list[KeyCounts | None] | None:
+    """`key_freq` one entry a table (None: no counts for any): a `(keys, counts)` pair for
+    a table of its own, or a list of pairs (or None) one a table sharing the index."""
+    if key_freq is None:
+        return None
+    one = isinstance(key_freq, KeyCounts) or (isinstance(key_freq, tuple) and len(key_freq) == 2 and all(
+        torch.is_tensor(a) or isinstance(a, np.ndarray) for a in key_freq))
+    per_table = [key_freq] if one else list(key_freq)
+    if len(per_table) != tables:
+        raise ValueError(f"key_freq: one (keys, counts) or None a table, {tables} tables, got {len(per_table)}")
+    out = [None if kf is None else KeyCounts.of(kf, f"table {t}") for t, kf in enumerate(per_table)]
+    return None if all(kc is None for kc in out) else out
+
+
 def _coldest(cand: np.ndarray, primary: np.ndarray, want: int, codes_of) -> np.ndarray:
     """The `want` candidates of smallest `primary`, ties to the smaller key code (not the
     row: rows are numbered by arrival into one index, codes are the same in any grouping),
@@ -161,11 +216,14 @@ class OpenTable:
         retire: "lru" | "lfu": which keys retire first under the bound.
         ttl: steps without use after which a key retires (None: never).
         retire_chunk: keys retired at least at once under the bound.
+        key_freq: the keys' counts, the store's `freq` prior for their rows: `(keys,
+            counts)` (keys ascending and distinct), or a list of them (or None) one a
+            table of a shared table. None: no prior (rows made start at 0).
     """
 
     def __init__(self, dim: int, seed: int | list[int], bound: float | list[float],
                  max_rows: int | list[int | None] | None = None, retire: str = "lru", ttl: int | None = None,
-                 retire_chunk: int | None = None):
+                 retire_chunk: int | None = None, key_freq=None):
         if retire not in RETIRE_POLICIES:
             raise ValueError(f"retire must be one of {RETIRE_POLICIES}, got {retire!r}")
         per_table = list(max_rows) if isinstance(max_rows, (list, tuple)) else None
@@ -191,6 +249,7 @@ class OpenTable:
         self.chunks = np.maximum(1, np.full(self.tables, int(retire_chunk)) if retire_chunk else self.table_bounds // 64)
         if len(set(seeds)) != len(seeds):
             raise ValueError(f"tables sharing an open table need distinct seeds (their keys' salts), got {seeds}")
+        self.key_counts = _key_counts(key_freq, self.tables)
         self.salts = table_salts(seeds)
         self._salts = self.salts.numpy()
         self.index = KeyIndex(None)  # bounded table by table, after each batch (`_enforce_bounds`)
@@ -319,6 +378,30 @@ class OpenTable:
         values = initial_rows(torch.from_numpy(raw), self.dim, torch.tensor(self.seeds)[table],
                               torch.tensor(self.bounds, dtype=torch.float64)[table])
         store.reset_rows(torch.from_numpy(new_rows + 1), values)
+        if self.key_counts is not None:
+            store.set_prior(torch.from_numpy(new_rows + 1), torch.from_numpy(self._counts_of(raw, table)))
+
+    def _counts_of(self, raw: np.ndarray, table: np.ndarray) -> np.ndarray:
+        """The counts of raw keys of `table` (one table index a key), each in its own
+        table's counts (0: not counted, or a table without counts)."""
+        out = np.zeros(raw.size, np.float64)
+        for t in np.unique(table).tolist():
+            counts = self.key_counts[t]
+            if counts is not None:
+                mine = table == t
+                out[mine] = counts.lookup(raw[mine])
+        return out
+
+    def restore_prior(self, store: RowStore) -> None:
+        """After a load (a resumed run): the store's prior as training left it, each live
+        key's row its count and every other row none (a retiring key's row loses its
+        count, so that the prior is a function of the keys held)."""
+        if self.key_counts is None:
+            return
+        prior = np.zeros(store.num_rows, np.float64)
+        rows = self.live_index_rows()
+        prior[rows + 1] = self._counts_of(self.raw_keys(rows), self.row_table[rows])
+        store.set_prior(torch.arange(store.num_rows), torch.from_numpy(prior))
 
     def peek(self, keys: torch.Tensor, tables: torch.Tensor | None = None) -> torch.Tensor:
         """Store rows of `keys` for evaluation or serving: the default row for a key never
@@ -363,7 +446,7 @@ class OpenTable:
                 primary = self.last_seen[cand]
             else:  # fewest uses, then the older last use (the product stays far below 2**63)
                 primary = self.uses[cand] * (self.clock + 1) + self.last_seen[cand]
-            self._retire(_coldest(cand, primary, want, self.index.keys_of))
+            self._retire(_coldest(cand, primary, want, self.index.keys_of), store)
 
     def _retire_expired(self, batch_rows: np.ndarray, store: RowStore) -> None:
         if self.index.live == 0:
@@ -371,10 +454,12 @@ class OpenTable:
         n = self.index.num_rows
         expired = self.index.live_mask() & (self.clock - self.last_seen[:n] > self.ttl)
         if expired.any():
-            self._retire(np.flatnonzero(expired & self._retirable(batch_rows, store)))
+            self._retire(np.flatnonzero(expired & self._retirable(batch_rows, store)), store)
 
-    def _retire(self, rows: np.ndarray) -> None:
+    def _retire(self, rows: np.ndarray, store: RowStore) -> None:
         if rows.size:
+            if self.key_counts is not None:  # the row's count goes with its key (`restore_prior`)
+                store.set_prior(torch.from_numpy(rows + 1), torch.zeros(rows.size, dtype=torch.float64))
             gone = np.bincount(self.row_table[rows], minlength=self.tables)
             self.retired_per_table += gone
             self.live_per_table -= gone

@@ -576,6 +576,11 @@ class RowCache(RowCacheState):
                  for k, v in self.host.state.items()}
         self.host.scatter(ids, weight.to(self.host.weight.dtype), state)  # rounded as a new table's rows are
 
+    def set_prior(self, ids: torch.Tensor, counts: torch.Tensor) -> None:
+        """The `freq` prior of rows `ids` (an open table's: its keys' counts, set as keys
+        take rows, after `reset_rows`); other policies ignore it."""
+        self.policy.set_prior(ids.to(self.book), counts)
+
     # ------------------------------------------------------------------ host side
     def flush(self) -> None:
         """Write every dirty row (and its state) back to the host store."""

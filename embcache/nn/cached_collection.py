@@ -90,7 +90,9 @@ def group_tables(tables: list[EmbeddingBagConfig], open_tables: dict[str, dict] 
             group.open.setdefault("max_rows", []).append(settings.get("max_rows"))
             group.open.setdefault("seeds", []).append(settings.get("seed"))
             group.open.setdefault("init_bounds", []).append(settings.get("init_bound"))
-            group.open.update({k: v for k, v in settings.items() if k not in ("max_rows", "seed", "init_bound")})
+            group.open.setdefault("key_freqs", []).append(settings.get("key_freq"))
+            group.open.update({k: v for k, v in settings.items()
+                               if k not in ("max_rows", "seed", "init_bound", "key_freq")})
         group.add(t)
     return list(groups.values())
 
@@ -117,7 +119,11 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
             index. `seed` seeds a table's first rows and its keys' salt (default: `key_seed`
             plus the table's position here; a sharded collection passes the model's);
             `init_bound` bounds its first rows (default `sqrt(1 / num_embeddings)`; a
-            shard of a table split by key hash passes the whole table's).
+            shard of a table split by key hash passes the whole table's). `key_freq`:
+            its keys' counts, `(keys, counts)` as `load_key_frequencies` gives a
+            feature's: the `freq` policy's prior for the rows its keys take, as `ids_freq`
+            is a closed table's (a shard of a table split by key hash may take the whole
+            table's: only its own keys are looked up).
         **kwargs: passed to each `CachedEmbeddingBag` (eviction, optimizer, lr, eps,
             row_dtype, rounding, ...).
 
@@ -169,7 +175,7 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
                     init_bound=[math.sqrt(1.0 / t.num_embeddings) if b is None else b
                                 for t, b in zip(g.tables, g.open["init_bounds"])],
                     max_rows=bounds, retire=g.open.get("retire", "lru"),
-                    ttl=g.open.get("ttl"), **kwargs))
+                    ttl=g.open.get("ttl"), key_freq=_key_freq(g), **kwargs))
                 continue
             self.bags.append(CachedEmbeddingBag(g.num_rows, dim, mode=mode, cache_ratio=cache_ratio,
                                                 ids_freq=freq, device=self._device,
@@ -339,6 +345,7 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
                 bag.cache.restore_rows_at(torch.from_numpy(where), torch.cat([p["weight"] for p in parts]),
                                           {k: torch.cat([p[f"optimizer.{k}"] for p in parts]) for k in state_keys},
                                           step)
+                bag.open.restore_prior(bag.cache)
                 continue
             bag.cache.restore_row_parts(
                 [(off, rows[t.name]["weight"],
@@ -503,6 +510,17 @@ def _concat_checked(values, lengths, features, spans, tables, row_offsets):
     all_lengths = torch.cat([lengths[spans[f][0]] for f in features])
     offsets = torch.cumsum(all_lengths, 0) - all_lengths
     return ids, offsets
+
+
+def _key_freq(group: _Group) -> list | None:
+    """An open group's key counts, one entry a table (None: no counts), checked with the
+    table's name in any message; None where no table has counts."""
+    from embcache.cache.open_table import KeyCounts
+
+    freqs = group.open["key_freqs"]
+    if all(kf is None for kf in freqs):
+        return None
+    return [None if kf is None else KeyCounts.of(kf, f"open table {t.name!r}") for t, kf in zip(group.tables, freqs)]
 
 
 def _members(group: _Group) -> int:

@@ -77,6 +77,11 @@ class CachedEmbeddingBag(nn.Module):
             table, `cache.open_table.OpenTable`): `num_embeddings` is then the expected
             number of keys (it sizes the cache, the first host store and the initial
             values' bound), not a limit. `weight` and `ids_freq` do not apply.
+        key_freq: an open table's keys' counts over the training data, `(keys, counts)`
+            (keys ascending and distinct, as `load_key_frequencies` gives a feature's), or
+            a list of them (or None) one a table for a shared one: a key's row gets its
+            count as the `freq` policy's prior when the key takes it (0 for a key not
+            counted), as `ids_freq` gives an id's. Ignored by the other policies.
         max_rows, retire, ttl: an open table's bound on keys held (one a table for a shared
             one), which keys retire first under it ("lru" | "lfu"), and the steps without use after which a key
             retires (None: never).
@@ -103,12 +108,12 @@ class CachedEmbeddingBag(nn.Module):
                  rounding: str = "stochastic", rounding_seed: int = 0, keys: str = "ids",
                  max_rows: int | list[int | None] | None = None, retire: str = "lru", ttl: int | None = None,
                  key_seed: int | list[int] = 0, init_bound: float | list[float] | None = None,
-                 **optimizer_kwargs):
+                 key_freq=None, **optimizer_kwargs):
         super().__init__()
         _check_config(num_embeddings, embedding_dim, mode, cache_ratio, warmup_ratio,
                       eviction, optimizer, ids_freq, weight)
         self.open = _open_table(keys, num_embeddings, embedding_dim, ids_freq, weight, host_store,
-                                max_rows, retire, ttl, key_seed, init_bound)
+                                max_rows, retire, ttl, key_seed, init_bound, key_freq, eviction)
         if self.open is not None:  # the store starts at the expected keys (+ the default row), zeros
             first_rows = 1 + min(int(num_embeddings), self.open.max_rows or int(num_embeddings))
             if host_store != "memory":  # a mapped store is made at its bound once (and a batch's keys past it)
@@ -306,6 +311,8 @@ class CachedEmbeddingBag(nn.Module):
                 self.open.load_tensors(opened)  # checked whole before anything changes
                 self.cache.grow(mine["weight"].shape[0])
             self.cache.load_state_dict(mine)
+            if self.open is not None:
+                self.open.restore_prior(self.cache)
         except ValueError as err:
             error_msgs.append(f"{prefix or 'CachedEmbeddingBag'}: {err}")
 
@@ -321,20 +328,22 @@ def _zeros(out: torch.Tensor, start: int) -> None:
     out.zero_()
 
 
-def _open_table(keys, num_embeddings, dim, ids_freq, weight, host_store, max_rows, retire, ttl, seed, bound):
+def _open_table(keys, num_embeddings, dim, ids_freq, weight, host_store, max_rows, retire, ttl, seed, bound,
+                key_freq, eviction):
     """The `OpenTable` of a bag with `keys="raw"`, None for "ids"; ValueError for a
-    setting that does not apply."""
+    setting that does not apply. Key counts are a `freq` prior: other policies drop them
+    (no lookup of counts for keys made)."""
     if keys not in ("ids", "raw"):
         raise ValueError(f"keys must be 'ids' or 'raw', got {keys!r}")
     if keys == "ids":
-        if max_rows is not None or ttl is not None:
-            raise ValueError("max_rows and ttl bound an open table: they need keys='raw'")
+        if max_rows is not None or ttl is not None or key_freq is not None:
+            raise ValueError("max_rows, ttl and key_freq are an open table's: they need keys='raw'")
         return None
     if weight is not None or ids_freq is not None:
         raise ValueError("keys='raw' makes a key's row on first sight: weight and ids_freq do not apply")
     from embcache.cache.open_table import OpenTable
     bound = math.sqrt(1.0 / num_embeddings) if bound is None else bound
-    table = OpenTable(dim, seed, bound, max_rows, retire, ttl)
+    table = OpenTable(dim, seed, bound, max_rows, retire, ttl, key_freq=key_freq if eviction == "freq" else None)
     if host_store != "memory" and table.max_rows is None:  # every table's bound, when a list
         raise ValueError("an open table on an mmap host store needs max_rows (the files are made at the bound)")
     return table

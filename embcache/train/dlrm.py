@@ -73,7 +73,7 @@ from embcache.train.dlrm_config import (  # noqa: F401 (their home before; impor
     DLRMConfig,
     training_split,
 )
-from embcache.train.raw_keys import RawKeySetup, raw_key_setup
+from embcache.train.raw_keys import RawKeySetup, raw_key_setup, with_key_counts
 from embcache.train.run import Trainer
 
 logger = logging.getLogger(__name__)
@@ -337,6 +337,8 @@ class DLRMTrainer(Trainer):
         elif cfg.eval_next_day:
             raise ValueError("--eval-next-day needs --days A-B")
         self.raw = raw_key_setup(self.meta, cfg, self.data_dir, self.train_split(0))
+        if self.raw is not None and self.raw.open_tables and cfg.eviction == "freq":  # freq's prior, per key
+            self.raw = with_key_counts(self.raw, self.meta, self.data_dir)
         freq = load_id_frequencies(self.data_dir) if cfg.sparse == "cached" and self.raw is None else None
         self.model, self.sparse, self.dense_opt, self.sparse_opt = build_model(self.meta, cfg, freq, self.device,
                                                                                self.raw)

@@ -11,7 +11,7 @@ ways can be compared at the same rows (`embcache bench vocab`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from embcache.data.ctr_format import is_raw_keys, load_key_frequencies
@@ -74,3 +74,12 @@ def raw_key_setup(meta: dict, cfg: DLRMConfig, data_dir: str | Path, first_split
                                    "ttl": ttl, "seed": cfg.seed * 1000 + i}  # the model's table i, on any rank
                    for i, n in enumerate(names)}
     return RawKeySetup(expected, open_tables, None)
+
+
+def with_key_counts(setup: RawKeySetup, meta: dict, data_dir: str | Path) -> RawKeySetup:
+    """`setup` with each open table given its keys' counts over the counted training split
+    (`load_key_frequencies`; a missing or damaged file is its one-line error): the `freq`
+    policy's prior for the rows its keys take, as ids' counts are a vocabulary table's."""
+    counts = load_key_frequencies(data_dir)
+    return replace(setup, open_tables={table_name(n): {**setup.open_tables[table_name(n)], "key_freq": counts[n]}
+                                       for n in (f["name"] for f in meta["sparse"])})
