@@ -154,7 +154,9 @@ def _train_rank(rank: int, size: int, port: int, data: str, out: str) -> None:
     with launch(torch.device("cpu"), 60.0):
         trainer = DLRMTrainer(cfg, data)
         per_step, order, step = [], [], trainer.train_step
-        unwrap(trainer.model.dense_arch).register_forward_pre_hook(lambda *_: events.append("bottom_mlp"))
+        bottom = unwrap(trainer.model.dense_arch)
+        bottom.register_forward_pre_hook(lambda *_: events.append("bottom_mlp"))
+        bottom.register_full_backward_pre_hook(lambda *_: events.append("bottom_mlp_backward"))
 
         def counted(*args, **kwargs):
             before = collections.Counter(counts)
@@ -188,6 +190,6 @@ def test_a_dlrm_training_step_makes_one_all_to_all_of_ids_and_one_of_pooled_embe
     # all-reduces the two MLPs' gradients
     assert steady == [{"ids": 1, "pooled": 2, "all_reduce": 2}] * 5
     # the pooled embeddings are on their way before the bottom MLP runs (it overlaps them),
-    # their gradients go back in the backward, after it
+    # and their gradients before the bottom MLP's backward runs (it overlaps those)
     for order in ranks[0]["order"]:
-        assert [e for e in order if e != "ids"] == ["pooled", "bottom_mlp", "pooled"]
+        assert [e for e in order if e != "ids"] == ["pooled", "bottom_mlp", "pooled", "bottom_mlp_backward"]

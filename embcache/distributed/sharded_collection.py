@@ -91,12 +91,16 @@ class _Routed:
 @dataclass
 class _Started:
     """A batch whose pooled exchange `start` began: the forward of `features` waits for
-    `work` and reads `recv`."""
+    `work`, reads `recv` and ties it to `pooled` (this rank's lookups, through their
+    gradient's wait) for the backward; `splits` are the exchange's (send, receive)."""
 
     features: KeyedJaggedTensor
     routed: _Routed
     recv: torch.Tensor
     work: object
+    pooled: torch.Tensor | None
+    gradient: "_GradientExchange"
+    splits: tuple[list[int], list[int]]
 
 
 class ShardedEmbeddingBagCollection(nn.Module):
@@ -142,24 +146,46 @@ class ShardedEmbeddingBagCollection(nn.Module):
         if started is not None:
             started.work.wait()
             if started.features is features:
-                return self._to_features(self._pooled_blocks(started.recv, started.routed), features.stride())
+                return self._to_features(self._pooled_blocks(self._received(started), started.routed),
+                                         features.stride())
         routed = self._take_routed(features)
-        recv, _ = self._send_pooled(self._local_pooled(routed), routed)
+        recv = self._send_pooled(self._local_pooled(routed), routed)
         return self._to_features(self._pooled_blocks(recv, routed), features.stride())
 
     def start(self, features: KeyedJaggedTensor) -> None:
         """Look `features` up and start sending the pooled embeddings back, without waiting
         for them: the forward of the same batch waits, so whatever runs in between (DLRM's
-        bottom MLP, see `overlap_pooled_exchange`) overlaps the exchange. Collective under
-        torchrun: every rank starts the same batches. Nothing is computed otherwise than by
-        the forward alone (the same lookups, the same exchange; only its wait moves)."""
+        bottom MLP, see `overlap_pooled_exchange`) overlaps the exchange. Its backward
+        overlaps the gradients' way back the same way: the received embeddings join the
+        autograd graph after the bottom MLP (so their backward, which starts sending the
+        gradients, runs before the bottom MLP's), this rank's lookups before it (so the wait
+        for their gradients comes after the bottom MLP's backward). Collective under
+        torchrun: every rank starts the same batches. The numbers are the forward's alone
+        (the same lookups, the same exchanges; only the waits move)."""
         if not self.world.distributed:
             return
         if self._started is not None:  # started and never consumed: finish it, every rank alike
             self._started.work.wait()
         routed = self._take_routed(features)
-        recv, work = self._send_pooled(self._local_pooled(routed), routed, wait=False)
-        self._started = _Started(features, routed, recv, work)
+        pooled = self._local_pooled(routed)
+        gradient = _GradientExchange()
+        tracked = torch.is_grad_enabled() and pooled.requires_grad
+        if tracked:
+            pooled = _AwaitGradient.apply(pooled, gradient)
+        send_splits, recv_splits = self._splits(pooled, routed)
+        recv = pooled.new_empty(sum(recv_splits))
+        work = dist.all_to_all_single(recv, pooled.detach().reshape(-1), recv_splits, send_splits,
+                                      group=self._group, async_op=True)
+        self._count_pooled(pooled, send_splits)
+        self._started = _Started(features, routed, recv, work, pooled if tracked else None, gradient,
+                                 (send_splits, recv_splits))
+
+    def _received(self, started: _Started) -> torch.Tensor:
+        """The started batch's received embeddings, with the backward that sends their
+        gradients to the owners (see `start`)."""
+        if started.pooled is None:
+            return started.recv
+        return _ReceivedPooled.apply(started.pooled, started.recv, *started.splits, self._group, started.gradient)
 
     def prefetch(self, features: KeyedJaggedTensor) -> None:
         """Route a coming batch's ids now and have the owners load its rows. Collective under
@@ -278,27 +304,28 @@ class ShardedEmbeddingBagCollection(nn.Module):
     def _widths(self) -> list[int]:
         return [sum(self._dim[f] for _, f in served) for served in self._served]
 
-    def _send_pooled(self, pooled: torch.Tensor, routed: _Routed, wait: bool = True):
-        """Send each rank its samples' rows of `pooled` (with autograd where it has a
-        gradient): (the `[B_local * sum D_owner]` buffer it fills, the exchange's work, None
-        once waited for)."""
+    def _splits(self, pooled: torch.Tensor, routed: _Routed) -> tuple[list[int], list[int]]:
+        """The pooled exchange's (send, receive) splits: every rank's samples' rows of this
+        rank's columns out, this rank's samples' rows of every owner's columns in."""
         batch = routed.batch_per_rank[self.world.rank]
-        send_splits = [b * pooled.shape[1] for b in routed.batch_per_rank]
-        recv_splits = [batch * w for w in self._widths()]
-        send = pooled.reshape(-1)
-        work = []
-        if torch.is_grad_enabled() and send.requires_grad:
-            recv = _AllToAll.apply(send, send_splits, recv_splits, self._group, work)
-        else:
-            recv = send.new_empty(sum(recv_splits))
-            work.append(dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self._group,
-                                               async_op=True))
+        return [b * pooled.shape[1] for b in routed.batch_per_rank], [batch * w for w in self._widths()]
+
+    def _count_pooled(self, pooled: torch.Tensor, send_splits: list[int]) -> None:
         sent = sum(n for r, n in enumerate(send_splits) if r != self.world.rank)
         self.comm_bytes["pooled"] += sent * pooled.element_size()
-        if wait:
-            work[0].wait()
-            return recv, None
-        return recv, work[0]
+
+    def _send_pooled(self, pooled: torch.Tensor, routed: _Routed) -> torch.Tensor:
+        """Send each rank its samples' rows of `pooled` (with autograd where it has a
+        gradient) and wait: the `[B_local * sum D_owner]` buffer received."""
+        send_splits, recv_splits = self._splits(pooled, routed)
+        send = pooled.reshape(-1)
+        if torch.is_grad_enabled() and send.requires_grad:
+            recv = _AllToAll.apply(send, send_splits, recv_splits, self._group)
+        else:
+            recv = send.new_empty(sum(recv_splits))
+            dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self._group)
+        self._count_pooled(pooled, send_splits)
+        return recv
 
     def _pooled_blocks(self, recv: torch.Tensor, routed: _Routed) -> list[torch.Tensor]:
         """Each owner's `[B_local, D_owner]` block for this rank's samples."""
@@ -340,13 +367,10 @@ class _AllToAll(torch.autograd.Function):
     """`all_to_all_single` whose backward sends the gradients back the way the values came."""
 
     @staticmethod
-    def forward(ctx, send, send_splits, recv_splits, group, work: list):
-        """Started, not waited for: the exchange's work is appended to `work`, and its output
-        must not be read before `work[0].wait()`."""
+    def forward(ctx, send, send_splits, recv_splits, group):
         ctx.splits, ctx.group = (send_splits, recv_splits), group
         out = send.new_empty(sum(recv_splits))
-        work.append(dist.all_to_all_single(out, send.contiguous(), recv_splits, send_splits, group=group,
-                                           async_op=True))
+        dist.all_to_all_single(out, send.contiguous(), recv_splits, send_splits, group=group)
         return out
 
     @staticmethod
@@ -354,7 +378,51 @@ class _AllToAll(torch.autograd.Function):
         send_splits, recv_splits = ctx.splits
         back = grad.new_empty(sum(send_splits))
         dist.all_to_all_single(back, grad.contiguous(), send_splits, recv_splits, group=ctx.group)
-        return back, None, None, None, None
+        return back, None, None, None
+
+
+class _GradientExchange:
+    """The gradients' exchange of a started batch, between `_ReceivedPooled.backward`, which
+    starts it, and `_AwaitGradient.backward`, which waits for it."""
+
+    work = None
+    sent: torch.Tensor | None = None  # kept alive until the exchange is done
+
+
+class _ReceivedPooled(torch.autograd.Function):
+    """The received pooled embeddings (`recv`, already exchanged) as a function of this rank's
+    lookups (`pooled`): the backward starts sending the gradients to the owners and returns
+    the buffer they arrive in, not yet filled; `_AwaitGradient` waits before anything reads it."""
+
+    @staticmethod
+    def forward(ctx, pooled, recv, send_splits, recv_splits, group, gradient: _GradientExchange):
+        ctx.shape, ctx.splits, ctx.group, ctx.gradient = pooled.shape, (send_splits, recv_splits), group, gradient
+        return recv
+
+    @staticmethod
+    def backward(ctx, grad):
+        send_splits, recv_splits = ctx.splits
+        back = grad.new_empty(sum(send_splits))
+        ctx.gradient.sent = grad.contiguous()
+        ctx.gradient.work = dist.all_to_all_single(back, ctx.gradient.sent, send_splits, recv_splits,
+                                                   group=ctx.group, async_op=True)
+        return back.view(ctx.shape), None, None, None, None, None
+
+
+class _AwaitGradient(torch.autograd.Function):
+    """Identity whose backward waits for the gradients' exchange (`_GradientExchange`) before
+    passing them on to the lookups (whose backward updates the cached rows)."""
+
+    @staticmethod
+    def forward(ctx, pooled, gradient: _GradientExchange):
+        ctx.gradient = gradient
+        return pooled.view_as(pooled)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.gradient.work.wait()
+        ctx.gradient.work = ctx.gradient.sent = None
+        return grad, None
 
 
 def overlap_pooled_exchange(model: nn.Module, sharded: ShardedEmbeddingBagCollection):
