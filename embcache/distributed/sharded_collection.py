@@ -89,6 +89,17 @@ class _Routed:
 
 
 @dataclass
+class _BlocksInFlight:
+    """A routing exchange started and not yet waited for, with the capacities it used."""
+
+    send: torch.Tensor
+    rest: list[torch.Tensor] | None
+    recv: torch.Tensor
+    work: object
+    capacity: list[int]
+
+
+@dataclass
 class _Started:
     """A batch whose pooled exchange `start` began: the forward of `features` waits for
     `work`, reads `recv` and ties it to `pooled` (this rank's lookups, through their
@@ -128,6 +139,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._group = new_group() if self.world.distributed else None
         self._pending: deque[tuple[KeyedJaggedTensor, _Routed]] = deque(maxlen=MAX_PENDING)
         self._started: _Started | None = None
+        # a prefetch whose ids are on their way (`settle` finishes it), with `overlap` only
+        self._routing: tuple[KeyedJaggedTensor, _BlocksInFlight] | None = None
+        self.overlap = False  # set by `overlap_pooled_exchange`
         self.comm_bytes = {"ids": 0, "pooled": 0}
         # elements of a routing block for each owner, the same on every rank: header only at first
         self._capacity = [self._header_size(o) for o in range(self.world.size)]
@@ -143,6 +157,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         if not self.world.distributed:
             return self.local(features)
         started, self._started = self._started, None
+        if started is None:
+            self.settle()
         if started is not None:
             started.work.wait()
             if started.features is features:
@@ -166,6 +182,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
             return
         if self._started is not None:  # started and never consumed: finish it, every rank alike
             self._started.work.wait()
+        self.settle()
         routed = self._take_routed(features)
         pooled = self._local_pooled(routed)
         gradient = _GradientExchange()
@@ -185,7 +202,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         gradients to the owners (see `start`)."""
         if started.pooled is None:
             return started.recv
-        return _ReceivedPooled.apply(started.pooled, started.recv, *started.splits, self._group, started.gradient)
+        return _ReceivedPooled.apply(started.pooled, started.recv, *started.splits, self._group, started.gradient,
+                                     self.settle)
 
     def prefetch(self, features: KeyedJaggedTensor) -> None:
         """Route a coming batch's ids now and have the owners load its rows. Collective under
@@ -193,14 +211,33 @@ class ShardedEmbeddingBagCollection(nn.Module):
         if not self.world.distributed:
             self.local.prefetch(features)
             return
-        routed = self._route(features)
+        self.settle()
+        if self.overlap:  # started now, finished by the step's backward (or the next call here)
+            self._routing = (features, self._start_blocks(self._blocks_out(features)))
+            return
+        self._prefetched(features, self._route(features))
+
+    def _prefetched(self, features: KeyedJaggedTensor, routed: _Routed) -> None:
         self._pending.append((features, routed))
         if self.local is not None:
             self.local.prefetch(routed.kjt)
 
+    def settle(self) -> None:
+        """Finish the prefetch whose ids are on their way (`overlap`): its owners receive
+        them and load their rows. Called by the step's backward before the gradients'
+        exchange, so the ids travel while the top MLP's backward runs and every cache does
+        what it did when the prefetch waited at once, in the same order; and by every entry
+        point of this collection, so nothing sees a prefetch half done. Collective."""
+        routing, self._routing = self._routing, None
+        if routing is not None:
+            features, flight = routing
+            self._prefetched(features, self._routed(*self._finish_blocks(flight), features))
+
     def pending_prefetches(self) -> int:
         """Prefetched batches not yet looked up, the same answer on every rank (collective
         under torchrun: a rank without tables holds none, the owners agree)."""
+        if self.world.distributed:
+            self.settle()
         mine = self.local.pending_prefetches() if self.local is not None else 0
         if not self.world.distributed:
             return mine
@@ -222,7 +259,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
     def _route(self, kjt: KeyedJaggedTensor) -> _Routed:
         """Send each owner its block of this rank's samples and receive this rank's lookups
         from every rank (see the module docstring)."""
-        inbound, heads = self._exchange_blocks(self._blocks_out(kjt))
+        return self._routed(*self._exchange_blocks(self._blocks_out(kjt)), kjt)
+
+    def _routed(self, inbound: list[torch.Tensor], heads: list[list[int]], kjt: KeyedJaggedTensor) -> _Routed:
+        """`kjt`'s lookups as this owner received them."""
         batch_from = [h[0] for h in heads]
         ids_from = [h[1 + self.world.size:] for h in heads]
         return _Routed(self._owner_kjt(inbound, batch_from, ids_from, kjt.lengths().dtype), batch_from)
@@ -231,12 +271,24 @@ class ShardedEmbeddingBagCollection(nn.Module):
         """One all-to-all of the blocks, each in the capacity every rank gives its owner (a
         second one only when a block is longer): the blocks received, in rank order, and
         their headers as ints."""
-        world, me, capacity = self.world.size, self.world.rank, self._capacity
+        return self._finish_blocks(self._start_blocks(blocks))
+
+    def _start_blocks(self, blocks: list[list[torch.Tensor]]) -> "_BlocksInFlight":
+        """The first all-to-all of `_exchange_blocks`, started and not waited for."""
+        world, me, capacity = self.world.size, self.world.rank, list(self._capacity)
         device = collective_device()  # NCCL exchanges device tensors only: host ids move once
         send, rest = _pack(blocks, capacity)
         send = send.to(device, non_blocking=True)
         recv = send.new_empty(world * capacity[me])
-        dist.all_to_all_single(recv, send, [capacity[me]] * world, capacity, group=self._group)
+        work = dist.all_to_all_single(recv, send, [capacity[me]] * world, capacity, group=self._group,
+                                      async_op=True)
+        return _BlocksInFlight(send, rest, recv, work, capacity)
+
+    def _finish_blocks(self, flight: "_BlocksInFlight") -> tuple[list[torch.Tensor], list[list[int]]]:
+        """Wait for a started exchange of blocks, and send what outgrew its capacity."""
+        world, me, capacity = self.world.size, self.world.rank, flight.capacity
+        flight.work.wait()
+        recv = flight.recv
         inbound = list(recv.view(world, capacity[me]).unbind(0))
         heads = recv.view(world, capacity[me])[:, :self._header_size(me)].tolist()
         sizes = [h[1: 1 + world] for h in heads]  # sizes[s][o]: rank s's block for owner o
@@ -246,7 +298,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
             send_rest = [max(n - c, 0) for n, c in zip(sizes[me], capacity)]
             recv_rest = [max(row[me] - capacity[me], 0) for row in sizes]
             more = recv.new_empty(sum(recv_rest))
-            rest = torch.cat(rest).to(device, non_blocking=True) if rest else send[:0]
+            rest = torch.cat(flight.rest).to(recv.device, non_blocking=True) if flight.rest else flight.send[:0]
             dist.all_to_all_single(more, rest, recv_rest, send_rest, group=self._group)
             inbound = [torch.cat([block, extra]) if n else block
                        for block, extra, n in zip(inbound, more.split(recv_rest), recv_rest)]
@@ -395,18 +447,20 @@ class _ReceivedPooled(torch.autograd.Function):
     the buffer they arrive in, not yet filled; `_AwaitGradient` waits before anything reads it."""
 
     @staticmethod
-    def forward(ctx, pooled, recv, send_splits, recv_splits, group, gradient: _GradientExchange):
+    def forward(ctx, pooled, recv, send_splits, recv_splits, group, gradient: _GradientExchange, settle):
         ctx.shape, ctx.splits, ctx.group, ctx.gradient = pooled.shape, (send_splits, recv_splits), group, gradient
+        ctx.settle = settle
         return recv
 
     @staticmethod
     def backward(ctx, grad):
+        ctx.settle()  # the next batch's ids, sent by its prefetch after this forward, arrive first
         send_splits, recv_splits = ctx.splits
         back = grad.new_empty(sum(send_splits))
         ctx.gradient.sent = grad.contiguous()
         ctx.gradient.work = dist.all_to_all_single(back, ctx.gradient.sent, send_splits, recv_splits,
                                                    group=ctx.group, async_op=True)
-        return back.view(ctx.shape), None, None, None, None, None
+        return back.view(ctx.shape), None, None, None, None, None, None
 
 
 class _AwaitGradient(torch.autograd.Function):
@@ -436,6 +490,7 @@ def overlap_pooled_exchange(model: nn.Module, sharded: ShardedEmbeddingBagCollec
         if sparse is not None:
             sharded.start(sparse)
 
+    sharded.overlap = True
     return model.register_forward_pre_hook(start, with_kwargs=True)
 
 
