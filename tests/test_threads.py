@@ -109,3 +109,40 @@ def test_cf_threads_default_to_the_usable_cores(monkeypatch, capsys, threads_put
     assert main([*args, "--threads", "1"]) == 0
     assert ", 1 thread(s)" in capsys.readouterr().out
     assert torch.get_num_threads() == 2  # a command run in-process leaves the caller's setting
+
+
+@pytest.mark.parametrize("cores,ranks,expected", [
+    (range(8), 2, [[0, 1, 2, 3], [4, 5, 6, 7]]),
+    (range(7), 3, [[0, 1, 2], [3, 4], [5, 6]]),
+    ([5, 2, 9, 3], 2, [[2, 3], [5, 9]]),  # a mask's cores, in order
+    (range(2), 4, [[0, 1]] * 4),  # fewer cores than ranks: each keeps them all
+])
+def test_each_local_rank_gets_its_own_contiguous_share_of_the_cores(cores, ranks, expected):
+    shares = [threads.local_share(list(cores), r, ranks) for r in range(ranks)]
+    assert shares == expected
+
+
+def _pinned(env: dict, *flags: str) -> str:
+    """The affinity a `run_cli.apply_threads` leaves in a fresh process (and the threads it set)."""
+    import subprocess
+    import sys
+
+    code = ("import argparse, os, sys; from embcache.train.run_cli import add_threads_argument, apply_threads; "
+            "p = argparse.ArgumentParser(); add_threads_argument(p); n = apply_threads(p.parse_args(sys.argv[1:])); "
+            "print(sorted(os.sched_getaffinity(0)), n)")
+    full = {k: v for k, v in os.environ.items() if k not in ("LOCAL_WORLD_SIZE", "LOCAL_RANK", "OMP_NUM_THREADS")}
+    proc = subprocess.run([sys.executable, "-c", code, *flags], env={**full, **env}, capture_output=True, text=True,
+                          check=True)
+    return proc.stdout.strip()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs affinity masks and 2 cores")
+def test_a_torchrun_rank_keeps_to_its_share_of_the_cores_unless_told_not_to():
+    cores = sorted(os.sched_getaffinity(0))
+    half = len(cores) // 2
+    assert _pinned({"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "1"}) == f"{cores[half:]} {half}"
+    assert _pinned({"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "0"}) == f"{cores[:half]} {half}"
+    # the threads are the share the rank had before pinning, not a share of the share
+    assert _pinned({"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "1"}, "--no-pin-cores") == f"{cores} {half}"
+    assert _pinned({}) == f"{cores} {len(cores)}"  # one process: left alone

@@ -48,13 +48,20 @@ def add_threads_argument(p: argparse.ArgumentParser, what: str = "CPU threads of
 
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help=f"{what} {THREADS_DEFAULT.format(cores=usable_cores())}")
+    p.add_argument("--no-pin-cores", dest="pin_cores", action="store_false",
+                   help="under torchrun with several processes on a node, leave the OS to place them (default: "
+                        "each keeps to its own share of the cores, its communication threads included)")
 
 
 def apply_threads(args) -> int:
-    """Set torch's and numba's threads from --threads (or its default); returns the number."""
-    from embcache.threads import set_threads
+    """Set torch's and numba's threads from --threads (or its default), then keep this
+    torchrun rank to its share of the cores (unless --no-pin-cores); returns the number."""
+    from embcache.threads import default_threads, pin_local_rank, set_threads
 
-    return set_threads(args.threads)
+    threads = default_threads() if args.threads is None else args.threads  # from every usable core
+    if getattr(args, "pin_cores", True):
+        pin_local_rank()
+    return set_threads(threads)
 
 
 def refuse_existing_run(args, kind: str) -> None:
