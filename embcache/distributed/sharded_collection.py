@@ -484,7 +484,9 @@ def overlap_pooled_exchange(model: nn.Module, sharded: ShardedEmbeddingBagCollec
     bottom MLP before the sparse part) start the sparse part's lookup and pooled exchange
     before its bottom MLP, which then runs while the pooled embeddings travel; its own
     forward of the sparse part waits for them. Only under torchrun (nothing to overlap on
-    one process). Returns the hook's handle (`.remove()` undoes it)."""
+    one process). It also sets `sharded.overlap`, under which a prefetch's ids exchange is
+    finished by the step's backward (`settle`) rather than at once. Returns the hook's
+    handle: `.remove()` and `sharded.overlap = False` undo the two."""
     def start(_module, args, kwargs):
         sparse = args[1] if len(args) > 1 else kwargs.get("sparse_features")
         if sparse is not None:
