@@ -51,6 +51,7 @@ from torch import nn
 
 from embcache.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor
 
+from .exchange_autograd import AllToAll, AwaitGradient, GradientExchange, ReceivedPooled
 from .placement import Shard
 from .world import all_sum, collective_device, current, new_group
 
@@ -110,7 +111,7 @@ class _Started:
     recv: torch.Tensor
     work: object
     pooled: torch.Tensor | None
-    gradient: "_GradientExchange"
+    gradient: GradientExchange
     splits: tuple[list[int], list[int]]
 
 
@@ -185,10 +186,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self.settle()
         routed = self._take_routed(features)
         pooled = self._local_pooled(routed)
-        gradient = _GradientExchange()
+        gradient = GradientExchange()
         tracked = torch.is_grad_enabled() and pooled.requires_grad
         if tracked:
-            pooled = _AwaitGradient.apply(pooled, gradient)
+            pooled = AwaitGradient.apply(pooled, gradient)
         send_splits, recv_splits = self._splits(pooled, routed)
         recv = pooled.new_empty(sum(recv_splits))
         work = dist.all_to_all_single(recv, pooled.detach().reshape(-1), recv_splits, send_splits,
@@ -202,7 +203,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         gradients to the owners (see `start`)."""
         if started.pooled is None:
             return started.recv
-        return _ReceivedPooled.apply(started.pooled, started.recv, *started.splits, self._group, started.gradient,
+        return ReceivedPooled.apply(started.pooled, started.recv, *started.splits, self._group, started.gradient,
                                      self.settle)
 
     def prefetch(self, features: KeyedJaggedTensor) -> None:
@@ -372,7 +373,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         send_splits, recv_splits = self._splits(pooled, routed)
         send = pooled.reshape(-1)
         if torch.is_grad_enabled() and send.requires_grad:
-            recv = _AllToAll.apply(send, send_splits, recv_splits, self._group)
+            recv = AllToAll.apply(send, send_splits, recv_splits, self._group)
         else:
             recv = send.new_empty(sum(recv_splits))
             dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self._group)
@@ -413,70 +414,6 @@ class ShardedEmbeddingBagCollection(nn.Module):
     def table_weight(self, name: str) -> torch.Tensor:
         """A whole table this rank holds (every table, on one process)."""
         return self.local.table_weight(name)
-
-
-class _AllToAll(torch.autograd.Function):
-    """`all_to_all_single` whose backward sends the gradients back the way the values came."""
-
-    @staticmethod
-    def forward(ctx, send, send_splits, recv_splits, group):
-        ctx.splits, ctx.group = (send_splits, recv_splits), group
-        out = send.new_empty(sum(recv_splits))
-        dist.all_to_all_single(out, send.contiguous(), recv_splits, send_splits, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        send_splits, recv_splits = ctx.splits
-        back = grad.new_empty(sum(send_splits))
-        dist.all_to_all_single(back, grad.contiguous(), send_splits, recv_splits, group=ctx.group)
-        return back, None, None, None
-
-
-class _GradientExchange:
-    """The gradients' exchange of a started batch, between `_ReceivedPooled.backward`, which
-    starts it, and `_AwaitGradient.backward`, which waits for it."""
-
-    work = None
-    sent: torch.Tensor | None = None  # kept alive until the exchange is done
-
-
-class _ReceivedPooled(torch.autograd.Function):
-    """The received pooled embeddings (`recv`, already exchanged) as a function of this rank's
-    lookups (`pooled`): the backward starts sending the gradients to the owners and returns
-    the buffer they arrive in, not yet filled; `_AwaitGradient` waits before anything reads it."""
-
-    @staticmethod
-    def forward(ctx, pooled, recv, send_splits, recv_splits, group, gradient: _GradientExchange, settle):
-        ctx.shape, ctx.splits, ctx.group, ctx.gradient = pooled.shape, (send_splits, recv_splits), group, gradient
-        ctx.settle = settle
-        return recv
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.settle()  # the next batch's ids, sent by its prefetch after this forward, arrive first
-        send_splits, recv_splits = ctx.splits
-        back = grad.new_empty(sum(send_splits))
-        ctx.gradient.sent = grad.contiguous()
-        ctx.gradient.work = dist.all_to_all_single(back, ctx.gradient.sent, send_splits, recv_splits,
-                                                   group=ctx.group, async_op=True)
-        return back.view(ctx.shape), None, None, None, None, None, None
-
-
-class _AwaitGradient(torch.autograd.Function):
-    """Identity whose backward waits for the gradients' exchange (`_GradientExchange`) before
-    passing them on to the lookups (whose backward updates the cached rows)."""
-
-    @staticmethod
-    def forward(ctx, pooled, gradient: _GradientExchange):
-        ctx.gradient = gradient
-        return pooled.view_as(pooled)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.gradient.work.wait()
-        ctx.gradient.work = ctx.gradient.sent = None
-        return grad, None
 
 
 def overlap_pooled_exchange(model: nn.Module, sharded: ShardedEmbeddingBagCollection):
