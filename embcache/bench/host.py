@@ -116,10 +116,11 @@ def build_collection(cardinalities, dim: int, ratio: float, freq: dict | None, e
     key index alone, not by the `freq` policy's prior."""
     tables = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=dim, num_embeddings=int(n), feature_names=[f"f{i}"],
                                  init_fn=_zero) for i, n in enumerate(cardinalities)]
-    open_tables = {t.name: {} if freq is None else {"key_freq": key_counts(freq[t.name])} for t in tables}
+    open_tables = {t.name: {} if freq is None else {"key_freq": key_counts(freq[t.name])} for t in tables} \
+        if raw else None
     return CachedEmbeddingBagCollection(tables, cache_ratio=ratio, ids_freq=None if raw else freq, device=device,
                                         eviction=eviction, optimizer="adagrad", warmup_ratio=WARMUP_RATIO,
-                                        open_tables=open_tables if raw else None)
+                                        open_tables=open_tables)
 
 
 def key_of(ids: torch.Tensor) -> torch.Tensor:

@@ -158,13 +158,12 @@ class ShardedEmbeddingBagCollection(nn.Module):
         if not self.world.distributed:
             return self.local(features)
         started, self._started = self._started, None
-        if started is None:
-            self.settle()
         if started is not None:
             started.work.wait()
             if started.features is features:
                 return self._to_features(self._pooled_blocks(self._received(started), started.routed),
                                          features.stride())
+        self.settle()
         routed = self._take_routed(features)
         recv = self._send_pooled(self._local_pooled(routed), routed)
         return self._to_features(self._pooled_blocks(recv, routed), features.stride())
