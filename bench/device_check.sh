@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# The GPU checks in one call, for a session that is lent a GPU machine for a few minutes
-# (docs/benchmarks.md, "On a GPU machine"): the CUDA tests, `bench gpu`, the host ceiling on
-# that machine's cores, HEAT on its cores against the torch engine on its GPU, and a 1-rank
-# torchrun DLRM on NCCL. Each step has a time limit of its own and a failed step does not
-# stop the others; everything it measures lands in $OUT (the device tool's folder; here by
-# default bench/results/device), with one log, device_check.log.
+# The GPU checks in one call of at most 540 s, for a session lent a GPU machine for a few
+# minutes (issue "The cache on a real GPU"; docs/benchmarks.md, "On a GPU machine"). Steps, in
+# priority order, each with a time limit of its own; a failed step does not stop the next:
+#   probe  (45 s)  device, torch, CUDA, Triton; pinned copy GB/s; random 64/128/512-byte host
+#                  rows through the unified view (and a Triton gather); sorts of 426 k / 3.5 M ids
+#   cuda   (110 s) pytest -m cuda (tests/test_cuda.py, test_unified_view.py), summarised in cuda_tests.json
+#   gpu    (220 s) bench gpu at Kaggle cardinalities, batch 16,384, 1.5 %, dim 128, one-hot and
+#                  multi-hot: the whole table on the GPU against the cache
+#   cf     (90 s)  HEAT on every core against the torch engine on the GPU (MovieLens-100k)
+#   host   (70 s)  bench host on every core: the measured host ceiling
+# Optional: nccl (a 1-rank torchrun DLRM on NCCL) and suite (the default tests, pytest -n 8).
+# Everything lands in $OUT (the device tool's folder; here by default bench/results/device):
+# one JSON per step (probe.json, cuda_tests.json, gpu.json + gpu.png, cf_device.json,
+# host_device.json + .png) and one log, device_check.log: 8 files at most.
 #
 # Nothing is installed: the repository runs from its folder (PYTHONPATH), on the machine's
 # own torch, numba, pyarrow and pytest; torchrec is not needed (the plain-torch DLRM).
@@ -12,20 +20,18 @@
 # network): `.venv/bin/python -c 'from embcache.data.movielens import ml100k_dir; ml100k_dir()'`,
 # then the device tool's run with carry ["datasets/ml-100k"].
 #
-#   bash bench/device_check.sh                # steps cuda gpu host cf nccl, in that order
-#   bash bench/device_check.sh cuda gpu       # some of them: one device call of at most 600 s
-#   bash bench/device_check.sh host cf nccl   #   each, so the five go in two calls
-#   bash bench/device_check.sh suite          # the default test suite (pytest -n 8)
+#   bash bench/device_check.sh                # probe cuda gpu cf host, in that order
+#   bash bench/device_check.sh probe gpu      # some of them
+#   bash bench/device_check.sh nccl suite     # the optional steps
 #   SMALL=1 bash bench/device_check.sh        # the same steps at toy sizes, on the CPU too
-#
-# Each step's limit is its worst case; on the CPU at toy sizes the five take 2 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-STEPS=" ${*:-cuda gpu host cf nccl} "
+STEPS=" ${*:-probe cuda gpu cf host} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 for s in $STEPS; do
-    case "$s" in cuda|gpu|host|cf|nccl|suite) ;; *) echo "device_check: unknown step '$s' (cuda gpu host cf nccl suite)"; exit 2;; esac
+    case "$s" in probe|cuda|gpu|cf|host|nccl|suite) ;;
+        *) echo "device_check: unknown step '$s' (probe cuda gpu cf host nccl suite)"; exit 2;; esac
 done
 OUT="${OUT:-bench/results/device}"
 mkdir -p "$OUT"
@@ -35,12 +41,13 @@ CORES="$(nproc)"
 SMALL="${SMALL:-}"
 HAVE_CUDA="$("$PY" -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)"
 DEV=$([ "$HAVE_CUDA" = 1 ] && echo cuda || echo cpu)
+T0=$SECONDS
 
 step() {  # step NAME SECONDS COMMAND...: run with a limit, log its output and status
     local name="$1" limit="$2"; shift 2
-    echo "=== $name (limit ${limit}s): $*" | tee -a "$LOG"
+    echo "=== $name (limit ${limit}s, at ${SECONDS}s): $*" | tee -a "$LOG"
     local start=$SECONDS
-    timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1
+    timeout --kill-after=5 "$limit" "$@" >>"$LOG" 2>&1
     local rc=$?
     echo "=== $name: exit $rc after $((SECONDS - start)) s" | tee -a "$LOG"
 }
@@ -54,36 +61,64 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log its output and s
 } >"$LOG" 2>&1
 cat "$LOG"
 
-
 if [ -n "$SMALL" ]; then
-    GPU_ARGS=(--scale 0.002 --dims 16 --ratios 0.015 --steps 4 --warmup-steps 2 --no-profile)
-    HOST_ARGS=(--scale 0.01 --ratios 0.015 --steps 2 --warmup-steps 1 --shapes one-hot --threads 1 "$CORES")
-    CF_ARGS=(--datasets ml-100k --ml-epochs 1 --ml-negatives 64 --cost-epochs 1)
+    PROBE_ARGS=(--table-mib 16 --rows 4096 --batch-size 512)
+    GPU_ARGS=(--scale 0.002 --dims 16 --batch-size 512 --steps 4 --warmup-steps 2 --no-profile --link-table-mib 16)
+    CF_ARGS=(--ml-epochs 1 --ml-negatives 64 --cost-epochs 1)
+    HOST_ARGS=(--scale 0.01 --steps 2 --warmup-steps 1 --threads 1 "$CORES")
     DLRM_STEPS=5
 else
-    GPU_ARGS=()
-    HOST_ARGS=(--ratios 0.015 --threads 1 "$CORES")
-    CF_ARGS=(--datasets ml-100k --ml-epochs 5 --ml-negatives 64 1000 --cost-epochs 2)
+    PROBE_ARGS=(--table-mib 4096 --rows 1048576)
+    GPU_ARGS=(--scale 1.0 --dims 128 --batch-size 16384 --steps 20 --warmup-steps 5 --link-table-mib 2048)
+    CF_ARGS=(--ml-epochs 3 --ml-negatives 64 1000 --cost-epochs 1)
+    HOST_ARGS=(--steps 4 --warmup-steps 3 --threads 1 4 "$CORES")
     DLRM_STEPS=60
 fi
 
-# the default test suite, on several workers (pytest-xdist is on the GPU machines)
-want suite && step "default test suite" 540 "$PY" -m pytest -q -x -n "$(( CORES < 8 ? CORES : 8 ))" \
-    -p no:cacheprovider tests
-# 1. the tests marked cuda (skipped without a GPU: then they say so)
-want cuda && step "pytest -m cuda" 150 "$PY" -m pytest -q -m cuda -p no:cacheprovider tests
-# 2. DLRM on one GPU: the cache at 0.5 / 1.5 / 5 % against the whole table on the device
-want gpu && step "bench gpu" 400 "$PY" -m embcache bench gpu --device "$DEV" --out "$OUT" --name gpu "${GPU_ARGS[@]}"
-# 3. the cache's host ceiling on this machine's cores (measured, not projected)
-want host && step "bench host" 150 "$PY" -m embcache bench host --out "$OUT" --name host_device "${HOST_ARGS[@]}"
+# 1. the device and the link, through what a device-side cache uses
+want probe && step "probe" 45 "$PY" -m embcache bench probe --device "$DEV" --out "$OUT" --name probe "${PROBE_ARGS[@]}"
+# 2. the tests marked cuda (skipped without a GPU: then they say so), summarised as JSON
+if want cuda; then
+    XML="$(mktemp --suffix .xml)"
+    step "pytest -m cuda" 110 "$PY" -m pytest -q -m cuda -p no:cacheprovider --junitxml="$XML" tests/test_cuda.py tests/test_unified_view.py
+    "$PY" - "$XML" "$OUT/cuda_tests.json" <<'EOF' >>"$LOG" 2>&1
+import json, sys, xml.etree.ElementTree as ET
+try:
+    cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
+except (ET.ParseError, OSError) as e:
+    cases, error = [], f"no junit report: {e}"
+else:
+    error = None
+rows = []
+for c in cases:
+    outcome = next((k.tag for k in c if k.tag in ("failure", "error", "skipped")), "passed")
+    msg = next((k.get("message", "") for k in c if k.tag in ("failure", "error", "skipped")), "")
+    rows.append({"test": f"{c.get('classname')}::{c.get('name')}", "outcome": outcome, "seconds": float(c.get("time", 0)),
+                 "message": msg[:500]})
+counts = {k: sum(r["outcome"] == k for r in rows) for k in ("passed", "failure", "error", "skipped")}
+json.dump({"benchmark": "cuda_tests", "counts": counts, "error": error, "tests": rows}, open(sys.argv[2], "w"), indent=1)
+print("cuda tests:", counts)
+EOF
+    rm -f "$XML"
+fi
+# 3. DLRM on one GPU: the cache at 1.5 % against the whole table on the device, one-hot and multi-hot
+want gpu && step "bench gpu" 220 "$PY" -m embcache bench gpu --device "$DEV" --out "$OUT" --name gpu --ratios 0.015 \
+    --shapes one-hot multi-hot --no-price-prefetch "${GPU_ARGS[@]}"
 # 4. HEAT on every core against the torch engine on the GPU, same data and settings
-want cf && step "bench cf" 240 "$PY" -m embcache bench cf --threads "$CORES" --torch-device "$DEV" --no-baseline \
-    --no-old-rule --no-plot --out-dir "$OUT" --name cf_device "${CF_ARGS[@]}"
-# 5. DLRM under torchrun, one rank (NCCL where the device is CUDA, gloo otherwise)
+want cf && step "bench cf" 90 "$PY" -m embcache bench cf --datasets ml-100k --threads "$CORES" --torch-device "$DEV" \
+    --no-baseline --no-old-rule --no-plot --out-dir "$OUT" --name cf_device "${CF_ARGS[@]}"
+# 5. the cache's host ceiling on this machine's cores (measured, not projected)
+want host && step "bench host" 70 "$PY" -m embcache bench host --ratios 0.015 --shapes one-hot multi-hot \
+    --out "$OUT" --name host_device "${HOST_ARGS[@]}"
+# optional: DLRM under torchrun, one rank (NCCL where the device is CUDA, gloo otherwise)
 if want nccl; then
     CK="$(mktemp -d)"
-    step "torchrun 1 rank" 150 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 -m embcache dlrm \
+    step "torchrun 1 rank" 120 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 -m embcache dlrm \
         train --device "$DEV" --max-steps "$DLRM_STEPS" --checkpoint-dir "$CK" --no-progress
     rm -rf "$CK"
 fi
+# optional: the default test suite, on several workers (pytest-xdist is on the GPU machines)
+want suite && step "default test suite" 540 "$PY" -m pytest -q -x -n "$(( CORES < 8 ? CORES : 8 ))" \
+    -p no:cacheprovider tests
+echo "device_check: done in $((SECONDS - T0)) s" | tee -a "$LOG"
 ls -l "$OUT" | tee -a "$LOG"

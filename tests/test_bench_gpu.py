@@ -1,16 +1,19 @@
 """`embcache bench gpu` on the CPU (tiny sizes): the run's structure and its exactness check."""
 import json
 
+import torch
+
 from embcache.cli import main
 
 
 def test_bench_gpu_compares_cached_and_whole_tables_from_the_same_start(tmp_path, capsys):
     rc = main(["bench", "gpu", "--scale", "0.0005", "--dims", "4", "--batch-size", "32", "--steps", "4",
-               "--warmup-steps", "2", "--ratios", "0.05", "0.3", "--device", "cpu", "--out", str(tmp_path)])
+               "--warmup-steps", "2", "--ratios", "0.05", "0.3", "--device", "cpu", "--out", str(tmp_path),
+               "--shapes", "one-hot", "--link-table-mib", "1"])
     assert rc == 0
     data = json.loads((tmp_path / "gpu.json").read_text())
     assert (tmp_path / "gpu.png").stat().st_size > 0
-    rows = data["dims"][0]["results"]
+    rows = data["blocks"][0]["results"]
     # whole table, two cache ratios with prefetch, the larger ratio again without prefetch
     assert [(r["variant"], r["ratio"], r["prefetch_depth"]) for r in rows] == [
         ("gpu", None, 0), ("cached", 0.05, 1), ("cached", 0.3, 1), ("cached", 0.3, 0)]
@@ -25,5 +28,51 @@ def test_bench_gpu_compares_cached_and_whole_tables_from_the_same_start(tmp_path
     assert data["pinned_copy_gbps"] is None  # no link to measure without CUDA
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
     assert len(table) == 2 + len(rows)  # header, rule, one row per variant: the GPU table of docs/cache.md
-    assert table[2].startswith("| 4 | whole table on the device |") and "| 1.00 |" in table[2]
-    assert table[-1].startswith("| 4 | cached 30.0%, no prefetch |")
+    assert table[2].startswith("| one-hot | 4 | whole table on the device |") and "| 1.00 |" in table[2]
+    assert table[-1].startswith("| one-hot | 4 | cached 30.0%, no prefetch |")
+    # one flat row per run, with the keys compared across cards and bookkeepers
+    flat = data["rows"]
+    assert [(r["bookkeeping"], r["shape"], r["dim"], r["cache_ratio"]) for r in flat] == [
+        (None, "one-hot", 4, None), ("host", "one-hot", 4, 0.05), ("host", "one-hot", 4, 0.3),
+        ("host", "one-hot", 4, 0.3)]
+    assert flat[0]["vs_all_on_gpu"] == 1.0 and flat[0]["link_bound_fraction"] is None
+    assert [r["samples_per_s"] for r in flat] == [r["samples_per_s"] for r in rows]
+    # the bound: the step's bytes at the measured random-row rate (memory's, on the CPU)
+    rate = data["random_rows"]["4"]
+    assert rate["row_bytes"] == 16 and rate["gathered_right"] and rate["written_right"]
+    small = rows[1]
+    link_s = small["bytes_h2d_per_step"] / (rate["gather_gbps"] * 1e9) + \
+        small["bytes_d2h_per_step"] / (rate["scatter_gbps"] * 1e9)
+    assert small["bytes_h2d_per_step"] > 0
+    assert abs(flat[1]["link_bound_fraction"] - small["samples_per_s"] * link_s / 32) < 1e-9 * flat[1]["link_bound_fraction"] + 1e-12
+
+
+def test_bench_gpu_multi_hot_pools_the_same_ids_in_the_cache_and_the_whole_table(tmp_path):
+    """MLPerf's pooling (214 ids a sample): the cached bag and the whole table see the same
+    bags and agree to the bit on the CPU, through a cache too small for a batch (overflow)."""
+    rc = main(["bench", "gpu", "--scale", "0.0005", "--dims", "4", "--batch-size", "16", "--steps", "3",
+               "--warmup-steps", "1", "--ratios", "0.05", "--device", "cpu", "--out", str(tmp_path),
+               "--shapes", "multi-hot", "--no-price-prefetch", "--link-table-mib", "1"])
+    assert rc == 0
+    data = json.loads((tmp_path / "gpu.json").read_text())
+    (block,) = data["blocks"]
+    assert block["shape"] == "multi-hot"
+    whole, cached = block["results"]
+    assert cached["max_loss_diff_vs_gpu_tables"] == 0.0 and len(set(whole["losses"])) > 1
+    assert cached["overflow_rows"] > 0  # 214 ids a sample do not fit a 5 % cache of this toy table
+    assert [r["shape"] for r in data["rows"]] == ["multi-hot", "multi-hot"]
+
+
+def test_pooled_batch_has_one_bag_per_sample_and_feature():
+    from embcache.bench.criteo_trace import MULTI_HOT_SIZES, CriteoTrace
+
+    trace = CriteoTrace(scale=0.001, batch_size=8, batches=1, seed=3)
+    ids, offsets = trace.pooled_batch(0, MULTI_HOT_SIZES)
+    assert ids.numel() == 8 * sum(MULTI_HOT_SIZES) and offsets.numel() == 8 * 26
+    lengths = torch.diff(torch.cat([offsets, torch.tensor([ids.numel()])]))
+    assert lengths.tolist() == MULTI_HOT_SIZES * 8  # sample-major: bag b * 26 + f
+    bounds = torch.tensor(list(trace.offsets) + [trace.num_rows])
+    feature = torch.arange(26).repeat(8).repeat_interleave(lengths)
+    assert bool(((ids >= bounds[feature]) & (ids < bounds[feature + 1])).all())  # each id in its own table
+    again, _ = trace.pooled_batch(0, MULTI_HOT_SIZES)
+    assert torch.equal(ids, again)  # seeded: the same batch every time

@@ -9,6 +9,9 @@ import torch
 # The trace and the synthetic training data share the 26 Kaggle cardinalities.
 from embcache.data.synthetic import CRITEO_KAGGLE_CARDINALITIES, scaled_cardinalities  # noqa: F401
 
+# ids per sample of each of the 26 features in MLPerf DLRM-DCNv2's multi-hot Criteo data (214 a sample)
+MULTI_HOT_SIZES = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
+
 
 def bounded_zipf(rng: np.random.Generator, n: int, s: float, size: int) -> np.ndarray:
     """Ranks in [0, n) with P(rank k) ~ (k + 1)^-s, by inverting the continuous CDF."""
@@ -58,6 +61,21 @@ class CriteoTrace:
                 ranks = (ranks + day * shift) % n
             cols.append((ranks * 2_147_483_647) % n + off)
         return torch.from_numpy(np.stack(cols, axis=1))
+
+    def pooled_batch(self, i: int, sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch `i` with `sizes[f]` ids a sample in feature f, as (ids, offsets) of one bag
+        a (sample, feature), sample-major: bag `b * 26 + f` holds sample b's ids of feature f,
+        so a bag's pooled output views as `[batch_size, 26, D]`. Each feature's ids follow
+        its own Zipf law and scramble, as in `batch`."""
+        rng = np.random.default_rng((self._seed, i, len(sizes)))
+        b = self.batch_size
+        cols = [((bounded_zipf(rng, n, s, b * k) * 2_147_483_647) % n + off).reshape(b, k)
+                for n, s, off, k in zip(self.cardinalities, self.exponents, self.offsets, sizes)]
+        ids = torch.from_numpy(np.concatenate(cols, axis=1).reshape(-1))
+        lengths = torch.tensor(sizes, dtype=torch.int64).repeat(b)
+        offsets = torch.zeros_like(lengths)
+        offsets[1:] = lengths.cumsum(0)[:-1]
+        return ids, offsets
 
     def __iter__(self):
         return (self.batch(i) for i in range(self.num_batches))

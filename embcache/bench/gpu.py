@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from embcache.bench import link
 from embcache.bench.common import write_json
-from embcache.bench.criteo_trace import CRITEO_KAGGLE_CARDINALITIES, CriteoTrace
+from embcache.bench.criteo_trace import CRITEO_KAGGLE_CARDINALITIES, MULTI_HOT_SIZES, CriteoTrace
 from embcache.cache.optimizers import torch_equivalent
 from embcache.device import resolve_device
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
@@ -23,18 +24,25 @@ NUM_DENSE = 13
 NUM_TABLES = len(CRITEO_KAGGLE_CARDINALITIES)
 # the DLRM reference's Criteo layers (the bottom MLP ends at the embedding dim, the top at 1)
 DENSE_ARCH, OVER_ARCH = [512, 256], [1024, 1024, 512, 256]
+SHAPES = {"one-hot": [1] * NUM_TABLES, "multi-hot": MULTI_HOT_SIZES}
+pinned_copy_gbps = link.pinned_copy_gbps  # the name this module has always offered
 
 
 class FlatTables(nn.Module):
-    """The 26 tables as one bag over the concatenated id space: ids `[B, F]` -> `[B, F, D]`."""
+    """The 26 tables as one bag over the concatenated id space: one-hot ids `[B, F]`, or
+    multi-hot (ids, offsets) with one bag a (sample, feature), sample-major -> `[B, F, D]`."""
 
     def __init__(self, bag: nn.Module, num_tables: int):
         super().__init__()
         self.bag, self.num_tables = bag, num_tables
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        b = ids.shape[0]
-        return self.bag(ids.reshape(-1, 1)).view(b, self.num_tables, -1)
+    @staticmethod
+    def bag_args(inputs: tuple) -> tuple:
+        """The bag's arguments for a batch's inputs: `(ids [B, F],)` or `(ids, offsets)`."""
+        return (inputs[0].reshape(-1, 1),) if len(inputs) == 1 else inputs
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.bag(*self.bag_args(inputs)).view(-1, self.num_tables, self.bag.embedding_dim)
 
 
 def _sync(device: torch.device) -> None:
@@ -42,24 +50,27 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def make_data(args, trace: CriteoTrace) -> list[tuple]:
-    """(ids [B, 26] on the host, dense features, labels) for every step, labels drawn
-    from a fixed logistic model of the dense features so that the loss can fall."""
+def make_data(args, trace: CriteoTrace, shape: str) -> list[tuple]:
+    """(the sparse inputs on the host, dense features, labels) for every step: inputs are
+    `(ids [B, 26],)` one-hot or `(ids, offsets)` multi-hot; labels drawn from a fixed
+    logistic model of the dense features so that the loss can fall."""
     g = torch.Generator().manual_seed(args.seed + 7)
     w = torch.randn(NUM_DENSE, generator=g)
     out = []
-    for ids in trace:
-        x = torch.randn(ids.shape[0], NUM_DENSE, generator=g)
+    for i in range(trace.num_batches):
+        inputs = (trace.batch(i),) if shape == "one-hot" else trace.pooled_batch(i, SHAPES[shape])
+        x = torch.randn(trace.batch_size, NUM_DENSE, generator=g)
         y = torch.bernoulli(torch.sigmoid(x @ w), generator=g)
-        out.append((ids, x, y))
+        out.append((inputs, x, y))
     return out
 
 
 def make_variant(kind: str, ratio: float | None, table: torch.Tensor, freq, dense_state: dict, args, device):
     """(sparse module, its torch optimizer or None, dense model, dense optimizer)."""
     n, dim = table.shape
-    if kind == "gpu":
-        bag = nn.EmbeddingBag(n, dim, mode="sum", sparse=True, _weight=table.clone()).to(device)
+    if kind == "gpu":  # a copy of the table on the device (on the CPU a clone: training writes it)
+        weight = table.to(device) if device.type != "cpu" else table.clone()
+        bag = nn.EmbeddingBag(n, dim, mode="sum", sparse=True, _weight=weight)
         sparse_opt = torch_equivalent(args.optimizer, bag.parameters(), args.lr)
     else:
         bag = CachedEmbeddingBag(n, dim, cache_ratio=ratio, ids_freq=freq, optimizer=args.optimizer, lr=args.lr,
@@ -78,10 +89,10 @@ def train_steps(variant, data, device, prefetch_depth: int, start: int, stop: in
     losses = []
     for i in range(start, stop):
         if cached and prefetch_depth and i + prefetch_depth < len(data):
-            sparse.bag.prefetch(data[i + prefetch_depth][0].reshape(-1, 1))
-        ids, x, y = data[i]
-        ids = ids if cached else ids.to(device, non_blocking=True)
-        logits = dense(sparse(ids), x.to(device, non_blocking=True)).squeeze(1)
+            sparse.bag.prefetch(*sparse.bag_args(data[i + prefetch_depth][0]))
+        inputs, x, y = data[i]
+        inputs = inputs if cached else tuple(t.to(device, non_blocking=True) for t in inputs)
+        logits = dense(sparse(*inputs), x.to(device, non_blocking=True)).squeeze(1)
         loss = F.binary_cross_entropy_with_logits(logits, y.to(device, non_blocking=True))
         dense_opt.zero_grad()
         if sparse_opt is not None:
@@ -139,21 +150,6 @@ def measure(variant, data, args, device, prefetch_depth: int) -> dict:
     return row
 
 
-def pinned_copy_gbps(device: torch.device, mib: int = 256, reps: int = 10) -> float | None:
-    """Host->device bandwidth of a plain pinned copy: what the cache's copies can reach."""
-    if device.type != "cuda":
-        return None
-    src = torch.empty(mib * 2**20, dtype=torch.uint8, pin_memory=True)
-    dst = torch.empty_like(src, device=device)
-    dst.copy_(src, non_blocking=True)
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        dst.copy_(src, non_blocking=True)
-    _sync(device)
-    return reps * src.numel() / (time.perf_counter() - t0) / 1e9
-
-
 def profile_summary(variant, data, args, device, steps: int = 5) -> list[str]:
     """The top ops of a few cached steps by device (else host) time: where a step goes."""
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
@@ -164,16 +160,22 @@ def profile_summary(variant, data, args, device, steps: int = 5) -> list[str]:
     return prof.key_averages().table(sort_by=key, row_limit=20).splitlines()
 
 
-def bench_dim(dim: int, args, device, trace, data, freq) -> dict:
-    """Every variant at one embedding dim, from the same initial table and dense model."""
-    g = torch.Generator().manual_seed(args.seed)
-    bound = 1.0 / math.sqrt(trace.num_rows)
-    table = torch.rand(trace.num_rows, dim, generator=g).mul_(2 * bound).sub_(bound)
+def initial_table(num_rows: int, dim: int, seed: int, device: torch.device) -> torch.Tensor:
+    """The table every variant starts from, on the host (drawn on the device where it is a
+    GPU: a Kaggle-scale table at dim 128 is 4.3 G values, minutes for one host thread)."""
+    where = device if device.type == "cuda" else torch.device("cpu")
+    g = torch.Generator(device=where).manual_seed(seed)
+    bound = 1.0 / math.sqrt(num_rows)
+    return torch.rand(num_rows, dim, generator=g, device=where).mul_(2 * bound).sub_(bound).cpu()
+
+
+def bench_block(shape: str, dim: int, table: torch.Tensor, args, device, data, freq) -> dict:
+    """Every variant at one shape and dim, from the same initial table and dense model."""
     torch.manual_seed(args.seed)
     dense_state = DLRMDense(NUM_DENSE, NUM_TABLES, dim, DENSE_ARCH, OVER_ARCH).state_dict()
     plan = [("gpu", None, 0)] + [("cached", r, args.prefetch_depth) for r in args.ratios]
     middle = args.ratios[len(args.ratios) // 2]
-    if args.prefetch_depth:
+    if args.prefetch_depth and args.price_prefetch:
         plan.append(("cached", middle, 0))
     rows, profile = [], None
     for kind, ratio, depth in plan:
@@ -182,13 +184,14 @@ def bench_dim(dim: int, args, device, trace, data, freq) -> dict:
         if kind == "cached" and ratio == middle and depth and device.type == "cuda" and not args.no_profile:
             profile = profile_summary(variant, data, args, device)
         rows.append(row)
-        print(f"  dim {dim:4d} {kind:6s} {'' if ratio is None else f'{ratio:.1%}':>6s} prefetch {depth}: "
+        print(f"  {shape} dim {dim:4d} {kind:6s} {'' if ratio is None else f'{ratio:.1%}':>6s} prefetch {depth}: "
               f"{row['samples_per_s']:,.0f} samples/s" + (f", hit rate {row['hit_rate']:.3f}" if ratio else ""),
               flush=True)
         del variant
-        if device.type == "cuda":
+        if device.type == "cuda":  # give back the device's and the pinned host memory before the next variant
             torch.cuda.empty_cache()
-    return {"dim": dim, "results": summarize(rows), "profile_cached_middle_ratio": profile}
+            getattr(torch._C, "_host_emptyCache", lambda: None)()
+    return {"shape": shape, "dim": dim, "results": summarize(rows), "profile_cached_middle_ratio": profile}
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -204,14 +207,25 @@ def summarize(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def add_link_figures(result: dict, gbps: float | None) -> None:
-    """Achieved host<->device traffic against the pinned copy, and the share of the copy
-    time (bytes / pinned bandwidth) that prefetch took off the step."""
-    for dim_block in result["dims"]:
-        for row in dim_block["results"]:
-            if row["variant"] != "cached" or gbps is None:
+def add_link_figures(result: dict, gbps: float | None, batch_size: int) -> None:
+    """Achieved host<->device traffic against the pinned copy; the share of the copy time
+    (bytes / pinned bandwidth) that prefetch took off the step; and the link's bound: the
+    samples/s at which a step's bytes, moved as scattered rows through the unified view
+    (`random_rows`, measured at the row width in the same run), would fill the link alone
+    (`link_bound_samples_per_s`; `link_bound_fraction` is the run's share of it)."""
+    for block in result["blocks"]:
+        rate = result["random_rows"].get(str(block["dim"]))
+        for row in block["results"]:
+            if row["variant"] != "cached":
                 continue
             moved = row["bytes_h2d_per_step"] + row["bytes_d2h_per_step"]
+            if rate is not None and moved > 0:
+                link_s = (row["bytes_h2d_per_step"] / (rate["gather_gbps"] * 1e9)
+                          + row["bytes_d2h_per_step"] / (rate["scatter_gbps"] * 1e9))
+                row["link_bound_samples_per_s"] = batch_size / link_s
+                row["link_bound_fraction"] = row["samples_per_s"] / row["link_bound_samples_per_s"]
+            if gbps is None:
+                continue
             row["link_gbps"] = moved / (row["step_ms"] / 1e3) / 1e9
             row["link_share_of_pinned_copy"] = row["link_gbps"] / gbps
             copy_ms = 1e3 * moved / (gbps * 1e9)
@@ -220,12 +234,29 @@ def add_link_figures(result: dict, gbps: float | None) -> None:
                 row["copy_time_hidden_by_prefetch"] = min(1.0, max(0.0, hidden))
 
 
+def flat_rows(result: dict, device_name: str) -> list[dict]:
+    """One row per run with the keys a reader compares across cards and bookkeepers."""
+    out = []
+    for block in result["blocks"]:
+        for r in block["results"]:
+            out.append({"device_name": device_name, "bookkeeping": "host" if r["variant"] == "cached" else None,
+                        "variant": "cached" if r["variant"] == "cached" else "whole table on the device",
+                        "shape": block["shape"], "dim": block["dim"], "cache_ratio": r["ratio"],
+                        "prefetch_depth": r["prefetch_depth"], "samples_per_s": r["samples_per_s"],
+                        "vs_all_on_gpu": r["ratio_to_gpu_tables"],
+                        "link_bound_fraction": r.get("link_bound_fraction"), "hit_rate": r.get("hit_rate"),
+                        "bytes_moved_per_step": None if r["variant"] != "cached" else
+                        r["bytes_h2d_per_step"] + r["bytes_d2h_per_step"],
+                        "peak_device_mib": r.get("peak_device_mib"), "syncs_per_step": r.get("syncs_per_step")})
+    return out
+
+
 def plot(result: dict, path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    blocks = result["dims"]
+    blocks = result["blocks"]
     fig, axes = plt.subplots(1, len(blocks), figsize=(5 * len(blocks), 4), squeeze=False)
     for ax, block in zip(axes[0], blocks):
         rows = block["results"]
@@ -234,7 +265,7 @@ def plot(result: dict, path) -> None:
         ax.bar(range(len(rows)), [r["ratio_to_gpu_tables"] for r in rows], color="tab:blue")
         ax.axhline(0.9, color="tab:red", linestyle="--", linewidth=1, label="target at 1.5 %: 0.9")
         ax.set_xticks(range(len(rows)), labels, fontsize=8)
-        ax.set_title(f"dim {block['dim']}")
+        ax.set_title(f"{block['shape']}, dim {block['dim']}")
         ax.set_ylabel("samples/s vs whole table on the device")
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -249,18 +280,19 @@ def markdown_table(result: dict) -> list[str]:
     def fmt(value, spec: str, scale: float = 1.0) -> str:
         return "-" if value is None else format(value * scale, spec)
 
-    lines = ["| dim | variant | samples/s | vs whole table | hit rate | MiB moved/step | link GB/s "
-             "(of pinned copy) | copy hidden by prefetch | peak device MiB | syncs/step |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for block in result["dims"]:
+    lines = ["| shape | dim | variant | samples/s | vs whole table | of link bound | hit rate | MiB moved/step | "
+             "link GB/s (of pinned copy) | copy hidden by prefetch | peak device MiB | syncs/step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for block in result["blocks"]:
         for r in block["results"]:
             name = "whole table on the device" if r["variant"] == "gpu" else \
                 f"cached {r['ratio']:.1%}" + ("" if r["prefetch_depth"] else ", no prefetch")
             moved = None if r["variant"] == "gpu" else (r["bytes_h2d_per_step"] + r["bytes_d2h_per_step"]) / 2**20
-            link = "-" if "link_gbps" not in r else \
+            link_rate = "-" if "link_gbps" not in r else \
                 f"{r['link_gbps']:.1f} ({r['link_share_of_pinned_copy']:.0%})"
-            lines.append(f"| {block['dim']} | {name} | {r['samples_per_s']:,.0f} | {r['ratio_to_gpu_tables']:.2f} | "
-                         f"{fmt(r.get('hit_rate'), '.3f')} | {fmt(moved, '.2f')} | {link} | "
+            lines.append(f"| {block['shape']} | {block['dim']} | {name} | {r['samples_per_s']:,.0f} | "
+                         f"{r['ratio_to_gpu_tables']:.2f} | {fmt(r.get('link_bound_fraction'), '.0%')} | "
+                         f"{fmt(r.get('hit_rate'), '.3f')} | {fmt(moved, '.2f')} | {link_rate} | "
                          f"{fmt(r.get('copy_time_hidden_by_prefetch'), '.0%')} | "
                          f"{fmt(r.get('peak_device_mib'), ',.0f')} | {fmt(r.get('syncs_per_step'), '.1f')} |")
     return lines
@@ -269,19 +301,38 @@ def markdown_table(result: dict) -> list[str]:
 def run(args) -> int:
     set_threads(args.threads)
     device = resolve_device(args.device)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     trace = CriteoTrace(scale=args.scale, batch_size=args.batch_size, batches=args.warmup_steps + args.steps,
                         seed=args.seed)
-    print(f"DLRM on {device}: {trace.num_rows:,} rows, batch {args.batch_size}, {args.steps} timed steps")
-    data = make_data(args, trace)
-    # the ids' counts over the run (the trace's `frequencies()`, without drawing it again)
-    freq = torch.bincount(torch.cat([ids.flatten() for ids, _, _ in data]), minlength=trace.num_rows)
-    gbps = pinned_copy_gbps(device)
-    result = {"num_rows": trace.num_rows, "pinned_copy_gbps": gbps,
-              "dims": [bench_dim(dim, args, device, trace, data, freq) for dim in args.dims]}
-    add_link_figures(result, gbps)
-    payload = {"benchmark": "gpu", "device": str(device),
-               "config": {k: v for k, v in vars(args).items() if k != "func"}, **result}
-    path = write_json(payload, args.name, args.out)
+    print(f"DLRM on {device_name}: {trace.num_rows:,} rows, batch {args.batch_size}, {args.steps} timed steps, "
+          f"{', '.join(args.shapes)}", flush=True)
+    gbps = link.pinned_copy_gbps(device)
+    # the link's random-row rate at each row width (on the CPU: memory's, which bounds nothing)
+    try:
+        rates = {str(d): link.random_row_gbps(device, 4 * d, args.link_table_mib) for d in args.dims}
+    except (RuntimeError, ValueError, TypeError) as e:  # no unified view on this torch: no bound, said so
+        print(f"  the link's random-row rate could not be measured ({type(e).__name__}: {e}): no link bound")
+        rates = {}
+    blocks = []
+    result = {"num_rows": trace.num_rows, "pinned_copy_gbps": gbps, "random_rows": rates, "blocks": blocks}
+
+    def save():  # after every block: a run cut short keeps what it measured
+        add_link_figures(result, gbps, args.batch_size)
+        payload = {"benchmark": "gpu", "device": str(device), "device_name": device_name,
+                   "config": {k: v for k, v in vars(args).items() if k != "func"},
+                   "rows": flat_rows(result, device_name), **result}
+        return write_json(payload, args.name, args.out)
+
+    for dim in args.dims:
+        table = initial_table(trace.num_rows, dim, args.seed, device)
+        for shape in args.shapes:
+            data = make_data(args, trace, shape)
+            # the ids' counts over the run (the trace's `frequencies()`, without drawing it again)
+            freq = torch.bincount(torch.cat([inputs[0].flatten() for inputs, _, _ in data]), minlength=trace.num_rows)
+            blocks.append(bench_block(shape, dim, table, args, device, data, freq))
+            path = save()
+            del data, freq
+        del table
     png = path.with_suffix(".png")
     plot(result, png)
     print("\n".join(markdown_table(result)))

@@ -3,8 +3,9 @@
 The model is DLRM's dense part in plain torch (`embcache.nn.dlrm_arch`: no torchrec needed)
 over one embedding bag for the 26 Criteo tables concatenated into one id space, as the
 cached collection keeps them; the data is synthetic and Criteo-shaped (Kaggle
-cardinalities times `--scale`: 33.8 M rows at 1.0, Zipf ids). Side by side, for each
-embedding dim:
+cardinalities times `--scale`: 33.8 M rows at 1.0, Zipf ids), one-hot (26 ids a sample)
+and multi-hot (MLPerf DLRM-DCNv2's pooling factors, 214 ids a sample). Side by side, for
+each shape and embedding dim:
 
 - `gpu`: `nn.EmbeddingBag(sparse=True)` holding the whole table on the device, trained by
   the matching torch sparse optimizer (what fits only while the table fits);
@@ -19,7 +20,12 @@ device synchronisation at each end, so copies may overlap compute as they would 
 training. Also reported: hit rate, bytes moved per step, the host->device bandwidth a
 plain pinned copy reaches in the same run, the share of the copy time that prefetch hid,
 peak device memory, and how many times a step makes the host wait for the device
-(`syncs_per_step`, counted by torch's sync debug mode). On CUDA a `torch.profiler` summary of cached steps at the middle
+(`syncs_per_step`, counted by torch's sync debug mode), and the link's bound: the samples/s
+at which the bytes a step moves, as scattered rows read (and written) through the device's
+unified view of pinned host memory at the measured random-row rate, would fill the link
+alone (`link_bound_fraction`: the run's share of it). The JSON's `rows` hold one line per
+run (`bookkeeping`, `shape`, `dim`, `cache_ratio`, `samples_per_s`, `vs_all_on_gpu`,
+`link_bound_fraction`, the card's name). On CUDA a `torch.profiler` summary of cached steps at the middle
 ratio is saved with the results, which says where the time goes.
 """
 from __future__ import annotations
@@ -36,12 +42,19 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--scale", type=float, default=1.0, help="times the Kaggle cardinalities (1.0: 33.8 M rows)")
     p.add_argument("--dims", type=int, nargs="+", default=[16, 128], help="embedding dims (16: the make run model)")
     p.add_argument("--ratios", type=float, nargs="+", default=[0.005, 0.015, 0.05], help="cache ratios")
+    p.add_argument("--shapes", nargs="+", default=["one-hot", "multi-hot"], choices=["one-hot", "multi-hot"],
+                   help="one-hot: 26 ids a sample (Criteo Kaggle); multi-hot: MLPerf DLRM-DCNv2's pooling, "
+                        "214 ids a sample over the same tables")
     p.add_argument("--batch-size", type=int, default=4096)
     p.add_argument("--steps", type=int, default=60, help="timed steps per variant")
     p.add_argument("--warmup-steps", type=int, default=10, help="untimed steps before them")
     p.add_argument("--optimizer", default="adagrad", choices=sorted(TORCH_OPTIMIZERS), help="sparse optimizer")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--prefetch-depth", type=int, default=1, help="batches prefetched ahead (0: none)")
+    p.add_argument("--price-prefetch", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run the middle ratio without prefetch (what the copies cost unhidden)")
+    p.add_argument("--link-table-mib", type=int, default=1024,
+                   help="pinned host table the link's random-row rate is measured on")
     p.add_argument("--no-profile", action="store_true", help="skip the profiler summary (CUDA only)")
     add_device_argument(p)
     p.add_argument("--seed", type=int, default=0)

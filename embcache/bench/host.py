@@ -13,15 +13,13 @@ import numpy as np
 import torch
 
 from embcache.bench.common import write_json
-from embcache.bench.criteo_trace import CRITEO_KAGGLE_CARDINALITIES, bounded_zipf, scaled_cardinalities
+from embcache.bench.criteo_trace import CRITEO_KAGGLE_CARDINALITIES, MULTI_HOT_SIZES, bounded_zipf, scaled_cardinalities
 from embcache.bench.defaults import HOST_ROUNDS as ROUNDS
 from embcache.cache import open_table, row_cache, transfers
 from embcache.nn import cached_collection
 from embcache.nn.cached_collection import CachedEmbeddingBagCollection
 from embcache.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
 
-# ids per sample of each of the 26 features in MLPerf DLRM-DCNv2's multi-hot Criteo data
-MULTI_HOT_SIZES = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
 PROJECTED_CORES = 16
 WARMUP_RATIO = 0.7  # of each cache, filled with the hottest rows by their counts before the first step
 # the parts of a step, each the time spent in one function (and what it calls)
