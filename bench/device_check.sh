@@ -113,7 +113,7 @@ want host && step "bench host" 70 "$PY" -m embcache bench host --ratios 0.015 --
 # optional: DLRM under torchrun, one rank (NCCL where the device is CUDA, gloo otherwise)
 if want nccl; then
     CK="$(mktemp -d)"
-    step "torchrun 1 rank" 120 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 -m embcache dlrm \
+    step "torchrun 1 rank" 90 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 -m embcache dlrm \
         train --device "$DEV" --max-steps "$DLRM_STEPS" --checkpoint-dir "$CK" --no-progress
     rm -rf "$CK"
 fi

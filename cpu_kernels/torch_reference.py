@@ -20,7 +20,7 @@ def user_side(U, I, W, hist, hist_len, users, config: CFConfig):
         return u
     rows = I[hist[users]]                                         # [B, H, d]
     n = hist_len[users]
-    mask = (torch.arange(hist.shape[1]) < n[:, None]).to(rows.dtype)
+    mask = (torch.arange(hist.shape[1], device=n.device) < n[:, None]).to(rows.dtype)
     h = (rows * mask[:, :, None]).sum(1) / n.clamp(min=1)[:, None].to(rows.dtype)
     return config.gamma * u + (1.0 - config.gamma) * (h @ W.T)
 

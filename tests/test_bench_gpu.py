@@ -76,3 +76,17 @@ def test_pooled_batch_has_one_bag_per_sample_and_feature():
     assert bool(((ids >= bounds[feature]) & (ids < bounds[feature + 1])).all())  # each id in its own table
     again, _ = trace.pooled_batch(0, MULTI_HOT_SIZES)
     assert torch.equal(ids, again)  # seeded: the same batch every time
+
+
+def test_a_sync_site_names_the_innermost_project_frame():
+    import traceback
+
+    from embcache.bench.gpu import _project_frame
+
+    def inner():
+        return traceback.extract_stack()
+
+    stack = inner()
+    stack.append(traceback.FrameSummary("/x/embcache/cache/row_cache.py", 466, "apply_gradient", line="self.dirty"))
+    stack.append(traceback.FrameSummary("/usr/lib/torch/x.py", 3, "f", line="g()"))
+    assert _project_frame(stack) == "cache/row_cache.py:466 in apply_gradient: self.dirty"

@@ -96,8 +96,8 @@ def test_prefetch_race_many_batches_in_flight_under_heavy_eviction(device, deter
     _assert_tables(bag.full_weight(), ref.weight, device)
 
 
-def _warn_syncs(fn) -> int:
-    return count_syncs(fn, torch.device("cuda"))
+def _warn_syncs(fn, sites: list | None = None) -> int:
+    return count_syncs(fn, torch.device("cuda"), sites)
 
 
 @pytest.mark.cuda
@@ -128,14 +128,14 @@ def test_sync_budget(optimizer):
             bag.prefetch(*batches[i + 1])
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        outs = {}
-        forward = {"cached": _warn_syncs(lambda: outs.update(cached=bag(ids, offsets))),
+        outs, sites = {}, []  # sites: where the cached side waited, to say so on failure
+        forward = {"cached": _warn_syncs(lambda: outs.update(cached=bag(ids, offsets)), sites),
                    "torch": _warn_syncs(lambda: outs.update(torch=ref(ids_dev, offsets_dev)))}
-        assert forward["cached"] <= forward["torch"], forward
-        backward = {"cached": _warn_syncs(lambda: outs["cached"].sum().backward()),
+        assert forward["cached"] <= forward["torch"], (forward, sites)
+        backward = {"cached": _warn_syncs(lambda: outs["cached"].sum().backward(), sites),
                     "torch": _warn_syncs(lambda: (ref_opt.zero_grad(), outs["torch"].sum().backward(),
                                                   ref_opt.step()))}
-        assert backward["cached"] <= max(backward["torch"], 1), backward
+        assert backward["cached"] <= max(backward["torch"], 1), (backward, sites)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+import traceback
 import warnings
 
 import torch
@@ -105,20 +106,41 @@ def train_steps(variant, data, device, prefetch_depth: int, start: int, stop: in
     return [float(v) for v in losses] if read_losses else []
 
 
-def count_syncs(fn, device: torch.device) -> int | None:
+def count_syncs(fn, device: torch.device, sites: list[str] | None = None) -> int | None:
     """How many times `fn` makes the host wait for the device: torch's sync debug mode
-    warns at each (None off CUDA)."""
+    warns at each (None off CUDA). With `sites`, each wait's innermost frame of this
+    project's code is appended to it (`file:line in function: source`), so that a budget
+    test that fails says where."""
     if device.type != "cuda":
         return None
     torch.cuda.synchronize(device)
-    with warnings.catch_warnings(record=True) as caught:
+    count = 0
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        nonlocal count
+        if "synchroniz" not in str(message).lower():
+            return
+        count += 1
+        if sites is not None:
+            sites.append(_project_frame(traceback.extract_stack()[:-1]))
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
         try:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message).lower() for w in caught)
+    return count
+
+
+def _project_frame(stack) -> str:
+    """The innermost frame of embcache's or cpu_kernels' code in `stack` (else the innermost)."""
+    ours = [f for f in stack if ("/embcache/" in f.filename or "/cpu_kernels/" in f.filename)
+            and not f.filename.endswith("bench/gpu.py")]
+    f = (ours or stack)[-1]
+    return f"{'/'.join(f.filename.split('/')[-2:])}:{f.lineno} in {f.name}: {f.line}"
 
 
 def measure(variant, data, args, device, prefetch_depth: int) -> dict:
