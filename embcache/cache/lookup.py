@@ -53,6 +53,9 @@ class Lookup:
     held: torch.Tensor | None
     ids: torch.Tensor | None = None
     segments: list[list[int]] | None = None
+    # how many lookups point past the cache (at overflow rows), counted where the indices
+    # were made (on the host): the update splits the gradient with it, without asking the device
+    overflow_lookups: int | None = None
 
 
 @dataclass

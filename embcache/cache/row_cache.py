@@ -166,7 +166,10 @@ class RowCache(RowCacheState):
             self._hold(held, +1)
         if consumed is not None and not taken_over:
             self._hold(consumed.held, -1)
-        return Lookup(self.transfers.to_device(indices), overflow, held, ids if keep else None, segments)
+        outside = None
+        if overflow is not None and indices.device.type == "cpu":
+            outside = int((indices >= self.num_slots).sum())
+        return Lookup(self.transfers.to_device(indices), overflow, held, ids if keep else None, segments, outside)
 
     def _peek(self, ids: torch.Tensor, segments: list[list[int]] | None) -> Lookup:
         """A frozen cache's lookup (validation): resident rows where they are, the others
@@ -454,17 +457,33 @@ class RowCache(RowCacheState):
         if overflow is None:
             self._update(self.weight, self.state, rows, values, self._slot_ids())
         else:
-            inside = rows < self.num_slots
-            self._update(self.weight, self.state, rows[inside], values[inside], self._slot_ids())
-            self._update(overflow.weight, overflow.state, rows[~inside] - self.num_slots, values[~inside],
-                         overflow.device_ids)
+            rows, values, out_rows, out_values = self._split_at_overflow(rows, values, lookup)
+            self._update(self.weight, self.state, rows, values, self._slot_ids())
+            self._update(overflow.weight, overflow.state, out_rows, out_values, overflow.device_ids)
             self.transfers.write(overflow.ids, overflow.weight, overflow.state)
             self.stats.bytes_d2h += overflow.ids.numel() * self._row_bytes
             self._refresh_admitted_overflow(overflow)
-            rows = rows[inside]
         # the batch's held slots are exactly the cached rows it looked up
         self.dirty.index_fill_(0, lookup.held if lookup.held is not None else rows.to(self.book), True)
         self.release(lookup)
+
+    def _split_at_overflow(self, rows: torch.Tensor, values: torch.Tensor, lookup: Lookup):
+        """(cache rows, their values, overflow rows, their values), each part in the order
+        it had in `rows`. A boolean mask would make the device report the parts' sizes
+        (a sync); the host knows them instead: a coalesced gradient has one entry per
+        distinct row, so `overflow.ids` of them are overflow rows, and a per-lookup one has
+        the overflow lookups counted when the indices were made. A stable sort by the
+        side of the boundary then puts the parts one after the other, and slicing at a
+        size known on the host asks the device nothing."""
+        coalesced = self.optimizer.needs_coalesced
+        outside = lookup.overflow.ids.numel() if coalesced else lookup.overflow_lookups
+        if outside is None or (not coalesced and rows.numel() != lookup.indices.numel()):
+            inside = rows < self.num_slots  # sizes unknown here: the mask (a sync on CUDA)
+            return rows[inside], values[inside], rows[~inside] - self.num_slots, values[~inside]
+        order = torch.sort((rows >= self.num_slots).to(torch.uint8), stable=True).indices
+        rows, values = rows.index_select(0, order), values.index_select(0, order)
+        cut = rows.numel() - outside
+        return rows[:cut], values[:cut], rows[cut:] - self.num_slots, values[cut:]
 
     def _update(self, weight: torch.Tensor, state: dict, rows: torch.Tensor, values: torch.Tensor,
                 row_ids: torch.Tensor) -> None:
