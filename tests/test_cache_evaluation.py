@@ -18,7 +18,7 @@ def trained_bag(path, eviction):
     freq = torch.bincount(torch.cat([b for b, _ in zipf_batches(N, 20, 16, 6, seed=9)]), minlength=N)
     bag = CachedEmbeddingBag(N, D, weight=weight, ids_freq=freq, device="cpu", cache_ratio=0.02,
                              eviction=eviction, optimizer="adagrad", lr=0.1)
-    bag.cache.bookkeeping = path
+    bag.cache.admission_pass = path
     for ids, offsets in zipf_batches(N, 12, 16, 6, seed=3):
         bag(ids, offsets).pow(2).sum().backward()
     return bag

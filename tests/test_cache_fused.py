@@ -19,7 +19,7 @@ def twin_bags(**kwargs):
     bags = []
     for path in ("tensor", "fused"):
         bag = CachedEmbeddingBag(N, D, weight=weight, ids_freq=freq, device="cpu", **kwargs)
-        bag.cache.bookkeeping = path
+        bag.cache.admission_pass = path
         bags.append(bag)
     return bags
 
@@ -114,7 +114,7 @@ def test_fused_equals_tensor_on_a_cache_large_enough_to_sample_its_victims():
     for path in ("tensor", "fused"):
         bag = CachedEmbeddingBag(n, 2, cache_ratio=0.025, ids_freq=freq, device="cpu",
                                  weight=torch.zeros(n, 2), warmup_ratio=1.0)
-        bag.cache.bookkeeping = path
+        bag.cache.admission_pass = path
         bags.append(bag)
     for ids in batches:
         for bag in bags:

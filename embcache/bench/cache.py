@@ -119,7 +119,7 @@ def timing(args, device) -> dict:
                                              lr=0.01, device=device, weight=weight) for path in paths}
             steps = {"uncached": uncached}
             for path, bag in bags.items():
-                bag.cache.bookkeeping = path
+                bag.cache.admission_pass = path
                 steps[path] = lambda b, bag=bag: (bag(b) * target).sum().backward()
             med = _interleaved_medians(steps, batches, device, warmup=5,
                                        after_warmup=lambda: [bag.reset_cache_stats() for bag in bags.values()])

@@ -7,3 +7,27 @@ OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
 # those with a torch sparse optimizer that equals them (`optimizers.TORCH_EQUIVALENTS`)
 TORCH_OPTIMIZERS = ("sgd", "adagrad", "adam")
 PLANNED_RATIOS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.025, 0.05, 0.10, 0.25)
+BOOKKEEPING = ("host", "device", "auto")
+
+
+def resolve_bookkeeping(bookkeeping: str, device, host_store: str = "memory") -> str:
+    """"host" or "device" for a cache whose rows live on `device`: "auto" is device where
+    the rows are on CUDA and the host store is in memory (the device reads and writes
+    pinned rows through its view of them, which a mapped file cannot give), host
+    otherwise. An explicit "device" is honoured on any device (the CPU and `meta` run the
+    same tensor ops: how it is tested); with a mapped store it is a ValueError.
+
+    Example:
+        >>> resolve_bookkeeping("auto", "cpu"), resolve_bookkeeping("device", "cpu")
+        ('host', 'device')
+    """
+    if bookkeeping not in BOOKKEEPING:
+        raise ValueError(f"bookkeeping must be one of {BOOKKEEPING}, got {bookkeeping!r}")
+    mapped = host_store != "memory"
+    if bookkeeping == "auto":
+        kind = device.type if hasattr(device, "type") else str(device).split(":")[0]
+        return "device" if kind == "cuda" and not mapped else "host"
+    if bookkeeping == "device" and mapped:
+        raise ValueError(f"device bookkeeping needs the memory host store, not {host_store!r}: the device "
+                         f"reads and writes pinned rows, which a mapped file cannot be")
+    return bookkeeping

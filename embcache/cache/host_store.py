@@ -63,6 +63,9 @@ class HostStore:
         pin: gather into page-locked memory (only meaningful with CUDA); the memory
             backing also pins its tables.
         directory: the files behind mapped tensors (None: the memory backing).
+        spare_rows: rows allocated past the table's end, in each table (memory backing
+            only): a device that writes rows through a view of the store sends the writes
+            it masks out there (`with_spare`), so that a fixed-size write needs no count.
 
     Build one with `HostStore.create`.
 
@@ -74,16 +77,38 @@ class HostStore:
     """
 
     def __init__(self, weight: torch.Tensor, state: dict[str, torch.Tensor], pin: bool = False,
-                 directory: Path | None = None):
+                 directory: Path | None = None, spare_rows: int = 0):
         pin_tables = pin and directory is None
-        self.weight = weight.pin_memory() if pin_tables and not weight.is_pinned() else weight
-        self.state = {k: (v.pin_memory() if pin_tables and not v.is_pinned() else v) for k, v in state.items()}
+        if spare_rows and directory is not None:
+            raise ValueError("spare rows need the memory backing (a mapped table keeps its files' shape)")
+        self.spare_rows = int(spare_rows)
+        self._padded = {}  # name -> the table with its spare rows (`with_spare`)
+
+        def keep(name: str, table: torch.Tensor) -> torch.Tensor:
+            if not self.spare_rows:
+                return table.pin_memory() if pin_tables and not table.is_pinned() else table
+            padded = torch.empty((table.shape[0] + self.spare_rows, *table.shape[1:]), dtype=table.dtype,
+                                 pin_memory=pin_tables)
+            padded[: table.shape[0]].copy_(table)
+            padded[table.shape[0]:].zero_()
+            self._padded[name] = padded
+            return padded[: table.shape[0]]
+
+        self.weight = keep("weight", weight)
+        self.state = {k: keep(f"optimizer.{k}", v) for k, v in state.items()}
         self.pinned = pin
         self.directory = directory
 
+    def with_spare(self) -> dict[str, torch.Tensor]:
+        """Every table with its spare rows after the last row (`tensors()`'s names); the
+        rows before them are the very tensors of `tensors()`."""
+        if not self.spare_rows:
+            raise ValueError("this store was made without spare rows")
+        return dict(self._padded)
+
     @classmethod
     def create(cls, spec: str, weight: torch.Tensor | RowInit, state: dict[str, tuple[int, float]],
-               row_dtype: torch.dtype = torch.float32, pin: bool = False) -> "HostStore":
+               row_dtype: torch.dtype = torch.float32, pin: bool = False, spare_rows: int = 0) -> "HostStore":
         """A store for `spec` ("memory" | "mmap:DIR") holding `weight` (rounded to
         `row_dtype`) and state tables `{name: (width, initial value)}` in float32.
         A mapped store rewrites DIR's files (see `table_files`)."""
@@ -95,7 +120,10 @@ class HostStore:
                 weight.fill(table, 0)
                 weight = table
             tables = {k: torch.full((num_rows, w), v, dtype=torch.float32) for k, (w, v) in state.items()}
-            return cls(weight.to(row_dtype), tables, pin)
+            return cls(weight.to(row_dtype), tables, pin, spare_rows=spare_rows)
+        if spare_rows:
+            raise ValueError(f"device bookkeeping needs the memory host store, not {spec!r}: the device writes "
+                             f"rows through a view of pinned memory, which a mapped file cannot be")
         specs = [tf.TensorSpec("weight", (num_rows, dim), row_dtype),
                  *(tf.TensorSpec(f"optimizer.{k}", (num_rows, w), torch.float32) for k, (w, _) in state.items())]
         fills = {"weight": weight.fill if isinstance(weight, RowInit) else _copier(weight),
@@ -129,6 +157,8 @@ class HostStore:
         if self.directory is not None:
             raise ValueError(f"a host store mapped from {self.directory} cannot grow past its {old:,} rows: "
                              f"give an open table on an mmap store its max_rows")
+        if self.spare_rows:
+            raise ValueError("a store with spare rows (device bookkeeping) cannot grow")
         pin = self.pinned
 
         def extend(table: torch.Tensor, value: float) -> torch.Tensor:

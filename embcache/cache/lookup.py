@@ -56,6 +56,8 @@ class Lookup:
     # how many lookups point past the cache (at overflow rows), counted where the indices
     # were made (on the host): the update splits the gradient with it, without asking the device
     overflow_lookups: int | None = None
+    # the device bookkeeper's rows for this batch's overflow (`device_cache.Scratch`)
+    scratch: object = None
 
 
 @dataclass

@@ -23,6 +23,7 @@ That persistence, with the checks that refuse a checkpoint before anything chang
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from collections import deque
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from . import fused_admission
+from .choices import resolve_bookkeeping
 from .eviction import EvictionPolicy
 from .host_store import HostStore
 from .lookup import Lookup, Overflow, Prefetched, ratio_at_least, same_values  # noqa: F401 (Lookup: part of this module's API)
@@ -56,9 +58,13 @@ class RowCache(RowCacheState):
         eviction: "freq" | "lfu" | "lru".
         ids_freq: per-id counts from the training data (warm-up and `freq`).
         warmup_ratio: fraction of the cache filled with the hottest ids up front.
-        device: where the cache's rows live. The bookkeeping (slot map, eviction
-            metadata, holds, dirty bits) lives on the host, where ids come from, unless
-            `bookkeeping` is "tensor": then it lives beside the rows (the reference path).
+        device: where the cache's rows live.
+        bookkeeping: "host" | "device" | "auto". Where the slot map, eviction metadata,
+            holds and dirty bits live and are decided: on the host beside the ids (a
+            compiled pass; this class), or on the rows' device in fixed-size tensor ops
+            that never make the host wait (`DeviceRowCache`, which `RowCache(...,
+            bookkeeping="device")` builds). "auto": device when the rows are on CUDA and
+            the host store in memory, host otherwise. Both make the same decisions.
         host_store: "memory" | "mmap:DIR" (`HostStore`); `weight` may then be a `RowInit`,
             so that a huge table is made chunk by chunk, never whole in memory.
         row_dtype: how rows are stored, in the host store and the cache (float32,
@@ -66,32 +72,49 @@ class RowCache(RowCacheState):
         rounding: how updated rows are written in `row_dtype` (default: to nearest).
     """
 
-    # "auto": the compiled pass over host bookkeeping (dense slot map), tensor ops otherwise;
-    # "fused" / "tensor" force one (tests compare them). Read when a cache is made: it also
-    # decides where the bookkeeping lives.
-    bookkeeping = "auto"
+    # how the host bookkeeper decides a batch's admission: "auto" (the compiled pass over a
+    # dense slot map), "fused" or "tensor" (the batched tensor ops: the reference the
+    # compiled pass and the device bookkeeper are held to); tests set it on an instance
+    admission_pass = "auto"
     # a forward reuses its prefetch's decisions (`_reuse`); tests switch it off to compare
     # with a second admission pass over the same ids, which must decide exactly the same
     reuse_prefetch = True
     # lookups without `keep` leave the cache as it is (`_peek`): set for a validation pass
     frozen = False
 
+    bookkeeping = "host"  # what this class is: a `DeviceRowCache` says "device"
+
+    def __new__(cls, *args, **kwargs):
+        """`RowCache(..., bookkeeping=...)` is also the factory: "device" (or "auto" with
+        CUDA rows in memory) gives a `DeviceRowCache`, which takes the same arguments."""
+        if cls is RowCache:
+            bound = inspect.signature(RowCache.__init__).bind(None, *args, **kwargs)
+            bound.apply_defaults()
+            a = bound.arguments
+            if resolve_bookkeeping(a["bookkeeping"], a["device"], a["host_store"]) == "device":
+                from .device_cache import DeviceRowCache
+                cls = DeviceRowCache
+        return super().__new__(cls)
+
     def __init__(self, weight: torch.Tensor, cache_rows: int, optimizer: RowOptimizer,
                  eviction: str = "freq", ids_freq: torch.Tensor | None = None,
                  warmup_ratio: float = 0.7, device: torch.device | str = "cpu", admission: bool = False,
                  half_life: int | None = None, host_store: str = "memory",
-                 row_dtype: torch.dtype = torch.float32, rounding: RowRounding | None = None):
+                 row_dtype: torch.dtype = torch.float32, rounding: RowRounding | None = None,
+                 bookkeeping: str = "auto"):
         self.device = torch.device(device)
         # on the host, no batch's bookkeeping makes the host wait for the device: ids
-        # arrive there, and only rows and lookup indices travel (`RowTransfers`)
-        self.book = torch.device("cpu") if self.bookkeeping != "tensor" else self.device
+        # arrive there, and only rows and lookup indices travel (`RowTransfers`); the
+        # device bookkeeper keeps it all beside the rows
+        self.book = self.device if self.bookkeeping == "device" else torch.device("cpu")
         num_rows, dim = weight.shape
         self.num_rows, self.dim, self.num_slots = num_rows, dim, int(cache_rows)
         on_cuda = self.device.type == "cuda"
         self.optimizer = optimizer
         self.rounding = rounding or RowRounding(row_dtype)
         state_init = {k: (w, optimizer.initial_state_value(k)) for k, w in optimizer.state_widths(dim).items()}
-        self.host = HostStore.create(host_store, weight, state_init, row_dtype, pin=on_cuda)
+        self.host = HostStore.create(host_store, weight, state_init, row_dtype, pin=on_cuda,
+                                     spare_rows=int(self.bookkeeping == "device"))
         self.weight = torch.zeros(self.num_slots, dim, dtype=row_dtype, device=self.device)
         self.state = optimizer.init_state(self.num_slots, dim, device=self.device)
         self.transfers = RowTransfers(self.host, self.device, num_rows)
@@ -320,7 +343,7 @@ class RowCache(RowCacheState):
         overflow rows or None, whether every missing row got a slot, hits, misses). On the CPU the decisions are made by one
         compiled pass (`fused_admission`); elsewhere, and as its reference, by the batched
         tensor ops below: the same decisions either way."""
-        if self.bookkeeping == "fused" or (self.bookkeeping == "auto" and self._can_fuse()):
+        if self.admission_pass == "fused" or (self.admission_pass == "auto" and self._can_fuse()):
             return self._admit_fused(ids, serve_overflow)
         return self._admit_tensor(ids, serve_overflow)
 
@@ -490,6 +513,11 @@ class RowCache(RowCacheState):
         """The optimizer step on rows of `weight` (whose ids are `row_ids`): in place for
         float32 rows, else on float32 copies rounded on write (`update_rows`)."""
         update_rows(self.optimizer, weight, state, rows, values, self.step, row_ids, self.rounding)
+
+    def working_table(self) -> torch.Tensor:
+        """The rows a lookup's indices point into: the cache's (the device bookkeeper's
+        also has rows for a batch's overflow after them)."""
+        return self.weight
 
     def _slot_ids(self) -> torch.Tensor:
         """Each slot's id, beside the rows: only half-precision rows read it (their

@@ -42,6 +42,7 @@ class RowCacheState:
     def _cache_state(self) -> dict:
         """Everything of `state_dict` but the tables (the store must be current)."""
         pending = list(self._prefetched)
+        held = [self._held_slots(p).cpu() for p in pending]
         return {
             "step": torch.tensor(self.step),
             "slot_to_id": self.slots.slot_to_id.cpu().clone(),
@@ -50,13 +51,12 @@ class RowCacheState:
             "prefetch.ids": torch.cat([p.ids.cpu() for p in pending]) if pending
             else torch.zeros(0, dtype=torch.long),
             "prefetch.sizes": torch.tensor([p.ids.numel() for p in pending], dtype=torch.long),
-            "prefetch.counts": torch.tensor([[p.hits, p.misses] for p in pending],
+            "prefetch.counts": torch.tensor([[int(p.hits), int(p.misses)] for p in pending],
                                             dtype=torch.long).reshape(-1, 2),
             # the slots each prefetch holds: not every resident row of its batch (a row
             # admitted after the prefetch, by a later batch, is not held for it)
-            "prefetch.held": torch.cat([p.held.cpu() for p in pending]) if pending
-            else torch.zeros(0, dtype=torch.long),
-            "prefetch.held_sizes": torch.tensor([p.held.numel() for p in pending], dtype=torch.long),
+            "prefetch.held": torch.cat(held) if pending else torch.zeros(0, dtype=torch.long),
+            "prefetch.held_sizes": torch.tensor([h.numel() for h in held], dtype=torch.long),
             **{f"policy.{k}": (torch.tensor(POLICIES.index(v)) if k == "kind" else
                                v if torch.is_tensor(v) else torch.tensor(v))
                for k, v in self.policy.state_dict().items()},
@@ -301,5 +301,14 @@ class RowCacheState:
             if slots is None:
                 slots = torch.unique(self.slots.lookup(part))
                 slots = slots[slots >= 0]
-            self._hold(slots, +1)
-            self._prefetched.append(Prefetched(part, slots, int(hits), int(misses)))
+            held_now = self._held_from_slots(slots)
+            self._hold(held_now, +1)
+            self._prefetched.append(Prefetched(part, held_now, int(hits), int(misses)))
+
+    def _held_slots(self, p: Prefetched) -> torch.Tensor:
+        """The slots a pending prefetch holds, as a list (how a checkpoint keeps them)."""
+        return p.held
+
+    def _held_from_slots(self, slots: torch.Tensor):
+        """A checkpoint's list of held slots as this cache keeps a prefetch's holds."""
+        return slots

@@ -9,7 +9,7 @@ An index_select on the view is then a gather kernel whose loads cross the link; 
 index_copy_ writes host rows from the device.
 
 On the CPU the view is the tensor itself, so code written against the view runs unchanged
-where there is no GPU (and in CI).
+where there is no GPU (and in CI); on `meta` it is a tensor of the same shape without values.
 """
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ def device_view(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     that wrote (synchronize, or an event), as for any device work.
     """
     device = torch.device(device)
+    if device.type == "meta":  # shapes without values: what proves a step asks the device nothing
+        return torch.empty(host.shape, dtype=host.dtype, device="meta")
     if device.type != "cuda":
         return host
     if not host.is_contiguous():

@@ -52,6 +52,11 @@ class CachedEmbeddingBag(nn.Module):
         device: None picks CUDA when available, else CPU.
         weight: optional initial `[N, D]` table in id order (default: N(0, 1), as
             `nn.EmbeddingBag`).
+        bookkeeping: "auto" (default: "device" when the rows are on CUDA and the host store
+            in memory, else "host"), "host" or "device": where the cache decides which
+            row sits where (`RowCache`). The device bookkeeper never makes the host wait;
+            both decide alike, so results are the same either way. Open tables keep the
+            host's.
         admission: `freq` / `lfu` admit a missed row only if it is hotter than the row it
             would evict; colder ones are served beside the cache for the step and counted
             as `bypassed_rows` (results are the same either way; only the hit rate,
@@ -108,7 +113,7 @@ class CachedEmbeddingBag(nn.Module):
                  rounding: str = "stochastic", rounding_seed: int = 0, keys: str = "ids",
                  max_rows: int | list[int | None] | None = None, retire: str = "lru", ttl: int | None = None,
                  key_seed: int | list[int] = 0, init_bound: float | list[float] | None = None,
-                 key_freq=None, **optimizer_kwargs):
+                 key_freq=None, bookkeeping: str = "auto", **optimizer_kwargs):
         super().__init__()
         _check_config(num_embeddings, embedding_dim, mode, cache_ratio, warmup_ratio,
                       eviction, optimizer, ids_freq, weight)
@@ -133,10 +138,14 @@ class CachedEmbeddingBag(nn.Module):
             if dtype == torch.float32 and host_store == "memory" and not copied_by_pinning:
                 weight = weight.clone()
         ids_freq = None if ids_freq is None else ids_freq.detach().cpu()
+        if self.open is not None and bookkeeping == "device":
+            raise ValueError("open tables (keys='raw') keep the host bookkeeper: their key index lives on the "
+                             "host; give bookkeeping='host' or 'auto'")
         self.cache = RowCache(weight, math.ceil(cache_ratio * min(num_embeddings, weight.shape[0])),
                               make_optimizer(optimizer, lr, **optimizer_kwargs), eviction,
                               ids_freq, warmup_ratio, device, admission, half_life, host_store=host_store,
-                              row_dtype=dtype, rounding=RowRounding(dtype, rounding, rounding_seed))
+                              row_dtype=dtype, rounding=RowRounding(dtype, rounding, rounding_seed),
+                              bookkeeping="host" if self.open is not None else bookkeeping)
 
     @property
     def device(self) -> torch.device:
@@ -177,7 +186,7 @@ class CachedEmbeddingBag(nn.Module):
         train = self.training and torch.is_grad_enabled()
         tag = None if self.open is None else self.open.taken()  # its prefetch's, when rows_of_keys reused it
         lookup = self.cache.prepare(ids, keep=train, segments=segments, in_order=self.open is not None, tag=tag)
-        table = self.cache.weight
+        table = self.cache.working_table()
         if lookup.overflow is not None:
             table = torch.cat([table, lookup.overflow.weight])
         if table.dtype != torch.float32:  # half-precision rows: the bag reads (and pools) float32

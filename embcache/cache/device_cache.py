@@ -1,0 +1,455 @@
+"""The device bookkeeper: a `RowCache` whose bookkeeping lives beside its rows and never
+makes the host wait.
+
+The host bookkeeper (`RowCache`) decides every batch on the host, beside the ids, and
+sends the device rows and indices. Here the ids go to the device and everything is decided
+there: the id -> slot map, the eviction keys and counts (the `ids_freq` prior too), holds,
+dirty bits, and the rows themselves, read from and written to the pinned host store by
+device kernels through its unified view (`host_link`). Each step is a fixed list of tensor
+operations sized by the batch's ids or the cache's slots, so the host only issues launches:
+no `unique`, `nonzero`, boolean-mask indexing, `.item()` or copy to the host, and no
+Python branch on a value. How, where the host bookkeeper would branch or compact:
+
+- dedup: a stable sort of the batch's ids and a neighbour compare; a distinct id's rank
+  among the missing ones is a running sum of "first of its value and absent";
+- free slots: a running sum over "slot empty" numbers them in slot order;
+- victims: one stable sort of every slot's eviction key, non-candidates (held, used by
+  this batch, empty) keyed +inf, so that they come last; the r-th miss after the free
+  slots takes the r-th victim;
+- counts (misses, free slots, victims, admissions won) stay 0-d device tensors, and every
+  list is as long as the batch: an entry past a count is masked, and a masked write goes
+  to a spare entry past the end of the array it writes (the "trash": index C of the slot
+  arrays, N of the id arrays, the working table's last row, the store's spare row).
+
+It makes the host bookkeeper's decisions exactly (same slots for the same ids, same
+victims in the same order, same counters; tests/test_device_bookkeeping.py replays traces
+through both). Rows that do not fit this batch (overflow, admission declined) are read
+into rows of the working table past the cache (a region per batch in flight), updated
+there with the cache's rows in one optimizer call, and written back to the host store by
+the device.
+
+Open tables keep the host bookkeeper (their key index is a host structure); a mapped
+host store too (the device cannot map a file's pages).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .host_link import HostLink
+from .lookup import Lookup, Overflow, Prefetched, same_values
+from .optimizers import update_rows
+from .row_cache import MAX_PENDING_PREFETCHES, RowCache
+from .stats import CacheStats
+
+# the statistics counted on the device, in `CacheStats` field names (batches is the host's)
+COUNTERS = ("hits", "misses", "evictions", "bytes_h2d", "bytes_d2h", "overflow_rows", "bypassed_rows")
+INF = float("inf")
+
+
+@dataclass
+class Scratch:
+    """A batch's overflow rows in its region of the working table: entry r (of the
+    batch's distinct missing ids, in admission order) is `ids[r]` at working row `rows[r]`
+    where `mask[r]`."""
+
+    region: list  # [start, size, busy] of `DeviceRowCache._regions`
+    ids: torch.Tensor
+    rows: torch.Tensor
+    mask: torch.Tensor
+
+
+class DeviceRowCache(RowCache):
+    """`RowCache` with the bookkeeping on the rows' device (see the module docstring);
+    built by `RowCache(..., bookkeeping="device")` (or "auto" on CUDA), same arguments."""
+
+    bookkeeping = "device"
+
+    def __init__(self, weight, cache_rows, optimizer, eviction="freq", ids_freq=None, warmup_ratio=0.7,
+                 device="cpu", admission=False, half_life=None, host_store="memory",
+                 row_dtype=torch.float32, rounding=None, bookkeeping="device"):
+        super().__init__(weight, cache_rows, optimizer, eviction, ids_freq, 0.0, device, admission, half_life,
+                         host_store, row_dtype, rounding, bookkeeping)
+        C, N = self.num_slots, self.num_rows
+        self._regions: list[list] = []  # [start, size, busy]: working rows past the cache
+        self._work_ids = torch.full((C + 1,), -1, dtype=torch.long, device=self.device)
+        self.slots.slot_to_id = self._work_ids[:C]
+        self._pad: dict[str, torch.Tensor] = {}
+        self.slots.id_to_slot = self._padded("id_to_slot", self.slots.id_to_slot, -1)
+        self.dirty = self._padded("dirty", self.dirty, False)
+        self.holds = self._padded("holds", self.holds, 0)
+        p = self.policy
+        p.slot_last = self._padded("slot_last", p.slot_last, 0.0)
+        p.slot_primary = self._padded("slot_primary", p.slot_primary, 0.0)
+        if p.id_count is not None:
+            p.id_count = self._padded("id_count", p.id_count, 0)
+        if p.prior is not None:
+            p.prior = self._padded("prior", p.prior, 0.0)
+        self.link = HostLink(self.host, self.device)
+        self._counters = torch.zeros(len(COUNTERS), dtype=torch.int64, device=self.device)
+        self._arange = torch.arange(max(C, 1), device=self.device)
+        if ids_freq is not None and warmup_ratio > 0:
+            self.warm_up(ids_freq, warmup_ratio)
+
+    def _padded(self, name: str, t: torch.Tensor, fill) -> torch.Tensor:
+        """`t` copied into an array one entry longer (the trash entry); returns the view
+        of its first entries, which the host-side code (maps, policy, checkpoints) keeps."""
+        buf = torch.full((t.numel() + 1,), fill, dtype=t.dtype, device=t.device)
+        buf[: t.numel()].copy_(t)
+        self._pad[name] = buf
+        return buf[: t.numel()]
+
+    # ------------------------------------------------------------------ the working table
+    @property
+    def weight(self) -> torch.Tensor:
+        return self._work["weight"][: self.num_slots]
+
+    @weight.setter
+    def weight(self, t: torch.Tensor) -> None:  # the cache's rows, then the trash row
+        self._work = {"weight": torch.cat([t, t.new_zeros(1, t.shape[1])])}
+
+    @property
+    def state(self) -> dict[str, torch.Tensor]:
+        return {k[len("optimizer."):]: v[: self.num_slots] for k, v in self._work.items() if k != "weight"}
+
+    @state.setter
+    def state(self, state: dict[str, torch.Tensor]) -> None:
+        for k, v in state.items():
+            self._work[f"optimizer.{k}"] = torch.cat([v, v.new_zeros(1, v.shape[1])])
+
+    def working_table(self) -> torch.Tensor:
+        return self._work["weight"]
+
+    def _trash_row(self) -> int:
+        return self._work["weight"].shape[0] - 1
+
+    def _slot_ids(self) -> torch.Tensor:
+        return self._work_ids
+
+    def _take_region(self, size: int) -> list:
+        """A region of `size` working rows for one batch's overflow: a free one large
+        enough, else a new one appended (the rows before it keep their places, so the
+        lookups of batches in flight stay valid)."""
+        for region in self._regions:
+            if not region[2] and region[1] >= size:
+                region[2] = True
+                return region
+        start = self._trash_row()
+        grown = {}
+        for name, t in self._work.items():
+            new = t.new_zeros((start + size + 1, t.shape[1]))
+            new[:start].copy_(t[:start])
+            grown[name] = new
+        self._work = grown
+        ids = self._work_ids.new_full((start + size + 1,), -1)
+        ids[:start].copy_(self._work_ids[:start])
+        self._work_ids = ids
+        self.slots.slot_to_id = ids[: self.num_slots]
+        region = [start, size, True]
+        self._regions.append(region)
+        return region
+
+    # ------------------------------------------------------------------ statistics
+    @property
+    def stats(self) -> CacheStats:
+        """The statistics, with what the device counted since last asked (one read of the
+        device: asking is not free, a step never asks)."""
+        if "_counters" in self.__dict__:
+            self._fold_counters()
+        return self._stats
+
+    @stats.setter
+    def stats(self, stats: CacheStats) -> None:
+        if "_counters" in self.__dict__:
+            self._fold_counters()  # what was counted so far belongs to the statistics being replaced
+        self._stats = stats
+
+    def _fold_counters(self) -> None:
+        values = self._counters.tolist()
+        self._counters.zero_()
+        for name, v in zip(COUNTERS, values):
+            setattr(self._stats, name, getattr(self._stats, name) + int(v))
+
+    def _count(self, **deltas: torch.Tensor) -> None:
+        vals = [deltas.get(name, self._zero) for name in COUNTERS]
+        self._counters.add_(torch.stack([torch.as_tensor(v, device=self.device).to(torch.int64) for v in vals]))
+
+    @property
+    def _zero(self) -> torch.Tensor:
+        return torch.zeros((), dtype=torch.int64, device=self.device)
+
+    # ------------------------------------------------------------------ ids on the device
+    def _on_device(self, ids: torch.Tensor) -> torch.Tensor:
+        from embcache.device import to_device_async
+        return to_device_async(ids.reshape(-1).to(torch.long), self.device)
+
+    def prefetch(self, ids: torch.Tensor, tag: object = None) -> None:
+        if len(self._prefetched) >= MAX_PENDING_PREFETCHES:
+            self._hold(self._prefetched.popleft().held, -1)
+        if self._stream is None:
+            self._prefetch(ids, tag)
+            return
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._stream):
+            self._prefetch(ids, tag)
+
+    def _prefetch(self, ids: torch.Tensor, tag: object = None) -> None:
+        _, touched, hits, misses, _ = self._admit_on_device(self._on_device(ids), None)
+        self._hold(touched, +1)
+        self._prefetched.append(Prefetched(ids, touched, hits, misses, None, tag))
+
+    def prepare(self, ids: torch.Tensor, keep: bool, segments: list[list[int]] | None = None,
+                in_order: bool = False, tag: object = None) -> Lookup:
+        """As `RowCache.prepare`. The forward always makes a full admission pass: where
+        the prefetch placed every id, that pass finds them all at the slots the prefetch
+        holds and decides exactly what reusing it would (the host bookkeeper's test of it
+        is a value this side does not read)."""
+        self._wait_for_prefetch()
+        if self.frozen and not keep:
+            return self._peek(ids, segments)
+        consumed = self._take_prefetched(ids, in_order, tag)
+        same_ids = consumed is not None and same_values(consumed.ids, ids)
+        flat = self._on_device(ids)
+        region = self._take_region(max(flat.numel(), 1))
+        indices, touched, hits, misses, scratch = self._admit_on_device(flat, region)
+        if same_ids:
+            hits, misses = consumed.hits, consumed.misses
+        elif consumed is not None:  # the rows that prefetch loaded (held since) are this batch's misses
+            loaded = consumed.held.sum() - consumed.hits
+            hits, misses = hits - loaded, misses + loaded
+        self._count(hits=hits, misses=misses)
+        self._stats.batches += 1
+        if keep:
+            self._hold(touched, +1)
+        if consumed is not None:
+            self._hold(consumed.held, -1)
+        lookup = Lookup(indices.view(ids.shape), None, touched if keep else None, flat if keep else None, segments)
+        if keep:
+            lookup.scratch = scratch
+        else:  # read by this forward's kernels, queued before any later write to the region
+            region[2] = False
+        return lookup
+
+    # ------------------------------------------------------------------ admission
+    def _admit_on_device(self, flat: torch.Tensor, region: list | None):
+        """One admission pass over a batch's ids (1-D, on the device), deciding what
+        `RowCache._admit_tensor` decides. Returns (each lookup's working row, -1 for an
+        id left out by a prefetch; the mask of the slots the batch touches; hits; misses
+        (0-d); the overflow's `Scratch`, with `region` given, else None)."""
+        p = self.policy
+        p.tick()
+        clock = float(p.clock)
+        C, N, n = self.num_slots, self.num_rows, flat.numel()
+        dev, pad = self.device, self._pad
+        if n == 0:
+            empty = torch.zeros(C, dtype=torch.bool, device=dev)
+            return flat.new_empty(0), empty, self._zero, self._zero, None
+        # ---- each lookup's slot; the distinct slots it hits
+        slots = pad["id_to_slot"].index_select(0, flat)
+        hit = slots >= 0
+        in_batch = torch.zeros(C + 1, dtype=torch.bool, device=dev)
+        in_batch.index_fill_(0, torch.where(hit, slots, C), True)
+        # ---- the distinct missing ids, ascending: sort, neighbour compare, running rank
+        sid, perm = torch.sort(flat, stable=True)
+        first = torch.ones(n, dtype=torch.bool, device=dev)
+        first[1:] = sid[1:] != sid[:-1]
+        miss_first = first & ~hit.index_select(0, perm)
+        rank = torch.cumsum(miss_first, 0) - 1  # at every sorted position: its id's rank among the missing
+        m = rank[-1] + 1
+        r = torch.arange(n, device=dev)
+        missing = torch.full((n + 1,), N, dtype=torch.long, device=dev)
+        missing.index_copy_(0, torch.where(miss_first, rank, n), sid)
+        missing = missing[:n]
+        where = torch.empty_like(rank).index_copy_(0, perm, rank).clamp_(min=0)  # per lookup
+        # ---- free slots in slot order (the first n are all a batch can take)
+        occupied = self.slots.slot_to_id >= 0
+        free = ~occupied
+        free_count = free.sum()
+        free_rank = torch.cumsum(free, 0) - 1
+        free_list = torch.full((n + 1,), C, dtype=torch.long, device=dev)
+        free_list.index_copy_(0, torch.where(free & (free_rank < n), free_rank, n), self._arange[:C])
+        free_list = free_list[:n]
+        nfree = torch.minimum(free_count, m)
+        # ---- victims: the smallest keys among slots neither held, used by the batch, nor empty
+        candidates = occupied & ~((self.holds > 0) | in_batch[:C])
+        keys = torch.where(candidates, p.keys(), torch.full_like(p.slot_last, INF))
+        kv = min(n, C)
+        vkeys, victims = torch.sort(keys, stable=True)
+        vkeys, victims = vkeys[:kv], victims[:kv]
+        wanted = torch.clamp(torch.minimum(m - free_count, candidates.sum()), min=0)
+        j = self._arange[:kv]
+        if p.admission:  # the hottest missing ids first; each past the free slots beats its victim or stays out
+            ckeys = self._counts(missing) + 1 + clock / (clock + 1)
+            ckeys = torch.where(r < m, ckeys, torch.full_like(ckeys, -INF))
+            order = torch.where(wanted > 0, torch.argsort(ckeys, descending=True, stable=True), r)
+            missing, ckeys = missing.index_select(0, order), ckeys.index_select(0, order)
+            contender = ckeys.index_select(0, (nfree + j).clamp(max=n - 1))
+            taken = ((j < wanted) & (contender > vkeys)).sum()
+            inverse = torch.empty_like(order).index_copy_(0, order, r)
+            where = inverse.index_select(0, where)
+        else:
+            taken = wanted
+        declined = wanted - taken
+        fits = nfree + taken
+        # ---- evict: keep the leavers' counts, write the dirty ones back, empty their slots
+        leaving = j < taken
+        out_slot = torch.where(leaving, victims, C)
+        out_ids = torch.where(leaving, self.slots.slot_to_id.index_select(0, victims), N)
+        if p.id_count is not None:
+            count = pad["slot_primary"].index_select(0, out_slot)
+            if p.prior is not None:
+                count = count - pad["prior"].index_select(0, out_ids) * p.prior_weight
+            pad["id_count"].index_copy_(0, out_ids, count.round().to(torch.int32))
+        written = leaving & pad["dirty"].index_select(0, out_slot)
+        self.link.write(out_ids, victims, written, self._work, self._trash_row())
+        pad["dirty"].index_fill_(0, out_slot, False)
+        pad["id_to_slot"].index_fill_(0, out_ids, -1)
+        self._work_ids.index_fill_(0, torch.where(leaving, victims, self._trash_row()), -1)
+        # ---- admit: the r-th missing id takes the r-th free slot, then the (r - free)-th victim
+        target = torch.where(r < nfree, free_list, victims.index_select(0, (r - nfree).clamp(0, kv - 1)))
+        admitted = r < fits
+        in_ids = torch.where(admitted, missing, N)
+        in_slot = torch.where(admitted, target, C)
+        self.link.read(in_ids, target, admitted, self._work, self._trash_row())
+        pad["dirty"].index_fill_(0, in_slot, False)
+        self._work_ids.index_copy_(0, torch.where(admitted, target, self._trash_row()), in_ids)
+        pad["id_to_slot"].index_copy_(0, in_ids, target)
+        pad["slot_last"].index_fill_(0, in_slot, clock)
+        if p.id_count is None:
+            pad["slot_primary"].index_fill_(0, in_slot, 0.0)
+        else:
+            pad["slot_primary"].index_copy_(0, in_slot, self._counts(in_ids))
+        in_batch.index_fill_(0, in_slot, True)
+        new_row = torch.where(admitted, target, -1)
+        row_bytes = self._row_bytes
+        deltas = dict(evictions=taken, bytes_h2d=fits * row_bytes, bytes_d2h=written.sum() * row_bytes)
+        # ---- the rest of the missing ids: beside the cache, in this batch's region
+        scratch = None
+        if region is not None:
+            outside = (r >= fits) & (r < m)
+            rows = region[0] + (r - fits).clamp(min=0)
+            self.link.read(missing, rows, outside, self._work, self._trash_row())
+            self._work_ids.index_copy_(0, torch.where(outside, rows, self._trash_row()),
+                                       torch.where(outside, missing, -1))
+            if p.id_count is not None:  # a use counted, as the host bookkeeper's `on_bypass`
+                pad["id_count"].index_add_(0, torch.where(outside, missing, N),
+                                           outside.to(torch.int32))
+            new_row = torch.where(outside, rows, new_row)
+            over = m - fits
+            deltas.update(overflow_rows=over - declined, bypassed_rows=declined,
+                          bytes_h2d=(fits + over) * row_bytes)
+            scratch = Scratch(region, missing, rows, outside)
+        indices = torch.where(hit, slots, new_row.index_select(0, where))
+        # ---- the batch's use of every slot it touches
+        touched = in_batch[:C]
+        p.slot_last.masked_fill_(touched, clock)
+        if p.id_count is not None:
+            p.slot_primary.add_(touched.to(p.slot_primary.dtype))
+        self._count(**deltas)
+        return indices, touched, touched.sum() - fits, m, scratch
+
+    def _counts(self, ids: torch.Tensor) -> torch.Tensor:
+        """The policy's primary key of `ids` (trash entries allowed) outside the cache."""
+        p, pad = self.policy, self._pad
+        primary = pad["id_count"].index_select(0, ids).to(torch.float64)
+        return primary + pad["prior"].index_select(0, ids) * p.prior_weight if p.prior is not None else primary
+
+    def _hold(self, slots: torch.Tensor, delta: int) -> None:
+        """Holds as a mask over the slots (what the device bookkeeper keeps per batch), or
+        a list of slots (a checkpoint's)."""
+        if slots.dtype == torch.bool:
+            self.holds.add_(slots.to(self.holds.dtype), alpha=delta)
+        else:
+            self.holds.index_add_(0, slots.to(self.device), self.holds.new_full((1,), delta).expand(slots.numel()))
+
+    def release(self, lookup: Lookup) -> None:
+        super().release(lookup)
+        if lookup.scratch is not None:
+            lookup.scratch.region[2] = False
+            lookup.scratch = None
+
+    # ------------------------------------------------------------------ updates
+    def apply_gradient(self, grad: torch.Tensor, lookup: Lookup) -> None:
+        """One optimizer step over the working table, the cache's rows and the batch's
+        overflow rows in one call; the overflow rows then go back to the host store (and
+        into the cache, where a prefetch admitted one meanwhile)."""
+        self._wait_for_prefetch()
+        self.step += 1
+        rows, values = self._in_torch_order(grad.to(torch.float32), lookup, coalesce=self.optimizer.needs_coalesced)
+        work = self._work
+        update_rows(self.optimizer, work["weight"], self.state_of_work(), rows, values, self.step,
+                    self._work_ids, self.rounding)
+        s = lookup.scratch
+        if s is not None:
+            trash = self._trash_row()
+            self.link.write(s.ids, s.rows, s.mask, work, trash)
+            self._count(bytes_d2h=s.mask.sum() * self._row_bytes)
+            slot = self._pad["id_to_slot"].index_select(0, torch.where(s.mask, s.ids, self.num_rows))
+            now = s.mask & (slot >= 0)
+            target, source = torch.where(now, slot, trash), torch.where(now, s.rows, trash)
+            for t in work.values():
+                t.index_copy_(0, target, t.index_select(0, source))
+            self._pad["dirty"].index_fill_(0, torch.where(now, slot, self.num_slots), True)
+        self.dirty.logical_or_(lookup.held)
+        self.release(lookup)
+
+    def state_of_work(self) -> dict[str, torch.Tensor]:
+        """The optimizer state of every working row, by the optimizer's names."""
+        return {k[len("optimizer."):]: v for k, v in self._work.items() if k != "weight"}
+
+    # ------------------------------------------------------------------ validation
+    def _peek(self, ids: torch.Tensor, segments: list[list[int]] | None) -> Lookup:
+        """A frozen cache's lookup: resident rows where they are, the others read from the
+        host store into rows beside the working table for this forward alone."""
+        flat = self._on_device(ids)
+        n = flat.numel()
+        slots = self._pad["id_to_slot"].index_select(0, flat)
+        hit = slots >= 0
+        side = self.link.read_new(flat, ~hit)["weight"]
+        indices = torch.where(hit, slots, self.working_table().shape[0] + torch.arange(n, device=self.device))
+        sid, perm = torch.sort(flat)
+        first = torch.ones(n, dtype=torch.bool, device=self.device)
+        first[1:] = sid[1:] != sid[:-1]
+        hit_sorted = hit.index_select(0, perm)
+        misses = (first & ~hit_sorted).sum()
+        self._count(hits=(first & hit_sorted).sum(), misses=misses, overflow_rows=misses,
+                    bytes_h2d=misses * self._row_bytes)
+        self._stats.batches += 1
+        return Lookup(indices.view(ids.shape), Overflow(flat, side, {}, flat), None, None, segments)
+
+    # ------------------------------------------------------------------ rows in and out, whole lists
+    def _load(self, ids: torch.Tensor, target: torch.Tensor, count_bytes: bool = True) -> None:
+        """Host rows `ids` into slots `target` (exact lists: warm-up, a restored residency)."""
+        if ids.numel() == 0:
+            return
+        ids, target = ids.to(self.device), target.to(self.device)
+        self.link.read(ids, target, torch.ones_like(ids, dtype=torch.bool), self._work, self._trash_row())
+        self.dirty.index_fill_(0, target, False)
+        if count_bytes:
+            self._count(bytes_h2d=torch.tensor(ids.numel() * self._row_bytes))
+
+    def sync_host(self) -> torch.Tensor:
+        if self.device.type == "cuda":  # the device's own writes into the store land first
+            torch.cuda.synchronize(self.device)
+        return super().sync_host()
+
+    def _clear_cache(self) -> None:
+        super()._clear_cache()
+        for region in self._regions:
+            region[2] = False
+
+    def _held_slots(self, p: Prefetched) -> torch.Tensor:
+        return torch.nonzero(p.held).flatten()
+
+    def _held_from_slots(self, slots: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(self.num_slots, dtype=torch.bool, device=self.device)
+        mask[slots.to(self.device)] = True
+        return mask
+
+    # ------------------------------------------------------------------ open tables: host bookkeeping
+    def _open_tables_refused(self, *_, **__):
+        raise ValueError("open tables keep the host bookkeeper (their key index lives on the host): "
+                         "give bookkeeping='host'")
+
+    grow = reset_rows = held_rows = set_prior = _open_tables_refused
