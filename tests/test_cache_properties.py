@@ -2,7 +2,7 @@
 cached twice, every row read equals the host row or its newer cached copy, slots are held
 only by batches still in flight, and the table equals an uncached one trained alongside
 with the matching torch optimizer, to the bit, through evictions, prefetches, dropped
-forwards and checkpoint round-trips."""
+forwards and checkpoint round-trips; with the host bookkeeper and with the device one."""
 import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
@@ -40,15 +40,17 @@ def check_cache(bag, shadow):
        ratio=st.sampled_from([0.05, 0.1, 0.3, 1.0]),
        eviction=st.sampled_from(["freq", "lfu", "lru"]),
        optimizer=st.sampled_from(["sgd", "adagrad", "rowwise_adagrad", "adam"]),
+       bookkeeping=st.sampled_from(["host", "device"]),
        seed=st.integers(0, 2**16))
-def test_random_traces_keep_the_cache_consistent(ops, ratio, eviction, optimizer, seed):
+def test_random_traces_keep_the_cache_consistent(ops, ratio, eviction, optimizer, bookkeeping, seed):
     gen = torch.Generator().manual_seed(seed)
     w0 = torch.randn(N, D, generator=gen)
     freq = torch.randint(0, 50, (N,), generator=gen)
 
     def make():
         return CachedEmbeddingBag(N, D, cache_ratio=ratio, weight=w0, ids_freq=freq, eviction=eviction,
-                                  optimizer=optimizer, lr=0.5, device="cpu", warmup_ratio=0.5)
+                                  optimizer=optimizer, lr=0.5, device="cpu", warmup_ratio=0.5,
+                                  bookkeeping=bookkeeping)
 
     bag = make()
     ref, opt = reference_bag(w0, "sum", optimizer, 0.5)

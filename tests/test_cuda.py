@@ -72,11 +72,12 @@ def _train_pair(device, optimizer, depth, cache_ratio, batches, **kw):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 @pytest.mark.parametrize("depth", [1, 2, 3, 4])
-def test_cached_equals_torch_tables_on_the_device(device, optimizer, depth, deterministic):
+@pytest.mark.parametrize("bookkeeping", ["host", "device"])
+def test_cached_equals_torch_tables_on_the_device(device, optimizer, depth, bookkeeping, deterministic):
     """Eviction every step, prefetch `depth` ahead, and overflow (batches needing more
-    distinct rows than the 1 % cache holds)."""
+    distinct rows than the 1 % cache holds), with either bookkeeper."""
     batches = zipf_batches(ROWS, 12, 64, 4, seed=5, a=1.05)
-    bag, ref = _train_pair(device, optimizer, depth, 0.01, batches)
+    bag, ref = _train_pair(device, optimizer, depth, 0.01, batches, bookkeeping=bookkeeping)
     stats = bag.cache_stats()
     assert stats["evictions"] > 0 and stats["overflow_rows"] > 0
     _assert_tables(bag.full_weight(), ref.weight, device)
@@ -136,6 +137,32 @@ def test_sync_budget(optimizer):
                     "torch": _warn_syncs(lambda: (ref_opt.zero_grad(), outs["torch"].sum().backward(),
                                                   ref_opt.step()))}
         assert backward["cached"] <= max(backward["torch"], 1), (backward, sites)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_a_device_bookkept_step_never_waits_for_the_device(optimizer):
+    """Forward, prefetch of the next batch and backward with the update, ids from the host,
+    overflow every step: under sync debug mode "error" any wait of the host raises."""
+    batches = zipf_batches(ROWS, 8, 64, 4, seed=7, a=1.05)
+    torch.manual_seed(0)
+    bag = CachedEmbeddingBag(ROWS, DIM, cache_ratio=0.01, optimizer=optimizer, lr=LR, device="cuda",
+                             bookkeeping="device")
+    assert bag.cache.bookkeeping == "device"
+    bag.prefetch(*batches[0])
+    for i, (ids, offsets) in enumerate(batches[:-1]):
+        if i == 1:  # the first step made the overflow region and the pinned buffers
+            torch.cuda.synchronize()
+        if i >= 1:
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = bag(ids, offsets)
+            bag.prefetch(*batches[i + 1])
+            out.sum().backward()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert bag.cache_stats()["overflow_rows"] > 0
 
 
 @pytest.mark.parametrize("device", DEVICES)

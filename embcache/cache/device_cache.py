@@ -48,6 +48,25 @@ COUNTERS = ("hits", "misses", "evictions", "bytes_h2d", "bytes_d2h", "overflow_r
 INF = float("inf")
 
 
+def summed_in_torch_order(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What `torch.sparse_coo_tensor(keys, values).coalesce()` gives, in a fixed size: the
+    distinct keys ascending, each with its values summed in the order coalesce sums them
+    (its sort of the keys, then a running sum), first; then -1 keys with -0.0 values, one
+    per duplicate. Bit for bit coalesce's on the CPU (tests/test_device_bookkeeping.py),
+    with no count handed to the host (coalesce needs its result's size)."""
+    n = keys.numel()
+    sorted_keys, perm = keys.sort(0)
+    first = torch.ones(n, dtype=torch.bool, device=keys.device)
+    first[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    group = torch.cumsum(first, 0) - 1
+    # -0.0 + v is v to the bit (+0.0 + -0.0 would not be): the running sum starts exact
+    sums = torch.full((n, *values.shape[1:]), -0.0, dtype=values.dtype, device=values.device)
+    sums.index_add_(0, group, values.index_select(0, perm))
+    out_keys = torch.full((n + 1,), -1, dtype=keys.dtype, device=keys.device)
+    out_keys.index_copy_(0, torch.where(first, group, n), sorted_keys)
+    return out_keys[:n], sums
+
+
 @dataclass
 class Scratch:
     """A batch's overflow rows in its region of the working table: entry r (of the
@@ -89,6 +108,7 @@ class DeviceRowCache(RowCache):
         self.link = HostLink(self.host, self.device)
         self._counters = torch.zeros(len(COUNTERS), dtype=torch.int64, device=self.device)
         self._arange = torch.arange(max(C, 1), device=self.device)
+        self._fresh = True  # nothing admitted yet: every slot free, in order
         if ids_freq is not None and warmup_ratio > 0:
             self.warm_up(ids_freq, warmup_ratio)
 
@@ -239,6 +259,7 @@ class DeviceRowCache(RowCache):
         (0-d); the overflow's `Scratch`, with `region` given, else None)."""
         p = self.policy
         p.tick()
+        self._fresh = False
         clock = float(p.clock)
         C, N, n = self.num_slots, self.num_rows, flat.numel()
         dev, pad = self.device, self._pad
@@ -371,15 +392,21 @@ class DeviceRowCache(RowCache):
 
     # ------------------------------------------------------------------ updates
     def apply_gradient(self, grad: torch.Tensor, lookup: Lookup) -> None:
-        """One optimizer step over the working table, the cache's rows and the batch's
-        overflow rows in one call; the overflow rows then go back to the host store (and
-        into the cache, where a prefetch admitted one meanwhile)."""
+        """`apply_rows` for a sparse gradient over the working table."""
+        self.apply_rows(grad._indices()[0], grad._values(), grad.size(0), lookup)
+
+    def apply_rows(self, rows: torch.Tensor, values: torch.Tensor, width: int, lookup: Lookup) -> None:
+        """One optimizer step from per-lookup gradient terms (`rows` of a working table of
+        `width` rows, as a sparse embedding-bag gradient has them) over the working table:
+        the cache's rows and the batch's overflow rows in one call. The overflow rows then
+        go back to the host store (and into the cache, where a prefetch admitted one
+        meanwhile)."""
         self._wait_for_prefetch()
         self.step += 1
-        rows, values = self._in_torch_order(grad.to(torch.float32), lookup, coalesce=self.optimizer.needs_coalesced)
+        rows, values = self._gradient_rows(rows, values.to(torch.float32), width, lookup)
         work = self._work
         update_rows(self.optimizer, work["weight"], self.state_of_work(), rows, values, self.step,
-                    self._work_ids, self.rounding)
+                    self._work_ids, self.rounding, distinct=self.optimizer.needs_coalesced)
         s = lookup.scratch
         if s is not None:
             trash = self._trash_row()
@@ -393,6 +420,38 @@ class DeviceRowCache(RowCache):
             self._pad["dirty"].index_fill_(0, torch.where(now, slot, self.num_slots), True)
         self.dirty.logical_or_(lookup.held)
         self.release(lookup)
+
+    def _gradient_rows(self, rows: torch.Tensor, values: torch.Tensor, width: int,
+                       lookup: Lookup) -> tuple[torch.Tensor, torch.Tensor]:
+        """`RowCache._in_torch_order` in fixed sizes: a coalesced gradient keeps one entry
+        per lookup, the first of each row's entries holding the row's sum (summed as torch's
+        `coalesce` sums it: `summed_in_torch_order`), the others pointing at the trash row
+        with nothing to add."""
+        coalesce = self.optimizer.needs_coalesced
+        multi_feature = lookup.segments is not None and any(len(t) > 1 for t in lookup.segments)
+        if not coalesce and not multi_feature:
+            return rows, values
+        keys = lookup.ids * width + rows
+        size = (self.num_rows * width, self.dim)
+        tables = [[keys.numel()]] if lookup.segments is None else lookup.segments
+        key_parts, value_parts = [], []
+        for features, k, v in zip(tables, keys.split([sum(t) for t in tables]),
+                                  values.split([sum(t) for t in tables])):
+            if k.numel() == 0:
+                continue
+            if len(features) > 1:  # the features' gradients added as autograd adds them
+                per_feature = [torch.sparse_coo_tensor(fk.unsqueeze(0), fv, size, check_invariants=False)
+                               for fk, fv in zip(k.split(features), v.split(features))]
+                summed = per_feature[0]
+                for more in per_feature[1:]:
+                    summed = summed + more
+                k, v = summed._indices()[0], summed._values()
+            if coalesce:
+                k, v = summed_in_torch_order(k, v)
+            key_parts.append(k)
+            value_parts.append(v)
+        keys, values = torch.cat(key_parts), torch.cat(value_parts)
+        return torch.where(keys >= 0, keys % width, self._trash_row()), values
 
     def state_of_work(self) -> dict[str, torch.Tensor]:
         """The optimizer state of every working row, by the optimizer's names."""
@@ -417,6 +476,24 @@ class DeviceRowCache(RowCache):
                     bytes_h2d=misses * self._row_bytes)
         self._stats.batches += 1
         return Lookup(indices.view(ids.shape), Overflow(flat, side, {}, flat), None, None, segments)
+
+    def warm_up(self, ids_freq: torch.Tensor, warmup_ratio: float) -> int:
+        """As `RowCache.warm_up`. At construction the free slots are every slot in order,
+        known without asking the device (so a cache on `meta` warms up too)."""
+        if not self._fresh:
+            return super().warm_up(ids_freq, warmup_ratio)
+        k = min(self.num_slots, int(warmup_ratio * self.num_slots))
+        if k <= 0:
+            return 0
+        counts, hot = torch.topk(ids_freq.to(torch.float64).cpu(), k)
+        hot = hot[counts > 0]
+        target = torch.arange(hot.numel(), device=self.device)
+        hot = hot.to(self.device)
+        self._load(hot, target, count_bytes=False)
+        self.slots.assign(hot, target)
+        self.policy.on_admit(hot, target)
+        self._fresh = False
+        return hot.numel()
 
     # ------------------------------------------------------------------ rows in and out, whole lists
     def _load(self, ids: torch.Tensor, target: torch.Tensor, count_bytes: bool = True) -> None:

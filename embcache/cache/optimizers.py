@@ -224,17 +224,22 @@ class RowRounding:
 
 def update_rows(optimizer: RowOptimizer, weight: torch.Tensor, state: dict[str, torch.Tensor],
                 rows: torch.Tensor, values: torch.Tensor, step: int, row_ids: torch.Tensor,
-                rounding: RowRounding) -> None:
+                rounding: RowRounding, distinct: bool = False) -> None:
     """`optimizer.update` for a table of any row type. float32 rows update in place; rows
     of a lower precision are copied to float32 (with their state), updated by the very
     same float32 arithmetic, and written back through `rounding` (`row_ids[r]`: the id of
-    row r, for stochastic rounding). The state stays float32 and is never rounded."""
+    row r, for stochastic rounding). The state stays float32 and is never rounded.
+    `distinct`: the caller's rows are distinct (the device bookkeeper's coalesced ones,
+    whose only repeats are its trash row), so no `unique` (a size the device reports)."""
     if weight.dtype == torch.float32:
         optimizer.update(weight, state, rows, values, step)
         return
     if rows.numel() == 0:
         return
-    touched, local = torch.unique(rows, return_inverse=True)
+    if distinct:  # rows distinct already (repeats only at a row whose values do not matter): no unique
+        touched, local = rows, torch.arange(rows.numel(), device=rows.device)
+    else:
+        touched, local = torch.unique(rows, return_inverse=True)
     work = weight.index_select(0, touched).float()
     work_state = {k: v.index_select(0, touched) for k, v in state.items()}
     optimizer.update(work, work_state, local, values, step)

@@ -191,6 +191,17 @@ class CachedEmbeddingBag(nn.Module):
             table = torch.cat([table, lookup.overflow.weight])
         if table.dtype != torch.float32:  # half-precision rows: the bag reads (and pools) float32
             table = table.float()
+        if train and self.cache.bookkeeping == "device" and not (weights is not None and weights.requires_grad):
+            # the gradient's terms, one per lookup (what the sparse gradient would hold), go
+            # straight to the update: no sparse tensor, nothing sized by the device
+            anchor = torch.empty(0, device=table.device, requires_grad=True)
+            width, cache = table.shape[0], self.cache
+
+            def apply(rows: torch.Tensor, values: torch.Tensor) -> None:
+                cache.apply_rows(rows, values, width, lookup)
+
+            weakref.finalize(anchor, self.cache.release, lookup).atexit = False
+            return _BagWithRowUpdate.apply(anchor, table, lookup.indices, offsets, weights, self.mode, apply)
         if train:
             # A fresh leaf aliasing the working table (or its float32 copy): its sparse
             # gradient is handed to the row-wise optimizer as soon as backward produces it.
@@ -324,6 +335,45 @@ class CachedEmbeddingBag(nn.Module):
                 self.open.restore_prior(self.cache)
         except ValueError as err:
             error_msgs.append(f"{prefix or 'CachedEmbeddingBag'}: {err}")
+
+
+class _BagWithRowUpdate(torch.autograd.Function):
+    """`F.embedding_bag` whose backward hands each lookup's gradient term to `apply(rows,
+    values)`: the terms torch's sparse embedding-bag gradient holds (`lookup_terms`), for
+    the device bookkeeper, whose update takes them as they are. `anchor` (an empty leaf
+    that requires grad) is what makes autograd call the backward."""
+
+    @staticmethod
+    def forward(ctx, anchor, table, indices, offsets, weights, mode, apply):
+        ctx.save_for_backward(indices, offsets, weights)
+        ctx.mode, ctx.update = mode, apply
+        return F.embedding_bag(indices, table, offsets, mode=mode, per_sample_weights=weights)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        indices, offsets, weights = ctx.saved_tensors
+        ctx.update(indices, lookup_terms(grad_out, indices, offsets, weights, ctx.mode))
+        return (None,) * 7
+
+
+def lookup_terms(grad_out: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+                 weights: torch.Tensor | None, mode: str) -> torch.Tensor:
+    """Each lookup's term of an embedding bag's gradient, `[L, D]`, computed as torch's
+    sparse backward computes its values: the bag's output gradient (times 1 / the bag's
+    size for "mean"; times the lookup's weight), in fixed-size ops."""
+    n = indices.numel()
+    offset2bag = torch.zeros(n + 1, dtype=torch.long, device=indices.device)
+    offset2bag.index_add_(0, offsets, torch.ones_like(offsets))
+    offset2bag[0] -= 1
+    offset2bag = offset2bag.cumsum(0)[:n]
+    terms = grad_out.index_select(0, offset2bag)
+    if mode == "mean":
+        ends = torch.cat([offsets[1:], offsets.new_full((1,), n)])
+        inverse = (1 / (ends - offsets).to(terms.dtype)).unsqueeze(1).index_select(0, offset2bag)
+        terms *= inverse
+    if weights is not None:
+        terms.mul_(weights.unsqueeze(1))
+    return terms
 
 
 def _draw_normal(out: torch.Tensor, start: int) -> None:
