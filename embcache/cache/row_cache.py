@@ -23,6 +23,7 @@ That persistence, with the checks that refuse a checkpoint before anything chang
 """
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
 import math
@@ -83,17 +84,28 @@ class RowCache(RowCacheState):
     frozen = False
 
     bookkeeping = "host"  # what this class is: a `DeviceRowCache` says "device"
+    # bookkeeper name -> its class: the device one registers itself (`__init_subclass__`)
+    # when its module loads, which `__new__` makes happen on first use
+    _bookkeepers: dict[str, type] = {}
+    _bookkeeper_modules = {"device": ".device_cache"}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        RowCache._bookkeepers[cls.bookkeeping] = cls
 
     def __new__(cls, *args, **kwargs):
-        """`RowCache(..., bookkeeping=...)` is also the factory: "device" (or "auto" with
-        CUDA rows in memory) gives a `DeviceRowCache`, which takes the same arguments."""
-        if cls is RowCache:
+        """`RowCache(..., bookkeeping=...)` is also the factory, as `implicit` keeps its CPU
+        and GPU models behind one: "device" (or "auto" with CUDA rows in memory) gives a
+        `DeviceRowCache`, which takes the same arguments."""
+        if cls is RowCache and (args or kwargs):  # not a copy or an unpickling
             bound = inspect.signature(RowCache.__init__).bind(None, *args, **kwargs)
             bound.apply_defaults()
             a = bound.arguments
-            if resolve_bookkeeping(a["bookkeeping"], a["device"], a["host_store"]) == "device":
-                from .device_cache import DeviceRowCache
-                cls = DeviceRowCache
+            kind = resolve_bookkeeping(a["bookkeeping"], a["device"], a["host_store"])
+            if kind != "host":
+                if kind not in RowCache._bookkeepers:
+                    importlib.import_module(RowCache._bookkeeper_modules[kind], __package__)
+                cls = RowCache._bookkeepers[kind]
         return super().__new__(cls)
 
     def __init__(self, weight: torch.Tensor, cache_rows: int, optimizer: RowOptimizer,

@@ -25,6 +25,29 @@ from .table_files import fresh_directory
 CACHE_FILE = "cache.pt"  # beside the table files of a `save_checkpoint`
 
 
+def name_tensor(name: str) -> torch.Tensor:
+    """A name as a checkpoint keeps it: its UTF-8 bytes (a state dict holds tensors)."""
+    return torch.tensor(list(name.encode()), dtype=torch.uint8)
+
+
+def tensor_name(t: torch.Tensor) -> str:
+    return bytes(t.tolist()).decode()
+
+
+def policy_name(saved: torch.Tensor) -> str:
+    """The eviction policy a checkpoint names: by name, or (checkpoints before names) by
+    its index in the list of policies of the time, which is still `POLICIES`' order."""
+    if saved.dtype == torch.uint8 and saved.dim() == 1:
+        name = tensor_name(saved)
+        if name not in POLICIES:
+            raise ValueError(f"checkpoint names eviction policy {name!r}, not one of {POLICIES}")
+        return name
+    index = int(saved)
+    if not 0 <= index < len(POLICIES):
+        raise ValueError(f"checkpoint's eviction policy index {index} is out of range")
+    return POLICIES[index]
+
+
 class RowCacheState:
     """State dicts and checkpoints of a `RowCache` (see the module docstring)."""
 
@@ -57,9 +80,10 @@ class RowCacheState:
             # admitted after the prefetch, by a later batch, is not held for it)
             "prefetch.held": torch.cat(held) if pending else torch.zeros(0, dtype=torch.long),
             "prefetch.held_sizes": torch.tensor([h.numel() for h in held], dtype=torch.long),
-            **{f"policy.{k}": (torch.tensor(POLICIES.index(v)) if k == "kind" else
-                               v if torch.is_tensor(v) else torch.tensor(v))
+            **{f"policy.{k}": (name_tensor(v) if k == "kind" else v if torch.is_tensor(v) else torch.tensor(v))
                for k, v in self.policy.state_dict().items()},
+            # which bookkeeper wrote it, by name (a checkpoint resumes under either)
+            "bookkeeping": name_tensor(self.bookkeeping),
         }
 
     def save_checkpoint(self, directory: str | os.PathLike) -> None:
@@ -232,7 +256,7 @@ class RowCacheState:
         slot_to_id = sd["slot_to_id"]
         policy = {k[len("policy."):]: v for k, v in sd.items() if k.startswith("policy.")}
         policy["clock"] = int(policy["clock"])
-        policy["kind"] = POLICIES[int(policy["kind"])]
+        policy["kind"] = policy_name(policy["kind"])
         same_cache = slot_to_id.numel() == self.num_slots and policy["kind"] == self.policy.kind
         if same_cache:
             sizes = {"policy.slot_last": self.num_slots, "policy.slot_primary": self.num_slots,

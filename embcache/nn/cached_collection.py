@@ -124,6 +124,9 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
             feature's: the `freq` policy's prior for the rows its keys take, as `ids_freq`
             is a closed table's (a shard of a table split by key hash may take the whole
             table's: only its own keys are looked up).
+        bookkeeping: "auto" | "host" | "device": where each group's cache decides which row
+            sits where (`CachedEmbeddingBag`); open tables' groups keep the host bookkeeper
+            (their key index lives on the host) whatever this says.
         **kwargs: passed to each `CachedEmbeddingBag` (eviction, optimizer, lr, eps,
             row_dtype, rounding, ...).
 
@@ -142,7 +145,7 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
     def __init__(self, tables: list[EmbeddingBagConfig], cache_ratio: float = 0.015,
                  ids_freq: dict[str, torch.Tensor] | None = None, is_weighted: bool = False,
                  device: torch.device | str | None = None, host_store: str = "memory",
-                 open_tables: dict[str, dict] | None = None, **kwargs):
+                 open_tables: dict[str, dict] | None = None, bookkeeping: str = "auto", **kwargs):
         super().__init__()
         if not tables:
             raise ValueError("CachedEmbeddingBagCollection needs at least one table")
@@ -175,13 +178,13 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
                     init_bound=[math.sqrt(1.0 / t.num_embeddings) if b is None else b
                                 for t, b in zip(g.tables, g.open["init_bounds"])],
                     max_rows=bounds, retire=g.open.get("retire", "lru"),
-                    ttl=g.open.get("ttl"), key_freq=_key_freq(g), **kwargs))
+                    ttl=g.open.get("ttl"), key_freq=_key_freq(g), bookkeeping="host", **kwargs))
                 continue
             self.bags.append(CachedEmbeddingBag(g.num_rows, dim, mode=mode, cache_ratio=cache_ratio,
                                                 ids_freq=freq, device=self._device,
                                                 weight=RowInit(g.num_rows, dim, _GroupFiller(g)),
                                                 host_store=store, rounding_seed=rounding_seed + i * 0x9E3779B9,
-                                                **kwargs))  # groups' row ids overlap: their rounding bits must not
+                                                bookkeeping=bookkeeping, **kwargs))  # groups' row ids overlap: their rounding bits must not
         self._feature_to_table = {f: t for t in tables for f in t.feature_names}
         # the group inputs of prefetched batches, so that a batch's forward does not
         # concatenate and check its ids a second time: (batch, its tensors' versions, inputs)

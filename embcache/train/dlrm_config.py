@@ -7,7 +7,7 @@ import argparse
 from dataclasses import dataclass
 
 from embcache.arg_types import fraction, int_in, positive_float, positive_int, ratio
-from embcache.cache.choices import OPTIMIZERS, POLICIES
+from embcache.cache.choices import BOOKKEEPING, OPTIMIZERS, POLICIES
 from embcache.settings_fields import inherit, setting
 from embcache.train.run_config import StepRunConfig
 
@@ -111,6 +111,11 @@ class DLRMConfig(StepRunConfig):
                                           "evict is served beside the cache for the step; results are unchanged, "
                                           "the hit rate rises most where a batch needs more rows than the cache "
                                           "holds")
+    bookkeeping: str = setting("auto", choices=BOOKKEEPING,
+                               help="where the cache decides which row sits where: device (beside the rows, in "
+                                    "tensor ops that never make the host wait), host (a compiled pass beside the "
+                                    "ids), or auto (device when the rows are on CUDA with the memory host store, "
+                                    "host otherwise); the results are the same either way, the speed is not")
     sparse_optimizer: str = setting("adagrad", choices=OPTIMIZERS,
                                     help="the embeddings' row-wise optimizer (its state is kept with each row)")
     sparse_lr: float = setting(0.05, flag="--lr", type=positive_float, help="learning rate of the embeddings")
