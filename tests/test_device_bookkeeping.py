@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from embcache.bench.op_count import count_ops
-from embcache.cache.device_cache import DeviceRowCache, summed_in_torch_order
+from embcache.cache.device_cache import DeviceRowCache
+from embcache.cache.fixed_size import summed_in_torch_order
 from embcache.cache.row_cache import RowCache
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag, lookup_terms
 

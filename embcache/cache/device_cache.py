@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .fixed_size import pick, summed_in_torch_order
 from .host_link import HostLink
 from .lookup import Lookup, Overflow, Prefetched, same_values
 from .optimizers import update_rows
@@ -46,25 +47,6 @@ from .stats import CacheStats
 # the statistics counted on the device, in `CacheStats` field names (batches is the host's)
 COUNTERS = ("hits", "misses", "evictions", "bytes_h2d", "bytes_d2h", "overflow_rows", "bypassed_rows")
 INF = float("inf")
-
-
-def summed_in_torch_order(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """What `torch.sparse_coo_tensor(keys, values).coalesce()` gives, in a fixed size: the
-    distinct keys ascending, each with its values summed in the order coalesce sums them
-    (its sort of the keys, then a running sum), first; then -1 keys with -0.0 values, one
-    per duplicate. Bit for bit coalesce's on the CPU (tests/test_device_bookkeeping.py),
-    with no count handed to the host (coalesce needs its result's size)."""
-    n = keys.numel()
-    sorted_keys, perm = keys.sort(0)
-    first = torch.ones(n, dtype=torch.bool, device=keys.device)
-    first[1:] = sorted_keys[1:] != sorted_keys[:-1]
-    group = torch.cumsum(first, 0) - 1
-    # -0.0 + v is v to the bit (+0.0 + -0.0 would not be): the running sum starts exact
-    sums = torch.full((n, *values.shape[1:]), -0.0, dtype=values.dtype, device=values.device)
-    sums.index_add_(0, group, values.index_select(0, perm))
-    out_keys = torch.full((n + 1,), -1, dtype=keys.dtype, device=keys.device)
-    out_keys.index_copy_(0, torch.where(first, group, n), sorted_keys)
-    return out_keys[:n], sums
 
 
 @dataclass
@@ -107,6 +89,8 @@ class DeviceRowCache(RowCache):
             p.prior = self._padded("prior", p.prior, 0.0)
         self.link = HostLink(self.host, self.device)
         self._counters = torch.zeros(len(COUNTERS), dtype=torch.int64, device=self.device)
+        self._count_index: dict[tuple, torch.Tensor] = {}
+        self._zero = torch.zeros((), dtype=torch.int64, device=self.device)
         self._arange = torch.arange(max(C, 1), device=self.device)
         self._fresh = True  # nothing admitted yet: every slot free, in order
         if ids_freq is not None and warmup_ratio > 0:
@@ -192,12 +176,14 @@ class DeviceRowCache(RowCache):
             setattr(self._stats, name, getattr(self._stats, name) + int(v))
 
     def _count(self, **deltas: torch.Tensor) -> None:
-        vals = [deltas.get(name, self._zero) for name in COUNTERS]
-        self._counters.add_(torch.stack([torch.as_tensor(v, device=self.device).to(torch.int64) for v in vals]))
-
-    @property
-    def _zero(self) -> torch.Tensor:
-        return torch.zeros((), dtype=torch.int64, device=self.device)
+        """Add 0-d int64 device tensors to the named counters: two operations, whatever the names."""
+        names = tuple(deltas)
+        index = self._count_index.get(names)
+        if index is None:
+            index = self._count_index[names] = torch.tensor([COUNTERS.index(k) for k in names], device=self.device)
+        values = [v if isinstance(v, torch.Tensor) else torch.tensor(v, device=self.device)  # a checkpoint's
+                  for v in deltas.values()]
+        self._counters.index_add_(0, index, torch.stack(values))
 
     # ------------------------------------------------------------------ ids on the device
     def _on_device(self, ids: torch.Tensor) -> torch.Tensor:
@@ -221,10 +207,10 @@ class DeviceRowCache(RowCache):
 
     def prepare(self, ids: torch.Tensor, keep: bool, segments: list[list[int]] | None = None,
                 in_order: bool = False, tag: object = None) -> Lookup:
-        """As `RowCache.prepare`. The forward always makes a full admission pass: where
-        the prefetch placed every id, that pass finds them all at the slots the prefetch
-        holds and decides exactly what reusing it would (the host bookkeeper's test of it
-        is a value this side does not read)."""
+        """As `RowCache.prepare`. A prefetched batch is not admitted again: its ids are
+        looked up, the ones its prefetch could not place served beside the cache
+        (`_serve_beside`), which is what the host bookkeeper does whether or not they were
+        all placed (a value this side never reads). Others get a full admission pass."""
         self._wait_for_prefetch()
         if self.frozen and not keep:
             return self._peek(ids, segments)
@@ -232,7 +218,10 @@ class DeviceRowCache(RowCache):
         same_ids = consumed is not None and same_values(consumed.ids, ids)
         flat = self._on_device(ids)
         region = self._take_region(max(flat.numel(), 1))
-        indices, touched, hits, misses, scratch = self._admit_on_device(flat, region)
+        if same_ids and self.reuse_prefetch:
+            indices, touched, hits, misses, scratch = self._serve_beside(flat, region)
+        else:
+            indices, touched, hits, misses, scratch = self._admit_on_device(flat, region)
         if same_ids:
             hits, misses = consumed.hits, consumed.misses
         elif consumed is not None:  # the rows that prefetch loaded (held since) are this batch's misses
@@ -270,7 +259,7 @@ class DeviceRowCache(RowCache):
         slots = pad["id_to_slot"].index_select(0, flat)
         hit = slots >= 0
         in_batch = torch.zeros(C + 1, dtype=torch.bool, device=dev)
-        in_batch.index_fill_(0, torch.where(hit, slots, C), True)
+        in_batch.index_fill_(0, pick(hit, slots, C), True)
         # ---- the distinct missing ids, ascending: sort, neighbour compare, running rank
         sid, perm = torch.sort(flat, stable=True)
         first = torch.ones(n, dtype=torch.bool, device=dev)
@@ -280,7 +269,7 @@ class DeviceRowCache(RowCache):
         m = rank[-1] + 1
         r = torch.arange(n, device=dev)
         missing = torch.full((n + 1,), N, dtype=torch.long, device=dev)
-        missing.index_copy_(0, torch.where(miss_first, rank, n), sid)
+        missing.index_copy_(0, pick(miss_first, rank, n), sid)
         missing = missing[:n]
         where = torch.empty_like(rank).index_copy_(0, perm, rank).clamp_(min=0)  # per lookup
         # ---- free slots in slot order (the first n are all a batch can take)
@@ -289,12 +278,12 @@ class DeviceRowCache(RowCache):
         free_count = free.sum()
         free_rank = torch.cumsum(free, 0) - 1
         free_list = torch.full((n + 1,), C, dtype=torch.long, device=dev)
-        free_list.index_copy_(0, torch.where(free & (free_rank < n), free_rank, n), self._arange[:C])
+        free_list.index_copy_(0, pick(free & (free_rank < n), free_rank, n), self._arange[:C])
         free_list = free_list[:n]
         nfree = torch.minimum(free_count, m)
         # ---- victims: the smallest keys among slots neither held, used by the batch, nor empty
         candidates = occupied & ~((self.holds > 0) | in_batch[:C])
-        keys = torch.where(candidates, p.keys(), torch.full_like(p.slot_last, INF))
+        keys = pick(candidates, p.keys(), torch.full_like(p.slot_last, INF))
         kv = min(n, C)
         vkeys, victims = torch.sort(keys, stable=True)
         vkeys, victims = vkeys[:kv], victims[:kv]
@@ -302,8 +291,8 @@ class DeviceRowCache(RowCache):
         j = self._arange[:kv]
         if p.admission:  # the hottest missing ids first; each past the free slots beats its victim or stays out
             ckeys = self._counts(missing) + 1 + clock / (clock + 1)
-            ckeys = torch.where(r < m, ckeys, torch.full_like(ckeys, -INF))
-            order = torch.where(wanted > 0, torch.argsort(ckeys, descending=True, stable=True), r)
+            ckeys = pick(r < m, ckeys, torch.full_like(ckeys, -INF))
+            order = pick(wanted > 0, torch.argsort(ckeys, descending=True, stable=True), r)
             missing, ckeys = missing.index_select(0, order), ckeys.index_select(0, order)
             contender = ckeys.index_select(0, (nfree + j).clamp(max=n - 1))
             taken = ((j < wanted) & (contender > vkeys)).sum()
@@ -315,8 +304,8 @@ class DeviceRowCache(RowCache):
         fits = nfree + taken
         # ---- evict: keep the leavers' counts, write the dirty ones back, empty their slots
         leaving = j < taken
-        out_slot = torch.where(leaving, victims, C)
-        out_ids = torch.where(leaving, self.slots.slot_to_id.index_select(0, victims), N)
+        out_slot = pick(leaving, victims, C)
+        out_ids = pick(leaving, self.slots.slot_to_id.index_select(0, victims), N)
         if p.id_count is not None:
             count = pad["slot_primary"].index_select(0, out_slot)
             if p.prior is not None:
@@ -326,15 +315,15 @@ class DeviceRowCache(RowCache):
         self.link.write(out_ids, victims, written, self._work, self._trash_row())
         pad["dirty"].index_fill_(0, out_slot, False)
         pad["id_to_slot"].index_fill_(0, out_ids, -1)
-        self._work_ids.index_fill_(0, torch.where(leaving, victims, self._trash_row()), -1)
+        self._work_ids.index_fill_(0, pick(leaving, victims, self._trash_row()), -1)
         # ---- admit: the r-th missing id takes the r-th free slot, then the (r - free)-th victim
-        target = torch.where(r < nfree, free_list, victims.index_select(0, (r - nfree).clamp(0, kv - 1)))
+        target = pick(r < nfree, free_list, victims.index_select(0, (r - nfree).clamp(0, kv - 1)))
         admitted = r < fits
-        in_ids = torch.where(admitted, missing, N)
-        in_slot = torch.where(admitted, target, C)
+        in_ids = pick(admitted, missing, N)
+        in_slot = pick(admitted, target, C)
         self.link.read(in_ids, target, admitted, self._work, self._trash_row())
         pad["dirty"].index_fill_(0, in_slot, False)
-        self._work_ids.index_copy_(0, torch.where(admitted, target, self._trash_row()), in_ids)
+        self._work_ids.index_copy_(0, pick(admitted, target, self._trash_row()), in_ids)
         pad["id_to_slot"].index_copy_(0, in_ids, target)
         pad["slot_last"].index_fill_(0, in_slot, clock)
         if p.id_count is None:
@@ -342,7 +331,7 @@ class DeviceRowCache(RowCache):
         else:
             pad["slot_primary"].index_copy_(0, in_slot, self._counts(in_ids))
         in_batch.index_fill_(0, in_slot, True)
-        new_row = torch.where(admitted, target, -1)
+        new_row = pick(admitted, target, -1)
         row_bytes = self._row_bytes
         deltas = dict(evictions=taken, bytes_h2d=fits * row_bytes, bytes_d2h=written.sum() * row_bytes)
         # ---- the rest of the missing ids: beside the cache, in this batch's region
@@ -351,17 +340,17 @@ class DeviceRowCache(RowCache):
             outside = (r >= fits) & (r < m)
             rows = region[0] + (r - fits).clamp(min=0)
             self.link.read(missing, rows, outside, self._work, self._trash_row())
-            self._work_ids.index_copy_(0, torch.where(outside, rows, self._trash_row()),
-                                       torch.where(outside, missing, -1))
+            self._work_ids.index_copy_(0, pick(outside, rows, self._trash_row()),
+                                       pick(outside, missing, -1))
             if p.id_count is not None:  # a use counted, as the host bookkeeper's `on_bypass`
-                pad["id_count"].index_add_(0, torch.where(outside, missing, N),
+                pad["id_count"].index_add_(0, pick(outside, missing, N),
                                            outside.to(torch.int32))
-            new_row = torch.where(outside, rows, new_row)
+            new_row = pick(outside, rows, new_row)
             over = m - fits
             deltas.update(overflow_rows=over - declined, bypassed_rows=declined,
                           bytes_h2d=(fits + over) * row_bytes)
             scratch = Scratch(region, missing, rows, outside)
-        indices = torch.where(hit, slots, new_row.index_select(0, where))
+        indices = pick(hit, slots, new_row.index_select(0, where))
         # ---- the batch's use of every slot it touches
         touched = in_batch[:C]
         p.slot_last.masked_fill_(touched, clock)
@@ -369,6 +358,49 @@ class DeviceRowCache(RowCache):
             p.slot_primary.add_(touched.to(p.slot_primary.dtype))
         self._count(**deltas)
         return indices, touched, touched.sum() - fits, m, scratch
+
+    def _serve_beside(self, flat: torch.Tensor, region: list):
+        """`RowCache._serve_beside` on the device: a lookup, the absent ids (distinct, by
+        sort) read into the batch's region, the batch's use of its slots. Returns what
+        `_admit_on_device` returns (its hits and misses are the prefetch's, counted by the
+        caller)."""
+        p = self.policy
+        p.tick()
+        clock = float(p.clock)
+        C, N, n = self.num_slots, self.num_rows, flat.numel()
+        dev, pad = self.device, self._pad
+        if n == 0:
+            empty = torch.zeros(C, dtype=torch.bool, device=dev)
+            return flat.new_empty(0), empty, self._zero, self._zero, None
+        slots = pad["id_to_slot"].index_select(0, flat)
+        hit = slots >= 0
+        in_batch = torch.zeros(C + 1, dtype=torch.bool, device=dev)
+        in_batch.index_fill_(0, pick(hit, slots, C), True)
+        sid, perm = torch.sort(flat, stable=True)
+        first = torch.ones(n, dtype=torch.bool, device=dev)
+        first[1:] = sid[1:] != sid[:-1]
+        miss_first = first & ~hit.index_select(0, perm)
+        rank = torch.cumsum(miss_first, 0) - 1
+        m = rank[-1] + 1
+        r = torch.arange(n, device=dev)
+        missing = torch.full((n + 1,), N, dtype=torch.long, device=dev)
+        missing.index_copy_(0, pick(miss_first, rank, n), sid)
+        missing = missing[:n]
+        where = torch.empty_like(rank).index_copy_(0, perm, rank).clamp_(min=0)
+        outside = r < m
+        rows = r + region[0]
+        self.link.read(missing, rows, outside, self._work, self._trash_row())
+        self._work_ids.index_copy_(0, pick(outside, rows, self._trash_row()),
+                                   pick(outside, missing, -1))
+        if p.id_count is not None:
+            pad["id_count"].index_add_(0, pick(outside, missing, N), outside.to(torch.int32))
+        indices = pick(hit, slots, rows.index_select(0, where))
+        touched = in_batch[:C]
+        p.slot_last.masked_fill_(touched, clock)
+        if p.id_count is not None:
+            p.slot_primary.add_(touched.to(p.slot_primary.dtype))
+        self._count(overflow_rows=m, bytes_h2d=m * self._row_bytes)
+        return indices, touched, self._zero, self._zero, Scratch(region, missing, rows, outside)
 
     def _counts(self, ids: torch.Tensor) -> torch.Tensor:
         """The policy's primary key of `ids` (trash entries allowed) outside the cache."""
@@ -412,12 +444,12 @@ class DeviceRowCache(RowCache):
             trash = self._trash_row()
             self.link.write(s.ids, s.rows, s.mask, work, trash)
             self._count(bytes_d2h=s.mask.sum() * self._row_bytes)
-            slot = self._pad["id_to_slot"].index_select(0, torch.where(s.mask, s.ids, self.num_rows))
+            slot = self._pad["id_to_slot"].index_select(0, pick(s.mask, s.ids, self.num_rows))
             now = s.mask & (slot >= 0)
-            target, source = torch.where(now, slot, trash), torch.where(now, s.rows, trash)
+            target, source = pick(now, slot, trash), pick(now, s.rows, trash)
             for t in work.values():
                 t.index_copy_(0, target, t.index_select(0, source))
-            self._pad["dirty"].index_fill_(0, torch.where(now, slot, self.num_slots), True)
+            self._pad["dirty"].index_fill_(0, pick(now, slot, self.num_slots), True)
         self.dirty.logical_or_(lookup.held)
         self.release(lookup)
 
@@ -451,7 +483,7 @@ class DeviceRowCache(RowCache):
             key_parts.append(k)
             value_parts.append(v)
         keys, values = torch.cat(key_parts), torch.cat(value_parts)
-        return torch.where(keys >= 0, keys % width, self._trash_row()), values
+        return pick(keys >= 0, keys % width, self._trash_row()), values
 
     def state_of_work(self) -> dict[str, torch.Tensor]:
         """The optimizer state of every working row, by the optimizer's names."""
@@ -466,7 +498,7 @@ class DeviceRowCache(RowCache):
         slots = self._pad["id_to_slot"].index_select(0, flat)
         hit = slots >= 0
         side = self.link.read_new(flat, ~hit)["weight"]
-        indices = torch.where(hit, slots, self.working_table().shape[0] + torch.arange(n, device=self.device))
+        indices = pick(hit, slots, self.working_table().shape[0] + torch.arange(n, device=self.device))
         sid, perm = torch.sort(flat)
         first = torch.ones(n, dtype=torch.bool, device=self.device)
         first[1:] = sid[1:] != sid[:-1]
@@ -504,7 +536,7 @@ class DeviceRowCache(RowCache):
         self.link.read(ids, target, torch.ones_like(ids, dtype=torch.bool), self._work, self._trash_row())
         self.dirty.index_fill_(0, target, False)
         if count_bytes:
-            self._count(bytes_h2d=torch.tensor(ids.numel() * self._row_bytes))
+            self._count(bytes_h2d=torch.tensor(ids.numel() * self._row_bytes, device=self.device))
 
     def sync_host(self) -> torch.Tensor:
         if self.device.type == "cuda":  # the device's own writes into the store land first

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .fixed_size import pick
 from .host_store import HostStore
 from .unified_view import device_view
 
@@ -29,12 +30,12 @@ class HostLink:
         self.spare_row = host.weight.shape[0]
 
     def host_rows(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return torch.where(mask, ids, self.spare_row)
+        return pick(mask, ids, self.spare_row)
 
     def read(self, ids: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor, work: dict[str, torch.Tensor],
              trash_row: int) -> None:
         """`work[name][rows[i]] = host[name][ids[i]]` where `mask[i]`."""
-        src, dst = self.host_rows(ids, mask), torch.where(mask, rows, trash_row)
+        src, dst = self.host_rows(ids, mask), pick(mask, rows, trash_row)
         for name, view in self.views.items():
             work[name].index_copy_(0, dst, view.index_select(0, src))
 
@@ -46,6 +47,6 @@ class HostLink:
     def write(self, ids: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor, work: dict[str, torch.Tensor],
               trash_row: int) -> None:
         """`host[name][ids[i]] = work[name][rows[i]]` where `mask[i]`."""
-        dst, src = self.host_rows(ids, mask), torch.where(mask, rows, trash_row)
+        dst, src = self.host_rows(ids, mask), pick(mask, rows, trash_row)
         for name, view in self.views.items():
             view.index_copy_(0, dst, work[name].index_select(0, src))

@@ -180,6 +180,10 @@ class RowCache(RowCacheState):
         part = reusable and not same_ids and (in_order or tag is not None) and consumed.ids.shape == ids.shape
         if same_ids and reusable:
             indices, touched, overflow = self._reuse(consumed), consumed.held, None
+        elif same_ids and self.reuse_prefetch:  # its prefetch could not place every id
+            indices, touched, overflow = self._serve_beside(ids)
+            if overflow is not None and consumed.held.numel() + overflow.ids.numel() > self.num_slots:
+                self._warn_small(consumed.held.numel() + overflow.ids.numel())
         elif part:
             indices, touched, overflow, hits, misses = self._reuse_part(consumed, ids)
         else:
@@ -243,6 +247,26 @@ class RowCache(RowCacheState):
         self.policy.tick()
         self._touch(consumed.held)
         return consumed.slots
+
+    def _serve_beside(self, ids: torch.Tensor):
+        """The lookup of a prefetched batch whose prefetch could not place every id: its
+        admission was that prefetch's, so the ids still absent are served beside the
+        cache for this step (overflow, their use counted), none admitted now. (A batch's
+        rows are admitted once, where it is first seen: what the device bookkeeper can do
+        without asking the device whether they were all placed.) Returns (indices, the
+        distinct resident slots the batch touches, overflow or None)."""
+        self.policy.tick()
+        slots = self.slots.lookup(ids).reshape(-1)
+        absent = torch.nonzero(slots < 0).flatten()
+        overflow = None
+        if absent.numel():
+            missing, where = torch.unique(ids.reshape(-1).index_select(0, absent), return_inverse=True)
+            overflow = self._serve_overflow(missing, 0)
+            self.policy.on_bypass(missing)
+            slots.index_copy_(0, absent, self.num_slots + where)
+        touched = torch.unique(slots[slots < self.num_slots]) if absent.numel() else torch.unique(slots)
+        self._touch(touched)
+        return slots.view(ids.shape), touched, overflow
 
     def _reuse_part(self, consumed: Prefetched, ids: torch.Tensor):
         """The lookup of a batch whose in-order prefetch placed every id it was given, but

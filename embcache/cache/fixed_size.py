@@ -1,0 +1,42 @@
+"""Fixed-size tensor helpers of the device bookkeeper: operations whose result's size is
+known to the host before the device has computed anything (no count goes back)."""
+from __future__ import annotations
+
+import torch
+
+_CONSTANTS: dict = {}
+
+
+def const(value, like: torch.Tensor) -> torch.Tensor:
+    """`value` as a 0-d tensor of `like`'s type on its device, made once: a Python number
+    handed to an operation beside device tensors becomes such a tensor every time (a fill
+    kernel on a GPU). Not for 0.0 and -0.0, which a dict cannot tell apart."""
+    key = (value, like.dtype, like.device)
+    t = _CONSTANTS.get(key)
+    if t is None:
+        t = _CONSTANTS[key] = torch.tensor(value, dtype=like.dtype, device=like.device)
+    return t
+
+
+def pick(mask: torch.Tensor, a: torch.Tensor, b) -> torch.Tensor:
+    """`torch.where(mask, a, b)`, a Python number `b` taken as a device constant."""
+    return torch.where(mask, a, b if isinstance(b, torch.Tensor) else const(b, a))
+
+
+def summed_in_torch_order(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What `torch.sparse_coo_tensor(keys, values).coalesce()` gives, in a fixed size: the
+    distinct keys ascending, each with its values summed in the order coalesce sums them
+    (its sort of the keys, then a running sum), first; then -1 keys with -0.0 values, one
+    per duplicate. Bit for bit coalesce's on the CPU (tests/test_device_bookkeeping.py),
+    with no count handed to the host (coalesce needs its result's size)."""
+    n = keys.numel()
+    sorted_keys, perm = keys.sort(0)
+    first = torch.ones(n, dtype=torch.bool, device=keys.device)
+    first[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    group = torch.cumsum(first, 0) - 1
+    # -0.0 + v is v to the bit (+0.0 + -0.0 would not be): the running sum starts exact
+    sums = torch.full((n, *values.shape[1:]), -0.0, dtype=values.dtype, device=values.device)
+    sums.index_add_(0, group, values.index_select(0, perm))
+    out_keys = torch.full((n + 1,), -1, dtype=keys.dtype, device=keys.device)
+    out_keys.index_copy_(0, pick(first, group, n), sorted_keys)
+    return out_keys[:n], sums
