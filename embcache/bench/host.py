@@ -39,6 +39,28 @@ PARTS = {
 }
 
 
+DEVICE_VARIANT = "device bookkeeping"  # the variant of `--bookkeeping device`
+
+
+def launches_per_step(ebc, batches: list, depth: int) -> dict:
+    """The operations one training step issues to the device (forward, prefetch of the
+    batch `depth` ahead, backward with the update), counted on meta: the device
+    bookkeeper's whole host cost on a GPU is issuing these."""
+    from embcache.bench.op_count import count_ops
+
+    for b in batches[:depth]:
+        ebc.prefetch(b)
+
+    def step():
+        out = ebc(batches[0])
+        if depth:
+            ebc.prefetch(batches[depth])
+        out.values().sum().backward()
+
+    counter = count_ops(step)
+    return {"total": counter.total, "by_op": dict(counter.ops.most_common())}
+
+
 class PartTimer:
     """Seconds spent in each of `PARTS` (outermost calls only), by wrapping them for the
     duration of a `with` block."""
@@ -108,7 +130,7 @@ def _zero(weight: torch.Tensor) -> torch.Tensor:
 
 
 def build_collection(cardinalities, dim: int, ratio: float, freq: dict | None, eviction: str, raw: bool = False,
-                     device: str = "meta"):
+                     device: str = "meta", bookkeeping: str = "host"):
     """The collection the bench times; `raw`: every table open (rows made as keys arrive),
     each given its ids' counts as its keys' (`key_counts`), so that the two differ by the
     key index alone, not by the `freq` policy's prior."""
@@ -118,7 +140,7 @@ def build_collection(cardinalities, dim: int, ratio: float, freq: dict | None, e
         if raw else None
     return CachedEmbeddingBagCollection(tables, cache_ratio=ratio, ids_freq=None if raw else freq, device=device,
                                         eviction=eviction, optimizer="adagrad", warmup_ratio=WARMUP_RATIO,
-                                        open_tables=open_tables)
+                                        open_tables=open_tables, bookkeeping=bookkeeping)
 
 
 def key_of(ids: torch.Tensor) -> torch.Tensor:
@@ -243,25 +265,37 @@ def run(args) -> int:
                     ebc.add_keys(vocabulary_as_keys(cardinalities))
                     warm_up_known_keys(ebc)
                 variants[keys] = (ebc, trace)
+            if "device" in args.bookkeeping:  # the same lookups, every device tensor on meta
+                variants[DEVICE_VARIANT] = (build_collection(cardinalities, args.dim, ratio, freq, args.eviction,
+                                                             bookkeeping="device"), batches)
             with timer.installed():
                 measured = measure(variants, threads, args, timer)
-            for keys, (ebc, _) in variants.items():
-                hit_rate = ebc.cache_stats()["hit_rate"]
+            for keys, (ebc, trace) in variants.items():
+                device = keys == DEVICE_VARIANT
+                hit_rate = None if device else ebc.cache_stats()["hit_rate"]  # meta counts have no values
+                launches = launches_per_step(ebc, trace, args.prefetch_depth) if device else None
                 for t, r in measured[keys].items():
                     rate = args.batch_size / r["step_s"]
                     results.append({"shape": shape, "ratio": ratio, "threads": t, "samples_per_s": rate,
                                     "ids_per_s": rate * ids_per_sample, "ids_per_sample": ids_per_sample,
-                                    "hit_rate": hit_rate, **({"keys": keys} if len(args.keys) > 1 else {}), **r})
+                                    "hit_rate": hit_rate, "bookkeeping": "device" if device else "host",
+                                    **({"launches_per_step": launches} if device else {}),
+                                    **({"keys": keys} if len(args.keys) > 1 and not device else {}), **r})
                     parts = "  ".join(f"{k} {1e3 * v:.1f}" for k, v in r["parts_s"].items() if v)
-                    label = f" {keys}" if len(args.keys) > 1 else ""
-                    print(f"  {shape}{label} {ratio:.3%} {t} thread(s): {rate:,.0f} samples/s, hit rate "
-                          f"{hit_rate:.3f} ({1e3 * r['step_s']:.1f} ms/step; ms: {parts})", flush=True)
+                    if device:
+                        parts = f"{launches['total']} operations a step, each on meta"
+                    label = f" {keys}" if len(args.keys) > 1 or device else ""
+                    hits = "" if hit_rate is None else f", hit rate {hit_rate:.3f}"
+                    print(f"  {shape}{label} {ratio:.3%} {t} thread(s): {rate:,.0f} samples/s{hits} "
+                          f"({1e3 * r['step_s']:.1f} ms/step; {'' if device else 'ms: '}{parts})", flush=True)
             del variants, ebc
     summary = summarize(results)
     for s in summary:
-        print(f"bench host: {s['shape']}{' ' + s['keys'] if 'keys' in s else ''} {s['ratio']:.3%}: 1 thread "
+        print(f"bench host: {s['shape']}{' ' + s['keys'] if 'keys' in s else ''}"
+              f"{', device bookkeeping (on meta)' if s['bookkeeping'] == 'device' else ''} {s['ratio']:.3%}: 1 thread "
               f"{s['samples_per_s_1']:,.0f} samples/s"
               + (f" (x{s['raw_vs_ids_1']:.2f} of ids)" if "raw_vs_ids_1" in s else "")
+              + (f", {s['launches_per_step']} operations a step" if "launches_per_step" in s else "")
               + (f", 2 threads x{s['speedup_2']:.2f}, projected {PROJECTED_CORES} cores "
                  f"{s['projected']['samples_per_s']:,.0f}" if "speedup_2" in s else ""))
     # raw variants get the ids' counts as their keys' (`build_collection`): the same freq prior
@@ -276,15 +310,21 @@ def run(args) -> int:
 
 def summarize(results: list[dict]) -> list[dict]:
     out = []
-    for shape, ratio, keys in dict.fromkeys((r["shape"], r["ratio"], r.get("keys")) for r in results):
-        by_t = {r["threads"]: r["samples_per_s"] for r in results
-                if r["shape"] == shape and r["ratio"] == ratio and r.get("keys") == keys}
-        row = {"shape": shape, "ratio": ratio, **({"keys": keys} if keys else {}), "samples_per_s_1": by_t.get(1)}
+    for shape, ratio, keys, book in dict.fromkeys((r["shape"], r["ratio"], r.get("keys"), r.get("bookkeeping", "host"))
+                                                  for r in results):
+        mine = [r for r in results if r["shape"] == shape and r["ratio"] == ratio and r.get("keys") == keys
+                and r.get("bookkeeping", "host") == book]
+        by_t = {r["threads"]: r["samples_per_s"] for r in mine}
+        row = {"shape": shape, "ratio": ratio, **({"keys": keys} if keys else {}), "bookkeeping": book,
+               "samples_per_s_1": by_t.get(1)}
+        if "launches_per_step" in mine[0]:
+            row["launches_per_step"] = mine[0]["launches_per_step"]["total"]
         if 1 in by_t and 2 in by_t:
             row["speedup_2"] = by_t[2] / by_t[1]
             row["projected"] = projection(by_t[1], by_t[2])
         out.append(row)
-    ids = {(r["shape"], r["ratio"]): r["samples_per_s_1"] for r in out if r.get("keys") == "ids"}
+    ids = {(r["shape"], r["ratio"]): r["samples_per_s_1"] for r in out
+           if r.get("keys") == "ids" and r["bookkeeping"] == "host"}
     for r in out:  # raw keys against ids, the same lookups: what the key index costs the host
         if r.get("keys", "").startswith("raw") and ids.get((r["shape"], r["ratio"])) and r["samples_per_s_1"]:
             r["raw_vs_ids_1"] = r["samples_per_s_1"] / ids[(r["shape"], r["ratio"])]
@@ -301,11 +341,14 @@ def plot(results: list[dict], path) -> str | None:
     shapes = list(dict.fromkeys(r["shape"] for r in results))
     fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4), squeeze=False)
     for ax, shape in zip(axes[0], shapes):
-        for ratio, keys in dict.fromkeys((r["ratio"], r.get("keys")) for r in results if r["shape"] == shape):
+        for ratio, keys, book in dict.fromkeys((r["ratio"], r.get("keys"), r.get("bookkeeping", "host"))
+                                               for r in results if r["shape"] == shape):
             rows = sorted((r for r in results if r["shape"] == shape and r["ratio"] == ratio
-                           and r.get("keys") == keys), key=lambda r: r["threads"])
+                           and r.get("keys") == keys and r.get("bookkeeping", "host") == book),
+                          key=lambda r: r["threads"])
             ax.plot([r["threads"] for r in rows], [r["samples_per_s"] / 1e6 for r in rows], "o-",
-                    label=f"cache {ratio:.1%}" + (f", {keys} keys" if keys else ""))
+                    label=f"cache {ratio:.1%}" + (f", {keys} keys" if keys else "")
+                    + (", device bookkeeping (meta)" if book == "device" else ""))
         ax.set_title(f"host ceiling, {shape}")
         ax.set_xlabel("threads")
         ax.set_ylabel("M samples/s")

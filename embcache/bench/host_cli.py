@@ -29,6 +29,12 @@ config's `raw_key_freq`), and `raw`'s caches warm up from them as the ids' do. E
 of the trace right after the others, so `raw_vs_ids_1` (samples/s against ids, 1 thread)
 is what the key index costs the host.
 
+With `--bookkeeping device` the same lookups also run through the device bookkeeper with
+every device tensor on `meta`: what the host does then is issue operations, so the JSON
+gives their number a step (`launches_per_step`, counted by a dispatch mode, views not
+counted) beside the step's time on meta (an upper bound: some meta kernels are slow
+Python; on a GPU each operation costs a launch, ~5-10 us).
+
 Not counted: what a GPU step adds on the host (the copies' launches), and reading the
 Parquet batches, which the trainer does in a background thread.
 """
@@ -58,6 +64,10 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                         "raw 64-bit keys into open tables that know every key of the trace beforehand (a long "
                         "run's steady state: the ids' counts as the keys' prior and warm-up); raw-new: keys get rows "
                         "as they first come (every batch brings new ones; the same counts)")
+    p.add_argument("--bookkeeping", nargs="+", default=["host"], choices=["host", "device"],
+                   help="host: the compiled pass beside the ids (rows on meta); device: the device bookkeeper with "
+                        "every device tensor on meta, its operations a step counted (launches_per_step) and timed "
+                        "(an upper bound: some meta kernels are slow Python)")
     p.add_argument("--prefetch-depth", type=int, default=1, help="batches prefetched ahead, as the trainer")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR), help="results directory")

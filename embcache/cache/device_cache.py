@@ -91,6 +91,7 @@ class DeviceRowCache(RowCache):
         self._counters = torch.zeros(len(COUNTERS), dtype=torch.int64, device=self.device)
         self._count_index: dict[tuple, torch.Tensor] = {}
         self._zero = torch.zeros((), dtype=torch.int64, device=self.device)
+        self._one_count = torch.ones(1, dtype=torch.int32, device=self.device)  # a use, for masked index_add_
         self._arange = torch.arange(max(C, 1), device=self.device)
         self._fresh = True  # nothing admitted yet: every slot free, in order
         if ids_freq is not None and warmup_ratio > 0:
@@ -170,6 +171,8 @@ class DeviceRowCache(RowCache):
         self._stats = stats
 
     def _fold_counters(self) -> None:
+        if self.device.type == "meta":  # counted, but without values: nothing to add
+            return
         values = self._counters.tolist()
         self._counters.zero_()
         for name, v in zip(COUNTERS, values):
@@ -343,8 +346,7 @@ class DeviceRowCache(RowCache):
             self._work_ids.index_copy_(0, pick(outside, rows, self._trash_row()),
                                        pick(outside, missing, -1))
             if p.id_count is not None:  # a use counted, as the host bookkeeper's `on_bypass`
-                pad["id_count"].index_add_(0, pick(outside, missing, N),
-                                           outside.to(torch.int32))
+                pad["id_count"].index_add_(0, pick(outside, missing, N), self._one_count.expand(n))
             new_row = pick(outside, rows, new_row)
             over = m - fits
             deltas.update(overflow_rows=over - declined, bypassed_rows=declined,
@@ -355,7 +357,7 @@ class DeviceRowCache(RowCache):
         touched = in_batch[:C]
         p.slot_last.masked_fill_(touched, clock)
         if p.id_count is not None:
-            p.slot_primary.add_(touched.to(p.slot_primary.dtype))
+            p.slot_primary.add_(touched)
         self._count(**deltas)
         return indices, touched, touched.sum() - fits, m, scratch
 
@@ -393,12 +395,12 @@ class DeviceRowCache(RowCache):
         self._work_ids.index_copy_(0, pick(outside, rows, self._trash_row()),
                                    pick(outside, missing, -1))
         if p.id_count is not None:
-            pad["id_count"].index_add_(0, pick(outside, missing, N), outside.to(torch.int32))
+            pad["id_count"].index_add_(0, pick(outside, missing, N), self._one_count.expand(n))
         indices = pick(hit, slots, rows.index_select(0, where))
         touched = in_batch[:C]
         p.slot_last.masked_fill_(touched, clock)
         if p.id_count is not None:
-            p.slot_primary.add_(touched.to(p.slot_primary.dtype))
+            p.slot_primary.add_(touched)
         self._count(overflow_rows=m, bytes_h2d=m * self._row_bytes)
         return indices, touched, self._zero, self._zero, Scratch(region, missing, rows, outside)
 
@@ -412,7 +414,7 @@ class DeviceRowCache(RowCache):
         """Holds as a mask over the slots (what the device bookkeeper keeps per batch), or
         a list of slots (a checkpoint's)."""
         if slots.dtype == torch.bool:
-            self.holds.add_(slots.to(self.holds.dtype), alpha=delta)
+            self.holds.add_(slots, alpha=delta)
         else:
             self.holds.index_add_(0, slots.to(self.device), self.holds.new_full((1,), delta).expand(slots.numel()))
 
@@ -466,6 +468,11 @@ class DeviceRowCache(RowCache):
         keys = lookup.ids * width + rows
         size = (self.num_rows * width, self.dim)
         tables = [[keys.numel()]] if lookup.segments is None else lookup.segments
+        if self.device.type != "cpu" and not multi_feature:
+            # keys of different tables differ (their ids do): one stable sum over them all is
+            # each table's (the CPU's unstable sort orders ties by the array it sorts: per table)
+            keys, values = summed_in_torch_order(keys, values, stable=True)
+            return pick(keys >= 0, keys % width, self._trash_row()), values
         key_parts, value_parts = [], []
         for features, k, v in zip(tables, keys.split([sum(t) for t in tables]),
                                   values.split([sum(t) for t in tables])):

@@ -23,14 +23,18 @@ def pick(mask: torch.Tensor, a: torch.Tensor, b) -> torch.Tensor:
     return torch.where(mask, a, b if isinstance(b, torch.Tensor) else const(b, a))
 
 
-def summed_in_torch_order(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def summed_in_torch_order(keys: torch.Tensor, values: torch.Tensor,
+                          stable: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """What `torch.sparse_coo_tensor(keys, values).coalesce()` gives, in a fixed size: the
     distinct keys ascending, each with its values summed in the order coalesce sums them
     (its sort of the keys, then a running sum), first; then -1 keys with -0.0 values, one
     per duplicate. Bit for bit coalesce's on the CPU (tests/test_device_bookkeeping.py),
-    with no count handed to the host (coalesce needs its result's size)."""
+    with no count handed to the host (coalesce needs its result's size). `stable`: equal
+    keys summed in the order they come, as CUDA's coalesce (a radix sort) sums them; the
+    CPU's sort is not stable, and without it each table must be summed on its own, as
+    torch's uncached tables are."""
     n = keys.numel()
-    sorted_keys, perm = keys.sort(0)
+    sorted_keys, perm = keys.sort(stable=True, dim=0) if stable else keys.sort(0)
     first = torch.ones(n, dtype=torch.bool, device=keys.device)
     first[1:] = sorted_keys[1:] != sorted_keys[:-1]
     group = torch.cumsum(first, 0) - 1

@@ -1,0 +1,23 @@
+"""`bench host --bookkeeping device`: the device bookkeeper's host cost is the operations a
+step issues; the bench counts them on meta and times the step beside the host bookkeeper's."""
+import json
+
+from embcache.cli import main
+
+
+def test_bench_host_counts_the_device_bookkeepers_operations(tmp_path, capsys):
+    assert main(["bench", "host", "--scale", "0.002", "--batch-size", "256", "--ratios", "0.05", "--steps", "2",
+                 "--warmup-steps", "1", "--threads", "1", "--bookkeeping", "host", "device",
+                 "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "host.json").read_text())
+    device = [r for r in data["results"] if r["bookkeeping"] == "device"]
+    host = [r for r in data["results"] if r["bookkeeping"] == "host"]
+    assert [r["shape"] for r in device] == [r["shape"] for r in host] == ["one-hot", "multi-hot"]
+    counts = [r["launches_per_step"]["total"] for r in device]
+    # as many for 26 ids a sample as for 214: the host's work does not grow with the ids
+    assert counts[0] == counts[1] and 0 < counts[0] < 300
+    assert sum(device[0]["launches_per_step"]["by_op"].values()) == counts[0]
+    assert all(r["hit_rate"] is None for r in device) and all(0 < r["hit_rate"] <= 1 for r in host)
+    summary = {(s["shape"], s["bookkeeping"]): s for s in data["summary"]}
+    assert summary["one-hot", "device"]["launches_per_step"] == counts[0]
+    assert "device bookkeeping (on meta)" in capsys.readouterr().out
