@@ -2,14 +2,14 @@
 # The GPU checks in one call of at most 540 s, for a session lent a GPU machine for a few
 # minutes (issue "The cache on a real GPU"; docs/benchmarks.md, "On a GPU machine"). Steps, in
 # priority order, each with a time limit of its own; a failed step does not stop the next:
-#   probe  (45 s)  device, torch, CUDA, Triton; pinned copy GB/s; random 64/128/512-byte host
+#   probe  (30 s)  device, torch, CUDA, Triton; pinned copy GB/s; random 64/128/512-byte host
 #                  rows through the unified view (and a Triton gather); sorts of 426 k / 3.5 M ids
-#   cuda   (110 s) pytest -m cuda (tests/test_cuda.py, test_unified_view.py), summarised in cuda_tests.json
-#   gpu    (220 s) bench gpu at Kaggle cardinalities, batch 16,384, 1.5 %, dim 128, one-hot and
-#                  multi-hot: the whole table on the GPU against the cache
-#   cf     (90 s)  HEAT on every core against the torch engine on the GPU (MovieLens-100k)
-#   host   (70 s)  bench host on every core: the measured host ceiling
-# Optional: nccl (a 1-rank torchrun DLRM on NCCL) and suite (the default tests, pytest -n 8).
+#   cuda   (150 s) pytest -m cuda (tests/test_cuda.py, test_unified_view.py), summarised in cuda_tests.json
+#   gpu    (270 s) bench gpu at Kaggle cardinalities, batch 16,384, 1.5 %, dim 128, one-hot and
+#                  multi-hot: the whole table on the GPU against the cache, host and device bookkeeping
+#   host   (50 s)  bench host on every core: the measured host ceiling
+# Optional: cf (HEAT on every core against the torch engine on the GPU, MovieLens-100k; measured
+# on an H200 on 2026-11-27), nccl (a 1-rank torchrun DLRM on NCCL) and suite (the default tests).
 # Everything lands in $OUT (the device tool's folder; here by default bench/results/device):
 # one JSON per step (probe.json, cuda_tests.json, gpu.json + gpu.png, cf_device.json,
 # host_device.json + .png) and one log, device_check.log: 8 files at most.
@@ -20,14 +20,14 @@
 # network): `.venv/bin/python -c 'from embcache.data.movielens import ml100k_dir; ml100k_dir()'`,
 # then the device tool's run with carry ["datasets/ml-100k"].
 #
-#   bash bench/device_check.sh                # probe cuda gpu cf host, in that order
+#   bash bench/device_check.sh                # probe cuda gpu host, in that order
 #   bash bench/device_check.sh probe gpu      # some of them
-#   bash bench/device_check.sh nccl suite     # the optional steps
+#   bash bench/device_check.sh cf nccl suite  # the optional steps
 #   SMALL=1 bash bench/device_check.sh        # the same steps at toy sizes, on the CPU too
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-STEPS=" ${*:-probe cuda gpu cf host} "
+STEPS=" ${*:-probe cuda gpu host} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 for s in $STEPS; do
     case "$s" in probe|cuda|gpu|cf|host|nccl|suite) ;;
@@ -68,7 +68,7 @@ if [ -n "$SMALL" ]; then
     HOST_ARGS=(--scale 0.01 --steps 2 --warmup-steps 1 --threads 1 "$CORES")
     DLRM_STEPS=5
 else
-    PROBE_ARGS=(--table-mib 4096 --rows 1048576)
+    PROBE_ARGS=(--table-mib 2048 --rows 1048576)
     GPU_ARGS=(--scale 1.0 --dims 128 --batch-size 16384 --steps 20 --warmup-steps 5 --link-table-mib 2048)
     CF_ARGS=(--ml-epochs 3 --ml-negatives 64 1000 --cost-epochs 1)
     HOST_ARGS=(--steps 4 --warmup-steps 3 --threads 1 4 "$CORES")
@@ -76,11 +76,11 @@ else
 fi
 
 # 1. the device and the link, through what a device-side cache uses
-want probe && step "probe" 45 "$PY" -m embcache bench probe --device "$DEV" --out "$OUT" --name probe "${PROBE_ARGS[@]}"
+want probe && step "probe" 30 "$PY" -m embcache bench probe --device "$DEV" --out "$OUT" --name probe "${PROBE_ARGS[@]}"
 # 2. the tests marked cuda (skipped without a GPU: then they say so), summarised as JSON
 if want cuda; then
     XML="$(mktemp --suffix .xml)"
-    step "pytest -m cuda" 110 "$PY" -m pytest -q -m cuda -p no:cacheprovider --junitxml="$XML" tests/test_cuda.py tests/test_unified_view.py
+    step "pytest -m cuda" 150 "$PY" -m pytest -q -m cuda -p no:cacheprovider --junitxml="$XML" tests/test_cuda.py tests/test_unified_view.py
     "$PY" - "$XML" "$OUT/cuda_tests.json" <<'EOF' >>"$LOG" 2>&1
 import json, sys, xml.etree.ElementTree as ET
 try:
@@ -101,14 +101,15 @@ print("cuda tests:", counts)
 EOF
     rm -f "$XML"
 fi
-# 3. DLRM on one GPU: the cache at 1.5 % against the whole table on the device, one-hot and multi-hot
-want gpu && step "bench gpu" 220 "$PY" -m embcache bench gpu --device "$DEV" --out "$OUT" --name gpu --ratios 0.015 \
-    --shapes one-hot multi-hot --no-price-prefetch "${GPU_ARGS[@]}"
-# 4. HEAT on every core against the torch engine on the GPU, same data and settings
+# 3. DLRM on one GPU: the cache at 1.5 % against the whole table on the device, one-hot and multi-hot,
+#    each bookkeeper
+want gpu && step "bench gpu" 270 "$PY" -m embcache bench gpu --device "$DEV" --out "$OUT" --name gpu --ratios 0.015 \
+    --shapes one-hot multi-hot --bookkeeping host device --no-price-prefetch "${GPU_ARGS[@]}"
+# optional: HEAT on every core against the torch engine on the GPU, same data and settings
 want cf && step "bench cf" 90 "$PY" -m embcache bench cf --datasets ml-100k --threads "$CORES" --torch-device "$DEV" \
     --no-baseline --no-old-rule --no-plot --out-dir "$OUT" --name cf_device "${CF_ARGS[@]}"
 # 5. the cache's host ceiling on this machine's cores (measured, not projected)
-want host && step "bench host" 70 "$PY" -m embcache bench host --ratios 0.015 --shapes one-hot multi-hot \
+want host && step "bench host" 50 "$PY" -m embcache bench host --ratios 0.015 --shapes one-hot multi-hot \
     --out "$OUT" --name host_device "${HOST_ARGS[@]}"
 # optional: DLRM under torchrun, one rank (NCCL where the device is CUDA, gloo otherwise)
 if want nccl; then

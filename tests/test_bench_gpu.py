@@ -9,7 +9,7 @@ from embcache.cli import main
 def test_bench_gpu_compares_cached_and_whole_tables_from_the_same_start(tmp_path, capsys):
     rc = main(["bench", "gpu", "--scale", "0.0005", "--dims", "4", "--batch-size", "32", "--steps", "4",
                "--warmup-steps", "2", "--ratios", "0.05", "0.3", "--device", "cpu", "--out", str(tmp_path),
-               "--shapes", "one-hot", "--link-table-mib", "1"])
+               "--shapes", "one-hot", "--link-table-mib", "1", "--bookkeeping", "host"])
     assert rc == 0
     data = json.loads((tmp_path / "gpu.json").read_text())
     assert (tmp_path / "gpu.png").stat().st_size > 0
@@ -29,7 +29,7 @@ def test_bench_gpu_compares_cached_and_whole_tables_from_the_same_start(tmp_path
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
     assert len(table) == 2 + len(rows)  # header, rule, one row per variant: the GPU table of docs/cache.md
     assert table[2].startswith("| one-hot | 4 | whole table on the device |") and "| 1.00 |" in table[2]
-    assert table[-1].startswith("| one-hot | 4 | cached 30.0%, no prefetch |")
+    assert table[-1].startswith("| one-hot | 4 | cached 30.0%, host bookkeeping, no prefetch |")
     # one flat row per run, with the keys compared across cards and bookkeepers
     flat = data["rows"]
     assert [(r["bookkeeping"], r["shape"], r["dim"], r["cache_ratio"]) for r in flat] == [
@@ -57,10 +57,13 @@ def test_bench_gpu_multi_hot_pools_the_same_ids_in_the_cache_and_the_whole_table
     data = json.loads((tmp_path / "gpu.json").read_text())
     (block,) = data["blocks"]
     assert block["shape"] == "multi-hot"
-    whole, cached = block["results"]
-    assert cached["max_loss_diff_vs_gpu_tables"] == 0.0 and len(set(whole["losses"])) > 1
-    assert cached["overflow_rows"] > 0  # 214 ids a sample do not fit a 5 % cache of this toy table
-    assert [r["shape"] for r in data["rows"]] == ["multi-hot", "multi-hot"]
+    whole, host, device = block["results"]
+    for cached in (host, device):  # both bookkeepers, to the bit of the whole table
+        assert cached["max_loss_diff_vs_gpu_tables"] == 0.0 and len(set(whole["losses"])) > 1
+        assert cached["overflow_rows"] > 0  # 214 ids a sample do not fit a 5 % cache of this toy table
+    assert host["hit_rate"] == device["hit_rate"] and host["bytes_h2d_per_step"] == device["bytes_h2d_per_step"]
+    assert [(r["shape"], r["bookkeeping"]) for r in data["rows"]] == [
+        ("multi-hot", None), ("multi-hot", "host"), ("multi-hot", "device")]
 
 
 def test_pooled_batch_has_one_bag_per_sample_and_feature():

@@ -66,7 +66,8 @@ def make_data(args, trace: CriteoTrace, shape: str) -> list[tuple]:
     return out
 
 
-def make_variant(kind: str, ratio: float | None, table: torch.Tensor, freq, dense_state: dict, args, device):
+def make_variant(kind: str, ratio: float | None, table: torch.Tensor, freq, dense_state: dict, args, device,
+                 bookkeeping: str = "host"):
     """(sparse module, its torch optimizer or None, dense model, dense optimizer)."""
     n, dim = table.shape
     if kind == "gpu":  # a copy of the table on the device (on the CPU a clone: training writes it)
@@ -75,7 +76,7 @@ def make_variant(kind: str, ratio: float | None, table: torch.Tensor, freq, dens
         sparse_opt = torch_equivalent(args.optimizer, bag.parameters(), args.lr)
     else:
         bag = CachedEmbeddingBag(n, dim, cache_ratio=ratio, ids_freq=freq, optimizer=args.optimizer, lr=args.lr,
-                                 device=device, weight=table)
+                                 device=device, weight=table, bookkeeping=bookkeeping)
         sparse_opt = None
     dense = DLRMDense(NUM_DENSE, NUM_TABLES, dim, DENSE_ARCH, OVER_ARCH).to(device)
     dense.load_state_dict(dense_state)
@@ -195,25 +196,28 @@ def bench_block(shape: str, dim: int, table: torch.Tensor, args, device, data, f
     """Every variant at one shape and dim, from the same initial table and dense model."""
     torch.manual_seed(args.seed)
     dense_state = DLRMDense(NUM_DENSE, NUM_TABLES, dim, DENSE_ARCH, OVER_ARCH).state_dict()
-    plan = [("gpu", None, 0)] + [("cached", r, args.prefetch_depth) for r in args.ratios]
+    plan = [("gpu", None, 0, None)] + [("cached", r, args.prefetch_depth, b)
+                                      for r in args.ratios for b in args.bookkeeping]
     middle = args.ratios[len(args.ratios) // 2]
     if args.prefetch_depth and args.price_prefetch:
-        plan.append(("cached", middle, 0))
-    rows, profile = [], None
-    for kind, ratio, depth in plan:
-        variant = make_variant(kind, ratio, table, freq, dense_state, args, device)
-        row = {"variant": kind, "ratio": ratio, "prefetch_depth": depth, **measure(variant, data, args, device, depth)}
+        plan.append(("cached", middle, 0, args.bookkeeping[0]))
+    rows, profile = [], {}
+    for kind, ratio, depth, book in plan:
+        variant = make_variant(kind, ratio, table, freq, dense_state, args, device, book or "host")
+        row = {"variant": kind, "ratio": ratio, "prefetch_depth": depth, "bookkeeping": book,
+               **measure(variant, data, args, device, depth)}
         if kind == "cached" and ratio == middle and depth and device.type == "cuda" and not args.no_profile:
-            profile = profile_summary(variant, data, args, device)
+            profile[book] = profile_summary(variant, data, args, device)
         rows.append(row)
-        print(f"  {shape} dim {dim:4d} {kind:6s} {'' if ratio is None else f'{ratio:.1%}':>6s} prefetch {depth}: "
+        print(f"  {shape} dim {dim:4d} {kind:6s} {'' if ratio is None else f'{ratio:.1%}':>6s} "
+              f"{'' if book is None else book + ' bookkeeping, '}prefetch {depth}: "
               f"{row['samples_per_s']:,.0f} samples/s" + (f", hit rate {row['hit_rate']:.3f}" if ratio else ""),
               flush=True)
         del variant
         if device.type == "cuda":  # give back the device's and the pinned host memory before the next variant
             torch.cuda.empty_cache()
             getattr(torch._C, "_host_emptyCache", lambda: None)()
-    return {"shape": shape, "dim": dim, "results": summarize(rows), "profile_cached_middle_ratio": profile}
+    return {"shape": shape, "dim": dim, "results": summarize(rows), "profile_cached_middle_ratio": profile or None}
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -222,10 +226,11 @@ def summarize(rows: list[dict]) -> list[dict]:
     for row in rows:
         row["ratio_to_gpu_tables"] = row["samples_per_s"] / base["samples_per_s"]
         row["max_loss_diff_vs_gpu_tables"] = max(abs(a - b) for a, b in zip(row["losses"], base["losses"]))
-    without = {r["ratio"]: r["step_ms"] for r in rows if r["variant"] == "cached" and not r["prefetch_depth"]}
+    without = {(r["ratio"], r["bookkeeping"]): r["step_ms"] for r in rows
+               if r["variant"] == "cached" and not r["prefetch_depth"]}
     for row in rows:
-        if row["variant"] == "cached" and row["prefetch_depth"] and row["ratio"] in without:
-            row["step_ms_without_prefetch"] = without[row["ratio"]]
+        if row["variant"] == "cached" and row["prefetch_depth"] and (row["ratio"], row["bookkeeping"]) in without:
+            row["step_ms_without_prefetch"] = without[row["ratio"], row["bookkeeping"]]
     return rows
 
 
@@ -261,7 +266,7 @@ def flat_rows(result: dict, device_name: str) -> list[dict]:
     out = []
     for block in result["blocks"]:
         for r in block["results"]:
-            out.append({"device_name": device_name, "bookkeeping": "host" if r["variant"] == "cached" else None,
+            out.append({"device_name": device_name, "bookkeeping": r["bookkeeping"],
                         "variant": "cached" if r["variant"] == "cached" else "whole table on the device",
                         "shape": block["shape"], "dim": block["dim"], "cache_ratio": r["ratio"],
                         "prefetch_depth": r["prefetch_depth"], "samples_per_s": r["samples_per_s"],
@@ -283,7 +288,8 @@ def plot(result: dict, path) -> None:
     for ax, block in zip(axes[0], blocks):
         rows = block["results"]
         labels = ["whole table" if r["variant"] == "gpu" else
-                  f"cached {r['ratio']:.1%}" + ("" if r["prefetch_depth"] else "\nno prefetch") for r in rows]
+                  f"cached {r['ratio']:.1%}\n{r['bookkeeping']}" + ("" if r["prefetch_depth"] else ", no prefetch")
+                  for r in rows]
         ax.bar(range(len(rows)), [r["ratio_to_gpu_tables"] for r in rows], color="tab:blue")
         ax.axhline(0.9, color="tab:red", linestyle="--", linewidth=1, label="target at 1.5 %: 0.9")
         ax.set_xticks(range(len(rows)), labels, fontsize=8)
@@ -308,7 +314,7 @@ def markdown_table(result: dict) -> list[str]:
     for block in result["blocks"]:
         for r in block["results"]:
             name = "whole table on the device" if r["variant"] == "gpu" else \
-                f"cached {r['ratio']:.1%}" + ("" if r["prefetch_depth"] else ", no prefetch")
+                f"cached {r['ratio']:.1%}, {r['bookkeeping']} bookkeeping" + ("" if r["prefetch_depth"] else ", no prefetch")
             moved = None if r["variant"] == "gpu" else (r["bytes_h2d_per_step"] + r["bytes_d2h_per_step"]) / 2**20
             link_rate = "-" if "link_gbps" not in r else \
                 f"{r['link_gbps']:.1f} ({r['link_share_of_pinned_copy']:.0%})"

@@ -11,7 +11,9 @@ each shape and embedding dim:
   the matching torch sparse optimizer (what fits only while the table fits);
 - `cached r`: `CachedEmbeddingBag` with `r` of the rows on the device and the rest with
   their optimizer state in (pinned) host memory, prefetching `--prefetch-depth` batches
-  ahead; at the middle ratio also without prefetch, which prices the copies it hides.
+  ahead, once per `--bookkeeping` (host: decided on the host, rows sent; device: decided
+  on the device, rows read and written through the unified view); at the middle ratio
+  also without prefetch, which prices the copies it hides.
 
 Every variant starts from the same table and trains on the same batches, so their losses
 agree (to the bit on the CPU; to rounding where CUDA's kernels sum in another order): the
@@ -51,6 +53,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default="adagrad", choices=sorted(TORCH_OPTIMIZERS), help="sparse optimizer")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--prefetch-depth", type=int, default=1, help="batches prefetched ahead (0: none)")
+    p.add_argument("--bookkeeping", nargs="+", default=["host", "device"], choices=["host", "device"],
+                   help="the cache's bookkeepers to run, each at every ratio (the device one: everything beside "
+                        "the rows, rows read and written through the unified view)")
     p.add_argument("--price-prefetch", action=argparse.BooleanOptionalAction, default=True,
                    help="also run the middle ratio without prefetch (what the copies cost unhidden)")
     p.add_argument("--link-table-mib", type=int, default=1024,
