@@ -25,8 +25,11 @@ ranks within `K`. When a batch has more distinct rows than the cache (overflow),
 cache keeps that batch's hits and admits its misses in id order (the order
 `torch.unique` gives them) until it is full; under the trainer, where the held batches'
 rows do not fit, every other row is evicted to admit the newest batch and the older held
-batches keep what is left, highest keys first (at depth 2 or more this is a lower bound:
-measured 4-6 points under a real cache smaller than one batch's rows). With admission control (`freq` and `lfu`;
+batches keep what is left, highest keys first. There the model is a lower bound: a real
+cache admits a prefetched batch's rows once, at its prefetch, and serves what did not fit
+beside it rather than evicting for it again at its forward, so it keeps more of the older
+rows (measured 3.5 points under at depth 1, 4-6 at depth 2-4, for a cache smaller than one
+batch's rows). With admission control (`freq` and `lfu`;
 the cache's default) a missed row gets in only if it is hotter than the row it would
 evict, so no row is held below the top: the cache is the top `C` by key, `K = C`.
 Measured against real `RowCache` runs: see docs/planning.md.

@@ -20,11 +20,14 @@ from embcache.cache.choices import PLANNED_RATIOS
 from embcache.cache.hit_curves import POLICIES, Prediction, expected_distinct, replay, surrogate_batches
 
 DEFAULT_RATIOS = PLANNED_RATIOS
-# The cache's bookkeeping, read off `RowCache`; it lives on the host (beside the ids it
-# reads), so the device holds only rows and their state: per slot, slot_to_id (int64),
-# dirty (bool), holds (int32) and the policy's slot_last and slot_primary (float64); per
-# id of the table, the slot map's id_to_slot (int64), plus the online counts (int32) of
-# lfu/freq and freq's prior (float64).
+# The cache's bookkeeping, read off `RowCache`: per slot, slot_to_id (int64), dirty (bool),
+# holds (int32) and the policy's slot_last and slot_primary (float64); per id of the table,
+# the slot map's id_to_slot (int64), plus the online counts (int32) of lfu/freq and freq's
+# prior (float64). The host bookkeeper keeps it on the host (beside the ids it reads), so
+# the device holds only rows and their state; the device bookkeeper (`DeviceRowCache`)
+# keeps all of it on the device, each array one entry longer (its trash entry), with a
+# working table of the cache's rows, a trash row and a region of one batch's lookups for
+# the rows that do not fit (each working row with its id, int64).
 SLOT_BOOKKEEPING_BYTES = 8 + 1 + 4 + 8 + 8
 ID_BOOKKEEPING_BYTES = {"lru": 8, "lfu": 8 + 4, "freq": 8 + 4 + 8}
 FLOAT32_BYTES = 4
@@ -45,6 +48,8 @@ class Footprint:
     dim: int
     optimizer: str = "adagrad"
     eviction: str = "freq"
+    bookkeeping: str = "host"  # "device": the bookkeeping counts as device memory
+    batch_lookups: int = 0  # ids a batch looks up: the device bookkeeper's overflow region
 
     @property
     def row_bytes(self) -> int:
@@ -57,21 +62,42 @@ class Footprint:
         return FLOAT32_BYTES * (self.dim + sum(widths.values()))
 
     def host_bytes(self) -> int:
-        """The host store: every row and its state, in id order."""
-        return self.num_rows * self.row_bytes
+        """The host store: every row and its state, in id order (the device bookkeeper's
+        with a spare row after the last, where its masked writes go)."""
+        return (self.num_rows + (self.bookkeeping == "device")) * self.row_bytes
 
     def device_bytes(self, cache_rows: int) -> int:
-        """The cache of `cache_rows` rows on the device: the rows and their state."""
-        return int(cache_rows) * self.row_bytes
+        """The cache of `cache_rows` rows on the device: the rows and their state, and with
+        the device bookkeeper its bookkeeping and working rows (see above)."""
+        rows = int(cache_rows)
+        if self.bookkeeping != "device":
+            return rows * self.row_bytes
+        return self._device_fixed() + rows * self._device_per_row()
+
+    def _device_per_row(self) -> int:
+        # its row and state, its id and slot arrays, and its number (the free list is made of)
+        return self.row_bytes + SLOT_BOOKKEEPING_BYTES + 8
+
+    def _device_fixed(self) -> int:
+        """The device bookkeeper's bytes that do not grow with the cache: the trash entries,
+        the overflow region, the per-id arrays."""
+        work = 1 + int(self.batch_lookups)  # the trash row, one batch's region
+        return (work * (self.row_bytes + 8) + (SLOT_BOOKKEEPING_BYTES - 8)
+                + (self.num_rows + 1) * ID_BOOKKEEPING_BYTES[self.eviction])
 
     def bookkeeping_bytes(self, cache_rows: int) -> int:
         """The host memory the cache's bookkeeping takes besides the host store: per slot
-        and per id of the table (the slot map, the eviction policy's counts)."""
+        and per id of the table (the slot map, the eviction policy's counts); none with the
+        device bookkeeper, which keeps them on the device (`device_bytes`)."""
+        if self.bookkeeping == "device":
+            return 0
         return ID_BOOKKEEPING_BYTES[self.eviction] * self.num_rows + int(cache_rows) * SLOT_BOOKKEEPING_BYTES
 
     def largest_cache(self, memory: int) -> int:
         """The most rows (at most all of them) whose cache fits in `memory` bytes of device
         memory; 0 when not even one row with its state does."""
+        if self.bookkeeping == "device":
+            return int(max(0, min(self.num_rows, (memory - self._device_fixed()) // self._device_per_row())))
         return int(max(0, min(self.num_rows, memory // self.row_bytes)))
 
 
@@ -183,7 +209,8 @@ class CachePlan:
                          "bytes_per_batch": {p: {"h2d": float(v[0][i]), "d2h": float(v[1][i])}
                                              for p, v in moved.items()}})
         return {"data": self.data_dir, "num_rows": fp.num_rows, "embedding_dim": fp.dim, "optimizer": fp.optimizer,
-                "eviction_bookkeeping": fp.eviction, "row_bytes": fp.row_bytes, "host_bytes": fp.host_bytes(),
+                "eviction_bookkeeping": fp.eviction, "bookkeeping": fp.bookkeeping, "row_bytes": fp.row_bytes,
+                "host_bytes": fp.host_bytes(),
                 "batch_size": self.batch_size, "batches": pred.batches, "epoch_batches": self.epoch_batches,
                 "traced": self.traced, "prefetch": self.prefetch_depth > 0, "prefetch_depth": self.prefetch_depth,
                 "admission": self.admission,
@@ -228,14 +255,16 @@ def access_batches(data_dir, freq: np.ndarray, meta: dict, batch_size: int, trac
 
 def plan_cache(data_dir, *, embedding_dim: int, optimizer: str, device_memory: int, batch_size: int,
                warmup_ratio: float = 0.7, eviction: str = "freq", trace: int | None = None, seed: int = 0,
-               ratios=DEFAULT_RATIOS, prefetch_depth: int = 1, admission: bool = False) -> CachePlan:
+               ratios=DEFAULT_RATIOS, prefetch_depth: int = 1, admission: bool = False,
+               bookkeeping: str = "host") -> CachePlan:
     """Read `data_dir` (meta.json's counts; with `trace`, its first batches too) and
     predict every policy at each ratio and on a grid of sizes, in one replay, for the
     trainer (`prefetch_depth`: the batches it admits ahead while the current one trains,
     all of whose rows stay held; `admission`: whether its cache uses admission control, the
-    trainer's `--admission`)."""
+    trainer's `--admission`; `bookkeeping`: "host" or "device", where the bookkeeping's
+    bytes count)."""
     freq, meta = table_frequencies(data_dir)
-    footprint = Footprint(freq.size, embedding_dim, optimizer, eviction)
+    footprint = Footprint(freq.size, embedding_dim, optimizer, eviction, bookkeeping, batch_size * len(meta["sparse"]))
     ratios = sorted(float(r) for r in ratios)
     largest = footprint.largest_cache(device_memory)
     sizes = np.unique(np.concatenate([cache_sizes(ratios, freq.size), size_grid(freq.size),
@@ -270,7 +299,7 @@ def first_within(sizes: np.ndarray, rates: np.ndarray, best: float, tolerance: f
 
 def auto_cache_ratio(data_dir, *, embedding_dim: int, optimizer: str, eviction: str, batch_size: int,
                      warmup_ratio: float, device_memory: int, tolerance: float = 0.01, seed: int = 0,
-                     prefetch_depth: int = 1, admission: bool = False) -> tuple[float, str]:
+                     prefetch_depth: int = 1, admission: bool = False, bookkeeping: str = "host") -> tuple[float, str]:
     """The smallest cache ratio whose predicted hit rate (of `eviction`, from meta.json's
     counts) is within `tolerance` of the one of the largest cache that fits
     `device_memory`; returns it with one line saying why. Two replays: a coarse grid up to
@@ -280,7 +309,7 @@ def auto_cache_ratio(data_dir, *, embedding_dim: int, optimizer: str, eviction: 
     from embcache.errors import UserFacingError
 
     freq, meta = table_frequencies(data_dir)
-    footprint = Footprint(freq.size, embedding_dim, optimizer, eviction)
+    footprint = Footprint(freq.size, embedding_dim, optimizer, eviction, bookkeeping, batch_size * len(meta["sparse"]))
     largest = footprint.largest_cache(device_memory)
     if largest < 1:
         raise UserFacingError(f"--device-memory {format_bytes(device_memory)} holds no cache: one row with its "

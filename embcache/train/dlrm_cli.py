@@ -111,6 +111,7 @@ def _auto_cache_ratio(args, cfg, data_dir: Path) -> float:
     import logging
     import os
 
+    from embcache.cache.choices import resolve_bookkeeping
     from embcache.cache.planner import auto_cache_ratio, default_device_memory
 
     memory, source = (args.device_memory, "--device-memory") if args.device_memory else \
@@ -118,7 +119,9 @@ def _auto_cache_ratio(args, cfg, data_dir: Path) -> float:
     chosen, why = auto_cache_ratio(data_dir, embedding_dim=cfg.embedding_dim, optimizer=cfg.sparse_optimizer,
                                    eviction=cfg.eviction, batch_size=cfg.batch_size,
                                    warmup_ratio=cfg.warmup_ratio, device_memory=memory, seed=cfg.seed,
-                                   prefetch_depth=cfg.prefetch_depth, admission=cfg.admission)
+                                   prefetch_depth=cfg.prefetch_depth, admission=cfg.admission,
+                                   bookkeeping=resolve_bookkeeping(cfg.bookkeeping, cfg.resolved_device(),
+                                                                   cfg.host_store))
     if int(os.environ.get("RANK", "0")) == 0:
         logging.getLogger("embcache.train.dlrm").info(f"{why} ({source})")
     return chosen

@@ -44,6 +44,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     ahead.add_argument("--no-prefetch", action="store_true", help="the same as --prefetch-depth 0")
     p.add_argument("--admission", choices=("on", "off"), default="on" if d.admission else "off",
                    help="the cache's admission control for freq/lfu (the trainer's --admission)")
+    add_config_arguments(p, DLRMConfig, ["bookkeeping"])
     add_config_arguments(p, DLRMConfig, ["seed"])
     p.add_argument("--ratios", type=ratio, nargs="+", default=list(PLANNED_RATIOS), metavar="R",
                    help="cache ratios (fraction of all rows on the device)")
@@ -62,7 +63,7 @@ def run(args) -> int:
                           warmup_ratio=args.warmup_ratio, eviction=args.eviction, trace=args.trace,
                           seed=args.seed, ratios=args.ratios,
                           prefetch_depth=0 if args.no_prefetch else args.prefetch_depth,
-                          admission=args.admission == "on")
+                          admission=args.admission == "on", bookkeeping=planned_bookkeeping(args.bookkeeping))
         if args.plot:
             plot(plan, args.plot)
         return plan
@@ -70,6 +71,15 @@ def run(args) -> int:
     plan = as_user_errors(make_plan)
     print(json.dumps(plan.to_json(), indent=1) if args.json else report(plan))
     return 0
+
+
+def planned_bookkeeping(bookkeeping: str) -> str:
+    """The bookkeeper the trainer will use: "auto" is the device's where it trains on CUDA,
+    which it does where CUDA is (its --device default)."""
+    from embcache.cache.choices import resolve_bookkeeping
+    from embcache.device import default_device
+
+    return resolve_bookkeeping(bookkeeping, default_device())
 
 
 def report(plan) -> str:
@@ -99,8 +109,10 @@ def report(plan) -> str:
         lines.append(f"  {row['ratio']:>7.2%}  {row['cache_rows']:>10,}  {h['freq']:>6.3f}  {h['lfu']:>6.3f}  "
                      f"{h['lru']:>6.3f}  {format_bytes(row['device_bytes']):>10}  "
                      f"{format_bytes(moved['h2d'] + moved['d2h']):>18}  {note}".rstrip())
-    lines.append("hit rates count distinct rows per batch, as the cache does; device = rows + state (the "
-                 "bookkeeping lives on the host); moved = misses in + dirty evictions out")
+    where = ("the bookkeeping lives on the host" if fp.bookkeeping == "host" else
+             "+ the device bookkeeper's maps, counts and overflow rows")
+    lines.append(f"hit rates count distinct rows per batch, as the cache does; device = rows + state ({where}); "
+                 f"moved = misses in + dirty evictions out")
     return "\n".join(lines)
 
 
