@@ -263,3 +263,27 @@ def test_a_step_issues_the_same_operations_whatever_the_batch():
         _one_step(bag, batches, 0)
         counts.append(count_ops(lambda: _one_step(bag, batches, 1)).total)
     assert counts[0] == counts[1] == counts[2]
+
+
+def test_a_compiled_model_holding_a_device_bookkept_bag_trains_as_an_eager_one():
+    """torch.compile stops at the cache (a compile boundary), around it the model compiles."""
+
+    class Model(torch.nn.Module):
+        def __init__(self, bookkeeping):
+            super().__init__()
+            torch.manual_seed(0)
+            self.bag = CachedEmbeddingBag(300, 4, cache_ratio=0.05, optimizer="adagrad", lr=0.1, device="cpu",
+                                          bookkeeping=bookkeeping)
+            self.head = torch.nn.Linear(4, 1)
+
+        def forward(self, ids, offsets):
+            return self.head(torch.relu(self.bag(ids, offsets))).sum()
+
+    eager, compiled = Model("host"), Model("device")
+    step = torch.compile(compiled, backend="eager")
+    for ids, offsets in zipf_batches(300, 5, 8, 3, seed=2):
+        for model, run in ((eager, eager), (compiled, step)):
+            model.head.zero_grad()
+            run(ids, offsets).backward()
+    assert torch.equal(eager.bag.full_weight(), compiled.bag.full_weight())
+    assert torch.equal(eager.head.weight.grad, compiled.head.weight.grad)
