@@ -61,3 +61,35 @@ def test_bench_probe_reports_each_row_width_and_both_sorts(tmp_path):
     assert data["unified_view"]["ok"] and [r["row_bytes"] for r in data["unified_view"]["rows"]] == [64, 128, 512]
     assert [(s["shape"], s["ids"]) for s in data["sorts"]] == [("one-hot", 4 * 26), ("multi-hot", 4 * 214)]
     assert "triton_gather" not in data  # CUDA only
+
+
+@pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_triton_row_moves_equal_the_tensor_ones(dtype):
+    """The device bookkeeper's masked moves: the Triton kernel (masked entries move nothing)
+    and the tensor ops (masked entries go through the spare row) leave the same rows."""
+    from embcache.cache.host_link import HostLink
+    from embcache.cache.host_store import HostStore
+
+    g = torch.Generator().manual_seed(0)
+    results = []
+    for kernels in ("triton", "tensor"):
+        store = HostStore.create("memory", torch.randn(200, 12, generator=g.manual_seed(0)), {"sum": (12, 0.5)},
+                                 dtype, pin=True, spare_rows=1)
+        link = HostLink(store, torch.device("cuda"), kernels)
+        assert link.triton == (kernels == "triton")
+        work = {name: torch.zeros(41, t.shape[1], dtype=t.dtype, device="cuda") for name, t in store.with_spare().items()}
+        ids = torch.randperm(200, generator=g.manual_seed(1))[:40].cuda()
+        rows = torch.randperm(40, generator=g.manual_seed(2)).cuda()
+        mask = (torch.rand(40, generator=g.manual_seed(3)) < 0.5).cuda()
+        link.read(ids, rows, mask, work, trash_row=40)
+        for t in work.values():
+            t[:40] += 1
+        link.write(ids.flip(0), rows, mask, work, trash_row=40)
+        torch.cuda.synchronize()
+        results.append(({k: v[:40][mask[rows.argsort()]].cpu() for k, v in work.items()}, store.weight.clone(),
+                        store.state["sum"].clone()))
+    (work_a, weight_a, sum_a), (work_b, weight_b, sum_b) = results
+    assert all(torch.equal(work_a[k], work_b[k]) for k in work_a)
+    assert torch.equal(weight_a, weight_b) and torch.equal(sum_a, sum_b)

@@ -91,6 +91,19 @@ def random_rows(table: torch.Tensor, row_bytes: int, device: torch.device, rows:
             "gathered_right": gathered_right, "written_right": written_right}
 
 
+def same_row_reads(table: torch.Tensor, row_bytes: int, device: torch.device, rows: int, reps: int = 5) -> dict:
+    """`rows` reads of one and the same host row through the view, against as many random
+    rows: what a masked entry of a fixed-size list costs the tensor-op link, which sends it
+    to the spare row (cheap where the device caches the row, a link trip each where not)."""
+    width = row_bytes // 4
+    host = table[: table.numel() // width * width].view(-1, width)
+    view = device_view(host, device)
+    idx = torch.zeros(rows, dtype=torch.long, device=device)
+    out = torch.empty(rows, width, device=device)
+    seconds = median_seconds(lambda: torch.index_select(view, 0, idx, out=out), device, reps)
+    return {"row_bytes": row_bytes, "rows": rows, "same_row_rows_per_s": rows / seconds}
+
+
 def random_row_gbps(device: torch.device, row_bytes: int, table_mib: int = 1024, rows: int = 1 << 18) -> dict:
     """`random_rows` over a fresh host table of `table_mib` (the bound `bench gpu` uses)."""
     table = host_table(table_mib * 2**20, device)

@@ -7,7 +7,8 @@
   and as many distinct rows scattered back, in GB/s and rows/s, each checked byte for byte
   (`gathered_right`, `written_right`): the rate a device-side cache's misses and
   write-backs can reach; on CUDA also the same gather by a Triton kernel handed the pinned
-  tensor itself (the fallback where torch refuses the view);
+  tensor itself (the fallback where torch refuses the view); and one row read as many times
+  (what a masked entry costs the device bookkeeper's tensor-op link, `same_row_reads`);
 - `torch.sort` (and its stable form) of 16,384 x 26 and 16,384 x 214 int64 ids: a batch
   of Kaggle one-hot and of MLPerf multi-hot, the ids a device-side dedup sorts each step.
 
@@ -83,6 +84,11 @@ def run(args) -> int:
                   f"({r['gather_rows_per_s'] / 1e6:.1f} M rows/s), scatter {r['scatter_gbps']:.1f} GB/s; "
                   f"bytes right: {r['gathered_right'] and r['written_right']}", flush=True)
         result["unified_view"] = {"ok": all(r["gathered_right"] and r["written_right"] for r in rows), "rows": rows}
+        same = link.same_row_reads(table, 512, device, min(args.rows, table.numel() * 4 // 512))
+        same["vs_random_rows"] = same["same_row_rows_per_s"] / rows[-1]["gather_rows_per_s"]
+        result["same_row_reads"] = same
+        print(f"  one 512-byte row read {same['rows']:,} times: {same['same_row_rows_per_s'] / 1e6:.1f} M rows/s "
+              f"(x{same['vs_random_rows']:.1f} random rows: the tensor-op link's cost of a masked entry)", flush=True)
     except (RuntimeError, ValueError, TypeError) as e:  # the torch at hand cannot map the pages: say how
         result["unified_view"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
         print(f"  unified view failed: {result['unified_view']['error']}", flush=True)
