@@ -43,6 +43,12 @@ _SAMPLED_MIN_SLOTS = 8192
 class EvictionPolicy:
     """Per-slot eviction keys for a working set of `num_slots` slots over `num_ids` ids.
 
+    One small class a policy (`LRU`, `LFU`, `Freq`), each saying what its keys are made of:
+    whether it counts uses per id (`counts_uses`) and takes the data's counts as a prior
+    (`takes_prior`). `EvictionPolicy(kind, ...)` builds the one named; both bookkeepers read
+    the same keys off it (`keys`, `candidate_keys`, the per-slot and per-id arrays), and a
+    checkpoint names it (`kind`).
+
     Counts are kept per slot while an id is resident (hits touch only small per-slot
     arrays) and written to the per-id table when it leaves, so a returning id resumes its
     count: `on_evict` must be called before a slot is emptied.
@@ -54,13 +60,26 @@ class EvictionPolicy:
         device: where the per-slot (and per-id count) tensors live.
     """
 
+    kind = ""
+    counts_uses = False  # a per-id online count, kept across evictions (lfu, freq)
+    takes_prior = False  # the data's counts add to the keys (freq)
+    _kinds: dict[str, type] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        EvictionPolicy._kinds[cls.kind] = cls
+
+    def __new__(cls, kind: str = "", *args, **kwargs):
+        if cls is EvictionPolicy:
+            if kind not in POLICIES:
+                raise ValueError(f"eviction must be one of {POLICIES}, got {kind!r}")
+            cls = EvictionPolicy._kinds[kind]
+        return super().__new__(cls)
+
     def __init__(self, kind: str, num_ids: int, num_slots: int,
                  ids_freq: torch.Tensor | None = None, device: torch.device | str = "cpu",
                  admission: bool = False, half_life: int | None = None):
-        if kind not in POLICIES:
-            raise ValueError(f"eviction must be one of {POLICIES}, got {kind!r}")
-        self.kind = kind
-        self.admission = bool(admission) and kind != "lru"
+        self.admission = bool(admission) and self.counts_uses
         self.half_life = int(half_life) if half_life else None
         self.prior_weight = 1.0  # halved with the counts when aging
         self.clock = 0  # advanced once per batch by `tick`
@@ -68,9 +87,9 @@ class EvictionPolicy:
         self.slot_primary = torch.zeros(num_slots, dtype=torch.float64, device=device)
         self.id_count = None
         self.prior = None
-        if kind in ("lfu", "freq"):
+        if self.counts_uses:
             self.id_count = torch.zeros(num_ids, dtype=torch.int32, device=device)
-        if kind == "freq" and ids_freq is not None:
+        if self.takes_prior and ids_freq is not None:
             self.prior = ids_freq.to(device=device, dtype=torch.float64)
 
     def grow(self, num_ids: int) -> None:
@@ -95,7 +114,7 @@ class EvictionPolicy:
         a live key (an open table's rows just reset, or retired, whose counts start again
         when a key takes them): a resident row's count is kept against its prior when it
         leaves."""
-        if self.kind != "freq" or ids.numel() == 0:
+        if not self.takes_prior or ids.numel() == 0:
             return
         if self.prior is None:
             self.prior = torch.zeros(self.id_count.numel(), dtype=torch.float64, device=self.id_count.device)
@@ -188,6 +207,27 @@ class EvictionPolicy:
         self.slot_primary.copy_(state["slot_primary"])
         if self.id_count is not None:
             self.id_count.copy_(state["id_count"])
+
+
+class LRU(EvictionPolicy):
+    """Recency alone (a new row is the most recent: admission control has nothing to compare)."""
+
+    kind = "lru"
+
+
+class LFU(EvictionPolicy):
+    """Uses counted per id (kept when a row leaves), recency breaking ties."""
+
+    kind = "lfu"
+    counts_uses = True
+
+
+class Freq(EvictionPolicy):
+    """The id's count in the training data plus its uses so far, recency breaking ties."""
+
+    kind = "freq"
+    counts_uses = True
+    takes_prior = True
 
 
 def select_victims(keys: torch.Tensor, k: int, candidates: torch.Tensor) -> torch.Tensor:
