@@ -21,7 +21,8 @@ N, D = 3000, 4
 
 
 def reuse_twins(monkeypatch, **kwargs):
-    """The same bag twice: `reuse` on, and off (a forward admits its ids again)."""
+    """The same bag twice: `reuse` on, and off (a prefetched batch's forward looks its ids
+    up again, `_serve_beside`: what the fast path must equal)."""
     weight = torch.randn(N, D, generator=torch.Generator().manual_seed(0))
     freq = torch.bincount(torch.cat([b for b, _ in zipf_batches(N, 20, 16, 6, seed=9)]), minlength=N)
     return [CachedEmbeddingBag(N, D, weight=weight, ids_freq=freq, device="cpu", **kwargs) for _ in range(2)]
@@ -63,7 +64,7 @@ def test_a_forward_reusing_its_prefetch_decides_as_a_second_pass(monkeypatch, de
     assert bags[0].cache.stats.evictions > 20  # with eviction
 
 
-def test_reuse_under_overflow_falls_back_where_the_prefetch_could_not_place_every_row(monkeypatch):
+def test_reuse_under_overflow_serves_beside_what_the_prefetch_could_not_place(monkeypatch):
     # 25 slots against batches of ~60 distinct ids: prefetches leave rows unplaced
     bags = reuse_twins(monkeypatch, cache_ratio=25 / N, eviction="freq", optimizer="sgd", lr=0.05,
                        warmup_ratio=0.0, half_life=3)

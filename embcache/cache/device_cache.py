@@ -221,7 +221,7 @@ class DeviceRowCache(RowCache):
         same_ids = consumed is not None and same_values(consumed.ids, ids)
         flat = self._on_device(ids)
         region = self._take_region(max(flat.numel(), 1))
-        if same_ids and self.reuse_prefetch:
+        if same_ids:
             indices, touched, hits, misses, scratch = self._serve_beside(flat, region)
         else:
             indices, touched, hits, misses, scratch = self._admit_on_device(flat, region)

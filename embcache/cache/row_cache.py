@@ -77,8 +77,9 @@ class RowCache(RowCacheState):
     # dense slot map), "fused" or "tensor" (the batched tensor ops: the reference the
     # compiled pass and the device bookkeeper are held to); tests set it on an instance
     admission_pass = "auto"
-    # a forward reuses its prefetch's decisions (`_reuse`); tests switch it off to compare
-    # with a second admission pass over the same ids, which must decide exactly the same
+    # a forward reuses its prefetch's decisions where it placed every id (`_reuse`); tests
+    # switch it off to compare with the general lookup of a prefetched batch
+    # (`_serve_beside`), which must decide exactly the same there
     reuse_prefetch = True
     # lookups without `keep` leave the cache as it is (`_peek`): set for a validation pass
     frozen = False
@@ -180,7 +181,7 @@ class RowCache(RowCacheState):
         part = reusable and not same_ids and (in_order or tag is not None) and consumed.ids.shape == ids.shape
         if same_ids and reusable:
             indices, touched, overflow = self._reuse(consumed), consumed.held, None
-        elif same_ids and self.reuse_prefetch:  # its prefetch could not place every id
+        elif same_ids:  # its prefetch could not place every id (or the fast path is off)
             indices, touched, overflow = self._serve_beside(ids)
             if overflow is not None and consumed.held.numel() + overflow.ids.numel() > self.num_slots:
                 self._warn_small(consumed.held.numel() + overflow.ids.numel())
