@@ -38,7 +38,8 @@ def load_interactions(cfg: CFTrainConfig) -> Interactions:
     try:
         data = read_interactions(cfg.data, cfg.split, cfg.test_fraction, cfg.split_seed, cfg.min_rating,
                                  (cfg.synthetic_users, cfg.synthetic_items, cfg.synthetic_interactions),
-                                 cfg.skip_bad_lines)
+                                 cfg.skip_bad_lines, {"user": cfg.user_col, "item": cfg.item_col,
+                                                      "time": cfg.time_col, "rating": cfg.rating_col})
     except DataFormatError:
         raise
     except (ValueError, OSError) as err:

@@ -24,8 +24,9 @@ from embcache.train.run_config import THREADS_DEFAULT, RunConfig
 ENGINES = ("heat", "torch")
 MODEL_SETTINGS = tuple(f.name for f in fields(CFConfig))  # the seed is the run's
 ENGINE_SETTINGS = {"heat": ("lr", "tile", "refresh", "w_sync", "kernel", "user_run"), "torch": ("lr", "batch_size")}
-DATA_SETTINGS = ("data", "split", "test_fraction", "split_seed", "min_rating", "synthetic_users", "synthetic_items",
-                 "synthetic_interactions", "skip_bad_lines", "ks", "topk")  # what reading the data needs
+DATA_SETTINGS = ("data", "user_col", "item_col", "time_col", "rating_col", "split", "test_fraction", "split_seed",
+                 "min_rating", "synthetic_users", "synthetic_items", "synthetic_interactions", "skip_bad_lines", "ks",
+                 "topk")  # what reading the data needs
 
 
 def negatives_count(text: str) -> int:
@@ -57,8 +58,14 @@ class CFTrainConfig(RunConfig):
     epochs: int = inherit(RunConfig, "epochs", 20, type=non_negative_int,
                           help="passes over the training pairs (0: only evaluate)")
     data: str = setting("ml-100k", help=DATA_CHOICES)
-    split: str = setting("random", choices=("random", "time"),
-                         help="ratings only: per user, a seeded random 20 %% or the latest 20 %% is the test set")
+    user_col: str = setting("user_id", help="your CSV/TSV/Parquet file: the user column (any ids: strings or integers)")
+    item_col: str = setting("item_id", help="your file: the item column")
+    time_col: str | None = setting(None, help="your file: a time column (numbers or ISO dates): --split auto then "
+                                              "holds out each user's latest interactions")
+    rating_col: str | None = setting(None, help="your file: a rating column, for --min-rating")
+    split: str = setting("auto", choices=("auto", "random", "time"),
+                         help="per user, a seeded random 20 %% or the latest 20 %% is the test set; auto: by time "
+                              "where your file has --time-col, else random")
     test_fraction: float = setting(TEST_FRACTION, type=open_fraction,
                                    help="ratings and synthetic: test share per user, strictly between 0 and 1")
     split_seed: int = setting(0, type=non_negative_int, help="ratings and synthetic: seed of the split and data")

@@ -33,6 +33,9 @@ class Interactions:
     test_indices: np.ndarray
     name: str = ""
     bad_rows: BadRowLog = field(default_factory=BadRowLog)
+    # the ids of your own data: user_ids[u] is index u's id in the file (None: the ids are the indices)
+    user_ids: np.ndarray | None = None
+    item_ids: np.ndarray | None = None
 
     @property
     def num_train(self) -> int:

@@ -67,7 +67,7 @@ def split_ratings(ratings: np.ndarray, how: str = "random", test_fraction: float
     if not len(r):
         raise ValueError(f"no rating is >= {min_rating} (--min-rating) among {len(ratings):,}" if len(ratings)
                          else "no ratings")
-    users, items = r[:, 0], r[:, 1]
+    users, items = r[:, 0].astype(np.int64), r[:, 1].astype(np.int64)
     rng = np.random.default_rng(seed)
     if how == "random":
         key = rng.random(len(r))

@@ -9,16 +9,19 @@ from embcache.data.bad_rows import BadRowLog
 from embcache.data.cf.interactions import TEST_FRACTION, Interactions
 from embcache.errors import DataFormatError
 
-DATA_CHOICES = "'ml-100k', 'synthetic', a LightGCN directory (train.txt, test.txt) or a MovieLens ratings file"
+DATA_CHOICES = ("'ml-100k', 'synthetic', a CSV, TSV or Parquet file of your own interactions (--user-col, "
+                "--item-col), a LightGCN directory (train.txt, test.txt) or a MovieLens ratings file")
 
 
 def read_interactions(spec: str, split: str = "random", test_fraction: float = TEST_FRACTION, split_seed: int = 0,
                       min_rating: int = 0, synthetic: tuple[int, int, int] = (30_000, 40_000, 1_000_000),
-                      skip_bad_lines: bool = False) -> Interactions:
+                      skip_bad_lines: bool = False, columns: dict | None = None) -> Interactions:
     """`Interactions` for `spec`. `split`, `test_fraction`, `split_seed` and `min_rating`
     split ratings (and the synthetic set: fraction and seed); `synthetic` is its (users,
     items, interactions). A bad line stops the reader naming file and line, or with
-    `skip_bad_lines` is skipped, counted and reported.
+    `skip_bad_lines` is skipped, counted and reported. `split` "auto" is by time where a
+    table file has a time column (`columns`: {"user", "item", "time", "rating"} names), else
+    random. A table's ids come back on the data (`user_ids`, `item_ids`).
 
     Example:
         >>> data = read_interactions("synthetic", synthetic=(50, 60, 600))
@@ -26,7 +29,11 @@ def read_interactions(spec: str, split: str = "random", test_fraction: float = T
         (50, 60, 600)
     """
     from embcache.data.cf.ratings import load_ml100k, read_ratings, split_ratings
+    from embcache.data.cf.table import is_table, read_table
 
+    if split == "auto":
+        has_time = bool((columns or {}).get("time")) and is_table(spec)
+        split = "time" if has_time else "random"
     if spec == "ml-100k":
         return load_ml100k(None, split, split_seed, test_fraction, min_rating)
     if spec == "synthetic":
@@ -49,6 +56,18 @@ def read_interactions(spec: str, split: str = "random", test_fraction: float = T
         path = ratings_file
     elif not path.exists():
         raise DataFormatError(f"{path}: no such file or directory (--data takes {DATA_CHOICES})")
+    elif is_table(path):
+        cols = columns or {}
+        log = BadRowLog() if skip_bad_lines else None
+        table = read_table(path, cols.get("user") or "user_id", cols.get("item") or "item_id", cols.get("time"),
+                           cols.get("rating"), log)
+        _report(log)
+        if split == "time" and not table.has_time:
+            raise DataFormatError(f"{path}: --split time needs the time column (--time-col)")
+        data = split_ratings(table.pairs, split, test_fraction, split_seed, min_rating, name=path.name,
+                             num_users=len(table.user_ids), num_items=len(table.item_ids), bad_rows=log)
+        data.user_ids, data.item_ids = table.user_ids, table.item_ids
+        return data
     log = BadRowLog() if skip_bad_lines else None
     ratings = read_ratings(path, log)
     _report(log)

@@ -1,0 +1,167 @@
+"""Your own interactions: a CSV, TSV or Parquet file (by extension) with a user column and an
+item column, and optionally a time and a rating column. Ids are any strings or integers: they
+are numbered 0..n-1 in sorted order, and the token <-> index maps travel with the data (and
+with a trained model) so that results come back as the file's own ids.
+
+A row with an empty id, or a rating or time that is not a number (a time may also be an ISO
+date), stops the reader naming file and row (the line, counting the header, for CSV/TSV),
+or with `--skip-bad-lines` is skipped, counted and reported.
+
+Example:
+    >>> import tempfile, pathlib
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     p = pathlib.Path(d) / "clicks.csv"
+    ...     _ = p.write_text("user_id,item_id\\nu1,a\\nu2,b\\nu1,b\\n")
+    ...     t = read_table(p, "user_id", "item_id")
+    >>> t.user_ids.tolist(), t.item_ids.tolist(), t.pairs[:, :2].astype(int).tolist()
+    (['u1', 'u2'], ['a', 'b'], [[0, 0], [1, 1], [0, 1]])
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from embcache.data.bad_rows import BadRowLog
+from embcache.data.cf.bad_lines import bad_line
+from embcache.errors import DataFormatError, format_error
+
+TABLE_SUFFIXES = {".csv": ",", ".tsv": "\t", ".parquet": None}
+
+
+@dataclass
+class InteractionTable:
+    """Rows of (user index, item index, rating, time) as the float64 columns of `pairs`
+    ([n, 4], rating 1 and time the row's position where the file has none), and the ids
+    each index stands for."""
+
+    pairs: np.ndarray
+    user_ids: np.ndarray
+    item_ids: np.ndarray
+    has_time: bool
+
+
+def is_table(path) -> bool:
+    return Path(path).suffix.lower() in TABLE_SUFFIXES
+
+
+def read_table(path, user_col: str, item_col: str, time_col: str | None = None, rating_col: str | None = None,
+               bad_rows: BadRowLog | None = None) -> InteractionTable:
+    """Read `path` (see the module docstring)."""
+    path = Path(path)
+    if not path.is_file():
+        raise format_error(path, None, "no such file")
+    suffix = path.suffix.lower()
+    wanted = [c for c in (user_col, item_col, time_col, rating_col) if c]
+    columns, first_line = _read_columns(path, suffix, wanted)
+    if bad_rows is not None:
+        bad_rows.seen(path)
+    n = len(columns[user_col])
+    problems: dict[int, str] = {}  # row -> its first problem
+
+    def refuse(rows, why) -> None:
+        for r in rows:
+            problems.setdefault(int(r), why(int(r)))
+
+    for col in (user_col, item_col):
+        values = columns[col]
+        refuse(np.flatnonzero([v is None or (isinstance(v, str) and not v.strip()) for v in values]),
+               lambda r, col=col: f"empty {col!r}")
+    rating = _numbers(columns[rating_col], rating_col, refuse) if rating_col else np.ones(n)
+    time = _times(columns[time_col], time_col, refuse) if time_col else np.arange(n, dtype=np.float64)
+    keep = np.ones(n, dtype=bool)
+    for r in sorted(problems):  # the first bad row stops the reader, or every one is counted
+        bad_line(path, r + first_line, problems[r], bad_rows)
+        keep[r] = False
+    if not keep.any():
+        raise format_error(path, None, "no usable rows")
+    users, user_ids = _index(np.asarray(columns[user_col], dtype=object)[keep])
+    items, item_ids = _index(np.asarray(columns[item_col], dtype=object)[keep])
+    pairs = np.stack([users, items, rating[keep], time[keep]], axis=1)
+    return InteractionTable(pairs, user_ids, item_ids, time_col is not None)
+
+
+def _read_columns(path: Path, suffix: str, wanted: list[str]) -> tuple[dict, int]:
+    """{column: list of values (strings for CSV/TSV, the file's types for Parquet)}, and the
+    file line of row 0 (2 under a header line; Parquet rows count from 1)."""
+    try:
+        if suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            names = pq.read_schema(path).names
+            _check_columns(path, names, wanted)
+            table = pq.read_table(path, columns=list(dict.fromkeys(wanted)))
+            return {c: table.column(c).to_pylist() for c in wanted}, 1
+        import pyarrow as pa
+        import pyarrow.csv as pcsv
+
+        header = path.open(encoding="utf-8", errors="replace").readline().rstrip("\r\n").split(TABLE_SUFFIXES[suffix])
+        _check_columns(path, header, wanted)
+        table = pcsv.read_csv(path, parse_options=pcsv.ParseOptions(delimiter=TABLE_SUFFIXES[suffix]),
+                              convert_options=pcsv.ConvertOptions(
+                                  include_columns=list(dict.fromkeys(wanted)),
+                                  column_types={c: pa.string() for c in wanted}, strings_can_be_null=True))
+        return {c: table.column(c).to_pylist() for c in wanted}, 2
+    except DataFormatError:
+        raise
+    except Exception as err:  # pyarrow's own errors name the row: keep their first line
+        raise format_error(path, None, f"not a readable {suffix[1:].upper()} file: {str(err).splitlines()[0]}") from None
+
+
+def _check_columns(path: Path, names: list[str], wanted: list[str]) -> None:
+    missing = [c for c in wanted if c not in names]
+    if missing:
+        raise format_error(path, None, f"no column {', '.join(map(repr, missing))}; it has {', '.join(map(repr, names))}"
+                                       f" (--user-col, --item-col, --time-col, --rating-col name them)")
+
+
+def _numbers(values: list, col: str, refuse) -> np.ndarray:
+    out = np.zeros(len(values))
+    bad = []
+    for r, v in enumerate(values):
+        try:
+            out[r] = float(v)
+            if not np.isfinite(out[r]):
+                raise ValueError
+        except (TypeError, ValueError):
+            bad.append(r)
+    refuse(np.array(bad, dtype=np.int64), lambda r: f"{col!r} is not a number: {values[r]!r}")
+    return out
+
+
+def _times(values: list, col: str, refuse) -> np.ndarray:
+    """Numbers (say, Unix seconds), or ISO dates and times, as seconds."""
+    out = np.zeros(len(values))
+    bad = []
+    for r, v in enumerate(values):
+        try:
+            out[r] = float(v)
+        except (TypeError, ValueError):
+            try:
+                out[r] = np.datetime64(str(v).strip().replace(" ", "T"), "s").astype(np.int64)
+            except ValueError:
+                bad.append(r)
+    refuse(np.array(bad, dtype=np.int64), lambda r: f"{col!r} is not a time: {values[r]!r}")
+    return out
+
+
+def _index(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(each token's index, the tokens in index order): integers where every token is one
+    (as the file's own type, or written as digits), else strings."""
+    as_int = _as_integers(tokens)
+    if as_int is not None:
+        ids, index = np.unique(as_int, return_inverse=True)
+    else:
+        ids, index = np.unique(np.array([str(t) for t in tokens]), return_inverse=True)
+    return index.astype(np.int64), ids
+
+
+def _as_integers(tokens: np.ndarray) -> np.ndarray | None:
+    try:
+        out = np.array([int(t) for t in tokens], dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if any(isinstance(t, str) and str(int(t)) != t.strip() for t in tokens):  # "007" stays a string id
+        return None
+    return out
