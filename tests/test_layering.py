@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("embcache", "cpu_kernels")
 FLOORS = ("data", "cache", "nn", "distributed", "train", "bench")  # low to high, above the ground floor
 ENTRY_POINTS = ("embcache.__main__", "embcache.cli")  # the command: imports every other command by name
-ABOVE_FLOORS = ("embcache", "embcache.serve")  # the package root's lazy names; the scorer servers import
+ABOVE_FLOORS = ("embcache", "embcache.serve", "embcache.cf")  # the package root's lazy names; the scorer
+# servers import; what a trained CF model offers (`embcache.cf.CFModel`)
 
 
 # ------------------------------------------------------------------------ the import graph

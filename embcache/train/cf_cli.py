@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from embcache.arg_types import DefaultsHelpFormatter
+from embcache.arg_types import DefaultsHelpFormatter, positive_int
 from embcache.errors import UserFacingError
 from embcache.settings_fields import add_config_arguments, config_values
 from embcache.train.cf_config import negatives_count  # noqa: F401 (its home before)
@@ -48,7 +48,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--no-tiling", action="store_true", help="heat: draw negatives from all items (--tile 0)")
     add_config_arguments(p, CFTrainConfig, ["w_sync", "kernel", "user_run", "batch_size", "eval_every"])
     p.add_argument("--save", default=None, metavar="FILE",
-                   help="write the embeddings (.npy, .npz or .parquet) (default: not saved)")
+                   help="write the model: FILE.npz is the whole model (embeddings, histories, each user's "
+                        "training items, your ids), what `cf recommend` and `embcache.cf.CFModel.load` use; .npy or "
+                        ".parquet: the embeddings alone (default: not saved)")
     add_config_arguments(p, CFTrainConfig, ["load"])
     add_run_arguments(p, CFTrainConfig, "cf", threads=False, unset=["seed"], unset_note=FROM_SAVED)
     p.set_defaults(func=train)
@@ -63,6 +65,23 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     _data_args(e)
     add_threads_argument(e, "CPU threads")
     e.set_defaults(func=evaluate)
+
+    r = sub.add_parser("recommend", help="top-k items for users of a saved model (train --save FILE.npz)",
+                       formatter_class=fmt,
+                       description="Load a model written by `cf train --save FILE.npz` and write each user's k best "
+                                   "items with their scores (cosine), their own training items left out, as rows "
+                                   "user,rank,item,score: to --out (.csv or .parquet) or to the screen. Users and "
+                                   "items are your data's own ids.")
+    r.add_argument("model", metavar="MODEL", help="the .npz of `cf train --save`")
+    who = r.add_mutually_exclusive_group(required=True)
+    who.add_argument("--users", nargs="+", metavar="ID", help="the users to recommend for")
+    who.add_argument("--all", action="store_true", help="every user of the model")
+    r.add_argument("--k", type=positive_int, default=10, help="items per user")
+    r.add_argument("--include-seen", action="store_true", help="keep the users' own training items")
+    r.add_argument("--out", default=None, metavar="FILE", help="write .csv or .parquet (default: print CSV)")
+    r.add_argument("--topk", choices=("auto", "torch", "faiss"), default="auto",
+                   help="top-k back-end (faiss for a large catalogue, when installed)")
+    r.set_defaults(func=recommend)
     return parser
 
 
@@ -151,7 +170,13 @@ def train(args) -> int:
         print("evaluation: " + format_metrics(summary, cfg.ks))
     if args.save:
         try:
-            print(f"saved embeddings to {save(trainer.params, args.save)}")
+            if Path(args.save).suffix == ".npz":
+                from embcache.train.cf_model import CFModel
+
+                path = CFModel.from_training(trainer.params, data).save(args.save)
+                print(f"saved the model to {path} (cf recommend {path} --users ...)")
+            else:
+                print(f"saved embeddings to {save(trainer.params, args.save)}")
         except (ValueError, OSError) as err:
             raise UserFacingError(str(err)) from None
     print_summary(summary_rows(summary, cfg.ks), summary)
@@ -205,4 +230,53 @@ def evaluate(args) -> int:
     baseline = popularity(data, ks, args.topk)
     print(f"{params.config.model}: {format_metrics(result, ks)}  (popularity baseline: {format_metrics(baseline, ks)})")
     print(json.dumps({**result, "popularity": baseline}))
+    return 0
+
+
+def recommend(args) -> int:
+    """`cf recommend`: rows user, rank, item, score for the users asked."""
+    from embcache.train.cf_model import CFModel
+
+    out = Path(args.out) if args.out else None
+    if out is not None and out.suffix not in (".csv", ".parquet"):
+        raise UserFacingError(f"{out}: recommendations are written as .csv or .parquet")
+    try:
+        model = CFModel.load(args.model)
+    except (ValueError, OSError) as err:
+        raise UserFacingError(str(err)) from None
+    users = model.user_ids.tolist() if args.all and model.user_ids is not None else \
+        list(range(model.num_users)) if args.all else args.users
+    rows: list[tuple] = []
+    from tqdm import tqdm
+
+    chunk = 4096
+    for lo in tqdm(range(0, len(users), chunk), desc="recommend", unit="chunk", disable=len(users) <= chunk):
+        part = users[lo:lo + chunk]
+        try:
+            items, scores = model.recommend(part, k=args.k, exclude_seen=not args.include_seen, backend=args.topk)
+        except KeyError as err:
+            raise UserFacingError(f"{args.model}: {err.args[0]}") from None
+        for user, its, scs in zip(part, items.tolist(), scores.tolist()):
+            rows.extend((user, rank, item, score) for rank, (item, score) in enumerate(zip(its, scs), 1))
+    if out is None:
+        print("user,rank,item,score")
+        for user, rank, item, score in rows:
+            print(f"{user},{rank},{item},{score:.6f}")
+        return 0
+    import pyarrow as pa
+
+    table = pa.table({"user": [r[0] for r in rows], "rank": [r[1] for r in rows], "item": [r[2] for r in rows],
+                      "score": [r[3] for r in rows]})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    if out.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, tmp)
+    else:
+        import pyarrow.csv as pcsv
+
+        pcsv.write_csv(table, tmp)
+    tmp.replace(out)
+    print(f"wrote {len(rows):,} recommendations for {len(users):,} user(s) to {out}")
     return 0

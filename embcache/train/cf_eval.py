@@ -54,12 +54,12 @@ def evaluate(user_vecs: np.ndarray, item_vecs: np.ndarray, train_indptr, train_i
     num_items = len(V)
     kmax = min(max(ks), num_items)
     users = np.flatnonzero(np.diff(test_indptr) > 0)
-    topk_fn = _topk_faiss(V) if backend == "faiss" else _topk_torch(V)
+    topk_fn = topk_backend(V, backend)
     sums = {f"{m}@{k}": 0.0 for k in ks for m in ("recall", "ndcg")}
     discounts = 1.0 / np.log2(np.arange(2, kmax + 2))
     for lo in range(0, len(users), batch_size):
         b = users[lo:lo + batch_size]
-        top = topk_fn(U[b], b, train_indptr, train_indices, kmax)  # [B, kmax] item ids
+        top, _ = topk_fn(U[b], b, train_indptr, train_indices, kmax)  # [B, kmax] item ids
         hit = _hits(top, b, test_indptr, test_indices, num_items)
         n_test = np.diff(test_indptr)[b]
         for k in ks:
@@ -110,6 +110,16 @@ def _hits(top: np.ndarray, users: np.ndarray, indptr, indices, num_items) -> np.
     return np.isin(found, keys).astype(np.float64)
 
 
+def topk_backend(V: np.ndarray, backend: str = "auto"):
+    """`topk(Ub, users, indptr, indices, k)` -> (item indices [B, k], scores [B, k]): the
+    best items by inner product with each row of `Ub`, the items of `users` in the CSR
+    (`indptr`, `indices`) left out (pass an empty CSR to keep them)."""
+    backend = DEFAULT_BACKEND if backend == "auto" else backend
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS} or 'auto'")
+    return _topk_faiss(V) if backend == "faiss" else _topk_torch(V)
+
+
 def _topk_torch(V: np.ndarray):
     items = torch.from_numpy(V)
 
@@ -119,7 +129,8 @@ def _topk_torch(V: np.ndarray):
         rows = np.repeat(np.arange(len(users)), counts)
         cols = np.concatenate([indices[indptr[u]:indptr[u + 1]] for u in users]) if len(rows) else rows
         scores[torch.from_numpy(rows), torch.from_numpy(cols.astype(np.int64))] = -torch.inf
-        return scores.topk(k, dim=1).indices.numpy()
+        top = scores.topk(k, dim=1)
+        return top.indices.numpy(), top.values.numpy()
 
     return topk
 
@@ -134,11 +145,12 @@ def _topk_faiss(V: np.ndarray):
     def topk(Ub, users, indptr, indices, k):
         extra = int(np.diff(indptr)[users].max(initial=0))
         kk = min(k + extra, num_items)
-        _, found = index.search(Ub, kk)
+        scores, found = index.search(Ub, kk)
         train = np.repeat(users.astype(np.int64), np.diff(indptr)[users]) * num_items
-        train += np.concatenate([indices[indptr[u]:indptr[u + 1]] for u in users])
+        if len(train):
+            train += np.concatenate([indices[indptr[u]:indptr[u + 1]] for u in users])
         masked = np.isin(users.astype(np.int64)[:, None] * num_items + found, train) | (found < 0)
         keep = np.argsort(masked, axis=1, kind="stable")[:, :k]
-        return np.take_along_axis(found, keep, axis=1)
+        return np.take_along_axis(found, keep, axis=1), np.take_along_axis(scores, keep, axis=1)
 
     return topk
