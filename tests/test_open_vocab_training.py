@@ -134,6 +134,26 @@ def test_terabyte_days_with_raw_keys_train_and_score_the_next_day(tmp_path):
     assert summary["live_keys"] == summary["new_keys"] == distinct  # a row for each of day 0's keys
 
 
+def test_the_held_out_day_is_refused_unless_asked_for(tmp_path):
+    """Terabyte with --day-splits holds its last day out for val/test: --days over it would
+    train on the rows `dlrm evaluate --split test` scores, so it is refused in one line
+    naming the day and the flag; --allow-test-days trains on it. Data without day splits
+    names the flag that writes them."""
+    from embcache.data.criteo import convert_criteo_terabyte
+    from tests.test_data_raw_keys import write_days
+
+    out, raw_days = tmp_path / "tb", write_days(tmp_path)
+    convert_criteo_terabyte(raw_days, out, days="0-1", progress=False, day_splits=True)
+    with pytest.raises(ValueError, match=r"day_1 is the day .* holds out for val/test.*--allow-test-days"):
+        DLRMTrainer(config(days="0-1", batch_size=2, eval_batch_size=8), out)
+    trainer = DLRMTrainer(config(days="0-1", batch_size=2, eval_batch_size=8, allow_test_days=True), out)
+    assert trainer.train_split(1) == "day_1"
+    plain = tmp_path / "plain"
+    convert_criteo_terabyte(raw_days, plain, days="0-1", progress=False)
+    with pytest.raises(ValueError, match="--day-splits"):
+        DLRMTrainer(config(days="0", batch_size=2), plain)
+
+
 def test_ttl_in_days_retires_keys_unused_for_a_day(days):
     """--ttl-days 1 on days of 16 steps: a key of day 0 unused for 16 steps of day 1 retires."""
     trainer = DLRMTrainer(config(ttl_days=1), days)

@@ -424,6 +424,21 @@ def day_splits(meta: dict) -> list[str]:
     return [entry["split"] for entry in meta.get("day_splits", [])]
 
 
+def held_out_days(meta: dict) -> list[str]:
+    """The day splits whose rows are also the val / test splits (Terabyte with `--day-splits`:
+    the last day listed is held out); [] where every day only trains (`data synthetic --days`).
+
+    Example:
+        >>> meta = {"splits": {"train": {}, "val": {}, "test": {}, "day_0": {}, "day_1": {}},
+        ...         "day_splits": [{"split": "day_0", "rows": 5}, {"split": "day_1", "rows": 4}]}
+        >>> held_out_days(meta)
+        ['day_1']
+    """
+    days = day_splits(meta)
+    held = set(meta.get("splits", {})) & {"val", "test"}
+    return days[-1:] if days and held else []
+
+
 def sparse_features(meta: dict) -> list[SparseFeature]:
     return [SparseFeature(f["name"], int(f["cardinality"]), bool(f.get("multi_hot", False)))
             for f in meta["sparse"]]
@@ -463,6 +478,6 @@ def head_rows(data_dir: str | os.PathLike, split: str, n: int = 5) -> list[dict]
 
 
 __all__ = ["FORMAT", "VERSION", "SPLITS", "KEY_MODES", "SparseFeature", "CTRDatasetWriter", "arrow_schema",
-           "multi_hot", "read_meta", "is_raw_keys", "day_splits", "load_id_frequencies", "load_key_frequencies",
+           "multi_hot", "read_meta", "is_raw_keys", "day_splits", "held_out_days", "load_id_frequencies", "load_key_frequencies",
            "sparse_features", "read_shard", "head_rows", "DataFormatError", "DataOutputError",
            "check_output_dir"]

@@ -323,7 +323,7 @@ class DLRMTrainer(Trainer):
                              "usual); keep --epochs at the best one, or lower --lr")
 
     def __init__(self, cfg: DLRMConfig, data_dir: str | Path):
-        from embcache.data.ctr_format import load_id_frequencies, read_meta
+        from embcache.data.ctr_format import held_out_days, load_id_frequencies, read_meta
 
         super().__init__(cfg, cfg.resolved_device())
         self.data_dir = Path(data_dir)
@@ -332,8 +332,16 @@ class DLRMTrainer(Trainer):
         if self.days is not None:
             missing = [f"day_{d}" for d in self.days if f"day_{d}" not in self.meta["splits"]]
             if missing:
+                terabyte = str(self.meta.get("source", "")).startswith("Criteo Terabyte")
+                how = ("prepare it with `data prepare criteo-terabyte ... --day-splits` to list each day as a split"
+                       if terabyte else "`data synthetic --days N` and Terabyte's `--day-splits` write day splits")
                 raise ValueError(f"--days {cfg.days}: {self.data_dir} has no split {', '.join(missing)} (it has "
-                                 f"{', '.join(self.meta['splits'])}; `data synthetic --days N` writes day splits)")
+                                 f"{', '.join(self.meta['splits'])}; {how})")
+            held = [f"day_{d}" for d in self.days if f"day_{d}" in held_out_days(self.meta)]
+            if held and not cfg.allow_test_days:
+                raise ValueError(f"--days {cfg.days}: {', '.join(held)} is the day {self.data_dir} holds out for "
+                                 f"val/test; training on it makes `dlrm evaluate` score rows seen in training "
+                                 f"(--allow-test-days trains on it anyway)")
             self.headline = None  # days differ: a lower AUC on the next day is no sign of overfitting
         elif cfg.eval_next_day:
             raise ValueError("--eval-next-day needs --days A-B")

@@ -55,7 +55,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     add_config_arguments(p, DLRMConfig, ["pipeline", "compile", "row_wise_rows", "overlap_exchange"])
     raw = p.add_argument_group("raw keys and days", "data with raw 64-bit keys (docs/open-vocabularies.md)")
     add_config_arguments(raw, DLRMConfig, ["raw_keys", "max_rows", "retire", "ttl", "ttl_days", "days",
-                                           "eval_next_day"])
+                                           "eval_next_day", "allow_test_days"])
     p.set_defaults(func=train)
 
     _add_evaluate_parser(sub)

@@ -183,6 +183,9 @@ class DLRMConfig(StepRunConfig):
     eval_next_day: bool = setting(
         False, help="with --days: after training on a day, evaluate on the next day's split before training on "
                     "it (Criteo Terabyte's protocol); without it, days are trained without evaluation")
+    allow_test_days: bool = setting(
+        False, help="with --days: train on a day the data set holds out for val/test (Terabyte's last day); "
+                    "refused without it, since evaluating on that day afterwards scores rows seen in training")
     compile: bool = setting(
         False, help="the dense part (bottom MLP, interaction, top MLP) under torch.compile; the cache stays eager. "
                     "Results agree with eager to rounding, not to the bit; the first steps compile")
@@ -207,5 +210,5 @@ class DLRMConfig(StepRunConfig):
 # `arch` is not one of them either: torchrec's DLRM and the plain-torch one compute the same.
 RESUME_MUST_MATCH = ("sparse", "sparse_optimizer", "sparse_lr", "dense_lr", "embedding_dim",
                      "dense_arch", "over_arch", "batch_size", "seed", "raw_keys", "max_rows", "retire", "ttl",
-                     "ttl_days", "days")
+                     "ttl_days", "days", "allow_test_days")
 CACHE_SETTINGS = ("cache_ratio", "eviction", "warmup_ratio")
