@@ -3,7 +3,8 @@
 
 Example:
     >>> model = load_export("export/")  # doctest: +SKIP
-    >>> model.predict([{"sparse_0": "68fd1e64", "sparse_1": "80e26c9b", ..., "dense": [0.0] * 13}])  # doctest: +SKIP
+    >>> model.predict([{"sparse_0": "68fd1e64", "sparse_1": "80e26c9b", "dense": [1, 5, 0, None, 382, 4, 15, 2,
+    ...                                                                          181, 1, 2, None, 2]}])  # doctest: +SKIP
     array([0.23], dtype=float32)
 """
 from __future__ import annotations
@@ -19,6 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from embcache.errors import DataFormatError, first_line
+
+DENSE_LOG1P = "log1p(max(x, 0))"  # `embcache.data.ctr_format.DENSE_LOG1P` (this module imports no data code)
 
 EXPORT_FORMAT = "embcache-dlrm-export"
 KEY_RULES = ("open", "first-day", "hash")  # how a raw-key table finds a key's row (`dlrm_export.KeyRule`)
@@ -292,24 +295,52 @@ class ExportedDLRM:
         names = self.manifest.get("dense_features") or [f"dense_{j}" for j in range(self.manifest["num_dense"])]
         return ", ".join(map(str, names)) if len(names) <= 4 else f"{names[0]} .. {names[-1]}"
 
-    def predict(self, rows: Sequence[Mapping]) -> np.ndarray:
+    def predict(self, rows: Sequence[Mapping], dense_prepared: bool = False) -> np.ndarray:
         """Click probabilities of raw rows, each a mapping of feature name -> raw value plus
-        "dense" -> the dense features (a sequence of `num_dense` numbers). A feature left
-        out or None is missing (see `pooled`); other keys are ignored."""
+        "dense" -> the raw dense features (a sequence of `num_dense` numbers, None or NaN
+        for a missing one), which go through the manifest's `dense_transform` as `data
+        prepare` put them (`dense_prepared`: they already did). A feature left out or None
+        is missing (see `pooled`); a key that is neither a feature of the export nor
+        "dense" is refused, naming it (a row keyed `C1` would otherwise score as if every
+        feature were missing)."""
         k = self.manifest["num_dense"]
+        known = set(self.features) | {"dense"}
         dense = np.empty((len(rows), k), dtype=np.float32)
         for i, row in enumerate(rows):
+            unknown = [key for key in row if key not in known]
+            if unknown:
+                raise ValueError(f"row {i}: unknown feature(s) {', '.join(map(repr, unknown[:5]))}; the export's "
+                                 f"are {self._sparse_names()} and 'dense'")
             if row.get("dense") is None:
                 raise ValueError(f"row {i}: no 'dense' (its {k} dense features: {self._dense_names()})")
             try:
-                values = np.asarray(row["dense"], dtype=np.float32).reshape(-1)
+                values = np.asarray([np.nan if v is None else v for v in np.asarray(row["dense"], dtype=object)
+                                     .reshape(-1)], dtype=np.float64)
             except (TypeError, ValueError) as err:
                 raise ValueError(f"row {i}: 'dense' must be {k} numbers ({first_line(err)})") from None
             if len(values) != k:
                 raise ValueError(f"row {i}: 'dense' has {len(values)} values, expected {k} ({self._dense_names()})")
-            dense[i] = values
+            dense[i] = values if dense_prepared else self.transform_dense(values)
         sparse = {f: [row.get(f) for row in rows] for f in self.features}
         return torch.sigmoid(self.logits(sparse, dense)).numpy()
+
+    def transform_dense(self, raw) -> np.ndarray:
+        """Raw dense values as the data's dense columns hold them: the manifest's
+        `dense_transform` (Criteo's counts: clamped at 0, then log(x + 1); missing -> 0), or
+        the values as they are where it names none (exports from before it was recorded
+        included)."""
+        raw = np.asarray(raw, dtype=np.float64)
+        rule = self.manifest.get("dense_transform")
+        if rule is None:
+            return np.nan_to_num(raw, nan=0.0).astype(np.float32)
+        if rule != DENSE_LOG1P:
+            raise ValueError(f"{self.directory / 'manifest.json'}: dense_transform {rule!r} is not one this "
+                             f"version applies ({DENSE_LOG1P!r})")
+        return np.log1p(np.maximum(np.nan_to_num(raw, nan=0.0), 0.0)).astype(np.float32)
+
+    def _sparse_names(self) -> str:
+        names = self.features
+        return ", ".join(names) if len(names) <= 4 else f"{names[0]} .. {names[-1]}"
 
 
 def _listed(feature: str, values) -> list:

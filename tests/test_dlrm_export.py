@@ -69,11 +69,18 @@ def trainer_logits(ck: Path, split: str) -> torch.Tensor:
 
 
 def raw_val_rows(columns: list[list[str]]) -> tuple[dict, np.ndarray]:
-    """The val split's raw rows (Kaggle protocol: the first half of the last seventh)."""
+    """The val split's raw rows (Kaggle protocol: the first half of the last seventh), the
+    dense features as `data prepare` stored them."""
     start, stop = kaggle_split(ROWS)
     sparse = {f"sparse_{c}": [v or None for v in columns[14 + c][start:stop]] for c in range(26)}
     dense = np.stack([parse_count_feature(pa.array(columns[1 + j][start:stop]))[0] for j in range(13)], 1)
     return sparse, dense
+
+
+def raw_dense(columns: list[list[str]], i: int) -> list:
+    """Val row i's dense fields as the raw file has them: counts, None where empty."""
+    start, _ = kaggle_split(ROWS)
+    return [float(columns[1 + j][start + i]) if columns[1 + j][start + i] else None for j in range(13)]
 
 
 def test_raw_rows_score_bit_for_bit_as_the_trainer(run):
@@ -83,8 +90,20 @@ def test_raw_rows_score_bit_for_bit_as_the_trainer(run):
     want = trainer_logits(run["ck"], "val")
     assert len(got) == kaggle_split(ROWS)[1] - kaggle_split(ROWS)[0]
     assert torch.equal(got, want)
-    rows = [{**{f: sparse[f][i] for f in sparse}, "dense": dense[i]} for i in range(3)]
-    assert np.array_equal(model.predict(rows), torch.sigmoid(want[:3]).numpy())
+    rows = [{**{f: sparse[f][i] for f in sparse}, "dense": raw_dense(run["columns"], i)} for i in range(3)]
+    assert np.array_equal(model.predict(rows), torch.sigmoid(want[:3]).numpy())  # raw counts, as the file has them
+    prepared = [{**row, "dense": dense[i]} for i, row in enumerate(rows)]
+    assert np.array_equal(model.predict(prepared, dense_prepared=True), torch.sigmoid(want[:3]).numpy())
+
+
+def test_unknown_feature_names_are_refused_by_name(run):
+    """A row keyed by the raw file's column names (`C1`) would score as if every feature
+    were missing: refused, naming the keys and the export's features."""
+    model = load_export(run["out"])
+    assert model.manifest["dense_transform"] == "log1p(max(x, 0))"
+    row = {"C1": "68fd1e64", "dense": [0.0] * 13}
+    with pytest.raises(ValueError, match=r"^row 0: unknown feature\(s\) 'C1'; the export's are sparse_0 .. sparse_25"):
+        model.predict([row])
 
 
 def test_none_and_a_left_out_feature_are_missing_and_a_bad_dense_row_is_one_line(run):

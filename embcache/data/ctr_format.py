@@ -424,6 +424,24 @@ def day_splits(meta: dict) -> list[str]:
     return [entry["split"] for entry in meta.get("day_splits", [])]
 
 
+# how raw dense values become the stored ones: Criteo's counts (and the synthetic Criteo-shaped
+# data made like them) are clamped at 0, then log(x + 1); other sources store derived values
+DENSE_LOG1P = "log1p(max(x, 0))"
+
+
+def dense_transform(meta: dict) -> str | None:
+    """`DENSE_LOG1P` for data whose dense columns are Criteo-style counts after their
+    transform; None where the stored values are the inputs themselves (Avazu's hour,
+    MovieLens' age and year, already scaled).
+
+    Example:
+        >>> dense_transform({"source": "Criteo Kaggle (train.txt)"}), dense_transform({"source": "Avazu"})
+        ('log1p(max(x, 0))', None)
+    """
+    source = str(meta.get("source", ""))
+    return DENSE_LOG1P if source.startswith(("Criteo", "synthetic Criteo")) else None
+
+
 def held_out_days(meta: dict) -> list[str]:
     """The day splits whose rows are also the val / test splits (Terabyte with `--day-splits`:
     the last day listed is held out); [] where every day only trains (`data synthetic --days`).
@@ -478,6 +496,7 @@ def head_rows(data_dir: str | os.PathLike, split: str, n: int = 5) -> list[dict]
 
 
 __all__ = ["FORMAT", "VERSION", "SPLITS", "KEY_MODES", "SparseFeature", "CTRDatasetWriter", "arrow_schema",
-           "multi_hot", "read_meta", "is_raw_keys", "day_splits", "held_out_days", "load_id_frequencies", "load_key_frequencies",
+           "multi_hot", "read_meta", "is_raw_keys", "day_splits", "held_out_days",
+           "dense_transform", "DENSE_LOG1P", "load_id_frequencies", "load_key_frequencies",
            "sparse_features", "read_shard", "head_rows", "DataFormatError", "DataOutputError",
            "check_output_dir"]

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from embcache.data.ctr_format import dense_transform
 from embcache.errors import CheckpointError, DataOutputError, UserFacingError, writing
 from embcache.nn.dlrm_arch import DLRMDense
 from embcache.train.dlrm_config import TABLE_FORMATS, training_split
@@ -365,6 +366,8 @@ def write_export(directory: Path, tables: dict[str, torch.Tensor], program, data
             "num_dense": meta["num_dense"],
             "dense_features": [meta.get("features", {}).get(f"dense_{j}", f"dense_{j}")
                                for j in range(meta["num_dense"])],
+            # what `predict` applies to raw dense values, as `data prepare` did (null: none)
+            "dense_transform": dense_transform(meta),
             "dense_model": {"file": DENSE_FILE, "kind": "torch.export", "torch": torch.__version__,
                             "inputs": {"pooled": f"[B, {len(entries)}, {dim}] float32, tables in the order above",
                                        "dense": f"[B, {meta['num_dense']}] float32, the dense_features above"},
@@ -381,9 +384,10 @@ SCORING = [
     "vocabulary.rule: 'open' or 'first-day': its position in keys_file (ids 1..), any other key -> 0; 'hash': "
     "splitmix64(key) % rows",
     "2. pooled[b, t] = the sum of table t's rows of row b's ids (one id for a one-hot feature)",
-    "3. dense[b] = the row's dense features as the data's dense columns hold them (dense_features)",
+    "3. dense[b] = the row's dense features as the data's dense columns hold them (dense_features): "
+    "raw values through dense_transform, as data prepare did (missing -> 0)",
     "4. logit = the dense program(pooled, dense); click probability = sigmoid(logit)",
-    "embcache.serve.load_export(DIR).predict(rows) does all four",
+    "embcache.serve.load_export(DIR).predict(rows) does all four, from raw values",
 ]
 
 
