@@ -96,6 +96,36 @@ def test_raw_rows_score_bit_for_bit_as_the_trainer(run):
     assert np.array_equal(model.predict(prepared, dense_prepared=True), torch.sigmoid(want[:3]).numpy())
 
 
+def test_dlrm_predict_scores_raw_criteo_lines_as_the_trainer(run, tmp_path):
+    """The val split's raw lines (with their labels, and again without) through `dlrm predict`:
+    every probability equals sigmoid of the trainer's logit on that row, to the bit when the
+    batch is the trainer's (all the val rows: matrix products of other batch sizes may take
+    other kernels, equal to rounding)."""
+    start, stop = kaggle_split(ROWS)
+    lines = ["\t".join(row) for row in list(zip(*run["columns"]))[start:stop]]
+    with_label, without = tmp_path / "val.txt", tmp_path / "unlabelled.txt"
+    with_label.write_text("\n".join(lines) + "\n")
+    without.write_text("\n".join(line.split("\t", 1)[1] for line in lines) + "\n")
+    want = torch.sigmoid(trainer_logits(run["ck"], "val")).numpy()
+    import pyarrow.csv as pcsv
+
+    for source, out, rows in ((with_label, tmp_path / "p.parquet", "4096"), (without, tmp_path / "p.csv", "37")):
+        assert main(["dlrm", "predict", str(run["out"]), "--input", str(source), "--out", str(out),
+                     "--batch-rows", rows, "--no-progress"]) == 0
+        got = pq.read_table(out) if out.suffix == ".parquet" else pcsv.read_csv(out)
+        probability = got.column("probability").to_numpy()
+        if rows == "4096":
+            assert np.array_equal(probability, want)
+        else:
+            np.testing.assert_allclose(probability, want, rtol=1e-6)
+        assert ("label" in got.column_names) == (source == with_label)
+    bad = tmp_path / "bad.txt"
+    bad.write_text(lines[0] + "\n" + lines[1].rsplit("\t", 1)[0] + "\n")
+    assert main(["dlrm", "predict", str(run["out"]), "--input", str(bad), "--out", str(tmp_path / "b.csv"),
+                 "--no-progress"]) != 0
+    assert not (tmp_path / "b.csv").exists()
+
+
 def test_unknown_feature_names_are_refused_by_name(run):
     """A row keyed by the raw file's column names (`C1`) would score as if every feature
     were missing: refused, naming the keys and the export's features."""

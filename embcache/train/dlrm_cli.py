@@ -60,6 +60,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
     _add_evaluate_parser(sub)
     _add_export_parser(sub)
+    _add_predict(sub)
     return parser
 
 
@@ -104,6 +105,29 @@ def _export(args) -> int:
     from embcache.train.dlrm_export import export_command
 
     return export_command(args)
+
+
+def _add_predict(sub) -> None:
+    """The `predict` action of `embcache dlrm` (`embcache.train.dlrm_predict`)."""
+    p = sub.add_parser("predict", help="click probabilities of a raw file through an export",
+                       formatter_class=DefaultsHelpFormatter,
+                       description="Score a raw file through `dlrm export`'s directory, batch by batch, with the "
+                                   "parsing and dense transform of `data prepare`: Criteo text lines (40 fields "
+                                   "with the label, 39 without; .gz too), or a CSV / Parquet file with a column per "
+                                   "feature of the export (sparse_0, ..., dense_0, ...; 'label' is kept). Writes "
+                                   "'probability' per row, in order, to --out (.csv or .parquet).")
+    p.add_argument("export", help="the directory `embcache dlrm export --out` wrote")
+    p.add_argument("--input", required=True, help="the raw file to score")
+    p.add_argument("--out", required=True, help="where the predictions go (.csv or .parquet)")
+    p.add_argument("--batch-rows", type=int, default=8192, help="rows scored at a time")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.set_defaults(func=_predict)
+
+
+def _predict(args) -> int:
+    from embcache.train.dlrm_predict import predict_command
+
+    return predict_command(args)
 
 
 def _auto_cache_ratio(args, cfg, data_dir: Path) -> float:
