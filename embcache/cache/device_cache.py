@@ -41,7 +41,7 @@ from .fixed_size import pick, summed_in_torch_order
 from .host_link import HostLink
 from .lookup import Lookup, Overflow, Prefetched, same_values
 from .optimizers import update_rows
-from .row_cache import MAX_PENDING_PREFETCHES, RowCache
+from .row_cache import RowCache
 from .stats import CacheStats
 
 # the statistics counted on the device, in `CacheStats` field names (batches is the host's)
@@ -193,15 +193,8 @@ class DeviceRowCache(RowCache):
         from embcache.device import to_device_async
         return to_device_async(ids.reshape(-1).to(torch.long), self.device)
 
-    def prefetch(self, ids: torch.Tensor, tag: object = None) -> None:
-        if len(self._prefetched) >= MAX_PENDING_PREFETCHES:
-            self._hold(self._prefetched.popleft().held, -1)
-        if self._stream is None:
-            self._prefetch(ids, tag)
-            return
-        self._stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self._stream):
-            self._prefetch(ids, tag)
+    def _book_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids  # sent by `_prefetch`, on the prefetch's stream (the match is made on these)
 
     def _prefetch(self, ids: torch.Tensor, tag: object = None) -> None:
         _, touched, hits, misses, _ = self._admit_on_device(self._on_device(ids), None)
@@ -258,23 +251,8 @@ class DeviceRowCache(RowCache):
         if n == 0:
             empty = torch.zeros(C, dtype=torch.bool, device=dev)
             return flat.new_empty(0), empty, self._zero, self._zero, None
-        # ---- each lookup's slot; the distinct slots it hits
-        slots = pad["id_to_slot"].index_select(0, flat)
-        hit = slots >= 0
-        in_batch = torch.zeros(C + 1, dtype=torch.bool, device=dev)
-        in_batch.index_fill_(0, pick(hit, slots, C), True)
-        # ---- the distinct missing ids, ascending: sort, neighbour compare, running rank
-        sid, perm = torch.sort(flat, stable=True)
-        first = torch.ones(n, dtype=torch.bool, device=dev)
-        first[1:] = sid[1:] != sid[:-1]
-        miss_first = first & ~hit.index_select(0, perm)
-        rank = torch.cumsum(miss_first, 0) - 1  # at every sorted position: its id's rank among the missing
-        m = rank[-1] + 1
+        slots, hit, in_batch, missing, m, where = self._look_up(flat)
         r = torch.arange(n, device=dev)
-        missing = torch.full((n + 1,), N, dtype=torch.long, device=dev)
-        missing.index_copy_(0, pick(miss_first, rank, n), sid)
-        missing = missing[:n]
-        where = torch.empty_like(rank).index_copy_(0, perm, rank).clamp_(min=0)  # per lookup
         # ---- free slots in slot order (the first n are all a batch can take)
         occupied = self.slots.slot_to_id >= 0
         free = ~occupied
@@ -374,21 +352,8 @@ class DeviceRowCache(RowCache):
         if n == 0:
             empty = torch.zeros(C, dtype=torch.bool, device=dev)
             return flat.new_empty(0), empty, self._zero, self._zero, None
-        slots = pad["id_to_slot"].index_select(0, flat)
-        hit = slots >= 0
-        in_batch = torch.zeros(C + 1, dtype=torch.bool, device=dev)
-        in_batch.index_fill_(0, pick(hit, slots, C), True)
-        sid, perm = torch.sort(flat, stable=True)
-        first = torch.ones(n, dtype=torch.bool, device=dev)
-        first[1:] = sid[1:] != sid[:-1]
-        miss_first = first & ~hit.index_select(0, perm)
-        rank = torch.cumsum(miss_first, 0) - 1
-        m = rank[-1] + 1
+        slots, hit, in_batch, missing, m, where = self._look_up(flat)
         r = torch.arange(n, device=dev)
-        missing = torch.full((n + 1,), N, dtype=torch.long, device=dev)
-        missing.index_copy_(0, pick(miss_first, rank, n), sid)
-        missing = missing[:n]
-        where = torch.empty_like(rank).index_copy_(0, perm, rank).clamp_(min=0)
         outside = r < m
         rows = r + region[0]
         self.link.read(missing, rows, outside, self._work, self._trash_row())
@@ -403,6 +368,27 @@ class DeviceRowCache(RowCache):
             p.slot_primary.add_(touched)
         self._count(overflow_rows=m, bytes_h2d=m * self._row_bytes)
         return indices, touched, self._zero, self._zero, Scratch(region, missing, rows, outside)
+
+    def _look_up(self, flat: torch.Tensor):
+        """A batch's lookup and its distinct missing ids, in fixed sizes: (each lookup's slot,
+        -1 absent; whether it hit; the mask of slots it hits, one entry longer (the trash);
+        the distinct missing ids ascending, padded with the trash id N to the batch's length;
+        how many (0-d); each lookup's id's rank among them, valid where absent). The dedup
+        is a stable sort and a neighbour compare; a rank is a running sum."""
+        C, N, n, dev = self.num_slots, self.num_rows, flat.numel(), self.device
+        slots = self._pad["id_to_slot"].index_select(0, flat)
+        hit = slots >= 0
+        in_batch = torch.zeros(C + 1, dtype=torch.bool, device=dev)
+        in_batch.index_fill_(0, pick(hit, slots, C), True)
+        sid, perm = torch.sort(flat, stable=True)
+        first = torch.ones(n, dtype=torch.bool, device=dev)
+        first[1:] = sid[1:] != sid[:-1]
+        miss_first = first & ~hit.index_select(0, perm)
+        rank = torch.cumsum(miss_first, 0) - 1  # at every sorted position: its id's rank among the missing
+        missing = torch.full((n + 1,), N, dtype=torch.long, device=dev)
+        missing.index_copy_(0, pick(miss_first, rank, n), sid)
+        where = torch.empty_like(rank).index_copy_(0, perm, rank).clamp_(min=0)
+        return slots, hit, in_batch, missing[:n], rank[-1] + 1, where
 
     def _counts(self, ids: torch.Tensor) -> torch.Tensor:
         """The policy's primary key of `ids` (trash entries allowed) outside the cache."""

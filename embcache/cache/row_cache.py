@@ -315,7 +315,7 @@ class RowCache(RowCacheState):
         """Load the rows of a coming batch now (on a side stream with CUDA, so the copies
         overlap the current step); they are held until that batch's `prepare` (the one
         given the same ids, or the same `tag`)."""
-        ids = ids.to(self.book)
+        ids = self._book_ids(ids)
         if len(self._prefetched) >= MAX_PENDING_PREFETCHES:
             self._hold(self._prefetched.popleft().held, -1)
         if self._stream is None:
@@ -324,6 +324,11 @@ class RowCache(RowCacheState):
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._stream):
             self._prefetch(ids, tag)
+
+    def _book_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """A prefetch's ids where the bookkeeping reads them (the device bookkeeper takes
+        them as given and sends them itself, on the prefetch's stream)."""
+        return ids.to(self.book)
 
     def _prefetch(self, ids: torch.Tensor, tag: object = None) -> None:
         indices, touched, _, placed_all, hits, misses = self._admit(ids, serve_overflow=False)

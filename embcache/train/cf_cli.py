@@ -263,20 +263,9 @@ def recommend(args) -> int:
         for user, rank, item, score in rows:
             print(f"{user},{rank},{item},{score:.6f}")
         return 0
-    import pyarrow as pa
+    from embcache.data.results_file import write_columns
 
-    table = pa.table({"user": [r[0] for r in rows], "rank": [r[1] for r in rows], "item": [r[2] for r in rows],
-                      "score": [r[3] for r in rows]})
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    if out.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        pq.write_table(table, tmp)
-    else:
-        import pyarrow.csv as pcsv
-
-        pcsv.write_csv(table, tmp)
-    tmp.replace(out)
+    write_columns({"user": [r[0] for r in rows], "rank": [r[1] for r in rows], "item": [r[2] for r in rows],
+                   "score": [r[3] for r in rows]}, out)
     print(f"wrote {len(rows):,} recommendations for {len(users):,} user(s) to {out}")
     return 0

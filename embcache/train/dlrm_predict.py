@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from embcache.data.results_file import write_columns
 from embcache.errors import UserFacingError
 
 CRITEO_DENSE, CRITEO_SPARSE = 13, 26
@@ -154,20 +155,3 @@ def _table_batches(path: Path, model, batch_rows: int, parquet: bool):
         labels = table.column("label").to_numpy(zero_copy_only=False).astype(np.int8) \
             if "label" in table.column_names else None
         yield sparse, dense, labels
-
-
-def write_columns(columns: dict, out: Path) -> None:
-    import pyarrow as pa
-
-    table = pa.table(columns)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    if out.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        pq.write_table(table, tmp)
-    else:
-        import pyarrow.csv as pcsv
-
-        pcsv.write_csv(table, tmp)
-    tmp.replace(out)
