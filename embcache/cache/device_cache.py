@@ -242,15 +242,11 @@ class DeviceRowCache(RowCache):
         `RowCache._admit_tensor` decides. Returns (each lookup's working row, -1 for an
         id left out by a prefetch; the mask of the slots the batch touches; hits; misses
         (0-d); the overflow's `Scratch`, with `region` given, else None)."""
-        p = self.policy
-        p.tick()
-        self._fresh = False
-        clock = float(p.clock)
+        p, clock = self.policy, self._tick()
         C, N, n = self.num_slots, self.num_rows, flat.numel()
         dev, pad = self.device, self._pad
         if n == 0:
-            empty = torch.zeros(C, dtype=torch.bool, device=dev)
-            return flat.new_empty(0), empty, self._zero, self._zero, None
+            return flat.new_empty(0), torch.zeros(C, dtype=torch.bool, device=dev), self._zero, self._zero, None
         slots, hit, in_batch, missing, m, where = self._look_up(flat)
         r = torch.arange(n, device=dev)
         # ---- free slots in slot order (the first n are all a batch can take)
@@ -344,14 +340,11 @@ class DeviceRowCache(RowCache):
         sort) read into the batch's region, the batch's use of its slots. Returns what
         `_admit_on_device` returns (its hits and misses are the prefetch's, counted by the
         caller)."""
-        p = self.policy
-        p.tick()
-        clock = float(p.clock)
+        p, clock = self.policy, self._tick()
         C, N, n = self.num_slots, self.num_rows, flat.numel()
         dev, pad = self.device, self._pad
         if n == 0:
-            empty = torch.zeros(C, dtype=torch.bool, device=dev)
-            return flat.new_empty(0), empty, self._zero, self._zero, None
+            return flat.new_empty(0), torch.zeros(C, dtype=torch.bool, device=dev), self._zero, self._zero, None
         slots, hit, in_batch, missing, m, where = self._look_up(flat)
         r = torch.arange(n, device=dev)
         outside = r < m
@@ -368,6 +361,12 @@ class DeviceRowCache(RowCache):
             p.slot_primary.add_(touched)
         self._count(overflow_rows=m, bytes_h2d=m * self._row_bytes)
         return indices, touched, self._zero, self._zero, Scratch(region, missing, rows, outside)
+
+    def _tick(self) -> float:
+        """A lookup pass begins: the policy's clock advances (its aging with it)."""
+        self.policy.tick()
+        self._fresh = False
+        return float(self.policy.clock)
 
     def _look_up(self, flat: torch.Tensor):
         """A batch's lookup and its distinct missing ids, in fixed sizes: (each lookup's slot,
