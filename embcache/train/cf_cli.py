@@ -74,7 +74,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                                    "items are your data's own ids.")
     r.add_argument("model", metavar="MODEL", help="the .npz of `cf train --save`")
     who = r.add_mutually_exclusive_group(required=True)
-    who.add_argument("--users", nargs="+", metavar="ID", help="the users to recommend for")
+    who.add_argument("--users", nargs="+", metavar="ID",
+                     help="the users to recommend for (default: none; this or --all is needed)")
     who.add_argument("--all", action="store_true", help="every user of the model")
     r.add_argument("--k", type=positive_int, default=10, help="items per user")
     r.add_argument("--include-seen", action="store_true", help="keep the users' own training items")

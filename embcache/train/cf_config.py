@@ -61,8 +61,8 @@ class CFTrainConfig(RunConfig):
     user_col: str = setting("user_id", help="your CSV/TSV/Parquet file: the user column (any ids: strings or integers)")
     item_col: str = setting("item_id", help="your file: the item column")
     time_col: str | None = setting(None, help="your file: a time column (numbers or ISO dates): --split auto then "
-                                              "holds out each user's latest interactions")
-    rating_col: str | None = setting(None, help="your file: a rating column, for --min-rating")
+                                              "holds out each user's latest interactions (default: none)")
+    rating_col: str | None = setting(None, help="your file: a rating column, for --min-rating (default: none)")
     split: str = setting("auto", choices=("auto", "random", "time"),
                          help="per user, a seeded random 20 %% or the latest 20 %% is the test set; auto: by time "
                               "where your file has --time-col, else random")
