@@ -292,6 +292,9 @@ class FaceTrainer(Trainer):
         running statistics averaged)."""
         self._share_running_stats()
         return {"probe": self.probe.state_dict(),
+                # what rebuilding the probe needs, so that a checkpoint embeds with no data around
+                "probe_spec": {"backbone": self.backbone_name, "feat_dim": self.cfg.feat_dim,
+                               "sample_shape": list(self.source.sample_shape)},
                 "gallery": self.gallery.state_dict() if self.gallery is not None else None,
                 "head": self._head_state(), "optimizer": self._optimizer_state(), "dropped": self.dropped,
                 "bad_samples": self.source.bad.to_json() if hasattr(self.source, "bad") else {},

@@ -46,7 +46,45 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     e.add_argument("checkpoint", help="a face checkpoint file, or the --checkpoint-dir holding face-last.pt")
     add_config_arguments(e, FaceConfig, ["val", "device"], unset=["val"], unset_note="(default: the run's --val)")
     e.set_defaults(func=evaluate)
+
+    m = sub.add_parser("embed", help="L2-normalised embeddings of images, from a checkpoint alone", formatter_class=fmt,
+                       description="Embed image files (or every image under a directory) with a face checkpoint, "
+                                   "decoded and resized as training read them, each the sum of the image's and its "
+                                   "mirror's embedding, L2-normalised (as evaluation does). --out FILE.parquet holds "
+                                   "path and embedding; FILE.npy the array, with FILE.npy.paths.txt beside it.")
+    m.add_argument("checkpoint", help="a face checkpoint file, or the --checkpoint-dir holding face-last.pt")
+    m.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR", help="image files or directories of them")
+    m.add_argument("--out", required=True, help="FILE.npy or FILE.parquet")
+    m.add_argument("--no-flip", action="store_true", help="embed each image alone, not with its mirror")
+    m.add_argument("--device", default="cpu", help="cpu or cuda")
+    m.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    m.set_defaults(func=_embed)
+
+    v = sub.add_parser("verify", help="are two images the same person? cosine and verdict", formatter_class=fmt,
+                       description="Embed two images with a face checkpoint and print their cosine and a same / "
+                                   "different verdict at the threshold the last evaluation found for FAR 1e-3 "
+                                   "(recorded in the checkpoint), or --threshold.")
+    v.add_argument("checkpoint", help="a face checkpoint file, or the --checkpoint-dir holding face-last.pt")
+    v.add_argument("a", metavar="A.jpg")
+    v.add_argument("b", metavar="B.jpg")
+    v.add_argument("--threshold", type=float, default=None,
+                   help="cosine above which the two are the same person (default: the checkpoint's, at FAR 1e-3)")
+    v.add_argument("--no-flip", action="store_true", help="embed each image alone, not with its mirror")
+    v.add_argument("--device", default="cpu", help="cpu or cuda")
+    v.set_defaults(func=_verify)
     return parser
+
+
+def _embed(args) -> int:
+    from embcache.train.face_use import embed_command
+
+    return embed_command(args)
+
+
+def _verify(args) -> int:
+    from embcache.train.face_use import verify_command
+
+    return verify_command(args)
 
 
 def _config(args):

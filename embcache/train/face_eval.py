@@ -70,6 +70,7 @@ def verification(emb_a: torch.Tensor, emb_b: torch.Tensor, issame: torch.Tensor,
         k = int(np.floor(far * len(neg)))  # at most k negatives may pass the threshold
         thr = neg[k] if k < len(neg) else -np.inf
         out[f"tar@far={far:g}"] = float((pos > thr).mean()) if len(pos) else float("nan")
+        out[f"threshold@far={far:g}"] = float(thr) if np.isfinite(thr) else None  # `face verify`'s cut
     out["min_resolvable_far"] = 1.0 / max(1, len(neg))
     return out
 

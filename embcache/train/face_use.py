@@ -1,0 +1,125 @@
+"""A face checkpoint used: `embcache face embed` (L2-normalised embeddings of images) and
+`embcache face verify` (two images: cosine and a same/different verdict), from the checkpoint
+alone, no training folder (it records how to rebuild its network: `probe_spec`).
+
+The verdict's threshold is the one at FAR 1e-3 on the last evaluation's first verification
+set (recorded in the checkpoint's history), or `--threshold`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from embcache.errors import UserFacingError
+
+EMBED_FORMATS = (".npy", ".parquet")
+
+
+def load_probe(checkpoint, device="cpu"):
+    """(the checkpoint's embedding network in eval mode, its `probe_spec`, the checkpoint)."""
+    from embcache.checkpoint import load_checkpoint
+    from embcache.nn.backbones import build_backbone
+    from embcache.train.run import checkpoint_in
+
+    path = Path(checkpoint)
+    if path.is_dir():
+        path = checkpoint_in(path, "face")
+    try:
+        ck = load_checkpoint(path, kind="face")
+    except (OSError, ValueError) as err:
+        raise UserFacingError(f"{path}: {err}") from None
+    spec = ck.get("probe_spec")
+    if spec is None:
+        raise UserFacingError(f"{path}: written before checkpoints recorded their network's shape; `face evaluate` "
+                              f"uses it with its training data, or train again to embed with it alone")
+    probe = build_backbone(spec["backbone"], spec["feat_dim"], tuple(spec["sample_shape"]))
+    probe.load_state_dict(ck["probe"])
+    return probe.to(device).eval(), spec, ck
+
+
+def image_paths(inputs: list[str]) -> list[Path]:
+    """Every image named, or found (sorted, recursively) in a directory named."""
+    from embcache.data.face.folder import IMAGE_SUFFIXES
+
+    out = []
+    for item in map(Path, inputs):
+        if item.is_dir():
+            out += sorted(p for p in item.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        elif item.is_file():
+            out.append(item)
+        else:
+            raise UserFacingError(f"{item}: no such file or directory")
+    if not out:
+        raise UserFacingError(f"no images in {', '.join(inputs)}")
+    return out
+
+
+def embed_images(probe, spec: dict, paths: list[Path], device="cpu", flip: bool = True,
+                 batch: int = 256, progress: bool = False) -> torch.Tensor:
+    """`[n, feat_dim]` L2-normalised embeddings of image files (decoded and resized as
+    training read them; with `flip`, of the image plus its mirror, as evaluation does)."""
+    from tqdm import tqdm
+
+    from embcache.data.face.images import decode_image
+    from embcache.errors import DataFormatError
+    from embcache.train.face_eval import embed
+
+    shape = tuple(spec["sample_shape"])
+    if len(shape) != 3:
+        raise UserFacingError(f"this checkpoint embeds {shape} vectors, not images")
+    out = []
+    for lo in tqdm(range(0, len(paths), batch), desc="embed", unit="batch", disable=not progress):
+        try:
+            images = torch.stack([decode_image(p, str(p), shape[1]) for p in paths[lo:lo + batch]])
+        except DataFormatError as err:
+            raise UserFacingError(str(err)) from None
+        out.append(embed(probe, images, device=device, flip=flip))
+    return torch.cat(out)
+
+
+def embed_command(args) -> int:
+    from embcache.data.results_file import write_columns
+
+    out = Path(args.out)
+    if out.suffix not in EMBED_FORMATS:
+        raise UserFacingError(f"{out}: embeddings are written as {' or '.join(EMBED_FORMATS)}")
+    probe, spec, _ = load_probe(args.checkpoint, args.device)
+    paths = image_paths(args.inputs)
+    emb = embed_images(probe, spec, paths, args.device, flip=not args.no_flip, progress=args.progress).numpy()
+    if out.suffix == ".npy":
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp.npy")
+        np.save(tmp, emb)
+        tmp.replace(out)
+        Path(str(out) + ".paths.txt").write_text("".join(f"{p}\n" for p in paths))
+    else:
+        import pyarrow as pa
+
+        vectors = pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), emb.shape[1])
+        write_columns({"path": [str(p) for p in paths], "embedding": vectors}, out)
+    print(f"wrote {len(paths):,} embeddings of {emb.shape[1]} floats to {out}"
+          + (f" (paths in {out}.paths.txt)" if out.suffix == ".npy" else ""))
+    return 0
+
+
+def verify_threshold(ck: dict, far: float = 1e-3) -> float | None:
+    """The cut at `far` of the last evaluation's first verification set, if it recorded one."""
+    for record in reversed(ck.get("history") or []):
+        for value in record.values():
+            if isinstance(value, dict) and value.get(f"threshold@far={far:g}") is not None:
+                return float(value[f"threshold@far={far:g}"])
+    return None
+
+
+def verify_command(args) -> int:
+    probe, spec, ck = load_probe(args.checkpoint, args.device)
+    threshold = args.threshold if args.threshold is not None else verify_threshold(ck)
+    if threshold is None:
+        raise UserFacingError(f"{args.checkpoint}: no evaluation recorded a threshold at FAR 1e-3: give --threshold")
+    a, b = embed_images(probe, spec, image_paths([args.a, args.b]), args.device, flip=not args.no_flip)
+    cosine = float((a * b).sum())
+    verdict = "same" if cosine > threshold else "different"
+    print(f"cosine {cosine:.4f}, threshold {threshold:.4f}: {verdict}")
+    return 0
