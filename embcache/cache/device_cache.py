@@ -37,6 +37,8 @@ from dataclasses import dataclass
 
 import torch
 
+from embcache.device import to_device_async
+
 from .fixed_size import pick, summed_in_torch_order
 from .host_link import HostLink
 from .lookup import Lookup, Overflow, Prefetched, same_values
@@ -190,7 +192,6 @@ class DeviceRowCache(RowCache):
 
     # ------------------------------------------------------------------ ids on the device
     def _on_device(self, ids: torch.Tensor) -> torch.Tensor:
-        from embcache.device import to_device_async
         return to_device_async(ids.reshape(-1).to(torch.long), self.device)
 
     def _book_ids(self, ids: torch.Tensor) -> torch.Tensor:
@@ -242,12 +243,11 @@ class DeviceRowCache(RowCache):
         `RowCache._admit_tensor` decides. Returns (each lookup's working row, -1 for an
         id left out by a prefetch; the mask of the slots the batch touches; hits; misses
         (0-d); the overflow's `Scratch`, with `region` given, else None)."""
-        p, clock = self.policy, self._tick()
-        C, N, n = self.num_slots, self.num_rows, flat.numel()
-        dev, pad = self.device, self._pad
-        if n == 0:
-            return flat.new_empty(0), torch.zeros(C, dtype=torch.bool, device=dev), self._zero, self._zero, None
+        clock = self._tick()
+        if flat.numel() == 0:
+            return self._no_lookups(flat)
         slots, hit, in_batch, missing, m, where = self._look_up(flat)
+        p, C, N, n, dev, pad = self.policy, self.num_slots, self.num_rows, flat.numel(), self.device, self._pad
         r = torch.arange(n, device=dev)
         # ---- free slots in slot order (the first n are all a batch can take)
         occupied = self.slots.slot_to_id >= 0
@@ -314,24 +314,14 @@ class DeviceRowCache(RowCache):
         # ---- the rest of the missing ids: beside the cache, in this batch's region
         scratch = None
         if region is not None:
-            outside = (r >= fits) & (r < m)
-            rows = region[0] + (r - fits).clamp(min=0)
-            self.link.read(missing, rows, outside, self._work, self._trash_row())
-            self._work_ids.index_copy_(0, pick(outside, rows, self._trash_row()),
-                                       pick(outside, missing, -1))
-            if p.id_count is not None:  # a use counted, as the host bookkeeper's `on_bypass`
-                pad["id_count"].index_add_(0, pick(outside, missing, N), self._one_count.expand(n))
+            rows, outside = self._read_beside(missing, r, m, region, fits)
             new_row = pick(outside, rows, new_row)
             over = m - fits
             deltas.update(overflow_rows=over - declined, bypassed_rows=declined,
                           bytes_h2d=(fits + over) * row_bytes)
             scratch = Scratch(region, missing, rows, outside)
         indices = pick(hit, slots, new_row.index_select(0, where))
-        # ---- the batch's use of every slot it touches
-        touched = in_batch[:C]
-        p.slot_last.masked_fill_(touched, clock)
-        if p.id_count is not None:
-            p.slot_primary.add_(touched)
+        touched = self._record_use(in_batch, clock)
         self._count(**deltas)
         return indices, touched, touched.sum() - fits, m, scratch
 
@@ -340,27 +330,46 @@ class DeviceRowCache(RowCache):
         sort) read into the batch's region, the batch's use of its slots. Returns what
         `_admit_on_device` returns (its hits and misses are the prefetch's, counted by the
         caller)."""
-        p, clock = self.policy, self._tick()
-        C, N, n = self.num_slots, self.num_rows, flat.numel()
-        dev, pad = self.device, self._pad
-        if n == 0:
-            return flat.new_empty(0), torch.zeros(C, dtype=torch.bool, device=dev), self._zero, self._zero, None
+        clock = self._tick()
+        if flat.numel() == 0:
+            return self._no_lookups(flat)
         slots, hit, in_batch, missing, m, where = self._look_up(flat)
-        r = torch.arange(n, device=dev)
-        outside = r < m
-        rows = r + region[0]
-        self.link.read(missing, rows, outside, self._work, self._trash_row())
-        self._work_ids.index_copy_(0, pick(outside, rows, self._trash_row()),
-                                   pick(outside, missing, -1))
-        if p.id_count is not None:
-            pad["id_count"].index_add_(0, pick(outside, missing, N), self._one_count.expand(n))
+        rows, outside = self._read_beside(missing, torch.arange(flat.numel(), device=self.device), m, region)
         indices = pick(hit, slots, rows.index_select(0, where))
-        touched = in_batch[:C]
-        p.slot_last.masked_fill_(touched, clock)
-        if p.id_count is not None:
-            p.slot_primary.add_(touched)
+        touched = self._record_use(in_batch, clock)
         self._count(overflow_rows=m, bytes_h2d=m * self._row_bytes)
         return indices, touched, self._zero, self._zero, Scratch(region, missing, rows, outside)
+
+    def _read_beside(self, missing: torch.Tensor, r: torch.Tensor, m: torch.Tensor, region: list,
+                     fits: torch.Tensor | None = None):
+        """The missing ids from the `fits`-th on (all of them without `fits`) read into the
+        batch's region of the working table, each use counted as the host bookkeeper's
+        `on_bypass` counts it. Returns (each entry's working row, the mask of the entries
+        that are read)."""
+        if fits is None:
+            outside, rows = r < m, r + region[0]
+        else:
+            outside, rows = (r >= fits) & (r < m), region[0] + (r - fits).clamp(min=0)
+        self.link.read(missing, rows, outside, self._work, self._trash_row())
+        self._work_ids.index_copy_(0, pick(outside, rows, self._trash_row()), pick(outside, missing, -1))
+        if self.policy.id_count is not None:
+            self._pad["id_count"].index_add_(0, pick(outside, missing, self.num_rows),
+                                             self._one_count.expand(r.numel()))
+        return rows, outside
+
+    def _record_use(self, in_batch: torch.Tensor, clock: float) -> torch.Tensor:
+        """The batch's use of every slot it touches (`in_batch`, with its trash entry);
+        returns the mask of those slots."""
+        touched = in_batch[: self.num_slots]
+        self.policy.slot_last.masked_fill_(touched, clock)
+        if self.policy.id_count is not None:
+            self.policy.slot_primary.add_(touched)
+        return touched
+
+    def _no_lookups(self, flat: torch.Tensor):
+        """What a pass over an empty batch returns: nothing looked up, touched or missed."""
+        touched = torch.zeros(self.num_slots, dtype=torch.bool, device=self.device)
+        return flat.new_empty(0), touched, self._zero, self._zero, None
 
     def _tick(self) -> float:
         """A lookup pass begins: the policy's clock advances (its aging with it)."""
