@@ -26,7 +26,6 @@ NUM_TABLES = len(CRITEO_KAGGLE_CARDINALITIES)
 # the DLRM reference's Criteo layers (the bottom MLP ends at the embedding dim, the top at 1)
 DENSE_ARCH, OVER_ARCH = [512, 256], [1024, 1024, 512, 256]
 SHAPES = {"one-hot": [1] * NUM_TABLES, "multi-hot": MULTI_HOT_SIZES}
-pinned_copy_gbps = link.pinned_copy_gbps  # the name this module has always offered
 
 
 class FlatTables(nn.Module):

@@ -64,13 +64,19 @@ def host_table(num_bytes: int, device: torch.device) -> torch.Tensor:
     return table
 
 
+def as_rows(table: torch.Tensor, row_bytes: int) -> torch.Tensor:
+    """The flat float32 `table` as rows of `row_bytes` (a tail shorter than a row left out)."""
+    width = row_bytes // 4
+    return table[: table.numel() // width * width].view(-1, width)
+
+
 def random_rows(table: torch.Tensor, row_bytes: int, device: torch.device, rows: int, reps: int = 5,
                 seed: int = 0) -> dict:
     """Gather `rows` random rows of `row_bytes` from the host `table` through the device view
     into device memory, and scatter as many distinct rows back: GB/s and rows/s of each,
     and whether the bytes that arrived (and those written) are the right ones."""
-    width = row_bytes // 4
-    host = table[: table.numel() // width * width].view(-1, width)
+    host = as_rows(table, row_bytes)
+    width = host.shape[1]
     view = device_view(host, device)
     g = torch.Generator(device="cpu").manual_seed(seed)
     idx = torch.randint(host.shape[0], (rows,), generator=g).to(device)
@@ -95,8 +101,8 @@ def same_row_reads(table: torch.Tensor, row_bytes: int, device: torch.device, ro
     """`rows` reads of one and the same host row through the view, against as many random
     rows: what a masked entry of a fixed-size list costs the tensor-op link, which sends it
     to the spare row (cheap where the device caches the row, a link trip each where not)."""
-    width = row_bytes // 4
-    host = table[: table.numel() // width * width].view(-1, width)
+    host = as_rows(table, row_bytes)
+    width = host.shape[1]
     view = device_view(host, device)
     idx = torch.zeros(rows, dtype=torch.long, device=device)
     out = torch.empty(rows, width, device=device)
@@ -123,27 +129,18 @@ def sort_ms(device: torch.device, n: int, high: int, reps: int = 10, seed: int =
 
 def triton_random_rows(table: torch.Tensor, row_bytes: int, device: torch.device, rows: int, reps: int = 5,
                        seed: int = 0) -> dict:
-    """The same random-row gather as `random_rows`, by a Triton kernel handed the pinned host
-    tensor itself (Triton resolves a pinned pointer to its mapped device address): the
-    fallback for a torch that refuses the unified view, and a check of torch's gather
-    kernel against a plain one. CUDA only."""
-    import triton
-    import triton.language as tl
+    """The same random-row gather as `random_rows`, by the device bookkeeper's Triton row
+    kernel (`link_kernels.move_rows`, every entry unmasked) handed the pinned host tensor
+    itself (Triton resolves a pinned pointer to its mapped device address): what the
+    bookkeeper's link reaches, and a check of torch's gather kernel against it. CUDA only."""
+    from embcache.cache import link_kernels
 
-    @triton.jit
-    def gather_rows(src, idx, dst, width: tl.constexpr, block: tl.constexpr):
-        r = tl.program_id(0)
-        row = tl.load(idx + r)
-        cols = tl.arange(0, block)
-        keep = cols < width
-        tl.store(dst + r * width + cols, tl.load(src + row * width + cols, mask=keep), mask=keep)
-
-    width = row_bytes // 4
-    host = table[: table.numel() // width * width].view(-1, width)
+    host = as_rows(table, row_bytes)
     g = torch.Generator(device="cpu").manual_seed(seed)
     idx = torch.randint(host.shape[0], (rows,), generator=g).to(device)
-    out = torch.empty(rows, width, device=device)
-    block = triton.next_power_of_2(width)
-    seconds = median_seconds(lambda: gather_rows[(rows,)](host, idx, out, width, block), device, reps)
+    out = torch.empty(rows, host.shape[1], device=device)
+    to = torch.arange(rows, device=device)
+    every = torch.ones(rows, dtype=torch.bool, device=device)
+    seconds = median_seconds(lambda: link_kernels.move_rows(host, idx, out, to, every), device, reps)
     return {"row_bytes": row_bytes, "rows": rows, "gather_gbps": rows * row_bytes / seconds / 1e9,
             "gather_rows_per_s": rows / seconds, "gathered_right": bool(torch.equal(out.cpu(), host[idx.cpu()]))}

@@ -6,8 +6,9 @@
   device's unified view (a CUDA tensor over the pinned pages, no host thread in the loop),
   and as many distinct rows scattered back, in GB/s and rows/s, each checked byte for byte
   (`gathered_right`, `written_right`): the rate a device-side cache's misses and
-  write-backs can reach; on CUDA also the same gather by a Triton kernel handed the pinned
-  tensor itself (the fallback where torch refuses the view); and one row read as many times
+  write-backs can reach; on CUDA also the same gather by the device bookkeeper's Triton row
+  kernel handed the pinned tensor itself (the fallback where torch refuses the view); and
+  one row read as many times
   (what a masked entry costs the device bookkeeper's tensor-op link, `same_row_reads`);
 - `torch.sort` (and its stable form) of 16,384 x 26 and 16,384 x 214 int64 ids: a batch
   of Kaggle one-hot and of MLPerf multi-hot, the ids a device-side dedup sorts each step.

@@ -265,7 +265,7 @@ class RowCache(RowCacheState):
             overflow = self._serve_overflow(missing, 0)
             self.policy.on_bypass(missing)
             slots.index_copy_(0, absent, self.num_slots + where)
-        touched = torch.unique(slots[slots < self.num_slots]) if absent.numel() else torch.unique(slots)
+        touched = torch.unique(slots[slots < self.num_slots])  # resident: not the overflow rows
         self._touch(touched)
         return slots.view(ids.shape), touched, overflow
 

@@ -68,8 +68,8 @@ def read_table(path, user_col: str, item_col: str, time_col: str | None = None, 
         values = columns[col]
         refuse(np.flatnonzero([v is None or (isinstance(v, str) and not v.strip()) for v in values]),
                lambda r, col=col: f"empty {col!r}")
-    rating = _numbers(columns[rating_col], rating_col, refuse) if rating_col else np.ones(n)
-    time = _times(columns[time_col], time_col, refuse) if time_col else np.arange(n, dtype=np.float64)
+    rating = _column(columns[rating_col], rating_col, refuse, _number, "number") if rating_col else np.ones(n)
+    time = _column(columns[time_col], time_col, refuse, _time, "time") if time_col else np.arange(n, dtype=np.float64)
     keep = np.ones(n, dtype=bool)
     for r in sorted(problems):  # the first bad row stops the reader, or every one is counted
         bad_line(path, r + first_line, problems[r], bad_rows)
@@ -116,34 +116,33 @@ def _check_columns(path: Path, names: list[str], wanted: list[str]) -> None:
                                        f" (--user-col, --item-col, --time-col, --rating-col name them)")
 
 
-def _numbers(values: list, col: str, refuse) -> np.ndarray:
+def _column(values: list, col: str, refuse, parse, noun: str) -> np.ndarray:
+    """`parse(v)` of every value; a value it refuses (TypeError, ValueError) goes to
+    `refuse` as "`col` is not a `noun`"."""
     out = np.zeros(len(values))
     bad = []
     for r, v in enumerate(values):
         try:
-            out[r] = float(v)
-            if not np.isfinite(out[r]):
-                raise ValueError
+            out[r] = parse(v)
         except (TypeError, ValueError):
             bad.append(r)
-    refuse(np.array(bad, dtype=np.int64), lambda r: f"{col!r} is not a number: {values[r]!r}")
+    refuse(np.array(bad, dtype=np.int64), lambda r: f"{col!r} is not a {noun}: {values[r]!r}")
     return out
 
 
-def _times(values: list, col: str, refuse) -> np.ndarray:
-    """Numbers (say, Unix seconds), or ISO dates and times, as seconds."""
-    out = np.zeros(len(values))
-    bad = []
-    for r, v in enumerate(values):
-        try:
-            out[r] = float(v)
-        except (TypeError, ValueError):
-            try:
-                out[r] = np.datetime64(str(v).strip().replace(" ", "T"), "s").astype(np.int64)
-            except ValueError:
-                bad.append(r)
-    refuse(np.array(bad, dtype=np.int64), lambda r: f"{col!r} is not a time: {values[r]!r}")
-    return out
+def _number(v) -> float:
+    x = float(v)
+    if not np.isfinite(x):
+        raise ValueError(v)
+    return x
+
+
+def _time(v) -> float:
+    """A number (say, Unix seconds), or an ISO date and time, as seconds."""
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float(np.datetime64(str(v).strip().replace(" ", "T"), "s").astype(np.int64))
 
 
 def _index(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
