@@ -56,10 +56,11 @@ def copy_weights(cached, ebc):
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
 @pytest.mark.parametrize("pooling, weighted", [(PoolingType.SUM, False), (PoolingType.MEAN, False),
                                                (PoolingType.SUM, True)])
-def test_collection_trains_like_torchrec(optimizer, pooling, weighted):
+@pytest.mark.parametrize("bookkeeping", ["host", "device"])
+def test_collection_trains_like_torchrec(optimizer, pooling, weighted, bookkeeping):
     torch.manual_seed(0)
     cached = CachedEmbeddingBagCollection(tables(pooling), cache_ratio=0.02, optimizer=optimizer,
-                                          lr=0.01, device="cpu", is_weighted=weighted)
+                                          lr=0.01, device="cpu", is_weighted=weighted, bookkeeping=bookkeeping)
     ebc = EmbeddingBagCollection(tables(pooling), is_weighted=weighted)
     for bag in ebc.embedding_bags.values():
         bag.sparse = True

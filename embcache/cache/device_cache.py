@@ -43,7 +43,7 @@ from .fixed_size import pick, summed_in_torch_order
 from .host_link import HostLink
 from .lookup import Lookup, Overflow, Prefetched, same_values
 from .optimizers import update_rows
-from .row_cache import RowCache
+from .row_cache import RowCache, table_sums
 from .stats import CacheStats
 
 # the statistics counted on the device, in `CacheStats` field names (batches is the host's)
@@ -467,23 +467,7 @@ class DeviceRowCache(RowCache):
             # each table's (the CPU's unstable sort orders ties by the array it sorts: per table)
             keys, values = summed_in_torch_order(keys, values, stable=True)
             return pick(keys >= 0, keys % width, self._trash_row()), values
-        key_parts, value_parts = [], []
-        for features, k, v in zip(tables, keys.split([sum(t) for t in tables]),
-                                  values.split([sum(t) for t in tables])):
-            if k.numel() == 0:
-                continue
-            if len(features) > 1:  # the features' gradients added as autograd adds them
-                per_feature = [torch.sparse_coo_tensor(fk.unsqueeze(0), fv, size, check_invariants=False)
-                               for fk, fv in zip(k.split(features), v.split(features))]
-                summed = per_feature[0]
-                for more in per_feature[1:]:
-                    summed = summed + more
-                k, v = summed._indices()[0], summed._values()
-            if coalesce:
-                k, v = summed_in_torch_order(k, v)
-            key_parts.append(k)
-            value_parts.append(v)
-        keys, values = torch.cat(key_parts), torch.cat(value_parts)
+        keys, values = table_sums(keys, values, tables, size, summed_in_torch_order if coalesce else None)
         return pick(keys >= 0, keys % width, self._trash_row()), values
 
     def state_of_work(self) -> dict[str, torch.Tensor]:

@@ -49,6 +49,37 @@ logger = logging.getLogger(__name__)
 MAX_PENDING_PREFETCHES = 8
 
 
+def table_sums(keys: torch.Tensor, values: torch.Tensor, tables: list[list[int]], size: tuple, total=None):
+    """A gradient's terms (`keys` = id * working rows + row, one a lookup) table by table
+    (`tables`: per table, its features' numbers of lookups), each table's features' terms
+    added as autograd adds their sparse gradients (`+`), then summed per key by `total(keys,
+    values)` where given (the caller's coalesce); the tables' results one after another."""
+    key_parts, value_parts = [], []
+    for features, k, v in zip(tables, keys.split([sum(t) for t in tables]), values.split([sum(t) for t in tables])):
+        if k.numel() == 0:
+            continue
+        if len(features) > 1:
+            per_feature = [torch.sparse_coo_tensor(fk.unsqueeze(0), fv, size, check_invariants=False)
+                           for fk, fv in zip(k.split(features), v.split(features))]
+            summed = per_feature[0]
+            for more in per_feature[1:]:
+                summed = summed + more
+            k, v = summed._indices()[0], summed._values()
+        if total is not None:
+            k, v = total(k, v)
+        key_parts.append(k)
+        value_parts.append(v)
+    if len(key_parts) == 1:
+        return key_parts[0], value_parts[0]
+    return torch.cat(key_parts), torch.cat(value_parts)
+
+
+def coalesced(keys: torch.Tensor, values: torch.Tensor, size: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's `coalesce` of the terms (what it sums for an uncached table)."""
+    summed = torch.sparse_coo_tensor(keys.unsqueeze(0), values, size, check_invariants=False).coalesce()
+    return summed._indices()[0], summed._values()
+
+
 class RowCache(RowCacheState):
     """A device working set of `cache_rows` rows over a host table of N rows.
 
@@ -594,23 +625,9 @@ class RowCache(RowCacheState):
         keys = self.transfers.to_device(ids) * width + rows  # the ids cross only when a sum needs them
         size = (self.num_rows * width, self.dim)
         tables = [[keys.numel()]] if lookup.segments is None else lookup.segments
-        key_parts, value_parts = [], []
-        for features, k, v in zip(tables, keys.split([sum(t) for t in tables]),
-                                  values.split([sum(t) for t in tables])):
-            if k.numel() == 0:
-                continue
-            per_feature = [torch.sparse_coo_tensor(fk.unsqueeze(0), fv, size, check_invariants=False)
-                           for fk, fv in zip(k.split(features), v.split(features))]
-            summed = per_feature[0]
-            for more in per_feature[1:]:
-                summed = summed + more
-            if coalesce:
-                summed = summed.coalesce()
-            key_parts.append(summed._indices()[0])
-            value_parts.append(summed._values())
-        if len(key_parts) == 1:
-            return key_parts[0] % width, value_parts[0]
-        return torch.cat(key_parts) % width, torch.cat(value_parts)
+        keys, values = table_sums(keys, values, tables, size,
+                                  (lambda k, v: coalesced(k, v, size)) if coalesce else None)
+        return keys % width, values
 
     def _refresh_admitted_overflow(self, overflow: Overflow) -> None:
         """An overflow row a prefetch admitted after this batch's forward was copied in
