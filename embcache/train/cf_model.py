@@ -195,8 +195,6 @@ class CFModel:
         if not len(items):
             raise ValueError("fold_in needs at least one item")
         hist, hist_len = sample_histories(np.array([0, len(items)]), items, c.history, np.random.default_rng(seed))
-        hist = np.pad(hist, ((0, 0), (0, p.hist.shape[1] - hist.shape[1]))) if hist.shape[1] < p.hist.shape[1] \
-            else hist[:, :p.hist.shape[1]]
         gen = torch.Generator().manual_seed(seed)
         I, W = torch.from_numpy(p.I), torch.from_numpy(p.W)
         u = torch.from_numpy(p.I[items].mean(0, keepdims=True)).clone().requires_grad_()
@@ -211,15 +209,16 @@ class CFModel:
             opt.zero_grad()
             loss.backward()
             opt.step()
+        index = self.num_users
         p.U = np.concatenate([p.U, u.detach().numpy().astype(np.float32)])
         p.hist, p.hist_len = np.concatenate([p.hist, hist]), np.concatenate([p.hist_len, hist_len])
         self.train_indices = np.concatenate([self.train_indices, items])
         self.train_indptr = np.append(self.train_indptr, len(self.train_indices))
-        if self.user_ids is not None:
-            new = np.array([user_id if user_id is not None else len(self.user_ids)], dtype=self.user_ids.dtype) \
-                if self.user_ids.dtype.kind != "U" else np.array([str(user_id)])
-            self.user_ids = np.concatenate([self.user_ids, new])
-        return self.num_users - 1
+        if self.user_ids is not None:  # without an id of its own, the user's id is its index
+            new = index if user_id is None else user_id
+            self.user_ids = np.concatenate([self.user_ids, np.array([new if self.user_ids.dtype.kind in "iu"
+                                                                      else str(new)])])
+        return index
 
 
 def _normalised(x: np.ndarray) -> np.ndarray:
