@@ -137,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
             print("\nembcache: interrupted", file=sys.stderr, flush=True)
             signal.signal(signal.SIGINT, previous)
         return RunInterrupted.exit_code
+    except BrokenPipeError:  # output piped into `head` and the like, which stopped reading: done
+        with contextlib.suppress(OSError):  # stdout's buffer cannot be flushed at exit either
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -149,8 +149,11 @@ def test_cli_trains_and_reports_bad_input_in_one_line(tmp_path):
     out = run_cli("train", "--data", str(tmp_path / "nowhere"))
     assert out.returncode == 1 and "nowhere" in out.stderr and "Traceback" not in out.stderr
 
-    out = run_cli("train", "--num-classes", "1000", "--pool-ratio", "0.001", "--batch-size", "64")
-    assert out.returncode == 1 and "raise --pool-ratio" in out.stderr
+    # a pool smaller than a step's identities is raised to hold them, and the data line says so
+    out = run_cli("train", "--num-classes", "1000", "--pool-ratio", "0.001", "--batch-size", "64", "--max-steps", "2",
+                  "--eval-classes", "30", "--no-progress")
+    assert out.returncode == 0, out.stderr
+    assert "pool of 16 slots, raised from 1 (--pool-ratio 0.001) to hold the 16 identities a step brings" in out.stdout
 
 
 def test_bench_face_writes_rows_and_dcp_cost_follows_the_pool_not_the_classes(tmp_path):

@@ -44,10 +44,10 @@ from embcache.distributed.data_parallel import data_parallel
 from embcache.distributed.global_norm import average_running_stats, forward_apart, global_batch_norm
 from embcache.distributed.world import broadcast_object, gather_objects
 from embcache.nn.backbones import build_backbone
-from embcache.train.face_eval import embed, identification_top1, verification
+from embcache.train.face_eval import embed, heldout_pairs, identification_top1, verification
 from embcache.settings_fields import option_names
 from embcache.train.face_config import MUST_MATCH, FaceConfig  # noqa: F401 (their home before)
-from embcache.train.face_heads import build_head
+from embcache.train.face_heads import build_head, pool_slots
 from embcache.train.run import Trainer
 
 def build_source(cfg: FaceConfig):
@@ -69,7 +69,7 @@ def build_source(cfg: FaceConfig):
     if path.is_dir():
         from embcache.data.face.folder import ImageFolderFaces
 
-        source = ImageFolderFaces(path, size)
+        source = ImageFolderFaces(path, size, holdout=cfg.holdout, seed=cfg.seed)
         if cfg.num_classes and source.num_classes > cfg.num_classes:
             raise DataFormatError(f"{path}: {source.num_classes:,} identities, more than --num-classes "
                                   f"{cfg.num_classes:,}")
@@ -113,7 +113,12 @@ class FaceTrainer(Trainer):
         self.global_norm = self.world.distributed and cfg.batch_norm == "global"
         if self.global_norm:
             self.probe = global_batch_norm(self.probe)
-        self.head = build_head(cfg.head, self.num_classes, cfg.feat_dim, pool_ratio=cfg.pool_ratio,
+        # a pool smaller than one step's identities cannot hold them: raised to fit, with a note
+        step_ids = self.batches.identity.pairs
+        self.pool_raised_from = pool_slots(cfg.pool_ratio, self.num_classes) if cfg.head == "dcp" else None
+        if self.pool_raised_from is not None and self.pool_raised_from >= step_ids:
+            self.pool_raised_from = None
+        self.head = build_head(cfg.head, self.num_classes, cfg.feat_dim, pool_ratio=cfg.pool_ratio, min_pool=step_ids,
                                sample_rate=cfg.sample_rate, margin_type=cfg.margin_type, margin=cfg.margin,
                                scale=cfg.scale, topk=cfg.topk, momentum=cfg.momentum,
                                weight_decay=cfg.weight_decay, seed=cfg.seed, device=self.device, world=self.world)
@@ -123,9 +128,6 @@ class FaceTrainer(Trainer):
                 why = ("only one identity has two samples" if self.batches.identity.identities.numel() < 2
                        else f"--batch-size {cfg.batch_size}: a quarter of it are pairs; 8 or more gives two")
                 raise ValueError(f"the dcp head needs two identity pairs a step, and {why} (or use --head fc)")
-            if self.batches.identity.pairs > self.head.pool.num_slots:
-                raise ValueError(f"the pool has {self.head.pool.num_slots} slots but a step brings "
-                                 f"{self.batches.identity.pairs} identities; raise --pool-ratio or lower --batch-size")
             self.gallery = copy.deepcopy(self.probe).requires_grad_(False)
         # the probe itself on one process; at 2 ranks its gradients are summed by one all-gather
         self.model = data_parallel(self.probe, self.device, gather_sum=self.world.size == 2)
@@ -237,6 +239,8 @@ class FaceTrainer(Trainer):
             if scores:
                 out["synthetic"] = verification(ea, eb, same)
                 out["synthetic"]["identification_top1"] = identification_top1(eg, gl, ep, pl)
+        if getattr(self.source, "heldout_paths", None):
+            out.update(self._evaluate_heldout(scores))
         for path in self.cfg.val:
             from embcache.data.face.verification import load_verification_bin
 
@@ -249,6 +253,26 @@ class FaceTrainer(Trainer):
             if scores:
                 out[Path(path).stem] = verification(ea, eb, same)
         return broadcast_object(out if scores else None)
+
+    def _evaluate_heldout(self, scores: bool) -> dict:
+        """An image folder's held-out identities: verification on their genuine pairs and as
+        many impostor pairs, identification of each identity's later images against its
+        first."""
+        if not isinstance(self.eval_data, dict):
+            self.eval_data = {}
+        if "heldout" not in self.eval_data:
+            images, labels, _ = self.source.heldout_set()
+            self.eval_data["heldout"] = images, labels, heldout_pairs(labels, self.cfg.eval_pairs, self.cfg.seed)
+        images, labels, (ia, ib, same) = self.eval_data["heldout"]
+        emb = self._embed(images, flip=True)
+        if not scores:
+            return {}
+        out = verification(emb[ia], emb[ib], same) if len(same) >= 20 else {}
+        first = torch.ones_like(labels, dtype=torch.bool)
+        first[1:] = labels[1:] != labels[:-1]
+        if (~first).any():
+            out["identification_top1"] = identification_top1(emb[first], labels[first], emb[~first], labels[~first])
+        return {"heldout": out} if out else {}
 
     def _embed(self, samples: torch.Tensor, flip: bool = False) -> torch.Tensor:
         """The probe's normalised embeddings of `samples`; under several ranks each rank

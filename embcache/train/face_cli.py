@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from embcache.arg_types import DefaultsHelpFormatter
+from embcache.arg_types import DefaultsHelpFormatter, positive_int
 from embcache.errors import UserFacingError
 from embcache.settings_fields import add_config_arguments, config_values
 from embcache.train.run_cli import (
@@ -33,7 +33,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                                    "--resume continues exactly where a killed run stopped.")
     # the settings are FaceConfig's fields (`embcache.settings_fields`); --num-classes left out
     # is the data's (`_config`)
-    add_config_arguments(p, FaceConfig, ["data", "val", "head", "num_classes", "pool_ratio", "sample_rate", "backbone",
+    add_config_arguments(p, FaceConfig, ["data", "holdout", "val", "head", "num_classes", "pool_ratio", "sample_rate", "backbone",
                                          "feat_dim", "batch_norm", "margin_type", "margin", "scale", "topk", "gallery_momentum",
                                          "batch_size", "lr", "weight_decay", "image_size", "synthetic_samples",
                                          "eval_classes"], unset=["num_classes"])
@@ -72,7 +72,45 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     v.add_argument("--no-flip", action="store_true", help="embed each image alone, not with its mirror")
     v.add_argument("--device", default="cpu", help="cpu or cuda")
     v.set_defaults(func=_verify)
+
+    s = sub.add_parser("search", help="the nearest gallery identities of query images", formatter_class=fmt,
+                       description="Embed a gallery (<gallery>/<identity>/<image>, or images directly in it, each its "
+                                   "own entry) with a face checkpoint, one vector per identity (the normalised mean "
+                                   "of its images'), and print each query image's K nearest identities by cosine "
+                                   "(exact search: faiss where installed, else torch), or write them to --out.")
+    s.add_argument("checkpoint", help="a face checkpoint file, or the --checkpoint-dir holding face-last.pt")
+    s.add_argument("--gallery", required=True, metavar="DIR", help="<DIR>/<identity>/<image>, or images in DIR")
+    s.add_argument("--query", required=True, nargs="+", metavar="IMAGE_OR_DIR", help="query images or directories")
+    s.add_argument("--k", type=positive_int, default=5, help="identities per query")
+    s.add_argument("--out", default=None, help="FILE.csv or FILE.parquet (query, rank, identity, cosine) "
+                                               "(default: printed)")
+    s.add_argument("--no-flip", action="store_true", help="embed each image alone, not with its mirror")
+    s.add_argument("--device", default="cpu", help="cpu or cuda")
+    s.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    s.set_defaults(func=_search)
+
+    x = sub.add_parser("export", help="the embedding network as ONNX, checked with onnxruntime", formatter_class=fmt,
+                       description="Export a face checkpoint's embedding network to ONNX (dynamic batch; input as "
+                                   "training read it: RGB, pixels (x - 127.5) / 128; output raw features, to be "
+                                   "L2-normalised), run it with onnxruntime beside torch on seeded inputs and print "
+                                   "the largest difference. Needs the onnx extra: pip install 'embcache[onnx]'.")
+    x.add_argument("checkpoint", help="a face checkpoint file, or the --checkpoint-dir holding face-last.pt")
+    x.add_argument("--onnx", required=True, metavar="FILE.onnx", help="where to write the model")
+    x.add_argument("--no-check", action="store_true", help="do not compare onnxruntime's outputs with torch's")
+    x.set_defaults(func=_export)
     return parser
+
+
+def _search(args) -> int:
+    from embcache.train.face_use import search_command
+
+    return search_command(args)
+
+
+def _export(args) -> int:
+    from embcache.train.face_export import export_command
+
+    return export_command(args)
 
 
 def _embed(args) -> int:
@@ -110,7 +148,10 @@ def train(args) -> int:
             trainer = FaceTrainer(cfg)
             if trainer.world.is_main:
                 print(f"data: {trainer.source.name}; head {cfg.head} over {trainer.num_classes:,} classes"
-                      + (f" (pool of {trainer.head.pool.num_slots:,} slots)" if cfg.head == "dcp" else "")
+                      + (f" (pool of {trainer.head.pool.num_slots:,} slots" + (
+                          f", raised from {trainer.pool_raised_from:,} (--pool-ratio {cfg.pool_ratio:g}) to hold the "
+                          f"{trainer.batches.identity.pairs:,} identities a step brings" if trainer.pool_raised_from
+                          else "") + ")" if cfg.head == "dcp" else "")
                       + f"; backbone {trainer.backbone_name} on {trainer.device}"
                       + (f"; {trainer.world.size} ranks" if trainer.world.distributed else ""))
             summary = trainer.fit()

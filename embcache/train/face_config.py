@@ -11,7 +11,7 @@ from embcache.train.run_config import StepRunConfig
 
 # settings a resumed run must share with its checkpoint: all that shape the data, the nets, the
 # loss or the optimizer (epochs may be raised: a run can be extended)
-MUST_MATCH = ("data", "head", "num_classes", "pool_ratio", "sample_rate", "backbone", "feat_dim", "batch_size",
+MUST_MATCH = ("data", "holdout", "head", "num_classes", "pool_ratio", "sample_rate", "backbone", "feat_dim", "batch_size",
                "seed", "margin_type", "margin", "scale", "topk", "gallery_momentum", "lr", "momentum",
                "weight_decay", "image_size", "synthetic_dim", "synthetic_id_dim", "synthetic_samples",
                "synthetic_noise")
@@ -28,12 +28,18 @@ class FaceConfig(StepRunConfig):
 
     data: str = setting("synthetic", help="'synthetic', an image folder (<dir>/<identity>/<image>), or a directory "
                                           "with train.rec and train.idx")
+    holdout: float = setting(0.1, type=fraction,
+                             help="image folders: the fraction of identities held out of training (seeded, among "
+                                  "those with two or more images), evaluated after each epoch (verification, "
+                                  "TAR@FAR, identification top-1); 0 trains on every identity")
     head: str = setting("dcp", choices=HEADS,
                         help="dcp: dynamic class pool; fc: one weight row per class; pfc: Partial FC")
     num_classes: int = setting(2000, type=int_in(2),
                                help="synthetic: number of training identities (default {default}); real data: the "
                                     "label space, labels must be below it (default there: max label + 1)")
-    pool_ratio: float = setting(0.1, type=ratio, help="dcp: pool slots as a fraction of classes, Q = ceil(ratio * C)")
+    pool_ratio: float = setting(0.1, type=ratio,
+                                help="dcp: pool slots as a fraction of classes, Q = ceil(ratio * C), raised (with a "
+                                     "note) to the identities one step brings where that is more")
     sample_rate: float = setting(0.1, type=ratio, help="pfc: class centres sampled per step")
     backbone: str = setting("auto", choices=("auto",) + BACKBONES,
                             help="auto: mlp for feature vectors, iresnet18 for images")
@@ -70,3 +76,6 @@ class FaceConfig(StepRunConfig):
     synthetic_id_dim: int = 16
     synthetic_samples: int = setting(8, type=int_in(2), help="samples per synthetic identity")
     synthetic_noise: float = 0.7
+
+    # the value a setting had, in effect, in checkpoints written before it existed
+    settings_added_later = {"holdout": 0.0}

@@ -5,7 +5,7 @@
   the FAR-quantile of the different-identity scores; with n negative pairs the smallest FAR
   that can be resolved is 1/n, reported beside it).
 - Identification: top-1 accuracy of probes against a gallery with one sample per identity,
-  by exact inner-product search (faiss `IndexFlatIP`) on L2-normalised features.
+  by exact inner-product search (faiss `IndexFlatIP` where importable) on L2-normalised features.
 """
 from __future__ import annotations
 
@@ -77,13 +77,51 @@ def verification(emb_a: torch.Tensor, emb_b: torch.Tensor, issame: torch.Tensor,
 
 def identification_top1(gallery: torch.Tensor, gallery_labels: torch.Tensor, probes: torch.Tensor,
                         probe_labels: torch.Tensor) -> float:
-    """Fraction of probes whose nearest gallery feature (inner product, faiss IndexFlatIP on
-    L2-normalised features) has the probe's identity."""
-    import faiss
+    """Fraction of probes whose nearest gallery feature (inner product on L2-normalised
+    features) has the probe's identity."""
+    nearest, _ = nearest_by_inner_product(F.normalize(gallery.float(), dim=1), F.normalize(probes.float(), dim=1), 1)
+    return float((gallery_labels.numpy()[nearest[:, 0]] == probe_labels.numpy()).mean())
 
-    g = np.ascontiguousarray(F.normalize(gallery.float(), dim=1).numpy())
-    p = np.ascontiguousarray(F.normalize(probes.float(), dim=1).numpy())
+
+def nearest_by_inner_product(gallery: torch.Tensor, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(indices [q, k], scores [q, k]) of each query's `k` best gallery rows by inner product,
+    by exact search: faiss `IndexFlatIP` where faiss is importable, else a matmul and
+    `topk` (the same ranking; ties may order differently)."""
+    g = np.ascontiguousarray(gallery.float().numpy())
+    q = np.ascontiguousarray(queries.float().numpy())
+    k = min(k, len(g))
+    try:
+        import faiss
+    except ImportError:
+        top = torch.from_numpy(q @ g.T).topk(k, dim=1)
+        return top.indices.numpy(), top.values.numpy()
     index = faiss.IndexFlatIP(g.shape[1])
     index.add(g)
-    _, nearest = index.search(p, 1)
-    return float((gallery_labels.numpy()[nearest[:, 0]] == probe_labels.numpy()).mean())
+    scores, found = index.search(q, k)
+    return found, scores
+
+
+def heldout_pairs(labels: torch.Tensor, max_pairs: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(first, second, same) sample indices of verification pairs among labelled samples:
+    up to `max_pairs // 2` genuine pairs (every pair of two samples of one identity, a seeded
+    subset where there are more) and as many impostor pairs (two samples of different
+    identities, drawn by `seed`).
+
+    Example:
+        >>> a, b, same = heldout_pairs(torch.tensor([0, 0, 0, 1, 1]), 100)
+        >>> int(same.sum()), int((~same).sum()), bool((same == (torch.tensor([0, 0, 0, 1, 1])[a] == torch.tensor([0, 0, 0, 1, 1])[b])).all())
+        (4, 4, True)
+    """
+    g = torch.Generator().manual_seed(seed)
+    n = labels.numel()
+    i, j = torch.triu_indices(n, n, offset=1)
+    genuine = labels[i] == labels[j]
+    gi, gj = i[genuine], j[genuine]
+    if gi.numel() > max_pairs // 2:
+        keep = torch.randperm(gi.numel(), generator=g)[:max_pairs // 2].sort().values
+        gi, gj = gi[keep], gj[keep]
+    ii, ij = i[~genuine], j[~genuine]
+    keep = torch.randperm(ii.numel(), generator=g)[:gi.numel()].sort().values
+    ii, ij = ii[keep], ij[keep]
+    same = torch.cat([torch.ones(gi.numel(), dtype=torch.bool), torch.zeros(ii.numel(), dtype=torch.bool)])
+    return torch.cat([gi, ii]), torch.cat([gj, ij]), same

@@ -19,11 +19,24 @@ from embcache.nn.choices import HEADS
 from embcache.nn.heads import DCPHead, FullFC, PartialFC
 
 
-def build_head(kind: str, num_classes: int, feat_dim: int, *, pool_ratio: float = 0.1, sample_rate: float = 0.1,
+def pool_slots(pool_ratio: float, num_classes: int, min_pool: int = 1) -> int:
+    """dcp's pool size Q: ceil(ratio * C), at least `min_pool` (the identities one step
+    brings, which must all fit), at most C.
+
+    Example:
+        >>> pool_slots(0.1, 30), pool_slots(0.1, 30, min_pool=8), pool_slots(0.1, 30, min_pool=64)
+        (3, 8, 30)
+    """
+    return min(num_classes, max(min_pool, math.ceil(pool_ratio * num_classes)))
+
+
+def build_head(kind: str, num_classes: int, feat_dim: int, *, pool_ratio: float = 0.1, min_pool: int = 1,
+               sample_rate: float = 0.1,
                margin_type: str = "arcface", margin: float = 0.5, scale: float = 64.0, topk: int = 5,
                momentum: float = 0.9, weight_decay: float = 5e-4, seed: int = 0,
                device: torch.device | str | None = None, world=None) -> nn.Module:
-    """`dcp` | `fc` | `pfc` with the shared margin settings (`pool_ratio` sets Q for dcp).
+    """`dcp` | `fc` | `pfc` with the shared margin settings (`pool_ratio` and `min_pool` set
+    Q for dcp, `pool_slots`).
     With a `world` of several ranks, fc and pfc are their class-sharded versions (this
     rank's range of classes); dcp's pool is the same on every rank."""
     if world is not None and world.distributed and kind in ("fc", "pfc"):
@@ -34,7 +47,7 @@ def build_head(kind: str, num_classes: int, feat_dim: int, *, pool_ratio: float 
         return ShardedPartialFC(num_classes, feat_dim, sample_rate, margin, scale, margin_type, momentum,
                                 weight_decay, seed, world).to(device or "cpu")
     if kind == "dcp":
-        q = max(1, math.ceil(pool_ratio * num_classes))
+        q = pool_slots(pool_ratio, num_classes, min_pool)
         return DCPHead(num_classes, feat_dim, q, margin, scale, margin_type, topk, device=device)
     if kind == "fc":
         return FullFC(num_classes, feat_dim, margin, scale, margin_type, seed=seed).to(device or "cpu")

@@ -123,3 +123,60 @@ def verify_command(args) -> int:
     verdict = "same" if cosine > threshold else "different"
     print(f"cosine {cosine:.4f}, threshold {threshold:.4f}: {verdict}")
     return 0
+
+
+def gallery_identities(root: str | Path) -> tuple[list[str], list[list[Path]]]:
+    """(names, image files of each) of a gallery: `<root>/<identity>/<image>` like a training
+    folder, or images directly in `root`, each its own entry named by its file's stem."""
+    from embcache.data.face.folder import IMAGE_SUFFIXES
+
+    root = Path(root)
+    if not root.is_dir():
+        raise UserFacingError(f"{root}: no such directory")
+    names, files = [], []
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+        images = sorted(p for p in d.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        if images:
+            names.append(d.name)
+            files.append(images)
+    for image in sorted(p for p in root.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES):
+        names.append(image.stem)
+        files.append([image])
+    if not names:
+        raise UserFacingError(f"{root}: no images (expected <gallery>/<identity>/<image>.jpg or images in it)")
+    return names, files
+
+
+def identity_centres(embeddings: torch.Tensor, files: list[list[Path]]) -> torch.Tensor:
+    """One L2-normalised vector per identity: the mean of its images' embeddings."""
+    sizes = [len(f) for f in files]
+    return torch.nn.functional.normalize(torch.stack([e.mean(0) for e in embeddings.split(sizes)]), dim=1)
+
+
+def search_command(args) -> int:
+    from embcache.data.results_file import SUFFIXES, write_columns
+    from embcache.train.face_eval import nearest_by_inner_product
+
+    out = Path(args.out) if args.out else None
+    if out is not None and out.suffix not in SUFFIXES:
+        raise UserFacingError(f"{out}: search results are written as {' or '.join(SUFFIXES)}")
+    probe, spec, _ = load_probe(args.checkpoint, args.device)
+    names, files = gallery_identities(args.gallery)
+    flip = not args.no_flip
+    gallery = identity_centres(embed_images(probe, spec, [p for f in files for p in f], args.device, flip=flip,
+                                            progress=args.progress), files)
+    queries = image_paths(args.query)
+    found, scores = nearest_by_inner_product(gallery, embed_images(probe, spec, queries, args.device, flip=flip),
+                                             args.k)
+    k = found.shape[1]
+    if out is not None:
+        write_columns({"query": [str(q) for q in queries for _ in range(k)],
+                       "rank": [r + 1 for _ in queries for r in range(k)],
+                       "identity": [names[i] for row in found for i in row],
+                       "cosine": scores.reshape(-1).astype(np.float32)}, out)
+        print(f"wrote the {k} nearest of {len(names):,} gallery identities for {len(queries):,} queries to {out}")
+        return 0
+    print(f"the {k} nearest of {len(names):,} gallery identities (cosine to the mean of each one's images):")
+    for q, row, cos in zip(queries, found, scores):
+        print(f"{q}: " + ", ".join(f"{names[i]} {c:.3f}" for i, c in zip(row, cos)))
+    return 0

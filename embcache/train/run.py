@@ -160,6 +160,7 @@ def config_from_checkpoint(config_cls, saved: dict, **overrides):
     """A `config_cls` with the settings a checkpoint recorded (those the class still has),
     then `overrides`."""
     names = {f.name for f in fields(config_cls)}
+    saved = {**getattr(config_cls, "settings_added_later", {}), **saved}
     return config_cls(**{**{k: v for k, v in saved.items() if k in names}, **overrides})
 
 
@@ -335,7 +336,9 @@ class Trainer:
 
     def upgrade_checkpoint(self, ck: dict) -> dict:
         """A checkpoint written by an earlier version, in today's form (positions under
-        the skeleton's names); a trainer adds its own renames."""
+        the skeleton's names, settings added since with the value they had in effect); a
+        trainer adds its own renames."""
+        ck["config"] = {**getattr(type(self.cfg), "settings_added_later", {}), **ck["config"]}
         for key, old_names in _LEGACY_POSITION_KEYS.items():
             for old in old_names:
                 if key not in ck and old in ck:

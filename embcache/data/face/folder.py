@@ -102,26 +102,80 @@ class IndexedFaces:
 
 
 class ImageFolderFaces(IndexedFaces):
-    """Example:
-        >>> # ImageFolderFaces("datasets/my-faces")  # root/<identity>/*.jpg
+    """Every identity sub-directory with its images, less the identities held out
+    (`holdout`, a seeded fraction of those with two or more images): they are never trained
+    on, and `heldout_set` gives their images for evaluation after each epoch, as the
+    synthetic task's held-out identities are. Training labels are the kept identities'
+    positions in sorted order.
+
+    Example:
+        >>> # ImageFolderFaces("datasets/my-faces", holdout=0.1)  # root/<identity>/*.jpg
     """
 
-    def __init__(self, root: str | os.PathLike, image_size: int = 112):
+    def __init__(self, root: str | os.PathLike, image_size: int = 112, holdout: float = 0.0, seed: int = 0):
         self.root = Path(root)
         if not self.root.is_dir():
             raise DataFormatError(f"{self.root}: no such directory")
         identities = sorted(p for p in self.root.iterdir() if p.is_dir())
-        paths, labels = [], []
-        for y, d in enumerate(identities):
-            files = sorted(p for p in d.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-            paths += files
-            labels += [y] * len(files)
-        if not paths:
+        files = [sorted(p for p in d.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) for d in identities]
+        if not any(files):
             raise DataFormatError(f"{self.root}: no images found (expected <root>/<identity>/<image>.jpg)")
+        held = set(held_out_identities([len(f) for f in files], holdout, seed))
+        paths, labels, names = [], [], []
+        for i, (d, imgs) in enumerate(zip(identities, files)):
+            if i in held:
+                continue
+            paths += imgs
+            labels += [len(names)] * len(imgs)
+            names.append(d.name)
         self.paths = paths
-        self.identity_names = [d.name for d in identities]
-        super().__init__(torch.tensor(labels), image_size, f"image folder {self.root} "
-                                                           f"({len(identities):,} identities, {len(paths):,} images)")
+        self.identity_names = names
+        self.heldout_names = [identities[i].name for i in sorted(held)]
+        self.heldout_paths = [files[i] for i in sorted(held)]
+        kept = f"{len(names):,} identities, {len(paths):,} images"
+        if held:
+            kept += f"; {len(held):,} identities held out for evaluation"
+        elif holdout > 0:
+            kept += "; none held out: fewer than 4 identities have two images"
+        super().__init__(torch.tensor(labels), image_size, f"image folder {self.root} ({kept})")
 
     def read(self, index: int) -> torch.Tensor:
         return decode_image(self.paths[index], f"{self.paths[index]}#{index}", self.image_size)
+
+    def heldout_set(self, max_images: int = 2000) -> tuple[torch.Tensor, torch.Tensor, list[Path]]:
+        """(images, labels 0..H-1, paths) of the held-out identities: an equal share of
+        `max_images` from each, in name order; unreadable images are left out and reported
+        through `bad`, as in training."""
+        per = max(2, max_images // max(1, len(self.heldout_paths)))
+        images, labels, used = [], [], []
+        for y, files in enumerate(self.heldout_paths):
+            for path in files[:per]:
+                try:
+                    images.append(decode_image(path, str(path), self.image_size))
+                except DataFormatError as err:
+                    self.bad.add(str(path), 0, str(err).partition(": ")[2])
+                    continue
+                labels.append(y)
+                used.append(path)
+        empty = torch.zeros(0, *self.sample_shape)
+        return (torch.stack(images) if images else empty), torch.tensor(labels, dtype=torch.long), used
+
+
+def held_out_identities(image_counts: list[int], fraction: float, seed: int) -> list[int]:
+    """The identities (positions) held out of training: `fraction` of all identities,
+    rounded, at least 2 (so that impostor pairs exist), drawn by `seed` among those with two
+    or more images (so that genuine pairs exist); none when fewer than 4 such identities
+    exist, as then at most one would be left to train a pair loader with two.
+
+    Example:
+        >>> held_out_identities([5] * 30, 0.1, seed=0) == held_out_identities([5] * 30, 0.1, seed=0)
+        True
+        >>> len(held_out_identities([5] * 30, 0.1, seed=0)), held_out_identities([5, 1, 1], 0.5, seed=0)
+        (3, [])
+    """
+    eligible = [i for i, n in enumerate(image_counts) if n >= 2]
+    if fraction <= 0 or len(eligible) < 4:
+        return []
+    want = min(len(eligible) - 2, max(2, round(fraction * len(image_counts))))
+    order = torch.randperm(len(eligible), generator=torch.Generator().manual_seed(seed))
+    return sorted(eligible[i] for i in order[:want].tolist())
