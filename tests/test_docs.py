@@ -1,18 +1,24 @@
-"""The documentation holds together: README.md and docs/*.md link only to files (and headings)
-that exist, and every command they show names a real `embcache` sub-command or Makefile target.
+"""The documentation holds together and its code runs as written: README.md and docs/*.md
+link only to files (and headings) that exist; every command they show parses with the real
+`embcache` sub-command's parser (or names Makefile targets); every ```python block runs, after
+the commands before it that make the files it reads (`tests/doc_blocks.py` says how), unless a
+`<!-- doc-test: parse-only (reason) -->` line marks it.
 
-Each checker is a plain function of the text, and each has a test feeding it a broken link
-or an unknown command, so a checker that stopped finding anything would fail too.
+Each checker is a plain function of the text, and each has a test feeding it a broken link,
+an unknown command or flag, a placeholder, a failing block or a bad marker, so a checker that
+stopped finding anything would fail too.
 """
 from __future__ import annotations
 
-import argparse
-import importlib
 import re
-import shlex
+import time
 from pathlib import Path
 
-from embcache.cli import COMMANDS
+import pytest
+
+from tests.doc_blocks import (KNOWN_LANGS, Block, Command, DocBlockError, command_problem, compile_block,
+                              fenced_blocks, marker_errors, parse_error, placeholder, plan, run_document,
+                              shell_commands, words)
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -23,7 +29,6 @@ _INLINE_CODE = re.compile(r"(`+)(.+?)\1")
 _LINK = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+(?:\"[^\"]*\"|'[^']*'))?\s*\)")
 _REFERENCE = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)")
 _EXTERNAL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")  # http:, https:, mailto:, ...
-COMMAND_LANGS = {"bash", "sh", "shell", "console", "shell-session"}
 
 
 # ---------------------------------------------------------------- markdown structure
@@ -118,32 +123,7 @@ def command_lines(text: str) -> list[str]:
     """The command lines of a markdown text's shell blocks (```bash, ```sh, ```console, or an
     unlabelled block with a line starting with `embcache `), continuation lines joined,
     console prompts removed."""
-    _, blocks = split_fences(text)
-    out = []
-    for lang, body in blocks:
-        if lang not in COMMAND_LANGS and not (
-                lang == "" and any(line.lstrip().startswith("embcache ") for line in body)):
-            continue
-        pending = ""
-        for line in body:
-            line = line.rstrip()
-            if lang in ("console", "shell-session"):
-                if not line.lstrip().startswith("$ "):
-                    continue  # program output
-                line = line.lstrip()[2:]
-            if line.endswith("\\"):
-                pending += line[:-1] + " "
-                continue
-            out.append((pending + line).strip())
-            pending = ""
-    return [line for line in out if line and not line.startswith("#")]
-
-
-def _words(line: str) -> list[str]:
-    try:
-        return shlex.split(line, comments=True)
-    except ValueError:  # unbalanced quotes: words up to a comment
-        return line.split("#", 1)[0].split()
+    return [c.text for c in shell_commands(fenced_blocks(text))]
 
 
 def makefile_targets(makefile: Path = ROOT / "Makefile") -> set[str]:
@@ -155,62 +135,43 @@ def makefile_targets(makefile: Path = ROOT / "Makefile") -> set[str]:
     return targets
 
 
-def _subparsers(parser: argparse.ArgumentParser):
-    return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
-
-
-def embcache_command_error(args: list[str], commands=COMMANDS, prog: str = "embcache") -> str | None:
-    """None when `args` (what follows `embcache`) names a registered command and, where the
-    command has actions (`embcache dlrm train`, `embcache bench cache`, `embcache cache plan`),
-    one of them; else the message. Modules are loaded as `embcache.cli` loads them: their
-    parsers only, no torch."""
-    if not args:
-        return None
-    name, rest = args[0], args[1:]
-    if name.startswith("-"):
-        return None if name in ("-h", "--help", "--version") else f"{prog}: unknown option {name!r}"
-    if name not in commands:
-        return f"{prog}: unknown command {name!r} (choose from {', '.join(sorted(commands))})"
-    module = importlib.import_module(commands[name][0])
-    if hasattr(module, "COMMANDS"):  # a group, dispatched again
-        return embcache_command_error(rest, module.COMMANDS, f"{prog} {name}")
-    parser, prog = module.build_parser(f"{prog} {name}"), f"{prog} {name}"
-    while (sub := _subparsers(parser)) is not None and rest and not rest[0].startswith("-"):
-        if rest[0] not in sub.choices:
-            return f"{prog}: unknown action {rest[0]!r} (choose from {', '.join(sorted(sub.choices))})"
-        parser, prog, rest = sub.choices[rest[0]], f"{prog} {rest[0]}", rest[1:]
-    return None
-
-
 def command_error(line: str, targets: set[str] | None = None) -> str | None:
     """None when a shell line's `embcache ...` (also `python -m embcache ...`, `torchrun ...
-    -m embcache ...`, `.venv/bin/embcache ...`) names real sub-commands and its `make ...`
-    names Makefile targets; other programs are not checked."""
-    words = _words(line)
-    if not words:
+    -m embcache ...`, `.venv/bin/embcache ...`) parses with the sub-command's own parser and
+    holds no placeholder, and its `make ...` names Makefile targets; other programs are
+    checked for placeholders only."""
+    line_words = words(line)
+    if not line_words:
         return None
-    if words[0] == "make":
+    if line_words[0] == "make":
         targets = makefile_targets() if targets is None else targets
-        for word in words[1:]:
+        for word in line_words[1:]:
             if not word.startswith("-") and "=" not in word and word not in targets:
                 return f"make: no target {word!r} in the Makefile (targets: {', '.join(sorted(targets))})"
         return None
-    if words[0] == "embcache" or words[0].endswith("/embcache"):
-        return embcache_command_error(words[1:])
-    for i in range(len(words) - 1):
-        if words[i] == "-m" and words[i + 1] == "embcache":
-            return embcache_command_error(words[i + 2:])
-    return None
+    return command_problem(Command(Block("<text>", "bash", 1, [line], None), 1, line, line_words))
 
 
 # ---------------------------------------------------------------- the documentation itself
+
+def _doc(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def _blocks(path: Path):
+    return fenced_blocks(path.read_text(), _doc(path))
+
+
+RUN_DOCS = [f for f in DOC_FILES if any(b.lang == "python" and not b.parse_only for b in _blocks(f))]
+MARKED = [b for f in DOC_FILES for b in _blocks(f) if b.parse_only]
+
 
 def test_every_relative_link_resolves():
     errors = [e for f in DOC_FILES for e in link_errors(f)]
     assert not errors, "\n".join(errors)
 
 
-def test_every_command_names_a_real_subcommand_or_make_target():
+def test_every_command_parses_or_names_a_make_target():
     targets = makefile_targets()
     errors = []
     for f in DOC_FILES:
@@ -221,8 +182,42 @@ def test_every_command_names_a_real_subcommand_or_make_target():
     assert not errors, "\n".join(errors)
 
 
+def test_every_block_is_one_the_checks_know():
+    """A block in another language (```py, ```pycon) would be neither run nor parsed; a
+    malformed marker would leave its block running."""
+    errors = [f"{b.where}: a ```{b.lang} block: use ```python, ```bash or an unlabelled block for output"
+              for f in DOC_FILES for b in _blocks(f) if b.lang not in KNOWN_LANGS]
+    errors += [e for f in DOC_FILES for e in marker_errors(f.read_text(), _doc(f))]
+    assert not errors, "\n".join(errors)
+
+
+@pytest.mark.parametrize("doc", RUN_DOCS, ids=_doc)
+def test_python_blocks_run(doc, tmp_path):
+    """The document's python blocks, in order and in one namespace, in an empty directory,
+    after the commands shown before them that make the files they read."""
+    log: list[str] = []
+    began = time.perf_counter()
+    run_document(doc.read_text(), _doc(doc), tmp_path, log)
+    print(f"{_doc(doc)}: {time.perf_counter() - began:.1f} s\n  " + "\n  ".join(log))
+    assert any(line.startswith("exec ") for line in log)
+
+
+@pytest.mark.parametrize("block", MARKED or [None], ids=lambda b: b.where if b else "none")
+def test_parse_only_blocks_parse(block):
+    """A marked block still compiles (python) or parses (its commands); then it is skipped
+    with its marker's reason."""
+    if block is None:
+        return  # nothing is marked
+    if block.lang == "python":
+        compile_block(block)
+    else:
+        problems = [f"{c.where}: {p}" for c in shell_commands([block]) if (p := command_problem(c))]
+        assert not problems, "\n".join(problems)
+    pytest.skip(f"parse-only ({block.parse_only})")
+
+
 def test_the_checks_see_the_documentation():
-    """The checkers find what is there: the docs pages, their links and their commands."""
+    """The checkers find what is there: the docs pages, their links, commands and blocks."""
     assert len(DOC_FILES) >= 10
     all_links = [t for f in DOC_FILES for t in links(f.read_text())]
     assert "docs/cache.md" in all_links and "cache.md#cache-benchmark" in all_links
@@ -232,6 +227,16 @@ def test_the_checks_see_the_documentation():
     assert any(line.startswith("embcache dlrm train") for line in lines)
     assert any(line.startswith("embcache bench cache") for line in lines)
     assert any("-m embcache dlrm train" in line for line in lines)  # torchrun
+    assert {_doc(f) for f in RUN_DOCS} >= {"README.md", "docs/cache.md", "docs/export.md", "docs/heat.md",
+                                          "docs/open-vocabularies.md"}
+    assert len(MARKED) <= 3, [b.where for b in MARKED]  # markers are for what cannot run here at all
+    # the export example runs the commands that make its export, from the data it reads
+    steps = [(step, item.text if step == "run" else item.where)
+             for step, item in plan(_blocks(ROOT / "docs" / "export.md"))]
+    ran = [text for step, text in steps if step == "run"]
+    assert [text.split()[:3] for text in ran] == [["embcache", "data", "synthetic"], ["embcache", "dlrm", "train"],
+                                                  ["embcache", "dlrm", "export"], ["embcache", "dlrm", "export"]]
+    assert steps[-1][0] == "exec"
 
 
 def test_readme_is_a_front_door():
@@ -287,19 +292,106 @@ def test_command_checker_finds_unknown_commands():
                      "torchrun --standalone --nproc-per-node 2      -m embcache dlrm trian --resume",
                      "make run RUN_ARGS=--overwrite", "make runn", "embcache bench cahce",
                      "embcache dlrmm train"]
+    assert [c.line for c in shell_commands(fenced_blocks(text))] == [2, 3, 6, 7, 10, 14]
     targets = {"run", "test", "bench"}
     errors = [command_error(line, targets) for line in lines]
     assert errors[0] is None and errors[2] is None
-    assert "unknown action 'trian'" in errors[1]
+    assert "invalid choice: 'trian'" in errors[1]
     assert "no target 'runn'" in errors[3]
     assert "embcache bench: unknown command 'cahce'" in errors[4]
     assert "embcache: unknown command 'dlrmm'" in errors[5]
     # the real registry and parsers, every level
-    assert embcache_command_error(["cache", "plan", "DIR", "--json"]) is None
-    assert embcache_command_error(["data", "prepare", "avazu"]) is None
-    assert embcache_command_error(["--help"]) is None
-    assert "unknown action" in embcache_command_error(["data", "prepar"])
-    assert "unknown command 'plna'" in embcache_command_error(["cache", "plna"])
+    assert parse_error(["cache", "plan", "datasets/x", "--json"]) is None
+    assert parse_error(["data", "prepare", "avazu", "--input", "train.csv", "--out", "datasets/avazu"]) is None
+    assert parse_error(["--help"]) is None and parse_error(["dlrm", "train", "--help"]) is None
+    assert "invalid choice: 'prepar'" in parse_error(["data", "prepar"])
+    assert "unknown command 'plna'" in parse_error(["cache", "plna"])
+    assert "no action given" in parse_error(["dlrm"])
     assert command_error("python -m embcache bench gpuu") is not None
     assert command_error("python -m pytest -m cuda tests") is None  # not embcache: not checked
     assert {"install", "run", "test", "bench", "clean"} <= makefile_targets()
+
+
+def test_command_checker_finds_renamed_flags_and_placeholders():
+    """A flag renamed or a choice gone fails, wherever the line is (torchrun's too); so does a
+    value of the wrong type, a missing required argument, or a placeholder."""
+    assert command_error("embcache dlrm train --data datasets/syn --max-steps 20 --eviction lru") is None
+    assert "unrecognized arguments: --max-stepz 20" in command_error("embcache dlrm train --max-stepz 20")
+    assert "invalid choice: 'lfuu'" in command_error(".venv/bin/embcache dlrm train --eviction lfuu")
+    assert "'x' is not an integer" in command_error("embcache dlrm train --max-steps x")
+    assert "unrecognized arguments: --nprocs 2" in command_error(
+        "torchrun --standalone --nproc-per-node 2 -m embcache face train --nprocs 2")
+    assert "required: --input" in command_error("embcache data prepare avazu --out datasets/avazu")
+    assert "required: MODEL" in command_error("embcache cf recommend --users u1")
+    assert "unrecognized arguments" in command_error("embcache bench cache --batchez 600")
+    assert "'DIR' is a placeholder" in command_error("embcache cache plan DIR --json")
+    assert "'<file>' is a placeholder" in command_error("embcache dlrm predict runs/x --input <file> --out s.csv")
+    assert "'...' is a placeholder" in command_error("embcache cf recommend model.npz --users u1 ...")
+    assert "placeholder" in command_error("bash bench/device_check.sh STEPS")  # any program
+    assert placeholder(["SMALL=1", "bash", "bench/device_check.sh", "cuda"]) is None
+    assert placeholder(["embcache", "cache", "plan", "x", "--device-memory", "24 GiB"]) is None
+
+
+def test_markers():
+    text = ("# Page\n\n<!-- doc-test: parse-only (needs a CUDA GPU) -->\n```python\nx = 1\n```\n"
+            "```python\ny = 2\n```\n<!-- doc-test: parse-only (torchrun: 2 processes) -->\n"
+            "```bash\nembcache dlrm train --data datasets/syn --checkpoint-dir runs/x\n```\n")
+    blocks = fenced_blocks(text, "page.md")
+    assert [(b.lang, b.line, b.parse_only) for b in blocks] == [
+        ("python", 5, "needs a CUDA GPU"), ("python", 8, None), ("bash", 12, "torchrun: 2 processes")]
+    assert marker_errors(text, "page.md") == []
+    bad = ("<!-- doc-test: skip -->\n```python\nx = 1\n```\n"
+           "<!-- doc-test: parse-only () -->\n```python\n```\n"
+           "<!-- doc-test: parse-only (a reason) -->\n\n```python\n```\n")
+    errors = marker_errors(bad, "page.md")
+    assert len(errors) == 3, errors
+    assert errors[0].startswith("page.md:1: a doc-test marker reads")
+    assert errors[1].startswith("page.md:5: a doc-test marker reads")
+    assert errors[2] == "page.md:8: a doc-test marker goes on the line right before a block's fence"
+    # a marked python block is compiled, not run; a marked shell block is never run
+    steps = [(s, i.where) for s, i in plan(blocks)]
+    assert steps == [("compile", "page.md:5"), ("exec", "page.md:8")]
+
+
+def test_plan_runs_what_a_block_reads_first():
+    """The commands making a block's files and their inputs, in document order; no others."""
+    text = ("```bash\n"
+            "embcache data synthetic --out datasets/syn --rows 2000\n"         # 2: the export's data
+            "embcache data synthetic --out datasets/other\n"                   # 3: nothing reads it
+            "embcache dlrm train --data datasets/syn --checkpoint-dir runs/d\n"  # 4: the export reads runs/d
+            "embcache bench cache\n"                                          # 5: makes nothing
+            "torchrun --nproc-per-node 2 -m embcache dlrm train --checkpoint-dir runs/t\n"  # 6: never run
+            "embcache dlrm export runs/d --out runs/e\n"                       # 7
+            "```\n```python\nprint(open('runs/e/manifest.json').read())\n```\n"
+            "```bash\nembcache dlrm export runs/d --out runs/e2\n```\n"
+            "```python\nimport os\nos.listdir('runs/t')\n```\n")
+    steps = [(s, i.where) for s, i in plan(fenced_blocks(text, "page.md"))]
+    assert steps == [("run", "page.md:2"), ("run", "page.md:4"), ("run", "page.md:7"), ("exec", "page.md:10"),
+                     ("exec", "page.md:16")]  # runs/e2 is not read; torchrun's runs/t is not made here
+
+
+def test_a_failing_block_fails_naming_its_line(tmp_path):
+    text = "# Page\n\n```python\nx = 1\n```\n\ntext\n\n```python\ny = x + 1\nz = undefined_name\n```\n"
+    with pytest.raises(DocBlockError, match=r"page\.md:10: the python block failed: NameError") as caught:
+        run_document(text, "page.md", tmp_path)
+    # the traceback points at the markdown's own line
+    assert caught.value.__cause__.__traceback__.tb_next.tb_lineno == 11
+    with pytest.raises(DocBlockError, match=r"page\.md:5: the python block does not compile"):  # before x = 1 runs
+        run_document("\n\n```python\nx = 1\nif x\n```\n", "page.md", tmp_path)
+    # blocks share a namespace and run in the working directory given
+    ns = run_document("```python\nopen('f.txt', 'w').write('a')\n```\n```python\nn = len(open('f.txt').read())\n```\n",
+                      "page.md", tmp_path)
+    assert ns["n"] == 1 and (tmp_path / "f.txt").exists()
+    # every command line is parsed before anything runs
+    with pytest.raises(DocBlockError, match="page.md:2: embcache data synthetic --outt x\n.*required: --out"):
+        run_document("```bash\nembcache data synthetic --outt x\n```\n```python\nx = 1\n```\n", "page.md", tmp_path)
+    with pytest.raises(DocBlockError, match="doc-test marker"):
+        run_document("<!-- doc-test: parse-only -->\n```python\nx = 1\n```\n", "page.md", tmp_path)
+
+
+def test_a_failing_command_fails_naming_its_line(tmp_path):
+    """A command a block needs runs for real; its failure names the line and shows its error."""
+    text = ("```bash\nembcache cf recommend model.npz --users u1 --out recs.csv\n```\n"
+            "```python\nopen('recs.csv').read()\n```\n")
+    with pytest.raises(DocBlockError, match=r"(?s)page\.md:2: `embcache cf recommend.*` exited 1:.*model\.npz"):
+        run_document(text, "page.md", tmp_path)
