@@ -9,14 +9,20 @@ PYTEST_ARGS ?=
 
 .PHONY: install run test bench clean
 
-$(STAMP): setup.py Makefile
+# Ranges live in pyproject.toml; the exact versions of this project's machines in CONSTRAINTS.
+CONSTRAINTS := constraints/cpu.txt
+PIP := $(PY) -m pip install --quiet -c $(CONSTRAINTS)
+
+$(STAMP): pyproject.toml $(CONSTRAINTS) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	# Exact torch pin first: a range would pull a multi-GB CUDA build.
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test]'
-	# torchrec's metadata wants the CUDA fbgemm-gpu; fbgemm-gpu-cpu serves it instead.
-	$(PY) -m pip install --quiet --no-deps torchrec==1.8.0
+	$(PIP) --upgrade pip setuptools
+	# torch first, alone: its pin (the CPU wheel on disk) is in place before anything asks for torch.
+	$(PIP) torch
+	# faiss-cpu for `cf --topk faiss` and face identification; the test extra brings the ONNX packages.
+	# torchrec-cpu: torchrec's run-time dependencies with the CPU fbgemm (fbgemm-gpu-cpu)...
+	$(PIP) --no-build-isolation -e '.[test,faiss,torchrec-cpu]'
+	# ...then torchrec itself without its metadata's CUDA fbgemm-gpu.
+	$(PIP) --no-deps torchrec
 	touch $(STAMP)
 
 install: $(STAMP)

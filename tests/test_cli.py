@@ -52,8 +52,11 @@ def test_version_is_the_package_version_without_importing_torch():
 
     import embcache
 
-    setup = (Path(__file__).resolve().parents[1] / "setup.py").read_text()
-    assert re.search(r'version="([^"]+)"', setup).group(1) == embcache.__version__
+    # pyproject.toml takes the version from the package: it is written in one place
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert re.search(r'^dynamic = \[.*"version".*\]$', pyproject, re.M)
+    assert re.search(r'^version = \{ attr = "embcache.__version__" \}$', pyproject, re.M)
+    assert re.fullmatch(r"\d+\.\d+\.\d+", embcache.__version__)
     code = "import sys; from embcache.cli import main; main(['--version']); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines() == [f"embcache {embcache.__version__}", "False"]
