@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 
-from embcache.bench.common import DEFAULT_RESULTS_DIR
+from embcache.paths import results_dir
 from embcache.cache.choices import TORCH_OPTIMIZERS
 from embcache.train.run_cli import add_device_argument, add_threads_argument
 
@@ -51,7 +51,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--parts", nargs="+", choices=["hit-rate", "timing"], default=["hit-rate", "timing"],
                    help="what to measure (both by default; each part is side by side within itself)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR), help="results directory")
+    p.add_argument("--out", default=str(results_dir()), help="results directory")
     p.add_argument("--name", default="cache", help="results file stem")
     add_threads_argument(p)
     p.set_defaults(func=run)

@@ -11,8 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_RESULTS_DIR = REPO_ROOT / "bench" / "results"
+from embcache.paths import results_dir, source_root
 
 
 def hardware() -> dict:
@@ -45,7 +44,7 @@ def hardware() -> dict:
 
 def write_json(payload: dict, name: str, out_dir: str | os.PathLike | None = None) -> Path:
     """Write `payload` (plus the hardware) to `<out_dir>/<name>.json` and return the path."""
-    out = Path(out_dir) if out_dir else DEFAULT_RESULTS_DIR
+    out = Path(out_dir) if out_dir else results_dir()
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
     payload = {"hardware": hardware(), **payload}
@@ -65,7 +64,7 @@ def run_for_summary(argv: list[str], what: str, env: dict | None = None,
 
     cmd = [sys.executable, *(launcher or []), "-m", "embcache", *argv]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_ROOT)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=source_root())
     wall = time.perf_counter() - start
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:

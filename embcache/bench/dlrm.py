@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from embcache.bench.common import DEFAULT_RESULTS_DIR, REPO_ROOT, run_for_summary, write_json
+from embcache.bench.common import run_for_summary, write_json
+from embcache.paths import datasets_dir, results_dir
 from embcache.train.run_cli import add_device_argument, add_threads_argument
 
 
@@ -27,8 +28,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=4096)
     p.add_argument("--embedding-dim", type=int, default=16)
     add_device_argument(p)
-    p.add_argument("--data-cache", default=str(REPO_ROOT / "datasets"))
-    p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR))
+    p.add_argument("--data-cache", default=str(datasets_dir()))
+    p.add_argument("--out", default=str(results_dir()))
     p.add_argument("--name", default="dlrm")
     add_threads_argument(p)
     p.set_defaults(func=run)

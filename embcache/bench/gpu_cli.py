@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import argparse
 
-from embcache.bench.common import DEFAULT_RESULTS_DIR
+from embcache.paths import results_dir
 from embcache.cache.choices import TORCH_OPTIMIZERS
 from embcache.train.run_cli import add_device_argument, add_threads_argument
 
@@ -63,7 +63,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--no-profile", action="store_true", help="skip the profiler summary (CUDA only)")
     add_device_argument(p)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR), help="results directory")
+    p.add_argument("--out", default=str(results_dir()), help="results directory")
     p.add_argument("--name", default="gpu", help="results file stem")
     add_threads_argument(p)
     p.set_defaults(func=run)

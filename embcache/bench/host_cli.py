@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import argparse
 
-from embcache.bench.common import DEFAULT_RESULTS_DIR
+from embcache.paths import results_dir
 from embcache.bench.defaults import HOST_ROUNDS
 
 
@@ -70,7 +70,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                         "(an upper bound: some meta kernels are slow Python)")
     p.add_argument("--prefetch-depth", type=int, default=1, help="batches prefetched ahead, as the trainer")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR), help="results directory")
+    p.add_argument("--out", default=str(results_dir()), help="results directory")
     p.add_argument("--name", default="host", help="results file stem")
     p.set_defaults(func=run)
     return p

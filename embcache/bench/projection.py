@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 
-from embcache.bench.common import DEFAULT_RESULTS_DIR
+from embcache.paths import results_dir
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -42,7 +42,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--best-split", action=argparse.BooleanOptionalAction, default=True,
                    help="also project each world size with the --row-wise-rows threshold that projects fastest "
                         "(more tables split by rows: lookups even, more partial sums sent)")
-    p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR))
+    p.add_argument("--out", default=str(results_dir()))
     p.add_argument("--name", default="projection")
     p.set_defaults(func=run)
     return p

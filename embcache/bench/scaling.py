@@ -34,7 +34,8 @@ import os
 from statistics import median
 from pathlib import Path
 
-from embcache.bench.common import DEFAULT_RESULTS_DIR, REPO_ROOT, run_for_summary, write_json
+from embcache.bench.common import run_for_summary, write_json
+from embcache.paths import datasets_dir, results_dir
 from embcache.data.defaults import SYNTHETIC_ROWS, SYNTHETIC_SCALE
 
 
@@ -58,8 +59,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--independent", action=argparse.BooleanOptionalAction, default=True,
                    help="also run DLRM as N single processes at once, each on its B/N share with nothing sent "
                         "between them: this host's ceiling for N ranks")
-    p.add_argument("--data-cache", default=str(REPO_ROOT / "datasets"))
-    p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR))
+    p.add_argument("--data-cache", default=str(datasets_dir()))
+    p.add_argument("--out", default=str(results_dir()))
     p.add_argument("--name", default="scaling")
     p.set_defaults(func=run)
     return p

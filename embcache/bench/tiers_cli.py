@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from embcache.bench.common import DEFAULT_RESULTS_DIR
+from embcache.paths import results_dir
 from embcache.train.run_cli import add_threads_argument
 
 
@@ -36,7 +36,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="part 2: GiB of rows + Adagrad state of the big table (0: skip)")
     p.add_argument("--big-steps", type=int, default=300)
     p.add_argument("--dir", default=None, help="where the table files go (default: a temporary directory)")
-    p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR))
+    p.add_argument("--out", default=str(results_dir()))
     p.add_argument("--name", default="tiers")
     add_threads_argument(p)
     p.set_defaults(func=run)

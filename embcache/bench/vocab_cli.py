@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 
 from embcache.arg_types import DefaultsHelpFormatter, float_in, int_in, positive_float, positive_int
-from embcache.bench.common import DEFAULT_RESULTS_DIR, REPO_ROOT
+from embcache.paths import datasets_dir, results_dir
 from embcache.data.defaults import SYNTHETIC_DRIFT, SYNTHETIC_SCALE
 from embcache.settings_fields import add_config_arguments
 from embcache.train.dlrm_config import RAW_KEY_MODES, DLRMConfig, max_rows_value
@@ -67,9 +67,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--no-warmup", action="store_true",
                    help="skip the warm-up: a tiny run of each variant first, so that the numba kernels are compiled "
                         "and cached on disk before the measured runs (else the first run to need one pays for it)")
-    p.add_argument("--data-cache", default=str(REPO_ROOT / "datasets"),
+    p.add_argument("--data-cache", default=str(datasets_dir()),
                    help="where the data is generated once and reused")
-    p.add_argument("--out", default=str(DEFAULT_RESULTS_DIR), help="results directory")
+    p.add_argument("--out", default=str(results_dir()), help="results directory")
     p.add_argument("--name", default="vocab", help="result file name, without .json")
     p.set_defaults(func=run)
     return p

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from embcache.arg_types import DefaultsHelpFormatter, float_in, int_in, positive_float
 from embcache.data.defaults import MAX_COUNTED_KEYS, SYNTHETIC_DRIFT, SYNTHETIC_ROWS, SYNTHETIC_SCALE
 from embcache.errors import UserFacingError, as_user_errors
+from embcache.paths import datasets_dir
 
-DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 FORMATTER = DefaultsHelpFormatter  # every option's default in --help
 ACTION_TEXTS = {  # action: (one line in the list of actions, description atop its --help)
     "criteo-kaggle": ("Criteo Kaggle train.txt",
@@ -143,7 +142,7 @@ def _add_ml100k(which) -> None:
     p = _action_parser(which, "ml-100k", _ml100k)
     p.add_argument("--input", default=None, help="directory with u.data/u.user/u.item (or RecBole's ml-100k.*) (default: the RecBole copy, "
                         "fetched once into datasets/ml-100k/)")
-    _add_out(p, default=str(DATASETS / "ml-100k-ctr"))
+    _add_out(p, default=str(datasets_dir() / "ml-100k-ctr"))
     _add_split(p, "seeded random 80/10/10, or chronological", int_in(0))
 
 

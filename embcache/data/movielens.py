@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from embcache.errors import DataFormatError, format_error, writing
+from embcache.paths import datasets_dir
 
 #: The 19 genres, in the order of u.item's flag columns (and of `genre_names`).
 GENRES = ("unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
@@ -36,7 +37,6 @@ STANDARD_FILES = ("u.data", "u.user", "u.item")
 ATOMIC_FILES = ("ml-100k.inter", "ml-100k.user", "ml-100k.item")
 RECBOLE_PIN = "recbole==1.2.1"
 RECBOLE_MEMBER = "recbole/dataset_example/ml-100k/"
-DEFAULT_DIR = Path(__file__).resolve().parents[2] / "datasets" / "ml-100k"
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,8 @@ def ml100k_dir(path: str | os.PathLike | None = None) -> Path:
 
     Args:
         path: a directory with `u.data`, `u.user`, `u.item` (GroupLens) or
-            `ml-100k.inter/.user/.item` (RecBole). None: the RecBole copy in `datasets/ml-100k/`,
+            `ml-100k.inter/.user/.item` (RecBole). None: the RecBole copy in `ml-100k/` under
+            `embcache.paths.datasets_dir()` (`datasets/` of a checkout),
             fetched on first use with `pip download` (PyPI must be reachable that once).
 
     Raises DataFormatError (one line) for a missing or partial directory or a failed fetch.
@@ -97,10 +98,11 @@ def ml100k_dir(path: str | os.PathLike | None = None) -> Path:
                                                 f"{', '.join(STANDARD_FILES)} or {', '.join(ATOMIC_FILES)})")
         _layout(directory)
         return directory
-    if all((DEFAULT_DIR / name).is_file() for name in ATOMIC_FILES):
-        return DEFAULT_DIR
-    fetch_recbole_copy(DEFAULT_DIR)
-    return DEFAULT_DIR
+    default = datasets_dir() / "ml-100k"
+    if all((default / name).is_file() for name in ATOMIC_FILES):
+        return default
+    fetch_recbole_copy(default)
+    return default
 
 
 def _layout(directory: Path) -> str:

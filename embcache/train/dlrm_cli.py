@@ -8,6 +8,7 @@ from pathlib import Path
 
 from embcache.arg_types import DefaultsHelpFormatter, memory_size, positive_float, positive_int
 from embcache.errors import UserFacingError
+from embcache.paths import datasets_dir
 from embcache.settings_fields import add_config_arguments, config_values
 from embcache.train.run_cli import (
     apply_threads,
@@ -18,7 +19,6 @@ from embcache.train.run_cli import (
     run_rows,
 )
 
-REPO_DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -35,7 +35,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     # the settings are DLRMConfig's fields (`embcache.settings_fields`); the flags declared here
     # are the command's own: where the built-in data is made, and shorthands
     add_config_arguments(p, DLRMConfig, ["data"])
-    p.add_argument("--data-cache", default=str(REPO_DATASETS),
+    p.add_argument("--data-cache", default=str(datasets_dir()),
                    help="where 'synthetic' and 'ml-100k' are prepared")
     p.add_argument("--synthetic-rows", type=positive_int, default=200_000,
                    help="training rows of the synthetic set (val/test get a tenth each)")

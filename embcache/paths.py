@@ -1,0 +1,65 @@
+"""Where embcache writes: prepared data sets, fetched copies of data, benchmark results.
+Nothing is ever written into the installed package.
+
+- ``EMBCACHE_HOME`` set: everything under it, ``$EMBCACHE_HOME/datasets`` and
+  ``$EMBCACHE_HOME/bench/results``.
+- A source checkout (the package beside the repository's ``pyproject.toml``: a clone on
+  ``PYTHONPATH`` or ``pip install -e .``): the checkout's ``datasets/`` and ``bench/results/``.
+- Otherwise (an installed wheel): data sets in the user cache directory,
+  ``$XDG_CACHE_HOME/embcache/datasets``, else ``~/.cache/embcache/datasets``; benchmark results
+  in ``bench/results/`` under the working directory, beside the runs they come from.
+
+Example:
+    >>> datasets_dir().name, results_dir().parts[-2:]
+    ('datasets', ('bench', 'results'))
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+HOME_ENV = "EMBCACHE_HOME"
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def source_root() -> Path | None:
+    """The repository root when the package runs from a source checkout, else None."""
+    root = _PACKAGE_DIR.parent
+    try:
+        text = (root / "pyproject.toml").read_text()
+    except OSError:
+        return None
+    return root if re.search(r'^name\s*=\s*"embcache"\s*$', text, re.M) else None
+
+
+def home() -> Path | None:
+    """``$EMBCACHE_HOME`` as an absolute path, or None when unset or empty."""
+    value = os.environ.get(HOME_ENV)
+    return Path(value).expanduser().absolute() if value else None
+
+
+def user_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/embcache`` (an absolute XDG_CACHE_HOME only, as the spec says), else
+    ``~/.cache/embcache``."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "embcache"
+
+
+def datasets_dir() -> Path:
+    """Where built-in and fetched data sets are prepared (`datasets/<name>`)."""
+    if (h := home()) is not None:
+        return h / "datasets"
+    if (root := source_root()) is not None:
+        return root / "datasets"
+    return user_cache_dir() / "datasets"
+
+
+def results_dir() -> Path:
+    """Where benchmarks write their JSON and figures by default."""
+    if (h := home()) is not None:
+        return h / "bench" / "results"
+    if (root := source_root()) is not None:
+        return root / "bench" / "results"
+    return Path.cwd() / "bench" / "results"
