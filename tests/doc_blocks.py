@@ -17,7 +17,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import ast
 import contextlib
 import importlib
@@ -132,6 +131,12 @@ def marker_errors(text: str, doc: str = "<text>") -> list[str]:
     return errors
 
 
+def language_errors(blocks: list[Block]) -> list[str]:
+    """One message per block in a language the checks neither run nor parse (```py, ```pycon)."""
+    return [f"{b.where}: a ```{b.lang} block: use ```python, ```bash, or an unlabelled block for output"
+            for b in blocks if b.lang not in KNOWN_LANGS]
+
+
 def shell_commands(blocks: list[Block]) -> list[Command]:
     """The command lines of the shell blocks (```bash, ```sh, ```console, or an unlabelled
     block with a line starting with `embcache `), continuation lines joined, console
@@ -179,10 +184,6 @@ def embcache_args(words: list[str]) -> list[str] | None:
 
 
 # ---------------------------------------------------------------- parsing commands
-
-def _subparsers(parser: argparse.ArgumentParser):
-    return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
-
 
 def parse_error(args: list[str], commands=COMMANDS, prog: str = "embcache") -> str | None:
     """None when `args` (what follows `embcache`) parses with the real parsers: the
@@ -324,7 +325,7 @@ def run_command(command: Command, cwd: Path) -> str:
 def compile_block(block: Block, text: str | None = None):
     """The block as a code object whose line numbers are the document's (a traceback shows
     the markdown's own lines); a syntax error is DocBlockError naming the line."""
-    filename = f"{block.doc}"
+    filename = block.doc
     if text is not None:
         linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
     source = "\n" * (block.line - 1) + "\n".join(block.lines) + "\n"
@@ -345,7 +346,7 @@ def run_document(text: str, doc: str, workdir: Path, log: list[str] | None = Non
         raise DocBlockError("\n".join(problems))
     code = {id(b): compile_block(b, text) for b in blocks if b.lang == "python"}  # every block, before any runs
     log = [] if log is None else log
-    namespace: dict = {"__name__": "__doc__"}
+    namespace: dict = {"__name__": "__main__"}  # as a reader runs it
     here = os.getcwd()
     os.chdir(workdir)
     try:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.doc_blocks import (KNOWN_LANGS, Block, Command, DocBlockError, command_problem, compile_block,
-                              fenced_blocks, marker_errors, parse_error, placeholder, plan, run_document,
+from tests.doc_blocks import (Block, Command, DocBlockError, command_problem, compile_block, fenced_blocks,
+                              language_errors, marker_errors, parse_error, placeholder, plan, run_document,
                               shell_commands, words)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,8 +185,7 @@ def test_every_command_parses_or_names_a_make_target():
 def test_every_block_is_one_the_checks_know():
     """A block in another language (```py, ```pycon) would be neither run nor parsed; a
     malformed marker would leave its block running."""
-    errors = [f"{b.where}: a ```{b.lang} block: use ```python, ```bash or an unlabelled block for output"
-              for f in DOC_FILES for b in _blocks(f) if b.lang not in KNOWN_LANGS]
+    errors = [e for f in DOC_FILES for e in language_errors(_blocks(f))]
     errors += [e for f in DOC_FILES for e in marker_errors(f.read_text(), _doc(f))]
     assert not errors, "\n".join(errors)
 
@@ -332,14 +331,17 @@ def test_command_checker_finds_renamed_flags_and_placeholders():
     assert placeholder(["embcache", "cache", "plan", "x", "--device-memory", "24 GiB"]) is None
 
 
-def test_markers():
+def test_markers_and_block_languages():
     text = ("# Page\n\n<!-- doc-test: parse-only (needs a CUDA GPU) -->\n```python\nx = 1\n```\n"
             "```python\ny = 2\n```\n<!-- doc-test: parse-only (torchrun: 2 processes) -->\n"
             "```bash\nembcache dlrm train --data datasets/syn --checkpoint-dir runs/x\n```\n")
     blocks = fenced_blocks(text, "page.md")
     assert [(b.lang, b.line, b.parse_only) for b in blocks] == [
         ("python", 5, "needs a CUDA GPU"), ("python", 8, None), ("bash", 12, "torchrun: 2 processes")]
-    assert marker_errors(text, "page.md") == []
+    assert marker_errors(text, "page.md") == [] and language_errors(blocks) == []
+    assert language_errors(fenced_blocks("```py\nx = 1\n```\n```pycon\n>>> 1\n```\n```text\nout\n```\n", "p.md")) == [
+        "p.md:2: a ```py block: use ```python, ```bash, or an unlabelled block for output",
+        "p.md:5: a ```pycon block: use ```python, ```bash, or an unlabelled block for output"]
     bad = ("<!-- doc-test: skip -->\n```python\nx = 1\n```\n"
            "<!-- doc-test: parse-only () -->\n```python\n```\n"
            "<!-- doc-test: parse-only (a reason) -->\n\n```python\n```\n")
