@@ -22,7 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from embcache.bench.common import DEFAULT_RESULTS_DIR, write_json  # noqa: E402
+from embcache.bench.common import write_json  # noqa: E402
+from embcache.paths import results_dir  # noqa: E402
 
 
 def train_rate(tree: Path, data: Path, extra: list[str]) -> float:
@@ -70,7 +71,7 @@ def main() -> int:
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
     path = write_json({"benchmark": "dlrm before/after", "base": args.base, "head": head, "flags": extra,
-                       "rounds": rounds, "median_ratio": median}, args.name, DEFAULT_RESULTS_DIR)
+                       "rounds": rounds, "median_ratio": median}, args.name, results_dir())
     print(f"wrote {path}")
     return 0
 
