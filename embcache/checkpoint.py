@@ -1,6 +1,7 @@
-"""Checkpoints that survive a kill: written to a temporary file, fsynced, then renamed
-over the old one, so a reader sees either the previous checkpoint or the new one, never
-half of one. Loading refuses a truncated or foreign file with one clear line."""
+"""Checkpoints that survive a kill: written to a temporary file, sealed with its CRC-32
+(`embcache.integrity`), fsynced, then renamed over the old one, so a reader sees either the
+previous checkpoint or the new one, never half of one. Loading checks the CRC before it reads
+anything, and refuses a damaged, truncated or foreign file with one clear line."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 
 from embcache.errors import CheckpointError
+from embcache.integrity import save_torch, verify_zip
 
 FORMAT_KEY = "embcache_checkpoint"
 FORMAT_VERSION = 1
@@ -21,10 +23,7 @@ def save_checkpoint(payload: dict[str, Any], path: str | os.PathLike, kind: str)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        torch.save({FORMAT_KEY: FORMAT_VERSION, "kind": kind, **payload}, f)
-        f.flush()
-        os.fsync(f.fileno())
+    save_torch({FORMAT_KEY: FORMAT_VERSION, "kind": kind, **payload}, tmp)  # sealed and fsynced
     os.replace(tmp, path)
     try:  # make the rename itself durable
         dir_fd = os.open(path.parent, os.O_RDONLY)
@@ -43,6 +42,10 @@ def load_checkpoint(path: str | os.PathLike, kind: str) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        verify_zip(path, "checkpoint")
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot be read ({err.strerror or err})") from None
     try:
         payload = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:  # torch raises many types for a damaged zip/pickle

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from embcache.errors import CheckpointError, first_line, writing
+from embcache.integrity import load_torch, save_torch
 
 from .eviction import POLICIES
 from .lookup import Prefetched
@@ -101,7 +102,7 @@ class RowCacheState:
         several written together, say)."""
         self.sync_host()
         with writing(directory / CACHE_FILE):
-            torch.save(self._cache_state(), directory / CACHE_FILE)
+            save_torch(self._cache_state(), directory / CACHE_FILE)  # sealed with its CRC-32
         self.host.save_files(directory)  # writes the header last
 
     def load_checkpoint(self, directory: str | os.PathLike) -> None:
@@ -120,8 +121,10 @@ class RowCacheState:
         self.host.verify_files(directory)
         path = directory / CACHE_FILE
         try:
-            sd = torch.load(path, map_location="cpu", weights_only=True)
+            sd = load_torch(path, weights_only=True)  # its CRC-32 checked first
             policy, same_cache = self._check_state_dict(sd, tables=False)
+        except CheckpointError:  # a damaged file, named already
+            raise
         except (OSError, RuntimeError, ValueError, KeyError) as err:
             raise CheckpointError(f"{path}: {first_line(err)}") from None
         return directory, sd, policy, same_cache

@@ -47,6 +47,7 @@ import torch
 from embcache.cache import table_files as tf
 from embcache.cache.stats import CacheStats
 from embcache.errors import CheckpointError, DataFormatError
+from embcache.integrity import load_torch, save_torch
 
 from .placement import Shard
 from .world import all_sum, barrier, current
@@ -60,10 +61,7 @@ def tables_dir_name(kind: str, step: int) -> str:
 
 def _save(obj, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
+    save_torch(obj, tmp)  # sealed with its CRC-32, fsynced
     os.replace(tmp, path)
 
 
@@ -263,7 +261,9 @@ def _load(path: Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"{path}: missing (the checkpoint's tables are incomplete)")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return load_torch(path, weights_only=True)  # its CRC-32 checked first
+    except CheckpointError:
+        raise
     except Exception as err:  # a damaged zip or pickle raises many types
         raise CheckpointError(f"{path}: corrupt or truncated ({type(err).__name__}: {err})") from None
 

@@ -1,0 +1,128 @@
+"""Nothing read silently wrong: every zip-based file the project writes carries its CRC-32
+(`embcache.integrity`), checked before anything is read. Damaged variants of real files (byte
+flips in payload and structure, truncations, zero length, foreign files) are each refused in
+one line naming the file, and left on disk as they were; files from before the seals load with
+a note, once."""
+import logging
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from embcache.checkpoint import load_checkpoint, save_checkpoint
+from embcache.errors import CheckpointError
+from embcache.integrity import TRAILER_BYTES, ChecksumError, seal_zip, verify_zip
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def damaged_variants(data: bytes, seed: int = 0, flips: int = 24):
+    """(name, bytes): single-byte flips at seeded positions over the whole file (entries,
+    headers, central directory, seal), 16 bytes flipped in a row, truncations, zero length
+    and two foreign files."""
+    rng = random.Random(seed)
+    for pos in sorted(rng.sample(range(len(data)), flips)) + [len(data) - 1, len(data) - TRAILER_BYTES - 2]:
+        b = bytearray(data)
+        b[pos] ^= 1 << rng.randrange(8)
+        yield f"flip@{pos}", bytes(b)
+    at = rng.randrange(len(data) - 16)
+    yield f"flip16@{at}", data[:at] + bytes(x ^ 0xFF for x in data[at:at + 16]) + data[at + 16:]
+    for cut in (len(data) // 2, len(data) - 1, 10):
+        yield f"cut@{cut}", data[:cut]
+    yield "empty", b""
+    yield "text", b"step,loss\n1,0.5\n" * 10
+    yield "garbage", bytes(rng.randrange(256) for _ in range(4096))
+
+
+def test_every_damaged_variant_of_a_sealed_checkpoint_is_refused_by_name(tmp_path):
+    path = save_checkpoint({"step": 7, "w": torch.randn(2000), "cfg": {"lr": 0.1}}, tmp_path / "ck.pt", kind="dlrm")
+    assert verify_zip(path) is True
+    good = path.read_bytes()
+    refused = 0
+    for name, data in damaged_variants(good):
+        path.write_bytes(data)
+        with pytest.raises(CheckpointError, match=r"ck\.pt: (corrupt|no such|cannot)") as err:
+            load_checkpoint(path, kind="dlrm")
+        assert "\n" not in str(err.value), name
+        assert path.read_bytes() == data, name  # a refusal changes nothing on disk
+        refused += 1
+    assert refused == 24 + 2 + 1 + 3 + 3
+    path.write_bytes(good)
+    assert load_checkpoint(path, kind="dlrm")["step"] == 7
+
+
+def test_a_payload_flip_names_the_crc(tmp_path):
+    w = torch.full((4096,), 0.03)
+    path = save_checkpoint({"w": w}, tmp_path / "ck.pt", kind="dlrm")
+    data = bytearray(path.read_bytes())
+    at = bytes(data).index(w.numpy().tobytes()[:64]) + 1000  # inside the tensor's bytes
+    data[at] ^= 0x40
+    path.write_bytes(bytes(data))
+    with pytest.raises(ChecksumError, match=r"ck\.pt: corrupt checkpoint: CRC-32 [0-9a-f]{8}, written with"):
+        load_checkpoint(path, kind="dlrm")
+    # torch alone reads the damaged file without a word: the seal is what catches it
+    assert not torch.equal(torch.load(path)["w"], w)
+
+
+def test_files_from_before_the_seals_load_with_one_note(tmp_path, caplog):
+    path = tmp_path / "old.pt"
+    torch.save({"embcache_checkpoint": 1, "kind": "face", "step": 3}, path)
+    with caplog.at_level(logging.WARNING, logger="embcache"):
+        assert load_checkpoint(path, kind="face")["step"] == 3
+        assert load_checkpoint(path, kind="face")["step"] == 3
+    notes = [r.getMessage() for r in caplog.records]
+    assert len(notes) == 1 and "old.pt has no checksum" in notes[0] and "cannot be verified" in notes[0]
+
+
+def test_seal_refuses_a_file_it_cannot_seal_and_npz_stays_readable(tmp_path):
+    path = tmp_path / "a.npz"
+    np.savez(path, a=np.arange(5))
+    seal_zip(path)
+    assert verify_zip(path) is True and np.load(path)["a"].tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="empty comment"):
+        seal_zip(path)  # sealed already
+    (tmp_path / "t.txt").write_text("hello")
+    with pytest.raises(ValueError, match="not a zip"):
+        seal_zip(tmp_path / "t.txt")
+
+
+def test_a_damaged_cache_state_is_refused_before_anything_changes(tmp_path):
+    from embcache import CachedEmbeddingBag
+
+    torch.manual_seed(0)
+    bag = CachedEmbeddingBag(500, 4, cache_ratio=0.1, optimizer="adagrad", lr=0.05, device="cpu")
+    ids = torch.randint(0, 500, (64,))
+    (bag(ids, torch.arange(0, 64, 4)) ** 2).sum().backward()
+    bag.save_checkpoint(tmp_path / "c")
+    state = next(p for p in (tmp_path / "c").rglob("cache*.pt"))
+    data = bytearray(state.read_bytes())
+    data[len(data) // 3] ^= 0x01  # an eviction count, a residency entry: whatever lies there
+    state.write_bytes(bytes(data))
+    (bag(ids, torch.arange(0, 64, 4)) ** 2).sum().backward()
+    before = {k: v.clone() for k, v in bag.state_dict().items()}
+    with pytest.raises(CheckpointError, match="corrupt file: CRC-32"):
+        bag.load_checkpoint(tmp_path / "c")
+    after = bag.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_a_resume_from_a_damaged_run_checkpoint_is_one_line(small_synthetic, tmp_path):
+    common = [sys.executable, "-m", "embcache", "dlrm", "train", "--data", str(small_synthetic), "--batch-size", "64",
+              "--embedding-dim", "4", "--no-progress", "--checkpoint-dir", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(common + ["--max-steps", "2"], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    last = tmp_path / "dlrm-last.pt"
+    data = bytearray(last.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    last.write_bytes(bytes(data))
+    again = subprocess.run(common + ["--max-steps", "4", "--resume"], capture_output=True, text=True, cwd=ROOT,
+                           env=env)
+    assert again.returncode == 1 and "Traceback" not in again.stderr
+    assert "dlrm-last.pt: corrupt checkpoint: CRC-32" in again.stderr
+    assert last.read_bytes() == bytes(data)
