@@ -103,7 +103,7 @@ def verify_zip(path: str | os.PathLike, what: str = "file") -> bool:
     key = str(path.resolve())
     if key not in _noted:
         _noted.add(key)
-        logger.warning(f"note: {path} has no checksum (written before embcache sealed its files): it cannot be "
+        logger.warning(f"{path} has no checksum (written before embcache sealed its files): it cannot be "
                        f"verified, and is used as it is")
     return False
 
@@ -124,3 +124,24 @@ def load_torch(path: str | os.PathLike, what: str = "file", **kwargs):
 
     verify_zip(path, what)
     return torch.load(path, map_location="cpu", **kwargs)
+
+
+def save_npz(path: str | os.PathLike, arrays: dict) -> None:
+    """`np.savez` to a temporary name, sealed, renamed into place."""
+    import numpy as np
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.npz")
+    try:
+        np.savez(tmp, **arrays)
+        seal_zip(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def array_crc32(array) -> int:
+    """CRC-32 of a numpy array's bytes in C order (what a sidecar or a schema records)."""
+    import numpy as np
+
+    return zlib.crc32(memoryview(np.ascontiguousarray(array)).cast("B"))

@@ -415,16 +415,18 @@ def test_a_killed_run_resumes_from_its_last_epoch(tmp_path):
 
 
 def test_embeddings_with_nan_or_a_damaged_file_are_refused_in_one_line(lightgcn_dir, tmp_path, capsys):
+    from embcache.integrity import save_npz
+
     good = tmp_path / "good.npz"
     _train(["--data", lightgcn_dir, "--epochs", 1, "--save", good], capsys)
     with np.load(good) as z:
         arrays = dict(z)
-    arrays["I"][7, 3] = np.nan
-    np.savez(tmp_path / "nan.npz", **arrays)
+    arrays["I"][7, 3] = np.nan  # written whole (sealed): the NaN check is what refuses it
+    save_npz(tmp_path / "nan.npz", arrays)
     (tmp_path / "junk.npz").write_bytes(b"not a zip file")
     (tmp_path / "junk.parquet").write_bytes(b"PAR1 broken")
     for path, message in ((tmp_path / "nan.npz", "1 row(s) hold NaN or infinity (first: item 7)"),
-                          (tmp_path / "junk.npz", "not a readable embeddings file"),
+                          (tmp_path / "junk.npz", "corrupt or truncated embeddings file"),
                           (tmp_path / "junk.parquet", "not a readable embeddings file")):
         for cmd in (["cf", "evaluate", str(path)], ["cf", "train", "--load", str(path)]):
             rc = main([*cmd, "--data", str(lightgcn_dir)])

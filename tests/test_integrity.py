@@ -126,3 +126,39 @@ def test_a_resume_from_a_damaged_run_checkpoint_is_one_line(small_synthetic, tmp
     assert again.returncode == 1 and "Traceback" not in again.stderr
     assert "dlrm-last.pt: corrupt checkpoint: CRC-32" in again.stderr
     assert last.read_bytes() == bytes(data)
+
+
+def _cf_params():
+    from cpu_kernels.model import CFConfig, CFParams
+
+    indptr, indices = np.array([0, 2, 3, 5]), np.array([0, 2, 1, 0, 3])
+    return CFParams.init(CFConfig(dim=8), 3, 4, indptr, indices), indptr, indices
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".npy", ".parquet"])
+def test_cf_embeddings_files_refuse_a_flipped_row_byte(tmp_path, suffix):
+    from embcache.data.cf.embeddings_file import load, save
+
+    params, _, _ = _cf_params()
+    path = save(params, tmp_path / f"emb{suffix}")
+    assert np.array_equal(load(path)[1], params.I)
+    data = bytearray(path.read_bytes())
+    at = bytes(data).index(params.I[1].tobytes()) + 2  # inside an item's row
+    data[at] ^= 0x04
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=rf"emb\{suffix}: (corrupt embeddings file|not a readable)"):
+        load(path)
+
+
+def test_a_cf_model_file_refuses_any_flip(tmp_path):
+    from embcache.cf import CFModel
+
+    params, indptr, indices = _cf_params()
+    path = CFModel(params, indptr, indices, ["u1", "u2", "u3"], None).save(tmp_path / "m.npz")
+    good = path.read_bytes()
+    for name, data in damaged_variants(good, seed=1, flips=12):
+        path.write_bytes(data)
+        with pytest.raises((ValueError, FileNotFoundError), match=r"m\.npz: "):
+            CFModel.load(path)
+    path.write_bytes(good)
+    assert CFModel.load(path).recommend(["u2"], k=2, exclude_seen=True)

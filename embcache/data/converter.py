@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from embcache.data.bad_rows import BadRowLog
 from embcache.errors import check_whole, format_error, writing
+from embcache.integrity import save_npz
 from embcache.data.ctr_format import (
     KEY_MODES,
     SPLITS,
@@ -321,10 +322,8 @@ def _feature_names(src: TextSource, features: list[SparseFeature]) -> dict[str, 
 def _save_vocabularies(out: Path, vocabs: list[Vocabulary]) -> None:
     """vocabulary.npz: per feature, the sorted keys that own ids 1.. (for mapping new data;
     hash buckets for the features meta.json lists in hashed_features)."""
-    tmp = out / f".vocabulary.tmp-{os.getpid()}.npz"
     with writing(out / "vocabulary.npz"):
-        np.savez(tmp, **{f"sparse_{f}": v.keys for f, v in enumerate(vocabs)})
-        os.replace(tmp, out / "vocabulary.npz")
+        save_npz(out / "vocabulary.npz", {f"sparse_{f}": v.keys for f, v in enumerate(vocabs)})  # sealed
 
 
 def _save_raw_values(out: Path, src: TextSource, features: list[SparseFeature], vocabs: list[Vocabulary],

@@ -49,6 +49,7 @@ from embcache.errors import (
     format_error,
     writing,
 )
+from embcache.integrity import ChecksumError
 from embcache.data.frequency import (
     DEFAULT_MAX_COUNTED_KEYS,
     IdFrequency,
@@ -365,6 +366,8 @@ def load_id_frequencies(data_dir: str | os.PathLike) -> dict:
                                                         "counts are per key (load_key_frequencies)")
     try:
         counts = load_frequency_file(path)
+    except ChecksumError:  # names the file already
+        raise
     except (OSError, ValueError) as err:
         raise format_error(path, None, f"cannot read id frequencies: {err}") from None
     for f in meta["sparse"]:
@@ -403,6 +406,8 @@ def load_key_frequencies(data_dir: str | os.PathLike, split: str | None = None) 
                 counts[name] = (ids.astype(np.int64), c[ids])
         else:
             counts = load_key_counts(path)
+    except ChecksumError:
+        raise
     except (OSError, ValueError) as err:
         raise format_error(path, None, f"cannot read key frequencies: {err}") from None
     for f in meta["sparse"]:

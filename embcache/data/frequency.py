@@ -21,6 +21,7 @@ import numpy as np
 
 from embcache.data.defaults import MAX_COUNTED_KEYS
 from embcache.data.delimited import splitmix64
+from embcache.integrity import save_npz, verify_zip
 
 DEFAULT_MAX_COUNTED_KEYS = MAX_COUNTED_KEYS  # per feature: 64 MiB of (key, count) pairs
 _MERGE_MIN = 1 << 20
@@ -66,6 +67,7 @@ class IdFrequency:
 
 def load_frequency_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """`{feature name: int64 counts}` from a file written by `IdFrequency.save`."""
+    verify_zip(path)
     with np.load(path) as data:
         return {name: data[name].astype(np.int64, copy=False) for name in data.files}
 
@@ -202,6 +204,7 @@ def load_key_counts(path: str | os.PathLike) -> dict[str, tuple[np.ndarray, np.n
     """`{feature name: (int64 ascending keys, int64 counts)}` from `save_key_counts`'s file;
     ValueError when the arrays do not pair up."""
     out = {}
+    verify_zip(path)
     with np.load(path) as data:
         names = [f[: -len(".keys")] for f in data.files if f.endswith(".keys")]
         for name in names:
@@ -217,7 +220,4 @@ def load_key_counts(path: str | os.PathLike) -> dict[str, tuple[np.ndarray, np.n
 
 
 def _save_npz(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    save_npz(path, arrays)  # sealed with its CRC-32

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from cpu_kernels.model import CFConfig, CFParams, sample_histories
+from embcache.integrity import save_npz, verify_zip
 
 FORMAT = "embcache-cf-model"
 VERSION = 1
@@ -77,9 +78,7 @@ class CFModel:
             if ids is not None:
                 arrays[name] = np.asarray(ids)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, **arrays)
-        tmp.replace(path)
+        save_npz(path, arrays)  # sealed with its CRC-32
         return path
 
     @classmethod
@@ -89,6 +88,7 @@ class CFModel:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such model file")
+        verify_zip(path, "CF model")  # ChecksumError (a ValueError) naming the file
         try:
             with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))

@@ -29,6 +29,7 @@ import torch
 
 from embcache.data.ctr_format import dense_transform
 from embcache.errors import CheckpointError, DataOutputError, UserFacingError, writing
+from embcache.integrity import ChecksumError, verify_zip
 from embcache.nn.dlrm_arch import DLRMDense
 from embcache.train.dlrm_config import TABLE_FORMATS, training_split
 
@@ -211,8 +212,11 @@ def write_vocabulary(data_dir: Path, meta: dict, feature: str, vocab_dir: Path,
         target = vocab_dir / f"{feature}.keys.npy"
         source = data_dir / meta.get("vocabulary_file", "vocabulary.npz")
         try:
+            verify_zip(source)
             with np.load(source) as npz:
                 keys = npz[feature]
+        except ChecksumError:
+            raise
         except (OSError, KeyError, ValueError) as err:
             raise UserFacingError(f"{source}: cannot read the keys of {feature} ({err})") from None
         with writing(target):

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from cpu_kernels.model import CFConfig, CFParams, histories
+from embcache.integrity import ChecksumError, array_crc32, save_npz, verify_zip
 
 FORMATS = (".npy", ".npz", ".parquet")
 
@@ -31,17 +32,18 @@ def save(params: CFParams, path: str | Path) -> Path:
     `<path>.json`), `.npz` (arrays U, I, W and the same metadata as a JSON string, one file)
     or `.parquet` (columns kind, id, vector; the metadata in the schema)."""
     path = Path(path)
+    stacked = np.ascontiguousarray(np.concatenate([params.U, params.I, params.W]), dtype=np.float32)
+    # the rows' CRC-32 goes with them (the .json, the npz's meta, the Parquet schema): `load` checks it
     meta = {"config": asdict(params.config), "num_users": len(params.U),
-            "num_items": len(params.I), "dim": params.U.shape[1]}
+            "num_items": len(params.I), "dim": params.U.shape[1], "crc32": array_crc32(stacked)}
     if path.suffix not in FORMATS:
         raise ValueError(f"{path}: embeddings are saved as {', '.join(FORMATS)}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    stacked = np.concatenate([params.U, params.I, params.W])
     if path.suffix == ".npy":
         np.save(path, stacked)
         Path(str(path) + ".json").write_text(json.dumps(meta, indent=2) + "\n")
     elif path.suffix == ".npz":
-        np.savez(path, U=params.U, I=params.I, W=params.W, meta=np.array(json.dumps(meta)))
+        save_npz(path, {"U": params.U, "I": params.I, "W": params.W, "meta": np.array(json.dumps(meta))})
     elif path.suffix == ".parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -73,6 +75,7 @@ def load(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, CFConfig
             meta = json.loads(meta_path.read_text())
             stacked = np.load(path)
         elif path.suffix == ".npz":
+            verify_zip(path, "embeddings file")
             with np.load(path) as z:
                 meta = json.loads(str(z["meta"]))
                 stacked = np.concatenate([z["U"], z["I"], z["W"]])
@@ -86,8 +89,13 @@ def load(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, CFConfig
         nu, ni = meta["num_users"], meta["num_items"]
         stacked = np.ascontiguousarray(stacked, dtype=np.float32)
         config = CFConfig(**meta["config"])
+    except ChecksumError:
+        raise
     except Exception as err:  # numpy, zipfile, pyarrow and json each raise their own types
         raise ValueError(f"{path}: not a readable embeddings file ({type(err).__name__}: {err})") from None
+    if "crc32" in meta and array_crc32(stacked) != meta["crc32"]:
+        raise ChecksumError(f"{path}: corrupt embeddings file: the rows' CRC-32 is {array_crc32(stacked):08x}, "
+                            f"written with {meta['crc32']:08x}; not used")
     if len(stacked) != nu + ni + meta["dim"]:
         raise ValueError(f"{path}: {len(stacked)} rows, expected {nu} users + {ni} items + {meta['dim']} of W")
     bad = np.flatnonzero(~np.isfinite(stacked).all(axis=1))
