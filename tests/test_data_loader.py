@@ -21,6 +21,7 @@ from embcache.data.ctr_format import (
     read_meta,
 )
 from embcache.data.loader import CTRBatches, lookahead
+from tests.shard_edit import write_shard
 
 N = 23  # rows of train: not a multiple of the shard, row-group or batch sizes below
 FEATURES = [SparseFeature("sparse_0", 5), SparseFeature("sparse_1", 7), SparseFeature("sparse_2", 4, multi_hot=True)]
@@ -166,7 +167,7 @@ def test_memory_is_bounded_by_read_size_not_file_size(tmp_path):
 
 def _write_raw(path, **columns):
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table(columns), path)
+    write_shard(pa.table(columns), path)
 
 
 def test_out_of_range_id_names_file_and_row(data):
@@ -291,6 +292,7 @@ def test_shard_types_that_are_accepted(data):
                sparse_0=pa.array([1, 2], pa.int32()), sparse_1=pa.array([0, 6], pa.int16()),
                sparse_2=pa.array([[0], [1, 3]], pa.list_(pa.int32())))
     meta["splits"]["val"]["rows"] = 2
+    meta["shard_crc32"] = read_meta(data)["shard_crc32"]  # the rewritten shard's, as _write_raw recorded it
     (data / "meta.json").write_text(json.dumps(meta))
     (batch,) = list(CTRBatches(data, "val", 2))
     assert batch.labels.tolist() == [0.0, 1.0] and batch.dense[:, 0].tolist() == [3.0, 4.0]
@@ -352,6 +354,7 @@ def test_raw_keys_bad_rows_still_name_file_and_row(raw_data):
                sparse_0=pa.array([1 << 62, -5, 3]), sparse_1=pa.array([0, None, 0], pa.int64()),
                sparse_2=pa.array([[], [], []], pa.list_(pa.int64())))
     meta["splits"]["val"]["rows"] = 3
+    meta["shard_crc32"] = read_meta(data)["shard_crc32"]  # the rewritten shard's, as _write_raw recorded it
     (data / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(DataFormatError, match=r"val/part-00000\.parquet: row 1: sparse_1 is null"):
         list(CTRBatches(data, "val", 2))

@@ -14,6 +14,7 @@ from embcache.data.loader import CTRBatches
 from embcache.errors import DataFormatError
 from embcache.partition import slice_bounds
 from tests.test_data_loader import FEATURES, N, row_lists
+from tests.shard_edit import write_shard
 
 
 @pytest.fixture
@@ -154,7 +155,7 @@ def _rewrite_with(path, column, row, value):
     values[row] = value
     table = table.set_column(table.schema.get_field_index(column), column,
                              pa.array(values, table.schema.field(column).type))
-    pq.write_table(table, path, row_group_size=3)
+    write_shard(table, path, row_group_size=3)
 
 
 @pytest.mark.parametrize("column,value,message", [
@@ -202,7 +203,7 @@ def test_a_shard_of_wrong_column_types_stops_every_rank(data):
     table = pq.read_table(path)
     table = table.set_column(table.schema.get_field_index("sparse_1"), "sparse_1",
                              table.column("sparse_1").cast(pa.float64()))
-    pq.write_table(table, path)
+    write_shard(table, path)
     for rank in range(4):  # rank 0's slice of the last batch is row 20, in shard 2
         with pytest.raises(DataFormatError, match=r"train/part-00003\.parquet: column sparse_1 is double"):
             list(CTRBatches(data, "train", 4, part=(rank, 4)))

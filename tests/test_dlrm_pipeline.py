@@ -20,6 +20,7 @@ from embcache.data.loader import CTRBatches
 from embcache.errors import DataFormatError, TrainingDiverged
 from embcache.train.dlrm import DLRMConfig, DLRMTrainer
 from tests.test_dlrm import assert_same_checkpoint
+from tests.shard_edit import write_shard
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +165,7 @@ def _with_a_bad_id(synthetic, out, row):
     ids[row] = feature["cardinality"] + 5
     table = table.set_column(table.schema.get_field_index(feature["name"]), feature["name"],
                              __import__("pyarrow").array(ids, type=table.schema.field(feature["name"]).type))
-    pq.write_table(table, path)
+    write_shard(table, path)
     return out, path
 
 

@@ -162,3 +162,90 @@ def test_a_cf_model_file_refuses_any_flip(tmp_path):
             CFModel.load(path)
     path.write_bytes(good)
     assert CFModel.load(path).recommend(["u2"], k=2, exclude_seen=True)
+
+
+# ------------------------------------------------------------------ prepared Parquet shards
+
+@pytest.fixture
+def prepared(tmp_path):
+    from embcache.data.synthetic import generate_synthetic
+
+    generate_synthetic(tmp_path / "d", rows=4000, scale=0.0005, seed=0)
+    return tmp_path / "d"
+
+
+def _flip_middle(path, count=8):
+    data = bytearray(path.read_bytes())
+    at = len(data) // 2
+    for i in range(count):
+        data[at + i] ^= 0x5A
+    path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+def test_a_flipped_shard_is_refused_before_its_rows_are_used(prepared):
+    import json
+
+    from embcache.data.loader import CTRBatches
+    from embcache.errors import DataFormatError
+
+    meta = json.loads((prepared / "meta.json").read_text())
+    rel = meta["splits"]["train"]["files"][0]
+    assert set(meta["shard_crc32"]) == {f for s in meta["splits"].values() for f in s["files"]}
+    damaged = _flip_middle(prepared / rel)
+    with pytest.raises(DataFormatError, match=rf"{rel}: corrupt Parquet shard(, row group \d+ \(|: |\s\(its footer)"
+                                              r".*CRC-32 [0-9a-f]{8}, prepared with [0-9a-f]{8}"):
+        next(iter(CTRBatches(prepared, "train", 64)))
+    assert (prepared / rel).read_bytes() == damaged
+
+
+def test_a_flip_in_a_values_page_names_the_row_group(prepared):
+    import pyarrow.parquet as pq
+
+    from embcache.data.shard_check import damaged_row_group
+
+    path = next((prepared / "train").glob("*.parquet"))
+    column = pq.ParquetFile(path).metadata.row_group(0).column(5)  # dense_4's pages in the first row group
+    data = bytearray(path.read_bytes())
+    data[column.data_page_offset + column.total_compressed_size // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert damaged_row_group(path).startswith(", row group 0 (")
+
+
+def test_a_damaged_shard_stops_training_in_one_line(prepared, tmp_path):
+    rel = next(iter(sorted((prepared / "train").glob("*.parquet"))))
+    _flip_middle(rel)
+    done = subprocess.run([sys.executable, "-m", "embcache", "dlrm", "train", "--data", str(prepared), "--batch-size",
+                           "64", "--embedding-dim", "4", "--max-steps", "3", "--no-progress"],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "corrupt Parquet shard" in done.stderr and "AUC" not in done.stdout
+
+
+def test_data_prepared_before_the_checksums_reads_with_one_note(prepared, caplog):
+    import json
+
+    from embcache.data.loader import CTRBatches
+
+    meta = json.loads((prepared / "meta.json").read_text())
+    del meta["shard_crc32"]
+    (prepared / "meta.json").write_text(json.dumps(meta))
+    with caplog.at_level(logging.WARNING, logger="embcache"):
+        rows = sum(len(b) for b in CTRBatches(prepared, "train", 500)) + sum(len(b) for b in CTRBatches(prepared, "val", 500))
+    assert rows == meta["splits"]["train"]["rows"] + meta["splits"]["val"]["rows"]
+    notes = [r.getMessage() for r in caplog.records if r.name == "embcache"]
+    assert len(notes) == 1 and "prepared before shards carried checksums" in notes[0]
+
+
+def test_a_resume_on_other_shards_with_the_same_shape_is_refused(prepared, tmp_path):
+    from embcache.data.synthetic import generate_synthetic
+    from embcache.train.dlrm import DLRMTrainer, data_difference, data_differs, data_fingerprint
+    from embcache.data.ctr_format import read_meta
+
+    other = tmp_path / "other"
+    generate_synthetic(other, rows=4000, scale=0.0005, seed=1)  # the same features and rows, other values
+    a, b = data_fingerprint(read_meta(prepared)), data_fingerprint(read_meta(other))
+    assert data_differs(a, b) and not data_differs(a, a)
+    assert data_difference(a, b) == "the same features and rows, but not the same shard files (prepared again, or changed)"
+    old = {k: v for k, v in a.items() if k != "shards_crc32"}  # a checkpoint from before the shard checksums
+    assert not data_differs(old, b)

@@ -50,6 +50,7 @@ from embcache.errors import (
     writing,
 )
 from embcache.integrity import ChecksumError
+from embcache.data.shard_check import META_KEY as SHARD_CRCS, record_shard
 from embcache.data.frequency import (
     DEFAULT_MAX_COUNTED_KEYS,
     IdFrequency,
@@ -147,6 +148,7 @@ class CTRDatasetWriter:
         self.num_dense, self.sparse, self.source = num_dense, list(sparse), source
         self.rows_per_shard, self.row_group_rows = int(rows_per_shard), int(row_group_rows)
         self.schema = arrow_schema(num_dense, self.sparse)
+        self.shard_crcs: dict[str, int] = {}  # each closed shard's CRC-32, for meta.json
         self.raw = keys == "raw"
         self.counted, self.max_counted_keys = tuple(counted), max_counted_keys
         if self.raw:
@@ -237,7 +239,9 @@ class CTRDatasetWriter:
         relative = f"{split}/part-{len(self.splits[split]['files']):05d}.parquet"
         with writing(self.out / relative):
             (self.out / split).mkdir(parents=True, exist_ok=True)
-            self._open[split] = [pq.ParquetWriter(self.out / relative, self.schema, compression="zstd"), 0]
+            # each page with its CRC: a damaged shard's row group can be named (`shard_check`)
+            self._open[split] = [pq.ParquetWriter(self.out / relative, self.schema, compression="zstd",
+                                                  write_page_checksum=True), 0]
         self.splits[split]["files"].append(relative)
         return self._open[split]
 
@@ -246,6 +250,7 @@ class CTRDatasetWriter:
         if shard is not None:
             with writing(self.out / self.splits[split]["files"][-1]):
                 shard[0].close()
+            record_shard(self.shard_crcs, self.out, self.splits[split]["files"][-1])
 
     def cut(self) -> None:
         """Close every open shard: the next rows of any split start a new file (so a run of
@@ -301,7 +306,7 @@ class CTRDatasetWriter:
         meta = {"format": FORMAT, "version": VERSION, "num_dense": self.num_dense,
                 "sparse": sparse, "splits": {**self.splits, **self.views},
                 "id_frequency_file": KEY_FREQ if self.raw else FREQ, "source": self.source,
-                "bad_rows": bad_rows or {}, **keyed, **extra}
+                "bad_rows": bad_rows or {}, SHARD_CRCS: self.shard_crcs, **keyed, **extra}
         with writing(self.out):
             if self.raw:
                 save_key_counts(self.out / KEY_FREQ, {n: c.result() for n, c in self.key_counts.items()})

@@ -34,6 +34,7 @@ import torch
 from embcache.data.background import BackgroundIterator
 from embcache.errors import format_error
 from embcache.data.ctr_format import is_raw_keys, read_meta, read_shard, sparse_features
+from embcache.data.shard_check import verify_shard
 from embcache.partition import slice_bounds
 from embcache.sparse_types import KeyedJaggedTensor
 
@@ -203,6 +204,8 @@ class CTRBatches:
         return lookahead(self)
 
     def _open(self, path: Path) -> pq.ParquetFile:
+        # the shard's CRC-32 against meta.json's, before any of its rows is used (once a process)
+        verify_shard(self.data_dir, path.relative_to(self.data_dir).as_posix(), self.meta)
         try:
             # pre_buffer (on by default) would read every row group of the file up front:
             # memory would grow with the shard's size.

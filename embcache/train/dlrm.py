@@ -41,8 +41,10 @@ resumes it.
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
+import zlib
 from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
@@ -85,10 +87,21 @@ logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
 def data_fingerprint(meta: dict) -> dict:
     """What identifies a prepared dataset for a resume: its features, their
-    cardinalities and the rows of each split (not its path: a moved copy is the same)."""
-    return {"num_dense": meta["num_dense"],
-            "sparse": [(f["name"], f["cardinality"]) for f in meta["sparse"]],
-            "rows": {name: split.get("rows") for name, split in sorted(meta.get("splits", {}).items())}}
+    cardinalities, the rows of each split and, for data prepared with shard checksums, a
+    CRC-32 of them: the content (not its path: a moved copy is the same)."""
+    out = {"num_dense": meta["num_dense"],
+           "sparse": [(f["name"], f["cardinality"]) for f in meta["sparse"]],
+           "rows": {name: split.get("rows") for name, split in sorted(meta.get("splits", {}).items())}}
+    if meta.get("shard_crc32") is not None:
+        out["shards_crc32"] = zlib.crc32(json.dumps(meta["shard_crc32"], sort_keys=True).encode())
+    return out
+
+
+def data_differs(saved: dict, now: dict) -> bool:
+    """Whether the data of fingerprint `now` is not the checkpoint's (`saved`), on what
+    `saved` records (a checkpoint from before a part of the fingerprint existed is judged
+    on the parts it has)."""
+    return json.dumps(saved, sort_keys=True) != json.dumps({k: now.get(k) for k in saved}, sort_keys=True)
 
 
 def data_difference(saved: dict, now: dict) -> str:
@@ -117,6 +130,8 @@ def data_difference(saved: dict, now: dict) -> str:
         if a != b:
             parts.append(f"{split} rows {a if a is None else f'{a:,}'} in the checkpoint's data, "
                          f"{b if b is None else f'{b:,}'} here")
+    if not parts and "shards_crc32" in saved and saved["shards_crc32"] != now.get("shards_crc32"):
+        parts.append("the same features and rows, but not the same shard files (prepared again, or changed)")
     return "; ".join(parts) or "other data"
 
 

@@ -268,13 +268,13 @@ def _check_same_data(path: Path, ckpt: dict, data_dir: Path) -> None:
     """A checkpoint evaluates only on the data it was trained on (or a copy): one line naming
     the difference otherwise (not the resume's wording: nothing resumes here)."""
     from embcache.data.ctr_format import read_meta
-    from embcache.train.dlrm import data_difference, data_fingerprint
+    from embcache.train.dlrm import data_difference, data_differs, data_fingerprint
 
     saved = ckpt.get("data")
     if saved is None:
         return
     now = data_fingerprint(read_meta(data_dir))
-    if json.dumps(saved) != json.dumps(now):
+    if data_differs(saved, now):
         raise ValueError(f"{path} was trained on other data than {data_dir} ({data_difference(saved, now)}); "
                          f"evaluate it on its own data (leave out --data) or a copy of it")
 

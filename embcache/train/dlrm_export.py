@@ -269,7 +269,7 @@ def checkpoint_data(path: Path, ck: dict, data: str | None) -> tuple[Path, dict]
     """The prepared data directory the checkpoint trained on (or `data`) and its meta,
     checked to have the checkpoint's features, cardinalities and rows."""
     from embcache.data.ctr_format import read_meta
-    from embcache.train.dlrm import data_fingerprint
+    from embcache.train.dlrm import data_differs, data_fingerprint
 
     data_dir = data or ck.get("data_dir")
     if data_dir is None:
@@ -279,7 +279,7 @@ def checkpoint_data(path: Path, ck: dict, data: str | None) -> tuple[Path, dict]
         raise UserFacingError(f"{data_dir}: no meta.json here (the checkpoint's data moved? give --data)")
     meta = read_meta(data_dir)
     saved = ck.get("data")
-    if saved is not None and json.dumps(saved) != json.dumps(data_fingerprint(meta)):
+    if saved is not None and data_differs(saved, data_fingerprint(meta)):
         from embcache.train.dlrm import data_difference
 
         raise UserFacingError(f"{data_dir}: other features, cardinalities or rows than the data of {path} "

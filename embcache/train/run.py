@@ -699,7 +699,8 @@ class Trainer:
         differ = resume_mismatches(ck["config"], asdict(self.cfg), self.must_match, self.only_raised,
                                    self.setting_names)
         saved_data, data = ck.get("data"), self.data_fingerprint()
-        if saved_data is not None and data is not None and saved_data != data:
+        # judged on what the checkpoint recorded (a part added to a fingerprint later is not compared)
+        if saved_data is not None and data is not None and saved_data != {k: data.get(k) for k in saved_data}:
             differ.append(self.data_mismatch(ck["config"], saved_data, data))
         differ += self.state_mismatches(ck)
         if differ:
