@@ -138,3 +138,27 @@ def test_min_rating_that_keeps_nothing_is_an_error_not_a_crash():
     r = np.array([[0, 1, 3, 10], [1, 2, 2, 11]])
     with pytest.raises(ValueError, match=r"no rating is >= 4 \(--min-rating\) among 2"):
         split_ratings(r, min_rating=4)
+
+
+@pytest.mark.parametrize("token,why", [
+    ("1000000000000", r"item id 1,000,000,000,000 is far beyond the ids of train\.txt \(an id must be below 2 x the "
+                      r"distinct items \+ 1,000 = 1,102\)"),
+    ("200000000000000000000", r"token 200000000000000000000 is beyond any 64-bit id"),
+])
+def test_lightgcn_train_ids_are_bounded_before_they_size_a_table(tmp_path, token, why):
+    """A corrupt id in train.txt asked for 466 TiB (10^12) or raised OverflowError (2 x 10^20)."""
+    train = "\n".join(f"{u} {u % 50} {(u + 1) % 50}" for u in range(300)).split("\n")
+    train[120] = f"120 3 {token} 4"
+    d = _lightgcn(tmp_path, "\n".join(train) + "\n", "0 1\n1 2\n")
+    with pytest.raises(DataFormatError, match=rf"train\.txt:121: {why}"):
+        read_lightgcn(d)
+    data = read_lightgcn(d, skip_bad=True)  # counted, and the rest kept
+    assert data.bad_rows.total == 1 and data.num_items == 50 and data.num_users == 300
+    assert data.num_train == 299 * 2
+
+
+def test_lightgcn_ids_that_are_not_dense_get_the_hint_to_use_a_table(tmp_path):
+    train = "".join(f"{u * 10**9} {u}\n" for u in range(200))
+    d = _lightgcn(tmp_path, train, "0 1\n")
+    with pytest.raises(DataFormatError, match=r"train\.txt:\d+: user id .* the ids are not dense .* --user-col"):
+        read_lightgcn(d)

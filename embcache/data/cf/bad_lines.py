@@ -30,15 +30,25 @@ def whole_numbers(tokens: list[str], path, lineno: int, noun: str, bad_rows: Bad
         [3, 7]
         >>> whole_numbers(["3", "x"], "train.txt", 2, "token", log) is None
         True
+        >>> whole_numbers(["3", str(2 * 10**20)], "train.txt", 3, "token", log) is None
+        True
         >>> log.to_json()["train.txt"]["first_reasons"]
-        ["non-integer token 'x'"]
+        ["non-integer token 'x'", 'token 200000000000000000000 is beyond any 64-bit id']
     """
     try:
-        return [int(t) for t in tokens]
+        values = [int(t) for t in tokens]
     except ValueError:
         bad = next(t for t in tokens if not _is_int(t))
         bad_line(path, lineno, f"non-integer {noun} {bad!r}", bad_rows)
         return None
+    huge = next((v for v in values if not -INT64_LIMIT <= v < INT64_LIMIT), None)
+    if huge is not None:  # no id table can have such a row, and numpy's int64 cannot hold it
+        bad_line(path, lineno, f"{noun} {huge} is beyond any 64-bit id", bad_rows)
+        return None
+    return values
+
+
+INT64_LIMIT = 1 << 63
 
 
 def _is_int(token: str) -> bool:

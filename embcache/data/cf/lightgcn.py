@@ -36,6 +36,13 @@ def far_id_limit(train_count: int) -> int:
 
 def read_lightgcn_file(path: str | Path, bad_rows: BadRowLog | None = None,
                        train_counts: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+    """`_read_lines` without the per-line record (see there)."""
+    users, items, num_users, _ = _read_lines(path, bad_rows, train_counts)
+    return users, items, num_users
+
+
+def _read_lines(path: str | Path, bad_rows: BadRowLog | None = None,
+                train_counts: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
     """Read `user item item ...` lines (space separated) into (users, items, num_users).
 
     Empty lines are ignored; a user with no items is allowed: it adds no pair but still
@@ -43,8 +50,11 @@ def read_lightgcn_file(path: str | Path, bad_rows: BadRowLog | None = None,
     is not a non-negative integer, or, for a test file (`train_counts` = the users and items
     of train.txt), an id at or above its `far_id_limit`, raises `DataFormatError` naming
     file and line, or, when a `bad_rows` log is given, the line is skipped and counted there.
+    The fourth value holds, per kept line, (line number, first pair, end pair, user, largest
+    item), for `_bound_dense`.
     """
     path = Path(path)
+    lines = []
     if not path.is_file():
         raise format_error(path, None, "no such file")
     users, items = [], []
@@ -66,11 +76,38 @@ def read_lightgcn_file(path: str | Path, bad_rows: BadRowLog | None = None,
                     bad_line(path, lineno, far, bad_rows)
                     continue
             num_users = max(num_users, ids[0] + 1)
+            lines.append((lineno, len(items), len(items) + len(ids) - 1, ids[0], max(ids[1:], default=-1)))
             users.extend([ids[0]] * (len(ids) - 1))
             items.extend(ids[1:])
     if bad_rows is not None:
         bad_rows.seen(path)
-    return np.array(users, dtype=np.int64), np.array(items, dtype=np.int64), num_users
+    return (np.array(users, dtype=np.int64), np.array(items, dtype=np.int64), num_users,
+            np.array(lines, dtype=np.int64).reshape(-1, 5))
+
+
+def _bound_dense(path: Path, users: np.ndarray, items: np.ndarray, lines: np.ndarray,
+                 bad_rows: BadRowLog | None) -> tuple[np.ndarray, np.ndarray, int]:
+    """train.txt's ids checked before any table is sized from them: the tables hold a row per
+    id up to the largest, so an id at or above `far_id_limit` of the distinct ids seen (one
+    corrupt 10^12 would ask for terabytes) is a bad line naming file, line and value, or, with
+    `bad_rows`, a counted skip. Returns (users, items, num_users) without the skipped lines."""
+    limits = [far_id_limit(len(np.unique(lines[:, 3]))), far_id_limit(len(np.unique(items)))]
+    far = (lines[:, 3] >= limits[0]) | (lines[:, 4] >= limits[1])
+    if not far.any():
+        return users, items, int(lines[:, 3].max(initial=-1)) + 1
+    hint = ""
+    if far.mean() > 0.01:  # not a few corrupt lines: the ids themselves are sparse
+        hint = ("; the ids are not dense (LightGCN files index the tables by id): give the interactions as a "
+                "CSV, TSV or Parquet file with --user-col/--item-col instead, whose ids may be anything")
+    keep = np.ones(len(users), dtype=bool)
+    for lineno, lo, hi, user, top in lines[far]:
+        kind, value, limit = ("user", user, limits[0]) if user >= limits[0] else ("item", top, limits[1])
+        bad_line(path, int(lineno), f"{kind} id {value:,} is far beyond the ids of train.txt (an id must be below "
+                                    f"{_FAR_ID_FACTOR} x the distinct {kind}s + {_FAR_ID_SLACK:,} = {limit:,}){hint}",
+                 bad_rows)
+        keep[lo:hi] = False
+    kept = lines[~far]
+    return users[keep], items[keep], int(kept[:, 3].max(initial=-1)) + 1
 
 
 def read_lightgcn(directory: str | Path, skip_bad: bool = False) -> Interactions:
@@ -79,7 +116,8 @@ def read_lightgcn(directory: str | Path, skip_bad: bool = False) -> Interactions
     if not directory.is_dir():
         raise format_error(directory, None, "no such directory (expected train.txt and test.txt)")
     log = BadRowLog() if skip_bad else None
-    tr_u, tr_i, tr_n = read_lightgcn_file(directory / "train.txt", log)
+    tr_u, tr_i, tr_n, lines = _read_lines(directory / "train.txt", log)
+    tr_u, tr_i, tr_n = _bound_dense(directory / "train.txt", tr_u, tr_i, lines, log)
     if not len(tr_u):
         raise format_error(directory / "train.txt", None, "no interactions")
     te_u, te_i, te_n = read_lightgcn_file(directory / "test.txt", log, train_counts=(tr_n, int(tr_i.max()) + 1))

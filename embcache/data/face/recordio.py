@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from embcache.errors import DataFormatError
+from embcache.integrity import array_crc32
 
 from .folder import IndexedFaces
 from .images import decode_image
@@ -214,7 +215,8 @@ class RecordIOFaces(IndexedFaces):
 
     def _labels(self, progress: bool, num_classes: int | None) -> np.ndarray:
         """Checked int64 labels, from the cache when it was written for this very file (size,
-        mtime in ns and image count, stored as int64 so the stamp compares exactly)."""
+        mtime in ns and image count, stored as int64 so the stamp compares exactly) and its
+        labels' CRC-32 matches (else they are read again)."""
         rec = self.records.rec_path
         cache = rec.with_suffix(".labels.npy")
         st = rec.stat()
@@ -223,9 +225,10 @@ class RecordIOFaces(IndexedFaces):
         if cache.is_file():
             try:
                 saved = np.load(cache)
-                if (saved.dtype == np.int64 and len(saved) == 3 + len(self.image_keys)
-                        and np.array_equal(saved[:3], stamp)):
-                    labels = saved[3:]
+                # the stamp, then the labels' CRC-32: a damaged cache is read again from the file
+                if (saved.dtype == np.int64 and len(saved) == 4 + len(self.image_keys)
+                        and np.array_equal(saved[:3], stamp) and saved[3] == array_crc32(saved[4:])):
+                    labels = saved[4:]
             except (OSError, ValueError):
                 pass
         if labels is not None:  # checked when cached, but perhaps against another --num-classes
@@ -239,7 +242,7 @@ class RecordIOFaces(IndexedFaces):
             labels[i] = self.records.first_label(int(key))[1]
         check_labels(labels, self.image_keys, rec, num_classes)
         labels = labels.astype(np.int64)
-        _save_atomically(cache, np.concatenate([stamp, labels]))
+        _save_atomically(cache, np.concatenate([stamp, [array_crc32(labels)], labels]))
         return labels
 
     def read(self, index: int) -> torch.Tensor:
