@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from embcache.errors import DataFormatError, first_line
+from embcache.integrity import file_crc32
 
 DENSE_LOG1P = "log1p(max(x, 0))"  # `embcache.data.ctr_format.DENSE_LOG1P` (this module imports no data code)
 
@@ -218,6 +220,7 @@ class ExportedDLRM:
             raise DataFormatError(f"{path}: cannot read the export's manifest ({err})") from None
         if self.manifest.get("format") != EXPORT_FORMAT:
             raise DataFormatError(f"{path}: not an {EXPORT_FORMAT} manifest")
+        verify_files(self.directory, self.manifest)
         self.features = [t["feature"] for t in self.manifest["tables"]]
         self.multi_hot = {t["feature"]: t["multi_hot"] for t in self.manifest["tables"]}
         self.tables = [_read_table(self.directory / t["file"]) for t in self.manifest["tables"]]
@@ -349,6 +352,25 @@ def _listed(feature: str, values) -> list:
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise ValueError(f"{feature}: a multi-hot feature takes a list of values per row, got {values!r}")
     return list(values)
+
+
+def verify_files(directory: Path, manifest: dict) -> None:
+    """Every file the manifest lists against its CRC-32, before any is used: a damaged
+    table would score with wrong rows and no word. An export written before the checksums
+    loads with one note."""
+    crcs = manifest.get("files_crc32")
+    if crcs is None:
+        logging.getLogger("embcache").warning(f"{directory / 'manifest.json'}: exported before files carried "
+                                              f"checksums: they cannot be verified")
+        return
+    for relative, want in crcs.items():
+        path = directory / relative
+        if not path.is_file():
+            raise DataFormatError(f"{path}: missing (the export's manifest lists it)")
+        got = file_crc32(path)
+        if got != int(want):
+            raise DataFormatError(f"{path}: corrupt export file: CRC-32 {got:08x}, exported with {int(want):08x}; "
+                                  f"export again")
 
 
 def load_export(directory: str | os.PathLike) -> ExportedDLRM:

@@ -413,3 +413,21 @@ def test_a_table_saved_in_row_ranges_exports_whole(run, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(split.tables, one.tables))
     sparse, dense = raw_val_rows(run["columns"])
     assert torch.equal(split.logits(sparse, dense), one.logits(sparse, dense))
+
+
+def test_a_damaged_export_file_is_refused_before_anything_is_scored(run, tmp_path):
+    import shutil
+
+    from embcache.errors import DataFormatError
+
+    copy = tmp_path / "export"
+    shutil.copytree(run["out"], copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    listed = set(manifest["files_crc32"])
+    assert listed == {p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file()} - {"manifest.json"}
+    table = copy / manifest["tables"][0]["file"]
+    data = bytearray(table.read_bytes())
+    data[-5] ^= 0x20  # a weight of the table's last row
+    table.write_bytes(bytes(data))
+    with pytest.raises(DataFormatError, match=rf"{manifest['tables'][0]['file']}: corrupt export file: CRC-32"):
+        load_export(copy)

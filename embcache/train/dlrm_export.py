@@ -29,7 +29,7 @@ import torch
 
 from embcache.data.ctr_format import dense_transform
 from embcache.errors import CheckpointError, DataOutputError, UserFacingError, writing
-from embcache.integrity import ChecksumError, verify_zip
+from embcache.integrity import ChecksumError, file_crc32, verify_zip
 from embcache.nn.dlrm_arch import DLRMDense
 from embcache.train.dlrm_config import TABLE_FORMATS, training_split
 
@@ -319,6 +319,9 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, tab
             tmp.mkdir()
         manifest = write_export(tmp, tables, program, data_dir, meta, table_format, key_rules)
         manifest.update(checkpoint=str(path), step=ck.get("step"))
+        # every file's CRC-32, which `load_export` checks before it uses any
+        manifest["files_crc32"] = {f.relative_to(tmp).as_posix(): file_crc32(f)
+                                   for f in sorted(tmp.rglob("*")) if f.is_file()}
         with writing(tmp / "manifest.json"):
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
         _commit(tmp, out)
