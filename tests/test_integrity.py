@@ -5,7 +5,6 @@ one line naming the file, and left on disk as they were; files from before the s
 a note, once."""
 import logging
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -16,27 +15,10 @@ import torch
 
 from embcache.checkpoint import load_checkpoint, save_checkpoint
 from embcache.errors import CheckpointError
-from embcache.integrity import TRAILER_BYTES, ChecksumError, seal_zip, verify_zip
+from embcache.integrity import ChecksumError, seal_zip, verify_zip
+from tests.damage import damaged_variants
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def damaged_variants(data: bytes, seed: int = 0, flips: int = 24):
-    """(name, bytes): single-byte flips at seeded positions over the whole file (entries,
-    headers, central directory, seal), 16 bytes flipped in a row, truncations, zero length
-    and two foreign files."""
-    rng = random.Random(seed)
-    for pos in sorted(rng.sample(range(len(data)), flips)) + [len(data) - 1, len(data) - TRAILER_BYTES - 2]:
-        b = bytearray(data)
-        b[pos] ^= 1 << rng.randrange(8)
-        yield f"flip@{pos}", bytes(b)
-    at = rng.randrange(len(data) - 16)
-    yield f"flip16@{at}", data[:at] + bytes(x ^ 0xFF for x in data[at:at + 16]) + data[at + 16:]
-    for cut in (len(data) // 2, len(data) - 1, 10):
-        yield f"cut@{cut}", data[:cut]
-    yield "empty", b""
-    yield "text", b"step,loss\n1,0.5\n" * 10
-    yield "garbage", bytes(rng.randrange(256) for _ in range(4096))
 
 
 def test_every_damaged_variant_of_a_sealed_checkpoint_is_refused_by_name(tmp_path):
