@@ -6,6 +6,11 @@ own) and reports samples/s, hit rate, bytes moved between host and device, and p
 host / device memory. On a CPU-only machine "device" and "host" are the same memory, so
 the comparison shows what the cache's bookkeeping costs; on a GPU it shows how close the
 cache comes to all-on-GPU tables.
+
+Then what the checksums cost (`embcache.integrity`, `embcache.data.shard_check`): the CRC-32
+of every training shard against one epoch at the first cached variant's measured rate, and
+the verification of a checkpoint's sealed files against the whole resume's load (a short run
+writes the checkpoint; the load is `DLRMTrainer.restore`, verification included).
 """
 from __future__ import annotations
 
@@ -71,7 +76,61 @@ def run(args) -> int:
     base = next(r for r in results if r["sparse"] == "device")["train_samples_per_s"]
     for r in results:
         r["throughput_vs_all_on_device"] = r["train_samples_per_s"] / base
+    checks = checksum_costs(args, data_dir, next(r for r in results if r["ratio"] is not None))
+    print(f"  checksums: the train shards' CRC-32 {checks['shards_seconds']:.3f} s = "
+          f"{checks['shards_fraction_of_epoch']:.2%} of an epoch; a resume's verification "
+          f"{checks['verify_seconds'] * 1e3:.1f} ms = {checks['verify_fraction_of_load']:.2%} of its load", flush=True)
     path = write_json({"benchmark": "dlrm", "config": {k: v for k, v in vars(args).items() if k != "func"},
-                       "results": results}, args.name, args.out)
+                       "results": results, "checksums": checks}, args.name, args.out)
     print(f"wrote {path}")
     return 0
+
+
+def checksum_costs(args, data_dir: Path, cached: dict) -> dict:
+    """(see the module docstring) Seconds and fractions; the epoch's time is the train
+    split's rows at `cached`'s samples/s."""
+    import tempfile
+    import time
+
+    from embcache.data.ctr_format import read_meta
+    from embcache.integrity import file_crc32, verify_zip
+
+    meta = read_meta(data_dir)
+    start = time.perf_counter()
+    for rel in meta["splits"]["train"]["files"]:
+        file_crc32(data_dir / rel)
+    shards = time.perf_counter() - start
+    epoch = meta["splits"]["train"]["rows"] / cached["train_samples_per_s"]
+    with tempfile.TemporaryDirectory() as ck_dir:
+        cmd = ["dlrm", "train", "--data", str(data_dir), "--sparse", "cached", "--cache-ratio", str(cached["ratio"]),
+               "--max-steps", "5", "--batch-size", str(args.batch_size), "--embedding-dim", str(args.embedding_dim),
+               "--no-progress", "--checkpoint-dir", ck_dir]
+        run_for_summary(cmd, f"embcache {' '.join(cmd)}")
+        load = _timed_restore(Path(ck_dir) / "dlrm-last.pt", data_dir)
+        sealed = sorted(Path(ck_dir).rglob("*.pt"))
+        start = time.perf_counter()
+        for path in sealed:
+            verify_zip(path)
+        verify = time.perf_counter() - start
+        checkpoint_bytes = sum(p.stat().st_size for p in Path(ck_dir).rglob("*") if p.is_file())
+    return {"shards_seconds": shards, "epoch_seconds": epoch, "shards_fraction_of_epoch": shards / epoch,
+            "verify_seconds": verify, "load_seconds": load, "verify_fraction_of_load": verify / load,
+            "sealed_files": len(sealed), "checkpoint_bytes": checkpoint_bytes}
+
+
+def _timed_restore(path: Path, data_dir: Path) -> float:
+    """Seconds of a resume's load of checkpoint `path` (the trainer built beforehand)."""
+    import time
+
+    from embcache.checkpoint import load_checkpoint
+    from embcache.train.dlrm import DLRMTrainer
+    from embcache.train.dlrm_config import DLRMConfig
+    from embcache.train.run import config_from_checkpoint
+
+    saved = load_checkpoint(path, kind="dlrm")["config"]
+    cfg = config_from_checkpoint(DLRMConfig, saved, resume=False, checkpoint_dir=None, metrics_out=None,
+                                 progress=False)
+    trainer = DLRMTrainer(cfg, data_dir)
+    start = time.perf_counter()
+    trainer.restore(path)
+    return time.perf_counter() - start
