@@ -4,6 +4,7 @@ per identity, or MXNet RecordIO (`train.rec`/`train.idx`, as MS1MV2 and Glint360
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 
 from embcache.arg_types import DefaultsHelpFormatter, positive_int
@@ -52,52 +53,40 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                                    "decoded and resized as training read them, each the sum of the image's and its "
                                    "mirror's embedding, L2-normalised (as evaluation does). --out FILE.parquet holds "
                                    "path and embedding; FILE.npy the array, with FILE.npy.paths.txt beside it.")
-    m.add_argument("checkpoint", help="a face checkpoint file, or the --checkpoint-dir holding face-last.pt")
+    _checkpoint_use(m, images=True, progress=True, run=("embcache.train.face_use", "embed_command"))
     m.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR", help="image files or directories of them")
     m.add_argument("--out", required=True, help="FILE.npy or FILE.parquet")
-    m.add_argument("--no-flip", action="store_true", help="embed each image alone, not with its mirror")
-    m.add_argument("--device", default="cpu", help="cpu or cuda")
-    m.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    m.set_defaults(func=_embed)
 
     v = sub.add_parser("verify", help="are two images the same person? cosine and verdict", formatter_class=fmt,
                        description="Embed two images with a face checkpoint and print their cosine and a same / "
                                    "different verdict at the threshold the last evaluation found for FAR 1e-3 "
                                    "(recorded in the checkpoint), or --threshold.")
-    v.add_argument("checkpoint", help="a face checkpoint file, or the --checkpoint-dir holding face-last.pt")
+    _checkpoint_use(v, images=True, run=("embcache.train.face_use", "verify_command"))
     v.add_argument("a", metavar="A.jpg")
     v.add_argument("b", metavar="B.jpg")
     v.add_argument("--threshold", type=float, default=None,
                    help="cosine above which the two are the same person (default: the checkpoint's, at FAR 1e-3)")
-    v.add_argument("--no-flip", action="store_true", help="embed each image alone, not with its mirror")
-    v.add_argument("--device", default="cpu", help="cpu or cuda")
-    v.set_defaults(func=_verify)
 
     s = sub.add_parser("search", help="the nearest gallery identities of query images", formatter_class=fmt,
                        description="Embed a gallery (<gallery>/<identity>/<image>, or images directly in it, each its "
                                    "own entry) with a face checkpoint, one vector per identity (the normalised mean "
                                    "of its images'), and print each query image's K nearest identities by cosine "
                                    "(exact search: faiss where installed, else torch), or write them to --out.")
-    s.add_argument("checkpoint", help="a face checkpoint file, or the --checkpoint-dir holding face-last.pt")
+    _checkpoint_use(s, images=True, progress=True, run=("embcache.train.face_use", "search_command"))
     s.add_argument("--gallery", required=True, metavar="DIR", help="<DIR>/<identity>/<image>, or images in DIR")
     s.add_argument("--query", required=True, nargs="+", metavar="IMAGE_OR_DIR", help="query images or directories")
     s.add_argument("--k", type=positive_int, default=5, help="identities per query")
     s.add_argument("--out", default=None, help="FILE.csv or FILE.parquet (query, rank, identity, cosine) "
                                                "(default: printed)")
-    s.add_argument("--no-flip", action="store_true", help="embed each image alone, not with its mirror")
-    s.add_argument("--device", default="cpu", help="cpu or cuda")
-    s.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    s.set_defaults(func=_search)
 
     x = sub.add_parser("export", help="the embedding network as ONNX, checked with onnxruntime", formatter_class=fmt,
                        description="Export a face checkpoint's embedding network to ONNX (dynamic batch; input as "
                                    "training read it: RGB, pixels (x - 127.5) / 128; output raw features, to be "
                                    "L2-normalised), run it with onnxruntime beside torch on seeded inputs and print "
                                    "the largest difference. Needs the onnx extra: pip install 'embcache[onnx]'.")
-    x.add_argument("checkpoint", help="a face checkpoint file, or the --checkpoint-dir holding face-last.pt")
+    _checkpoint_use(x, run=("embcache.train.face_export", "export_command"))
     x.add_argument("--onnx", required=True, metavar="FILE.onnx", help="where to write the model")
     x.add_argument("--no-check", action="store_true", help="do not compare onnxruntime's outputs with torch's")
-    x.set_defaults(func=_export)
     return parser
 
 
@@ -113,16 +102,20 @@ def _export(args) -> int:
     return export_command(args)
 
 
-def _embed(args) -> int:
-    from embcache.train.face_use import embed_command
-
-    return embed_command(args)
-
-
-def _verify(args) -> int:
-    from embcache.train.face_use import verify_command
-
-    return verify_command(args)
+def _checkpoint_use(p: argparse.ArgumentParser, run: tuple[str, str], images: bool = False,
+                    progress: bool = False) -> argparse.ArgumentParser:
+    """`p` with what the commands that use a trained checkpoint share: the checkpoint (their
+    first argument), how images are embedded and on which device, a progress bar, and their
+    function, imported on use."""
+    p.add_argument("checkpoint", help="a face checkpoint file, or the --checkpoint-dir holding face-last.pt")
+    if images:
+        p.add_argument("--no-flip", action="store_true", help="embed each image alone, not with its mirror")
+        p.add_argument("--device", default="cpu", help="cpu or cuda")
+    if progress:
+        p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    module, name = run
+    p.set_defaults(func=lambda args: getattr(importlib.import_module(module), name)(args))
+    return p
 
 
 def _config(args):
