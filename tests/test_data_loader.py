@@ -257,6 +257,11 @@ def test_damaged_shard_is_one_line_naming_it(data):
         bytes(column.total_compressed_size - 24)
     path.write_bytes(bytes(raw))
     pq.ParquetFile(path)  # still opens
+    with pytest.raises(DataFormatError, match=r"train/part-00001\.parquet: corrupt Parquet shard, row group 0"):
+        list(CTRBatches(data, "train", 4))  # the file's CRC-32, on opening
+    meta = json.loads((data / "meta.json").read_text())
+    del meta["shard_crc32"]  # data prepared before the checksums: the damage is met while reading
+    (data / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(DataFormatError, match=r"train/part-00001\.parquet: cannot read Parquet shard") as err:
         list(CTRBatches(data, "train", 4))
     assert "\n" not in str(err.value)

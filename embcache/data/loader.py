@@ -209,7 +209,8 @@ class CTRBatches:
         try:
             # pre_buffer (on by default) would read every row group of the file up front:
             # memory would grow with the shard's size.
-            pf = pq.ParquetFile(path, pre_buffer=False)
+            # and every page's CRC checked as it is decoded (a file changed after its CRC-32 was)
+            pf = pq.ParquetFile(path, pre_buffer=False, page_checksum_verification=True)
         except (OSError, pa.ArrowException) as err:
             raise format_error(path, None, f"cannot read Parquet shard: {err}") from None
         names = set(pf.schema_arrow.names)
