@@ -114,3 +114,15 @@ def test_bad_rows_stop_with_file_and_line_or_are_counted(tmp_path, capsys):
                  "--skip-bad-lines"]) == 0
     out = capsys.readouterr()
     assert "skipped 2 malformed line(s)" in out.out + out.err
+
+
+def test_faiss_asked_for_but_missing_is_one_line(monkeypatch):
+    import sys
+
+    from embcache.errors import UserFacingError
+    from embcache.train.cf_eval import topk_backend
+
+    monkeypatch.setitem(sys.modules, "faiss", None)  # as where faiss is not installed
+    with pytest.raises(UserFacingError, match=r"--topk faiss needs faiss: pip install 'embcache\[faiss\]'"):
+        topk_backend(np.zeros((3, 2), np.float32), "faiss")
+    assert topk_backend(np.zeros((3, 2), np.float32), "auto") is not None  # auto needs none

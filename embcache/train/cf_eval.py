@@ -23,6 +23,7 @@ import torch
 from cpu_kernels.heat import user_vectors
 from cpu_kernels.model import CFParams
 from embcache.data.cf.interactions import Interactions
+from embcache.errors import UserFacingError
 
 BACKENDS = ("torch", "faiss")
 # bench/results/cf.json, "topk": torch was faster on this 2-core machine (see docs/heat.md)
@@ -136,7 +137,11 @@ def _topk_torch(V: np.ndarray):
 
 
 def _topk_faiss(V: np.ndarray):
-    import faiss
+    try:
+        import faiss
+    except ImportError:
+        raise UserFacingError("--topk faiss needs faiss: pip install 'embcache[faiss]' (or faiss-gpu-cu12), or "
+                              "use --topk torch (the same ranking)") from None
 
     index = faiss.IndexFlatIP(V.shape[1])
     index.add(V)
