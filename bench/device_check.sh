@@ -4,7 +4,11 @@
 # priority order, each with a time limit of its own; a failed step does not stop the next:
 #   probe  (30 s)  device, torch, CUDA, Triton; pinned copy GB/s; random 64/128/512-byte host
 #                  rows through the unified view (and a Triton gather); sorts of 426 k / 3.5 M ids
-#   cuda   (150 s) pytest -m cuda (tests/test_cuda.py, test_unified_view.py), summarised in cuda_tests.json
+#   install (40 s) `pip install --no-deps --no-build-isolation -e .` into a venv over the machine's own
+#                  Python and torch (--system-site-packages), then `embcache --help` from it (issue
+#                  "Installs where its users already are")
+#   cuda   (150 s) pytest -m cuda (tests/test_cuda.py, test_unified_view.py) from that install where it
+#                  succeeded (else from the folder), summarised in cuda_tests.json
 #   gpu    (270 s) bench gpu at Kaggle cardinalities, batch 16,384, 1.5 %, dim 128, one-hot and
 #                  multi-hot: the whole table on the GPU against the cache, host and device bookkeeping
 #   host   (50 s)  bench host on every core: the measured host ceiling
@@ -20,18 +24,18 @@
 # network): `.venv/bin/python -c 'from embcache.data.movielens import ml100k_dir; ml100k_dir()'`,
 # then the device tool's run with carry ["datasets/ml-100k"].
 #
-#   bash bench/device_check.sh                # probe cuda gpu host, in that order
+#   bash bench/device_check.sh                # probe install cuda gpu host, in that order
 #   bash bench/device_check.sh probe gpu      # some of them
 #   bash bench/device_check.sh cf nccl suite  # the optional steps
 #   SMALL=1 bash bench/device_check.sh        # the same steps at toy sizes, on the CPU too
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-STEPS=" ${*:-probe cuda gpu host} "
+STEPS=" ${*:-probe install cuda gpu host} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 for s in $STEPS; do
-    case "$s" in probe|cuda|gpu|cf|host|nccl|suite) ;;
-        *) echo "device_check: unknown step '$s' (probe cuda gpu cf host nccl suite)"; exit 2;; esac
+    case "$s" in probe|install|cuda|gpu|cf|host|nccl|suite) ;;
+        *) echo "device_check: unknown step '$s' (probe install cuda gpu cf host nccl suite)"; exit 2;; esac
 done
 OUT="${OUT:-bench/results/device}"
 mkdir -p "$OUT"
@@ -77,11 +81,26 @@ fi
 
 # 1. the device and the link, through what a device-side cache uses
 want probe && step "probe" 30 "$PY" -m embcache bench probe --device "$DEV" --out "$OUT" --name probe "${PROBE_ARGS[@]}"
-# 2. the tests marked cuda (skipped without a GPU: then they say so), summarised as JSON
+# 2. the package installed over the machine's own torch (editable: no copy, no download)
+INSTALLED=""
+if want install; then
+    VENV="$(mktemp -d)/venv"
+    step "install" 40 bash -c "'$PY' -m venv --system-site-packages '$VENV' && '$VENV/bin/python' -m pip install -q \
+        --no-deps --no-build-isolation -e . && env -u PYTHONPATH '$VENV/bin/embcache' --help >/dev/null && \
+        env -u PYTHONPATH '$VENV/bin/python' -c 'import embcache, torch; print(\"installed\", embcache.__file__, \"beside torch\", torch.__version__)'"
+    [ -x "$VENV/bin/embcache" ] && env -u PYTHONPATH "$VENV/bin/python" -c 'import embcache' 2>/dev/null && INSTALLED="$VENV/bin/python"
+fi
+# 3. the tests marked cuda (skipped without a GPU: then they say so), summarised as JSON; from the
+#    install where it succeeded
 if want cuda; then
     XML="$(mktemp --suffix .xml)"
-    step "pytest -m cuda" 150 "$PY" -m pytest -q -m cuda -p no:cacheprovider --junitxml="$XML" tests/test_cuda.py tests/test_unified_view.py
-    "$PY" - "$XML" "$OUT/cuda_tests.json" <<'EOF' >>"$LOG" 2>&1
+    if [ -n "$INSTALLED" ]; then
+        step "pytest -m cuda (installed)" 150 env -u PYTHONPATH "$INSTALLED" -m pytest -q -m cuda -p no:cacheprovider \
+            --junitxml="$XML" tests/test_cuda.py tests/test_unified_view.py
+    else
+        step "pytest -m cuda" 150 "$PY" -m pytest -q -m cuda -p no:cacheprovider --junitxml="$XML" tests/test_cuda.py tests/test_unified_view.py
+    fi
+    RAN_FROM="${INSTALLED:+installed package}" "$PY" - "$XML" "$OUT/cuda_tests.json" <<'EOF' >>"$LOG" 2>&1
 import json, sys, xml.etree.ElementTree as ET
 try:
     cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
@@ -96,12 +115,15 @@ for c in cases:
     rows.append({"test": f"{c.get('classname')}::{c.get('name')}", "outcome": outcome, "seconds": float(c.get("time", 0)),
                  "message": msg[:500]})
 counts = {k: sum(r["outcome"] == k for r in rows) for k in ("passed", "failure", "error", "skipped")}
-json.dump({"benchmark": "cuda_tests", "counts": counts, "error": error, "tests": rows}, open(sys.argv[2], "w"), indent=1)
+import os
+ran_from = os.environ.get("RAN_FROM") or "the repository folder (PYTHONPATH)"
+json.dump({"benchmark": "cuda_tests", "counts": counts, "error": error, "ran_from": ran_from, "tests": rows},
+          open(sys.argv[2], "w"), indent=1)
 print("cuda tests:", counts)
 EOF
     rm -f "$XML"
 fi
-# 3. DLRM on one GPU: the cache at 1.5 % against the whole table on the device, one-hot and multi-hot,
+# 4. DLRM on one GPU: the cache at 1.5 % against the whole table on the device, one-hot and multi-hot,
 #    each bookkeeper
 want gpu && step "bench gpu" 270 "$PY" -m embcache bench gpu --device "$DEV" --out "$OUT" --name gpu --ratios 0.015 \
     --shapes one-hot multi-hot --bookkeeping host device --no-price-prefetch "${GPU_ARGS[@]}"
