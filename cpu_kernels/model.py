@@ -1,7 +1,7 @@
 """The CF model both engines train: its settings (`CFConfig`) and its parameters
 (`CFParams`: user rows, item rows, SimpleX's W and the fixed user histories). Plain numpy so
 that the numba kernels and torch share the same memory; saving and loading them to a file
-is `embcache.data.cf.embeddings_file`'s job."""
+is `embcache.cf.data.embeddings_file`'s job."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

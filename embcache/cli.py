@@ -20,11 +20,11 @@ from embcache.errors import RunInterrupted, UserFacingError
 
 # name -> (module that builds its parser, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "dlrm": ("embcache.train.dlrm_cli", "train a DLRM through the embedding cache (the main job)"),
-    "cf": ("embcache.train.cf_cli", "collaborative filtering (SimpleX, MF-CCL) on CPUs with the HEAT kernels"),
-    "face": ("embcache.train.face_cli", "face classification with a dynamic class pool (or full FC / Partial FC)"),
+    "dlrm": ("embcache.dlrm.cli", "train a DLRM through the embedding cache (the main job)"),
+    "cf": ("embcache.cf.cli", "collaborative filtering (SimpleX, MF-CCL) on CPUs with the HEAT kernels"),
+    "face": ("embcache.face.cli", "face classification with a dynamic class pool (or full FC / Partial FC)"),
     "bench": ("embcache.bench.cli", "run a benchmark (cache, host, dlrm, cf, face, scaling, projection, tiers, gpu, vocab); JSON lands in bench/results/"),
-    "cache": ("embcache.train.cache_cli", "plan a cache before training: predicted hit rate and memory by cache size"),
+    "cache": ("embcache.dlrm.cache_cli", "plan a cache before training: predicted hit rate and memory by cache size"),
     "data": ("embcache.data.cli", "prepare CTR data: Criteo Kaggle/Terabyte, Avazu, MovieLens-100k, synthetic"),
 }
 

@@ -4,7 +4,7 @@ import sys
 
 from cpu_kernels.model import CFConfig
 from embcache.bench.cf import fmt_topk, topk_backends
-from embcache.data.cf.synthetic import power_law_interactions
+from embcache.cf.data.synthetic import power_law_interactions
 
 
 def test_a_missing_faiss_is_named_not_fatal(monkeypatch):

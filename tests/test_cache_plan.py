@@ -16,7 +16,7 @@ from embcache.cache.optimizers import OPTIMIZERS, make_optimizer
 from embcache.cache.row_cache import RowCache
 from embcache.cli import main
 from embcache.data.synthetic import generate_synthetic
-from embcache.train.dlrm_config import DLRMConfig
+from embcache.dlrm.config import DLRMConfig
 
 RATIOS = (0.0025, 0.025, 0.1)  # 0.25 %: smaller than a batch's distinct rows (overflow)
 
@@ -187,14 +187,14 @@ def test_plan_json_and_the_largest_cache_that_fits(data_dir, capsys):
 @pytest.mark.parametrize("text, size", [("16 GiB", 16 * 2**30), ("16GiB", 16 * 2**30), ("16e9", 16 * 10**9),
                                         ("512MB", 512 * 10**6), ("1.5G", 3 * 2**29)])
 def test_memory_sizes_parse(text, size):
-    from embcache.train.plan_cli import build_parser
+    from embcache.dlrm.plan_cli import build_parser
 
     assert build_parser("plan").parse_args(["d", "--device-memory", text]).device_memory == size
 
 
 def test_plan_assumes_the_trainers_defaults():
     """One default per setting: what `cache plan` assumes unless told is what `dlrm train` does."""
-    from embcache.train.plan_cli import build_parser
+    from embcache.dlrm.plan_cli import build_parser
 
     args, d = build_parser("plan").parse_args(["d"]), DLRMConfig()
     assert (args.embedding_dim, args.optimizer, args.eviction, args.batch_size, args.warmup_ratio,

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from embcache.cli import main
-from embcache.data.cf.embeddings_file import load
-from embcache.data.cf.synthetic import power_law_interactions
+from embcache.cf.data.embeddings_file import load
+from embcache.cf.data.synthetic import power_law_interactions
 
 
 @pytest.fixture(scope="module")
@@ -438,7 +438,7 @@ def test_embeddings_with_nan_or_a_damaged_file_are_refused_in_one_line(lightgcn_
 def test_a_diverged_epoch_stops_the_run_before_it_is_kept(tmp_path):
     from cpu_kernels.model import CFConfig, CFParams
     from embcache.errors import TrainingDiverged
-    from embcache.train.cf import CFTrainConfig, CFTrainer
+    from embcache.cf.trainer import CFTrainConfig, CFTrainer
 
     data = power_law_interactions(num_users=100, num_items=150, interactions=2000, communities=4, seed=1)
     params = CFParams.init(CFConfig(negatives=4), data.num_users, data.num_items, data.train_indptr,
@@ -457,7 +457,7 @@ def test_a_diverged_epoch_stops_the_run_before_it_is_kept(tmp_path):
 def test_settings_that_run_but_are_surely_not_meant_warn_once(caplog, capsys):
     """`--negatives` above the number of items, and a torch batch larger than the training
     split, say so in one line each; `--tile 0` is untiled, as --help says."""
-    from embcache.train.cf import CFTrainConfig, CFTrainer
+    from embcache.cf.trainer import CFTrainConfig, CFTrainer
 
     data = power_law_interactions(num_users=40, num_items=60, interactions=400, communities=2, seed=1)
     with caplog.at_level("WARNING", logger="embcache"):

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embcache.data.cf.lightgcn import read_lightgcn
-from embcache.data.cf.ratings import read_ratings, split_ratings
-from embcache.data.cf.synthetic import power_law_interactions
+from embcache.cf.data.lightgcn import read_lightgcn
+from embcache.cf.data.ratings import read_ratings, split_ratings
+from embcache.cf.data.synthetic import power_law_interactions
 from embcache.errors import DataFormatError
 
 

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from cpu_kernels.heat import KERNELS, HeatEngine, HeatOptions, chunk_bounds, loss_gradients, user_run_order, user_vectors
 from cpu_kernels.model import CFConfig, CFParams
 from cpu_kernels.torch_reference import cf_loss
-from embcache.data.cf.interactions import from_pairs
-from embcache.data.cf.synthetic import power_law_interactions
-from embcache.train.cf_eval import evaluate_params as evaluate
+from embcache.cf.data.interactions import from_pairs
+from embcache.cf.data.synthetic import power_law_interactions
+from embcache.cf.evaluation import evaluate_params as evaluate
 
 
 def _small_params(model: str, seed: int = 1):
@@ -184,7 +184,7 @@ def test_user_run_order_is_a_shuffle_of_short_single_user_runs(users, max_run, s
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("tile", [0, 64])
 def test_training_learns_with_and_without_tiling(small, tile, kernel):
-    from embcache.train import cf_eval as metrics
+    from embcache.cf import evaluation as metrics
 
     u, v = metrics.popularity_scores(small.train_indices, small.num_users, small.num_items)
     pop = metrics.evaluate(u, v, small.train_indptr, small.train_indices, small.test_indptr, small.test_indices,

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embcache.data.cf.interactions import to_csr
-from embcache.train import cf_eval as metrics
+from embcache.cf.data.interactions import to_csr
+from embcache.cf import evaluation as metrics
 
 
 def _direct(scores: np.ndarray, train: dict, test: dict, k: int) -> tuple[float, float]:

@@ -6,7 +6,7 @@ import pytest
 
 from embcache.cf import CFModel
 from embcache.cli import main
-from embcache.data.cf.synthetic import power_law_interactions
+from embcache.cf.data.synthetic import power_law_interactions
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +120,7 @@ def test_faiss_asked_for_but_missing_is_one_line(monkeypatch):
     import sys
 
     from embcache.errors import UserFacingError
-    from embcache.train.cf_eval import topk_backend
+    from embcache.cf.evaluation import topk_backend
 
     monkeypatch.setitem(sys.modules, "faiss", None)  # as where faiss is not installed
     with pytest.raises(UserFacingError, match=r"--topk faiss needs faiss: pip install 'embcache\[faiss\]'"):

@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 
 from cpu_kernels.model import CFConfig
-from embcache.data.cf.ratings import load_ml100k
-from embcache.train import cf_eval as metrics
-from embcache.train.cf import CFTrainConfig, CFTrainer
+from embcache.cf.data.ratings import load_ml100k
+from embcache.cf import evaluation as metrics
+from embcache.cf.trainer import CFTrainConfig, CFTrainer
 from tests.offline_data import load_or_skip
 
 EPOCHS = 10

@@ -11,8 +11,8 @@ import torch
 from cpu_kernels.heat import KERNELS, HeatEngine, HeatOptions, seen_items
 from cpu_kernels.model import CFConfig, CFParams
 from cpu_kernels.torch_reference import TorchEngine, TorchOptions, sample_negatives
-from embcache.data.cf.interactions import from_pairs
-from embcache.data.cf.synthetic import power_law_interactions
+from embcache.cf.data.interactions import from_pairs
+from embcache.cf.data.synthetic import power_law_interactions
 
 K = 16
 
@@ -207,7 +207,7 @@ def test_the_rule_is_part_of_a_checkpoint_and_old_checkpoints_resume_with_all(tm
     save_checkpoint(ck, path, "cf")
     rc, out, err = run("--epochs", 2, "--checkpoint-dir", tmp_path / "cut", "--resume", "--save", tmp_path / "cut.npz")
     assert rc == 0 and "K=4 (all)" in out, err
-    from embcache.data.cf.embeddings_file import load
+    from embcache.cf.data.embeddings_file import load
 
     for a, b in zip(load(tmp_path / "whole.npz")[:3], load(tmp_path / "cut.npz")[:3]):
         assert np.array_equal(a, b)

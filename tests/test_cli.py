@@ -37,7 +37,7 @@ def test_library_log_lines_are_printed_once_on_stdout_and_warnings_on_stderr(cap
     try:
         with console_logging():
             logging.getLogger("embcache.train.run").info("epoch 1: done")
-            logging.getLogger("embcache.train.cf").warning("the test split is empty")
+            logging.getLogger("embcache.cf.trainer").warning("the test split is empty")
         logging.getLogger("embcache.train.run").info("after the command: not printed")
     finally:
         logging.getLogger().removeHandler(root_handler)

@@ -198,8 +198,8 @@ def test_cf_torch_engine_on_the_device_trains_what_it_trains_on_the_cpu(device, 
     the parameters written back for evaluation, and a checkpoint resumes there."""
     import numpy as np
 
-    from embcache.data.cf.synthetic import power_law_interactions
-    from embcache.train.cf import CFTrainConfig, CFTrainer
+    from embcache.cf.data.synthetic import power_law_interactions
+    from embcache.cf.trainer import CFTrainConfig, CFTrainer
 
     data = power_law_interactions(num_users=60, num_items=90, interactions=900, communities=3, seed=2)
 
@@ -219,7 +219,7 @@ def test_cf_torch_engine_on_the_device_trains_what_it_trains_on_the_cpu(device, 
 
 
 def test_the_heat_engine_refuses_another_device_in_one_line():
-    from embcache.train.cf import CFTrainConfig, CFTrainer
+    from embcache.cf.trainer import CFTrainConfig, CFTrainer
 
     with pytest.raises(ValueError, match="(HEAT engine runs on the CPU|CUDA)") as err:
         CFTrainer(CFTrainConfig(epochs=1, engine="heat", device="cuda", progress=False))

@@ -31,7 +31,7 @@ def _refused(argv, capsys, path, data, name):
 
 @pytest.fixture(scope="module")
 def cf_model(tmp_path_factory):
-    from embcache.data.cf.synthetic import power_law_interactions
+    from embcache.cf.data.synthetic import power_law_interactions
 
     data = power_law_interactions(num_users=120, num_items=200, interactions=2400, communities=4, seed=3)
     d = tmp_path_factory.mktemp("cfd")
@@ -73,7 +73,7 @@ def test_cf_text_a_user_brings(cf_model, capsys, tmp_path, text, why):
 @pytest.fixture(scope="module")
 def dlrm_run(tmp_path_factory):
     from embcache.data.synthetic import generate_synthetic
-    from embcache.train.dlrm_export import export_checkpoint
+    from embcache.dlrm.export import export_checkpoint
 
     root = tmp_path_factory.mktemp("dlrm_damage")
     generate_synthetic(root / "data", rows=3000, scale=0.0005, seed=0)

@@ -13,7 +13,7 @@ import torch
 
 from embcache.checkpoint import load_checkpoint
 from embcache.distributed.table_checkpoint import full_tables, saved_residency
-from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
 
 
 @pytest.fixture(scope="module")

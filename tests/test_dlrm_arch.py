@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from embcache.nn.dlrm_arch import DLRMDense, OverArch, interaction_width
+from embcache.dlrm.arch import DLRMDense, OverArch, interaction_width
 
 
 def test_same_parameter_names_and_bit_equal_logits_as_torchrec():

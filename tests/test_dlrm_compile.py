@@ -103,7 +103,7 @@ def test_compiled_model_over_the_cache_trains_as_the_eager_one(kind, backend):
 
 def test_the_trainer_with_compile_trains(tmp_path):
     from embcache.data.synthetic import generate_synthetic
-    from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+    from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
 
     if shutil.which("g++") is None and shutil.which("c++") is None:
         pytest.skip("inductor needs a C++ compiler")

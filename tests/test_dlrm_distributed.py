@@ -199,7 +199,7 @@ def test_single_process_baselines_are_refused_under_torchrun_in_one_line(data, t
 
 
 def test_a_single_file_checkpoint_of_earlier_versions_resumes_on_two_ranks(data, one_rank, tmp_path):
-    from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+    from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
     from tests.test_dlrm import write_single_file_checkpoint
 
     cfg = DLRMConfig(batch_size=256, embedding_dim=8, dense_arch=[16], over_arch=[16], device="cpu", progress=False,

@@ -20,8 +20,8 @@ from embcache.data.delimited import parse_count_feature
 from embcache.distributed.table_checkpoint import full_tables
 from embcache.checkpoint import load_checkpoint
 from embcache.serve import load_export
-from embcache.train.dlrm import DLRMConfig, DLRMTrainer
-from embcache.train.dlrm_export import export_checkpoint
+from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
+from embcache.dlrm.export import export_checkpoint
 from embcache.train.run import checkpoint_to_evaluate
 
 ROWS = 700

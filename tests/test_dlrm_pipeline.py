@@ -18,7 +18,7 @@ from embcache.data.background import BackgroundIterator
 from embcache.data.ctr_format import read_meta
 from embcache.data.loader import CTRBatches
 from embcache.errors import DataFormatError, TrainingDiverged
-from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
 from tests.test_dlrm import assert_same_checkpoint
 from tests.shard_edit import write_shard
 

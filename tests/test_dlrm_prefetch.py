@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from embcache.data.loader import lookahead, lookahead_window
-from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
 from tests.test_dlrm import assert_same_checkpoint
 from tests.torchrun_helpers import torchrun
 
@@ -143,7 +143,7 @@ def test_rows_of_in_flight_batches_are_never_evicted(synthetic, uncached):
 
 
 def test_prefetch_depth_options_and_old_configs():
-    from embcache.train.dlrm_cli import build_parser
+    from embcache.dlrm.cli import build_parser
 
     assert DLRMConfig(prefetch=False).prefetch_depth == 0  # earlier versions' configs and checkpoints
     assert DLRMConfig(prefetch=True, prefetch_depth=3).prefetch_depth == 3

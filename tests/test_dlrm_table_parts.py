@@ -10,7 +10,7 @@ import torch
 from embcache.checkpoint import FORMAT_KEY, load_checkpoint, save_checkpoint
 from embcache.distributed.table_checkpoint import full_tables
 from embcache.errors import CheckpointError
-from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
 
 
 @pytest.fixture(scope="module")

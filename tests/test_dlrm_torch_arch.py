@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from embcache import sparse_types as st
-from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
 from tests.test_dlrm import assert_same_checkpoint
 
 needs_torchrec = pytest.mark.skipif(not st.HAVE_TORCHREC, reason="compares with torchrec, not installed here")
@@ -49,7 +49,7 @@ def test_torch_arch_trains_what_torchrec_trains_to_the_bit(synthetic, sparse):
     cfg = small_config(max_steps=12, sparse=sparse)
     ours, our_losses = train_recording_losses(replace(cfg, arch="torch"), synthetic)
     theirs, their_losses = train_recording_losses(replace(cfg, arch="torchrec"), synthetic)
-    assert type(ours.model).__module__ == "embcache.nn.dlrm_arch"
+    assert type(ours.model).__module__ == "embcache.dlrm.arch"
     assert type(theirs.model).__module__ == "torchrec.models.dlrm"
     assert our_losses == their_losses and len(our_losses) == 12
     a, b = ours.model.state_dict(), theirs.model.state_dict()
@@ -141,7 +141,7 @@ def test_the_stand_in_sparse_types_answer_as_torchrecs():
 
 
 def test_the_plain_torch_model_refuses_mismatched_sizes():
-    from embcache.nn.dlrm_arch import DLRM
+    from embcache.dlrm.arch import DLRM
     from embcache.nn.torch_collection import TorchEmbeddingBagCollection
 
     tables = [st.EmbeddingBagConfig(name="t", embedding_dim=4, num_embeddings=10, feature_names=["f"])]

@@ -12,22 +12,22 @@ import torch
 import torch.nn.functional as F
 
 from embcache.errors import DataFormatError
-from embcache.data.face.folder import ImageFolderFaces
-from embcache.data.face.images import encode_jpeg
-from embcache.data.face.loaders import PairBatches
-from embcache.data.face.recordio import (
+from embcache.face.data.folder import ImageFolderFaces
+from embcache.face.data.images import encode_jpeg
+from embcache.face.data.loaders import PairBatches
+from embcache.face.data.recordio import (
     RecordFile,
     RecordIOFaces,
     encode_record,
     read_index,
     write_recordio,
 )
-from embcache.data.face.synthetic import SyntheticFaces
-from embcache.data.face.verification import (
+from embcache.face.data.synthetic import SyntheticFaces
+from embcache.face.data.verification import (
     load_verification_bin,
     write_verification_bin,
 )
-from embcache.train.face_eval import identification_top1, verification
+from embcache.face.evaluation import identification_top1, verification
 
 
 def _jpeg(seed, size=16):

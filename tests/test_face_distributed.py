@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from embcache.train.face import FaceConfig, FaceTrainer
+from embcache.face.trainer import FaceConfig, FaceTrainer
 from tests.torchrun_helpers import embcache, free_port, torchrun
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -178,8 +178,8 @@ def test_a_checkpoint_moves_from_2_ranks_to_1_process_and_back(tmp_path, head):
 def test_every_rank_reports_the_samples_any_rank_found_unreadable(tmp_path):
     import numpy as np
 
-    from embcache.data.face.images import encode_jpeg
-    from embcache.data.face.recordio import write_recordio
+    from embcache.face.data.images import encode_jpeg
+    from embcache.face.data.recordio import write_recordio
 
     rng = np.random.default_rng(0)
     items = [(y, encode_jpeg(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8))) for y in range(12) for _ in range(3)]

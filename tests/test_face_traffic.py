@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from embcache.bench.face_traffic import face_traffic_model, probe_shape
-from embcache.train.face import CollectiveMeter, FaceTrainer
+from embcache.face.trainer import CollectiveMeter, FaceTrainer
 from tests.test_face_distributed import config, run_ranks
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

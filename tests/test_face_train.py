@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from embcache.train.face import FaceConfig, FaceTrainer
+from embcache.face.trainer import FaceConfig, FaceTrainer
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -87,8 +87,8 @@ def test_a_resume_with_other_settings_is_refused_in_one_line_naming_them(tmp_pat
 def test_resume_keeps_the_list_of_skipped_samples(tmp_path):
     import numpy as np
 
-    from embcache.data.face.images import encode_jpeg
-    from embcache.data.face.recordio import write_recordio
+    from embcache.face.data.images import encode_jpeg
+    from embcache.face.data.recordio import write_recordio
 
     rng = np.random.default_rng(0)
     items = [(y, encode_jpeg(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8))) for y in range(12) for _ in range(3)]
@@ -178,10 +178,10 @@ def test_bench_face_writes_rows_and_dcp_cost_follows_the_pool_not_the_classes(tm
 def test_recordio_training_with_verification_bin_and_evaluate_command(tmp_path, capsys):
     import numpy as np
 
-    from embcache.data.face.images import encode_jpeg
-    from embcache.data.face.recordio import write_recordio
-    from embcache.data.face.verification import write_verification_bin
-    from embcache.train.face_cli import build_parser
+    from embcache.face.data.images import encode_jpeg
+    from embcache.face.data.recordio import write_recordio
+    from embcache.face.data.verification import write_verification_bin
+    from embcache.face.cli import build_parser
 
     rng = np.random.default_rng(0)
     jpeg = lambda: encode_jpeg(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8))

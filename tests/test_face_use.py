@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from embcache.cli import main
-from embcache.data.face.images import decode_image, encode_jpeg
-from embcache.train.face_eval import embed
-from embcache.train.face_use import load_probe
+from embcache.face.data.images import decode_image, encode_jpeg
+from embcache.face.evaluation import embed
+from embcache.face.use import load_probe
 
 
 def _face(identity: int, shot: int, size: int = 24) -> np.ndarray:
@@ -119,7 +119,7 @@ def test_small_folder_trains_with_the_default_pool_ratio_and_evaluates_held_out_
 
 
 def test_held_out_identities_are_never_trained_on_and_the_split_is_seeded(folder30):
-    from embcache.data.face.folder import ImageFolderFaces
+    from embcache.face.data.folder import ImageFolderFaces
 
     a = ImageFolderFaces(folder30 / "data", 24, holdout=0.1, seed=0)
     assert a.heldout_names == ImageFolderFaces(folder30 / "data", 24, holdout=0.1, seed=0).heldout_names
@@ -134,7 +134,7 @@ def test_held_out_identities_are_never_trained_on_and_the_split_is_seeded(folder
 
 def test_checkpoints_from_before_the_split_evaluate_as_trained(trained30):
     from embcache.checkpoint import load_checkpoint
-    from embcache.train.face_config import FaceConfig
+    from embcache.face.config import FaceConfig
     from embcache.train.run import config_from_checkpoint
 
     saved = load_checkpoint(trained30[1] / "face-last.pt", kind="face")["config"]
@@ -146,9 +146,9 @@ def test_checkpoints_from_before_the_split_evaluate_as_trained(trained30):
 def test_embed_equals_what_face_evaluate_scores(trained30, tmp_path, capsys):
     import json
 
-    from embcache.train.face import FaceTrainer
-    from embcache.train.face_config import FaceConfig
-    from embcache.train.face_eval import heldout_pairs, identification_top1, verification
+    from embcache.face.trainer import FaceTrainer
+    from embcache.face.config import FaceConfig
+    from embcache.face.evaluation import heldout_pairs, identification_top1, verification
     from embcache.train.run import checkpoint_to_evaluate
 
     root, ck, _ = trained30

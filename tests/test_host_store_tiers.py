@@ -225,7 +225,7 @@ def test_bad_host_store_spec_is_refused():
 
 def test_dlrm_on_a_mapped_store_equals_the_memory_store(tmp_path):
     from embcache.data.synthetic import generate_synthetic
-    from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+    from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
 
     data = tmp_path / "syn"
     generate_synthetic(data, rows=4000, scale=0.0005, seed=0)
@@ -243,7 +243,7 @@ def test_dlrm_resume_on_a_mapped_store_ignores_rows_written_after_the_checkpoint
     import shutil
 
     from embcache.data.synthetic import generate_synthetic
-    from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+    from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
 
     data = tmp_path / "syn"
     generate_synthetic(data, rows=4000, scale=0.0005, seed=0)

@@ -119,7 +119,7 @@ def _cf_params():
 
 @pytest.mark.parametrize("suffix", [".npz", ".npy", ".parquet"])
 def test_cf_embeddings_files_refuse_a_flipped_row_byte(tmp_path, suffix):
-    from embcache.data.cf.embeddings_file import load, save
+    from embcache.cf.data.embeddings_file import load, save
 
     params, _, _ = _cf_params()
     path = save(params, tmp_path / f"emb{suffix}")
@@ -221,7 +221,7 @@ def test_data_prepared_before_the_checksums_reads_with_one_note(prepared, caplog
 
 def test_a_resume_on_other_shards_with_the_same_shape_is_refused(prepared, tmp_path):
     from embcache.data.synthetic import generate_synthetic
-    from embcache.train.dlrm import DLRMTrainer, data_difference, data_differs, data_fingerprint
+    from embcache.dlrm.trainer import DLRMTrainer, data_difference, data_differs, data_fingerprint
     from embcache.data.ctr_format import read_meta
 
     other = tmp_path / "other"

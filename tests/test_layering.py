@@ -1,8 +1,9 @@
 """The package's imports go one way: no circle, nothing imported from a floor above.
 
 Floors, low to high: the ground floor (modules directly in `embcache/`: errors, arg_types,
-partition, sparse_types, ...), then `data`, `cache`, `nn`, `distributed`, `train`, `bench`.
-A module may import its own floor and those below. Beside the floors: the `embcache`
+partition, sparse_types, ...), then `data`, `cache`, `nn`, `distributed`, `train` (the run
+skeleton), the rooms (`dlrm`, `cf`, `face`: one a capability, side by side), `bench`. A module
+may import its own floor and those below; a room imports no other room. Beside the floors: the `embcache`
 command (`cli.py`, `__main__.py`) imports anything and is imported by no floor; the package
 root (`__init__.py`, whose lazy names are nn's modules) and `serve.py` (the scorer of
 exports) import anything, and a floor that imports one of them stands as high as what that
@@ -25,10 +26,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("embcache", "cpu_kernels")
-FLOORS = ("data", "cache", "nn", "distributed", "train", "bench")  # low to high, above the ground floor
+ROOMS = ("dlrm", "cf", "face")  # one floor, side by side: a capability each
+FLOORS = ("data", "cache", "nn", "distributed", "train", ROOMS, "bench")  # low to high, above the ground floor
 ENTRY_POINTS = ("embcache.__main__", "embcache.cli")  # the command: imports every other command by name
-ABOVE_FLOORS = ("embcache", "embcache.serve", "embcache.cf")  # the package root's lazy names; the scorer
-# servers import; what a trained CF model offers (`embcache.cf.CFModel`)
+ABOVE_FLOORS = ("embcache", "embcache.serve")  # the package root's lazy names; the scorer servers import
 
 
 # ------------------------------------------------------------------------ the import graph
@@ -135,7 +136,8 @@ def _circle(graph, group: set[str]) -> list[str]:
     raise AssertionError(f"{sorted(group)} is not strongly connected")
 
 
-_PACKAGE_FLOORS = {f"embcache.{f}": i + 1 for i, f in enumerate(FLOORS)}
+_PACKAGE_FLOORS = {f"embcache.{f}": i + 1 for i, group in enumerate(FLOORS)
+                   for f in (group if isinstance(group, tuple) else (group,))}
 
 
 def floor(module: str) -> int | None:
@@ -182,11 +184,19 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
                     bad.append(f"{src} -> {dst} (which imports {_name(reach(dst, graph))}, above {_name(here)})")
             elif floor(dst) is not None and floor(dst) > here:
                 bad.append(f"{src} -> {dst} ({_name(floor(dst))} is above {_name(here)})")
+            elif floor(dst) == here and _room(src) and _room(dst) and _room(src) != _room(dst):
+                bad.append(f"{src} -> {dst} (the {_room(src)} room imports no other room)")
     return bad
 
 
 def _name(level: int) -> str:
-    return FLOORS[level - 1] if level else "the ground floor"
+    group = FLOORS[level - 1] if level else "the ground floor"
+    return f"the rooms' floor ({', '.join(group)})" if isinstance(group, tuple) else group
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "embcache" and parts[1] in ROOMS else None
 
 
 def floorless(modules) -> list[str]:
@@ -219,10 +229,10 @@ def test_every_module_has_a_floor(package_graph):
 def test_the_graph_sees_the_package(package_graph):
     """The checks above look at something: the known modules and a few known edges."""
     graph = package_graph
-    assert {"embcache.nn.heads", "embcache.train.face", "embcache.data.loader", "cpu_kernels.heat"} <= set(graph)
+    assert {"embcache.nn.heads", "embcache.face.trainer", "embcache.data.loader", "cpu_kernels.heat"} <= set(graph)
     assert "embcache.nn.class_pool" in graph["embcache.nn.heads"]  # `from .class_pool import ...`
-    assert {"embcache.errors", "embcache.train.dlrm_cli", "embcache.train.cache_cli"} <= graph["embcache.cli"]
-    assert graph["embcache.train.cache_cli"] == {"embcache.train.plan_cli"}  # its COMMANDS
+    assert {"embcache.errors", "embcache.dlrm.cli", "embcache.dlrm.cache_cli"} <= graph["embcache.cli"]
+    assert graph["embcache.dlrm.cache_cli"] == {"embcache.dlrm.plan_cli"}  # its COMMANDS
 
 
 # ------------------------------------------------------------------------ the checks can fail
@@ -243,25 +253,33 @@ SNIPPETS = {
         {"embcache.cache.plan": "from ..train.config import Config\n", "embcache.train.config": ""},
         "upward", "embcache.cache.plan -> embcache.train.config (train is above cache)"),
     "data imports distributed in a function": (
-        {"embcache.data.face.loaders": "def f():\n    from embcache.distributed.world import slice_bounds\n",
+        {"embcache.data.loader": "def f():\n    from embcache.distributed.world import slice_bounds\n",
          "embcache.distributed.world": ""},
-        "upward", "embcache.data.face.loaders -> embcache.distributed.world (distributed is above data)"),
-    "nn imports distributed": ({"embcache.nn.heads": "import embcache.distributed.class_sharded as cs\n",
-                                "embcache.distributed.class_sharded": ""},
-                               "upward", "embcache.nn.heads -> embcache.distributed.class_sharded"),
+        "upward", "embcache.data.loader -> embcache.distributed.world (distributed is above data)"),
+    "nn imports distributed": ({"embcache.nn.heads": "import embcache.distributed.gathers as g\n",
+                                "embcache.distributed.gathers": ""},
+                               "upward", "embcache.nn.heads -> embcache.distributed.gathers"),
+    "nn imports a room": ({"embcache.nn.heads": "from embcache.face.class_sharded import ShardedFullFC\n",
+                           "embcache.face.class_sharded": ""},
+                          "upward", "embcache.nn.heads -> embcache.face.class_sharded (the rooms' floor (dlrm, cf, "
+                                    "face) is above nn)"),
+    "a room imports another room": ({"embcache.face.trainer": "from embcache.cf.model import CFModel\n",
+                                     "embcache.cf.model": ""},
+                                    "upward", "embcache.face.trainer -> embcache.cf.model (the face room imports no "
+                                              "other room)"),
     "the ground floor imports cache": ({"embcache.errors": "from embcache.cache import slots\n",
                                         "embcache.cache.slots": ""},
                                        "upward", "embcache.errors -> embcache.cache.slots (cache is above the ground"),
-    "a floor imports the command": ({"embcache.train.face": "from embcache.cli import main\n", "embcache.cli": ""},
-                                    "upward", "embcache.train.face -> embcache.cli (the command"),
+    "a floor imports the command": ({"embcache.face.trainer": "from embcache.cli import main\n", "embcache.cli": ""},
+                                    "upward", "embcache.face.trainer -> embcache.cli (the command"),
     "data imports nn through the package root": (
         {"embcache": "def __getattr__(name):\n    from .nn.bag import Bag\n", "embcache.nn.bag": "",
          "embcache.data.loader": "from embcache import Bag\n"},
         "upward", "embcache.data.loader -> embcache (which imports nn, above data)"),
     "a command registry names a module above": (
-        {"embcache.cache.cli": 'COMMANDS = {"plan": ("embcache.train.plan_cli", "plan a cache")}\n',
-         "embcache.train.plan_cli": ""},
-        "upward", "embcache.cache.cli -> embcache.train.plan_cli (train is above cache)"),
+        {"embcache.cache.cli": 'COMMANDS = {"plan": ("embcache.dlrm.plan_cli", "plan a cache")}\n',
+         "embcache.dlrm.plan_cli": ""},
+        "upward", "embcache.cache.cli -> embcache.dlrm.plan_cli (the rooms' floor (dlrm, cf, face) is above cache)"),
     "cpu_kernels imports embcache": ({"cpu_kernels.heat": "from embcache.errors import UserFacingError\n",
                                       "embcache.errors": ""},
                                      "upward", "cpu_kernels.heat -> embcache.errors"),
@@ -300,17 +318,17 @@ def test_the_checks_find_what_they_are_for(tmp_path, case):
 
 
 def test_downward_and_outside_imports_pass(tmp_path):
-    modules = {"embcache.train.face": "import torch\nfrom embcache.nn.heads import FullFC\nfrom ..data import x\n",
+    modules = {"embcache.face.trainer": "import torch\nfrom embcache.nn.heads import FullFC\nfrom ..data import x\n",
                "embcache.nn.heads": "from embcache.errors import E\nfrom .class_pool import Pool\n",
                "embcache.nn.class_pool": "import embcache.cache.slots\n", "embcache.cache.slots": "",
                "embcache.data.x": "from embcache import sparse_types\n", "embcache.sparse_types": "",
-               "embcache.errors": "", "embcache.cli": "import embcache.train.face\n",
+               "embcache.errors": "", "embcache.cli": "import embcache.face.trainer\n",
                "embcache": "def __getattr__(name):\n    from .nn.heads import FullFC\n",
                "embcache.bench.face": "from embcache import FullFC\nfrom embcache.serve import load\n",
                "embcache.serve": "from embcache.data.x import y\n",
                "cpu_kernels.heat": "import numba\nfrom . import _kernels\n", "cpu_kernels._kernels": ""}
     graph = import_graph(module_files(write_modules(tmp_path, modules)))
-    assert graph["embcache.train.face"] == {"embcache.nn.heads", "embcache.data.x"}
+    assert graph["embcache.face.trainer"] == {"embcache.nn.heads", "embcache.data.x"}
     assert graph["embcache.data.x"] == {"embcache.sparse_types"}
     assert graph["cpu_kernels.heat"] == {"cpu_kernels._kernels"}
     assert {name: f(graph) for name, f in CHECKS.items()} == {name: [] for name in CHECKS}

@@ -16,8 +16,8 @@ from embcache.data.delimited import splitmix64
 from embcache.errors import DataFormatError
 from embcache.serve import load_export
 from embcache.sparse_types import KeyedJaggedTensor
-from embcache.train.dlrm import DLRMTrainer
-from embcache.train.dlrm_export import export_checkpoint, verify_export
+from embcache.dlrm.trainer import DLRMTrainer
+from embcache.dlrm.export import export_checkpoint, verify_export
 
 from tests.test_open_vocab_training import config, days  # noqa: F401 (days: the raw-key data's fixture)
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from embcache.data.ctr_format import load_key_frequencies
-from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
 
 from tests.test_dlrm import assert_same_checkpoint
 
@@ -85,7 +85,7 @@ def test_settings_that_do_not_fit_the_data_are_one_line(days, tmp_path):
 
 def test_an_open_run_exports_and_serves_unseen_keys_with_the_zero_row(days, tmp_path):
     from embcache.serve import load_export
-    from embcache.train.dlrm_export import export_checkpoint, verify_export
+    from embcache.dlrm.export import export_checkpoint, verify_export
 
     ck = tmp_path / "ck"
     DLRMTrainer(config(days="0", max_rows="first-day", checkpoint_dir=str(ck)), days).fit()

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
 from embcache.train.run import Trainer
 from tests.test_dlrm import assert_same_checkpoint
 
@@ -123,7 +123,7 @@ def test_tensorboard_from_the_cf_and_face_commands(tmp_path, capsys, one_torch_t
     """The other two trainers, through their commands: cf's x axis is the epoch, face's the
     step; nested verification results are flattened."""
     from embcache.cli import main
-    from embcache.data.cf.synthetic import power_law_interactions
+    from embcache.cf.data.synthetic import power_law_interactions
 
     data = power_law_interactions(num_users=200, num_items=300, interactions=5000, communities=4, seed=1)
     for name, indptr, indices in (("train.txt", data.train_indptr, data.train_indices),

@@ -13,9 +13,9 @@ import pytest
 from embcache.arg_types import positive_float, positive_int
 from embcache.cli import COMMANDS
 from embcache.settings_fields import add_config_arguments, config_values, field_default, flag_dest, setting
-from embcache.train.cf_config import CFTrainConfig
-from embcache.train.dlrm_config import DLRMConfig
-from embcache.train.face_config import FaceConfig
+from embcache.cf.config import CFTrainConfig
+from embcache.dlrm.config import DLRMConfig
+from embcache.face.config import FaceConfig
 
 # the commands that build a config from their flags, and its class
 BUILDS = {"dlrm train": DLRMConfig, "face train": FaceConfig, "cf train": CFTrainConfig}

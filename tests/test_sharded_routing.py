@@ -137,7 +137,7 @@ def _train_rank(rank: int, size: int, port: int, data: str, out: str) -> None:
     _init(rank, size, port)
     from embcache.distributed.data_parallel import unwrap
     from embcache.distributed.world import launch
-    from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+    from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
 
     counts, events = collections.Counter(), []
     _count_all_to_alls(counts, events)

@@ -82,8 +82,8 @@ def _record_threads_at_build(monkeypatch, module, name):
 
 def test_the_flag_reaches_torch_and_numba_before_dlrm_and_face_build(small_synthetic, monkeypatch, capsys,
                                                                      threads_put_back):
-    import embcache.train.dlrm as dlrm
-    import embcache.train.face as face
+    import embcache.dlrm.trainer as dlrm
+    import embcache.face.trainer as face
 
     torch.set_num_threads(2)
     seen = _record_threads_at_build(monkeypatch, dlrm, "DLRMTrainer")

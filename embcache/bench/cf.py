@@ -152,7 +152,7 @@ def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max
     from cpu_kernels.heat import HeatOptions
     from cpu_kernels.model import CFParams
     from cpu_kernels.torch_reference import TorchEngine, TorchOptions
-    from embcache.train.cf import CFTrainConfig, CFTrainer
+    from embcache.cf.trainer import CFTrainConfig, CFTrainer
 
     torch.set_num_threads(threads)
     config = dataclasses.replace(config, negatives_from=rule or config.negatives_from)
@@ -249,8 +249,8 @@ def defaults_sweep(args) -> int:
     epochs, three seeds of the defaults for the noise."""
     from cpu_kernels.model import CFConfig
     from embcache.bench.common import write_json
-    from embcache.data.cf.ratings import load_ml100k
-    from embcache.train.cf import CFTrainConfig, CFTrainer
+    from embcache.cf.data.ratings import load_ml100k
+    from embcache.cf.trainer import CFTrainConfig, CFTrainer
 
     data = load_ml100k()
     c = CFConfig()
@@ -292,7 +292,7 @@ def ml_tile(data, args) -> int:
     """The ml-100k tile whose draws cover its item table as many times per epoch as the
     default tile's cover the synthetic set's (train pairs / refresh x tile / items equal)."""
     from cpu_kernels.heat import HeatOptions
-    from embcache.data.cf.interactions import TEST_FRACTION
+    from embcache.cf.data.interactions import TEST_FRACTION
 
     if args.ml_tile:
         return min(args.ml_tile, data.num_items)
@@ -309,7 +309,7 @@ def topk_backends(data, config) -> dict:
 
     from cpu_kernels.heat import user_vectors
     from cpu_kernels.model import CFParams
-    from embcache.train import cf_eval
+    from embcache.cf import evaluation as cf_eval
 
     params = CFParams.init(config, data.num_users, data.num_items, data.train_indptr, data.train_indices)
     z = user_vectors(params)
@@ -334,8 +334,8 @@ def topk_backends(data, config) -> dict:
 
 def load(name: str, args):
     """The data set of one case: the offline MovieLens-100k or the seeded synthetic set."""
-    from embcache.data.cf.ratings import load_ml100k
-    from embcache.data.cf.synthetic import power_law_interactions
+    from embcache.cf.data.ratings import load_ml100k
+    from embcache.cf.data.synthetic import power_law_interactions
 
     if name == "ml-100k":
         return load_ml100k()
@@ -403,7 +403,7 @@ def measure_bandwidth(threads: list[int], mib: int) -> dict[str, float]:
 def run_dataset(name: str, data, args, threads: list[int], bandwidth: dict[str, float]) -> list[dict]:
     """One case per (dimension, K) of this data set: every variant on every thread count
     (and the per-sample baseline), with the ratios to torch and the popularity baseline."""
-    from embcache.train.cf_eval import popularity
+    from embcache.cf.evaluation import popularity
 
     pop = popularity(data)
     if name == "ml-100k":

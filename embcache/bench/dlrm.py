@@ -123,8 +123,8 @@ def _timed_restore(path: Path, data_dir: Path) -> float:
     import time
 
     from embcache.checkpoint import load_checkpoint
-    from embcache.train.dlrm import DLRMTrainer
-    from embcache.train.dlrm_config import DLRMConfig
+    from embcache.dlrm.trainer import DLRMTrainer
+    from embcache.dlrm.config import DLRMConfig
     from embcache.train.run import config_from_checkpoint
 
     saved = load_checkpoint(path, kind="dlrm")["config"]

@@ -44,8 +44,8 @@ def _sync(device):
 
 
 def time_head(head_kind: str, rate, classes: int, batch: int, dim: int, repeats: int, device) -> dict:
-    from embcache.train.face_heads import build_head
-    from embcache.train.face import head_state_bytes
+    from embcache.face.head_factory import build_head
+    from embcache.face.trainer import head_state_bytes
 
     gen = torch.Generator().manual_seed(0)
     ratio = num_slots(rate, classes) / classes if head_kind == "dcp" else 0.1
@@ -103,7 +103,7 @@ def time_head(head_kind: str, rate, classes: int, batch: int, dim: int, repeats:
 
 
 def accuracy_runs(classes: int, epochs: int, device) -> dict:
-    from embcache.train.face import FaceConfig, FaceTrainer
+    from embcache.face.trainer import FaceConfig, FaceTrainer
 
     out = {}
     for head, rate in VARIANTS:

@@ -60,7 +60,7 @@ def probe_shape(backbone: str, feat_dim: int, sample_shape: tuple[int, ...]) -> 
 def face_model_for(batch_size: int, num_classes: int, world: int, batch_norm: str = "global") -> dict:
     """The model for `embcache face train` on its synthetic data with the other settings
     at their defaults (feature vectors: the MLP probe), as `bench scaling` runs it."""
-    from embcache.train.face_config import FaceConfig
+    from embcache.face.config import FaceConfig
 
     cfg = FaceConfig()
     channels, params = probe_shape("mlp", cfg.feat_dim, (cfg.synthetic_dim,))

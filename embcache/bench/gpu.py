@@ -18,7 +18,7 @@ from embcache.bench.criteo_trace import CRITEO_KAGGLE_CARDINALITIES, MULTI_HOT_S
 from embcache.cache.optimizers import torch_equivalent
 from embcache.device import resolve_device
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
-from embcache.nn.dlrm_arch import DLRMDense
+from embcache.dlrm.arch import DLRMDense
 from embcache.threads import set_threads
 
 NUM_DENSE = 13

@@ -1,6 +1,6 @@
 """DLRM on one GPU: the cache against whole tables on the GPU, in one run.
 
-The model is DLRM's dense part in plain torch (`embcache.nn.dlrm_arch`: no torchrec needed)
+The model is DLRM's dense part in plain torch (`embcache.dlrm.arch`: no torchrec needed)
 over one embedding bag for the 26 Criteo tables concatenated into one id space, as the
 cached collection keeps them; the data is synthetic and Criteo-shaped (Kaggle
 cardinalities times `--scale`: 33.8 M rows at 1.0, Zipf ids), one-hot (26 ids a sample)

@@ -31,7 +31,7 @@ from embcache.arg_types import DefaultsHelpFormatter, float_in, int_in, positive
 from embcache.paths import datasets_dir, results_dir
 from embcache.data.defaults import SYNTHETIC_DRIFT, SYNTHETIC_SCALE
 from embcache.settings_fields import add_config_arguments
-from embcache.train.dlrm_config import RAW_KEY_MODES, DLRMConfig, max_rows_value
+from embcache.dlrm.config import RAW_KEY_MODES, DLRMConfig, max_rows_value
 from embcache.train.run_cli import add_device_argument
 
 MODES = ("first-day", "hash", "open")  # baselines first, the open table last

@@ -25,7 +25,7 @@ batch counts too) so that every rank's pool and LRU table stay identical. Each s
 (every `log_every` steps: one all-reduce), evaluation embeds each rank's share of the
 held-out samples, and the samples a rank finds unreadable are told to the others at that
 step (every rank's list of skipped samples is the whole run's). fc / pfc: the class
-centres are sharded by class (`embcache.distributed.class_sharded`). The checkpoint is one
+centres are sharded by class (`embcache.face.class_sharded`). The checkpoint is one
 file in the one-process format whatever the world size. A dcp run's summary says what a
 rank's steps sent, by collective (`comm_bytes_per_step`, counted by `CollectiveMeter`;
 `bench scaling` sets a model of it beside).
@@ -39,15 +39,15 @@ from pathlib import Path
 
 import torch
 
-from embcache.data.face.loaders import PairBatch, PairBatches
+from embcache.face.data.loaders import PairBatch, PairBatches
 from embcache.distributed.data_parallel import data_parallel
 from embcache.distributed.global_norm import average_running_stats, forward_apart, global_batch_norm
 from embcache.distributed.world import broadcast_object, gather_objects
 from embcache.nn.backbones import build_backbone
-from embcache.train.face_eval import embed, heldout_pairs, identification_top1, verification
+from embcache.face.evaluation import embed, heldout_pairs, identification_top1, verification
 from embcache.settings_fields import option_names
-from embcache.train.face_config import MUST_MATCH, FaceConfig  # noqa: F401 (their home before)
-from embcache.train.face_heads import build_head, pool_slots
+from embcache.face.config import MUST_MATCH, FaceConfig  # noqa: F401 (their home before)
+from embcache.face.head_factory import build_head, pool_slots
 from embcache.train.run import Trainer
 
 def build_source(cfg: FaceConfig):
@@ -55,7 +55,7 @@ def build_source(cfg: FaceConfig):
     from embcache.errors import DataFormatError
 
     if cfg.data == "synthetic":
-        from embcache.data.face.synthetic import SyntheticFaces
+        from embcache.face.data.synthetic import SyntheticFaces
 
         return SyntheticFaces(cfg.num_classes, cfg.synthetic_samples, cfg.synthetic_dim, cfg.synthetic_id_dim,
                               cfg.synthetic_noise, image_size=cfg.image_size, num_eval_classes=cfg.eval_classes,
@@ -63,11 +63,11 @@ def build_source(cfg: FaceConfig):
     path = Path(cfg.data)
     size = cfg.image_size or 112
     if (path / "train.rec").is_file():
-        from embcache.data.face.recordio import RecordIOFaces
+        from embcache.face.data.recordio import RecordIOFaces
 
         return RecordIOFaces(path / "train.rec", path / "train.idx", size, cfg.num_classes or None, cfg.progress)
     if path.is_dir():
-        from embcache.data.face.folder import ImageFolderFaces
+        from embcache.face.data.folder import ImageFolderFaces
 
         source = ImageFolderFaces(path, size, holdout=cfg.holdout, seed=cfg.seed)
         if cfg.num_classes and source.num_classes > cfg.num_classes:
@@ -242,7 +242,7 @@ class FaceTrainer(Trainer):
         if getattr(self.source, "heldout_paths", None):
             out.update(self._evaluate_heldout(scores))
         for path in self.cfg.val:
-            from embcache.data.face.verification import load_verification_bin
+            from embcache.face.data.verification import load_verification_bin
 
             if self.eval_data is None:
                 self.eval_data = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from embcache.data.bad_rows import BadRowLog
-from embcache.data.cf.interactions import TEST_FRACTION, Interactions
+from embcache.cf.data.interactions import TEST_FRACTION, Interactions
 from embcache.errors import DataFormatError
 
 DATA_CHOICES = ("'ml-100k', 'synthetic', a CSV, TSV or Parquet file of your own interactions (--user-col, "
@@ -28,8 +28,8 @@ def read_interactions(spec: str, split: str = "random", test_fraction: float = T
         >>> data.num_users, data.num_items, data.num_train + data.num_test
         (50, 60, 600)
     """
-    from embcache.data.cf.ratings import load_ml100k, read_ratings, split_ratings
-    from embcache.data.cf.table import is_table, read_table
+    from embcache.cf.data.ratings import load_ml100k, read_ratings, split_ratings
+    from embcache.cf.data.table import is_table, read_table
 
     if split == "auto":
         has_time = bool((columns or {}).get("time")) and is_table(spec)
@@ -37,13 +37,13 @@ def read_interactions(spec: str, split: str = "random", test_fraction: float = T
     if spec == "ml-100k":
         return load_ml100k(None, split, split_seed, test_fraction, min_rating)
     if spec == "synthetic":
-        from embcache.data.cf.synthetic import power_law_interactions
+        from embcache.cf.data.synthetic import power_law_interactions
 
         return power_law_interactions(*synthetic, seed=split_seed, test_fraction=test_fraction)
     path = Path(spec)
     if path.is_dir():
         if (path / "train.txt").exists() or (path / "test.txt").exists():
-            from embcache.data.cf.lightgcn import read_lightgcn
+            from embcache.cf.data.lightgcn import read_lightgcn
 
             data = read_lightgcn(path, skip_bad=skip_bad_lines)
             _report(data.bad_rows)

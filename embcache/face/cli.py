@@ -21,7 +21,7 @@ from embcache.train.run_cli import (
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
-    from embcache.train.face_config import FaceConfig
+    from embcache.face.config import FaceConfig
 
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -53,7 +53,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                                    "decoded and resized as training read them, each the sum of the image's and its "
                                    "mirror's embedding, L2-normalised (as evaluation does). --out FILE.parquet holds "
                                    "path and embedding; FILE.npy the array, with FILE.npy.paths.txt beside it.")
-    _checkpoint_use(m, images=True, progress=True, run=("embcache.train.face_use", "embed_command"))
+    _checkpoint_use(m, images=True, progress=True, run=("embcache.face.use", "embed_command"))
     m.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR", help="image files or directories of them")
     m.add_argument("--out", required=True, help="FILE.npy or FILE.parquet")
 
@@ -61,7 +61,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                        description="Embed two images with a face checkpoint and print their cosine and a same / "
                                    "different verdict at the threshold the last evaluation found for FAR 1e-3 "
                                    "(recorded in the checkpoint), or --threshold.")
-    _checkpoint_use(v, images=True, run=("embcache.train.face_use", "verify_command"))
+    _checkpoint_use(v, images=True, run=("embcache.face.use", "verify_command"))
     v.add_argument("a", metavar="A.jpg")
     v.add_argument("b", metavar="B.jpg")
     v.add_argument("--threshold", type=float, default=None,
@@ -72,7 +72,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                                    "own entry) with a face checkpoint, one vector per identity (the normalised mean "
                                    "of its images'), and print each query image's K nearest identities by cosine "
                                    "(exact search: faiss where installed, else torch), or write them to --out.")
-    _checkpoint_use(s, images=True, progress=True, run=("embcache.train.face_use", "search_command"))
+    _checkpoint_use(s, images=True, progress=True, run=("embcache.face.use", "search_command"))
     s.add_argument("--gallery", required=True, metavar="DIR", help="<DIR>/<identity>/<image>, or images in DIR")
     s.add_argument("--query", required=True, nargs="+", metavar="IMAGE_OR_DIR", help="query images or directories")
     s.add_argument("--k", type=positive_int, default=5, help="identities per query")
@@ -84,20 +84,20 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                                    "training read it: RGB, pixels (x - 127.5) / 128; output raw features, to be "
                                    "L2-normalised), run it with onnxruntime beside torch on seeded inputs and print "
                                    "the largest difference. Needs the onnx extra: pip install 'embcache[onnx]'.")
-    _checkpoint_use(x, run=("embcache.train.face_export", "export_command"))
+    _checkpoint_use(x, run=("embcache.face.onnx_export", "export_command"))
     x.add_argument("--onnx", required=True, metavar="FILE.onnx", help="where to write the model")
     x.add_argument("--no-check", action="store_true", help="do not compare onnxruntime's outputs with torch's")
     return parser
 
 
 def _search(args) -> int:
-    from embcache.train.face_use import search_command
+    from embcache.face.use import search_command
 
     return search_command(args)
 
 
 def _export(args) -> int:
-    from embcache.train.face_export import export_command
+    from embcache.face.onnx_export import export_command
 
     return export_command(args)
 
@@ -119,7 +119,7 @@ def _checkpoint_use(p: argparse.ArgumentParser, run: tuple[str, str], images: bo
 
 
 def _config(args):
-    from embcache.train.face_config import FaceConfig
+    from embcache.face.config import FaceConfig
 
     values = config_values(args, FaceConfig)
     if values.get("num_classes") is None:
@@ -130,7 +130,7 @@ def _config(args):
 def train(args) -> int:
     """Train in this process, or as one rank of a torchrun launch (the same options; rank 0
     alone prints)."""
-    from embcache.train.face import FaceTrainer
+    from embcache.face.trainer import FaceTrainer
 
     refuse_existing_run(args, "face")
     apply_threads(args)
@@ -167,7 +167,7 @@ def train(args) -> int:
 def evaluate(args) -> int:
     """Evaluate in this process, or under torchrun with every rank embedding its share of
     the held-out samples (rank 0 scores them and alone prints)."""
-    from embcache.train.face import FaceConfig, FaceTrainer, format_epoch
+    from embcache.face.trainer import FaceConfig, FaceTrainer, format_epoch
     from embcache.train.run import checkpoint_to_evaluate
 
     try:

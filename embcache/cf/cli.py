@@ -13,7 +13,7 @@ from pathlib import Path
 from embcache.arg_types import DefaultsHelpFormatter, positive_int
 from embcache.errors import UserFacingError
 from embcache.settings_fields import add_config_arguments, config_values
-from embcache.train.cf_config import negatives_count  # noqa: F401 (its home before)
+from embcache.cf.config import negatives_count  # noqa: F401 (its home before)
 from embcache.train.run_cli import (
     add_threads_argument,
     apply_threads,
@@ -33,7 +33,7 @@ TRAIN_DESCRIPTION = (
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
-    from embcache.train.cf_config import MODEL_FLAGS, CFTrainConfig
+    from embcache.cf.config import MODEL_FLAGS, CFTrainConfig
 
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -91,14 +91,14 @@ FROM_SAVED = "(default: {default}, or the --load file's / checkpoint's)"
 
 
 def _data_args(p: argparse.ArgumentParser) -> None:
-    from embcache.train.cf_config import DATA_SETTINGS, CFTrainConfig
+    from embcache.cf.config import DATA_SETTINGS, CFTrainConfig
 
     add_config_arguments(p, CFTrainConfig, DATA_SETTINGS)
 
 
 def data_config(args):
     """A `CFTrainConfig` holding only what --data and its options say (for reading the data)."""
-    from embcache.train.cf_config import DATA_SETTINGS, CFTrainConfig
+    from embcache.cf.config import DATA_SETTINGS, CFTrainConfig
 
     values = config_values(args, CFTrainConfig)
     return CFTrainConfig(**{n: values[n] for n in DATA_SETTINGS})
@@ -106,12 +106,12 @@ def data_config(args):
 
 def saved_model_settings(args) -> dict:
     """The model settings of --load's file or --resume's checkpoint ({} without either)."""
-    from embcache.train.cf_config import MODEL_SETTINGS
+    from embcache.cf.config import MODEL_SETTINGS
 
     if args.load:
         from dataclasses import asdict
 
-        from embcache.data.cf.embeddings_file import load
+        from embcache.cf.data.embeddings_file import load
 
         return asdict(load(args.load)[3])
     if args.resume and args.checkpoint_dir:
@@ -131,7 +131,7 @@ def saved_model_settings(args) -> dict:
 def make_config(args):
     """The run's `CFTrainConfig`: model settings from the flags given, else from --load's
     file or the checkpoint, else the defaults."""
-    from embcache.train.cf_config import MODEL_SETTINGS, CFTrainConfig
+    from embcache.cf.config import MODEL_SETTINGS, CFTrainConfig
 
     values = config_values(args, CFTrainConfig)
     model = saved_model_settings(args)
@@ -141,9 +141,9 @@ def make_config(args):
 
 
 def train(args) -> int:
-    from embcache.data.cf.embeddings_file import FORMATS, save
-    from embcache.train.cf import CFTrainer, load_interactions
-    from embcache.train.cf_eval import format_metrics
+    from embcache.cf.data.embeddings_file import FORMATS, save
+    from embcache.cf.trainer import CFTrainer, load_interactions
+    from embcache.cf.evaluation import format_metrics
 
     if args.save and Path(args.save).suffix not in FORMATS:
         raise UserFacingError(f"{args.save}: embeddings are saved as {', '.join(FORMATS)}")
@@ -172,7 +172,7 @@ def train(args) -> int:
     if args.save:
         try:
             if Path(args.save).suffix == ".npz":
-                from embcache.train.cf_model import CFModel
+                from embcache.cf.model import CFModel
 
                 path = CFModel.from_training(trainer.params, data).save(args.save)
                 print(f"saved the model to {path} (cf recommend {path} --users ...)")
@@ -195,7 +195,7 @@ def describe_run(trainer) -> str:
 
 
 def summary_rows(s: dict, ks) -> list[tuple[str, str]]:
-    from embcache.train.cf_eval import format_metrics
+    from embcache.cf.evaluation import format_metrics
 
     return [("test split", format_metrics(s, ks)), ("popularity baseline", format_metrics(s["popularity"], ks)),
             ("model", f"{s['model']} on {s['data']}, engine {s['engine']}, {s['threads']} thread(s)"),
@@ -204,9 +204,9 @@ def summary_rows(s: dict, ks) -> list[tuple[str, str]]:
 
 def evaluate(args) -> int:
     from cpu_kernels.heat import max_threads
-    from embcache.data.cf.embeddings_file import load_params
-    from embcache.train.cf import load_interactions
-    from embcache.train.cf_eval import evaluate_params, format_metrics, popularity
+    from embcache.cf.data.embeddings_file import load_params
+    from embcache.cf.trainer import load_interactions
+    from embcache.cf.evaluation import evaluate_params, format_metrics, popularity
 
     if args.threads is not None and not 1 <= args.threads <= max_threads():
         raise UserFacingError(f"--threads must be in 1..{max_threads()} on this machine")
@@ -215,7 +215,7 @@ def evaluate(args) -> int:
     print(data.summary())
     try:
         if Path(args.load).suffix == ".pt" or Path(args.load).is_dir():
-            from embcache.train.cf import params_from_checkpoint
+            from embcache.cf.trainer import params_from_checkpoint
 
             params = params_from_checkpoint(args.load, data)
         else:
@@ -236,7 +236,7 @@ def evaluate(args) -> int:
 
 def recommend(args) -> int:
     """`cf recommend`: rows user, rank, item, score for the users asked."""
-    from embcache.train.cf_model import CFModel
+    from embcache.cf.model import CFModel
 
     out = Path(args.out) if args.out else None
     if out is not None and out.suffix not in (".csv", ".parquet"):

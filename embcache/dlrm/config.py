@@ -1,5 +1,5 @@
 """DLRM's settings (`DLRMConfig`) and the choices the command line offers, apart from the
-trainer (`embcache.train.dlrm`) so that `embcache dlrm --help` shows them without importing
+trainer (`embcache.dlrm.trainer`) so that `embcache dlrm --help` shows them without importing
 torch."""
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ items are dropped). `embcache bench cf` measures both; `auto` picks the faster o
 (`DEFAULT_BACKEND`, set from that measurement).
 
 Example:
-    >>> from embcache.data.cf.interactions import from_pairs
+    >>> from embcache.cf.data.interactions import from_pairs
     >>> data = from_pairs([0, 1, 1, 2], [0, 0, 1, 0], [0, 2], [1, 1])
     >>> popularity(data, ks=(1,))   # item 0 is the most popular, item 1 next
     {'recall@1': 1.0, 'ndcg@1': 1.0, 'users': 2}
@@ -22,7 +22,7 @@ import torch
 
 from cpu_kernels.heat import user_vectors
 from cpu_kernels.model import CFParams
-from embcache.data.cf.interactions import Interactions
+from embcache.cf.data.interactions import Interactions
 from embcache.errors import UserFacingError
 
 BACKENDS = ("torch", "faiss")

@@ -30,8 +30,8 @@ import torch
 from embcache.data.ctr_format import dense_transform
 from embcache.errors import CheckpointError, DataOutputError, UserFacingError, writing
 from embcache.integrity import ChecksumError, file_crc32, verify_zip
-from embcache.nn.dlrm_arch import DLRMDense
-from embcache.train.dlrm_config import TABLE_FORMATS, training_split
+from embcache.dlrm.arch import DLRMDense
+from embcache.dlrm.config import TABLE_FORMATS, training_split
 
 FORMAT = "embcache-dlrm-export"
 VERSION = 1
@@ -79,7 +79,7 @@ def checkpoint_tables(path: Path, ck: dict, meta: dict, cfg,
             else:
                 out[name] = part["weight"].to(torch.float32)
         return out
-    from embcache.train.dlrm import table_configs
+    from embcache.dlrm.trainer import table_configs
 
     configs = table_configs(meta, cfg)
     model = ck["model"]
@@ -126,7 +126,7 @@ def closed_key_rules(path: Path, ck: dict, meta: dict, cfg, data_dir: Path,
     serves keys exactly as training mapped them. A first-day table is put into key order in
     `tables` (training numbered its keys in int64 order; the served lookup wants uint64)."""
     from embcache.data.key_maps import HashedKeys
-    from embcache.train.raw_keys import raw_key_setup, table_name
+    from embcache.dlrm.raw_keys import raw_key_setup, table_name
 
     if cfg.raw_keys not in ("hash", "first-day"):  # open tables bring their keys; ids data needs none
         return {}
@@ -269,7 +269,7 @@ def checkpoint_data(path: Path, ck: dict, data: str | None) -> tuple[Path, dict]
     """The prepared data directory the checkpoint trained on (or `data`) and its meta,
     checked to have the checkpoint's features, cardinalities and rows."""
     from embcache.data.ctr_format import read_meta
-    from embcache.train.dlrm import data_differs, data_fingerprint
+    from embcache.dlrm.trainer import data_differs, data_fingerprint
 
     data_dir = data or ck.get("data_dir")
     if data_dir is None:
@@ -280,7 +280,7 @@ def checkpoint_data(path: Path, ck: dict, data: str | None) -> tuple[Path, dict]
     meta = read_meta(data_dir)
     saved = ck.get("data")
     if saved is not None and data_differs(saved, data_fingerprint(meta)):
-        from embcache.train.dlrm import data_difference
+        from embcache.dlrm.trainer import data_difference
 
         raise UserFacingError(f"{data_dir}: other features, cardinalities or rows than the data of {path} "
                               f"({data_difference(saved, data_fingerprint(meta))})")
@@ -291,7 +291,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, tab
                       data: str | None = None, force: bool = False) -> dict:
     """Write the export of `checkpoint` to `out` (see the module docstring); returns the
     manifest. Bad input is a `UserFacingError` raised before `out` changes."""
-    from embcache.train.dlrm import DLRMConfig
+    from embcache.dlrm.trainer import DLRMConfig
     from embcache.train.run import checkpoint_to_evaluate
 
     if table_format not in TABLE_FORMATS:
@@ -405,7 +405,7 @@ def verify_export(checkpoint: str | os.PathLike, out: str | os.PathLike, split: 
     (raw keys mapped by its own key map), batch by batch; returns rows, whether every logit is
     equal bit for bit, and the largest difference."""
     from embcache.serve import load_export
-    from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+    from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
     from embcache.train.run import checkpoint_to_evaluate
 
     path, ck, cfg = checkpoint_to_evaluate(checkpoint, "dlrm", DLRMConfig, "cpu")

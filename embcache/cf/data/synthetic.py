@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from embcache.data.cf.interactions import TEST_FRACTION, Interactions
-from embcache.data.cf.ratings import split_ratings
+from embcache.cf.data.interactions import TEST_FRACTION, Interactions
+from embcache.cf.data.ratings import split_ratings
 
 
 def power_law_interactions(num_users: int = 30_000, num_items: int = 40_000,

@@ -20,11 +20,11 @@ import numpy as np
 from cpu_kernels.heat import HeatEngine, HeatOptions, compile_kernels, max_threads
 from cpu_kernels.model import CFConfig, CFParams, histories
 from cpu_kernels.torch_reference import TorchEngine, TorchOptions
-from embcache.data.cf.interactions import Interactions
+from embcache.cf.data.interactions import Interactions
 from embcache.errors import CheckpointError, DataFormatError
 from embcache.settings_fields import option_names
-from embcache.train.cf_config import ENGINE_SETTINGS, ENGINES, MODEL_SETTINGS, CFTrainConfig  # noqa: F401 (users import it here)
-from embcache.train.cf_eval import evaluate_params
+from embcache.cf.config import ENGINE_SETTINGS, ENGINES, MODEL_SETTINGS, CFTrainConfig  # noqa: F401 (users import it here)
+from embcache.cf.evaluation import evaluate_params
 from embcache.train.run import Trainer, check_loss
 
 logger = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 def load_interactions(cfg: CFTrainConfig) -> Interactions:
     """The training data `cfg` names, refused in one line when it leaves nothing to train
     on; an empty test split is allowed, with a warning (its metrics are reported as null)."""
-    from embcache.data.cf.sources import read_interactions
+    from embcache.cf.data.sources import read_interactions
 
     try:
         data = read_interactions(cfg.data, cfg.split, cfg.test_fraction, cfg.split_seed, cfg.min_rating,
@@ -106,7 +106,7 @@ class CFTrainer(Trainer):
     `params` when given (else `cfg.load`'s file, else fresh seeded rows).
 
     Example:
-        >>> from embcache.data.cf.synthetic import power_law_interactions
+        >>> from embcache.cf.data.synthetic import power_law_interactions
         >>> data = power_law_interactions(100, 150, 2000, communities=4, seed=1)
         >>> trainer = CFTrainer(CFTrainConfig(epochs=2, negatives=4, threads=1, progress=False), data)
         >>> summary = trainer.fit()
@@ -127,7 +127,7 @@ class CFTrainer(Trainer):
         self.data = data if data is not None else load_interactions(cfg)
         self.config = cfg.model_config()
         if params is None and cfg.load:
-            from embcache.data.cf.embeddings_file import load_params
+            from embcache.cf.data.embeddings_file import load_params
 
             params = load_params(cfg.load, self.data.num_items, self.data.train_indptr, self.data.train_indices,
                                  self.config)
@@ -193,7 +193,7 @@ class CFTrainer(Trainer):
         return {**result, "eval_seconds": time.perf_counter() - t0}
 
     def format_epoch(self, record: dict) -> str:
-        from embcache.train.cf_eval import format_metrics
+        from embcache.cf.evaluation import format_metrics
 
         s = (f"epoch {record['epoch']:>3}/{self.cfg.epochs}  {record['seconds']:7.2f} s  "
              f"{record['samples_per_s']:>12,.0f} samples/s  loss {record['loss']:.4f}")
@@ -261,7 +261,7 @@ class CFTrainer(Trainer):
         return evaluate_params(self.params, self.data, self.cfg.ks, self.cfg.topk)
 
     def summary_fields(self) -> dict:
-        from embcache.train.cf_eval import popularity
+        from embcache.cf.evaluation import popularity
 
         return {**self._run_info(), **self.final_metrics(),
                 "popularity": popularity(self.data, self.cfg.ks, self.cfg.topk)}

@@ -25,7 +25,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         (8589934592, 16, 'off', None)
     """
     from embcache.cache.choices import OPTIMIZERS, PLANNED_RATIOS, POLICIES
-    from embcache.train.dlrm_config import DLRMConfig
+    from embcache.dlrm.config import DLRMConfig
 
     d = DLRMConfig()
     p = argparse.ArgumentParser(prog=prog, description=__doc__,

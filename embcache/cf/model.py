@@ -7,7 +7,7 @@ and an item's row: what training optimises and evaluation ranks by.
 
 Example:
     >>> import numpy as np, tempfile
-    >>> from embcache.data.cf.interactions import from_pairs
+    >>> from embcache.cf.data.interactions import from_pairs
     >>> from cpu_kernels.model import CFConfig, CFParams
     >>> data = from_pairs([0, 0, 1], [0, 1, 2], [], [], num_items=4)
     >>> data.user_ids, data.item_ids = np.array(["ann", "bob"]), np.array(["a", "b", "c", "d"])
@@ -168,7 +168,7 @@ class CFModel:
         return (out[0], scores[0]) if one else (out, scores)
 
     def _topk(self, z, rows, indptr, indices, k, backend):
-        from embcache.train.cf_eval import topk_backend
+        from embcache.cf.evaluation import topk_backend
 
         topk = topk_backend(_normalised(self.params.I), backend)
         tops, scores = [], []

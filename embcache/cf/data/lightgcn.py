@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from embcache.data.bad_rows import BadRowLog
-from embcache.data.cf.bad_lines import bad_line, whole_numbers
-from embcache.data.cf.interactions import Interactions, from_pairs
+from embcache.cf.data.bad_lines import bad_line, whole_numbers
+from embcache.cf.data.interactions import Interactions, from_pairs
 from embcache.errors import format_error
 
 # a test.txt id must be below _FAR_ID_FACTOR x the training count + _FAR_ID_SLACK

@@ -1,4 +1,4 @@
-"""The cf trainer's settings (`CFTrainConfig`), apart from the trainer (`embcache.train.cf`,
+"""The cf trainer's settings (`CFTrainConfig`), apart from the trainer (`embcache.cf.trainer`,
 which imports numba and torch) so that `embcache cf --help` shows them without either."""
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from embcache.arg_types import (
     positive_float,
     positive_int,
 )
-from embcache.data.cf.interactions import TEST_FRACTION
-from embcache.data.cf.sources import DATA_CHOICES
+from embcache.cf.data.interactions import TEST_FRACTION
+from embcache.cf.data.sources import DATA_CHOICES
 from embcache.settings_fields import has_flag, inherit, setting
 from embcache.train.run_config import THREADS_DEFAULT, RunConfig
 
@@ -46,7 +46,7 @@ class CFTrainConfig(RunConfig):
     shows; besides:
 
     - `data`'s split, test_fraction, split_seed, min_rating and synthetic_* shape it (see
-      `embcache.data.cf.sources.read_interactions`).
+      `embcache.cf.data.sources.read_interactions`).
     - `lr` None is the engine's default (resolved here, so that a checkpoint records it).
     - `threads` None is the cores this process may use (`embcache.threads.default_threads`).
     - `load`: start from these saved embeddings instead of fresh rows.

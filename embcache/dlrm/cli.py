@@ -22,7 +22,7 @@ from embcache.train.run_cli import (
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
-    from embcache.train.dlrm_config import DLRMConfig
+    from embcache.dlrm.config import DLRMConfig
 
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -65,7 +65,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 
 def _add_evaluate_parser(sub) -> None:
-    from embcache.train.dlrm_config import DLRMConfig
+    from embcache.dlrm.config import DLRMConfig
 
     e = sub.add_parser("evaluate", help="AUC and log loss of a checkpoint on the test (or val) split",
                        formatter_class=DefaultsHelpFormatter,
@@ -82,8 +82,8 @@ def _add_evaluate_parser(sub) -> None:
 
 
 def _add_export_parser(sub) -> None:
-    """The `export` action of `embcache dlrm` (`embcache.train.dlrm_export`)."""
-    from embcache.train.dlrm_config import TABLE_FORMATS
+    """The `export` action of `embcache dlrm` (`embcache.dlrm.export`)."""
+    from embcache.dlrm.config import TABLE_FORMATS
 
     e = sub.add_parser("export", help="write a checkpoint's tables, vocabularies and dense model for serving",
                        formatter_class=DefaultsHelpFormatter,
@@ -102,13 +102,13 @@ def _add_export_parser(sub) -> None:
 
 
 def _export(args) -> int:
-    from embcache.train.dlrm_export import export_command
+    from embcache.dlrm.export import export_command
 
     return export_command(args)
 
 
 def _add_predict(sub) -> None:
-    """The `predict` action of `embcache dlrm` (`embcache.train.dlrm_predict`)."""
+    """The `predict` action of `embcache dlrm` (`embcache.dlrm.predict`)."""
     p = sub.add_parser("predict", help="click probabilities of a raw file through an export",
                        formatter_class=DefaultsHelpFormatter,
                        description="Score a raw file through `dlrm export`'s directory, batch by batch, with the "
@@ -125,7 +125,7 @@ def _add_predict(sub) -> None:
 
 
 def _predict(args) -> int:
-    from embcache.train.dlrm_predict import predict_command
+    from embcache.dlrm.predict import predict_command
 
     return predict_command(args)
 
@@ -147,7 +147,7 @@ def _auto_cache_ratio(args, cfg, data_dir: Path) -> float:
                                    bookkeeping=resolve_bookkeeping(cfg.bookkeeping, cfg.resolved_device(),
                                                                    cfg.host_store))
     if int(os.environ.get("RANK", "0")) == 0:
-        logging.getLogger("embcache.train.dlrm").info(f"{why} ({source})")
+        logging.getLogger("embcache.dlrm.trainer").info(f"{why} ({source})")
     return chosen
 
 
@@ -210,7 +210,7 @@ def _prepared_once(args) -> Path:
 
 
 def train(args) -> int:
-    from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+    from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
 
     cfg = DLRMConfig(**{**config_values(args, DLRMConfig), "prefetch_depth": 0 if args.no_prefetch
                         else args.prefetch_depth})
@@ -234,7 +234,7 @@ def train(args) -> int:
 
 
 def evaluate(args) -> int:
-    from embcache.train.dlrm import DLRMConfig, DLRMTrainer
+    from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
     from embcache.train.run import checkpoint_to_evaluate
 
     try:
@@ -268,7 +268,7 @@ def _check_same_data(path: Path, ckpt: dict, data_dir: Path) -> None:
     """A checkpoint evaluates only on the data it was trained on (or a copy): one line naming
     the difference otherwise (not the resume's wording: nothing resumes here)."""
     from embcache.data.ctr_format import read_meta
-    from embcache.train.dlrm import data_difference, data_differs, data_fingerprint
+    from embcache.dlrm.trainer import data_difference, data_differs, data_fingerprint
 
     saved = ckpt.get("data")
     if saved is None:

@@ -41,7 +41,7 @@ def load_probe(checkpoint, device="cpu"):
 
 def image_paths(inputs: list[str]) -> list[Path]:
     """Every image named, or found (sorted, recursively) in a directory named."""
-    from embcache.data.face.folder import IMAGE_SUFFIXES
+    from embcache.face.data.folder import IMAGE_SUFFIXES
 
     out = []
     for item in map(Path, inputs):
@@ -62,9 +62,9 @@ def embed_images(probe, spec: dict, paths: list[Path], device="cpu", flip: bool 
     training read them; with `flip`, of the image plus its mirror, as evaluation does)."""
     from tqdm import tqdm
 
-    from embcache.data.face.images import decode_image
+    from embcache.face.data.images import decode_image
     from embcache.errors import DataFormatError
-    from embcache.train.face_eval import embed
+    from embcache.face.evaluation import embed
 
     shape = tuple(spec["sample_shape"])
     if len(shape) != 3:
@@ -128,7 +128,7 @@ def verify_command(args) -> int:
 def gallery_identities(root: str | Path) -> tuple[list[str], list[list[Path]]]:
     """(names, image files of each) of a gallery: `<root>/<identity>/<image>` like a training
     folder, or images directly in `root`, each its own entry named by its file's stem."""
-    from embcache.data.face.folder import IMAGE_SUFFIXES
+    from embcache.face.data.folder import IMAGE_SUFFIXES
 
     root = Path(root)
     if not root.is_dir():
@@ -155,7 +155,7 @@ def identity_centres(embeddings: torch.Tensor, files: list[list[Path]]) -> torch
 
 def search_command(args) -> int:
     from embcache.data.results_file import SUFFIXES, write_columns
-    from embcache.train.face_eval import nearest_by_inner_product
+    from embcache.face.evaluation import nearest_by_inner_product
 
     out = Path(args.out) if args.out else None
     if out is not None and out.suffix not in SUFFIXES:

@@ -25,10 +25,10 @@ from torch import nn
 
 from embcache.nn.heads import SampledRowsSGD, apply_margin, check_labels, sample_classes
 
-from .gathers import gather_counts, gather_rows, gather_shards_to_main
+from embcache.distributed.gathers import gather_counts, gather_rows, gather_shards_to_main
 from embcache.partition import slice_bounds
 
-from .world import World, collective_device
+from embcache.distributed.world import World, collective_device
 
 
 # ------------------------------------------------------------- the sharded margin softmax

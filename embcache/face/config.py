@@ -1,4 +1,4 @@
-"""Face training's settings (`FaceConfig`), apart from the trainer (`embcache.train.face`) so
+"""Face training's settings (`FaceConfig`), apart from the trainer (`embcache.face.trainer`) so
 that `embcache face --help` shows them without importing torch."""
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ rows are copied in on a side stream; the cache holds the rows of every pending b
 that batch has trained, so none is evicted before it is used.
 
 The model is torchrec's `DLRM` where torchrec imports, else the same model in plain torch
-(`embcache.nn.dlrm_arch.DLRM`: same parameter names, same arithmetic to the bit), chosen by
+(`embcache.dlrm.arch.DLRM`: same parameter names, same arithmetic to the bit), chosen by
 `arch` (auto | torchrec | torch). Checkpoints of one resume under the other.
 
 For comparison (`--sparse`): `device` keeps whole tables (torchrec's collection, or
@@ -64,8 +64,8 @@ from embcache.errors import CheckpointError
 from embcache.nn.cached_collection import CachedEmbeddingBagCollection, group_tables
 from embcache.sparse_types import HAVE_TORCHREC, TORCHREC_ERROR, EmbeddingBagConfig
 from embcache.settings_fields import option_names
-from embcache.train.dlrm_eval import binary_metrics
-from embcache.train.dlrm_config import (  # noqa: F401 (their home before; importers use them from here)
+from embcache.dlrm.evaluation import binary_metrics
+from embcache.dlrm.config import (  # noqa: F401 (their home before; importers use them from here)
     ARCHS,
     CACHE_SETTINGS,
     MAX_PREFETCH_DEPTH,
@@ -75,7 +75,7 @@ from embcache.train.dlrm_config import (  # noqa: F401 (their home before; impor
     DLRMConfig,
     training_split,
 )
-from embcache.train.raw_keys import RawKeySetup, raw_key_setup, with_key_counts
+from embcache.dlrm.raw_keys import RawKeySetup, raw_key_setup, with_key_counts
 from embcache.train.run import Trainer
 
 logger = logging.getLogger(__name__)
@@ -258,7 +258,7 @@ def dlrm(arch: str, sparse: nn.Module, meta: dict, cfg: DLRMConfig, device: torc
     if arch == "torchrec":
         from torchrec.models.dlrm import DLRM
     else:
-        from embcache.nn.dlrm_arch import DLRM
+        from embcache.dlrm.arch import DLRM
     torch.manual_seed(cfg.seed)
     return DLRM(embedding_bag_collection=sparse, dense_in_features=meta["num_dense"],
                 dense_arch_layer_sizes=[*cfg.dense_arch, cfg.embedding_dim],

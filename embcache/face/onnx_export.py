@@ -98,7 +98,7 @@ class _quiet_exporter:
 
 
 def export_command(args) -> int:
-    from embcache.train.face_use import load_probe
+    from embcache.face.use import load_probe
 
     out = Path(args.onnx)
     if out.suffix != ".onnx":

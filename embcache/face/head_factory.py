@@ -1,6 +1,6 @@
 """The face trainer's head factory: the head named on the command line (`dcp`, `fc` or `pfc`,
 `embcache.nn.heads`), or, under several ranks, the class-sharded form of fc / pfc
-(`embcache.distributed.class_sharded`). It sits with the trainer because it picks between
+(`embcache.face.class_sharded`). It sits with the trainer because it picks between
 the model's heads and the distributed ones: the floors below it import neither.
 
 Example:
@@ -40,7 +40,7 @@ def build_head(kind: str, num_classes: int, feat_dim: int, *, pool_ratio: float 
     With a `world` of several ranks, fc and pfc are their class-sharded versions (this
     rank's range of classes); dcp's pool is the same on every rank."""
     if world is not None and world.distributed and kind in ("fc", "pfc"):
-        from embcache.distributed.class_sharded import ShardedFullFC, ShardedPartialFC  # a run of several ranks only
+        from embcache.face.class_sharded import ShardedFullFC, ShardedPartialFC  # a run of several ranks only
 
         if kind == "fc":
             return ShardedFullFC(num_classes, feat_dim, margin, scale, margin_type, seed, world).to(device or "cpu")

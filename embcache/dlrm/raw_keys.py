@@ -17,7 +17,7 @@ from pathlib import Path
 from embcache.data.ctr_format import is_raw_keys, load_key_frequencies
 from embcache.data.key_maps import FirstDayVocabulary, HashedKeys, KeyMap
 
-from .dlrm_config import DLRMConfig
+from .config import DLRMConfig
 
 
 @dataclass

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from embcache.data.bad_rows import BadRowLog
-from embcache.data.cf.bad_lines import bad_line
+from embcache.cf.data.bad_lines import bad_line
 from embcache.errors import DataFormatError, format_error
 
 TABLE_SUFFIXES = {".csv": ",", ".tsv": "\t", ".parquet": None}

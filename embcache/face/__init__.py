@@ -1,0 +1,6 @@
+"""Face classification's room: the trainer of a probe net with a dynamic class pool, full FC
+or Partial FC (`trainer`, `config`, `cli`: `embcache face`; `head_factory` picks the head,
+`class_sharded` the heads split over ranks), evaluation (`evaluation`: verification, TAR@FAR,
+identification), its readers (`data`: image folders, RecordIO, synthetic identities,
+verification .bin files) and a trained checkpoint's use (`use`: embed, verify, search;
+`onnx_export`). The heads themselves are modules users put in models: `embcache.nn`."""
