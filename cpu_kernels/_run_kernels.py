@@ -31,7 +31,7 @@ import numpy as np
 from numba import njit, prange
 
 from cpu_kernels._kernels import _apply_w, _below, _dot, _inv_norms, _mark_seen, _reject_seen, _splitmix
-from cpu_kernels._prefetch import prefetch_row
+from cpu_kernels.intrinsics import prefetch_row
 
 _OPTS = dict(nogil=True, cache=True, fastmath=False)
 # loops that end in a sum: may reorder it and fuse multiply-adds (vectorised), IEEE otherwise

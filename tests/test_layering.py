@@ -332,3 +332,19 @@ def test_downward_and_outside_imports_pass(tmp_path):
     assert graph["embcache.data.x"] == {"embcache.sparse_types"}
     assert graph["cpu_kernels.heat"] == {"cpu_kernels._kernels"}
     assert {name: f(graph) for name, f in CHECKS.items()} == {name: [] for name in CHECKS}
+
+
+def private_kernel_imports(graph: dict[str, set[str]]) -> list[str]:
+    """`importer -> imported` for each import by embcache of a private module of cpu_kernels
+    (`cpu_kernels._x`): the cache shares HEAT's machine operations through the public
+    `cpu_kernels.intrinsics`, not through HEAT's insides."""
+    return [f"{src} -> {dst}" for src, targets in sorted(graph.items()) if src.split(".")[0] == "embcache"
+            for dst in sorted(targets) if dst.startswith("cpu_kernels._")]
+
+
+def test_embcache_imports_no_private_module_of_the_kernels(package_graph, tmp_path):
+    assert private_kernel_imports(package_graph) == []
+    assert "cpu_kernels.intrinsics" in package_graph["embcache.cache.fused_admission"]
+    caught = import_graph(module_files(write_modules(tmp_path, {
+        "embcache.cache.x": "from cpu_kernels._kernels import k\n", "cpu_kernels._kernels": ""})))
+    assert private_kernel_imports(caught) == ["embcache.cache.x -> cpu_kernels._kernels"]

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from numba import prange
 
-from ._intrinsics import atomic_min, prefetch_entry
+from cpu_kernels.intrinsics import atomic_min, prefetch_entry
 from ._radix import stable_order_f64, stable_order_i64
 from .eviction import _SAMPLE_SIZE, _SAMPLED_MIN_SLOTS
 

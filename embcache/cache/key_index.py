@@ -42,7 +42,7 @@ import numba
 import numpy as np
 
 from ..errors import CheckpointError, check_whole
-from ._intrinsics import prefetch_entry
+from cpu_kernels.intrinsics import prefetch_entry
 
 _MAX_ROWS = (1 << 31) - 1  # rows are int32 in the slots
 _MAX_LOAD = 0.7  # the hash table doubles beyond this share of used slots
