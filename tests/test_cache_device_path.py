@@ -89,12 +89,12 @@ def _train(bag, batches, lr=0.1):
 def _deferred_run(monkeypatch, optimizer, check_conflicts=True):
     """Training with every write-back held back until a gather needs its row (as on
     CUDA while the copy is in flight): returns the bag."""
-    monkeypatch.setattr(RowTransfers, "defer_on_cpu", True)
     if not check_conflicts:
         monkeypatch.setattr(RowTransfers, "_last_carrying", lambda self, ids: 0)
     torch.manual_seed(0)
     bag = CachedEmbeddingBag(ROWS, DIM, weight=torch.randn(ROWS, DIM), cache_ratio=0.01, warmup_ratio=0,
                              optimizer=optimizer, lr=0.1, device="cpu", eviction="lru")
+    bag.cache.transfers.defer_on_cpu = True  # nothing was written back yet: warm-up writes none
     _train(bag, zipf_batches(ROWS, 25, 24, 3, seed=3, a=1.1))
     return bag
 

@@ -315,8 +315,7 @@ def test_a_forward_reusing_its_prefetch_lookup_decides_as_two_full_passes(depth,
     and admitting every row again decides: rows, keys, retirements, cache maps, policy,
     holds and counts, to the bit; with new keys every step, retirement in between, and
     keys made by an earlier forward after a later batch's prefetch (depth > 1)."""
-    from embcache.cache.row_cache import RowCache
-
+    
     from .test_cache_fused import assert_same_state
 
     batches = key_stream(steps=36, batch=24, pool=300, drift=5, seed=depth)
@@ -340,17 +339,14 @@ def test_a_forward_reusing_its_prefetch_lookup_decides_as_two_full_passes(depth,
     cache, table = bags[0].cache, bags[0].open
     cache._reuse_part = counted("part", cache._reuse_part, lambda out: 1)
     table._take_ahead = counted("kept", table._take_ahead, lambda out: out is not None)
+    bags[1].cache.reuse_prefetch = False  # the reference: a prefetched batch looked up again
     for i, b in enumerate(batches):
         outs = []
-        for k, bag in enumerate(bags):
-            RowCache.reuse_prefetch = k == 0
-            try:
-                out = bag(b)
-                if i + depth < len(batches):
-                    bag.prefetch(batches[i + depth])
-                (out ** 2).sum().backward()
-            finally:
-                RowCache.reuse_prefetch = True
+        for bag in bags:
+            out = bag(b)
+            if i + depth < len(batches):
+                bag.prefetch(batches[i + depth])
+            (out ** 2).sum().backward()
             outs.append(out)
         assert torch.equal(outs[0], outs[1])
         assert_same_state(*bags)

@@ -102,16 +102,16 @@ class RowCache(RowCacheState):
         row_dtype: how rows are stored, in the host store and the cache (float32,
             float16, bfloat16); optimizer state stays float32.
         rounding: how updated rows are written in `row_dtype` (default: to nearest).
+        reuse_prefetch: a forward reuses its prefetch's decisions where it placed every id
+            (`_reuse`); off, a prefetched batch goes through the general lookup
+            (`_serve_beside`), which must decide exactly the same there (the tests compare
+            the two).
     """
 
     # how the host bookkeeper decides a batch's admission: "auto" (the compiled pass over a
     # dense slot map), "fused" or "tensor" (the batched tensor ops: the reference the
     # compiled pass and the device bookkeeper are held to); tests set it on an instance
     admission_pass = "auto"
-    # a forward reuses its prefetch's decisions where it placed every id (`_reuse`); tests
-    # switch it off to compare with the general lookup of a prefetched batch
-    # (`_serve_beside`), which must decide exactly the same there
-    reuse_prefetch = True
     # lookups without `keep` leave the cache as it is (`_peek`): set for a validation pass
     frozen = False
 
@@ -145,8 +145,9 @@ class RowCache(RowCacheState):
                  warmup_ratio: float = 0.7, device: torch.device | str = "cpu", admission: bool = False,
                  half_life: int | None = None, host_store: str = "memory",
                  row_dtype: torch.dtype = torch.float32, rounding: RowRounding | None = None,
-                 bookkeeping: str = "auto"):
+                 bookkeeping: str = "auto", reuse_prefetch: bool = True):
         self.device = torch.device(device)
+        self.reuse_prefetch = reuse_prefetch
         # on the host, no batch's bookkeeping makes the host wait for the device: ids
         # arrive there, and only rows and lookup indices travel (`RowTransfers`); the
         # device bookkeeper keeps it all beside the rows

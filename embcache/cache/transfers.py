@@ -48,10 +48,11 @@ class RowTransfers:
     """Gathers and write-backs of rows between `host` and `device`, the write-backs
     deferred (see the module docstring)."""
 
-    defer_on_cpu = False  # tests: hold CPU writes back as if they were in flight
-
-    def __init__(self, host: HostStore, device: torch.device, num_rows: int):
+    def __init__(self, host: HostStore, device: torch.device, num_rows: int, defer_on_cpu: bool = False):
+        """`defer_on_cpu`: hold CPU write-backs as if they were in flight, as on CUDA (the
+        tests of the deferred path run on the CPU with it)."""
         self.host, self.device = host, torch.device(device)
+        self.defer_on_cpu = defer_on_cpu
         self.cuda = self.device.type == "cuda"
         self.num_rows = int(num_rows)
         self._pending: deque[_Write] = deque()
