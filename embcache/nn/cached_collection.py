@@ -240,10 +240,7 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         bookkeeping runs and moves only rows."""
         groups = self._group_inputs(features)
         for bag, group in zip(self.bags, groups):  # an open table's new keys get rows in their forward
-            if bag.open is None:
-                bag.cache.prefetch(group.ids)
-            else:
-                bag.cache.prefetch(*bag.open.rows_ahead(group.ids, group.tables))
+            bag.prefetch_ids(group.ids, group.tables)
         self._prepared.append((features, _versions(features), groups))
 
     def _take_prepared(self, features: KeyedJaggedTensor) -> list[_GroupInput] | None:
@@ -260,7 +257,7 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         """Prefetched batches not yet looked up (every group's cache gets each prefetch, so
         they agree). A resumed cache has the checkpoint's: a trainer asks before
         prefetching again, so that no batch is prefetched twice."""
-        return min(bag.cache.pending_prefetches() for bag in self.bags)
+        return min(bag.pending_prefetches() for bag in self.bags)
 
     def _group_inputs(self, kjt: KeyedJaggedTensor) -> list[_GroupInput]:
         """Each group's lookups in its concatenated id space, every id checked against
@@ -312,24 +309,17 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         shared index needs to be rebuilt (`open.<k>`, see `OpenTable.table_part`)."""
         for bag, g in zip(self.bags, self._groups):
             if g.open is not None and name in [t.name for t in g.tables]:  # its keys' rows, with the keys
-                bag.cache.sync_host()
-                host = bag.cache.host
                 part = bag.open.table_part([t.name for t in g.tables].index(name), _members(g))
-                where = torch.from_numpy(part["rows"] + 1)
-                return {"weight": host.weight.index_select(0, where),
-                        **{f"optimizer.{k}": v.index_select(0, where) for k, v in host.state.items()},
+                return {**bag.table_rows(torch.from_numpy(part["rows"] + 1)),
                         **{f"open.{k}": torch.from_numpy(v.reshape(-1, 1)) for k, v in part.items()}}
             for t, off in zip(g.tables, g.row_offsets):
                 if t.name == name:
-                    bag.cache.sync_host()
-                    host = bag.cache.host
-                    return {"weight": host.weight[off: off + t.num_embeddings],
-                            **{f"optimizer.{k}": v[off: off + t.num_embeddings] for k, v in host.state.items()}}
+                    return bag.table_rows(slice(off, off + t.num_embeddings))
         raise KeyError(f"no table named {name!r}")
 
     def optimizer_steps(self) -> int:
         """Row-optimizer steps taken (the same in every bag: one per training step)."""
-        return self.bags[0].cache.step
+        return self.bags[0].optimizer_steps()
 
     def restore_tables(self, rows: dict[str, dict[str, torch.Tensor]], step: int) -> None:
         """Every table's rows and optimizer state (as `table_rows` gives them), with the
@@ -343,16 +333,15 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
                 where = bag.open.load_table_parts(
                     [{k[len("open."):]: v.numpy() for k, v in p.items() if k.startswith("open.")} for p in parts],
                     _members(g))
-                bag.cache.grow(bag.open.rows_needed())
-                state_keys = [k for k in bag.cache.host.state]
-                bag.cache.restore_rows_at(torch.from_numpy(where), torch.cat([p["weight"] for p in parts]),
-                                          {k: torch.cat([p[f"optimizer.{k}"] for p in parts]) for k in state_keys},
-                                          step)
+                bag.restore_rows_at(torch.from_numpy(where), torch.cat([p["weight"] for p in parts]),
+                                    {k: torch.cat([p[f"optimizer.{k}"] for p in parts])
+                                     for k in bag.optimizer_state_names()}, step, num_rows=bag.open.rows_needed())
                 bag.open.restore_prior(bag.cache)
                 continue
-            bag.cache.restore_row_parts(
+            bag.restore_rows(
                 [(off, rows[t.name]["weight"],
-                  {k: rows[t.name][f"optimizer.{k}"] for k in bag.cache.host.state if f"optimizer.{k}" in rows[t.name]})
+                  {k: rows[t.name][f"optimizer.{k}"] for k in bag.optimizer_state_names()
+                   if f"optimizer.{k}" in rows[t.name]})
                  for t, off in zip(g.tables, g.row_offsets)], step)
 
     def save_checkpoint(self, directory: str | os.PathLike) -> None:
@@ -362,14 +351,14 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         with fresh_directory(Path(directory)) as tmp:
             for i, bag in enumerate(self.bags):
                 (tmp / f"group{i}").mkdir()
-                bag.cache.write_checkpoint(tmp / f"group{i}")
+                bag.write_checkpoint(tmp / f"group{i}")
 
     def load_checkpoint(self, directory: str | os.PathLike) -> None:
         """Resume from `save_checkpoint`: every group checked (sizes, CRC-32, cache
         state) before any changes."""
-        checked = [bag.cache.check_checkpoint(Path(directory) / f"group{i}") for i, bag in enumerate(self.bags)]
+        checked = [bag.check_checkpoint(Path(directory) / f"group{i}") for i, bag in enumerate(self.bags)]
         for bag, ready in zip(self.bags, checked):
-            bag.cache.restore_checkpoint(ready)
+            bag.restore_checkpoint(ready)
 
     def residency_state(self) -> dict[str, torch.Tensor]:
         """`state_dict()` without the tables and optimizer state: what the cache holds and
@@ -386,11 +375,7 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         """Set the statistics to `totals` (kept by the first bag, the rest zero): counts
         carried over from a run whose caches were laid out otherwise."""
         for i, bag in enumerate(self.bags):
-            bag.reset_cache_stats()
-            if i == 0:
-                for k, v in totals.items():
-                    if hasattr(bag.cache.stats, k) and k != "hit_rate":
-                        setattr(bag.cache.stats, k, int(v))
+            bag.load_stats(totals if i == 0 else {})
 
     @contextmanager
     def separate_stats(self):
@@ -413,7 +398,7 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
             bag.reset_cache_stats()
 
     def cache_rows(self) -> int:
-        return sum(bag.cache.num_slots for bag in self.bags)
+        return sum(bag.cache_rows() for bag in self.bags)
 
     def add_keys(self, features: KeyedJaggedTensor) -> None:
         """Give the keys of `features` rows in their open tables now, at the values their

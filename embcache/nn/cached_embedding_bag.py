@@ -268,6 +268,67 @@ class CachedEmbeddingBag(nn.Module):
         self.cache.sync_host()
         return self.cache.host.weight
 
+    # --------------------------------------------- the table, for collections and checkpoints
+    # what `nn/` and `distributed/` need of the rows, so that none of them reaches the cache
+    def table_rows(self, rows: slice | torch.Tensor) -> dict[str, torch.Tensor]:
+        """Rows `rows` (a slice: views of the live store; an index tensor: copies) and their
+        optimizer state, current: {"weight", "optimizer.<k>"}."""
+        self.cache.sync_host()
+        host = self.cache.host
+        take = (lambda t: t[rows]) if isinstance(rows, slice) else (lambda t: t.index_select(0, rows))
+        return {"weight": take(host.weight), **{f"optimizer.{k}": take(v) for k, v in host.state.items()}}
+
+    def optimizer_state_names(self) -> list[str]:
+        """The row optimizer's state tables (`optimizer.<name>` in `table_rows`)."""
+        return list(self.cache.host.state)
+
+    def restore_rows(self, parts, step: int) -> None:
+        """Rows by (first id, weight, state) part, the caches emptied (`RowCache.restore_row_parts`)."""
+        self.cache.restore_row_parts(parts, step)
+
+    def restore_rows_at(self, where: torch.Tensor, weight: torch.Tensor, state: dict, step: int,
+                        num_rows: int | None = None) -> None:
+        """Rows at host rows `where` (an open table's, its store grown to `num_rows` first)."""
+        if num_rows is not None:
+            self.cache.grow(num_rows)
+        self.cache.restore_rows_at(where, weight, state, step)
+
+    def optimizer_steps(self) -> int:
+        return self.cache.step
+
+    def cache_rows(self) -> int:
+        return self.cache.num_slots
+
+    def pending_prefetches(self) -> int:
+        return self.cache.pending_prefetches()
+
+    def prefetch_ids(self, ids: torch.Tensor, tables: torch.Tensor | None = None) -> None:
+        """`prefetch` of ids already checked and concatenated (a collection's group); an open
+        table's keys become rows here."""
+        if self.open is None:
+            self.cache.prefetch(ids)
+        else:
+            self.cache.prefetch(*self.open.rows_ahead(ids, tables))
+
+    def write_checkpoint(self, directory) -> None:
+        """`save_checkpoint`'s files into an existing empty directory (one of several
+        written together)."""
+        self.cache.write_checkpoint(directory)
+
+    def check_checkpoint(self, directory):
+        """`load_checkpoint`'s checks, nothing changed: returns what `restore_checkpoint` takes."""
+        return self.cache.check_checkpoint(directory)
+
+    def restore_checkpoint(self, checked) -> None:
+        self.cache.restore_checkpoint(checked)
+
+    def load_stats(self, totals: dict) -> None:
+        """Set the statistics to `totals` (counts carried over from another layout)."""
+        self.cache.stats.reset()
+        for k, v in totals.items():
+            if hasattr(self.cache.stats, k) and k != "hit_rate":
+                setattr(self.cache.stats, k, int(v))
+
     def cache_stats(self) -> dict:
         return self.cache.stats.as_dict()
 
