@@ -19,7 +19,9 @@ A checkpoint (`state_dict`) is an observation: it writes dirty rows back without
 their dirty bits or counting them as cache traffic, and it records residency, dirty bits
 and pending prefetches, so a run resumed from it continues exactly, statistics included.
 That persistence, with the checks that refuse a checkpoint before anything changes, is
-`row_cache_state.RowCacheState`, a base class kept apart so that this file is the hot path.
+`row_cache_state.RowCacheState`, a base class kept apart so that this file is the hot path of
+admission; the optimizer step from a batch's gradient is `row_updates.RowUpdates`, and the
+rows' life an open table drives (grow, reset, held, prior) `row_lifecycle.RowLifecycle`.
 """
 from __future__ import annotations
 
@@ -38,8 +40,10 @@ from .choices import resolve_bookkeeping
 from .eviction import EvictionPolicy
 from .host_store import HostStore
 from .lookup import Lookup, Overflow, Prefetched, ratio_at_least, same_values  # noqa: F401 (Lookup: part of this module's API)
-from .optimizers import RowOptimizer, RowRounding, update_rows
+from .optimizers import RowOptimizer, RowRounding
 from .row_cache_state import CACHE_FILE, RowCacheState  # noqa: F401 (CACHE_FILE: part of this module's API)
+from .row_lifecycle import RowLifecycle
+from .row_updates import RowUpdates, table_sums  # noqa: F401 (table_sums: part of this module's API)
 from .slot_map import SlotMap
 from .stats import CacheStats
 from .transfers import RowTransfers
@@ -49,38 +53,7 @@ logger = logging.getLogger(__name__)
 MAX_PENDING_PREFETCHES = 8
 
 
-def table_sums(keys: torch.Tensor, values: torch.Tensor, tables: list[list[int]], size: tuple, total=None):
-    """A gradient's terms (`keys` = id * working rows + row, one a lookup) table by table
-    (`tables`: per table, its features' numbers of lookups), each table's features' terms
-    added as autograd adds their sparse gradients (`+`), then summed per key by `total(keys,
-    values)` where given (the caller's coalesce); the tables' results one after another."""
-    key_parts, value_parts = [], []
-    for features, k, v in zip(tables, keys.split([sum(t) for t in tables]), values.split([sum(t) for t in tables])):
-        if k.numel() == 0:
-            continue
-        if len(features) > 1:
-            per_feature = [torch.sparse_coo_tensor(fk.unsqueeze(0), fv, size, check_invariants=False)
-                           for fk, fv in zip(k.split(features), v.split(features))]
-            summed = per_feature[0]
-            for more in per_feature[1:]:
-                summed = summed + more
-            k, v = summed._indices()[0], summed._values()
-        if total is not None:
-            k, v = total(k, v)
-        key_parts.append(k)
-        value_parts.append(v)
-    if len(key_parts) == 1:
-        return key_parts[0], value_parts[0]
-    return torch.cat(key_parts), torch.cat(value_parts)
-
-
-def coalesced(keys: torch.Tensor, values: torch.Tensor, size: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch's `coalesce` of the terms (what it sums for an uncached table)."""
-    summed = torch.sparse_coo_tensor(keys.unsqueeze(0), values, size, check_invariants=False).coalesce()
-    return summed._indices()[0], summed._values()
-
-
-class RowCache(RowCacheState):
+class RowCache(RowUpdates, RowLifecycle, RowCacheState):
     """A device working set of `cache_rows` rows over a host table of N rows.
 
     Args:
@@ -535,158 +508,6 @@ class RowCache(RowCacheState):
         self.stats.bypassed_rows += declined
         self.stats.bytes_h2d += ids.numel() * self._row_bytes
         return Overflow(ids, weight, state, self.transfers.to_device(ids))
-
-    # ------------------------------------------------------------------ updates
-    def apply_gradient(self, grad: torch.Tensor, lookup: Lookup) -> None:
-        """One optimizer step from a sparse gradient over the working table (the cache,
-        then the batch's overflow rows), then release the batch's holds."""
-        self._wait_for_prefetch()
-        self.step += 1
-        if self.device.type == "meta":  # rows without values (`bench host`): the host's share alone
-            if lookup.held is not None:
-                self.dirty.index_fill_(0, lookup.held, True)
-            self.release(lookup)
-            return
-        overflow = lookup.overflow
-        # float32 gradients whatever the rows' type: the update computes in float32
-        rows, values = self._in_torch_order(grad.to(torch.float32), lookup,
-                                            coalesce=self.optimizer.needs_coalesced)
-        if overflow is None:
-            self._update(self.weight, self.state, rows, values, self._slot_ids())
-        else:
-            rows, values, out_rows, out_values = self._split_at_overflow(rows, values, lookup)
-            self._update(self.weight, self.state, rows, values, self._slot_ids())
-            self._update(overflow.weight, overflow.state, out_rows, out_values, overflow.device_ids)
-            self.transfers.write(overflow.ids, overflow.weight, overflow.state)
-            self.stats.bytes_d2h += overflow.ids.numel() * self._row_bytes
-            self._refresh_admitted_overflow(overflow)
-        # the batch's held slots are exactly the cached rows it looked up
-        self.dirty.index_fill_(0, lookup.held if lookup.held is not None else rows.to(self.book), True)
-        self.release(lookup)
-
-    def _split_at_overflow(self, rows: torch.Tensor, values: torch.Tensor, lookup: Lookup):
-        """(cache rows, their values, overflow rows, their values), each part in the order
-        it had in `rows`. A boolean mask would make the device report the parts' sizes
-        (a sync); the host knows them instead: a coalesced gradient has one entry per
-        distinct row, so `overflow.ids` of them are overflow rows, and a per-lookup one has
-        the overflow lookups counted when the indices were made. A stable sort by the
-        side of the boundary then puts the parts one after the other, and slicing at a
-        size known on the host asks the device nothing."""
-        coalesced = self.optimizer.needs_coalesced
-        outside = lookup.overflow.ids.numel() if coalesced else lookup.overflow_lookups
-        if outside is None or (not coalesced and rows.numel() != lookup.indices.numel()):
-            inside = rows < self.num_slots  # sizes unknown here: the mask (a sync on CUDA)
-            return rows[inside], values[inside], rows[~inside] - self.num_slots, values[~inside]
-        order = torch.sort((rows >= self.num_slots).to(torch.uint8), stable=True).indices
-        rows, values = rows.index_select(0, order), values.index_select(0, order)
-        cut = rows.numel() - outside
-        return rows[:cut], values[:cut], rows[cut:] - self.num_slots, values[cut:]
-
-    def _update(self, weight: torch.Tensor, state: dict, rows: torch.Tensor, values: torch.Tensor,
-                row_ids: torch.Tensor) -> None:
-        """The optimizer step on rows of `weight` (whose ids are `row_ids`): in place for
-        float32 rows, else on float32 copies rounded on write (`update_rows`)."""
-        update_rows(self.optimizer, weight, state, rows, values, self.step, row_ids, self.rounding)
-
-    def working_table(self) -> torch.Tensor:
-        """The rows a lookup's indices point into: the cache's (the device bookkeeper's
-        also has rows for a batch's overflow after them)."""
-        return self.weight
-
-    def _slot_ids(self) -> torch.Tensor:
-        """Each slot's id, beside the rows: only half-precision rows read it (their
-        stochastic rounding hashes the id), so float32 rows never pay for the copy."""
-        if self.book == self.device or self.weight.dtype == torch.float32:
-            return self.slots.slot_to_id
-        return self.transfers.to_device(self.slots.slot_to_id)
-
-    def _in_torch_order(self, grad: torch.Tensor, lookup: Lookup, coalesce: bool):
-        """The gradient as (rows, values) of the working table, with each row's
-        per-lookup terms combined in torch's order for the uncached table: summed as
-        `coalesce()` sums them (`coalesce=True`: distinct rows, in id order), or left as
-        terms in the order a sparse `add_` applies them (SGD).
-
-        `coalesce()` sums over an unstable sort of the indices, so the order of a row's
-        terms depends on the index values: sorting slots instead of ids moves the last
-        bit. Sorting the key `id * W + row` (W = working rows) makes the same comparisons
-        as sorting the ids, since each id has one row in a batch, and the row comes back
-        as `key % W`. An uncached collection (torchrec's) keeps a gradient per table, so
-        each table is summed on its own; for a table read by several features, autograd
-        adds the features' sparse gradients with `+`, which merges the index sequences by
-        comparing them, and the same `+` on the keys makes the same comparisons."""
-        rows, values = grad._indices()[0], grad._values()
-        ids, width = lookup.ids, grad.size(0)
-        multi_feature = lookup.segments is not None and any(len(t) > 1 for t in lookup.segments)
-        if not coalesce and not multi_feature:
-            return rows, values  # already torch's order: one table's terms in lookup order
-        if ids is None or ids.numel() != rows.numel() or ids.numel() == 0 \
-                or self.num_rows * width >= 2**62:  # not a per-lookup gradient
-            grad = grad.coalesce() if coalesce else grad
-            return grad._indices()[0], grad._values()
-        keys = self.transfers.to_device(ids) * width + rows  # the ids cross only when a sum needs them
-        size = (self.num_rows * width, self.dim)
-        tables = [[keys.numel()]] if lookup.segments is None else lookup.segments
-        keys, values = table_sums(keys, values, tables, size,
-                                  (lambda k, v: coalesced(k, v, size)) if coalesce else None)
-        return keys % width, values
-
-    def _refresh_admitted_overflow(self, overflow: Overflow) -> None:
-        """An overflow row a prefetch admitted after this batch's forward was copied in
-        before its update: give the cached copy the updated row (and state)."""
-        slots = self.slots.lookup(overflow.ids)
-        now_cached = slots >= 0
-        if bool(now_cached.any()):  # host-side bookkeeping: no device sync
-            where = torch.nonzero(now_cached).flatten()
-            target = slots.index_select(0, where)
-            rows, target_dev = self.transfers.to_device(where), self.transfers.to_device(target)
-            self.weight.index_copy_(0, target_dev, overflow.weight.index_select(0, rows))
-            for k, v in self.state.items():
-                v.index_copy_(0, target_dev, overflow.state[k].index_select(0, rows))
-            self.dirty.index_fill_(0, target, True)
-
-    # ------------------------------------------------------------------ open tables
-    def grow(self, num_rows: int) -> None:
-        """Widen the id space to `num_rows` (an open table's host store grows; the new
-        rows are not resident and have no counts)."""
-        if num_rows <= self.num_rows:
-            return
-        self.transfers.settle()
-        self.host.grow(num_rows, {k: self.optimizer.initial_state_value(k) for k in self.host.state})
-        self.slots.grow(num_rows)
-        self.policy.grow(num_rows)
-        self.transfers.grow(num_rows)
-        self.num_rows = int(num_rows)
-
-    def held_rows(self) -> np.ndarray:
-        """Ids whose slots a batch in flight holds (an open table must not retire them)."""
-        return self.slots.slot_to_id[self.holds > 0].cpu().numpy()
-
-    def reset_rows(self, ids: torch.Tensor, weight: torch.Tensor) -> None:
-        """Give rows `ids` new values (float32 `weight`) and fresh optimizer state: an
-        open table's rows taken by new keys. A resident copy is dropped without being
-        written back (it belongs to the retired key) and the rows' counts start again.
-        No batch in flight may hold them (the open table protects those)."""
-        if ids.numel() == 0:
-            return
-        ids = ids.to(self.book)
-        self._wait_for_prefetch()
-        self.transfers.settle(ids)
-        slots = self.slots.lookup(ids)
-        resident = slots[slots >= 0]
-        if resident.numel():
-            if bool((self.holds.index_select(0, resident) > 0).any()):
-                raise RuntimeError("an open table reset a row that a batch in flight holds")
-            self.dirty.index_fill_(0, resident, False)
-            self.slots.release(resident)
-        self.policy.forget(ids)
-        state = {k: torch.full((ids.numel(), v.shape[1]), self.optimizer.initial_state_value(k))
-                 for k, v in self.host.state.items()}
-        self.host.scatter(ids, weight.to(self.host.weight.dtype), state)  # rounded as a new table's rows are
-
-    def set_prior(self, ids: torch.Tensor, counts: torch.Tensor) -> None:
-        """The `freq` prior of rows `ids` (an open table's: its keys' counts, set as keys
-        take rows, after `reset_rows`); other policies ignore it."""
-        self.policy.set_prior(ids.to(self.book), counts)
 
     # ------------------------------------------------------------------ host side
     def flush(self) -> None:
