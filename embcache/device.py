@@ -1,5 +1,8 @@
-"""Which device a run uses: one rule for every module, trainer and benchmark."""
+"""Which device a run uses: one rule for every module, trainer and benchmark; and the peak
+memory a run reports."""
 from __future__ import annotations
+
+import resource
 
 import torch
 
@@ -38,3 +41,11 @@ def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cuda" and t.device.type == "cpu":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
+
+
+def peak_memory(device: torch.device) -> dict:
+    """Peak resident host memory of this process and peak device memory allocated."""
+    out = {"peak_host_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if device.type == "cuda":
+        out["peak_device_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return out

@@ -38,62 +38,40 @@ all three:
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
-import resource
-import signal
-import threading
 import time
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 
 from embcache.checkpoint import load_checkpoint, save_checkpoint
+from embcache.device import peak_memory
 from embcache.distributed.world import all_sum, barrier, current
 from embcache.errors import CheckpointError, RunInterrupted, TrainingDiverged
 from embcache.train.run_config import LOG_EVERY, RunConfig, StepRunConfig  # noqa: F401 (their home before)
+# parts of the skeleton in modules of their own (checkpoint files, metrics log, Ctrl-C), named here as before
+from embcache.train.metrics_log import MetricsLog
+from embcache.train.run_files import (  # noqa: F401 (imported from here by the rooms and the tests)
+    LEGACY_CHECKPOINT_NAMES,
+    checkpoint_file,
+    checkpoint_in,
+    checkpoint_to_evaluate,
+    config_from_checkpoint,
+    existing_run,
+    refuse_existing_run,
+    resume_mismatches,
+)
+from embcache.train.stop_signals import StopSignals
 
 logger = logging.getLogger(__name__)
 
-# checkpoints written before the kind-prefixed names: kind -> the file name they used
-LEGACY_CHECKPOINT_NAMES = {"dlrm": "last.pt"}
 # positions written under other names before the trainers shared this skeleton
 _LEGACY_POSITION_KEYS = {"step_in_epoch": ("batch_in_epoch",), "step": ("global_step",),
                          "epoch": ("epochs_done",), "history": ("records",)}
-
-
-class MetricsLog:
-    """Append-only JSON-lines file: one object per event. Opened in append mode so that a
-    resumed run continues the same file. With `open_tensorboard`, every record also goes
-    to TensorBoard (`embcache.train.tensorboard_log`)."""
-
-    def __init__(self, path: str | os.PathLike | None):
-        self.path = Path(path) if path else None
-        self.tensorboard = None
-        if self.path:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    def open_tensorboard(self, directory: str | None, purge_step: int | None = None) -> None:
-        if directory:
-            from embcache.train.tensorboard_log import TensorBoardLog
-
-            self.tensorboard = TensorBoardLog(directory, purge_step)
-
-    def write(self, **record) -> None:
-        if self.path:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(record, default=float) + "\n")
-        if self.tensorboard is not None:
-            self.tensorboard.write(record)
-
-    def close(self) -> None:
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-            self.tensorboard = None
 
 
 def check_loss(loss: float, where: str) -> None:
@@ -101,151 +79,6 @@ def check_loss(loss: float, where: str) -> None:
     if not math.isfinite(loss):
         raise TrainingDiverged(f"{where}: the loss is {loss}: training diverged (try a lower learning rate); "
                                f"nothing from it was checkpointed or saved, the last checkpoint is intact")
-
-
-def peak_memory(device: torch.device) -> dict:
-    """Peak resident host memory of this process and peak device memory allocated."""
-    out = {"peak_host_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    if device.type == "cuda":
-        out["peak_device_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
-    return out
-
-
-def checkpoint_file(path: str | os.PathLike, kind: str) -> Path:
-    """The checkpoint named by `path`: the file itself, or in a directory its
-    `checkpoint_in(directory, kind)`."""
-    path = Path(path)
-    return checkpoint_in(path, kind) if path.is_dir() else path
-
-
-def checkpoint_in(directory: str | os.PathLike, kind: str) -> Path:
-    """A run's checkpoint in `directory`: `<kind>-last.pt`, or the name a checkpoint of that
-    kind had before when only that one is there (the directory need not exist)."""
-    directory = Path(directory)
-    current = directory / f"{kind}-last.pt"
-    legacy = LEGACY_CHECKPOINT_NAMES.get(kind)
-    if not current.exists() and legacy and (directory / legacy).exists():
-        return directory / legacy
-    return current
-
-
-def existing_run(directory: str | os.PathLike | None, kind: str) -> str | None:
-    """What a run would lose if it started afresh in `directory`: "a dlrm run (step 98)"
-    when a checkpoint of `kind` is there (its position read cheaply, or left out when the file
-    cannot be read), None when there is none."""
-    if not directory:
-        return None
-    path = checkpoint_in(directory, kind)
-    if not path.is_file():
-        return None
-    try:  # memory-mapped: a large checkpoint is not read in full for its position
-        ck = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-        stepwise = "max_steps" in ck["config"]  # a `StepRunConfig`'s; cf's runs are whole epochs
-        where = f"step {ck['step']}" if stepwise else f"epoch {ck['epoch']}"
-    except Exception:  # an older or damaged file is still a run's: it is kept all the same
-        return f"a {kind} run ({path.name})"
-    return f"a {kind} run ({where})"
-
-
-def refuse_existing_run(directory: str | os.PathLike | None, kind: str) -> None:
-    """CheckpointError in one line when `directory` holds a run of `kind`: a run that does
-    not resume it must say `overwrite` to replace it."""
-    found = existing_run(directory, kind)
-    if found:
-        raise CheckpointError(f"{directory} holds {found}; continue it with --resume or start over "
-                              f"with --overwrite")
-
-
-def config_from_checkpoint(config_cls, saved: dict, **overrides):
-    """A `config_cls` with the settings a checkpoint recorded (those the class still has),
-    then `overrides`."""
-    names = {f.name for f in fields(config_cls)}
-    saved = {**getattr(config_cls, "settings_added_later", {}), **saved}
-    return config_cls(**{**{k: v for k, v in saved.items() if k in names}, **overrides})
-
-
-def checkpoint_to_evaluate(path: str | os.PathLike, kind: str, config_cls, device: str | None = None):
-    """(file, checkpoint, config) for evaluating the checkpoint `path` names (a file or a
-    checkpoint directory): the run's own settings on `device`, with no checkpoints, metrics
-    or progress of its own."""
-    path = checkpoint_file(path, kind)
-    ck = load_checkpoint(path, kind=kind)
-    cfg = config_from_checkpoint(config_cls, ck["config"], device=device, resume=False, checkpoint_dir=None,
-                                 metrics_out=None, progress=False)
-    return path, ck, cfg
-
-
-def resume_mismatches(saved: dict, now: dict, must_match, only_raised=(), names=None) -> list[str]:
-    """One phrase per setting that stops `now` from resuming a run with settings `saved`:
-    "NAME SAVED in the checkpoint, NOW now", NAME from `names` (the flag the user typed:
-    "--lr" for `sparse_lr`), else the field's own. A setting the checkpoint does not record
-    (added later) is not compared. Settings in `only_raised` may grow (a run
-    can be extended), not shrink. Two names of one existing path are the same setting."""
-    names = names or {}
-    out = []
-    for k in must_match:
-        if k not in saved:  # a setting added since the checkpoint was written: it had its one behaviour
-            continue
-        was, cur = saved.get(k), now.get(k)
-        if was != cur and not _same_path(was, cur):
-            out.append(f"{names.get(k, k)} {was!r} in the checkpoint, {cur!r} now")
-    for k in only_raised:
-        if k in saved and now.get(k) is not None and now[k] < saved[k]:
-            n = names.get(k, k)
-            out.append(f"{n} {saved[k]!r} in the checkpoint, {now[k]!r} now ({n} may only be raised)")
-    return out
-
-
-def _same_path(a, b) -> bool:
-    if not (isinstance(a, str) and isinstance(b, str)) or not (os.path.exists(a) and os.path.exists(b)):
-        return False
-    return Path(a).resolve() == Path(b).resolve()
-
-
-class StopSignals:
-    """While a run trains (a `with` block in the main thread): the first SIGINT or SIGTERM
-    is noted (`received`) for the loop to stop at the next step's end, and a short line on
-    stderr says so; the second calls `at_once`, which raises to stop the run where it is
-    (the handlers are the previous ones again from then on). Under torchrun only SIGINT is
-    taken (the launcher's SIGTERM means a peer failed: `embcache.distributed.world`), and a
-    second SIGINT within `SAME_SIGNAL_S` of the first is the launcher passing the user's
-    Ctrl-C on, not a second one. Elsewhere than the main thread nothing is installed."""
-
-    SAME_SIGNAL_S = 3.0
-
-    def __init__(self, at_once, distributed: bool = False, announce: bool = True, what: str = "step"):
-        self.received: int | None = None  # the first signal's number
-        self._at = 0.0
-        self._at_once, self._distributed, self._announce, self._what = at_once, distributed, announce, what
-        self._previous: dict[int, object] = {}
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT,) if self._distributed else (signal.SIGINT, signal.SIGTERM):
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._restore()
-
-    def _restore(self) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        self._previous = {}
-
-    def _handle(self, signum, frame) -> None:
-        now = time.monotonic()
-        if self.received is None:
-            self.received, self._at = signum, now
-            if self._announce:  # os.write: the interrupted code may be inside a print to stderr
-                again = "Ctrl-C" if signum == signal.SIGINT else "the signal"
-                os.write(2, f"\n{signal.Signals(signum).name}: stopping after this {self._what}; {again} again stops "
-                            f"at once\n".encode())
-            return
-        if self._distributed and now - self._at < self.SAME_SIGNAL_S:
-            return
-        self._restore()
-        self._at_once()
 
 
 class Trainer:
