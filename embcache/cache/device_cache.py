@@ -74,7 +74,7 @@ class DeviceRowCache(RowCache):
                  row_dtype=torch.float32, rounding=None, bookkeeping="device", reuse_prefetch=True):
         super().__init__(weight, cache_rows, optimizer, eviction, ids_freq, 0.0, device, admission, half_life,
                          host_store, row_dtype, rounding, bookkeeping, reuse_prefetch)
-        C, N = self.num_slots, self.num_rows
+        C = self.num_slots
         self._regions: list[list] = []  # [start, size, busy]: working rows past the cache
         self._work_ids = torch.full((C + 1,), -1, dtype=torch.long, device=self.device)
         self.slots.slot_to_id = self._work_ids[:C]

@@ -522,7 +522,7 @@ class OpenTable:
             raise CheckpointError(f"the checkpoint's open table names tables outside 0..{self.tables - 1}")
         counts = {k: np.asarray(state[k], np.int64) for k in ("new_per_table", "retired_per_table")}
         if any(c.shape != (self.tables,) for c in counts.values()):
-            raise CheckpointError(f"the checkpoint's open table counts keys for another number of tables")
+            raise CheckpointError("the checkpoint's open table counts keys for another number of tables")
         self.index = index
         self._ahead.clear()
         self._taken = None
