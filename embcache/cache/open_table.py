@@ -46,7 +46,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
-import numba
 import numpy as np
 import torch
 
@@ -54,6 +53,8 @@ from embcache.errors import CheckpointError
 from embcache.keys import initial_rows, mix64, unmix64
 
 from .key_index import KeyIndex
+from .key_counts import KeyCounts, _key_counts  # noqa: F401 (KeyCounts: imported from here)
+from .open_table_kernels import _touch, _code, _first_positions, _forget
 from .lookup import same_values
 
 RETIRE_POLICIES = ("lru", "lfu")
@@ -71,55 +72,6 @@ class RowStore(Protocol):
     def held_rows(self) -> np.ndarray: ...
 
 
-@numba.njit(cache=True, nogil=True)
-def _touch(rows: np.ndarray, last_seen: np.ndarray, uses: np.ndarray, clock: int) -> None:
-    for r in rows:
-        last_seen[r] = clock
-        uses[r] += 1
-
-
-@numba.njit(cache=True, nogil=True)
-def _code(keys: np.ndarray, tables: np.ndarray, salts: np.ndarray, out: np.ndarray) -> None:
-    """`out[i] = mix64(keys[i]) ^ salts[tables[i]]` (tables empty: table 0), in one pass;
-    the same bits as `keys.mix64` (numba's uint64 arithmetic wraps)."""
-    one = tables.size == 0
-    for i in range(keys.size):
-        x = np.uint64(keys[i])
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x = x ^ (x >> np.uint64(31))
-        out[i] = np.int64(x ^ np.uint64(salts[0 if one else tables[i]]))
-
-
-@numba.njit(cache=True, nogil=True)
-def _first_positions(rows: np.ndarray, new_rows: np.ndarray, scratch: np.ndarray) -> np.ndarray:
-    """The first position in `rows` of each of `new_rows` (each occurs), in O(len(rows));
-    `scratch` (one entry an index row, -1) is left as it was found."""
-    for j in range(new_rows.size):
-        scratch[new_rows[j]] = j
-    out = np.full(new_rows.size, -1, np.int64)
-    left = new_rows.size
-    for i in range(rows.size):
-        j = scratch[rows[i]]
-        if j >= 0 and out[j] < 0:
-            out[j] = i
-            left -= 1
-            if left == 0:
-                break
-    for j in range(new_rows.size):
-        scratch[new_rows[j]] = -1
-    return out
-
-
-@numba.njit(cache=True, nogil=True)
-def _forget(rows: np.ndarray, gone: np.ndarray) -> None:
-    """rows[i] = -1 where `gone[rows[i]]` (a kept lookup whose key retired since)."""
-    for i in range(rows.size):
-        r = rows[i]
-        if r >= 0 and gone[r]:
-            rows[i] = -1
-
-
 @dataclass
 class _Ahead:
     """A coming batch's keys looked up by its prefetch: its codes, and its index rows then
@@ -133,54 +85,6 @@ class _Ahead:
     def matches(self, keys: torch.Tensor, tables: torch.Tensor | None) -> bool:
         return same_values(self.keys, keys) and (tables is None) == (self.tables is None) and \
             (tables is None or same_values(self.tables, tables))
-
-
-@dataclass(frozen=True)
-class KeyCounts:
-    """One table's counted keys (int64, ascending, distinct) and their counts (float64, as
-    the policy keeps a prior): the `freq` prior of the rows its keys take."""
-
-    keys: np.ndarray
-    counts: np.ndarray
-
-    @classmethod
-    def of(cls, pair, table: str) -> "KeyCounts":
-        """`(keys, counts)` tensors or arrays checked (ValueError naming `table`)."""
-        if isinstance(pair, KeyCounts):
-            return pair
-        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-            raise ValueError(f"key_freq of {table} must be (keys, counts), got {type(pair).__name__}")
-        keys, counts = (np.asarray(a.cpu() if torch.is_tensor(a) else a) for a in pair)
-        if keys.ndim != 1 or keys.shape != counts.shape or keys.dtype.kind not in "iu":
-            raise ValueError(f"key_freq of {table} must be 1-D integer keys and as many counts, got "
-                             f"{keys.dtype} {keys.shape} and {counts.shape}")
-        keys, counts = keys.astype(np.int64), counts.astype(np.float64)
-        if keys.size > 1 and not bool((keys[1:] > keys[:-1]).all()):
-            raise ValueError(f"key_freq of {table}: keys must be ascending and distinct")
-        if not bool(np.isfinite(counts).all()) or bool((counts < 0).any()):
-            raise ValueError(f"key_freq of {table}: counts must be finite and non-negative")
-        return cls(keys, counts)
-
-    def lookup(self, keys: np.ndarray) -> np.ndarray:
-        """Each key's count, 0 for a key not counted (a binary search a key)."""
-        if self.keys.size == 0:
-            return np.zeros(keys.size, np.float64)
-        at = np.minimum(np.searchsorted(self.keys, keys), self.keys.size - 1)
-        return np.where(self.keys[at] == keys, self.counts[at], 0.0)
-
-
-def _key_counts(key_freq, tables: int) -> list[KeyCounts | None] | None:
-    """`key_freq` one entry a table (None: no counts for any): a `(keys, counts)` pair for
-    a table of its own, or a list of pairs (or None) one a table sharing the index."""
-    if key_freq is None:
-        return None
-    one = isinstance(key_freq, KeyCounts) or (isinstance(key_freq, tuple) and len(key_freq) == 2 and all(
-        torch.is_tensor(a) or isinstance(a, np.ndarray) for a in key_freq))
-    per_table = [key_freq] if one else list(key_freq)
-    if len(per_table) != tables:
-        raise ValueError(f"key_freq: one (keys, counts) or None a table, {tables} tables, got {len(per_table)}")
-    out = [None if kf is None else KeyCounts.of(kf, f"table {t}") for t, kf in enumerate(per_table)]
-    return None if all(kc is None for kc in out) else out
 
 
 def _coldest(cand: np.ndarray, primary: np.ndarray, want: int, codes_of) -> np.ndarray:

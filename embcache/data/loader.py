@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import bisect
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from collections import deque
 from typing import Iterator, NamedTuple
@@ -32,41 +31,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 from embcache.data.background import BackgroundIterator
+from embcache.data.batch import Batch
 from embcache.errors import format_error
 from embcache.data.ctr_format import is_raw_keys, read_meta, read_shard, sparse_features
 from embcache.data.shard_check import verify_shard
 from embcache.partition import slice_bounds
 from embcache.sparse_types import KeyedJaggedTensor
-
-
-@dataclass
-class Batch:
-    """One training batch.
-
-    Args:
-        dense: float32 `[B, num_dense]`.
-        sparse: keys = sparse feature names in meta order; lengths are 1 per sample for a
-            one-hot feature, the list length for a multi-hot one.
-        labels: float32 `[B]` of 0.0 / 1.0 (what `BCEWithLogitsLoss` takes).
-        global_size: rows of the global batch this one is a rank's slice of (its own
-            length when the batch is not split).
-    """
-
-    dense: torch.Tensor
-    sparse: KeyedJaggedTensor
-    labels: torch.Tensor
-    global_size: int | None = None
-
-    def to(self, device: torch.device | str, non_blocking: bool = False,
-           sparse_device: torch.device | str | None = None) -> "Batch":
-        """The batch on `device`, its ids on `sparse_device` (default: `device` too)."""
-        sparse_device = torch.device(device if sparse_device is None else sparse_device)
-        return Batch(self.dense.to(device, non_blocking=non_blocking),
-                     self.sparse.to(sparse_device, non_blocking=non_blocking),
-                     self.labels.to(device, non_blocking=non_blocking), self.global_size)
-
-    def __len__(self) -> int:
-        return self.labels.shape[0]
 
 
 class CTRBatches:
