@@ -39,11 +39,11 @@ import torch
 
 from embcache.device import to_device_async
 
-from .fixed_size import pick, summed_in_torch_order
+from .fixed_size import pick
 from .host_link import HostLink
 from .lookup import Lookup, Overflow, Prefetched, same_values
-from .optimizers import update_rows
-from .row_cache import RowCache, table_sums
+from .device_updates import DeviceUpdates
+from .row_cache import RowCache
 from .stats import CacheStats
 
 # the statistics counted on the device, in `CacheStats` field names (batches is the host's)
@@ -63,7 +63,7 @@ class Scratch:
     mask: torch.Tensor
 
 
-class DeviceRowCache(RowCache):
+class DeviceRowCache(DeviceUpdates, RowCache):
     """`RowCache` with the bookkeeping on the rows' device (see the module docstring);
     built by `RowCache(..., bookkeeping="device")` (or "auto" on CUDA), same arguments."""
 
@@ -247,9 +247,41 @@ class DeviceRowCache(RowCache):
         if flat.numel() == 0:
             return self._no_lookups(flat)
         slots, hit, in_batch, missing, m, where = self._look_up(flat)
-        p, C, N, n, dev, pad = self.policy, self.num_slots, self.num_rows, flat.numel(), self.device, self._pad
-        r = torch.arange(n, device=dev)
-        # ---- free slots in slot order (the first n are all a batch can take)
+        C, N, n = self.num_slots, self.num_rows, flat.numel()
+        r = torch.arange(n, device=self.device)
+        free_list, nfree, victims, kv, taken, declined, missing, where = self._choose(n, m, r, missing, where,
+                                                                                     in_batch, clock)
+        fits = nfree + taken
+        written = self._evict_on_device(victims, self._arange[:kv] < taken)
+        # ---- admit: the r-th missing id takes the r-th free slot, then the (r - free)-th victim
+        target = pick(r < nfree, free_list, victims.index_select(0, (r - nfree).clamp(0, kv - 1)))
+        admitted = r < fits
+        self._admit_rows(pick(admitted, missing, N), target, admitted, pick(admitted, target, C), in_batch, clock)
+        new_row = pick(admitted, target, -1)
+        row_bytes = self._row_bytes
+        deltas = dict(evictions=taken, bytes_h2d=fits * row_bytes, bytes_d2h=written.sum() * row_bytes)
+        # ---- the rest of the missing ids: beside the cache, in this batch's region
+        scratch = None
+        if region is not None:
+            rows, outside = self._read_beside(missing, r, m, region, fits)
+            new_row = pick(outside, rows, new_row)
+            over = m - fits
+            deltas.update(overflow_rows=over - declined, bypassed_rows=declined,
+                          bytes_h2d=(fits + over) * row_bytes)
+            scratch = Scratch(region, missing, rows, outside)
+        indices = pick(hit, slots, new_row.index_select(0, where))
+        touched = self._record_use(in_batch, clock)
+        self._count(**deltas)
+        return indices, touched, touched.sum() - fits, m, scratch
+
+    def _choose(self, n: int, m, r, missing, where, in_batch, clock):
+        """The admission's choices, all fixed-size: the free slots in slot order (the
+        first n are all a batch can take), the victims (the smallest keys among slots
+        neither held, used by the batch, nor empty), how many victims leave (`taken`) and
+        how many missing ids an admission policy keeps out (`declined`); with admission
+        the missing ids come hottest first (`missing`, `where` reordered). Returns
+        (free_list, nfree, victims, kv, taken, declined, missing, where)."""
+        p, C, dev = self.policy, self.num_slots, self.device
         occupied = self.slots.slot_to_id >= 0
         free = ~occupied
         free_count = free.sum()
@@ -258,7 +290,6 @@ class DeviceRowCache(RowCache):
         free_list.index_copy_(0, pick(free & (free_rank < n), free_rank, n), self._arange[:C])
         free_list = free_list[:n]
         nfree = torch.minimum(free_count, m)
-        # ---- victims: the smallest keys among slots neither held, used by the batch, nor empty
         candidates = occupied & ~((self.holds > 0) | in_batch[:C])
         keys = pick(candidates, p.keys(), torch.full_like(p.slot_last, INF))
         kv = min(n, C)
@@ -277,10 +308,12 @@ class DeviceRowCache(RowCache):
             where = inverse.index_select(0, where)
         else:
             taken = wanted
-        declined = wanted - taken
-        fits = nfree + taken
-        # ---- evict: keep the leavers' counts, write the dirty ones back, empty their slots
-        leaving = j < taken
+        return free_list, nfree, victims, kv, taken, wanted - taken, missing, where
+
+    def _evict_on_device(self, victims: torch.Tensor, leaving: torch.Tensor) -> torch.Tensor:
+        """Evict the `leaving` victims: keep their counts, write the dirty ones back, empty
+        their slots. Returns the mask of the victims written back."""
+        p, pad, C, N = self.policy, self._pad, self.num_slots, self.num_rows
         out_slot = pick(leaving, victims, C)
         out_ids = pick(leaving, self.slots.slot_to_id.index_select(0, victims), N)
         if p.id_count is not None:
@@ -293,37 +326,22 @@ class DeviceRowCache(RowCache):
         pad["dirty"].index_fill_(0, out_slot, False)
         pad["id_to_slot"].index_fill_(0, out_ids, -1)
         self._work_ids.index_fill_(0, pick(leaving, victims, self._trash_row()), -1)
-        # ---- admit: the r-th missing id takes the r-th free slot, then the (r - free)-th victim
-        target = pick(r < nfree, free_list, victims.index_select(0, (r - nfree).clamp(0, kv - 1)))
-        admitted = r < fits
-        in_ids = pick(admitted, missing, N)
-        in_slot = pick(admitted, target, C)
+        return written
+
+    def _admit_rows(self, in_ids, target, admitted, in_slot, in_batch, clock) -> None:
+        """Read the `admitted` ids' rows into their `target` slots and give the slots their
+        ids, clean bits and counts; the batch uses them."""
+        pad = self._pad
         self.link.read(in_ids, target, admitted, self._work, self._trash_row())
         pad["dirty"].index_fill_(0, in_slot, False)
         self._work_ids.index_copy_(0, pick(admitted, target, self._trash_row()), in_ids)
         pad["id_to_slot"].index_copy_(0, in_ids, target)
         pad["slot_last"].index_fill_(0, in_slot, clock)
-        if p.id_count is None:
+        if self.policy.id_count is None:
             pad["slot_primary"].index_fill_(0, in_slot, 0.0)
         else:
             pad["slot_primary"].index_copy_(0, in_slot, self._counts(in_ids))
         in_batch.index_fill_(0, in_slot, True)
-        new_row = pick(admitted, target, -1)
-        row_bytes = self._row_bytes
-        deltas = dict(evictions=taken, bytes_h2d=fits * row_bytes, bytes_d2h=written.sum() * row_bytes)
-        # ---- the rest of the missing ids: beside the cache, in this batch's region
-        scratch = None
-        if region is not None:
-            rows, outside = self._read_beside(missing, r, m, region, fits)
-            new_row = pick(outside, rows, new_row)
-            over = m - fits
-            deltas.update(overflow_rows=over - declined, bypassed_rows=declined,
-                          bytes_h2d=(fits + over) * row_bytes)
-            scratch = Scratch(region, missing, rows, outside)
-        indices = pick(hit, slots, new_row.index_select(0, where))
-        touched = self._record_use(in_batch, clock)
-        self._count(**deltas)
-        return indices, touched, touched.sum() - fits, m, scratch
 
     def _serve_beside(self, flat: torch.Tensor, region: list):
         """`RowCache._serve_beside` on the device: a lookup, the absent ids (distinct, by
@@ -417,62 +435,6 @@ class DeviceRowCache(RowCache):
         if lookup.scratch is not None:
             lookup.scratch.region[2] = False
             lookup.scratch = None
-
-    # ------------------------------------------------------------------ updates
-    def apply_gradient(self, grad: torch.Tensor, lookup: Lookup) -> None:
-        """`apply_rows` for a sparse gradient over the working table."""
-        self.apply_rows(grad._indices()[0], grad._values(), grad.size(0), lookup)
-
-    def apply_rows(self, rows: torch.Tensor, values: torch.Tensor, width: int, lookup: Lookup) -> None:
-        """One optimizer step from per-lookup gradient terms (`rows` of a working table of
-        `width` rows, as a sparse embedding-bag gradient has them) over the working table:
-        the cache's rows and the batch's overflow rows in one call. The overflow rows then
-        go back to the host store (and into the cache, where a prefetch admitted one
-        meanwhile)."""
-        self._wait_for_prefetch()
-        self.step += 1
-        rows, values = self._gradient_rows(rows, values.to(torch.float32), width, lookup)
-        work = self._work
-        update_rows(self.optimizer, work["weight"], self.state_of_work(), rows, values, self.step,
-                    self._work_ids, self.rounding, distinct=self.optimizer.needs_coalesced)
-        s = lookup.scratch
-        if s is not None:
-            trash = self._trash_row()
-            self.link.write(s.ids, s.rows, s.mask, work, trash)
-            self._count(bytes_d2h=s.mask.sum() * self._row_bytes)
-            slot = self._pad["id_to_slot"].index_select(0, pick(s.mask, s.ids, self.num_rows))
-            now = s.mask & (slot >= 0)
-            target, source = pick(now, slot, trash), pick(now, s.rows, trash)
-            for t in work.values():
-                t.index_copy_(0, target, t.index_select(0, source))
-            self._pad["dirty"].index_fill_(0, pick(now, slot, self.num_slots), True)
-        self.dirty.logical_or_(lookup.held)
-        self.release(lookup)
-
-    def _gradient_rows(self, rows: torch.Tensor, values: torch.Tensor, width: int,
-                       lookup: Lookup) -> tuple[torch.Tensor, torch.Tensor]:
-        """`RowCache._in_torch_order` in fixed sizes: a coalesced gradient keeps one entry
-        per lookup, the first of each row's entries holding the row's sum (summed as torch's
-        `coalesce` sums it: `summed_in_torch_order`), the others pointing at the trash row
-        with nothing to add."""
-        coalesce = self.optimizer.needs_coalesced
-        multi_feature = lookup.segments is not None and any(len(t) > 1 for t in lookup.segments)
-        if not coalesce and not multi_feature:
-            return rows, values
-        keys = lookup.ids * width + rows
-        size = (self.num_rows * width, self.dim)
-        tables = [[keys.numel()]] if lookup.segments is None else lookup.segments
-        if self.device.type != "cpu" and not multi_feature:
-            # keys of different tables differ (their ids do): one stable sum over them all is
-            # each table's (the CPU's unstable sort orders ties by the array it sorts: per table)
-            keys, values = summed_in_torch_order(keys, values, stable=True)
-            return pick(keys >= 0, keys % width, self._trash_row()), values
-        keys, values = table_sums(keys, values, tables, size, summed_in_torch_order if coalesce else None)
-        return pick(keys >= 0, keys % width, self._trash_row()), values
-
-    def state_of_work(self) -> dict[str, torch.Tensor]:
-        """The optimizer state of every working row, by the optimizer's names."""
-        return {k[len("optimizer."):]: v for k, v in self._work.items() if k != "weight"}
 
     # ------------------------------------------------------------------ validation
     def _peek(self, ids: torch.Tensor, segments: list[list[int]] | None) -> Lookup:
