@@ -47,7 +47,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     e.add_argument("checkpoint", help="a face checkpoint file, or the --checkpoint-dir holding face-last.pt")
     add_config_arguments(e, FaceConfig, ["val", "device"], unset=["val"], unset_note="(default: the run's --val)")
     e.set_defaults(func=evaluate)
+    _add_use_parsers(sub)
+    return parser
 
+
+def _add_use_parsers(sub) -> None:
+    """The commands that use a trained checkpoint alone: embed, verify, search, export."""
+    fmt = DefaultsHelpFormatter
     m = sub.add_parser("embed", help="L2-normalised embeddings of images, from a checkpoint alone", formatter_class=fmt,
                        description="Embed image files (or every image under a directory) with a face checkpoint, "
                                    "decoded and resized as training read them, each the sum of the image's and its "
@@ -87,19 +93,6 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     _checkpoint_use(x, run=("embcache.face.onnx_export", "export_command"))
     x.add_argument("--onnx", required=True, metavar="FILE.onnx", help="where to write the model")
     x.add_argument("--no-check", action="store_true", help="do not compare onnxruntime's outputs with torch's")
-    return parser
-
-
-def _search(args) -> int:
-    from embcache.face.use import search_command
-
-    return search_command(args)
-
-
-def _export(args) -> int:
-    from embcache.face.onnx_export import export_command
-
-    return export_command(args)
 
 
 def _checkpoint_use(p: argparse.ArgumentParser, run: tuple[str, str], images: bool = False,
