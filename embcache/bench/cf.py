@@ -151,7 +151,6 @@ def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max
 
     from cpu_kernels.heat import HeatOptions
     from cpu_kernels.model import CFParams
-    from cpu_kernels.torch_reference import TorchEngine, TorchOptions
     from embcache.cf.trainer import CFTrainConfig, CFTrainer
 
     torch.set_num_threads(threads)
@@ -160,20 +159,7 @@ def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max
     row = {"variant": variant, "threads": threads, "train_pairs": data.num_train, "negatives_from": config.negatives_from,
            **({"device": torch_device} if variant == "torch" else {})}
     if variant == "torch" and torch_max_pairs is not None and data.num_train > torch_max_pairs:
-        users, items = data.train_pairs()
-        pick = np.sort(np.random.default_rng(0).choice(len(users), torch_max_pairs, replace=False))
-        warm = max(len(pick) // 10, 1)
-        options = TorchOptions(threads=threads, device=torch_device)
-        TorchEngine(params, users[pick[:warm]], items[pick[:warm]], options).epoch(0)
-        engine = TorchEngine(params, users[pick], items[pick], options)
-        t0 = time.perf_counter()
-        engine.epoch(1)
-        seconds = time.perf_counter() - t0
-        rate = torch_max_pairs / seconds
-        row.update(timed_on=f"seeded subset of {torch_max_pairs:,} training pairs (one pass, after a warm-up on a "
-                            f"tenth of them); epoch time projected from pairs/s; accuracy not measured",
-                   subset_pairs=torch_max_pairs, samples_per_s=rate, epoch_s=data.num_train / rate)
-        return row
+        return {**row, **_torch_on_a_subset(data, params, threads, torch_max_pairs, torch_device)}
     tile = 0 if variant == "heat, no tiling" else tile or HeatOptions.tile
     kernel = "sample" if variant == BASELINE else "runs"
     # MovieLens-100k (torch_max_pairs None) is evaluated after every epoch (0.01 s), for the best epoch's figures
@@ -207,6 +193,26 @@ def run_variant(variant: str, data, config, threads: int, epochs: int, torch_max
         row["bytes_per_epoch"] = counted
         row["dram_model_bytes_per_epoch"] = model
     return row
+
+
+def _torch_on_a_subset(data, params, threads: int, pairs: int, device: str) -> dict:
+    """The torch engine timed on a seeded subset of `pairs` training pairs (one pass after a
+    warm-up on a tenth of them), its epoch time projected from pairs/s (a large data set's
+    full epoch would take hours)."""
+    from cpu_kernels.torch_reference import TorchEngine, TorchOptions
+
+    users, items = data.train_pairs()
+    pick = np.sort(np.random.default_rng(0).choice(len(users), pairs, replace=False))
+    warm = max(len(pick) // 10, 1)
+    options = TorchOptions(threads=threads, device=device)
+    TorchEngine(params, users[pick[:warm]], items[pick[:warm]], options).epoch(0)
+    engine = TorchEngine(params, users[pick], items[pick], options)
+    t0 = time.perf_counter()
+    engine.epoch(1)
+    rate = pairs / (time.perf_counter() - t0)
+    return {"timed_on": f"seeded subset of {pairs:,} training pairs (one pass, after a warm-up on a tenth of them); "
+                        f"epoch time projected from pairs/s; accuracy not measured",
+            "subset_pairs": pairs, "samples_per_s": rate, "epoch_s": data.num_train / rate}
 
 
 def exclusion_cost(data, config, threads: int, epochs: int, tile: int | None = None) -> dict:

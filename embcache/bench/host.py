@@ -290,14 +290,7 @@ def run(args) -> int:
                           f"({1e3 * r['step_s']:.1f} ms/step; {'' if device else 'ms: '}{parts})", flush=True)
             del variants, ebc
     summary = summarize(results)
-    for s in summary:
-        print(f"bench host: {s['shape']}{' ' + s['keys'] if 'keys' in s else ''}"
-              f"{', device bookkeeping (on meta)' if s['bookkeeping'] == 'device' else ''} {s['ratio']:.3%}: 1 thread "
-              f"{s['samples_per_s_1']:,.0f} samples/s"
-              + (f" (x{s['raw_vs_ids_1']:.2f} of ids)" if "raw_vs_ids_1" in s else "")
-              + (f", {s['launches_per_step']} operations a step" if "launches_per_step" in s else "")
-              + (f", 2 threads x{s['speedup_2']:.2f}, projected {PROJECTED_CORES} cores "
-                 f"{s['projected']['samples_per_s']:,.0f}" if "speedup_2" in s else ""))
+    print_summary(summary)
     # raw variants get the ids' counts as their keys' (`build_collection`): the same freq prior
     raw_key_freq = any(k != "ids" for k in args.keys)
     path = write_json({"config": vars(args) | {"func": None, "threads": threads, "raw_key_freq": raw_key_freq},
@@ -306,6 +299,17 @@ def run(args) -> int:
     png = plot(results, path.with_suffix(".png"))
     print(f"bench host: wrote {path}" + (f" and {png}" if png else ""))
     return 0
+
+
+def print_summary(summary: list[dict]) -> None:
+    for s in summary:
+        print(f"bench host: {s['shape']}{' ' + s['keys'] if 'keys' in s else ''}"
+              f"{', device bookkeeping (on meta)' if s['bookkeeping'] == 'device' else ''} {s['ratio']:.3%}: 1 thread "
+              f"{s['samples_per_s_1']:,.0f} samples/s"
+              + (f" (x{s['raw_vs_ids_1']:.2f} of ids)" if "raw_vs_ids_1" in s else "")
+              + (f", {s['launches_per_step']} operations a step" if "launches_per_step" in s else "")
+              + (f", 2 threads x{s['speedup_2']:.2f}, projected {PROJECTED_CORES} cores "
+                 f"{s['projected']['samples_per_s']:,.0f}" if "speedup_2" in s else ""))
 
 
 def summarize(results: list[dict]) -> list[dict]:

@@ -233,6 +233,13 @@ def generate_synthetic(out_dir: str | os.PathLike, rows: int = SYNTHETIC_ROWS, s
                               chunk_rows, rows_per_shard, progress)
     if drift is not None:
         raise ValueError("drift needs days (--drift needs --days)")
+    return _generate_splits(out_dir, rows, scale, seed, val_rows, test_rows, chunk_rows, rows_per_shard, progress,
+                            keys)
+
+
+def _generate_splits(out_dir, rows: int, scale: float, seed: int, val_rows: int | None, test_rows: int | None,
+                     chunk_rows: int, rows_per_shard: int, progress: bool, keys: str) -> dict:
+    """`generate_synthetic` without days: train, val and test."""
     val_rows, test_rows = _check_rows(rows, seed, val_rows, test_rows, chunk_rows)
     cards = scaled_cardinalities(scale)
     model = HiddenModel(cards, seed)
