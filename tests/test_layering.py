@@ -348,3 +348,34 @@ def test_embcache_imports_no_private_module_of_the_kernels(package_graph, tmp_pa
     caught = import_graph(module_files(write_modules(tmp_path, {
         "embcache.cache.x": "from cpu_kernels._kernels import k\n", "cpu_kernels._kernels": ""})))
     assert private_kernel_imports(caught) == ["embcache.cache.x -> cpu_kernels._kernels"]
+
+
+# ------------------------------------------------------------------------ short files
+MAX_MODULE_LINES = 550
+MAX_FUNCTION_LINES = 60  # outside the numba kernels, whose loops are kept whole for the compiler
+
+
+def too_long(files: dict[str, Path]) -> list[str]:
+    """`module: N lines` past MAX_MODULE_LINES and `module.function: N lines` past
+    MAX_FUNCTION_LINES (a function decorated with numba's `njit` is a kernel: exempt)."""
+    out = []
+    for name, path in sorted(files.items()):
+        text = path.read_text()
+        lines = text.count("\n") + (not text.endswith("\n"))
+        if lines > MAX_MODULE_LINES:
+            out.append(f"{name}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                kernel = any("njit" in ast.unparse(d) for d in node.decorator_list)
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES and not kernel:
+                    out.append(f"{name}.{node.name}: {n} lines")
+    return out
+
+
+def test_modules_and_functions_stay_short(tmp_path):
+    assert too_long(module_files(ROOT)) == []
+    body = "".join(f"    x = {i}\n" for i in range(61))
+    caught = too_long(module_files(write_modules(tmp_path, {
+        "embcache.cache.long": "def f():\n" + body, "embcache.cache.kernel": "@numba.njit\ndef k():\n" + body})))
+    assert caught == ["embcache.cache.long.f: 62 lines"]
