@@ -41,14 +41,14 @@ class ReceivedPooled(torch.autograd.Function):
     the buffer they arrive in, not yet filled; `AwaitGradient` waits before anything reads it."""
 
     @staticmethod
-    def forward(ctx, pooled, recv, send_splits, recv_splits, group, gradient: GradientExchange, settle):
+    def forward(ctx, pooled, recv, send_splits, recv_splits, group, gradient: GradientExchange, finish_prefetch):
         ctx.shape, ctx.splits, ctx.group, ctx.gradient = pooled.shape, (send_splits, recv_splits), group, gradient
-        ctx.settle = settle
+        ctx.finish_prefetch = finish_prefetch
         return recv
 
     @staticmethod
     def backward(ctx, grad):
-        ctx.settle()  # the next batch's ids, sent by its prefetch after this forward, arrive first
+        ctx.finish_prefetch()  # the next batch's ids, sent by its prefetch after this forward, arrive first
         send_splits, recv_splits = ctx.splits
         back = grad.new_empty(sum(send_splits))
         ctx.gradient.sent = grad.contiguous()

@@ -140,7 +140,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._group = new_group() if self.world.distributed else None
         self._pending: deque[tuple[KeyedJaggedTensor, _Routed]] = deque(maxlen=MAX_PENDING)
         self._started: _Started | None = None
-        # a prefetch whose ids are on their way (`settle` finishes it), with `overlap` only
+        # a prefetch whose ids are on their way (`finish_prefetch_exchange` finishes it), with `overlap` only
         self._routing: tuple[KeyedJaggedTensor, _BlocksInFlight] | None = None
         self.overlap = False  # set by `overlap_pooled_exchange`
         self.comm_bytes = {"ids": 0, "pooled": 0}
@@ -163,7 +163,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
             if started.features is features:
                 return self._to_features(self._pooled_blocks(self._received(started), started.routed),
                                          features.stride())
-        self.settle()
+        self.finish_prefetch_exchange()
         routed = self._take_routed(features)
         recv = self._send_pooled(self._local_pooled(routed), routed)
         return self._to_features(self._pooled_blocks(recv, routed), features.stride())
@@ -182,7 +182,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
             return
         if self._started is not None:  # started and never consumed: finish it, every rank alike
             self._started.work.wait()
-        self.settle()
+        self.finish_prefetch_exchange()
         routed = self._take_routed(features)
         pooled = self._local_pooled(routed)
         gradient = GradientExchange()
@@ -203,7 +203,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         if started.pooled is None:
             return started.recv
         return ReceivedPooled.apply(started.pooled, started.recv, *started.splits, self._group, started.gradient,
-                                     self.settle)
+                                     self.finish_prefetch_exchange)
 
     def prefetch(self, features: KeyedJaggedTensor) -> None:
         """Route a coming batch's ids now and have the owners load its rows. Collective under
@@ -211,7 +211,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         if not self.world.distributed:
             self.local.prefetch(features)
             return
-        self.settle()
+        self.finish_prefetch_exchange()
         if self.overlap:  # started now, finished by the step's backward (or the next call here)
             self._routing = (features, self._start_blocks(self._blocks_out(features)))
             return
@@ -222,7 +222,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         if self.local is not None:
             self.local.prefetch(routed.kjt)
 
-    def settle(self) -> None:
+    def finish_prefetch_exchange(self) -> None:
         """Finish the prefetch whose ids are on their way (`overlap`): its owners receive
         them and load their rows. Called by the step's backward before the gradients'
         exchange, so the ids travel while the top MLP's backward runs and every cache does
@@ -237,7 +237,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         """Prefetched batches not yet looked up, the same answer on every rank (collective
         under torchrun: a rank without tables holds none, the owners agree)."""
         if self.world.distributed:
-            self.settle()
+            self.finish_prefetch_exchange()
         mine = self.local.pending_prefetches() if self.local is not None else 0
         if not self.world.distributed:
             return mine
@@ -421,7 +421,7 @@ def overlap_pooled_exchange(model: nn.Module, sharded: ShardedEmbeddingBagCollec
     before its bottom MLP, which then runs while the pooled embeddings travel; its own
     forward of the sparse part waits for them. Only under torchrun (nothing to overlap on
     one process). It also sets `sharded.overlap`, under which a prefetch's ids exchange is
-    finished by the step's backward (`settle`) rather than at once. Returns the hook's
+    finished by the step's backward (`finish_prefetch_exchange`) rather than at once. Returns the hook's
     handle: `.remove()` and `sharded.overlap = False` undo the two."""
     def start(_module, args, kwargs):
         sparse = args[1] if len(args) > 1 else kwargs.get("sparse_features")

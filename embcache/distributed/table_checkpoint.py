@@ -72,7 +72,7 @@ def write_tables(checkpoint_dir: str | os.PathLike, kind: str, step: int, sharde
     name = tables_dir_name(kind, step)
     directory = Path(checkpoint_dir) / name
     directory.mkdir(parents=True, exist_ok=True)
-    sharded.settle()  # a prefetch half done is finished first: the caches' state is whole
+    sharded.finish_prefetch_exchange()  # a prefetch half done is finished first: the caches' state is whole
     local = sharded.local
     for shard in sharded.shards:
         if shard.rank == world.rank:
