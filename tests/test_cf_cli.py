@@ -15,7 +15,11 @@ from embcache.cf.data.synthetic import power_law_interactions
 def lightgcn_dir(tmp_path_factory):
     """A small LightGCN-format directory (train.txt, test.txt) written from the synthetic set."""
     data = power_law_interactions(num_users=300, num_items=500, interactions=9000, communities=6, seed=2)
-    d = tmp_path_factory.mktemp("lightgcn")
+    return write_lightgcn(tmp_path_factory.mktemp("lightgcn"), data)
+
+
+def write_lightgcn(d, data):
+    """`data`'s train and test pairs as a LightGCN directory `d` (train.txt, test.txt)."""
     for name, indptr, indices in (("train.txt", data.train_indptr, data.train_indices),
                                   ("test.txt", data.test_indptr, data.test_indices)):
         lines = [" ".join(map(str, [u, *indices[indptr[u]:indptr[u + 1]]])) for u in range(data.num_users)]

@@ -32,13 +32,10 @@ def _refused(argv, capsys, path, data, name):
 @pytest.fixture(scope="module")
 def cf_model(tmp_path_factory):
     from embcache.cf.data.synthetic import power_law_interactions
+    from tests.test_cf_cli import write_lightgcn
 
     data = power_law_interactions(num_users=120, num_items=200, interactions=2400, communities=4, seed=3)
-    d = tmp_path_factory.mktemp("cfd")
-    for name, indptr, indices in (("train.txt", data.train_indptr, data.train_indices),
-                                  ("test.txt", data.test_indptr, data.test_indices)):
-        (d / name).write_text("".join(" ".join(map(str, [u, *indices[indptr[u]:indptr[u + 1]]])) + "\n"
-                                      for u in range(data.num_users)))
+    d = write_lightgcn(tmp_path_factory.mktemp("cfd"), data)
     assert main(["cf", "train", "--data", str(d), "--epochs", "1", "--negatives", "4", "--threads", "1",
                  "--no-progress", "--save", str(d / "model.npz")]) == 0
     return d
