@@ -183,14 +183,15 @@ class RowCache(RowUpdates, RowLifecycle, RowCacheState):
         consumed = self._take_prefetched(ids, in_order, tag)
         same_ids = consumed is not None and same_values(consumed.ids, ids)
         reusable = consumed is not None and consumed.slots is not None and self.reuse_prefetch
-        part = reusable and not same_ids and (in_order or tag is not None) and consumed.ids.shape == ids.shape
+        partly_reusable = (reusable and not same_ids and (in_order or tag is not None)
+                           and consumed.ids.shape == ids.shape)
         if same_ids and reusable:
             indices, touched, overflow = self._reuse(consumed), consumed.held, None
         elif same_ids:  # its prefetch could not place every id (or the fast path is off)
             indices, touched, overflow = self._serve_beside(ids)
             if overflow is not None and consumed.held.numel() + overflow.ids.numel() > self.num_slots:
                 self._warn_small(consumed.held.numel() + overflow.ids.numel())
-        elif part:
+        elif partly_reusable:  # an open table's batch whose new keys got rows since its prefetch
             indices, touched, overflow, hits, misses = self._reuse_part(consumed, ids)
         else:
             indices, touched, overflow, _, hits, misses = self._admit(ids, serve_overflow=True)
@@ -198,7 +199,7 @@ class RowCache(RowUpdates, RowLifecycle, RowCacheState):
                 self._warn_small(hits + misses)
         if same_ids:
             hits, misses = consumed.hits, consumed.misses
-        elif consumed is not None and not part:  # the rows the prefetch loaded (held since) are this batch's misses
+        elif consumed is not None and not partly_reusable:  # the rows the prefetch loaded (held since) are this batch's misses
             loaded = consumed.held.numel() - consumed.hits
             hits, misses = hits - loaded, misses + loaded
         self.stats.hits += hits
@@ -285,7 +286,8 @@ class RowCache(RowUpdates, RowLifecycle, RowCacheState):
         counted as that second pass counts them."""
         flat, before, slots = ids.reshape(-1), consumed.ids.reshape(-1), consumed.slots.reshape(-1)
         differ = torch.nonzero(flat != before).flatten()
-        part, added, overflow, _, hits, misses = self._admit(flat.index_select(0, differ), serve_overflow=True)
+        differ_indices, added, overflow, _, hits, misses = self._admit(flat.index_select(0, differ),
+                                                                       serve_overflow=True)
         mark = torch.zeros(self.num_slots, dtype=torch.bool, device=self.book)
         mark[added] = True  # the pass's slots: used (and counted) by it already
         kept = consumed.held[~mark.index_select(0, consumed.held)]
@@ -305,7 +307,7 @@ class RowCache(RowUpdates, RowLifecycle, RowCacheState):
             kept = kept[~dropped]
         self._touch(kept)
         indices = slots.clone()
-        indices.index_copy_(0, differ, part.reshape(-1))
+        indices.index_copy_(0, differ, differ_indices.reshape(-1))
         return indices.view(ids.shape), torch.cat([kept, added]), overflow, hits, misses + consumed.misses
 
     def _touch(self, slots: torch.Tensor) -> None:

@@ -36,10 +36,11 @@ from .group_kernels import concat_features
 class _Group:
     """Tables sharing one cache: their features in output order and row offsets."""
 
-    def __init__(self, key, open_table: dict | None = None):
+    def __init__(self, key, open_settings: dict | None = None):
         self.key = key
         # open tables' settings (retire, ttl, max_rows a table): their keys share one index
-        self.open = open_table
+        # (the table itself, an `OpenTable`, is the group's bag's `open`)
+        self.open_settings = open_settings
         self.tables: list[EmbeddingBagConfig] = []
         self.row_offsets: list[int] = []
         self.num_rows = 0
@@ -87,11 +88,11 @@ def group_tables(tables: list[EmbeddingBagConfig], open_tables: dict[str, dict] 
             key = (t.embedding_dim, mode, "open", settings.get("retire", "lru"), settings.get("ttl"))
         group = groups.setdefault(key, _Group(key, {} if settings is not None else None))
         if settings is not None:
-            group.open.setdefault("max_rows", []).append(settings.get("max_rows"))
-            group.open.setdefault("seeds", []).append(settings.get("seed"))
-            group.open.setdefault("init_bounds", []).append(settings.get("init_bound"))
-            group.open.setdefault("key_freqs", []).append(settings.get("key_freq"))
-            group.open.update({k: v for k, v in settings.items()
+            group.open_settings.setdefault("max_rows", []).append(settings.get("max_rows"))
+            group.open_settings.setdefault("seeds", []).append(settings.get("seed"))
+            group.open_settings.setdefault("init_bounds", []).append(settings.get("init_bound"))
+            group.open_settings.setdefault("key_freqs", []).append(settings.get("key_freq"))
+            group.open_settings.update({k: v for k, v in settings.items()
                                if k not in ("max_rows", "seed", "init_bound", "key_freq")})
         group.add(t)
     return list(groups.values())
@@ -168,17 +169,17 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
             dim, mode = g.key[:2]
             freq = self._group_frequencies(g, ids_freq)
             store = "memory" if directory is None else f"{MMAP_PREFIX}{directory / f'group{i}'}"
-            if g.open is not None:
-                bounds = g.open["max_rows"]
+            if g.open_settings is not None:
+                bounds = g.open_settings["max_rows"]
                 self.bags.append(CachedEmbeddingBag(
                     g.num_rows, dim, mode=mode, cache_ratio=cache_ratio, device=self._device, host_store=store,
                     rounding_seed=rounding_seed + i * 0x9E3779B9, keys="raw",
                     key_seed=[key_seed + self._configs.index(t) if seed is None else seed
-                              for t, seed in zip(g.tables, g.open["seeds"])],
+                              for t, seed in zip(g.tables, g.open_settings["seeds"])],
                     init_bound=[math.sqrt(1.0 / t.num_embeddings) if b is None else b
-                                for t, b in zip(g.tables, g.open["init_bounds"])],
-                    max_rows=bounds, retire=g.open.get("retire", "lru"),
-                    ttl=g.open.get("ttl"), key_freq=_key_freq(g), bookkeeping="host", **kwargs))
+                                for t, b in zip(g.tables, g.open_settings["init_bounds"])],
+                    max_rows=bounds, retire=g.open_settings.get("retire", "lru"),
+                    ttl=g.open_settings.get("ttl"), key_freq=_key_freq(g), bookkeeping="host", **kwargs))
                 continue
             self.bags.append(CachedEmbeddingBag(g.num_rows, dim, mode=mode, cache_ratio=cache_ratio,
                                                 ids_freq=freq, device=self._device,
@@ -308,7 +309,7 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         are the rows of its live keys (copies), with the keys, their usage and what its
         shared index needs to be rebuilt (`open.<k>`, see `OpenTable.table_part`)."""
         for bag, g in zip(self.bags, self._groups):
-            if g.open is not None and name in [t.name for t in g.tables]:  # its keys' rows, with the keys
+            if g.open_settings is not None and name in [t.name for t in g.tables]:  # its keys' rows, with the keys
                 part = bag.open.table_part([t.name for t in g.tables].index(name), _members(g))
                 return {**bag.table_rows(torch.from_numpy(part["rows"] + 1)),
                         **{f"open.{k}": torch.from_numpy(v.reshape(-1, 1)) for k, v in part.items()}}
@@ -328,7 +329,7 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         if missing:
             raise ValueError(f"no saved rows for table(s) {', '.join(missing)}")
         for bag, g in zip(self.bags, self._groups):
-            if g.open is not None:  # keys first: they say where the rows go
+            if g.open_settings is not None:  # keys first: they say where the rows go
                 parts = [rows[t.name] for t in g.tables]
                 where = bag.open.load_table_parts(
                     [{k[len("open."):]: v.numpy() for k, v in p.items() if k.startswith("open.")} for p in parts],
@@ -413,7 +414,7 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         its bytes and live keys."""
         out = {}
         for i, (bag, g) in enumerate(zip(self.bags, self._groups)):
-            if g.open is not None:
+            if g.open_settings is not None:
                 out.update({t.name: bag.open.table_stats(j) for j, t in enumerate(g.tables)})
                 stats = bag.open_stats()
                 out[f"index{i}"] = {"key_index_bytes": stats["key_index_bytes"], "live_keys": stats["live_keys"]}
@@ -463,7 +464,7 @@ def _group_input(group: _Group, values: torch.Tensor, lengths: torch.Tensor,
                 w_parts.append(weights[s: s + n])
             features.append(f)
     w = torch.cat(w_parts) if w_parts else None
-    if group.open is not None:  # raw keys: any int64, nothing to check or shift; each key's table
+    if group.open_settings is not None:  # raw keys: any int64, nothing to check or shift; each key's table
         ids = torch.cat([values[spans[f][1]: spans[f][1] + spans[f][2]] for f in features]).long()
         all_lengths = torch.cat([lengths[spans[f][0]] for f in features])
         position = {t.name: i for i, t in enumerate(group.tables)}
@@ -505,7 +506,7 @@ def _key_freq(group: _Group) -> list | None:
     table's name in any message; None where no table has counts."""
     from embcache.cache.open_table import KeyCounts
 
-    freqs = group.open["key_freqs"]
+    freqs = group.open_settings["key_freqs"]
     if all(kf is None for kf in freqs):
         return None
     return [None if kf is None else KeyCounts.of(kf, f"open table {t.name!r}") for t, kf in zip(group.tables, freqs)]
