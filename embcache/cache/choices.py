@@ -31,3 +31,9 @@ def resolve_bookkeeping(bookkeeping: str, device, host_store: str = "memory") ->
         raise ValueError(f"device bookkeeping needs the memory host store, not {host_store!r}: the device "
                          f"reads and writes pinned rows, which a mapped file cannot be")
     return bookkeeping
+
+# prefetched batches in flight at most: the cache's pending prefetches, an open table's
+# lookups kept for coming batches, the collection's prepared inputs and the sharded
+# collection's routed batches are all bounded by it (one number, so that no layer drops
+# what another keeps); a trainer prefetches at most half of it ahead (`dlrm.config`)
+MAX_PENDING_PREFETCHES = 8

@@ -52,6 +52,7 @@ import torch
 from embcache.errors import CheckpointError
 from embcache.keys import initial_rows, mix64, unmix64
 
+from .choices import MAX_PENDING_PREFETCHES
 from .key_index import KeyIndex
 from .key_counts import KeyCounts, _key_counts  # noqa: F401 (KeyCounts: imported from here)
 from .open_table_kernels import _touch, _code, _first_positions, _forget
@@ -59,7 +60,6 @@ from .lookup import same_values
 
 RETIRE_POLICIES = ("lru", "lfu")
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
-MAX_AHEAD = 8  # lookups kept for coming batches (as many as the cache keeps prefetches)
 
 
 class RowStore(Protocol):
@@ -243,7 +243,7 @@ class OpenTable:
         forward finds its prefetch although new keys changed some of its rows."""
         codes = self.code(keys, tables)
         rows = self.index.lookup(codes)
-        if len(self._ahead) >= MAX_AHEAD:
+        if len(self._ahead) >= MAX_PENDING_PREFETCHES:  # lookups kept for coming batches
             self._ahead.popleft()
         entry = _Ahead(keys, tables, codes, rows)  # (the caller gets a copy: rows + 1)
         self._ahead.append(entry)

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from . import fused_admission
-from .choices import resolve_bookkeeping
+from .choices import MAX_PENDING_PREFETCHES, resolve_bookkeeping
 from .eviction import EvictionPolicy
 from .host_store import HostStore
 from .lookup import Lookup, Overflow, Prefetched, ratio_at_least, same_values  # noqa: F401 (Lookup: part of this module's API)
@@ -50,7 +50,6 @@ from .transfers import RowTransfers
 
 logger = logging.getLogger(__name__)
 
-MAX_PENDING_PREFETCHES = 8
 
 
 class RowCache(RowUpdates, RowLifecycle, RowCacheState):

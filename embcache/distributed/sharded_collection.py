@@ -30,7 +30,7 @@ torchrun) lets the bottom MLP run while the pooled embeddings travel; the number
 same to the bit (tests/test_dlrm_distributed.py).
 
 `prefetch(batch)` does step 1 for a coming batch while this one trains and keeps the
-result, so the ids of a batch cross the network once; up to `MAX_PENDING` routed batches
+result, so the ids of a batch cross the network once; up to `MAX_PENDING_PREFETCHES` routed batches
 wait in order (a trainer prefetching D batches ahead has D of them). On one process none of
 this happens: the collection is the local one.
 
@@ -49,14 +49,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from embcache.cache.choices import MAX_PENDING_PREFETCHES
 from embcache.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor
 
 from .exchange_autograd import AllToAll, AwaitGradient, GradientExchange, ReceivedPooled
 from .placement import Shard
 from .world import all_sum, collective_device, current, new_group
-
-# routed batches kept for coming forwards (the cache keeps as many pending prefetches)
-MAX_PENDING = 8
 
 
 def shard_config(table: EmbeddingBagConfig, shard: Shard) -> EmbeddingBagConfig:
@@ -138,7 +136,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         # per owner rank, the (shard, feature) pairs it serves, in its local output order
         self._served = [[(s, f) for s in shards if s.rank == o for f in s.features] for o in range(self.world.size)]
         self._group = new_group() if self.world.distributed else None
-        self._pending: deque[tuple[KeyedJaggedTensor, _Routed]] = deque(maxlen=MAX_PENDING)
+        self._pending: deque[tuple[KeyedJaggedTensor, _Routed]] = deque(maxlen=MAX_PENDING_PREFETCHES)
         self._started: _Started | None = None
         # a prefetch whose ids are on their way (`finish_prefetch_exchange` finishes it), with `overlap` only
         self._routing: tuple[KeyedJaggedTensor, _BlocksInFlight] | None = None

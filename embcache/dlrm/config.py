@@ -7,13 +7,14 @@ import argparse
 from dataclasses import dataclass
 
 from embcache.arg_types import fraction, int_in, positive_float, positive_int, ratio
-from embcache.cache.choices import BOOKKEEPING, OPTIMIZERS, POLICIES
+from embcache.cache.choices import BOOKKEEPING, MAX_PENDING_PREFETCHES, OPTIMIZERS, POLICIES
 from embcache.settings_fields import inherit, setting
 from embcache.train.run_config import StepRunConfig
 
 SPARSE_MODES = ("cached", "device", "host")
 ARCHS = ("auto", "torchrec", "torch")
-MAX_PREFETCH_DEPTH = 4  # batches prefetched ahead at most (the cache keeps up to 8 pending: none is dropped)
+# batches prefetched ahead at most: half of what the cache keeps pending, so that none is dropped
+MAX_PREFETCH_DEPTH = MAX_PENDING_PREFETCHES // 2
 TABLE_FORMATS = ("npy", "parquet")  # how `embcache dlrm export` writes the tables
 ROW_DTYPES = ("float32", "float16", "bfloat16")
 ROW_ROUNDINGS = ("nearest", "stochastic")

@@ -25,7 +25,7 @@ from embcache.device import resolve_device
 from embcache.sparse_types import CollectionInterface, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, pooling_mode
 
 from embcache.cache.host_store import MMAP_PREFIX, RowInit, parse_host_store
-from embcache.cache.row_cache import MAX_PENDING_PREFETCHES
+from embcache.cache.choices import MAX_PENDING_PREFETCHES
 from embcache.cache.table_files import fresh_directory
 
 from .bag_input import ID_DTYPES, check_feature_ids, check_layout, check_weights, to_device
