@@ -47,3 +47,17 @@ def reference_bag(weight, mode, optimizer, lr):
     if optimizer == "rowwise_adagrad":
         return ref, RowWiseAdagradReference(ref.weight, lr)
     return ref, torch_equivalent(optimizer, ref.parameters(), lr)
+
+
+def step_alike(bags, batches, i, depth):
+    """Train step `i` of `batches` ((ids, offsets) pairs) on each bag as the trainer does:
+    the forward, then the prefetch of the batch `depth` ahead, then a backward of the
+    outputs' squares. Returns the outputs, for the caller to compare."""
+    outs = []
+    for bag in bags:
+        out = bag(*batches[i])
+        if i + depth < len(batches):
+            bag.prefetch(*batches[i + depth])
+        (out * out).sum().backward()
+        outs.append(out)
+    return outs

@@ -24,7 +24,11 @@ def twin_bags(**kwargs):
     return bags
 
 
-def assert_same_state(a, b):
+def assert_same_state(a, b, resident_only: bool = False):
+    """Two bags' caches decide alike: maps, policy, dirty bits, holds, statistics, rows and
+    optimizer state, and their pending prefetches (held slots, counts). `resident_only`
+    compares the rows of occupied slots alone (the device bookkeeper's free slots keep what
+    its masked writes left there)."""
     ca, cb = a.cache, b.cache
     assert torch.equal(ca.slots.slot_to_id, cb.slots.slot_to_id)
     assert torch.equal(ca.slots.id_to_slot, cb.slots.id_to_slot)
@@ -34,9 +38,19 @@ def assert_same_state(a, b):
         assert torch.equal(ca.policy.id_count, cb.policy.id_count)
     assert torch.equal(ca.dirty, cb.dirty) and torch.equal(ca.holds, cb.holds)
     assert ca.stats.as_dict() == cb.stats.as_dict()
-    assert torch.equal(ca.weight, cb.weight)
+    rows = ca.slots.slot_to_id >= 0 if resident_only else slice(None)
+    assert torch.equal(ca.weight[rows], cb.weight[rows])
     for k in ca.state:
-        assert torch.equal(ca.state[k], cb.state[k])
+        assert torch.equal(ca.state[k][rows], cb.state[k][rows])
+    assert len(ca._prefetched) == len(cb._prefetched)
+    for p, q in zip(ca._prefetched, cb._prefetched):
+        assert torch.equal(_held_slots(p.held), _held_slots(q.held))
+        assert (int(p.hits), int(p.misses)) == (int(q.hits), int(q.misses))
+
+
+def _held_slots(held: torch.Tensor) -> torch.Tensor:
+    """A prefetch's held slots ascending, whether kept as slots or as a mask over them."""
+    return torch.nonzero(held).flatten() if held.dtype == torch.bool else torch.sort(held).values
 
 
 def train_both(bags, batches, prefetch=0):

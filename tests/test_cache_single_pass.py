@@ -13,7 +13,7 @@ from embcache.nn import group_kernels
 from embcache.nn.cached_collection import CachedEmbeddingBagCollection, _concat_checked
 from embcache.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
 
-from .cache_helpers import zipf_batches
+from .cache_helpers import step_alike, zipf_batches
 from .test_cache_fused import assert_same_state
 
 N, D = 3000, 4
@@ -36,15 +36,8 @@ def train_twins(bags, batches, depth):
     bags[1].cache.reuse_prefetch = False  # the reference: a prefetched batch looked up again
     reused = 0
     for i, (ids, offsets) in enumerate(batches):
-        outs = []
-        for k, bag in enumerate(bags):
-            pending = bag.cache._prefetched
-            reused += k == 0 and any(p.slots is not None and torch.equal(p.ids, ids) for p in pending)
-            out = bag(ids, offsets)
-            if i + depth < len(batches):
-                bag.prefetch(*batches[i + depth])
-            (out * out).sum().backward()
-            outs.append(out)
+        reused += any(p.slots is not None and torch.equal(p.ids, ids) for p in bags[0].cache._prefetched)
+        outs = step_alike(bags, batches, i, depth)
         assert torch.equal(outs[0], outs[1])
         assert_same_state(*bags)
     return reused

@@ -18,7 +18,8 @@ from embcache.cache.fixed_size import summed_in_torch_order
 from embcache.cache.row_cache import RowCache
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag, lookup_terms
 
-from .cache_helpers import reference_bag, zipf_batches
+from .cache_helpers import reference_bag, step_alike, zipf_batches
+from .test_cache_fused import assert_same_state
 
 
 # ---------------------------------------------------------------------- the pieces
@@ -78,26 +79,6 @@ def _twins(num_rows, dim, **kw):
             for b in ("host", "device")]
 
 
-def _assert_same_state(host, device):
-    a, b = host.cache, device.cache
-    assert torch.equal(a.slots.slot_to_id, b.slots.slot_to_id)
-    assert torch.equal(a.slots.id_to_slot, b.slots.id_to_slot)
-    assert torch.equal(a.policy.slot_last, b.policy.slot_last)
-    assert torch.equal(a.policy.slot_primary, b.policy.slot_primary)
-    if a.policy.id_count is not None:
-        assert torch.equal(a.policy.id_count, b.policy.id_count)
-    assert torch.equal(a.dirty, b.dirty) and torch.equal(a.holds, b.holds)
-    assert a.stats.as_dict() == b.stats.as_dict()
-    occupied = a.slots.slot_to_id >= 0
-    assert torch.equal(a.weight[occupied], b.weight[occupied])
-    for k in a.state:
-        assert torch.equal(a.state[k][occupied], b.state[k][occupied])
-    assert [len(a._prefetched)] == [len(b._prefetched)]
-    for p, q in zip(a._prefetched, b._prefetched):
-        assert torch.equal(torch.sort(p.held).values, torch.nonzero(q.held).flatten())
-        assert (int(p.hits), int(p.misses)) == (int(q.hits), int(q.misses))
-
-
 def _run(bags, batches, depth, evaluate_every=0):
     """Train every bag on `batches`, `depth` prefetched ahead; after each step compare the
     outputs and the whole state. Every `evaluate_every`-th step is a frozen validation pass
@@ -112,15 +93,9 @@ def _run(bags, batches, depth, evaluate_every=0):
                 with bag.evaluation():
                     seen.append(bag(ids, offsets))
             assert torch.equal(seen[0], seen[1])
-        outs = []
-        for bag in bags:
-            out = bag(ids, offsets)
-            if i + depth < len(batches):
-                bag.prefetch(*batches[i + depth])
-            (out * out).sum().backward()
-            outs.append(out)
+        outs = step_alike(bags, batches, i, depth)
         assert torch.equal(outs[0], outs[1])
-        _assert_same_state(*bags)
+        assert_same_state(*bags, resident_only=True)
     assert torch.equal(bags[0].full_weight(), bags[1].full_weight())
 
 
