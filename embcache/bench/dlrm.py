@@ -122,14 +122,11 @@ def _timed_restore(path: Path, data_dir: Path) -> float:
     """Seconds of a resume's load of checkpoint `path` (the trainer built beforehand)."""
     import time
 
-    from embcache.checkpoint import load_checkpoint
-    from embcache.dlrm.trainer import DLRMTrainer
     from embcache.dlrm.config import DLRMConfig
-    from embcache.train.run import config_from_checkpoint
+    from embcache.dlrm.trainer import DLRMTrainer
+    from embcache.train.run import checkpoint_to_evaluate
 
-    saved = load_checkpoint(path, kind="dlrm")["config"]
-    cfg = config_from_checkpoint(DLRMConfig, saved, resume=False, checkpoint_dir=None, metrics_out=None,
-                                 progress=False)
+    _, _, cfg = checkpoint_to_evaluate(path, "dlrm", DLRMConfig)
     trainer = DLRMTrainer(cfg, data_dir)
     start = time.perf_counter()
     trainer.restore(path)

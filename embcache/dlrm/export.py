@@ -79,7 +79,7 @@ def checkpoint_tables(path: Path, ck: dict, meta: dict, cfg,
             else:
                 out[name] = part["weight"].to(torch.float32)
         return out
-    from embcache.dlrm.trainer import table_configs
+    from embcache.dlrm.model import table_configs
 
     configs = table_configs(meta, cfg)
     model = ck["model"]

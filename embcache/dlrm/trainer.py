@@ -69,18 +69,7 @@ from embcache.dlrm.config import (  # noqa: F401 (their home before; importers u
 )
 from embcache.dlrm.raw_keys import raw_key_setup, with_key_counts
 from embcache.train.run import Trainer
-from embcache.dlrm.model import (  # noqa: F401 (imported from here before the model had its module)
-    DENSE_PARTS,
-    HostTables,
-    build_model,
-    compile_dense,
-    dense_state,
-    load_dense_state,
-    resolve_arch,
-    sharded_cache,
-    table_configs,
-    whole_tables,
-)
+from embcache.dlrm.model import build_model, dense_state, load_dense_state, resolve_arch
 
 logger = logging.getLogger(__name__)
 READ_AHEAD = 2  # batches the pipelined loop's reader thread makes before the trainer takes them

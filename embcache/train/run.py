@@ -56,12 +56,10 @@ from embcache.train.run_config import LOG_EVERY, RunConfig, StepRunConfig  # noq
 # parts of the skeleton in modules of their own (checkpoint files, metrics log, Ctrl-C), named here as before
 from embcache.train.metrics_log import MetricsLog
 from embcache.train.run_files import (  # noqa: F401 (imported from here by the rooms and the tests)
-    LEGACY_CHECKPOINT_NAMES,
     checkpoint_file,
     checkpoint_in,
     checkpoint_to_evaluate,
     config_from_checkpoint,
-    existing_run,
     refuse_existing_run,
     resume_mismatches,
 )
