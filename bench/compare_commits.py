@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from embcache.bench.common import write_json  # noqa: E402
+from embcache.train.bench_results import write_json  # noqa: E402
 from embcache.paths import results_dir  # noqa: E402
 
 

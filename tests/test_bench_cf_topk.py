@@ -3,7 +3,7 @@ machines) is named in the results, and the run goes on."""
 import sys
 
 from cpu_kernels.model import CFConfig
-from embcache.bench.cf import fmt_topk, topk_backends
+from embcache.cf.bench import fmt_topk, topk_backends
 from embcache.cf.data.synthetic import power_law_interactions
 
 

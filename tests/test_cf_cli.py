@@ -268,7 +268,7 @@ def test_bench_cf_smoke(tmp_path, capsys):
 
 
 def test_bench_defaults_compare_accuracy_on_ml100k_at_k1000():
-    from embcache.bench.cf import build_parser
+    from embcache.cf.bench import build_parser
 
     args = build_parser("bench cf").parse_args([])
     assert args.ml_negatives == [64, 1000] and len(args.ml_epochs) == 2
@@ -295,7 +295,7 @@ def test_dram_model_keeps_the_tiled_negative_reads_out():
     """Tiled: the K negative reads come from the thread's tile (one load per refresh); untiled:
     the model is every access, the same as the bytes touched."""
     from cpu_kernels.model import CFConfig, CFParams
-    from embcache.bench.cf import epoch_bytes
+    from embcache.cf.bench import epoch_bytes
 
     data = power_law_interactions(num_users=300, num_items=500, interactions=9000, communities=6, seed=2)
     params = CFParams.init(CFConfig(negatives=1000, dim=8), data.num_users, data.num_items, data.train_indptr,
@@ -315,7 +315,7 @@ def test_dram_model_keeps_the_tiled_negative_reads_out():
 
 def test_bench_times_torch_on_a_subset_when_epochs_are_too_long():
     from cpu_kernels.model import CFConfig
-    from embcache.bench.cf import run_variant
+    from embcache.cf.bench import run_variant
 
     data = power_law_interactions(num_users=300, num_items=500, interactions=9000, communities=6, seed=2)
     row = run_variant("torch", data, CFConfig(negatives=8), threads=1, epochs=3, torch_max_pairs=2000)

@@ -1,4 +1,4 @@
-"""`bench scaling`'s face traffic model (`embcache.bench.face_traffic`) against the bytes the
+"""`bench scaling`'s face traffic model (`embcache.face.traffic`) against the bytes the
 face trainer's steps hand to their collectives (`CollectiveMeter`, the summary's
 `comm_bytes_per_step`): equal, collective by collective, at 2 ranks with either batch norm
 and at 1 rank (nothing); the model's arithmetic on a toy config; the meter itself on stand-in
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from embcache.bench.face_traffic import face_traffic_model, probe_shape
+from embcache.face.traffic import face_traffic_model, probe_shape
 from embcache.face.trainer import CollectiveMeter, FaceTrainer
 from tests.test_face_distributed import config, run_ranks
 

@@ -157,7 +157,7 @@ def test_cli_trains_and_reports_bad_input_in_one_line(tmp_path):
 
 
 def test_bench_face_writes_rows_and_dcp_cost_follows_the_pool_not_the_classes(tmp_path):
-    from embcache.bench.face_cli import build_parser
+    from embcache.face.bench_cli import build_parser
 
     args = build_parser("bench face").parse_args(["--classes", "10000", "20000", "--repeats", "1",
                                                    "--accuracy-classes", "0", "--out-dir", str(tmp_path)])

@@ -324,7 +324,7 @@ def test_downward_and_outside_imports_pass(tmp_path):
                "embcache.data.x": "from embcache import sparse_types\n", "embcache.sparse_types": "",
                "embcache.errors": "", "embcache.cli": "import embcache.face.trainer\n",
                "embcache": "def __getattr__(name):\n    from .nn.heads import FullFC\n",
-               "embcache.bench.face": "from embcache import FullFC\nfrom embcache.serve import load\n",
+               "embcache.face.bench": "from embcache import FullFC\nfrom embcache.serve import load\n",
                "embcache.serve": "from embcache.data.x import y\n",
                "cpu_kernels.heat": "import numba\nfrom . import _kernels\n", "cpu_kernels._kernels": ""}
     graph = import_graph(module_files(write_modules(tmp_path, modules)))

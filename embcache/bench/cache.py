@@ -11,12 +11,12 @@ import warnings
 import torch
 
 from embcache.bench.belady import belady_hit_rate
-from embcache.bench.common import write_json
 from embcache.bench.criteo_trace import CriteoTrace
 from embcache.cache.optimizers import torch_equivalent
 from embcache.device import resolve_device
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
 from embcache.threads import set_threads
+from embcache.train.bench_results import write_json
 
 
 VARIANTS = (("freq", "freq", False), ("freq+adm", "freq", True), ("lfu", "lfu", False), ("lru", "lru", False))

@@ -13,13 +13,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from embcache.bench import link
-from embcache.bench.common import write_json
 from embcache.bench.criteo_trace import CRITEO_KAGGLE_CARDINALITIES, MULTI_HOT_SIZES, CriteoTrace
 from embcache.cache.optimizers import torch_equivalent
 from embcache.device import resolve_device
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
 from embcache.dlrm.arch import DLRMDense
 from embcache.threads import set_threads
+from embcache.train.bench_results import write_json
 
 NUM_DENSE = 13
 NUM_TABLES = len(CRITEO_KAGGLE_CARDINALITIES)

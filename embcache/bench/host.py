@@ -12,13 +12,13 @@ import numba
 import numpy as np
 import torch
 
-from embcache.bench.common import write_json
 from embcache.bench.criteo_trace import CRITEO_KAGGLE_CARDINALITIES, MULTI_HOT_SIZES, bounded_zipf, scaled_cardinalities
 from embcache.bench.defaults import HOST_ROUNDS as ROUNDS
 from embcache.cache import open_table, row_cache, transfers
 from embcache.nn import cached_collection
 from embcache.nn.cached_collection import CachedEmbeddingBagCollection
 from embcache.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
+from embcache.train.bench_results import write_json
 
 PROJECTED_CORES = 16
 WARMUP_RATIO = 0.7  # of each cache, filled with the hottest rows by their counts before the first step

@@ -63,7 +63,7 @@ def run(args) -> int:
     import torch
 
     from embcache.bench import link
-    from embcache.bench.common import write_json
+    from embcache.train.bench_results import write_json
     from embcache.bench.criteo_trace import CRITEO_KAGGLE_CARDINALITIES
     from embcache.device import resolve_device
 

@@ -121,7 +121,7 @@ def best_split(cardinalities: list[int], world: int, *args) -> dict:
 
 
 def run(args) -> int:
-    from embcache.bench.common import write_json
+    from embcache.train.bench_results import write_json
     from embcache.data.synthetic import CRITEO_KAGGLE_CARDINALITIES
 
     hardware = (args.gpus_per_node, args.batch_size, args.embedding_dim, args.dense_params)

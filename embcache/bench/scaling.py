@@ -15,7 +15,7 @@ computes the same steps. Beside the measured traffic per step stands a model of 
   largest block plus 1/32, see `distributed/sharded_collection.py`);
 - dense gradients: one all-reduce of the MLPs' gradients (DDP), `4 * parameters` bytes.
 
-Face (dcp), bytes one rank sends a step at N > 1 ranks (`bench/face_traffic.py`; d the
+Face (dcp), bytes one rank sends a step at N > 1 ranks (`face/traffic.py`; d the
 embedding size, w = ceil(pairs / N) with pairs = B // 4, c each batch-norm layer's
 channels, P the probe's parameters, ring = 2 (N - 1) / N):
 
@@ -34,9 +34,9 @@ import os
 from statistics import median
 from pathlib import Path
 
-from embcache.bench.common import run_for_summary, write_json
 from embcache.paths import datasets_dir, results_dir
 from embcache.data.defaults import SYNTHETIC_ROWS, SYNTHETIC_SCALE
+from embcache.train.bench_results import run_for_summary, write_json
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -172,7 +172,7 @@ def _dlrm_independent_run(args, world: int, data) -> dict:
 
 
 def _face_run(args, world: int, norm: str) -> dict:
-    from embcache.bench.face_traffic import face_model_for
+    from embcache.face.traffic import face_model_for
 
     s = _launch(world, ["face", "train", "--max-steps", str(args.steps), "--batch-size",
                         str(args.face_batch_size), "--num-classes", str(args.face_classes), "--device", "cpu",

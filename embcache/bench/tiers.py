@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from embcache.bench.common import write_json
 from embcache.threads import set_threads
+from embcache.train.bench_results import write_json
 
 ROW_STATE = 2  # Adagrad: one float32 accumulator per weight: a row costs 2 x dim x 4 bytes
 

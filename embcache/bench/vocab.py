@@ -18,8 +18,8 @@ import shutil
 import time
 from pathlib import Path
 
-from embcache.bench.common import run_for_summary, write_json
 from embcache.errors import UserFacingError
+from embcache.train.bench_results import run_for_summary, write_json
 
 OPEN_FIELDS = ("live_keys", "new_keys", "retired_keys", "key_index_bytes")
 

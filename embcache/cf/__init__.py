@@ -2,7 +2,8 @@
 `cli`: `embcache cf`), its evaluation (`evaluation`: Recall/NDCG, top-k), its readers
 (`data`: LightGCN, ratings, your own CSV/TSV/Parquet interactions, embeddings files) and a
 trained model's use (`model`: `CFModel`: load a model `embcache cf train --save FILE.npz`
-wrote, recommend, find similar items, fold in a new user, save). The kernels themselves are
+wrote, recommend, find similar items, fold in a new user, save), and its benchmark
+(`bench`, with `bench_report`: `embcache bench cf`). The kernels themselves are
 `cpu_kernels`.
 
 Example:

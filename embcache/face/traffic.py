@@ -1,6 +1,6 @@
 """A closed-form model of the bytes a face (dcp) training step sends between ranks, beside
 what the trainer measures (`FaceTrainer`'s `comm_bytes_per_step`: this rank's bytes a step,
-by collective, counted as `train/face.py`'s `CollectiveMeter` counts them).
+by collective, counted as `face/trainer.py`'s `CollectiveMeter` counts them).
 
 Bytes one rank sends a step at N ranks (none at N = 1), by the measured keys:
 

@@ -1,6 +1,6 @@
 """The work of `embcache bench face`: the face heads' step time and memory against the
 number of classes, and their accuracy. What it measures and how is the command's description,
-the docstring of `embcache.bench.face_cli` (which holds the flags and imports this module only
+the docstring of `embcache.face.bench_cli` (which holds the flags and imports this module only
 to run)."""
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def accuracy_runs(classes: int, epochs: int, device) -> dict:
 
 
 def run(args) -> int:
-    from embcache.bench.common import write_json
+    from embcache.train.bench_results import write_json
     from embcache.threads import set_threads
 
     set_threads(args.threads)

@@ -51,7 +51,7 @@ import statistics
 import time
 
 import numpy as np
-from embcache.bench.cf_report import BASELINE, format_cost, format_row, fmt_topk, print_table, plot  # the tables and the plot
+from embcache.cf.bench_report import BASELINE, format_cost, format_row, fmt_topk, print_table, plot  # the tables and the plot
 
 DATASETS = ("ml-100k", "synthetic")
 VARIANTS = ("torch", "heat, no tiling", "heat, tiling")
@@ -254,7 +254,7 @@ def defaults_sweep(args) -> int:
     at each published SimpleX setting changed alone; best Recall@20 / NDCG@20 over the
     epochs, three seeds of the defaults for the noise."""
     from cpu_kernels.model import CFConfig
-    from embcache.bench.common import write_json
+    from embcache.train.bench_results import write_json
     from embcache.cf.data.ratings import load_ml100k
     from embcache.cf.trainer import CFTrainConfig, CFTrainer
 
@@ -352,7 +352,7 @@ def load(name: str, args):
 def run(args) -> int:
     from cpu_kernels.heat import compile_kernels
     from cpu_kernels.model import CFConfig
-    from embcache.bench.common import write_json
+    from embcache.train.bench_results import write_json
 
     if args.defaults_sweep:
         return defaults_sweep(args)

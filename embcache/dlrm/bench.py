@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from embcache.bench.common import run_for_summary, write_json
 from embcache.paths import datasets_dir, results_dir
+from embcache.train.bench_results import run_for_summary, write_json
 from embcache.train.run_cli import add_device_argument, add_threads_argument
 
 

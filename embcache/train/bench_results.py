@@ -1,6 +1,8 @@
 """What every benchmark writes beside its numbers: where they were measured, and where
 the results go; and how a benchmark runs a trainer in a process of its own and reads its
-summary."""
+summary. On the run skeleton's floor, below the rooms, so that the rooms' benchmarks
+(`embcache.dlrm.bench`, `embcache.cf.bench`, `embcache.face.bench`) and those of
+`embcache.bench` share it; light: torch is imported only when the hardware is read."""
 from __future__ import annotations
 
 import json

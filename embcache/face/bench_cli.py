@@ -46,7 +46,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    """Run the benchmark: `embcache.bench.face` (and torch) imported only now."""
-    from embcache.bench import face
+    """Run the benchmark: `embcache.face.bench` (and torch) imported only now."""
+    from embcache.face import bench
 
-    return face.run(args)
+    return bench.run(args)
