@@ -182,21 +182,27 @@ def test_a_bad_id_or_length_is_refused_before_the_cache_changes():
     assert torch.equal(ebc.bags[0].cache.slots.slot_to_id, before)
 
 
-def test_a_forward_reuses_its_prefetched_group_inputs_unless_the_batch_changed(monkeypatch):
+def test_a_forward_given_its_ticket_reuses_its_prefetched_group_inputs_unless_the_batch_changed(monkeypatch):
+    """The prefetch's ticket carries the batch's checked group inputs: its forward (given
+    the ticket, or under `taking`) does not make them again, unless the batch changed in
+    place since, or the ticket is another batch's; a forward given none makes them."""
     cards = [30, 60]
     ebc = _collection(cards)
     calls = []
     real = ebc._group_inputs
     monkeypatch.setattr(ebc, "_group_inputs", lambda kjt: calls.append(kjt) or real(kjt))
-    a, b = _kjt(cards, 6, seed=3), _kjt(cards, 6, seed=4)
-    ebc.prefetch(a)
-    ebc.prefetch(b)
-    assert len(calls) == 2
-    ebc(a)
-    assert len(calls) == 2  # reused
+    a, b, c = (_kjt(cards, 6, seed=s) for s in (3, 4, 5))
+    tickets = [ebc.prefetch(a), ebc.prefetch(b), ebc.prefetch(c)]
+    assert len(calls) == 3
+    ebc(a, tickets[0])
+    assert len(calls) == 3  # reused
+    with ebc.taking(tickets[0]):  # another batch's ticket: not used
+        ebc(c)
+    assert len(calls) == 4
     b.values()[0] = (b.values()[0] + 1) % 30  # written in place after its prefetch
     twin = _collection(cards)
     want = twin(KeyedJaggedTensor(keys=b.keys(), values=b.values().clone(), lengths=b.lengths()))
-    got = ebc(b)
-    assert len(calls) == 3  # not reused: made again from what the batch holds now
+    with ebc.taking(tickets[1]):
+        got = ebc(b)
+    assert len(calls) == 5  # not reused: made again from what the batch holds now
     assert torch.equal(got.values(), want.values())

@@ -8,6 +8,7 @@ import torch
 
 from embcache.data.loader import lookahead, lookahead_window
 from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
+from embcache.train.prefetch_pipeline import PrefetchPipeline
 from tests.test_dlrm import assert_same_checkpoint
 from tests.torchrun_helpers import torchrun
 
@@ -56,6 +57,80 @@ def test_lookahead_yields_each_item_with_the_next_depth():
     assert list(lookahead_window(range(4), 2)) == [(0, (1, 2)), (1, (2, 3)), (2, (3,)), (3, ())]
     assert list(lookahead_window(range(2), 0)) == [(0, ()), (1, ())]
     assert list(lookahead_window([], 3)) == [] and list(lookahead(range(2))) == [(0, 1), (1, None)]
+
+
+class _Batch:
+    def __init__(self, n):
+        self.sparse = n
+
+
+class _Sparse:
+    """Records the batches prefetched; a ticket names its batch."""
+
+    def __init__(self):
+        self.prefetched = []
+
+    def prefetch(self, features):
+        self.prefetched.append(features)
+        return ("ticket", features)
+
+
+def test_the_pipeline_prefetches_each_batch_once_and_hands_each_its_own_ticket():
+    sparse, batches = _Sparse(), [_Batch(i) for i in range(7)]
+    pipeline = PrefetchPipeline(sparse, depth=2)
+    got = []
+    for batch, upcoming in lookahead_window(batches, 2):
+        got.append(pipeline.take(batch))
+        pipeline.ahead(upcoming)
+        assert len(pipeline) == len(upcoming)
+    assert sparse.prefetched == list(range(1, 7))  # each batch after the first, once, in order
+    assert got == [None] + [("ticket", i) for i in range(1, 7)]
+    # a batch that never comes: its ticket is dropped with it, the next batch gets its own
+    pipeline.ahead(batches[:2])
+    assert pipeline.take(batches[1]) == ("ticket", 1) and len(pipeline) == 0
+
+
+def test_a_resumed_pipeline_leaves_the_restored_prefetches_batches_without_tickets():
+    """The caches of a resumed run hold prefetches for the next batches (3, at the
+    checkpoint's depth): those go without a ticket (their forward finds the restored
+    prefetch by its ids) and are not prefetched again; at depth 1 the first prefetch made
+    is for the fourth batch."""
+    sparse, batches = _Sparse(), [_Batch(i) for i in range(6)]
+    pipeline = PrefetchPipeline(sparse, depth=1)
+    pipeline.resume_with(3)
+    got = []
+    for batch, upcoming in lookahead_window(batches, 1):
+        got.append(pipeline.take(batch))
+        pipeline.ahead(upcoming)
+    assert sparse.prefetched == [3, 4, 5]
+    assert got == [None, None, None, ("ticket", 3), ("ticket", 4), ("ticket", 5)]
+
+
+def test_each_trained_batch_is_grouped_once_its_forward_taking_its_prefetch_ticket(synthetic):
+    """A step's forward takes the ticket its batch's prefetch returned: the batch's ids are
+    concatenated and checked once (in its prefetch), and no cache searches for it."""
+    trainer = DLRMTrainer(small_config(max_steps=8, prefetch_depth=2, epochs=1), synthetic)
+    local = trainer.sparse.local
+    grouped, taken = [], []
+    group_inputs, ticket_for = local._group_inputs, local._ticket_for
+    local._group_inputs = lambda kjt: grouped.append(kjt) or group_inputs(kjt)
+
+    def recorded_ticket_for(kjt, ticket=None):
+        ticket = ticket_for(kjt, ticket)
+        taken.append(ticket is not None)
+        return ticket
+
+    local._ticket_for = recorded_ticket_for
+    searched = []
+    for cache in caches(trainer):
+        take = cache._take_prefetched
+        cache._take_prefetched = lambda ids, in_order=False, ticket=None, take=take: \
+            searched.append(ticket is None) or take(ids, in_order, ticket)
+    trainer.fit()
+    assert len({id(k) for k in grouped}) == len(grouped)  # no batch grouped twice
+    assert taken[:8] == [False] + [True] * 7  # the first batch of the run was not prefetched
+    assert len(taken) > 8 and not any(taken[8:])  # validation's batches: never prefetched
+    assert searched.count(True) == len(caches(trainer))  # the first batch's lookups alone
 
 
 @pytest.mark.parametrize("depth", [0, 1, 2, 4])

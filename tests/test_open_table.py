@@ -294,11 +294,11 @@ def test_a_key_in_a_reused_row_starts_its_uses_from_nothing():
 
 def _without_kept_lookups(bag):
     """The bag's open table probes every key again in the forward: its prefetch's lookup is
-    found (its tag still names the prefetch) but none of its rows is used."""
+    found (it still names the cache's prefetch) but none of its rows is used."""
     take = bag.open._take_ahead
 
-    def forgetting(keys, tables):
-        entry = take(keys, tables)
+    def forgetting(ahead):
+        entry = take(ahead)
         if entry is not None:
             entry.rows = np.full_like(entry.rows, -1)
         return entry
@@ -367,10 +367,12 @@ def test_a_kept_lookup_forgets_a_key_retired_after_it():
     table = OpenTable(DIM, SEED, BOUND, max_rows=2, retire="lru", retire_chunk=1)
     table.map(torch.tensor([1]), store)
     table.map(torch.tensor([2]), store)
-    assert table.rows_ahead(torch.tensor([1, 5]))[0].tolist() == [1, 0]
+    ahead_rows, ahead = table.rows_ahead(torch.tensor([1, 5]))
+    assert ahead_rows.tolist() == [1, 0]
     table.map(torch.tensor([3]), store)  # 1 (the coldest) retires; 3 takes its row
     assert _live_keys(table) == [2, 3]
-    rows = table.map(torch.tensor([1, 5]), store)
+    assert table.kept_lookup(torch.tensor([1, 5])) is ahead and ahead.rows.tolist() == [-1, -1]  # 1 forgotten
+    rows = table.map(torch.tensor([1, 5]), store, ahead=ahead)
     assert sorted(_live_keys(table)) == [1, 5] and int(rows[0]) != int(table.peek(torch.tensor([3]))[0])
     assert torch.equal(store.bag.weight.detach()[rows], initial_rows(torch.tensor([1, 5]), DIM, SEED, BOUND))
 
@@ -398,24 +400,28 @@ def test_keys_added_before_training_train_as_keys_first_seen_in_training():
 
 def test_each_forward_takes_its_own_prefetch_after_a_stray_one():
     """A batch prefetched twice leaves a stray prefetch behind: every later forward still
-    takes the prefetch made for its own keys (by the kept lookup's tag), not the oldest
-    pending one, whose rows belong to another batch."""
+    takes the prefetch made for its own keys (the kept lookup of its keys names it), not
+    the oldest pending one, whose rows belong to another batch."""
     batches = key_stream(steps=10, batch=24, pool=300, drift=5, seed=4)
     bag = raw_bag(128, max_rows=200)
-    taken = []
+    taken, keys_of = [], {}  # the keys each cache prefetch was made for (by the entry's id)
     take = bag.cache._take_prefetched
 
-    def recording(ids, in_order=False, tag=None):
-        entry = take(ids, in_order, tag)
-        taken.append(None if entry is None or entry.tag is None else entry.tag.keys)
+    def recording(ids, in_order=False, ticket=None):
+        entry = take(ids, in_order, ticket)
+        taken.append(None if entry is None else keys_of.get(id(entry)))
         return entry
 
+    def prefetch(keys):
+        ahead = bag.prefetch(keys)  # an open table's ticket: its kept lookup, naming the cache's prefetch
+        keys_of[id(ahead.prefetched)] = ahead.keys
+
     bag.cache._take_prefetched = recording
-    bag.prefetch(batches[0])
-    bag.prefetch(batches[0])  # the stray one
+    prefetch(batches[0])
+    prefetch(batches[0])  # the stray one
     for i, b in enumerate(batches):
         out = bag(b)
         if i + 1 < len(batches):
-            bag.prefetch(batches[i + 1])
+            prefetch(batches[i + 1])
         (out ** 2).sum().backward()
     assert all(k is not None and torch.equal(k, b.reshape(-1)) for k, b in zip(taken, batches))

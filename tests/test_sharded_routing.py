@@ -183,8 +183,9 @@ def test_a_dlrm_training_step_makes_one_all_to_all_of_ids_and_one_of_pooled_embe
     depth = ranks[0]["prefetch_depth"]
     assert depth >= 1
     # the first step routes its own batch (headers first: no capacity agreed yet) and
-    # prefetches `depth` batches; it asks the ranks how many are pending (an all-reduce)
-    assert first == {"ids": 2 + depth, "pooled": 2, "all_reduce": 1 + 2}
+    # prefetches `depth` batches; no rank is asked how many are pending (the trainer's
+    # pipeline holds a ticket for each), so its all-reduces are DDP's alone
+    assert first == {"ids": 2 + depth, "pooled": 2, "all_reduce": 2}
     # then a step routes the next batch in one all-to-all (its ids, lengths and sizes in one
     # buffer), sends the pooled embeddings in one and their gradients back in one; DDP
     # all-reduces the two MLPs' gradients

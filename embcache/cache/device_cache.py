@@ -197,13 +197,14 @@ class DeviceRowCache(DeviceUpdates, RowCache):
     def _book_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return ids  # sent by `_prefetch`, on the prefetch's stream (the match is made on these)
 
-    def _prefetch(self, ids: torch.Tensor, tag: object = None) -> None:
+    def _prefetch(self, ids: torch.Tensor) -> Prefetched:
         _, touched, hits, misses, _ = self._admit_on_device(self._on_device(ids), None)
         self._hold(touched, +1)
-        self._prefetched.append(Prefetched(ids, touched, hits, misses, None, tag))
+        self._prefetched.append(entry := Prefetched(ids, touched, hits, misses))
+        return entry
 
     def prepare(self, ids: torch.Tensor, keep: bool, segments: list[list[int]] | None = None,
-                in_order: bool = False, tag: object = None) -> Lookup:
+                in_order: bool = False, ticket: Prefetched | None = None) -> Lookup:
         """As `RowCache.prepare`. A prefetched batch is not admitted again: its ids are
         looked up, the ones its prefetch could not place served beside the cache
         (`_serve_beside`), which is what the host bookkeeper does whether or not they were
@@ -211,7 +212,7 @@ class DeviceRowCache(DeviceUpdates, RowCache):
         self._wait_for_prefetch()
         if self.frozen and not keep:
             return self._peek(ids, segments)
-        consumed = self._take_prefetched(ids, in_order, tag)
+        consumed = self._take_prefetched(ids, in_order, ticket)
         same_ids = consumed is not None and same_values(consumed.ids, ids)
         flat = self._on_device(ids)
         region = self._take_region(max(flat.numel(), 1))

@@ -64,11 +64,13 @@ class Lookup:
 class Prefetched:
     """A prefetched batch: its ids, the distinct slots it holds, its hits and misses, and
     (when the prefetch gave every id a slot) each lookup's slot, which stays valid while
-    held: the batch's forward then reuses it instead of looking every id up again."""
+    held: the batch's forward then reuses it instead of looking every id up again.
+    `prefetch` returns it: the ticket its batch's `prepare` takes to find it, ids compared
+    or not (an open table's may differ: a key new at the prefetch has its row by then)."""
 
     ids: torch.Tensor
     held: torch.Tensor
     hits: int
     misses: int
     slots: torch.Tensor | None = None
-    tag: object = None  # who asked (an open table's kept lookup), to find it when its ids differ
+    restored: bool = False  # from a checkpoint: no one holds its ticket (made for the batch that comes first)

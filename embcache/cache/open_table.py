@@ -30,8 +30,9 @@ a vocabulary table gets from `ids_freq`; a retiring key's row loses it. The coun
 looked up (a binary search) for the keys given rows alone, never on a lookup.
 
 A prefetch looks its batch's keys up ahead (`rows_ahead`, the same rows as `peek`) and the
-lookup is kept for that batch's `map`, which then probes the hash table only for the keys
-unknown at the prefetch: one pass over the index a batch, not two. A kept lookup stays
+lookup is kept; that batch's `map`, given it (`ahead`: the prefetch's ticket carries it, or
+`kept_lookup` finds it by the keys), then probes the hash table only for the keys unknown
+at the prefetch: one pass over the index a batch, not two. A kept lookup stays
 exact: a key retired in between (not held by the store, so not the prefetch's) is looked
 up again, and a key made in between is found by the insert.
 
@@ -54,7 +55,7 @@ from embcache.keys import initial_rows, mix64, unmix64
 
 from .choices import MAX_PENDING_PREFETCHES
 from .key_index import KeyIndex
-from .key_counts import KeyCounts, _key_counts  # noqa: F401 (KeyCounts: imported from here)
+from .key_counts import _key_counts
 from .open_table_kernels import _touch, _code, _first_positions, _forget
 from .lookup import same_values
 
@@ -81,6 +82,7 @@ class _Ahead:
     tables: torch.Tensor | None
     codes: np.ndarray
     rows: np.ndarray
+    prefetched: object = None  # the cache's ticket for the prefetch made of these rows
 
     def matches(self, keys: torch.Tensor, tables: torch.Tensor | None) -> bool:
         return same_values(self.keys, keys) and (tables is None) == (self.tables is None) and \
@@ -164,7 +166,6 @@ class OpenTable:
         self._scratch = np.zeros(0, np.int64)  # per index row, -1: `_first_positions`' work space
         self.clock = 0
         self._ahead: deque[_Ahead] = deque()  # `rows_ahead`'s lookups, oldest first
-        self._taken: _Ahead | None = None  # the one the last `map` used (`taken`)
         self.new_per_table = np.zeros(self.tables, np.int64)  # keys given a row
         self.retired_per_table = np.zeros(self.tables, np.int64)  # keys retired (bound or ttl)
 
@@ -193,14 +194,15 @@ class OpenTable:
         salt = self.salts.index_select(0, torch.from_numpy(self.row_table[rows]))
         return unmix64(codes ^ salt).numpy()
 
-    def map(self, keys: torch.Tensor, store: RowStore, tables: torch.Tensor | None = None) -> torch.Tensor:
+    def map(self, keys: torch.Tensor, store: RowStore, tables: torch.Tensor | None = None,
+            ahead: _Ahead | None = None) -> torch.Tensor:
         """Store rows of a training batch's `keys` (same shape, int64, on the host; `tables`:
         each key's table, for a shared table): new keys get rows, every key's use is
-        recorded, then tables past their bound retire their coldest keys. A lookup kept by
-        `rows_ahead` for these keys is reused: only the keys it did not know are probed."""
+        recorded, then tables past their bound retire their coldest keys. `ahead`: the
+        lookup `rows_ahead` kept for these keys, reused if still kept (only the keys it did
+        not know are probed); older kept lookups go."""
         self.clock += 1
-        ahead = self._take_ahead(keys, tables)
-        self._taken = ahead
+        ahead = self._take_ahead(ahead)
         if ahead is None:
             flat = self.code(keys, tables)
             if self.ttl is not None:
@@ -236,11 +238,11 @@ class OpenTable:
             if (self.table_bounds >= 0).any():
                 self._enforce_bounds(rows, store)
 
-    def rows_ahead(self, keys: torch.Tensor, tables: torch.Tensor | None = None) -> tuple[torch.Tensor, object]:
+    def rows_ahead(self, keys: torch.Tensor, tables: torch.Tensor | None = None) -> tuple[torch.Tensor, _Ahead]:
         """`peek` for a coming training batch (its prefetch): the lookup is kept, and that
-        batch's `map` probes only the keys unknown now. Returns (rows, a tag): the cache's
-        prefetch keeps the tag, and `taken()` gives it back after that batch's `map`, so the
-        forward finds its prefetch although new keys changed some of its rows."""
+        batch's `map` given it probes only the keys unknown now. Returns (rows, the kept
+        lookup): the forward passes it to `map`, and finds the cache's prefetch through it
+        (`prefetched`) although new keys changed some of its rows by then."""
         codes = self.code(keys, tables)
         rows = self.index.lookup(codes)
         if len(self._ahead) >= MAX_PENDING_PREFETCHES:  # lookups kept for coming batches
@@ -249,15 +251,20 @@ class OpenTable:
         self._ahead.append(entry)
         return torch.from_numpy(rows + 1).view(keys.shape), entry
 
-    def taken(self) -> object:
-        """The tag of the kept lookup the last `map` used (None: it had none), once."""
-        tag, self._taken = self._taken, None
-        return tag
+    def kept_lookup(self, keys: torch.Tensor, tables: torch.Tensor | None = None,
+                    ahead: _Ahead | None = None) -> _Ahead | None:
+        """The kept lookup for a training batch of `keys`: `ahead` (its prefetch's ticket) if
+        still kept (a ninth kept lookup drops the first), else, given none, the oldest kept
+        lookup of exactly these keys."""
+        if ahead is not None:
+            return ahead if any(entry is ahead for entry in self._ahead) else None
+        return next((entry for entry in self._ahead if entry.matches(keys, tables)), None)
 
-    def _take_ahead(self, keys: torch.Tensor, tables: torch.Tensor | None) -> _Ahead | None:
-        """The kept lookup of exactly these keys, if any; older ones are dropped."""
+    def _take_ahead(self, ahead: _Ahead | None) -> _Ahead | None:
+        """`ahead` if still kept (None: dropped, as a ninth lookup kept drops the first),
+        the ones kept before it dropped."""
         for i, entry in enumerate(self._ahead):
-            if entry.matches(keys, tables):
+            if entry is ahead:
                 for _ in range(i + 1):
                     self._ahead.popleft()
                 return entry
@@ -429,7 +436,6 @@ class OpenTable:
             raise CheckpointError("the checkpoint's open table counts keys for another number of tables")
         self.index = index
         self._ahead.clear()
-        self._taken = None
         self.last_seen, self.uses, self.row_table = (arrays[k].copy() for k in ("last_seen", "uses", "row_table"))
         self._scratch = np.full(n, -1, np.int64)
         live = index.live_mask()

@@ -41,9 +41,9 @@ from .eviction import EvictionPolicy
 from .host_store import HostStore
 from .lookup import Lookup, Overflow, Prefetched, ratio_at_least, same_values  # noqa: F401 (Lookup: part of this module's API)
 from .optimizers import RowOptimizer, RowRounding
-from .row_cache_state import CACHE_FILE, RowCacheState  # noqa: F401 (CACHE_FILE: part of this module's API)
+from .row_cache_state import RowCacheState
 from .row_lifecycle import RowLifecycle
-from .row_updates import RowUpdates, table_sums  # noqa: F401 (table_sums: part of this module's API)
+from .row_updates import RowUpdates
 from .slot_map import SlotMap
 from .stats import CacheStats
 from .transfers import RowTransfers
@@ -169,9 +169,10 @@ class RowCache(RowUpdates, RowLifecycle, RowCacheState):
         return hot.numel()
 
     def prepare(self, ids: torch.Tensor, keep: bool, segments: list[list[int]] | None = None,
-                in_order: bool = False, tag: object = None) -> Lookup:
+                in_order: bool = False, ticket: Prefetched | None = None) -> Lookup:
         """Make the rows of one batch available; `keep` holds them until `release`
-        (needed when a backward will update them). Consumes a matching prefetch, whose
+        (needed when a backward will update them). Consumes its prefetch (`ticket`, or
+        else the one made for the same ids; see `_take_prefetched`), whose
         hits and misses are counted now, as this batch's. Ids from the host (as a loader
         gives them) make the host wait for the device nowhere here: the bookkeeping runs
         on the host and the returned indices and rows travel without waiting."""
@@ -179,10 +180,10 @@ class RowCache(RowUpdates, RowLifecycle, RowCacheState):
         self._wait_for_prefetch()
         if self.frozen and not keep:
             return self._peek(ids, segments)
-        consumed = self._take_prefetched(ids, in_order, tag)
+        consumed = self._take_prefetched(ids, in_order, ticket)
         same_ids = consumed is not None and same_values(consumed.ids, ids)
         reusable = consumed is not None and consumed.slots is not None and self.reuse_prefetch
-        partly_reusable = (reusable and not same_ids and (in_order or tag is not None)
+        partly_reusable = (reusable and not same_ids and in_order
                            and consumed.ids.shape == ids.shape)
         if same_ids and reusable:
             indices, touched, overflow = self._reuse(consumed), consumed.held, None
@@ -317,29 +318,29 @@ class RowCache(RowUpdates, RowLifecycle, RowCacheState):
         else:
             self.policy.on_access(None, slots)
 
-    def prefetch(self, ids: torch.Tensor, tag: object = None) -> None:
+    def prefetch(self, ids: torch.Tensor) -> Prefetched:
         """Load the rows of a coming batch now (on a side stream with CUDA, so the copies
-        overlap the current step); they are held until that batch's `prepare` (the one
-        given the same ids, or the same `tag`)."""
+        overlap the current step); they are held until that batch's `prepare` (given the
+        returned ticket, or the same ids)."""
         ids = self._book_ids(ids)
         if len(self._prefetched) >= MAX_PENDING_PREFETCHES:
             self._hold(self._prefetched.popleft().held, -1)
         if self._stream is None:
-            self._prefetch(ids, tag)
-            return
+            return self._prefetch(ids)
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._stream):
-            self._prefetch(ids, tag)
+            return self._prefetch(ids)
 
     def _book_ids(self, ids: torch.Tensor) -> torch.Tensor:
         """A prefetch's ids where the bookkeeping reads them (the device bookkeeper takes
         them as given and sends them itself, on the prefetch's stream)."""
         return ids.to(self.book)
 
-    def _prefetch(self, ids: torch.Tensor, tag: object = None) -> None:
+    def _prefetch(self, ids: torch.Tensor) -> Prefetched:
         indices, touched, _, placed_all, hits, misses = self._admit(ids, serve_overflow=False)
         self._hold(touched, +1)
-        self._prefetched.append(Prefetched(ids, touched, hits, misses, indices if placed_all else None, tag))
+        self._prefetched.append(entry := Prefetched(ids, touched, hits, misses, indices if placed_all else None))
+        return entry
 
     def _wait_for_prefetch(self) -> None:
         """Order the compute stream after the side stream: every touch of the maps, holds
@@ -347,20 +348,17 @@ class RowCache(RowUpdates, RowLifecycle, RowCacheState):
         if self._stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self._stream)
 
-    def _take_prefetched(self, ids: torch.Tensor, in_order: bool = False, tag: object = None) -> Prefetched | None:
-        """The prefetch made for exactly these ids, if any; older ones are dropped
-        (their rows stay resident, their counts are not the batch's). An open table's
-        prefetch gives a key unknown then the default row, and its forward the key's new
-        row, so its ids may differ: `tag` names the prefetch made for this batch (the open
-        table's kept lookup); `in_order` without one takes the oldest pending prefetch if it
-        has no tag either (one restored from a checkpoint, made for the batch that comes
+    def _take_prefetched(self, ids: torch.Tensor, in_order: bool = False,
+                         ticket: Prefetched | None = None) -> Prefetched | None:
+        """This batch's prefetch, if still pending; older ones are dropped (their rows stay
+        resident, their counts are not the batch's): the one `ticket` names, else the one
+        made for exactly these ids. An open table's (`in_order`) may have other ids (a key
+        unknown at its prefetch had the default row then): without a ticket it takes the
+        oldest pending prefetch if a checkpoint restored it (made for the batch that comes
         first)."""
-        if tag is not None or in_order:
-            for i, entry in enumerate(self._prefetched):
-                if entry.tag is tag and (tag is not None or i == 0):
-                    return self._pop_through(i)
         for i, entry in enumerate(self._prefetched):
-            if same_values(entry.ids, ids):
+            if entry is ticket if ticket is not None else (
+                    same_values(entry.ids, ids) or (in_order and i == 0 and entry.restored)):
                 return self._pop_through(i)
         return None
 

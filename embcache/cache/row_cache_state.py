@@ -330,7 +330,7 @@ class RowCacheState:
                 slots = slots[slots >= 0]
             held_now = self._held_from_slots(slots)
             self._hold(held_now, +1)
-            self._prefetched.append(Prefetched(part, held_now, int(hits), int(misses)))
+            self._prefetched.append(Prefetched(part, held_now, int(hits), int(misses), restored=True))
 
     def _held_slots(self, p: Prefetched) -> torch.Tensor:
         """The slots a pending prefetch holds, as a list (how a checkpoint keeps them)."""

@@ -29,10 +29,11 @@ sparse part first (`overlap_pooled_exchange`, on by default in `dlrm train` unde
 torchrun) lets the bottom MLP run while the pooled embeddings travel; the numbers are the
 same to the bit (tests/test_dlrm_distributed.py).
 
-`prefetch(batch)` does step 1 for a coming batch while this one trains and keeps the
-result, so the ids of a batch cross the network once; up to `MAX_PENDING_PREFETCHES` routed batches
-wait in order (a trainer prefetching D batches ahead has D of them). On one process none of
-this happens: the collection is the local one.
+`prefetch(batch)` does step 1 for a coming batch while this one trains and returns the
+result in the batch's ticket (`nn.prefetch_ticket`), with the owner's own ticket for its
+rows, so the ids of a batch cross the network once; that batch's forward takes the ticket
+(a trainer keeps one per batch it prefetched ahead). On one process none of this happens:
+the collection is the local one.
 
 The exchanges run on a process group of their own, so they cannot interleave with the
 data-parallel all-reduces that DDP launches during the same backward. A training step that
@@ -42,19 +43,18 @@ their gradients (`tests/test_sharded_routing.py` counts them).
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from embcache.cache.choices import MAX_PENDING_PREFETCHES
+from embcache.nn.prefetch_ticket import PrefetchTicket, TakesTickets
 from embcache.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor
 
 from .exchange_autograd import AllToAll, AwaitGradient, GradientExchange, ReceivedPooled
 from .placement import Shard
-from .world import all_sum, collective_device, current, new_group
+from .world import collective_device, current, new_group
 
 
 def shard_config(table: EmbeddingBagConfig, shard: Shard) -> EmbeddingBagConfig:
@@ -113,7 +113,7 @@ class _Started:
     splits: tuple[list[int], list[int]]
 
 
-class ShardedEmbeddingBagCollection(nn.Module):
+class ShardedEmbeddingBagCollection(TakesTickets, nn.Module):
     """torchrec-compatible collection whose tables are spread over the ranks.
 
     Args:
@@ -136,10 +136,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
         # per owner rank, the (shard, feature) pairs it serves, in its local output order
         self._served = [[(s, f) for s in shards if s.rank == o for f in s.features] for o in range(self.world.size)]
         self._group = new_group() if self.world.distributed else None
-        self._pending: deque[tuple[KeyedJaggedTensor, _Routed]] = deque(maxlen=MAX_PENDING_PREFETCHES)
         self._started: _Started | None = None
         # a prefetch whose ids are on their way (`finish_prefetch_exchange` finishes it), with `overlap` only
-        self._routing: tuple[KeyedJaggedTensor, _BlocksInFlight] | None = None
+        self._routing: tuple[PrefetchTicket, _BlocksInFlight] | None = None
         self.overlap = False  # set by `overlap_pooled_exchange`
         self.comm_bytes = {"ids": 0, "pooled": 0}
         # elements of a routing block for each owner, the same on every rank: header only at first
@@ -152,9 +151,12 @@ class ShardedEmbeddingBagCollection(nn.Module):
     def is_weighted(self) -> bool:
         return False
 
-    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+    def forward(self, features: KeyedJaggedTensor, ticket: PrefetchTicket | None = None) -> KeyedTensor:
+        """torchrec's forward. `ticket`: what `prefetch` returned for this batch (or given by
+        `taking`): its ids are routed already and its owners' rows loaded."""
+        ticket = self._ticket_for(features, ticket)
         if not self.world.distributed:
-            return self.local(features)
+            return self._local_lookup(features, None if ticket is None else ticket.local)
         started, self._started = self._started, None
         if started is not None:
             started.work.wait()
@@ -162,8 +164,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 return self._to_features(self._pooled_blocks(self._received(started), started.routed),
                                          features.stride())
         self.finish_prefetch_exchange()
-        routed = self._take_routed(features)
-        recv = self._send_pooled(self._local_pooled(routed), routed)
+        routed, local = self._routed_of(features, ticket)
+        recv = self._send_pooled(self._local_pooled(routed, local), routed)
         return self._to_features(self._pooled_blocks(recv, routed), features.stride())
 
     def start(self, features: KeyedJaggedTensor) -> None:
@@ -180,9 +182,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
             return
         if self._started is not None:  # started and never consumed: finish it, every rank alike
             self._started.work.wait()
+        ticket = self._ticket_for(features)  # `taking`'s, for this batch
         self.finish_prefetch_exchange()
-        routed = self._take_routed(features)
-        pooled = self._local_pooled(routed)
+        routed, local = self._routed_of(features, ticket)
+        pooled = self._local_pooled(routed, local)
         gradient = GradientExchange()
         tracked = torch.is_grad_enabled() and pooled.requires_grad
         if tracked:
@@ -203,22 +206,25 @@ class ShardedEmbeddingBagCollection(nn.Module):
         return ReceivedPooled.apply(started.pooled, started.recv, *started.splits, self._group, started.gradient,
                                      self.finish_prefetch_exchange)
 
-    def prefetch(self, features: KeyedJaggedTensor) -> None:
-        """Route a coming batch's ids now and have the owners load its rows. Collective under
-        torchrun: every rank prefetches the same batches (its own slices), in order."""
+    def prefetch(self, features: KeyedJaggedTensor) -> PrefetchTicket:
+        """Route a coming batch's ids now and have the owners load its rows; returns the
+        ticket that batch's forward takes. Collective under torchrun: every rank prefetches
+        the same batches (its own slices), in order."""
+        ticket = PrefetchTicket.of(features)
         if not self.world.distributed:
-            self.local.prefetch(features)
-            return
+            ticket.local = self.local.prefetch(features)
+            return ticket
         self.finish_prefetch_exchange()
         if self.overlap:  # started now, finished by the step's backward (or the next call here)
-            self._routing = (features, self._start_blocks(self._blocks_out(features)))
-            return
-        self._prefetched(features, self._route(features))
+            self._routing = (ticket, self._start_blocks(self._blocks_out(features)))
+        else:
+            self._prefetched(ticket, self._route(features))
+        return ticket
 
-    def _prefetched(self, features: KeyedJaggedTensor, routed: _Routed) -> None:
-        self._pending.append((features, routed))
+    def _prefetched(self, ticket: PrefetchTicket, routed: _Routed) -> None:
+        ticket.routed = routed
         if self.local is not None:
-            self.local.prefetch(routed.kjt)
+            ticket.local = self.local.prefetch(routed.kjt)
 
     def finish_prefetch_exchange(self) -> None:
         """Finish the prefetch whose ids are on their way (`overlap`): its owners receive
@@ -228,31 +234,15 @@ class ShardedEmbeddingBagCollection(nn.Module):
         point of this collection, so nothing sees a prefetch half done. Collective."""
         routing, self._routing = self._routing, None
         if routing is not None:
-            features, flight = routing
-            self._prefetched(features, self._routed(*self._finish_blocks(flight), features))
-
-    def pending_prefetches(self) -> int:
-        """Prefetched batches not yet looked up, the same answer on every rank (collective
-        under torchrun: a rank without tables holds none, the owners agree)."""
-        if self.world.distributed:
-            self.finish_prefetch_exchange()
-        mine = self.local.pending_prefetches() if self.local is not None else 0
-        if not self.world.distributed:
-            return mine
-        owners = all_sum({"owners": int(self.local is not None), "pending": mine})
-        return owners["pending"] // max(owners["owners"], 1)
+            ticket, flight = routing
+            self._prefetched(ticket, self._routed(*self._finish_blocks(flight), ticket.features))
 
     # --------------------------------------------------------- step 1: ids to owners
-    def _take_routed(self, features: KeyedJaggedTensor) -> _Routed:
-        """The batch's routed ids: prefetched (the batches prefetched before it are dropped:
-        they will not come), or routed now (the pending ones are kept: they are for later
-        batches, as after an evaluation between two steps)."""
-        for i, (pending, _) in enumerate(self._pending):
-            if pending is features:
-                for _ in range(i):
-                    self._pending.popleft()
-                return self._pending.popleft()[1]
-        return self._route(features)
+    def _routed_of(self, features: KeyedJaggedTensor, ticket: PrefetchTicket | None):
+        """The batch's routed ids and its owner's ticket: its prefetch's, or routed now."""
+        if ticket is not None and ticket.routed is not None:
+            return ticket.routed, ticket.local
+        return self._route(features), None
 
     def _route(self, kjt: KeyedJaggedTensor) -> _Routed:
         """Send each owner its block of this rank's samples and receive this rank's lookups
@@ -343,13 +333,18 @@ class ShardedEmbeddingBagCollection(nn.Module):
         return KeyedJaggedTensor(keys=keys, values=out[n_lengths:], lengths=out[:n_lengths].to(lengths_dtype))
 
     # --------------------------------------------------------- steps 2 and 3
-    def _local_pooled(self, routed: _Routed) -> torch.Tensor:
+    def _local_pooled(self, routed: _Routed, ticket: PrefetchTicket | None = None) -> torch.Tensor:
         """`[B_global, D_mine]`: this rank's shards looked up for every rank's samples."""
         if self.local is not None and len(routed.kjt.keys()):
-            return self.local(routed.kjt).values()
+            return self._local_lookup(routed.kjt, ticket).values()
         # a rank without tables still takes part in the backward exchange
         empty = torch.zeros(sum(routed.batch_per_rank), 0, requires_grad=torch.is_grad_enabled())
         return empty
+
+    def _local_lookup(self, kjt: KeyedJaggedTensor, ticket: PrefetchTicket | None) -> KeyedTensor:
+        """This rank's collection's forward, given its ticket where there is one (any
+        torchrec-like collection serves where nothing is prefetched)."""
+        return self.local(kjt) if ticket is None else self.local(kjt, ticket)
 
     def _widths(self) -> list[int]:
         return [sum(self._dim[f] for _, f in served) for served in self._served]

@@ -128,14 +128,16 @@ def remove_stale(checkpoint_dir: str | os.PathLike, kind: str, keep: str) -> Non
             shutil.rmtree(d, ignore_errors=True)
 
 
-def read_tables(checkpoint: Path, manifest: dict, sharded) -> bool:
-    """Put the saved rows of every shard this rank owns in place; returns whether the
-    cache residency was restored too (same world size and placement)."""
+def read_tables(checkpoint: Path, manifest: dict, sharded) -> int | None:
+    """Put the saved rows of every shard this rank owns in place; returns, where the cache
+    residency was restored too (same world size and placement), the prefetches the caches
+    hold again (made for the batches that come first), else None (a cold cache, or no
+    tables on this rank)."""
     world = current()
     directory = checkpoint.parent / manifest["dir"]
     local = sharded.local
     if local is None:
-        return False
+        return None
     rows = {}
     for shard in sharded.shards:
         if shard.rank == world.rank:
@@ -146,9 +148,9 @@ def read_tables(checkpoint: Path, manifest: dict, sharded) -> bool:
     cache_file = directory / f"cache.rank{world.rank}.pt"
     if same and cache_file.is_file():
         local.load_residency(_load(cache_file))
-        return True
+        return local.pending_prefetches()
     local.load_stats(manifest["stats"] if world.is_main else {})
-    return False
+    return None
 
 
 def _rows_of(directory: Path, manifest: dict, shard: Shard) -> dict[str, torch.Tensor]:

@@ -57,17 +57,9 @@ from embcache.distributed.world import all_sum, gather_objects
 from embcache.nn.cached_collection import group_tables
 from embcache.settings_fields import option_names
 from embcache.dlrm.evaluation import binary_metrics
-from embcache.dlrm.config import (  # noqa: F401 (their home before; importers use them from here)
-    ARCHS,
-    CACHE_SETTINGS,
-    MAX_PREFETCH_DEPTH,
-    RESUME_MUST_MATCH,
-    parse_day_range,
-    SPARSE_MODES,
-    DLRMConfig,
-    training_split,
-)
+from embcache.dlrm.config import CACHE_SETTINGS, RESUME_MUST_MATCH, DLRMConfig, parse_day_range, training_split
 from embcache.dlrm.raw_keys import raw_key_setup, with_key_counts
+from embcache.train.prefetch_pipeline import PrefetchPipeline
 from embcache.train.run import Trainer
 from embcache.dlrm.model import build_model, dense_state, load_dense_state, resolve_arch
 
@@ -181,7 +173,8 @@ class DLRMTrainer(Trainer):
         self.model, self.sparse, self.dense_opt, self.sparse_opt = build_model(self.meta, cfg, freq, self.device,
                                                                                self.raw)
         self.loss_fn = nn.BCEWithLogitsLoss()
-        self._pending: int | None = None  # prefetched batches not yet trained (None: ask the cache)
+        self.prefetches = PrefetchPipeline(self.sparse, cfg.prefetch_depth if cfg.sparse == "cached" else 0)
+        self._resumed_ahead = 0  # batches a resumed cache prefetched already (the epoch's first ones)
         self.pipelined = cfg.pipeline
 
     def train_split(self, epoch: int) -> str:
@@ -222,10 +215,11 @@ class DLRMTrainer(Trainer):
         saved = ck["config"]
         if "tables" in ck:  # the logical checkpoint, from any world size
             load_dense_state(self.model, ck["dense_model"])
-            warm = table_checkpoint.read_tables(path, ck["tables"], self.sparse)
-            cold = not all(gather_objects(warm))
+            ahead = gather_objects(table_checkpoint.read_tables(path, ck["tables"], self.sparse))
         else:  # one process's checkpoint of earlier versions: the whole model in one state dict
-            cold = self._load_single_process_state(ck)
+            ahead = [self._load_single_process_state(ck)]
+        cold = None in ahead
+        self._resumed_ahead = 0 if cold or self.cfg.sparse != "cached" else max(ahead)
         self.dense_opt.load_state_dict(ck["dense_optimizer"])
         if self.sparse_opt is not None:
             self.sparse_opt.load_state_dict(ck["sparse_optimizer"])
@@ -238,27 +232,28 @@ class DLRMTrainer(Trainer):
             logger.info(f"checkpoint written by {ck.get('world_size', 1)} process(es), resumed on {self.world.size}: "
                         f"the caches start cold; parameters continue exactly")
 
-    def _load_single_process_state(self, ck: dict) -> bool:
-        """Load a checkpoint holding the whole model's state dict; returns whether the
-        cache starts cold (its rows are spread over other ranks now)."""
+    def _load_single_process_state(self, ck: dict) -> int | None:
+        """Load a checkpoint holding the whole model's state dict; returns the prefetches
+        its restored cache holds, or None where the cache starts cold (its rows are spread
+        over other ranks now)."""
         model = ck["model"]
         load_dense_state(self.model, {k: v for k, v in model.items() if not k.startswith("sparse_arch.")})
         if self.cfg.sparse != "cached":
             self.model.sparse_arch.load_state_dict({k[len("sparse_arch."):]: v for k, v in model.items()
                                                     if k.startswith("sparse_arch.")})
-            return False
+            return 0
         prefix = "sparse_arch.embedding_bag_collection."
         sparse = {k[len(prefix):]: v for k, v in model.items() if k.startswith(prefix)}
         if not self.world.distributed:  # one rank holds the whole collection: residency included
             self.sparse.local.load_state_dict(sparse)
-            return False
+            return self.sparse.local.pending_prefetches()
         rows, steps, stats = table_checkpoint.legacy_rows(sparse, group_tables(self.sparse.embedding_bag_configs()))
         if self.sparse.local is not None:
             mine = {s.name: {k: v[s.row_start: s.row_stop] for k, v in rows[s.table].items()}
                     for s in self.sparse.shards if s.rank == self.world.rank}
             self.sparse.local.restore_tables(mine, steps)
             self.sparse.local.load_stats(stats if self.world.is_main else {})
-        return True
+        return None
 
     # ------------------------------------------------------------------ training
     def _batches(self, split: str, batch_size: int, start: int = 0, map_keys: bool = True):
@@ -289,11 +284,14 @@ class DLRMTrainer(Trainer):
         """One optimizer step on `batch`; returns its loss (this rank's share under
         torchrun), detached, where it was computed: nothing here waits for the device.
         `upcoming`: the batches after it, up to `prefetch_depth` of them (or one batch, or
-        None): a cached run prefetches those not yet pending, whose copies overlap this
-        step's backward."""
+        None): a cached run prefetches those not prefetched yet, whose copies overlap this
+        step's backward; `batch`'s forward takes its own prefetch's ticket (`prefetches`)."""
         self.model.train()
-        logits = self.model(batch.dense, batch.sparse).squeeze(-1)
-        self._prefetch(upcoming)
+        ticket = self.prefetches.take(batch)
+        with self.sparse.taking(ticket) if ticket is not None else nullcontext():
+            logits = self.model(batch.dense, batch.sparse).squeeze(-1)
+        upcoming = () if upcoming is None else (upcoming,) if isinstance(upcoming, Batch) else upcoming
+        self.prefetches.ahead(upcoming)  # after the forward: its own prefetch is consumed
         loss = self._loss(logits, batch)
         self.dense_opt.zero_grad()
         if self.sparse_opt is not None:
@@ -304,31 +302,13 @@ class DLRMTrainer(Trainer):
             self.sparse_opt.step()
         return loss.detach()
 
-    def _prefetch(self, upcoming) -> None:
-        """Prefetch the batches of `upcoming` that are not pending yet, in order. Called after
-        the step's forward, which consumed its own batch's prefetch: the first `_pending`
-        of `upcoming` are pending. At a loop's first step that count comes from the cache
-        (none at an epoch's start; a resumed cache's are the checkpoint's), later from this
-        bookkeeping, so no batch is prefetched twice. Collective under torchrun: every
-        rank makes the same calls."""
-        if self.cfg.sparse != "cached" or self.cfg.prefetch_depth == 0:
-            return
-        upcoming = [] if upcoming is None else [upcoming] if isinstance(upcoming, Batch) else list(upcoming)
-        if self._pending is None:
-            self._pending = self.sparse.pending_prefetches()
-        else:
-            self._pending = max(self._pending - 1, 0)
-        for later in upcoming[self._pending:]:
-            self.sparse.prefetch(later.sparse)
-        self._pending = max(self._pending, len(upcoming))
-
     def train_epoch(self) -> dict | None:
         batches = self._batches(self.train_split(self.epoch), self.cfg.batch_size, start=self.step_in_epoch)
         self.begin_epoch(len(batches) + self.step_in_epoch)
-        depth = self.cfg.prefetch_depth if self.cfg.sparse == "cached" else 0
-        self._pending = None  # asked of the cache at the first step
+        self.prefetches.resume_with(self._resumed_ahead)  # none at an epoch's start, but after a resume
+        self._resumed_ahead = 0
         with self._stream(batches) as stream:  # the reader thread stops however the loop ends
-            for batch, upcoming in lookahead_window(stream, depth):
+            for batch, upcoming in lookahead_window(stream, self.prefetches.depth):
                 if self.should_stop():
                     return None
                 self.after_step(self.train_step(batch, upcoming), batch.global_size or batch.labels.numel())

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import os
 import zlib
-from collections import deque
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,12 +24,12 @@ from embcache.device import resolve_device
 from embcache.sparse_types import CollectionInterface, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor, pooling_mode
 
 from embcache.cache.host_store import MMAP_PREFIX, RowInit, parse_host_store
-from embcache.cache.choices import MAX_PENDING_PREFETCHES
 from embcache.cache.table_files import fresh_directory
 
 from .bag_input import ID_DTYPES, check_feature_ids, check_layout, check_weights, to_device
 from .cached_embedding_bag import CachedEmbeddingBag
 from .group_kernels import concat_features
+from .prefetch_ticket import PrefetchTicket, TakesTickets
 
 
 class _Group:
@@ -98,7 +97,7 @@ def group_tables(tables: list[EmbeddingBagConfig], open_tables: dict[str, dict] 
     return list(groups.values())
 
 
-class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
+class CachedEmbeddingBagCollection(TakesTickets, CollectionInterface, nn.Module):
     """torchrec-compatible collection of cached embedding bags.
 
     Args:
@@ -187,9 +186,6 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
                                                 host_store=store, rounding_seed=rounding_seed + i * 0x9E3779B9,
                                                 bookkeeping=bookkeeping, **kwargs))  # groups' row ids overlap: their rounding bits must not
         self._feature_to_table = {f: t for t in tables for f in t.feature_names}
-        # the group inputs of prefetched batches, so that a batch's forward does not
-        # concatenate and check its ids a second time: (batch, its tensors' versions, inputs)
-        self._prepared: deque[tuple] = deque(maxlen=MAX_PENDING_PREFETCHES)
 
     @staticmethod
     def _group_frequencies(group: _Group, ids_freq) -> torch.Tensor | None:
@@ -211,8 +207,12 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
 
     # --------------------------------------------------------- torchrec's interface
     @torch.compiler.disable  # a compile boundary: torch.compile of a model holding it traces around it
-    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        groups = self._take_prepared(features) or self._group_inputs(features)
+    def forward(self, features: KeyedJaggedTensor, ticket: PrefetchTicket | None = None) -> KeyedTensor:
+        """torchrec's forward. `ticket`: what `prefetch` returned for this batch (or given
+        by `taking`): its group inputs are reused and each cache takes its prefetch."""
+        ticket = self._ticket_for(features, ticket)
+        groups = ticket.groups if ticket is not None else self._group_inputs(features)
+        tickets = ticket.bags if ticket is not None else [None] * len(groups)
         for bag, group in zip(self.bags, groups):
             if not group.layout_checked:
                 check_layout(group.ids, group.offsets, group.weights)
@@ -220,10 +220,12 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
         # every group is checked before any group's cache changes; a batch from the host
         # is checked there (no device sync), and only checked input moves to the device
         pooled: dict[str, torch.Tensor] = {}
-        for bag, group in zip(self.bags, groups):
-            ids = group.ids if bag.open is None else bag.rows_of_keys(group.ids, group.tables)
+        for bag, group, bag_ticket in zip(self.bags, groups, tickets):
+            ids = group.ids
+            if bag.open is not None:
+                ids, bag_ticket = bag.rows_of_keys(ids, group.tables, bag_ticket)
             out = bag.lookup_normalized(*to_device(ids, group.offsets, group.weights, bag.device),
-                                        segments=group.segments)
+                                        segments=group.segments, ticket=bag_ticket)
             out = out.view(len(group.features), group.batch, bag.embedding_dim)
             if len(self._groups) == 1:
                 values = out.transpose(0, 1).reshape(group.batch, -1)
@@ -235,29 +237,18 @@ class CachedEmbeddingBagCollection(CollectionInterface, nn.Module):
                            values=values)
 
     @torch.compiler.disable
-    def prefetch(self, features: KeyedJaggedTensor) -> None:
-        """Load the rows a coming batch needs (see `CachedEmbeddingBag.prefetch`). The ids
-        go as they are (from the loader: on the host): the cache decides where its
-        bookkeeping runs and moves only rows."""
+    def prefetch(self, features: KeyedJaggedTensor) -> PrefetchTicket:
+        """Load the rows a coming batch needs (see `CachedEmbeddingBag.prefetch`); returns
+        the ticket that batch's forward takes. The ids go as they are (from the loader: on
+        the host): the cache decides where its bookkeeping runs and moves only rows."""
         groups = self._group_inputs(features)
-        for bag, group in zip(self.bags, groups):  # an open table's new keys get rows in their forward
-            bag.prefetch_ids(group.ids, group.tables)
-        self._prepared.append((features, _versions(features), groups))
-
-    def _take_prepared(self, features: KeyedJaggedTensor) -> list[_GroupInput] | None:
-        """The group inputs a prefetch made of this very batch, unchanged since (older
-        entries go: their batches were skipped)."""
-        for i, (kjt, versions, groups) in enumerate(self._prepared):
-            if kjt is features and versions == _versions(features):
-                for _ in range(i + 1):
-                    self._prepared.popleft()
-                return groups
-        return None
+        bags = [bag.prefetch_ids(group.ids, group.tables) for bag, group in zip(self.bags, groups)]
+        return PrefetchTicket.of(features, groups=groups, bags=bags)
 
     def pending_prefetches(self) -> int:
         """Prefetched batches not yet looked up (every group's cache gets each prefetch, so
-        they agree). A resumed cache has the checkpoint's: a trainer asks before
-        prefetching again, so that no batch is prefetched twice."""
+        they agree). A resumed cache has the checkpoint's (a trainer's checkpoint records
+        how many it made; one of earlier versions is asked this once)."""
         return min(bag.pending_prefetches() for bag in self.bags)
 
     def _group_inputs(self, kjt: KeyedJaggedTensor) -> list[_GroupInput]:
@@ -504,7 +495,7 @@ def _concat_checked(values, lengths, features, spans, tables, row_offsets):
 def _key_freq(group: _Group) -> list | None:
     """An open group's key counts, one entry a table (None: no counts), checked with the
     table's name in any message; None where no table has counts."""
-    from embcache.cache.open_table import KeyCounts
+    from embcache.cache.key_counts import KeyCounts
 
     freqs = group.open_settings["key_freqs"]
     if all(kf is None for kf in freqs):
@@ -516,12 +507,6 @@ def _members(group: _Group) -> int:
     """A digest of an open group's table names: a checkpoint's rows go back to their own
     row numbers only into the same grouping."""
     return zlib.crc32("\n".join(t.name for t in group.tables).encode())
-
-
-def _versions(kjt: KeyedJaggedTensor) -> tuple:
-    """What changes when a batch's tensors are written in place."""
-    weights = kjt.weights_or_none()
-    return kjt.values()._version, kjt.lengths()._version, None if weights is None else weights._version
 
 
 def _is_table_key(key: str) -> bool:

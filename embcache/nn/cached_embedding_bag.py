@@ -164,28 +164,37 @@ class CachedEmbeddingBag(nn.Module):
     def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
                 per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
         ids, offsets, weights = self.normalize_input(input, offsets, per_sample_weights)
+        ticket = None
         if self.open is not None:
-            ids = self.rows_of_keys(ids)
-        return self.lookup_normalized(ids, offsets, weights)
+            ids, ticket = self.rows_of_keys(ids)
+        return self.lookup_normalized(ids, offsets, weights, ticket=ticket)
 
-    def rows_of_keys(self, keys: torch.Tensor, tables: torch.Tensor | None = None) -> torch.Tensor:
+    def rows_of_keys(self, keys: torch.Tensor, tables: torch.Tensor | None = None,
+                     ticket=None) -> tuple[torch.Tensor, object]:
         """An open table's store rows for raw keys (of `tables`, one a key, when it serves
         several): made for new keys in training, the default row for unseen keys otherwise
-        (evaluation, `frozen`, no gradients)."""
+        (evaluation, `frozen`, no gradients). Returns them and the ticket their lookup
+        takes: in training the kept lookup of their prefetch (`ticket`, from `prefetch_ids`;
+        without one, found by the keys), if still kept; else None."""
         train = self.training and torch.is_grad_enabled() and not self.cache.frozen
-        rows = self.open.map(keys, self.cache, tables) if train else self.open.peek(keys, tables)
-        return rows.to(keys.device)
+        if not train:
+            return self.open.peek(keys, tables).to(keys.device), None
+        ticket = self.open.kept_lookup(keys, tables, ticket)
+        return self.open.map(keys, self.cache, tables, ahead=ticket).to(keys.device), ticket
 
     def lookup_normalized(self, ids: torch.Tensor, offsets: torch.Tensor,
                           weights: torch.Tensor | None,
-                          segments: list[list[int]] | None = None) -> torch.Tensor:
+                          segments: list[list[int]] | None = None, ticket=None) -> torch.Tensor:
         """Forward on input already checked and moved (by `normalize_input`, or by a
         collection for its whole group), so that nothing is checked twice. `segments`: per
         table of an uncached collection, its features' numbers of lookups, so that each
-        table's gradient is summed as torch sums it."""
+        table's gradient is summed as torch sums it. `ticket`: what `prefetch_ids` returned
+        for this batch (None: the cache finds its prefetch by the ids)."""
         train = self.training and torch.is_grad_enabled()
-        tag = None if self.open is None else self.open.taken()  # its prefetch's, when rows_of_keys reused it
-        lookup = self.cache.prepare(ids, keep=train, segments=segments, in_order=self.open is not None, tag=tag)
+        if self.open is not None and ticket is not None:
+            ticket = ticket.prefetched  # an open table's ticket is its kept lookup
+        lookup = self.cache.prepare(ids, keep=train, segments=segments, in_order=self.open is not None,
+                                    ticket=ticket)
         table = self.cache.working_table()
         if lookup.overflow is not None:
             table = torch.cat([table, lookup.overflow.weight])
@@ -223,15 +232,13 @@ class CachedEmbeddingBag(nn.Module):
         return hook
 
     @torch.compiler.disable
-    def prefetch(self, next_input: torch.Tensor, offsets: torch.Tensor | None = None) -> None:
+    def prefetch(self, next_input: torch.Tensor, offsets: torch.Tensor | None = None):
         """Load the rows a coming batch will need (with CUDA, on a side stream that
-        overlaps the current step). Optional: forward loads whatever is missing."""
+        overlaps the current step). Optional: forward loads whatever is missing. Returns
+        the batch's ticket (see `prefetch_ids`); a plain forward of the batch finds its
+        prefetch without it."""
         ids, _, _ = self.normalize_input(next_input, offsets, None)
-        tag = None
-        if self.open is not None:  # keys known now; a new key's row is made by its forward
-            rows, tag = self.open.rows_ahead(ids)
-            ids = rows.to(ids.device)
-        self.cache.prefetch(ids, tag)
+        return self.prefetch_ids(ids)
 
     def normalize_input(self, input, offsets=None, per_sample_weights=None):
         """Check a batch before anything changes, where it is (host input costs no
@@ -302,13 +309,16 @@ class CachedEmbeddingBag(nn.Module):
     def pending_prefetches(self) -> int:
         return self.cache.pending_prefetches()
 
-    def prefetch_ids(self, ids: torch.Tensor, tables: torch.Tensor | None = None) -> None:
-        """`prefetch` of ids already checked and concatenated (a collection's group); an open
-        table's keys become rows here."""
+    def prefetch_ids(self, ids: torch.Tensor, tables: torch.Tensor | None = None):
+        """`prefetch` of ids already checked and concatenated (a collection's group).
+        Returns the ticket that batch's `lookup_normalized` (an open table: `rows_of_keys`)
+        takes: the cache's prefetch, or an open table's kept lookup of the keys, which
+        names it (the keys known now; a new key's row is made by its forward)."""
         if self.open is None:
-            self.cache.prefetch(ids)
-        else:
-            self.cache.prefetch(*self.open.rows_ahead(ids, tables))
+            return self.cache.prefetch(ids)
+        rows, ahead = self.open.rows_ahead(ids, tables)
+        ahead.prefetched = self.cache.prefetch(rows)
+        return ahead
 
     def write_checkpoint(self, directory) -> None:
         """`save_checkpoint`'s files into an existing empty directory (one of several
