@@ -164,7 +164,7 @@ def test_collection_names_the_feature_and_the_position_within_it(values, message
 
 def test_collection_checks_each_group_once(monkeypatch):
     """One range check per group, none per feature and none again in the bag's lookup."""
-    from embcache.nn import cached_collection, cached_embedding_bag, group_kernels
+    from embcache.nn import cached_embedding_bag, group_kernels, table_groups
 
     two = [EmbeddingBagConfig(name="a", embedding_dim=4, num_embeddings=50, feature_names=["fa", "fa2"]),
            EmbeddingBagConfig(name="b", embedding_dim=4, num_embeddings=9, feature_names=["fb"]),
@@ -179,7 +179,7 @@ def test_collection_checks_each_group_once(monkeypatch):
     def refuse(*args):
         raise AssertionError("the collection's input was checked again")
 
-    monkeypatch.setattr(cached_collection, "concat_features", counting)
+    monkeypatch.setattr(table_groups, "concat_features", counting)
     monkeypatch.setattr(cached_embedding_bag, "check_bag_input", refuse)
     kjt = KeyedJaggedTensor(keys=["fa", "fa2", "fb", "fc"], values=torch.tensor([1, 49, 2, 8, 3]),
                             lengths=torch.tensor([1, 0, 1, 1, 1, 0, 0, 1]))

@@ -10,7 +10,8 @@ import torch
 from embcache import CachedEmbeddingBag
 from embcache.cache import fused_admission
 from embcache.nn import group_kernels
-from embcache.nn.cached_collection import CachedEmbeddingBagCollection, _concat_checked
+from embcache.nn.cached_collection import CachedEmbeddingBagCollection
+from embcache.nn.table_groups import _concat_checked
 from embcache.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
 
 from .cache_helpers import step_alike, zipf_batches

@@ -17,6 +17,7 @@ from embcache.bench.defaults import HOST_ROUNDS as ROUNDS
 from embcache.cache import open_table, row_cache, transfers
 from embcache.nn import cached_collection
 from embcache.nn.cached_collection import CachedEmbeddingBagCollection
+from embcache.nn.cached_embedding_bag import KeyedEmbeddingBag
 from embcache.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
 from embcache.train.bench_results import write_json
 
@@ -24,7 +25,7 @@ PROJECTED_CORES = 16
 WARMUP_RATIO = 0.7  # of each cache, filled with the hottest rows by their counts before the first step
 # the parts of a step, each the time spent in one function (and what it calls)
 PARTS = {
-    "group_inputs": (cached_collection, "_group_input"),
+    "group_inputs": (cached_collection.CachedEmbeddingBagCollection, "_group_inputs"),
     "admission": (row_cache.RowCache, "_admit"),
     "gathers": (transfers.RowTransfers, "gather"),
     "forward_reuse": (row_cache.RowCache, "_reuse"),
@@ -157,7 +158,7 @@ def warm_up_known_keys(ebc) -> None:
     needing several times the cache's rows (multi-hot) the hit rates stay apart."""
     for bag in ebc.bags:
         prior = bag.cache.policy.prior
-        if bag.open is not None and prior is not None:
+        if isinstance(bag, KeyedEmbeddingBag) and prior is not None:
             bag.cache.warm_up(prior, WARMUP_RATIO)
 
 

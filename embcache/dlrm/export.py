@@ -84,7 +84,7 @@ def checkpoint_tables(path: Path, ck: dict, meta: dict, cfg,
     configs = table_configs(meta, cfg)
     model = ck["model"]
     if cfg.sparse == "cached":  # one collection's state dict, from before the sharded format
-        from embcache.nn.cached_collection import group_tables
+        from embcache.nn.table_groups import group_tables
 
         prefix = "sparse_arch.embedding_bag_collection."
         sparse = {k[len(prefix):]: v for k, v in model.items() if k.startswith(prefix)}

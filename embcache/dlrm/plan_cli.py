@@ -24,7 +24,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         >>> args.device_memory, args.embedding_dim, args.admission, args.trace
         (8589934592, 16, 'off', None)
     """
-    from embcache.cache.choices import OPTIMIZERS, PLANNED_RATIOS, POLICIES
+    from embcache.cache.choices import OPTIMIZERS, PLANNED_RATIOS
     from embcache.dlrm.config import DLRMConfig
 
     d = DLRMConfig()

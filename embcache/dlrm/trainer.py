@@ -54,7 +54,7 @@ from torch import nn
 from embcache.data.loader import Batch, CTRBatches, lookahead_window
 from embcache.distributed import table_checkpoint
 from embcache.distributed.world import all_sum, gather_objects
-from embcache.nn.cached_collection import group_tables
+from embcache.nn.table_groups import group_tables
 from embcache.settings_fields import option_names
 from embcache.dlrm.evaluation import binary_metrics
 from embcache.dlrm.config import CACHE_SETTINGS, RESUME_MUST_MATCH, DLRMConfig, parse_day_range, training_split

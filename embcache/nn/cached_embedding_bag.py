@@ -29,6 +29,7 @@ from embcache.cache.stats import CacheStats
 from embcache.device import resolve_device
 
 from .bag_input import check_bag_input, to_device
+from .key_stage import KeyStage
 
 MODES = ("sum", "mean")
 
@@ -79,7 +80,8 @@ class CachedEmbeddingBag(nn.Module):
             the last place, which nearest rounding drops (docs/cache.md, "Row precision").
         keys: "ids" (default: inputs are ids in `[0, num_embeddings)`) or "raw": inputs
             are raw 64-bit keys (any int64), each given a row on first sight (an open
-            table, `cache.open_table.OpenTable`): `num_embeddings` is then the expected
+            table: this makes a `KeyedEmbeddingBag`, the key stage `cache.open_table.OpenTable`
+            in front of a closed bag): `num_embeddings` is then the expected
             number of keys (it sizes the cache, the first host store and the initial
             values' bound), not a limit. `weight` and `ids_freq` do not apply.
         key_freq: an open table's keys' counts over the training data, `(keys, counts)`
@@ -104,6 +106,12 @@ class CachedEmbeddingBag(nn.Module):
         (1000, 8)
     """
 
+    def __new__(cls, *args, keys: str = "ids", **kwargs):
+        """`keys="raw"` makes the keyed bag (an open table in front of a closed one)."""
+        if cls is CachedEmbeddingBag and keys == "raw":
+            cls = KeyedEmbeddingBag
+        return super().__new__(cls)
+
     def __init__(self, num_embeddings: int, embedding_dim: int, mode: str = "sum",
                  cache_ratio: float = 0.015, ids_freq: torch.Tensor | None = None,
                  warmup_ratio: float = 0.7, eviction: str = "freq", optimizer: str = "sgd",
@@ -117,13 +125,7 @@ class CachedEmbeddingBag(nn.Module):
         super().__init__()
         _check_config(num_embeddings, embedding_dim, mode, cache_ratio, warmup_ratio,
                       eviction, optimizer, ids_freq, weight)
-        self.open = _open_table(keys, num_embeddings, embedding_dim, ids_freq, weight, host_store,
-                                max_rows, retire, ttl, key_seed, init_bound, key_freq, eviction)
-        if self.open is not None:  # the store starts at the expected keys (+ the default row), zeros
-            first_rows = 1 + min(int(num_embeddings), self.open.max_rows or int(num_embeddings))
-            if host_store != "memory":  # a mapped store is made at its bound once (and a batch's keys past it)
-                first_rows = 1 + self.open.max_rows + max(64, self.open.max_rows // 8)
-            weight = RowInit(first_rows, int(embedding_dim), _zeros)
+        _check_closed(keys, max_rows, ttl, key_freq)
         parse_host_store(host_store)
         dtype = row_dtype_of(row_dtype)
         self.num_embeddings, self.embedding_dim, self.mode = int(num_embeddings), int(embedding_dim), mode
@@ -138,14 +140,11 @@ class CachedEmbeddingBag(nn.Module):
             if dtype == torch.float32 and host_store == "memory" and not copied_by_pinning:
                 weight = weight.clone()
         ids_freq = None if ids_freq is None else ids_freq.detach().cpu()
-        if self.open is not None and bookkeeping == "device":
-            raise ValueError("open tables (keys='raw') keep the host bookkeeper: their key index lives on the "
-                             "host; give bookkeeping='host' or 'auto'")
         self.cache = RowCache(weight, math.ceil(cache_ratio * min(num_embeddings, weight.shape[0])),
                               make_optimizer(optimizer, lr, **optimizer_kwargs), eviction,
                               ids_freq, warmup_ratio, device, admission, half_life, host_store=host_store,
                               row_dtype=dtype, rounding=RowRounding(dtype, rounding, rounding_seed),
-                              bookkeeping="host" if self.open is not None else bookkeeping)
+                              bookkeeping=bookkeeping)
 
     @property
     def device(self) -> torch.device:
@@ -164,23 +163,15 @@ class CachedEmbeddingBag(nn.Module):
     def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
                 per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
         ids, offsets, weights = self.normalize_input(input, offsets, per_sample_weights)
-        ticket = None
-        if self.open is not None:
-            ids, ticket = self.rows_of_keys(ids)
-        return self.lookup_normalized(ids, offsets, weights, ticket=ticket)
+        return self.lookup_normalized(ids, offsets, weights)
 
-    def rows_of_keys(self, keys: torch.Tensor, tables: torch.Tensor | None = None,
-                     ticket=None) -> tuple[torch.Tensor, object]:
-        """An open table's store rows for raw keys (of `tables`, one a key, when it serves
-        several): made for new keys in training, the default row for unseen keys otherwise
-        (evaluation, `frozen`, no gradients). Returns them and the ticket their lookup
-        takes: in training the kept lookup of their prefetch (`ticket`, from `prefetch_ids`;
-        without one, found by the keys), if still kept; else None."""
-        train = self.training and torch.is_grad_enabled() and not self.cache.frozen
-        if not train:
-            return self.open.peek(keys, tables).to(keys.device), None
-        ticket = self.open.kept_lookup(keys, tables, ticket)
-        return self.open.map(keys, self.cache, tables, ahead=ticket).to(keys.device), ticket
+    def lookup_checked(self, ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None,
+                       segments: list[list[int]] | None = None, tables: torch.Tensor | None = None,
+                       ticket=None) -> torch.Tensor:
+        """Forward on a collection group's input, checked where it is (on the host, as the
+        loader gives it), then moved; `tables`: each id's table (a keyed bag's)."""
+        return self.lookup_normalized(*to_device(ids, offsets, weights, self.device), segments=segments,
+                                      ticket=ticket)
 
     def lookup_normalized(self, ids: torch.Tensor, offsets: torch.Tensor,
                           weights: torch.Tensor | None,
@@ -191,10 +182,7 @@ class CachedEmbeddingBag(nn.Module):
         table's gradient is summed as torch sums it. `ticket`: what `prefetch_ids` returned
         for this batch (None: the cache finds its prefetch by the ids)."""
         train = self.training and torch.is_grad_enabled()
-        if self.open is not None and ticket is not None:
-            ticket = ticket.prefetched  # an open table's ticket is its kept lookup
-        lookup = self.cache.prepare(ids, keep=train, segments=segments, in_order=self.open is not None,
-                                    ticket=ticket)
+        lookup = self._prepare(ids, train, segments, ticket)
         table = self.cache.working_table()
         if lookup.overflow is not None:
             table = torch.cat([table, lookup.overflow.weight])
@@ -222,6 +210,10 @@ class CachedEmbeddingBag(nn.Module):
         return F.embedding_bag(lookup.indices, table, offsets, mode=self.mode, sparse=True,
                                per_sample_weights=weights)
 
+    def _prepare(self, ids: torch.Tensor, keep: bool, segments, ticket) -> Lookup:
+        """The cache's lookup of a batch (its prefetch taken by `ticket`, or by its ids)."""
+        return self.cache.prepare(ids, keep=keep, segments=segments, ticket=ticket)
+
     def _update_hook(self, lookup: Lookup):
         cache = self.cache
 
@@ -244,9 +236,12 @@ class CachedEmbeddingBag(nn.Module):
         """Check a batch before anything changes, where it is (host input costs no
         device sync), then move it to the cache's device as 1-D ids, offsets and weights.
         Raises ValueError naming the problem."""
-        limit = None if self.open is not None else self.num_embeddings
-        checked = check_bag_input(input, offsets, per_sample_weights, limit, self.mode)
+        checked = check_bag_input(input, offsets, per_sample_weights, self._id_limit(), self.mode)
         return to_device(*checked, self.device)
+
+    def _id_limit(self) -> int | None:
+        """Ids must lie below it (None: any int64)."""
+        return self.num_embeddings
 
     # ------------------------------------------------------------------ host side
     def flush(self) -> None:
@@ -311,14 +306,8 @@ class CachedEmbeddingBag(nn.Module):
 
     def prefetch_ids(self, ids: torch.Tensor, tables: torch.Tensor | None = None):
         """`prefetch` of ids already checked and concatenated (a collection's group).
-        Returns the ticket that batch's `lookup_normalized` (an open table: `rows_of_keys`)
-        takes: the cache's prefetch, or an open table's kept lookup of the keys, which
-        names it (the keys known now; a new key's row is made by its forward)."""
-        if self.open is None:
-            return self.cache.prefetch(ids)
-        rows, ahead = self.open.rows_ahead(ids, tables)
-        ahead.prefetched = self.cache.prefetch(rows)
-        return ahead
+        Returns the ticket that batch's `lookup_normalized` takes: the cache's prefetch."""
+        return self.cache.prefetch(ids)
 
     def write_checkpoint(self, directory) -> None:
         """`save_checkpoint`'s files into an existing empty directory (one of several
@@ -369,43 +358,38 @@ class CachedEmbeddingBag(nn.Module):
             finally:
                 self.cache.frozen = False
 
-    def keyed_weight(self, table: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """An open table's (keys, rows): every key held and its row, current, in row order
-        (of its `table`-th table when it serves several)."""
-        keys, rows = self.open.live_rows(table)
-        return torch.from_numpy(keys), self.host_weight().index_select(0, torch.from_numpy(rows))
-
     def open_stats(self) -> dict:
-        """An open table's keys: live, made, retired, and the key index's bytes ({} if closed)."""
-        return {} if self.open is None else self.open.stats()
+        """An open table's keys: live, made, retired, and the key index's bytes ({}: ids)."""
+        return {}
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         for key, value in self.cache.state_dict().items():
             destination[prefix + key] = value if keep_vars else value.detach()
-        if self.open is not None:
-            for key, value in self.open.state_tensors().items():
-                destination[prefix + "open." + key] = value
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict,
                               missing_keys, unexpected_keys, error_msgs):
         mine = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)
                 and _is_cache_key(k[len(prefix):])}
-        opened = {k[len(prefix) + 5:]: v for k, v in state_dict.items() if k.startswith(prefix + "open.")}
-        missing = set(self.cache.required_keys()) - set(mine)
-        if self.open is not None and not opened:
-            missing.add("open.index")
+        missing = set(self.cache.required_keys()) - set(mine) | self._missing_state(state_dict, prefix)
         if missing:
             missing_keys.extend(prefix + k for k in sorted(missing))
             return
         try:
-            if self.open is not None:
-                self.open.load_tensors(opened)  # checked whole before anything changes
-                self.cache.grow(mine["weight"].shape[0])
-            self.cache.load_state_dict(mine)
-            if self.open is not None:
-                self.open.restore_prior(self.cache)
+            self._load_state(mine, state_dict, prefix)
         except ValueError as err:
             error_msgs.append(f"{prefix or 'CachedEmbeddingBag'}: {err}")
+
+    def _missing_state(self, state_dict: dict, prefix: str) -> set[str]:
+        """State a subclass keeps beside the cache's, missing from `state_dict`."""
+        return set()
+
+    def _load_state(self, mine: dict, state_dict: dict, prefix: str) -> None:
+        self.cache.load_state_dict(mine)
+
+
+class KeyedEmbeddingBag(KeyStage, CachedEmbeddingBag):
+    """An open table: raw keys in, each given a row on first sight (`KeyStage`), in front
+    of a closed cached bag. `CachedEmbeddingBag(..., keys="raw")` makes one."""
 
 
 class _BagWithRowUpdate(torch.autograd.Function):
@@ -453,30 +437,11 @@ def _draw_normal(out: torch.Tensor, start: int) -> None:
     out.normal_()
 
 
-def _zeros(out: torch.Tensor, start: int) -> None:
-    """An open table's store before keys arrive: a key's row gets its values on first sight."""
-    out.zero_()
-
-
-def _open_table(keys, num_embeddings, dim, ids_freq, weight, host_store, max_rows, retire, ttl, seed, bound,
-                key_freq, eviction):
-    """The `OpenTable` of a bag with `keys="raw"`, None for "ids"; ValueError for a
-    setting that does not apply. Key counts are a `freq` prior: other policies drop them
-    (no lookup of counts for keys made)."""
+def _check_closed(keys: str, max_rows, ttl, key_freq) -> None:
     if keys not in ("ids", "raw"):
         raise ValueError(f"keys must be 'ids' or 'raw', got {keys!r}")
-    if keys == "ids":
-        if max_rows is not None or ttl is not None or key_freq is not None:
-            raise ValueError("max_rows, ttl and key_freq are an open table's: they need keys='raw'")
-        return None
-    if weight is not None or ids_freq is not None:
-        raise ValueError("keys='raw' makes a key's row on first sight: weight and ids_freq do not apply")
-    from embcache.cache.open_table import OpenTable
-    bound = math.sqrt(1.0 / num_embeddings) if bound is None else bound
-    table = OpenTable(dim, seed, bound, max_rows, retire, ttl, key_freq=key_freq if eviction == "freq" else None)
-    if host_store != "memory" and table.max_rows is None:  # every table's bound, when a list
-        raise ValueError("an open table on an mmap host store needs max_rows (the files are made at the bound)")
-    return table
+    if keys == "ids" and (max_rows is not None or ttl is not None or key_freq is not None):
+        raise ValueError("max_rows, ttl and key_freq are an open table's: they need keys='raw'")
 
 
 def _is_cache_key(key: str) -> bool:
@@ -515,6 +480,6 @@ def _check_config(num_embeddings, embedding_dim, mode, cache_ratio, warmup_ratio
             raise ValueError("ids_freq holds NaN or inf")
         if bool((ids_freq < 0).any()):
             raise ValueError("ids_freq holds negative counts")
-    if weight is not None and tuple(weight.shape) != (num_embeddings, embedding_dim):
+    if weight is not None and not isinstance(weight, RowInit) and tuple(weight.shape) != (num_embeddings, embedding_dim):
         raise ValueError(f"weight must be [{num_embeddings}, {embedding_dim}], got "
                          f"{list(weight.shape)}")

@@ -1,0 +1,172 @@
+"""`KeyStage`: what makes a cached bag an open table, a key stage in front of its rows.
+
+Its inputs are raw 64-bit keys, not ids: a key gets a row of the closed bag's store on first
+sight (`cache.open_table.OpenTable`: the key index, the first values, retirement under a
+bound), and from there on the lookup is the closed bag's, row for row. The stage talks to
+the rows only through their lifecycle (`row_store`: grow, reset rows, rows held, set
+prior), and a prefetch's key lookup travels in its ticket to the forward of its batch.
+
+`KeyedEmbeddingBag` (in `nn.cached_embedding_bag`) is this stage over the closed bag:
+`CachedEmbeddingBag(..., keys="raw")` makes one (the form users write), and a collection one
+for each group of open tables (`nn.table_groups.OpenGroup`). The stage calls the closed bag
+through `super()` alone, so this module needs nothing of it.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+
+from embcache.cache.host_store import RowInit
+from embcache.cache.lookup import Lookup
+from embcache.cache.open_table import OpenTable, RowStore
+
+# the settings of CachedEmbeddingBag's signature that are the key stage's, not the rows'
+KEY_SETTINGS = ("keys", "max_rows", "retire", "ttl", "key_seed", "init_bound", "key_freq")
+
+
+class KeyStage:
+    """The key stage of a `CachedEmbeddingBag` whose inputs are raw keys (`keys="raw"`):
+    takes the bag's arguments (see there); `num_embeddings` is the expected number of keys
+    (it sizes the cache, the first host store and the initial values' bound), not a limit."""
+
+    def __init__(self, *args, **kwargs):
+        settings = _settings(super().__init__, *args, **{"keys": "raw", **kwargs})
+        if settings["keys"] != "raw":
+            raise ValueError(f"a keyed bag takes raw keys (keys='raw'), got keys={settings['keys']!r}")
+        if settings["weight"] is not None or settings["ids_freq"] is not None:
+            raise ValueError("keys='raw' makes a key's row on first sight: weight and ids_freq do not apply")
+        if settings["bookkeeping"] == "device":
+            raise ValueError("open tables (keys='raw') keep the host bookkeeper: their key index lives on the "
+                             "host; give bookkeeping='host' or 'auto'")
+        n, dim, store = int(settings["num_embeddings"]), int(settings["embedding_dim"]), settings["host_store"]
+        bound = math.sqrt(1.0 / n) if settings["init_bound"] is None else settings["init_bound"]
+        key_freq = settings["key_freq"] if settings["eviction"] == "freq" else None  # a `freq` prior alone
+        table = OpenTable(dim, settings["key_seed"], bound, settings["max_rows"], settings["retire"],
+                          settings["ttl"], key_freq=key_freq)
+        first_rows = 1 + min(n, table.max_rows or n)  # the expected keys and the default row, zeros
+        if store != "memory":  # a mapped store is made at its bound once (and a batch's keys past it)
+            if table.max_rows is None:  # every table's bound, when a list
+                raise ValueError("an open table on an mmap host store needs max_rows (the files are made at "
+                                 "the bound)")
+            first_rows = 1 + table.max_rows + max(64, table.max_rows // 8)
+        closed = {k: v for k, v in settings.items() if k not in KEY_SETTINGS + ("optimizer_kwargs",)}
+        super().__init__(**{**closed, "weight": RowInit(first_rows, dim, _zeros), "bookkeeping": "host"},
+                         **settings["optimizer_kwargs"])
+        self.open = table
+
+    @property
+    def row_store(self) -> RowStore:
+        """The rows' lifecycle, all the key stage uses of them (`open_table.RowStore`)."""
+        return self.cache
+
+    def _id_limit(self) -> int | None:
+        return None  # any int64 is a key
+
+    # ------------------------------------------------------------------ lookups
+    @torch.compiler.disable  # a compile boundary, as the closed bag's
+    def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
+                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+        keys, offsets, weights = self.normalize_input(input, offsets, per_sample_weights)
+        rows, ticket = self.rows_of_keys(keys)
+        return self.lookup_normalized(rows, offsets, weights, ticket=ticket)
+
+    def lookup_checked(self, keys: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None,
+                       segments: list[list[int]] | None = None, tables: torch.Tensor | None = None,
+                       ticket=None) -> torch.Tensor:
+        rows, ticket = self.rows_of_keys(keys, tables, ticket)
+        return super().lookup_checked(rows, offsets, weights, segments, ticket=ticket)
+
+    def rows_of_keys(self, keys: torch.Tensor, tables: torch.Tensor | None = None,
+                     ticket=None) -> tuple[torch.Tensor, object]:
+        """Store rows for raw keys (of `tables`, one a key, when it serves several): made
+        for new keys in training, the default row for unseen keys otherwise (evaluation,
+        `frozen`, no gradients). Returns them and the ticket their lookup takes: in
+        training the kept lookup of their prefetch (`ticket`, from `prefetch_ids`; without
+        one, found by the keys), if still kept; else None."""
+        train = self.training and torch.is_grad_enabled() and not self.cache.frozen
+        if not train:
+            return self.open.peek(keys, tables).to(keys.device), None
+        ticket = self.open.kept_lookup(keys, tables, ticket)
+        return self.open.map(keys, self.row_store, tables, ahead=ticket).to(keys.device), ticket
+
+    def _prepare(self, ids: torch.Tensor, keep: bool, segments, ticket) -> Lookup:
+        """A key new at the prefetch had the default row then and has its own now: the
+        cache takes the prefetch its kept lookup names although some rows differ."""
+        return self.cache.prepare(ids, keep=keep, segments=segments, in_order=True,
+                                  ticket=None if ticket is None else ticket.prefetched)
+
+    def prefetch_ids(self, keys: torch.Tensor, tables: torch.Tensor | None = None):
+        """The keys' rows known now are loaded (a new key's row is made by its forward);
+        the ticket is the kept lookup of the keys, which names the cache's prefetch."""
+        rows, ahead = self.open.rows_ahead(keys, tables)
+        ahead.prefetched = self.cache.prefetch(rows)
+        return ahead
+
+    # ------------------------------------------------------------------ keys and their rows
+    def add_keys(self, keys: torch.Tensor, tables: torch.Tensor | None = None) -> None:
+        """Rows for the keys not held yet, at their first values (no use counted)."""
+        self.open.add(keys, self.row_store, tables)
+
+    def keyed_weight(self, table: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(keys, rows): every key held and its row, current, in row order (of its
+        `table`-th table when it serves several)."""
+        keys, rows = self.open.live_rows(table)
+        return torch.from_numpy(keys), self.host_weight().index_select(0, torch.from_numpy(rows))
+
+    def open_stats(self) -> dict:
+        """Keys live, made, retired, and the key index's bytes."""
+        return self.open.stats()
+
+    def table_stats(self, table: int) -> dict:
+        return self.open.table_stats(table)
+
+    def table_part(self, table: int, members: int) -> dict[str, torch.Tensor]:
+        """Table `table`'s live keys' rows and optimizer state (copies), with the keys,
+        their usage and what the shared index needs to be rebuilt (`open.<k>`, see
+        `OpenTable.table_part`); `members`: a digest of the tables sharing the index."""
+        part = self.open.table_part(table, members)
+        return {**self.table_rows(torch.from_numpy(part["rows"] + 1)),
+                **{f"open.{k}": torch.from_numpy(v.reshape(-1, 1)) for k, v in part.items()}}
+
+    def restore_table_parts(self, parts: list[dict[str, torch.Tensor]], members: int, step: int) -> None:
+        """Every table's `table_part`, with the cache empty: keys first (they say where the
+        rows go), then the rows, then the keys' priors."""
+        where = self.open.load_table_parts(
+            [{k[len("open."):]: v.numpy() for k, v in p.items() if k.startswith("open.")} for p in parts], members)
+        self.restore_rows_at(torch.from_numpy(where), torch.cat([p["weight"] for p in parts]),
+                             {k: torch.cat([p[f"optimizer.{k}"] for p in parts]) for k in self.optimizer_state_names()},
+                             step, num_rows=self.open.rows_needed())
+        self.open.restore_prior(self.row_store)
+
+    # ------------------------------------------------------------------ state
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for key, value in self.open.state_tensors().items():
+            destination[prefix + "open." + key] = value
+
+    def _missing_state(self, state_dict: dict, prefix: str) -> set[str]:
+        return set() if any(k.startswith(prefix + "open.") for k in state_dict) else {"open.index"}
+
+    def _load_state(self, mine: dict, state_dict: dict, prefix: str) -> None:
+        """The keys (checked whole before anything changes), the store grown to the saved
+        rows, the rows and cache, then the keys' priors."""
+        self.open.load_tensors({k[len(prefix) + 5:]: v for k, v in state_dict.items()
+                                if k.startswith(prefix + "open.")})
+        self.cache.grow(mine["weight"].shape[0])
+        super()._load_state(mine, state_dict, prefix)
+        self.open.restore_prior(self.row_store)
+
+
+def _settings(closed_init, *args, **kwargs) -> dict:
+    """Every setting of the closed bag's `__init__` by name, its defaults filled in (the
+    key stage reads some; the closed bag gets the rest as given)."""
+    bound = inspect.signature(closed_init).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _zeros(out: torch.Tensor, start: int) -> None:
+    """The store before keys arrive: a key's row gets its values on first sight."""
+    out.zero_()
