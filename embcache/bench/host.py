@@ -139,9 +139,29 @@ def build_collection(cardinalities, dim: int, ratio: float, freq: dict | None, e
                                  init_fn=_zero) for i, n in enumerate(cardinalities)]
     open_tables = {t.name: {} if freq is None else {"key_freq": key_counts(freq[t.name])} for t in tables} \
         if raw else None
-    return CachedEmbeddingBagCollection(tables, cache_ratio=ratio, ids_freq=None if raw else freq, device=device,
-                                        eviction=eviction, optimizer="adagrad", warmup_ratio=WARMUP_RATIO,
-                                        open_tables=open_tables, bookkeeping=bookkeeping)
+    ebc = CachedEmbeddingBagCollection(tables, cache_ratio=ratio, ids_freq=None if raw else freq, device=device,
+                                       eviction=eviction, optimizer="adagrad", warmup_ratio=WARMUP_RATIO,
+                                       open_tables=open_tables, bookkeeping=bookkeeping)
+    if torch.device(device).type == "meta" and bookkeeping == "host":
+        for bag in ebc.bags:
+            _host_share_only(bag.cache)
+    return ebc
+
+
+def _host_share_only(cache) -> None:
+    """A host bookkeeper's cache whose rows are on `meta` (no values) does its host work
+    alone: a backward's update marks the batch's rows dirty and lets them go, without the
+    arithmetic (the device's; sparse gradients have no meta kernels), and a write-back
+    scatters zeros into the host store (its cost is the host's). The bench's own stand-ins:
+    the library has no branch for rows without values."""
+    write = cache.transfers.write
+
+    def write_zeros(ids: torch.Tensor, weight: torch.Tensor, state: dict) -> None:
+        zeros = lambda t: torch.zeros(t.shape, dtype=t.dtype)  # noqa: E731
+        write(ids, zeros(weight), {k: zeros(v) for k, v in state.items()})
+
+    cache._apply_rows = lambda grad, lookup: lookup.held
+    cache.transfers.write = write_zeros
 
 
 def key_of(ids: torch.Tensor) -> torch.Tensor:

@@ -51,11 +51,14 @@ class RowUpdates:
         then the batch's overflow rows), then release the batch's holds."""
         self._wait_for_prefetch()
         self.step += 1
-        if self.device.type == "meta":  # rows without values (`bench host`): the host's share alone
-            if lookup.held is not None:
-                self.dirty.index_fill_(0, lookup.held, True)
-            self.release(lookup)
-            return
+        rows = self._apply_rows(grad, lookup)
+        # the batch's held slots are exactly the cached rows it looked up
+        self.dirty.index_fill_(0, lookup.held if lookup.held is not None else rows.to(self.book), True)
+        self.release(lookup)
+
+    def _apply_rows(self, grad: torch.Tensor, lookup: Lookup) -> torch.Tensor:
+        """The update's arithmetic: the cached rows' (returns them) and the overflow
+        rows', which are written back."""
         overflow = lookup.overflow
         # float32 gradients whatever the rows' type: the update computes in float32
         rows, values = self._in_torch_order(grad.to(torch.float32), lookup,
@@ -69,9 +72,7 @@ class RowUpdates:
             self.transfers.write(overflow.ids, overflow.weight, overflow.state)
             self.stats.bytes_d2h += overflow.ids.numel() * self._row_bytes
             self._refresh_admitted_overflow(overflow)
-        # the batch's held slots are exactly the cached rows it looked up
-        self.dirty.index_fill_(0, lookup.held if lookup.held is not None else rows.to(self.book), True)
-        self.release(lookup)
+        return rows
 
     def _split_at_overflow(self, rows: torch.Tensor, values: torch.Tensor, lookup: Lookup):
         """(cache rows, their values, overflow rows, their values), each part in the order

@@ -84,8 +84,6 @@ class RowTransfers:
     def write(self, ids: torch.Tensor, weight: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
         """Write rows (device tensors) to the host store at `ids` (host ids): at once on
         the CPU, else once their copy off the device has finished."""
-        if self.device.type == "meta":  # rows without values (`bench host`): the host's scatter still costs
-            weight, state = _host_zeros(weight), {k: _host_zeros(v) for k, v in state.items()}
         if not self.cuda and not self.defer_on_cpu:
             self.host.scatter(ids, weight, state)
             return
@@ -138,10 +136,6 @@ class RowTransfers:
             w.done.synchronize()
         self.host.scatter(w.ids, w.weight, w.state)
         np.subtract.at(self._in_flight, w.ids.numpy(), 1)
-
-
-def _host_zeros(t: torch.Tensor) -> torch.Tensor:
-    return torch.zeros(t.shape, dtype=t.dtype)
 
 
 def _stage(t: torch.Tensor) -> torch.Tensor:
