@@ -29,7 +29,7 @@ from embcache.cache.stats import CacheStats
 from embcache.device import resolve_device
 
 from .bag_input import check_bag_input, to_device
-from .key_stage import KeyStage
+from .key_stage import KEY_SETTINGS, KeyStage
 
 MODES = ("sum", "mean")
 
@@ -79,23 +79,10 @@ class CachedEmbeddingBag(nn.Module):
             Stochastic rounding keeps, on average, updates smaller than half a unit in
             the last place, which nearest rounding drops (docs/cache.md, "Row precision").
         keys: "ids" (default: inputs are ids in `[0, num_embeddings)`) or "raw": inputs
-            are raw 64-bit keys (any int64), each given a row on first sight (an open
-            table: this makes a `KeyedEmbeddingBag`, the key stage `cache.open_table.OpenTable`
-            in front of a closed bag): `num_embeddings` is then the expected
-            number of keys (it sizes the cache, the first host store and the initial
-            values' bound), not a limit. `weight` and `ids_freq` do not apply.
-        key_freq: an open table's keys' counts over the training data, `(keys, counts)`
-            (keys ascending and distinct, as `load_key_frequencies` gives a feature's), or
-            a list of them (or None) one a table for a shared one: a key's row gets its
-            count as the `freq` policy's prior when the key takes it (0 for a key not
-            counted), as `ids_freq` gives an id's. Ignored by the other policies.
-        max_rows, retire, ttl: an open table's bound on keys held (one a table for a shared
-            one), which keys retire first under it ("lru" | "lfu"), and the steps without use after which a key
-            retires (None: never).
-        key_seed: seeds a raw key's first row (`keys.initial_rows`, uniform in
-            `+-init_bound`, by default `sqrt(1 / num_embeddings)` as torchrec's init).
-            Lists of seeds and bounds (one a table) make one open table serve several
-            tables (a collection's): the forward then takes each key's table.
+            are raw 64-bit keys (any int64), each given a row on first sight: an open table,
+            a `KeyedEmbeddingBag` (the key stage of `nn.key_stage` in front of this bag),
+            which takes these arguments and its own (`max_rows`, `retire`, `ttl`,
+            `key_seed`, `init_bound`, `key_freq`; see `KeyStage`).
 
     Example:
         >>> import torch
@@ -108,8 +95,13 @@ class CachedEmbeddingBag(nn.Module):
 
     def __new__(cls, *args, keys: str = "ids", **kwargs):
         """`keys="raw"` makes the keyed bag (an open table in front of a closed one)."""
+        if keys not in ("ids", "raw"):
+            raise ValueError(f"keys must be 'ids' or 'raw', got {keys!r}")
         if cls is CachedEmbeddingBag and keys == "raw":
             cls = KeyedEmbeddingBag
+        elif cls is CachedEmbeddingBag and set(kwargs) & set(KEY_SETTINGS):
+            raise ValueError(f"{', '.join(k for k in KEY_SETTINGS if k in kwargs)}: an open table's settings, "
+                             f"they need keys='raw'")
         return super().__new__(cls)
 
     def __init__(self, num_embeddings: int, embedding_dim: int, mode: str = "sum",
@@ -119,13 +111,10 @@ class CachedEmbeddingBag(nn.Module):
                  weight: torch.Tensor | RowInit | None = None, admission: bool = False,
                  half_life: int | None = None, host_store: str = "memory", row_dtype: str = "float32",
                  rounding: str = "stochastic", rounding_seed: int = 0, keys: str = "ids",
-                 max_rows: int | list[int | None] | None = None, retire: str = "lru", ttl: int | None = None,
-                 key_seed: int | list[int] = 0, init_bound: float | list[float] | None = None,
-                 key_freq=None, bookkeeping: str = "auto", **optimizer_kwargs):
+                 bookkeeping: str = "auto", **optimizer_kwargs):
         super().__init__()
         _check_config(num_embeddings, embedding_dim, mode, cache_ratio, warmup_ratio,
                       eviction, optimizer, ids_freq, weight)
-        _check_closed(keys, max_rows, ttl, key_freq)
         parse_host_store(host_store)
         dtype = row_dtype_of(row_dtype)
         self.num_embeddings, self.embedding_dim, self.mode = int(num_embeddings), int(embedding_dim), mode
@@ -435,13 +424,6 @@ def _draw_normal(out: torch.Tensor, start: int) -> None:
     """`torch.randn` into `out` from the global generator: drawn whole, or chunk by chunk
     in chunks of a multiple of 16 elements, the values are the same."""
     out.normal_()
-
-
-def _check_closed(keys: str, max_rows, ttl, key_freq) -> None:
-    if keys not in ("ids", "raw"):
-        raise ValueError(f"keys must be 'ids' or 'raw', got {keys!r}")
-    if keys == "ids" and (max_rows is not None or ttl is not None or key_freq is not None):
-        raise ValueError("max_rows, ttl and key_freq are an open table's: they need keys='raw'")
 
 
 def _is_cache_key(key: str) -> bool:

@@ -22,38 +22,55 @@ from embcache.cache.host_store import RowInit
 from embcache.cache.lookup import Lookup
 from embcache.cache.open_table import OpenTable, RowStore
 
-# the settings of CachedEmbeddingBag's signature that are the key stage's, not the rows'
-KEY_SETTINGS = ("keys", "max_rows", "retire", "ttl", "key_seed", "init_bound", "key_freq")
+# the key stage's own settings (the closed bag's it passes on)
+KEY_SETTINGS = ("max_rows", "retire", "ttl", "key_seed", "init_bound", "key_freq")
 
 
 class KeyStage:
-    """The key stage of a `CachedEmbeddingBag` whose inputs are raw keys (`keys="raw"`):
-    takes the bag's arguments (see there); `num_embeddings` is the expected number of keys
-    (it sizes the cache, the first host store and the initial values' bound), not a limit."""
+    """The key stage of a `CachedEmbeddingBag` whose inputs are raw keys (`keys="raw"`).
+    Takes the closed bag's arguments (`num_embeddings` is then the expected number of keys:
+    it sizes the cache, the first host store and the initial values' bound, not a limit;
+    `weight` and `ids_freq` do not apply) and its own:
 
-    def __init__(self, *args, **kwargs):
-        settings = _settings(super().__init__, *args, **{"keys": "raw", **kwargs})
-        if settings["keys"] != "raw":
-            raise ValueError(f"a keyed bag takes raw keys (keys='raw'), got keys={settings['keys']!r}")
+    Args:
+        max_rows, retire, ttl: the bound on keys held (one a table for a shared index),
+            which keys retire first under it ("lru" | "lfu"), and the steps without use
+            after which a key retires (None: never).
+        key_seed: seeds a key's first row (`keys.initial_rows`, uniform in `+-init_bound`,
+            by default `sqrt(1 / num_embeddings)` as torchrec's init). Lists of seeds and
+            bounds (one a table) make one index serve several tables (a collection's):
+            the forward then takes each key's table.
+        key_freq: the keys' counts over the training data, `(keys, counts)` (keys ascending
+            and distinct, as `load_key_frequencies` gives a feature's), or a list of them
+            (or None) one a table: a key's row gets its count as the `freq` policy's prior
+            when the key takes it (0 for a key not counted), as `ids_freq` gives an id's.
+            Ignored by the other policies.
+    """
+
+    def __init__(self, *args, keys: str = "raw", max_rows: int | list[int | None] | None = None, retire: str = "lru",
+                 ttl: int | None = None, key_seed: int | list[int] = 0, init_bound: float | list[float] | None = None,
+                 key_freq=None, **kwargs):
+        settings = _settings(super().__init__, *args, **kwargs)
+        if keys != "raw":
+            raise ValueError(f"a keyed bag takes raw keys (keys='raw'), got keys={keys!r}")
         if settings["weight"] is not None or settings["ids_freq"] is not None:
             raise ValueError("keys='raw' makes a key's row on first sight: weight and ids_freq do not apply")
         if settings["bookkeeping"] == "device":
             raise ValueError("open tables (keys='raw') keep the host bookkeeper: their key index lives on the "
                              "host; give bookkeeping='host' or 'auto'")
         n, dim, store = int(settings["num_embeddings"]), int(settings["embedding_dim"]), settings["host_store"]
-        bound = math.sqrt(1.0 / n) if settings["init_bound"] is None else settings["init_bound"]
-        key_freq = settings["key_freq"] if settings["eviction"] == "freq" else None  # a `freq` prior alone
-        table = OpenTable(dim, settings["key_seed"], bound, settings["max_rows"], settings["retire"],
-                          settings["ttl"], key_freq=key_freq)
+        bound = math.sqrt(1.0 / n) if init_bound is None else init_bound
+        table = OpenTable(dim, key_seed, bound, max_rows, retire, ttl,
+                          key_freq=key_freq if settings["eviction"] == "freq" else None)  # a `freq` prior alone
         first_rows = 1 + min(n, table.max_rows or n)  # the expected keys and the default row, zeros
         if store != "memory":  # a mapped store is made at its bound once (and a batch's keys past it)
             if table.max_rows is None:  # every table's bound, when a list
                 raise ValueError("an open table on an mmap host store needs max_rows (the files are made at "
                                  "the bound)")
             first_rows = 1 + table.max_rows + max(64, table.max_rows // 8)
-        closed = {k: v for k, v in settings.items() if k not in KEY_SETTINGS + ("optimizer_kwargs",)}
-        super().__init__(**{**closed, "weight": RowInit(first_rows, dim, _zeros), "bookkeeping": "host"},
-                         **settings["optimizer_kwargs"])
+        optimizer_kwargs = settings.pop("optimizer_kwargs")
+        super().__init__(**{**settings, "weight": RowInit(first_rows, dim, _zeros), "bookkeeping": "host"},
+                         **optimizer_kwargs)
         self.open = table
 
     @property
