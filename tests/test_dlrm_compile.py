@@ -63,12 +63,20 @@ class Run:
         self.forward = self.model if backend is None else torch.compile(self.model, backend=backend)
         dense = [p for n, p in self.model.named_parameters() if not n.startswith("sparse_arch.")]
         self.opt = torch.optim.Adagrad(dense, lr=0.05)
+        self.ticket, self.taken = None, []  # the prefetch's ticket for the next batch; whether each forward took one
+        ticket_for = self.cache._ticket_for
+        self.cache._ticket_for = lambda kjt, ticket=None: self._took(ticket_for(kjt, ticket))
+
+    def _took(self, ticket):
+        self.taken.append(ticket is not None)
+        return ticket
 
     def step(self, batch, upcoming) -> torch.Tensor:
         dense, kjt, labels = batch
-        logits = self.forward(dense, kjt).squeeze(-1)
+        with self.cache.taking(self.ticket):  # as the trainer hands a batch its prefetch's ticket
+            logits = self.forward(dense, kjt).squeeze(-1)
         if upcoming is not None:
-            self.cache.prefetch(upcoming[1])  # a boundary too, called as the trainer does
+            self.ticket = self.cache.prefetch(upcoming[1])  # a boundary too, called as the trainer does
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
         self.opt.zero_grad()
         loss.backward()  # the cache updates its rows here
@@ -96,6 +104,9 @@ def test_compiled_model_over_the_cache_trains_as_the_eager_one(kind, backend):
     assert stats == eager.cache.cache_stats()
     assert stats["evictions"] > 0 and stats["hits"] > 0
     assert counters["stats"]["unique_graphs"] >= 1  # the dense part did compile
+    # the compiled model hands the collection the very batch it was given: every prefetched
+    # batch's forward took its ticket, compiled as eager
+    assert compiled.taken == eager.taken == [False] + [True] * (len(data) - 1)
     for t in compiled.cache.embedding_bag_configs():  # rows trained through the compiled graph's gradients
         torch.testing.assert_close(compiled.cache.table_weight(t.name), eager.cache.table_weight(t.name),
                                    rtol=RTOL, atol=ATOL)

@@ -100,8 +100,8 @@ class CachedEmbeddingBag(nn.Module):
         if cls is CachedEmbeddingBag and keys == "raw":
             cls = KeyedEmbeddingBag
         elif cls is CachedEmbeddingBag and set(kwargs) & set(KEY_SETTINGS):
-            raise ValueError(f"{', '.join(k for k in KEY_SETTINGS if k in kwargs)}: an open table's settings, "
-                             f"they need keys='raw'")
+            raise ValueError(f"{', '.join(k for k in KEY_SETTINGS if k in kwargs)}: open-table settings, which "
+                             f"need keys='raw'")
         return super().__new__(cls)
 
     def __init__(self, num_embeddings: int, embedding_dim: int, mode: str = "sum",
