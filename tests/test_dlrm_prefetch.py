@@ -124,8 +124,8 @@ def test_each_trained_batch_is_grouped_once_its_forward_taking_its_prefetch_tick
     searched = []
     for cache in caches(trainer):
         take = cache._take_prefetched
-        cache._take_prefetched = lambda ids, in_order=False, ticket=None, take=take: \
-            searched.append(ticket is None) or take(ids, in_order, ticket)
+        cache._take_prefetched = lambda ids, ticket=None, take=take: \
+            searched.append(ticket is None) or take(ids, ticket)
     trainer.fit()
     assert len({id(k) for k in grouped}) == len(grouped)  # no batch grouped twice
     assert taken[:8] == [False] + [True] * 7  # the first batch of the run was not prefetched

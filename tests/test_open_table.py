@@ -407,8 +407,8 @@ def test_each_forward_takes_its_own_prefetch_after_a_stray_one():
     taken, keys_of = [], {}  # the keys each cache prefetch was made for (by the entry's id)
     take = bag.cache._take_prefetched
 
-    def recording(ids, in_order=False, ticket=None):
-        entry = take(ids, in_order, ticket)
+    def recording(ids, ticket=None):
+        entry = take(ids, ticket)
         taken.append(None if entry is None else keys_of.get(id(entry)))
         return entry
 

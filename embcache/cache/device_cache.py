@@ -204,7 +204,7 @@ class DeviceRowCache(DeviceUpdates, RowCache):
         return entry
 
     def prepare(self, ids: torch.Tensor, keep: bool, segments: list[list[int]] | None = None,
-                in_order: bool = False, ticket: Prefetched | None = None) -> Lookup:
+                ticket: Prefetched | None = None) -> Lookup:
         """As `RowCache.prepare`. A prefetched batch is not admitted again: its ids are
         looked up, the ones its prefetch could not place served beside the cache
         (`_serve_beside`), which is what the host bookkeeper does whether or not they were
@@ -212,7 +212,7 @@ class DeviceRowCache(DeviceUpdates, RowCache):
         self._wait_for_prefetch()
         if self.frozen and not keep:
             return self._peek(ids, segments)
-        consumed = self._take_prefetched(ids, in_order, ticket)
+        consumed = self._take_prefetched(ids, ticket)
         same_ids = consumed is not None and same_values(consumed.ids, ids)
         flat = self._on_device(ids)
         region = self._take_region(max(flat.numel(), 1))

@@ -169,7 +169,7 @@ class RowCache(RowUpdates, RowLifecycle, RowCacheState):
         return hot.numel()
 
     def prepare(self, ids: torch.Tensor, keep: bool, segments: list[list[int]] | None = None,
-                in_order: bool = False, ticket: Prefetched | None = None) -> Lookup:
+                ticket: Prefetched | None = None) -> Lookup:
         """Make the rows of one batch available; `keep` holds them until `release`
         (needed when a backward will update them). Consumes its prefetch (`ticket`, or
         else the one made for the same ids; see `_take_prefetched`), whose
@@ -180,10 +180,10 @@ class RowCache(RowUpdates, RowLifecycle, RowCacheState):
         self._wait_for_prefetch()
         if self.frozen and not keep:
             return self._peek(ids, segments)
-        consumed = self._take_prefetched(ids, in_order, ticket)
+        consumed = self._take_prefetched(ids, ticket)
         same_ids = consumed is not None and same_values(consumed.ids, ids)
         reusable = consumed is not None and consumed.slots is not None and self.reuse_prefetch
-        partly_reusable = (reusable and not same_ids and in_order
+        partly_reusable = (reusable and not same_ids and ticket is not None
                            and consumed.ids.shape == ids.shape)
         if same_ids and reusable:
             indices, touched, overflow = self._reuse(consumed), consumed.held, None
@@ -276,7 +276,7 @@ class RowCache(RowUpdates, RowLifecycle, RowCacheState):
         return slots.view(ids.shape), touched, overflow
 
     def _reuse_part(self, consumed: Prefetched, ids: torch.Tensor):
-        """The lookup of a batch whose in-order prefetch placed every id it was given, but
+        """The lookup of a batch whose prefetch (named by its ticket) placed every id it was given, but
         whose ids differ at some positions (an open table's prefetch gives a key unknown then
         the default row; its forward, the key's new row): the prefetch's slots where the ids
         agree, an admission pass over the other positions alone. It decides what a second
@@ -348,19 +348,21 @@ class RowCache(RowUpdates, RowLifecycle, RowCacheState):
         if self._stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self._stream)
 
-    def _take_prefetched(self, ids: torch.Tensor, in_order: bool = False,
-                         ticket: Prefetched | None = None) -> Prefetched | None:
+    def _take_prefetched(self, ids: torch.Tensor, ticket: Prefetched | None = None) -> Prefetched | None:
         """This batch's prefetch, if still pending; older ones are dropped (their rows stay
-        resident, their counts are not the batch's): the one `ticket` names, else the one
-        made for exactly these ids. An open table's (`in_order`) may have other ids (a key
-        unknown at its prefetch had the default row then): without a ticket it takes the
-        oldest pending prefetch if a checkpoint restored it (made for the batch that comes
-        first)."""
+        resident, their counts are not the batch's): the one `ticket` names (whatever its
+        ids: an open table's batch has its own row for a key that had the default row at
+        its prefetch), else the one made for exactly these ids."""
         for i, entry in enumerate(self._prefetched):
-            if entry is ticket if ticket is not None else (
-                    same_values(entry.ids, ids) or (in_order and i == 0 and entry.restored)):
+            if entry is ticket if ticket is not None else same_values(entry.ids, ids):
                 return self._pop_through(i)
         return None
+
+    def oldest_restored(self) -> Prefetched | None:
+        """The oldest pending prefetch if a checkpoint restored it (made for the batch that
+        comes first; no one holds its ticket)."""
+        oldest = self._prefetched[0] if self._prefetched else None
+        return oldest if oldest is not None and oldest.restored else None
 
     def _pop_through(self, i: int) -> Prefetched:
         """The i-th pending prefetch, the ones before it dropped."""

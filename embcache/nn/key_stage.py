@@ -110,9 +110,11 @@ class KeyStage:
 
     def _prepare(self, ids: torch.Tensor, keep: bool, segments, ticket) -> Lookup:
         """A key new at the prefetch had the default row then and has its own now: the
-        cache takes the prefetch its kept lookup names although some rows differ."""
-        return self.cache.prepare(ids, keep=keep, segments=segments, in_order=True,
-                                  ticket=None if ticket is None else ticket.prefetched)
+        cache takes the prefetch the kept lookup names although some rows differ. Without
+        one, a prefetch a checkpoint restored (made for the batch that comes first) is this
+        batch's."""
+        prefetched = ticket.prefetched if ticket is not None else self.cache.oldest_restored()
+        return self.cache.prepare(ids, keep=keep, segments=segments, ticket=prefetched)
 
     def prefetch_ids(self, keys: torch.Tensor, tables: torch.Tensor | None = None):
         """The keys' rows known now are loaded (a new key's row is made by its forward);
