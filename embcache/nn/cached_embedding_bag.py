@@ -203,6 +203,16 @@ class CachedEmbeddingBag(nn.Module):
         """The cache's lookup of a batch (its prefetch taken by `ticket`, or by its ids)."""
         return self.cache.prepare(ids, keep=keep, segments=segments, ticket=ticket)
 
+    @property
+    def read_only(self) -> bool:
+        """In an `evaluation` block: lookups admit, evict and count nothing."""
+        return self.cache.frozen
+
+    def restored_prefetch(self):
+        """The ticket of the prefetch a checkpoint restored for the batch that comes first
+        (None: none pending)."""
+        return self.cache.oldest_restored()
+
     def _update_hook(self, lookup: Lookup):
         cache = self.cache
 

@@ -75,7 +75,9 @@ class KeyStage:
 
     @property
     def row_store(self) -> RowStore:
-        """The rows' lifecycle, all the key stage uses of them (`open_table.RowStore`)."""
+        """The rows' lifecycle (`open_table.RowStore`: grow, reset rows, rows held, set
+        prior): all the key stage uses of the cache; lookups and prefetches go through
+        the closed bag."""
         return self.cache
 
     def _id_limit(self) -> int | None:
@@ -102,7 +104,7 @@ class KeyStage:
         `frozen`, no gradients). Returns them and the ticket their lookup takes: in
         training the kept lookup of their prefetch (`ticket`, from `prefetch_ids`; without
         one, found by the keys), if still kept; else None."""
-        train = self.training and torch.is_grad_enabled() and not self.cache.frozen
+        train = self.training and torch.is_grad_enabled() and not self.read_only
         if not train:
             return self.open.peek(keys, tables).to(keys.device), None
         ticket = self.open.kept_lookup(keys, tables, ticket)
@@ -113,14 +115,14 @@ class KeyStage:
         cache takes the prefetch the kept lookup names although some rows differ. Without
         one, a prefetch a checkpoint restored (made for the batch that comes first) is this
         batch's."""
-        prefetched = ticket.prefetched if ticket is not None else self.cache.oldest_restored()
-        return self.cache.prepare(ids, keep=keep, segments=segments, ticket=prefetched)
+        return super()._prepare(ids, keep, segments, ticket.prefetched if ticket is not None
+                                else self.restored_prefetch())
 
     def prefetch_ids(self, keys: torch.Tensor, tables: torch.Tensor | None = None):
         """The keys' rows known now are loaded (a new key's row is made by its forward);
         the ticket is the kept lookup of the keys, which names the cache's prefetch."""
         rows, ahead = self.open.rows_ahead(keys, tables)
-        ahead.prefetched = self.cache.prefetch(rows)
+        ahead.prefetched = super().prefetch_ids(rows)
         return ahead
 
     # ------------------------------------------------------------------ keys and their rows
@@ -173,7 +175,7 @@ class KeyStage:
         rows, the rows and cache, then the keys' priors."""
         self.open.load_tensors({k[len(prefix) + 5:]: v for k, v in state_dict.items()
                                 if k.startswith(prefix + "open.")})
-        self.cache.grow(mine["weight"].shape[0])
+        self.row_store.grow(mine["weight"].shape[0])
         super()._load_state(mine, state_dict, prefix)
         self.open.restore_prior(self.row_store)
 
