@@ -4,9 +4,12 @@
 # priority order, each with a time limit of its own; a failed step does not stop the next:
 #   probe  (30 s)  device, torch, CUDA, Triton; pinned copy GB/s; random 64/128/512-byte host
 #                  rows through the unified view (and a Triton gather); sorts of 426 k / 3.5 M ids
-#   install (40 s) `pip install --no-deps --no-build-isolation -e .` into a venv over the machine's own
-#                  Python and torch (--system-site-packages), then `embcache --help` from it (issue
-#                  "Installs where its users already are")
+#   install (40 s) the package into a venv over the machine's own Python and torch
+#                  (--system-site-packages), `pip install --no-deps`, then `embcache --help` from it (issue
+#                  "Installs where its users already are"): the wheel in dist/ where one was carried
+#                  (nothing to build: the machine has no network, and perhaps no `wheel` for its
+#                  setuptools), else `-e .` (--no-build-isolation). Make the wheel just before the call:
+#                  `.venv/bin/pip wheel -q --no-deps --no-build-isolation -w dist .`, carry ["dist"]
 #   cuda   (150 s) pytest -m cuda (tests/test_cuda.py, test_unified_view.py) from that install where it
 #                  succeeded (else from the folder), summarised in cuda_tests.json
 #   gpu    (270 s) bench gpu at Kaggle cardinalities, batch 16,384, 1.5 %, dim 128, one-hot and
@@ -28,6 +31,7 @@
 #   bash bench/device_check.sh probe gpu      # some of them
 #   bash bench/device_check.sh cf nccl suite  # the optional steps
 #   SMALL=1 bash bench/device_check.sh        # the same steps at toy sizes, on the CPU too
+#   SMALL=1 PYTHONPATH=bench/as_on_the_gpu_machine bash bench/device_check.sh  # ... without torchrec and faiss, as there
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -81,26 +85,51 @@ fi
 
 # 1. the device and the link, through what a device-side cache uses
 want probe && step "probe" 30 "$PY" -m embcache bench probe --device "$DEV" --out "$OUT" --name probe "${PROBE_ARGS[@]}"
-# 2. the package installed over the machine's own torch (editable: no copy, no download)
-INSTALLED=""
+# 2. the package installed over the machine's own torch (a carried wheel: nothing to build; else
+#    editable: no copy, no download): into a venv over the machine's packages, or, where such a
+#    venv does not see its torch (a venv made over a venv sees the base's packages alone), into a
+#    folder beside them (`pip install --target`; a wheel only)
+INSTALLED=()  # the command that runs Python from the install, where it imports beside torch
 if want install; then
-    VENV="$(mktemp -d)/venv"
-    step "install" 40 bash -c "'$PY' -m venv --system-site-packages '$VENV' && '$VENV/bin/python' -m pip install -q \
-        --no-deps --no-build-isolation -e . && env -u PYTHONPATH '$VENV/bin/embcache' --help >/dev/null && \
-        env -u PYTHONPATH '$VENV/bin/python' -c 'import embcache, torch; print(\"installed\", embcache.__file__, \"beside torch\", torch.__version__)'"
-    [ -x "$VENV/bin/embcache" ] && env -u PYTHONPATH "$VENV/bin/python" -c 'import embcache' 2>/dev/null && INSTALLED="$VENV/bin/python"
+    HERE="$(mktemp -d)"
+    WHEEL="$(ls -t "$PWD"/dist/embcache-*.whl 2>/dev/null | head -1)" REPO="$PWD"
+    case "$PY" in  # the same interpreter from another folder (a venv's link kept as it is)
+        */*) PY_AT="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" ;;
+        *) PY_AT="$(command -v "$PY")" ;;
+    esac
+    export PY_AT HERE WHEEL REPO
+    step "install" 40 bash -c '
+        pip_in() { local py="$1"; shift; "$py" -m pip install -q --no-deps --ignore-installed --no-build-isolation "$@"; }
+        # (run from $HERE: from the checkout, its own folder would be imported first)
+        report=(-c "import embcache, torch; print(\"installed\", embcache.__file__, \"beside torch\", torch.__version__)")
+        cd "$HERE" || exit 1
+        if "$PY_AT" -m venv --system-site-packages "$HERE/venv" && "$HERE/venv/bin/python" -c "import torch" 2>/dev/null; then
+            pip_in "$HERE/venv/bin/python" ${WHEEL:-"-e" "$REPO"} && env -u PYTHONPATH "$HERE/venv/bin/embcache" --help >/dev/null &&
+                env -u PYTHONPATH "$HERE/venv/bin/python" "${report[@]}"
+        elif [ -n "$WHEEL" ]; then
+            echo "a venv over $PY_AT does not see its torch: the wheel goes into $HERE/target, beside its packages"
+            pip_in "$PY_AT" --target "$HERE/target" "$WHEEL" && PYTHONPATH="$HERE/target" "$HERE/target/bin/embcache" --help >/dev/null &&
+                PYTHONPATH="$HERE/target" "$PY_AT" "${report[@]}"
+        else
+            echo "a venv over $PY_AT does not see its torch, and no wheel was carried (dist/) to install beside it"; exit 1
+        fi'
+    if [ -x "$HERE/venv/bin/embcache" ] && env -u PYTHONPATH "$HERE/venv/bin/python" -c 'import embcache, torch' 2>/dev/null; then
+        INSTALLED=(env -u PYTHONPATH "$HERE/venv/bin/python")
+    elif [ -x "$HERE/target/bin/embcache" ] && PYTHONPATH="$HERE/target" "$PY" -c 'import embcache, torch' 2>/dev/null; then
+        INSTALLED=(env PYTHONPATH="$HERE/target" "$PY")
+    fi
 fi
 # 3. the tests marked cuda (skipped without a GPU: then they say so), summarised as JSON; from the
 #    install where it succeeded
 if want cuda; then
     XML="$(mktemp --suffix .xml)"
-    if [ -n "$INSTALLED" ]; then
-        step "pytest -m cuda (installed)" 150 env -u PYTHONPATH "$INSTALLED" -m pytest -q -m cuda -p no:cacheprovider \
+    if [ ${#INSTALLED[@]} -gt 0 ]; then
+        step "pytest -m cuda (installed)" 150 "${INSTALLED[@]}" -m pytest -q -m cuda -p no:cacheprovider \
             --junitxml="$XML" tests/test_cuda.py tests/test_unified_view.py
     else
         step "pytest -m cuda" 150 "$PY" -m pytest -q -m cuda -p no:cacheprovider --junitxml="$XML" tests/test_cuda.py tests/test_unified_view.py
     fi
-    RAN_FROM="${INSTALLED:+installed package}" "$PY" - "$XML" "$OUT/cuda_tests.json" <<'EOF' >>"$LOG" 2>&1
+    RAN_FROM="${INSTALLED[*]:+installed package}" "$PY" - "$XML" "$OUT/cuda_tests.json" <<'EOF' >>"$LOG" 2>&1
 import json, sys, xml.etree.ElementTree as ET
 try:
     cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
