@@ -425,3 +425,35 @@ def test_each_forward_takes_its_own_prefetch_after_a_stray_one():
             prefetch(batches[i + 1])
         (out ** 2).sum().backward()
     assert all(k is not None and torch.equal(k, b.reshape(-1)) for k, b in zip(taken, batches))
+
+
+def test_keys_raw_makes_a_keyed_bag_that_copies_saves_and_refuses_what_does_not_apply(tmp_path):
+    """`CachedEmbeddingBag(keys="raw")` is a `KeyedEmbeddingBag` (the key stage over a
+    closed bag): a deep copy and a pickled save train on as the original does, and settings
+    of the wrong kind of table are one ValueError naming them."""
+    import copy
+
+    from embcache.nn.cached_embedding_bag import KeyedEmbeddingBag
+
+    bag = raw_bag(32, max_rows=40, optimizer="adagrad", lr=0.05)
+    assert type(bag) is KeyedEmbeddingBag and isinstance(bag, CachedEmbeddingBag)
+    assert type(CachedEmbeddingBag(32, DIM, device="cpu")) is CachedEmbeddingBag
+    batches = key_stream(steps=6, pool=60)
+    (bag(batches[0]) ** 2).sum().backward()
+    torch.save(bag, tmp_path / "bag.pt")
+    copies = [copy.deepcopy(bag), torch.load(tmp_path / "bag.pt", weights_only=False)]
+    assert all(type(c) is KeyedEmbeddingBag for c in copies)
+    for b in batches[1:]:
+        outs = [m(b) for m in (bag, *copies)]
+        for out in outs:
+            (out ** 2).sum().backward()
+        assert all(torch.equal(outs[0], o) for o in outs[1:])
+    keys, rows = bag.keyed_weight()
+    for c in copies:
+        assert all(torch.equal(x, y) for x, y in zip(c.keyed_weight(), (keys, rows)))
+    with pytest.raises(ValueError, match=r"^max_rows, ttl: open-table settings, which need keys='raw'$"):
+        CachedEmbeddingBag(32, DIM, device="cpu", max_rows=5, ttl=3)
+    with pytest.raises(ValueError, match="weight and ids_freq do not apply"):
+        CachedEmbeddingBag(32, DIM, device="cpu", keys="raw", weight=torch.zeros(32, DIM))
+    with pytest.raises(ValueError, match="keys must be 'ids' or 'raw'"):
+        CachedEmbeddingBag(32, DIM, device="cpu", keys="hashed")
