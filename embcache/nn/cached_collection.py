@@ -25,7 +25,7 @@ from embcache.cache.table_files import fresh_directory
 
 from .bag_input import ID_DTYPES, check_layout, check_weights
 from .prefetch_ticket import PrefetchTicket, TakesTickets
-from .table_groups import GroupInput, OpenGroup, group_tables
+from .table_groups import GroupInput, group_tables
 
 
 
@@ -91,18 +91,16 @@ class CachedEmbeddingBagCollection(TakesTickets, CollectionInterface, nn.Module)
         if len(set(self._feature_names)) != len(self._feature_names):
             raise ValueError("a feature may be served by one table only")
         self._lengths_per_embedding = [t.embedding_dim for t in tables for _ in t.feature_names]
-        self._groups = group_tables(tables, open_tables)
+        # an open table's seed: its settings', else `key_seed` plus the table's position
+        self._groups = group_tables(tables, open_tables, key_seed=kwargs.pop("key_seed", 0))
         self.bags = nn.ModuleList()
         directory = parse_host_store(host_store)
         rounding_seed = kwargs.pop("rounding_seed", 0)
-        key_seed = kwargs.pop("key_seed", 0)  # an open table's seed: this plus the table's position
         for i, g in enumerate(self._groups):
             store = "memory" if directory is None else f"{MMAP_PREFIX}{directory / f'group{i}'}"
-            first_seeds = {"first_seeds": [key_seed + names.index(t.name) for t in g.tables]} \
-                if isinstance(g, OpenGroup) else {}
             # groups' row ids overlap: their rounding bits must not
             self.bags.append(g.make_bag(cache_ratio, self._device, store, rounding_seed + i * 0x9E3779B9,
-                                        ids_freq=ids_freq, bookkeeping=bookkeeping, **first_seeds, **kwargs))
+                                        ids_freq=ids_freq, bookkeeping=bookkeeping, **kwargs))
         self._feature_to_table = {f: t for t in tables for f in t.feature_names}
 
     # --------------------------------------------------------- torchrec's interface

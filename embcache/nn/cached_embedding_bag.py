@@ -287,11 +287,8 @@ class CachedEmbeddingBag(nn.Module):
         """Rows by (first id, weight, state) part, the caches emptied (`RowCache.restore_row_parts`)."""
         self.cache.restore_row_parts(parts, step)
 
-    def restore_rows_at(self, where: torch.Tensor, weight: torch.Tensor, state: dict, step: int,
-                        num_rows: int | None = None) -> None:
-        """Rows at host rows `where` (an open table's, its store grown to `num_rows` first)."""
-        if num_rows is not None:
-            self.cache.grow(num_rows)
+    def restore_rows_at(self, where: torch.Tensor, weight: torch.Tensor, state: dict, step: int) -> None:
+        """Rows at host rows `where`, the caches emptied (`RowCache.restore_rows_at`)."""
         self.cache.restore_rows_at(where, weight, state, step)
 
     def optimizer_steps(self) -> int:

@@ -156,9 +156,10 @@ class KeyStage:
         rows go), then the rows, then the keys' priors."""
         where = self.open.load_table_parts(
             [{k[len("open."):]: v.numpy() for k, v in p.items() if k.startswith("open.")} for p in parts], members)
+        self.row_store.grow(self.open.rows_needed())
         self.restore_rows_at(torch.from_numpy(where), torch.cat([p["weight"] for p in parts]),
                              {k: torch.cat([p[f"optimizer.{k}"] for p in parts]) for k in self.optimizer_state_names()},
-                             step, num_rows=self.open.rows_needed())
+                             step)
         self.open.restore_prior(self.row_store)
 
     # ------------------------------------------------------------------ state

@@ -154,23 +154,22 @@ class OpenGroup(TableGroup):
         super().__init__(key)
         self.settings: dict = {}
 
-    def add_table(self, config: EmbeddingBagConfig, settings: dict) -> None:
+    def add_table(self, config: EmbeddingBagConfig, settings: dict, first_seed: int) -> None:
+        """`first_seed`: the table's seed where its settings give none."""
+        settings = {**settings, "seed": first_seed if settings.get("seed") is None else settings["seed"]}
         for name, listed in _OPEN_PER_TABLE.items():
             self.settings.setdefault(listed, []).append(settings.get(name))
         self.settings.update({k: v for k, v in settings.items() if k not in _OPEN_PER_TABLE})
         self.add(config)
 
-    def make_bag(self, cache_ratio: float, device, host_store: str, rounding_seed: int, first_seeds: list[int],
-                 **kwargs) -> KeyedEmbeddingBag:
-        """`first_seeds`: each table's default seed (the collection's `key_seed` plus its
-        position), where its settings give none."""
-        kwargs.pop("ids_freq", None)
-        kwargs.pop("bookkeeping", None)  # the key index lives on the host: so do the decisions
+    def make_bag(self, cache_ratio: float, device, host_store: str, rounding_seed: int, ids_freq,
+                 bookkeeping: str, **kwargs) -> KeyedEmbeddingBag:
+        """`ids_freq` and `bookkeeping` do not apply: a key's row is made on first sight (its
+        counts are `key_freq`), and the key index lives on the host, so do the decisions."""
         dim, mode = self.key[:2]
         return KeyedEmbeddingBag(
             self.num_rows, dim, mode=mode, cache_ratio=cache_ratio, device=device, host_store=host_store,
-            rounding_seed=rounding_seed,
-            key_seed=[first if seed is None else seed for first, seed in zip(first_seeds, self.settings["seeds"])],
+            rounding_seed=rounding_seed, key_seed=self.settings["seeds"],
             init_bound=[math.sqrt(1.0 / t.num_embeddings) if b is None else b
                         for t, b in zip(self.tables, self.settings["init_bounds"])],
             max_rows=self.settings["max_rows"], retire=self.settings.get("retire", "lru"),
@@ -221,17 +220,19 @@ class OpenGroup(TableGroup):
         return zlib.crc32("\n".join(t.name for t in self.tables).encode())
 
 
-def group_tables(tables: list[EmbeddingBagConfig], open_tables: dict[str, dict] | None = None) -> list[TableGroup]:
+def group_tables(tables: list[EmbeddingBagConfig], open_tables: dict[str, dict] | None = None,
+                 key_seed: int = 0) -> list[TableGroup]:
     """The tables that share a cache: one group per (dim, pooling), in order of first
     appearance; each table's rows follow the previous table's in its group. Open tables
     (named in `open_tables`) of one width, pooling and retirement form a group of their
-    own: one cache and one key index, each table bounded on its own."""
+    own: one cache and one key index, each table bounded on its own; an open table's
+    seed is its settings' or `key_seed` plus its position in `tables`."""
     open_tables = open_tables or {}
     unknown = set(open_tables) - {t.name for t in tables}
     if unknown:
         raise ValueError(f"open_tables names no table: {sorted(unknown)}")
     groups: dict[tuple, TableGroup] = {}
-    for t in tables:
+    for position, t in enumerate(tables):
         mode = pooling_mode(t.pooling)
         if mode is None:
             raise ValueError(f"table {t.name!r}: pooling {t.pooling} not supported (SUM or MEAN)")
@@ -240,7 +241,7 @@ def group_tables(tables: list[EmbeddingBagConfig], open_tables: dict[str, dict] 
             groups.setdefault((t.embedding_dim, mode), ClosedGroup((t.embedding_dim, mode))).add(t)
             continue
         key = (t.embedding_dim, mode, "open", settings.get("retire", "lru"), settings.get("ttl"))
-        groups.setdefault(key, OpenGroup(key)).add_table(t, settings)
+        groups.setdefault(key, OpenGroup(key)).add_table(t, settings, key_seed + position)
     return list(groups.values())
 
 
