@@ -77,12 +77,21 @@ def _add_use_parsers(sub) -> None:
                        description="Embed a gallery (<gallery>/<identity>/<image>, or images directly in it, each its "
                                    "own entry) with a face checkpoint, one vector per identity (the normalised mean "
                                    "of its images'), and print each query image's K nearest identities by cosine "
-                                   "(exact search: faiss where installed, else torch), or write them to --out.")
-    _checkpoint_use(s, images=True, progress=True, run=("embcache.face.use", "search_command"))
+                                   "(exact search: faiss where installed, else torch), or write them to --out. "
+                                   "Each result says whether it clears the threshold the last evaluation found for "
+                                   "FAR 1e-3 (recorded in the checkpoint), or --threshold; a query that clears it "
+                                   "for no identity is unknown. Queries are embedded first, so that an unreadable "
+                                   "one stops the search before the gallery is embedded.")
+    _checkpoint_use(s, images=True, progress=True, run=("embcache.face.search", "search_command"))
     s.add_argument("--gallery", required=True, metavar="DIR", help="<DIR>/<identity>/<image>, or images in DIR")
     s.add_argument("--query", required=True, nargs="+", metavar="IMAGE_OR_DIR", help="query images or directories")
     s.add_argument("--k", type=positive_int, default=5, help="identities per query")
-    s.add_argument("--out", default=None, help="FILE.csv or FILE.parquet (query, rank, identity, cosine) "
+    s.add_argument("--threshold", type=float, default=None,
+                   help="cosine above which a result is a match (default: the checkpoint's, at FAR 1e-3)")
+    s.add_argument("--skip-bad-images", action="store_true",
+                   help="leave out unreadable images, query or gallery, and count and name them, instead of "
+                        "stopping at the first")
+    s.add_argument("--out", default=None, help="FILE.csv or FILE.parquet (query, rank, identity, cosine, match) "
                                                "(default: printed)")
 
     x = sub.add_parser("export", help="the embedding network as ONNX, checked with onnxruntime", formatter_class=fmt,

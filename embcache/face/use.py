@@ -1,6 +1,7 @@
 """A face checkpoint used: `embcache face embed` (L2-normalised embeddings of images) and
 `embcache face verify` (two images: cosine and a same/different verdict), from the checkpoint
-alone, no training folder (it records how to rebuild its network: `probe_spec`).
+alone, no training folder (it records how to rebuild its network: `probe_spec`). `face search`
+is `embcache.face.search`'s.
 
 The verdict's threshold is the one at FAR 1e-3 on the last evaluation's first verification
 set (recorded in the checkpoint's history), or `--threshold`.
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from embcache.errors import UserFacingError
+from embcache.errors import CheckpointError, UserFacingError
 
 EMBED_FORMATS = (".npy", ".parquet")
 
@@ -28,6 +29,8 @@ def load_probe(checkpoint, device="cpu"):
         path = checkpoint_in(path, "face")
     try:
         ck = load_checkpoint(path, kind="face")
+    except CheckpointError:  # names the file already
+        raise
     except (OSError, ValueError) as err:
         raise UserFacingError(f"{path}: {err}") from None
     spec = ck.get("probe_spec")
@@ -59,24 +62,39 @@ def image_paths(inputs: list[str]) -> list[Path]:
 def embed_images(probe, spec: dict, paths: list[Path], device="cpu", flip: bool = True,
                  batch: int = 256, progress: bool = False) -> torch.Tensor:
     """`[n, feat_dim]` L2-normalised embeddings of image files (decoded and resized as
-    training read them; with `flip`, of the image plus its mirror, as evaluation does)."""
+    training read them; with `flip`, of the image plus its mirror, as evaluation does); an
+    unreadable image is one line naming it."""
+    return embed_readable(probe, spec, paths, device, flip, batch=batch, progress=progress)[0]
+
+
+def embed_readable(probe, spec: dict, paths: list[Path], device="cpu", flip: bool = True, bad=None,
+                   batch: int = 256, progress: bool = False) -> tuple[torch.Tensor, list[Path]]:
+    """(embeddings, their paths) as `embed_images`, except that with a `BadRowLog` as `bad`
+    an unreadable image is logged there and left out rather than stopping the rest."""
     from tqdm import tqdm
 
-    from embcache.face.data.images import decode_image
     from embcache.errors import DataFormatError
+    from embcache.face.data.images import decode_image
     from embcache.face.evaluation import embed
 
     shape = tuple(spec["sample_shape"])
     if len(shape) != 3:
         raise UserFacingError(f"this checkpoint embeds {shape} vectors, not images")
-    out = []
+    out, kept = [], []
     for lo in tqdm(range(0, len(paths), batch), desc="embed", unit="batch", disable=not progress):
-        try:
-            images = torch.stack([decode_image(p, str(p), shape[1]) for p in paths[lo:lo + batch]])
-        except DataFormatError as err:
-            raise UserFacingError(str(err)) from None
-        out.append(embed(probe, images, device=device, flip=flip))
-    return torch.cat(out)
+        images = []
+        for p in paths[lo:lo + batch]:
+            try:
+                images.append(decode_image(p, str(p), shape[1]))
+            except DataFormatError as err:
+                if bad is None:
+                    raise UserFacingError(str(err)) from None
+                bad.add(str(p), 0, str(err).partition(": ")[2])
+                continue
+            kept.append(p)
+        if images:
+            out.append(embed(probe, torch.stack(images), device=device, flip=flip))
+    return (torch.cat(out) if out else torch.zeros(0, int(spec["feat_dim"]))), kept
 
 
 def embed_command(args) -> int:
@@ -122,61 +140,4 @@ def verify_command(args) -> int:
     cosine = float((a * b).sum())
     verdict = "same" if cosine > threshold else "different"
     print(f"cosine {cosine:.4f}, threshold {threshold:.4f}: {verdict}")
-    return 0
-
-
-def gallery_identities(root: str | Path) -> tuple[list[str], list[list[Path]]]:
-    """(names, image files of each) of a gallery: `<root>/<identity>/<image>` like a training
-    folder, or images directly in `root`, each its own entry named by its file's stem."""
-    from embcache.face.data.folder import IMAGE_SUFFIXES
-
-    root = Path(root)
-    if not root.is_dir():
-        raise UserFacingError(f"{root}: no such directory")
-    names, files = [], []
-    for d in sorted(p for p in root.iterdir() if p.is_dir()):
-        images = sorted(p for p in d.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-        if images:
-            names.append(d.name)
-            files.append(images)
-    for image in sorted(p for p in root.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES):
-        names.append(image.stem)
-        files.append([image])
-    if not names:
-        raise UserFacingError(f"{root}: no images (expected <gallery>/<identity>/<image>.jpg or images in it)")
-    return names, files
-
-
-def identity_centres(embeddings: torch.Tensor, files: list[list[Path]]) -> torch.Tensor:
-    """One L2-normalised vector per identity: the mean of its images' embeddings."""
-    sizes = [len(f) for f in files]
-    return torch.nn.functional.normalize(torch.stack([e.mean(0) for e in embeddings.split(sizes)]), dim=1)
-
-
-def search_command(args) -> int:
-    from embcache.data.results_file import SUFFIXES, write_columns
-    from embcache.face.evaluation import nearest_by_inner_product
-
-    out = Path(args.out) if args.out else None
-    if out is not None and out.suffix not in SUFFIXES:
-        raise UserFacingError(f"{out}: search results are written as {' or '.join(SUFFIXES)}")
-    probe, spec, _ = load_probe(args.checkpoint, args.device)
-    names, files = gallery_identities(args.gallery)
-    flip = not args.no_flip
-    gallery = identity_centres(embed_images(probe, spec, [p for f in files for p in f], args.device, flip=flip,
-                                            progress=args.progress), files)
-    queries = image_paths(args.query)
-    found, scores = nearest_by_inner_product(gallery, embed_images(probe, spec, queries, args.device, flip=flip),
-                                             args.k)
-    k = found.shape[1]
-    if out is not None:
-        write_columns({"query": [str(q) for q in queries for _ in range(k)],
-                       "rank": [r + 1 for _ in queries for r in range(k)],
-                       "identity": [names[i] for row in found for i in row],
-                       "cosine": scores.reshape(-1).astype(np.float32)}, out)
-        print(f"wrote the {k} nearest of {len(names):,} gallery identities for {len(queries):,} queries to {out}")
-        return 0
-    print(f"the {k} nearest of {len(names):,} gallery identities (cosine to the mean of each one's images):")
-    for q, row, cos in zip(queries, found, scores):
-        print(f"{q}: " + ", ".join(f"{names[i]} {c:.3f}" for i, c in zip(row, cos)))
     return 0
