@@ -38,6 +38,51 @@ def persistent_bytes(head: str, rate, classes: int, dim: int) -> int:
     return num_slots(rate, classes) * (2 * dim * 4 + 8 * 5)
 
 
+class PeakHostMemory:
+    """The most host memory the process held inside `with`, above what it held on entry
+    (`added_bytes`): the kernel's resident high-water mark (VmHWM) is reset on entry
+    (`/proc/self/clear_refs`) after freed heap is given back (`malloc_trim`), so the mark is
+    this block's, not an earlier configuration's. None where Linux's /proc is not there. On
+    CUDA, `device_added_bytes` is the allocator's peak above what was allocated on entry."""
+
+    def __init__(self, device=None):
+        self.device = device
+        self.added_bytes = self.peak_bytes = self.device_added_bytes = None
+
+    @staticmethod
+    def _status(field: str) -> int | None:
+        try:
+            with open("/proc/self/status") as f:
+                line = next(x for x in f if x.startswith(field + ":"))
+        except (OSError, StopIteration):
+            return None
+        return int(line.split()[1]) * 1024
+
+    def __enter__(self) -> "PeakHostMemory":
+        import ctypes
+        import gc
+
+        gc.collect()
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self._start = self._status("VmRSS")
+        except (OSError, AttributeError):
+            self._start = None
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._device_start = torch.cuda.memory_allocated(self.device)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        peak = self._status("VmHWM") if self._start is not None else None
+        if peak is not None:
+            self.peak_bytes, self.added_bytes = peak, max(0, peak - self._start)
+        if self.device is not None and self.device.type == "cuda":
+            self.device_added_bytes = torch.cuda.max_memory_allocated(self.device) - self._device_start
+
+
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -102,6 +147,17 @@ def time_head(head_kind: str, rate, classes: int, batch: int, dim: int, repeats:
             "head_peak_bytes": state + saved + grads}
 
 
+def peak_fields(peak: PeakHostMemory) -> dict:
+    out = {"peak_host_added_bytes": peak.added_bytes, "peak_host_bytes": peak.peak_bytes}
+    if peak.device_added_bytes is not None:
+        out["peak_device_added_bytes"] = peak.device_added_bytes
+    return out
+
+
+def mib(n: int | None) -> str:
+    return "n/a" if n is None else f"+{n / 2**20:,.1f} MiB"
+
+
 def accuracy_runs(classes: int, epochs: int, device) -> dict:
     from embcache.face.trainer import FaceConfig, FaceTrainer
 
@@ -114,12 +170,15 @@ def accuracy_runs(classes: int, epochs: int, device) -> dict:
             out[label(head, rate)] = {"skipped": f"pool of {q} slots < {cfg.batch_size // 4} identities per step"}
             continue
         start = time.perf_counter()
-        s = FaceTrainer(cfg).fit()
+        with PeakHostMemory(device) as peak:
+            s = FaceTrainer(cfg).fit()
         m = s["final"]["synthetic"]
         out[label(head, rate)] = {"verification_accuracy": m["accuracy"], "accuracy_std": m["accuracy_std"],
                                   "tar@far=1e-3": m["tar@far=0.001"], "identification_top1": m["identification_top1"],
-                                  "steps": s["steps"], "train_seconds": time.perf_counter() - start}
-        print(f"  accuracy {label(head, rate):8s} {m['accuracy']:.4f}  ({s['steps']} steps)")
+                                  "steps": s["steps"], "train_seconds": time.perf_counter() - start,
+                                  **peak_fields(peak)}
+        print(f"  accuracy {label(head, rate):8s} {m['accuracy']:.4f}  ({s['steps']} steps, process peak "
+              f"{mib(peak.added_bytes)})")
     return out
 
 
@@ -130,6 +189,8 @@ def run(args) -> int:
     set_threads(args.threads)
     device = resolve_device(args.device)
     load_before = os.getloadavg()
+    # an unmeasured small step first: imports and torch's first-use buffers are no row's
+    time_head("fc", None, 100, args.batch_size, args.feat_dim, 1, device)
     rows = []
     for classes in args.classes:
         for head, rate in VARIANTS + (("dcp", FIXED_Q),):
@@ -142,9 +203,13 @@ def run(args) -> int:
                 row["skipped"] = f"persistent state {need / 2**30:.1f} GiB > --max-gib {args.max_gib:g}"
                 print(f"{name:12s} {classes:>10,}  skipped ({row['skipped']})")
             else:
-                row.update(time_head(head, rate, classes, args.batch_size, args.feat_dim, args.repeats, device))
+                with PeakHostMemory(device) as peak:
+                    row.update(time_head(head, rate, classes, args.batch_size, args.feat_dim, args.repeats, device))
+                row.update(peak_fields(peak))
                 print(f"{name:12s} {classes:>10,}  {row['step_ms']:9.2f} ms/step  head memory "
-                      f"{row['head_peak_bytes'] / 2**20:9.1f} MiB")
+                      f"{row['head_peak_bytes'] / 2**20:9.1f} MiB, process peak {mib(peak.added_bytes)}"
+                      + (f", device peak {mib(peak.device_added_bytes)}" if peak.device_added_bytes is not None
+                         else ""))
             rows.append(row)
     accuracy = {}
     if args.accuracy_classes:
@@ -162,6 +227,11 @@ def run(args) -> int:
                "memory_method": "persistent state (weights or pool + table + LRU keys + optimizer state) + tensors "
                                 "saved for backward in one step (saved_tensors_hooks, per storage) + gradients "
                                 "received by the head; counted from tensor sizes",
+               "peak_memory_method": "peak_host_added_bytes: the process's resident high-water mark (VmHWM, reset "
+                                     "through /proc/self/clear_refs after malloc_trim) while the configuration "
+                                     "built its head and ran its steps, less its resident memory before; "
+                                     "peak_host_bytes: that mark itself; on CUDA peak_device_added_bytes: "
+                                     "max_memory_allocated above what was allocated before",
                "timing_method": "median of --repeats head steps after one warm-up; the backbone is left out",
                "rows": rows, "fc_over_dcp1_step_time": ratios,
                "accuracy": {"classes": args.accuracy_classes, "epochs": args.accuracy_epochs, "batch_size": 64,

@@ -18,6 +18,12 @@ counter): persistent state (weight table or pool, pool table and LRU keys, optim
 `torch.autograd.graph.saved_tensors_hooks`, each storage counted once) + the gradients the head
 receives (the weight table's, or the sampled rows'). Configurations whose persistent state alone
 would exceed `--max-gib` are skipped and listed as such.
+
+Beside the counted head memory, the process's own peak is measured: the most host memory the
+process held while the configuration built its head and ran its steps, above what it held
+before (the kernel's resident high-water mark, reset for each configuration; on CUDA also the
+allocator's peak). It covers what counting leaves out (the allocator's slack, temporaries that
+autograd does not save), and the same is measured for each accuracy run.
 """
 from __future__ import annotations
 

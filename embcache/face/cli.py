@@ -147,6 +147,9 @@ def train(args) -> int:
                           f", raised from {trainer.pool_raised_from:,} (--pool-ratio {cfg.pool_ratio:g}) to hold the "
                           f"{trainer.batches.identity.pairs:,} identities a step brings" if trainer.pool_raised_from
                           else "") + ")" if cfg.head == "dcp" else "")
+                      + (f"; {trainer.batches.size:,} images a step (--batch-size {cfg.batch_size:,} is more "
+                         f"than the {trainer.source.num_samples:,} training images)"
+                         if trainer.batches.size < cfg.batch_size else "")
                       + f"; backbone {trainer.backbone_name} on {trainer.device}"
                       + (f"; {trainer.world.size} ranks" if trainer.world.distributed else ""))
             summary = trainer.fit()
