@@ -68,6 +68,25 @@ def test_the_command_prints_and_writes_the_verdicts(setup, tmp_path, capsys):
     assert table["match"] == [True] * 12 and table["rank"][:2] == [1, 2]
 
 
+def test_without_a_recorded_threshold_results_come_without_a_verdict_and_say_so(setup, tmp_path, capsys,
+                                                                             monkeypatch):
+    import embcache.face.use as use
+
+    root = setup
+    monkeypatch.setattr(use, "verify_threshold", lambda ck, far=1e-3: None)  # a checkpoint that recorded none
+    args = ["face", "search", str(root / "ck"), "--gallery", str(root / "gallery"), "--query", str(root / "queries"),
+            "--k", "2", "--no-progress"]
+    assert main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "no threshold (no evaluation recorded one: give --threshold)" in out[0]
+    assert out[-1] == "no query is called unknown without a threshold" and "unknown" not in "".join(out[1:7])
+    assert main(args + ["--out", str(tmp_path / "found.parquet")]) == 0
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "found.parquet")
+    assert str(table.schema.field("match").type) == "bool" and table.column("match").null_count == 12
+
+
 def test_an_unreadable_query_stops_the_search_before_the_gallery_is_embedded(setup, tmp_path, capsys, monkeypatch):
     import embcache.face.data.images as images
 

@@ -71,7 +71,7 @@ def resolve_threshold(ck: dict, threshold: float | None) -> tuple[float | None, 
         return float(threshold), "--threshold"
     recorded = verify_threshold(ck)
     if recorded is None:
-        return None, "none: no evaluation recorded one; give --threshold"
+        return None, "no evaluation recorded one: give --threshold"
     return recorded, "the checkpoint's, at FAR 1e-3"
 
 
@@ -137,6 +137,8 @@ def search(checkpoint, gallery, queries: list[str], k: int = 5, threshold: float
 
 
 def search_command(args) -> int:
+    import pyarrow as pa
+
     from embcache.data.results_file import SUFFIXES, write_columns
 
     out = Path(args.out) if args.out else None
@@ -148,19 +150,19 @@ def search_command(args) -> int:
         print(f"skipped {found.skipped.total:,} unreadable image(s):", flush=True)
         found.skipped.report()
     rule = (f"threshold {found.threshold:.4f} ({found.threshold_from})" if found.threshold is not None
-            else f"threshold {found.threshold_from}")
+            else f"no threshold ({found.threshold_from})")
     k, qs = found.k, found.queries
     if out is not None:
         write_columns({"query": [str(q.path) for q in qs for _ in range(k)],
                        "rank": [r + 1 for _ in qs for r in range(k)],
                        "identity": [n for q in qs for n in q.identities],
                        "cosine": np.array([c for q in qs for c in q.cosines], dtype=np.float32),
-                       "match": [m for q in qs for m in (q.matches or [None] * k)]}, out)
+                       "match": pa.array([m for q in qs for m in (q.matches or [None] * k)], pa.bool_())}, out)
         print(f"wrote the {k} nearest of {found.gallery_size:,} gallery identities for {len(qs):,} queries to "
               f"{out}; {rule}: {unknown_line(found)}")
         return 0
     print(f"the {k} nearest of {found.gallery_size:,} gallery identities (cosine to the mean of each one's "
-          f"images; 'match': above the {rule}):")
+          f"images; " + (f"'match': above the {rule}):" if found.threshold is not None else f"{rule}):"))
     for q in qs:
         answer = "" if q.matches is None else f"{q.identity or 'unknown'}: "
         print(f"{q.path}: {answer}" + ", ".join(f"{n} {c:.3f}" + (" match" if q.matches and m else "")
