@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from embcache.errors import CheckpointError
+from embcache.errors import CheckpointError, first_line
 from embcache.integrity import save_torch, verify_zip
 from embcache.safe_load import UntrustedFileError, load_pickled
 
@@ -53,7 +53,7 @@ def load_checkpoint(path: str | os.PathLike, kind: str, trust: bool | None = Non
         raise
     except Exception as err:  # torch raises many types for a damaged zip/pickle
         raise CheckpointError(
-            f"{path}: corrupt or truncated checkpoint ({type(err).__name__}: {err})"
+            f"{path}: corrupt or truncated checkpoint ({type(err).__name__}: {first_line(err)})"
         ) from None
     if not isinstance(payload, dict) or payload.get(FORMAT_KEY) != FORMAT_VERSION:
         raise CheckpointError(f"{path}: not an embcache checkpoint (format v{FORMAT_VERSION})")

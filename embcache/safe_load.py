@@ -33,12 +33,14 @@ from embcache.errors import CheckpointError
 
 # The one list of what a load may construct besides torch's own tensors and containers:
 # numpy arrays and scalars (plain data; an object array's items pass the same unpickler).
-# (module where the object lives, its name there, other names pickles know it by)
+# (module where the object lives, its name there, other names pickles know it by); the name
+# "*DType" stands for every dtype class of that module (numpy.dtypes.Float32DType, ...).
 ALLOWED_TYPES = (
     ("numpy._core.multiarray", "_reconstruct", ("numpy.core.multiarray._reconstruct",)),
     ("numpy._core.multiarray", "scalar", ("numpy.core.multiarray.scalar",)),
     ("numpy", "ndarray", ()),
     ("numpy", "dtype", ()),
+    ("numpy.dtypes", "*DType", ()),
 )
 TRUST_FLAG = "--trust-checkpoint"
 logger = logging.getLogger("embcache")
@@ -66,15 +68,33 @@ def allowed_globals() -> list:
 
     out = []
     for module, name, aliases in ALLOWED_TYPES:
-        obj = getattr(importlib.import_module(module), name)
-        out.append(obj)
-        out += [(obj, alias) for alias in aliases]
+        found = importlib.import_module(module)
+        names = [n for n in dir(found) if n.endswith("DType")] if name == "*DType" else [name]
+        for n in names:
+            obj = getattr(found, n)
+            out += [obj] + [(obj, alias) for alias in aliases]
     return out
 
 
 def allowed_names() -> set[str]:
     """Every name `ALLOWED_TYPES` lets a pickle use."""
-    return {n for module, name, aliases in ALLOWED_TYPES for n in (f"{module}.{name}", *aliases)}
+    out = set()
+    for obj in allowed_globals():
+        if isinstance(obj, tuple):
+            out.add(obj[1])
+        else:
+            out.add(f"{obj.__module__}.{obj.__qualname__}")
+    return out | {f"{m}.{n}" for m, n, _ in ALLOWED_TYPES if n != "*DType"}
+
+
+def _reason(err: BaseException) -> str:
+    """One line for torch's refusal (several paragraphs): the unpickler's own reason."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    for k, line in enumerate(lines):
+        if line.startswith("WeightsUnpickler error:"):
+            rest = line[len("WeightsUnpickler error:"):].strip() or (lines[k + 1] if k + 1 < len(lines) else "")
+            return rest
+    return lines[0] if lines else type(err).__name__
 
 
 def needed_types(path: str | os.PathLike) -> list[str]:
@@ -100,10 +120,10 @@ def load_pickled(path: str | os.PathLike, what: str = "file", trust: bool | None
     try:
         with torch.serialization.safe_globals(allowed_globals()):
             return torch.load(path, map_location="cpu", weights_only=True, **kwargs)
-    except pickle.UnpicklingError:
+    except pickle.UnpicklingError as err:
         needed = needed_types(path)
-        if not needed:
-            raise
+        if not needed:  # damaged, or plain data torch cannot read: never the full unpickler
+            raise pickle.UnpicklingError(f"not plain data: {_reason(err)}") from None
     types = ", ".join(needed)
     if not (_trusted.get() if trust is None else trust):
         raise UntrustedFileError(
