@@ -44,6 +44,7 @@ ALLOWED_TYPES = (
 )
 TRUST_FLAG = "--trust-checkpoint"
 logger = logging.getLogger("embcache")
+_warned: set[str] = set()
 _trusted: contextvars.ContextVar[bool] = contextvars.ContextVar("embcache_trust_pickles", default=False)
 
 
@@ -130,8 +131,10 @@ def load_pickled(path: str | os.PathLike, what: str = "file", trust: bool | None
             f"{path}: this {what} needs {types} to load, and loading that could run any code; embcache loads "
             f"only plain data. If it comes from someone you trust, open it once with {TRUST_FLAG} (trust=True), "
             f"and resave it with `embcache upgrade {path} {TRUST_FLAG}`") from None
-    logger.warning(f"{path}: loaded with {TRUST_FLAG}: its {types} ran as Python code while it loaded, with your "
-                   f"rights; resave it with `embcache upgrade {path} {TRUST_FLAG}` so later loads need no trust")
+    if str(path.resolve()) not in _warned:  # once per file, however many times a command reads it
+        _warned.add(str(path.resolve()))
+        logger.warning(f"{path}: loaded with {TRUST_FLAG}: its {types} ran as Python code while it loaded, with your "
+                       f"rights; resave it with `embcache upgrade {path} {TRUST_FLAG}` so later loads need no trust")
     return torch.load(path, map_location="cpu", weights_only=False, **kwargs)
 
 

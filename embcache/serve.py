@@ -158,7 +158,7 @@ def _lookup(directory: Path, table: dict) -> FeatureLookup:
     lookup = FeatureLookup(table["feature"], vocab["key"], table["rows"], max_ids=vocab.get("max_ids"),
                            hashed=bool(vocab.get("hashed")), rule=_key_rule(directory, table))
     if "keys_file" in vocab:
-        lookup.keys = np.load(directory / vocab["keys_file"], allow_pickle=False)
+        lookup.keys = _load_npy(directory / vocab["keys_file"])
     if vocab["key"] == "exact":
         import pyarrow.parquet as pq
 
@@ -192,7 +192,7 @@ def _read_table(path: Path) -> torch.Tensor:
     if path.suffix == ".npy":
         import warnings
 
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
+        array = _load_npy(path, mmap_mode="r")
         with warnings.catch_warnings():  # torch warns of the read-only mapping; nothing writes to it
             warnings.simplefilter("ignore", UserWarning)
             return torch.from_numpy(array)
@@ -374,6 +374,14 @@ def verify_files(directory: Path, manifest: dict) -> None:
         if got != int(want):
             raise DataFormatError(f"{path}: corrupt export file: CRC-32 {got:08x}, exported with {int(want):08x}; "
                                   f"export again")
+
+
+def _load_npy(path: Path, **kwargs) -> np.ndarray:
+    """`np.load` of plain numbers (never pickled objects); one line naming the file else."""
+    try:
+        return np.load(path, allow_pickle=False, **kwargs)
+    except ValueError as err:  # an object array (pickled Python objects), or not an .npy at all
+        raise DataFormatError(f"{path}: not an array of plain numbers ({first_line(err)}); not used") from None
 
 
 def check_named_files(directory: Path, manifest: dict) -> None:
