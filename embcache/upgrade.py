@@ -15,7 +15,7 @@ import enum
 import os
 from pathlib import Path
 
-from embcache.errors import CheckpointError
+from embcache.errors import CheckpointError, first_line
 
 
 def to_plain(value):
@@ -58,6 +58,12 @@ def upgrade_file(path: str | os.PathLike, trust: bool = False) -> list[str]:
     verify_zip(path, "checkpoint")
     needed = needed_types(path)
     if not needed:
+        try:
+            load_pickled(path, "checkpoint", trust=False)
+        except CheckpointError:
+            raise
+        except Exception as err:  # damaged: not "already plain"
+            raise CheckpointError(f"{path}: corrupt or truncated ({type(err).__name__}: {first_line(err)})") from None
         return []
     payload = to_plain(load_pickled(path, "checkpoint", trust=trust))
     tmp = path.with_name(f".{path.name}.upgrade-{os.getpid()}")
