@@ -44,8 +44,9 @@ def decode_image(data: bytes | str | os.PathLike, where: str, size: int = 112) -
 
 
 def _bombs_are_errors(Image) -> None:
-    """Pillow's decompression-bomb warning raised as an error (once in the filters: a
-    filter, unlike a `catch_warnings` block, is safe while loader threads decode)."""
+    """Pillow's decompression-bomb warning raised as an error, for the whole process (a
+    filter put first once, not a `catch_warnings` block, which is unsafe while loader threads
+    decode; put back should something have reset the filters since)."""
     first = warnings.filters[0] if warnings.filters else None
     if not (first and first[0] == "error" and first[2] is Image.DecompressionBombWarning):
         warnings.filterwarnings("error", category=Image.DecompressionBombWarning)
