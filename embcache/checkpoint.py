@@ -1,17 +1,17 @@
 """Checkpoints that survive a kill: written to a temporary file, sealed with its CRC-32
 (`embcache.integrity`), fsynced, then renamed over the old one, so a reader sees either the
 previous checkpoint or the new one, never half of one. Loading checks the CRC before it reads
-anything, and refuses a damaged, truncated or foreign file with one clear line."""
+anything, and refuses a damaged, truncated or foreign file with one clear line. It unpickles
+plain data only (`embcache.safe_load`): a file that would run code is refused, unless trusted."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from embcache.errors import CheckpointError
+from embcache.errors import CheckpointError, first_line
 from embcache.integrity import save_torch, verify_zip
+from embcache.safe_load import UntrustedFileError, load_pickled
 
 FORMAT_KEY = "embcache_checkpoint"
 FORMAT_VERSION = 1
@@ -36,9 +36,10 @@ def save_checkpoint(payload: dict[str, Any], path: str | os.PathLike, kind: str)
     return path
 
 
-def load_checkpoint(path: str | os.PathLike, kind: str) -> dict[str, Any]:
+def load_checkpoint(path: str | os.PathLike, kind: str, trust: bool | None = None) -> dict[str, Any]:
     """Load a checkpoint written by `save_checkpoint` for the same `kind`, or raise
-    CheckpointError naming the file and what is wrong with it."""
+    CheckpointError naming the file and what is wrong with it. `trust` loads one that needs
+    more than plain data (None: as `embcache.safe_load.trusting()` says)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
@@ -47,10 +48,12 @@ def load_checkpoint(path: str | os.PathLike, kind: str) -> dict[str, Any]:
     except OSError as err:
         raise CheckpointError(f"{path}: cannot be read ({err.strerror or err})") from None
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=False)
+        payload = load_pickled(path, "checkpoint", trust)
+    except UntrustedFileError:
+        raise
     except Exception as err:  # torch raises many types for a damaged zip/pickle
         raise CheckpointError(
-            f"{path}: corrupt or truncated checkpoint ({type(err).__name__}: {err})"
+            f"{path}: corrupt or truncated checkpoint ({type(err).__name__}: {first_line(err)})"
         ) from None
     if not isinstance(payload, dict) or payload.get(FORMAT_KEY) != FORMAT_VERSION:
         raise CheckpointError(f"{path}: not an embcache checkpoint (format v{FORMAT_VERSION})")

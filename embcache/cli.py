@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("embcache.bench.cli", "run a benchmark (cache, host, dlrm, cf, face, scaling, projection, tiers, gpu, vocab); JSON lands in bench/results/"),
     "cache": ("embcache.dlrm.cache_cli", "plan a cache before training: predicted hit rate and memory by cache size"),
     "data": ("embcache.data.cli", "prepare CTR data: Criteo Kaggle/Terabyte, Avazu, MovieLens-100k, synthetic"),
+    "upgrade": ("embcache.upgrade", "resave checkpoints of earlier versions as plain data (no trust needed to load)"),
 }
 
 
@@ -58,8 +59,10 @@ def dispatch(prog: str, description: str, commands: dict[str, tuple[str, str]], 
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
+    from embcache.safe_load import trusting
+
     try:
-        with console_logging(), threads_kept():
+        with console_logging(), threads_kept(), trusting(getattr(args, "trust_checkpoint", False)):
             return int(args.func(args) or 0)
     except UserFacingError as err:
         label = "" if isinstance(err, RunInterrupted) else "error: "

@@ -18,7 +18,7 @@ Example:
     ...     path = pathlib.Path(d) / "m.npz"
     ...     np.savez(path, a=np.arange(3))
     ...     _ = seal_zip(path)
-    ...     verify_zip(path), int(np.load(path)["a"].sum())
+    ...     verify_zip(path), int(np.load(path, allow_pickle=False)["a"].sum())
     (True, 3)
 """
 from __future__ import annotations
@@ -119,11 +119,12 @@ def save_torch(obj, path: str | os.PathLike) -> None:
 
 
 def load_torch(path: str | os.PathLike, what: str = "file", **kwargs):
-    """`torch.load(path, map_location="cpu", **kwargs)` after `verify_zip`."""
-    import torch
+    """`embcache.safe_load.load_pickled(path, what, **kwargs)` (plain data only) after
+    `verify_zip`."""
+    from embcache.safe_load import load_pickled
 
     verify_zip(path, what)
-    return torch.load(path, map_location="cpu", **kwargs)
+    return load_pickled(path, what, **kwargs)
 
 
 def save_npz(path: str | os.PathLike, arrays: dict) -> None:

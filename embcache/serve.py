@@ -158,7 +158,7 @@ def _lookup(directory: Path, table: dict) -> FeatureLookup:
     lookup = FeatureLookup(table["feature"], vocab["key"], table["rows"], max_ids=vocab.get("max_ids"),
                            hashed=bool(vocab.get("hashed")), rule=_key_rule(directory, table))
     if "keys_file" in vocab:
-        lookup.keys = np.load(directory / vocab["keys_file"])
+        lookup.keys = _load_npy(directory / vocab["keys_file"])
     if vocab["key"] == "exact":
         import pyarrow.parquet as pq
 
@@ -192,7 +192,7 @@ def _read_table(path: Path) -> torch.Tensor:
     if path.suffix == ".npy":
         import warnings
 
-        array = np.load(path, mmap_mode="r")
+        array = _load_npy(path, mmap_mode="r")
         with warnings.catch_warnings():  # torch warns of the read-only mapping; nothing writes to it
             warnings.simplefilter("ignore", UserWarning)
             return torch.from_numpy(array)
@@ -220,12 +220,15 @@ class ExportedDLRM:
             raise DataFormatError(f"{path}: cannot read the export's manifest ({err})") from None
         if self.manifest.get("format") != EXPORT_FORMAT:
             raise DataFormatError(f"{path}: not an {EXPORT_FORMAT} manifest")
+        check_named_files(self.directory, self.manifest)
         verify_files(self.directory, self.manifest)
         self.features = [t["feature"] for t in self.manifest["tables"]]
         self.multi_hot = {t["feature"]: t["multi_hot"] for t in self.manifest["tables"]}
         self.tables = [_read_table(self.directory / t["file"]) for t in self.manifest["tables"]]
         self.lookups = [_lookup(self.directory, t) for t in self.manifest["tables"]]
-        self.dense_model = torch.export.load(self.directory / self.manifest["dense_model"]["file"]).module()
+        dense = self.directory / self.manifest["dense_model"]["file"]
+        check_dense_program(dense)
+        self.dense_model = torch.export.load(dense).module()
 
     def pooled(self, sparse: Mapping[str, Sequence], rows: int | None = None) -> torch.Tensor:
         """`[B, T, D]` of raw values: `sparse[feature]` holds one raw value per row (a list of
@@ -371,6 +374,69 @@ def verify_files(directory: Path, manifest: dict) -> None:
         if got != int(want):
             raise DataFormatError(f"{path}: corrupt export file: CRC-32 {got:08x}, exported with {int(want):08x}; "
                                   f"export again")
+
+
+def _load_npy(path: Path, **kwargs) -> np.ndarray:
+    """`np.load` of plain numbers (never pickled objects); one line naming the file else."""
+    try:
+        return np.load(path, allow_pickle=False, **kwargs)
+    except ValueError as err:  # an object array (pickled Python objects), or not an .npy at all
+        raise DataFormatError(f"{path}: not an array of plain numbers ({first_line(err)}); not used") from None
+
+
+def check_named_files(directory: Path, manifest: dict) -> None:
+    """Every file the manifest names is inside the export's folder: a relative path with
+    no `..`. A manifest from someone else naming `../x` or `/etc/x` would read (and, for
+    the dense program, unpickle) a file the user never handed over; one line refuses it."""
+    tables = manifest.get("tables") or []
+    named = [t.get("file") for t in tables] + list((manifest.get("files_crc32") or {}))
+    named += [t.get("vocabulary", {}).get(k) for t in tables for k in ("keys_file", "file")]
+    named.append((manifest.get("dense_model") or {}).get("file"))
+    for name in named:
+        if name is None:
+            continue
+        path = Path(str(name))
+        if path.is_absolute() or path.drive or ".." in path.parts:
+            raise DataFormatError(f"{directory / 'manifest.json'}: names {name!r}, outside the export's folder; "
+                                  f"an export names only files inside it, so it is not used")
+
+
+def check_dense_program(path: Path) -> None:
+    """The dense program holds tensors and JSON only, checked before `torch.export.load`,
+    which would unpickle a weight marked `use_pickle`, a custom or opaque constant, or (after
+    its own safe try) a pickled member such as its sample inputs with the full unpickler:
+    each is refused here in one line, and every pickled member must load as plain data
+    (`embcache.safe_load`)."""
+    import io
+    import zipfile
+
+    from embcache.safe_load import allowed_globals
+
+    def refuse(why: str):
+        return DataFormatError(f"{path}: {why}; the dense program holds tensors only, so it is not loaded")
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = {name: archive.read(name) for name in archive.namelist()
+                       if name.endswith((".pt", "weights_config.json", "constants_config.json"))}
+    except (OSError, zipfile.BadZipFile) as err:
+        raise DataFormatError(f"{path}: not a torch.export program ({first_line(err)})") from None
+    for name, data in members.items():
+        if name.endswith(".json"):
+            try:
+                entries = json.loads(data)["config"].values()
+            except (ValueError, KeyError, AttributeError, TypeError):
+                raise refuse(f"{name} is not a config of tensors") from None
+            odd = [e for e in entries if not isinstance(e, dict) or e.get("use_pickle")
+                   or not str(e.get("path_name", "")).startswith(("weight_", "tensor_"))]
+            if odd:
+                raise refuse(f"{name} lists a pickled or custom object ({str(odd[0])[:80]})")
+            continue
+        try:
+            with torch.serialization.safe_globals(allowed_globals()):
+                torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as err:  # a pickle that needs more than plain data, or a damaged one
+            raise refuse(f"{name} is not plain data ({type(err).__name__}: {first_line(err)[:120]})") from None
 
 
 def load_export(directory: str | os.PathLike) -> ExportedDLRM:

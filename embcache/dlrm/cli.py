@@ -9,6 +9,7 @@ from pathlib import Path
 from embcache.arg_types import DefaultsHelpFormatter, memory_size, positive_float, positive_int
 from embcache.errors import UserFacingError
 from embcache.paths import datasets_dir
+from embcache.safe_load import add_trust_argument
 from embcache.settings_fields import add_config_arguments, config_values
 from embcache.train.run_cli import (
     apply_threads,
@@ -78,6 +79,7 @@ def _add_evaluate_parser(sub) -> None:
     e.add_argument("--split", choices=("test", "val"), default="test")
     e.add_argument("--data", default=None, help="prepared data directory (default: the checkpoint's)")
     add_config_arguments(e, DLRMConfig, ["device", "arch"])  # arch: not the checkpoint's, the model to evaluate in
+    add_trust_argument(e)
     e.set_defaults(func=evaluate)
 
 
@@ -98,6 +100,7 @@ def _add_export_parser(sub) -> None:
     e.add_argument("--verify", choices=("val", "test"), default=None, metavar="SPLIT",
                    help="then score SPLIT (val or test) through the export and through the trainer's model "
                         "and report whether the logits agree bit for bit (default: no check)")
+    add_trust_argument(e)
     e.set_defaults(func=_export)
 
 

@@ -213,7 +213,7 @@ def write_vocabulary(data_dir: Path, meta: dict, feature: str, vocab_dir: Path,
         source = data_dir / meta.get("vocabulary_file", "vocabulary.npz")
         try:
             verify_zip(source)
-            with np.load(source) as npz:
+            with np.load(source, allow_pickle=False) as npz:
                 keys = npz[feature]
         except ChecksumError:
             raise

@@ -9,6 +9,7 @@ import json
 
 from embcache.arg_types import DefaultsHelpFormatter, positive_int
 from embcache.errors import UserFacingError
+from embcache.safe_load import add_trust_argument
 from embcache.settings_fields import add_config_arguments, config_values
 from embcache.train.run_cli import (
     apply_threads,
@@ -46,6 +47,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                                                         "verification (and, on synthetic data, identification).")
     e.add_argument("checkpoint", help="a face checkpoint file, or the --checkpoint-dir holding face-last.pt")
     add_config_arguments(e, FaceConfig, ["val", "device"], unset=["val"], unset_note="(default: the run's --val)")
+    add_trust_argument(e)
     e.set_defaults(func=evaluate)
     _add_use_parsers(sub)
     return parser
@@ -115,6 +117,7 @@ def _checkpoint_use(p: argparse.ArgumentParser, run: tuple[str, str], images: bo
         p.add_argument("--device", default="cpu", help="cpu or cuda")
     if progress:
         p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    add_trust_argument(p)
     module, name = run
     p.set_defaults(func=lambda args: getattr(importlib.import_module(module), name)(args))
     return p

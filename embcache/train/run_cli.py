@@ -10,6 +10,7 @@ from dataclasses import fields
 
 from embcache.arg_types import positive_int
 from embcache.distributed.settings import DEFAULT_TIMEOUT_S
+from embcache.safe_load import add_trust_argument
 from embcache.settings_fields import add_config_arguments
 from embcache.train.run_config import THREADS_DEFAULT, RunConfig, StepRunConfig
 
@@ -33,6 +34,7 @@ def add_run_arguments(p: argparse.ArgumentParser, config_cls, kind: str, *, devi
     if threads:
         add_threads_argument(p)
     add_config_arguments(p, config_cls, names, context=context, **options)
+    add_trust_argument(p)
 
 
 def add_device_argument(p: argparse.ArgumentParser) -> None:

@@ -9,10 +9,9 @@ import os
 from dataclasses import fields
 from pathlib import Path
 
-import torch
-
 from embcache.checkpoint import load_checkpoint
 from embcache.errors import CheckpointError
+from embcache.safe_load import load_pickled
 
 # checkpoints written before the kind-prefixed names: kind -> the file name they used
 LEGACY_CHECKPOINT_NAMES = {"dlrm": "last.pt"}
@@ -46,10 +45,10 @@ def existing_run(directory: str | os.PathLike | None, kind: str) -> str | None:
     if not path.is_file():
         return None
     try:  # memory-mapped: a large checkpoint is not read in full for its position
-        ck = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        ck = load_pickled(path, trust=False, mmap=True)
         stepwise = "max_steps" in ck["config"]  # a `StepRunConfig`'s; cf's runs are whole epochs
         where = f"step {ck['step']}" if stepwise else f"epoch {ck['epoch']}"
-    except Exception:  # an older or damaged file is still a run's: it is kept all the same
+    except Exception:  # an older, damaged or untrusted file is still a run's: it is kept all the same
         return f"a {kind} run ({path.name})"
     return f"a {kind} run ({where})"
 

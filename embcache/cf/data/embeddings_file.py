@@ -73,10 +73,10 @@ def load(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, CFConfig
     try:
         if path.suffix == ".npy":
             meta = json.loads(meta_path.read_text())
-            stacked = np.load(path)
+            stacked = np.load(path, allow_pickle=False)
         elif path.suffix == ".npz":
             verify_zip(path, "embeddings file")
-            with np.load(path) as z:
+            with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
                 stacked = np.concatenate([z["U"], z["I"], z["W"]])
         else:

@@ -1,10 +1,16 @@
 """Decoding and the few transforms face training needs (no torchvision): Pillow decodes
 JPEG/PNG bytes to RGB, the image is resized to the crop size if it is not already, and pixels
-are mapped to [-1, 1) as (x - 127.5) / 128."""
+are mapped to [-1, 1) as (x - 127.5) / 128.
+
+An image whose header claims more pixels than Pillow's `Image.MAX_IMAGE_PIXELS` (a
+decompression bomb: a few bytes that would decode to gigabytes) is refused before decoding,
+as an unreadable image: Pillow only warns below twice that limit, so its warning is made an
+error here."""
 from __future__ import annotations
 
 import io
 import os
+import warnings
 
 import numpy as np
 import torch
@@ -19,17 +25,31 @@ def decode_image(data: bytes | str | os.PathLike, where: str, size: int = 112) -
 
     in_memory = isinstance(data, (bytes, bytearray, memoryview))
     src = io.BytesIO(data) if in_memory else data
+    _bombs_are_errors(Image)
     try:
-        with Image.open(src) as img:
+        with Image.open(src) as img:  # reads the header; a bomb raises here
             img = img.convert("RGB")
             if img.size != (size, size):
                 img = img.resize((size, size), Image.BILINEAR)
             arr = np.array(img, dtype=np.uint8)
-    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as err:
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError, Image.DecompressionBombWarning,
+            Image.DecompressionBombError) as err:
         # Pillow names an in-memory source by its repr, an address that differs between runs
         reason = str(err).replace(repr(src), "encoded bytes") if in_memory else str(err)
+        if isinstance(err, (Image.DecompressionBombWarning, Image.DecompressionBombError)):
+            raise DataFormatError(f"{where}: refused before decoding, a possible decompression bomb ({reason})") \
+                from None
         raise DataFormatError(f"{where}: unreadable image ({type(err).__name__}: {reason})") from None
     return to_tensor(arr)
+
+
+def _bombs_are_errors(Image) -> None:
+    """Pillow's decompression-bomb warning raised as an error, for the whole process (a
+    filter put first once, not a `catch_warnings` block, which is unsafe while loader threads
+    decode; put back should something have reset the filters since)."""
+    first = warnings.filters[0] if warnings.filters else None
+    if not (first and first[0] == "error" and first[2] is Image.DecompressionBombWarning):
+        warnings.filterwarnings("error", category=Image.DecompressionBombWarning)
 
 
 def to_tensor(arr: np.ndarray) -> torch.Tensor:

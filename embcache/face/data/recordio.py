@@ -224,7 +224,7 @@ class RecordIOFaces(IndexedFaces):
         labels = None
         if cache.is_file():
             try:
-                saved = np.load(cache)
+                saved = np.load(cache, allow_pickle=False)
                 # the stamp, then the labels' CRC-32: a damaged cache is read again from the file
                 if (saved.dtype == np.int64 and len(saved) == 4 + len(self.image_keys)
                         and np.array_equal(saved[:3], stamp) and saved[3] == array_crc32(saved[4:])):

@@ -1,0 +1,147 @@
+"""Loading pickled files (checkpoints, cache state, table checkpoints) without running
+code: every such load goes through `load_pickled`, which reads them with torch's
+`weights_only` unpickler and the short list of types below, and nothing else.
+
+A pickle can name any Python callable and call it while it loads, so a checkpoint from
+someone else could run anything on the reader's machine. Its CRC seal does not help: anyone
+can write a file with a valid seal. The files this project writes hold only tensors, numbers,
+strings, lists, dicts and numpy arrays (CF's rows and engine state), so a load needs nothing
+more. A file that needs more (written by an earlier version, or crafted) is refused in one
+line naming the file and the types it needs; an explicit opt-in (`--trust-checkpoint`,
+`trust=True`, or the `trusting()` context) loads it once with the full unpickler, with a
+warning line saying so, and `embcache upgrade FILE --trust-checkpoint` resaves it as plain
+data so later loads need no trust.
+
+Example:
+    >>> import tempfile, pathlib, torch
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     path = pathlib.Path(d) / "ck.pt"
+    ...     torch.save({"step": 3, "w": torch.ones(2)}, path)
+    ...     load_pickled(path)["step"]
+    3
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+import pickle
+from pathlib import Path
+
+from embcache.errors import CheckpointError
+
+# The one list of what a load may construct besides torch's own tensors and containers:
+# numpy arrays and scalars (plain data; an object array's items pass the same unpickler).
+# (module where the object lives, its name there, other names pickles know it by); the name
+# "*DType" stands for every dtype class of that module (numpy.dtypes.Float32DType, ...).
+ALLOWED_TYPES = (
+    ("numpy._core.multiarray", "_reconstruct", ("numpy.core.multiarray._reconstruct",)),
+    ("numpy._core.multiarray", "scalar", ("numpy.core.multiarray.scalar",)),
+    ("numpy", "ndarray", ()),
+    ("numpy", "dtype", ()),
+    ("numpy.dtypes", "*DType", ()),
+)
+TRUST_FLAG = "--trust-checkpoint"
+logger = logging.getLogger("embcache")
+_warned: set[str] = set()
+_trusted: contextvars.ContextVar[bool] = contextvars.ContextVar("embcache_trust_pickles", default=False)
+
+
+class UntrustedFileError(CheckpointError):
+    """A pickled file that needs types beyond `ALLOWED_TYPES` to load, loaded without trust."""
+
+
+@contextlib.contextmanager
+def trusting(trust: bool = True):
+    """While inside, loads that are not told otherwise trust what they open (the commands'
+    `--trust-checkpoint`; a library caller's way to resume or export such a file)."""
+    token = _trusted.set(bool(trust))
+    try:
+        yield
+    finally:
+        _trusted.reset(token)
+
+
+def allowed_globals() -> list:
+    """`ALLOWED_TYPES` as `torch.serialization.safe_globals` takes them."""
+    import importlib
+
+    out = []
+    for module, name, aliases in ALLOWED_TYPES:
+        found = importlib.import_module(module)
+        names = [n for n in dir(found) if n.endswith("DType")] if name == "*DType" else [name]
+        for n in names:
+            obj = getattr(found, n)
+            out += [obj] + [(obj, alias) for alias in aliases]
+    return out
+
+
+def allowed_names() -> set[str]:
+    """Every name `ALLOWED_TYPES` lets a pickle use."""
+    out = set()
+    for obj in allowed_globals():
+        if isinstance(obj, tuple):
+            out.add(obj[1])
+        else:
+            out.add(f"{obj.__module__}.{obj.__qualname__}")
+    return out | {f"{m}.{n}" for m, n, _ in ALLOWED_TYPES if n != "*DType"}
+
+
+def _reason(err: BaseException) -> str:
+    """One line for torch's refusal (several paragraphs): the unpickler's own reason."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    for k, line in enumerate(lines):
+        if line.startswith("WeightsUnpickler error:"):
+            rest = line[len("WeightsUnpickler error:"):].strip() or (lines[k + 1] if k + 1 < len(lines) else "")
+            return rest
+    return lines[0] if lines else type(err).__name__
+
+
+def needed_types(path: str | os.PathLike) -> list[str]:
+    """The globals a torch file's pickle names beyond `ALLOWED_TYPES`, read from its opcodes
+    without running any ([] when the file cannot be read so: a damaged file)."""
+    import torch
+
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # a damaged zip or pickle: the caller's load names the damage
+        return []
+    return sorted(set(names) - allowed_names())
+
+
+def load_pickled(path: str | os.PathLike, what: str = "file", trust: bool | None = None, **kwargs):
+    """`torch.load(path, map_location="cpu", weights_only=True, **kwargs)` with
+    `ALLOWED_TYPES`. A file that needs other types: UntrustedFileError naming it and them,
+    or, with `trust` (None: as `trusting()` says), the full unpickler and a warning line.
+    Other failures (a damaged file) propagate as torch raises them."""
+    import torch
+
+    path = Path(path)
+    try:
+        with torch.serialization.safe_globals(allowed_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True, **kwargs)
+    except pickle.UnpicklingError as err:
+        needed = needed_types(path)
+        if not needed:  # damaged, or plain data torch cannot read: never the full unpickler
+            raise pickle.UnpicklingError(f"not plain data: {_reason(err)}") from None
+    types = ", ".join(needed)
+    if not (_trusted.get() if trust is None else trust):
+        raise UntrustedFileError(
+            f"{path}: this {what} needs {types} to load, and loading that could run any code; embcache loads "
+            f"only plain data. If it comes from someone you trust, open it once with {TRUST_FLAG} (trust=True), "
+            f"and resave it with `embcache upgrade {path} {TRUST_FLAG}`") from None
+    if str(path.resolve()) not in _warned:  # once per file, however many times a command reads it
+        _warned.add(str(path.resolve()))
+        logger.warning(f"{path}: loaded with {TRUST_FLAG}: its {types} ran as Python code while it loaded, with your "
+                       f"rights; resave it with `embcache upgrade {path} {TRUST_FLAG}` so later loads need no trust")
+    return torch.load(path, map_location="cpu", weights_only=False, **kwargs)
+
+
+def add_trust_argument(parser) -> None:
+    """`--trust-checkpoint` on a command that opens checkpoints (`embcache.cli` applies it
+    with `trusting()` around the command)."""
+    parser.add_argument(TRUST_FLAG, dest="trust_checkpoint", action="store_true",
+                        help="load a checkpoint that needs Python types beyond plain data (one written by an "
+                             "earlier version), which lets it run any code: only for a file from someone you "
+                             "trust (default: such a file is refused)")
