@@ -219,3 +219,19 @@ def test_onnx_export_matches_torch(trained30, tmp_path, capsys):
     assert "(x - 127.5) / 128" in meta["embcache.input"]
     assert main(["face", "export", str(ck), "--onnx", str(tmp_path / "probe.txt")]) != 0
     assert "written as FILE.onnx" in capsys.readouterr().err
+
+
+def test_a_folder_too_small_to_verify_trains_and_says_verification_was_not_scored(tmp_path, capsys):
+    """4 identities of 3 images: the held-out identity gives fewer than 20 pairs, too few for
+    10-fold verification; the epoch line and the summary say so, and identification is scored."""
+    for who in range(4):
+        (tmp_path / "data" / f"p{who}").mkdir(parents=True)
+        for shot in range(3):
+            (tmp_path / "data" / f"p{who}" / f"{shot}.jpg").write_bytes(encode_jpeg(_face(who, shot)))
+    assert main(["face", "train", "--data", str(tmp_path / "data"), "--image-size", "24", "--backbone", "cnn",
+                 "--head", "fc", "--batch-size", "8", "--epochs", "1", "--no-progress", "--checkpoint-dir",
+                 str(tmp_path / "ck")]) == 0
+    printed = capsys.readouterr().out
+    assert "heldout: no verification (" in printed and "pairs, under 20)" in printed
+    assert "heldout verification" in printed and "not scored" in printed
+    assert "heldout identification top-1" in printed

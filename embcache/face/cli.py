@@ -205,11 +205,15 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
             ("head state", f"{s['head_state_bytes'] / 2**20:,.2f} MiB (parameters/pool + optimizer state)")]
     final = s.get("final") or {}
     for name, m in final.items():
-        if isinstance(m, dict):
+        if not isinstance(m, dict):
+            continue
+        if "accuracy" not in m:
+            rows.append((f"{name} verification", f"not scored: {m.get('pairs', 0)} pairs, under 20"))
+        else:
             rows.append((f"{name} verification", f"{m['accuracy']:.4f} ± {m['accuracy_std']:.4f}"))
             rows.append((f"{name} TAR@FAR=1e-3 / 1e-4", f"{m['tar@far=0.001']:.4f} / {m['tar@far=0.0001']:.4f}"))
-            if "identification_top1" in m:
-                rows.append((f"{name} identification top-1", f"{m['identification_top1']:.4f}"))
+        if "identification_top1" in m:
+            rows.append((f"{name} identification top-1", f"{m['identification_top1']:.4f}"))
     if "pool" in s:
         p = s["pool"]
         rows.append(("pool", f"{p['slots']:,} slots; {p['admitted']:,} admissions, {p['evicted']:,} evictions"))
