@@ -95,3 +95,22 @@ def test_a_model_saved_without_the_record_notes_it_and_never_scores_its_training
 
     split = read_interactions(str(d / "clicks.csv"), "random", columns={"user": "user", "item": "item"})
     assert f"the model is scored on the {split.num_test - dropped:,} it never saw" in notes[1]
+
+
+def test_the_record_of_a_random_split_refuses_another_seed_or_a_time_column():
+    from embcache.cf.trained_on import evaluation_settings, resolved_split
+    from embcache.errors import UserFacingError
+
+    saved = {"data": "/data/clicks.csv", "user_col": "user", "item_col": "item", "time_col": None,
+             "rating_col": None, "split": "random", "test_fraction": 0.2, "split_seed": 0, "min_rating": 0,
+             "skip_bad_lines": False}
+    with pytest.raises(UserFacingError) as refused:
+        evaluation_settings("m.npz", {"split_seed": 4, "time_col": "ts"}, saved)
+    assert str(refused.value) == (
+        "m.npz was trained on clicks.csv split at random (seed 0), 0.2 held out per user; --time-col ts (the "
+        "model's: none), --split-seed 4 (the model's: 0) would test it on rows it trained on: leave them out to use "
+        "the model's split")
+    same = evaluation_settings("m.npz", {"split_seed": 0, "split": "auto", "data": "/moved/clicks.csv"}, saved)
+    assert resolved_split(same) == "random" and same["data"] == "/moved/clicks.csv" and same["user_col"] == "user"
+    lightgcn = {"data": "/data/gowalla", "skip_bad_lines": False}  # its files are the split: no option changes it
+    assert evaluation_settings("m.npz", {"split_seed": 9}, lightgcn)["split_seed"] == 9

@@ -124,7 +124,8 @@ def evaluation_settings(path, given: dict, saved: dict | None) -> dict:
         if name in given and name in saved:
             mine = resolved_split({**saved, **given}) if name == "split" else given[name]
             if mine != saved[name]:
-                differ.append(f"--{name.replace('_', '-')} {mine} (the model's: {saved[name]})")
+                was = "none" if saved[name] is None else saved[name]
+                differ.append(f"--{name.replace('_', '-')} {mine} (the model's: {was})")
     if differ:
         raise UserFacingError(f"{path} was trained on {describe(saved)}; {', '.join(differ)} would test it on rows "
                               f"it trained on: leave {'it' if len(differ) == 1 else 'them'} out to use the model's "
@@ -138,7 +139,8 @@ def describe(saved: dict) -> str:
     if "split" not in saved:
         return name if "split_seed" not in saved else f"{name} (split seed {saved['split_seed']})"
     how = f"by --time-col {saved['time_col']}" if saved["split"] == "time" and saved.get("time_col") else \
-        f"by {saved['split']}" + (f" (seed {saved['split_seed']})" if saved["split"] == "random" else "")
+        ("at random" + (f" (seed {saved['split_seed']})" if "split_seed" in saved else "") if saved["split"] == "random"
+         else f"by {saved['split']}")
     return f"{name} split {how}, {saved['test_fraction']:g} held out per user"
 
 
