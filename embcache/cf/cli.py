@@ -1,13 +1,17 @@
 """`embcache cf`: collaborative filtering (SimpleX, MF-CCL) trained on the CPU by the HEAT
 kernels (tiled, multithreaded, lock-free SGD), or by the batched PyTorch reference for
-comparison. Data: MovieLens-100k (the default; the offline copy, fetched once), a synthetic
-Gowalla-scale set, a LightGCN-format directory (train.txt/test.txt: Gowalla, Yelp2018,
-Amazon-Books) or a MovieLens ratings file (u.data, ratings.dat). Evaluation ranks all items
+comparison. Data (--data): your own CSV, TSV or Parquet file of interactions (--user-col,
+--item-col, optionally --time-col and --rating-col; any ids), MovieLens-100k (the default;
+the offline copy, fetched once), a synthetic Gowalla-scale set, a LightGCN-format directory
+(train.txt/test.txt: Gowalla, Yelp2018, Amazon-Books) or a MovieLens ratings file (u.data,
+ratings.dat). Evaluation ranks all items
 for every test user (training items masked): Recall@k and NDCG@k."""
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import sys
 from pathlib import Path
 
 from embcache.arg_types import DefaultsHelpFormatter, positive_int
@@ -23,6 +27,8 @@ from embcache.train.run_cli import (
     refuse_existing_run,
     run_rows,
 )
+
+logger = logging.getLogger(__name__)
 
 TRAIN_DESCRIPTION = (
     "Train with the HEAT kernels (--engine heat) or the PyTorch reference (--engine torch). A progress bar per "
@@ -52,18 +58,22 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="write the model: FILE.npz is the whole model (embeddings, histories, each user's "
                         "training items, your ids), what `cf recommend` and `embcache.cf.CFModel.load` use; .npy or "
                         ".parquet: the embeddings alone (default: not saved)")
+    p.add_argument("--force", action="store_true", help="replace an existing --save file")
     add_config_arguments(p, CFTrainConfig, ["load"])
     add_run_arguments(p, CFTrainConfig, "cf", threads=False, unset=["seed"], unset_note=FROM_SAVED)
     p.set_defaults(func=train)
 
     e = sub.add_parser("evaluate", help="evaluate saved embeddings or a checkpoint", formatter_class=fmt,
-                       description="Load embeddings written by `train --save` (or the checkpoint of `train "
-                                   "--checkpoint-dir`) and report Recall@k / NDCG@k on the test split of --data "
-                                   "(which must be the data they were trained on), next to the popularity "
-                                   "baseline.")
+                       description="Load a model written by `train --save` (or the checkpoint of `train "
+                                   "--checkpoint-dir`) and report Recall@k / NDCG@k on the test split of the data "
+                                   "it was trained on, next to the popularity baseline. The file records that data "
+                                   "and its split (source, columns, split rule and seed): --data and its options "
+                                   "default to them, and a split option that differs from the model's is refused "
+                                   "(its test rows would include rows the model trained on). A file saved before "
+                                   "the record was kept is evaluated on the data the options give.")
     e.add_argument("load", metavar="FILE", help="embeddings file (.npy, .npz or .parquet), or a checkpoint "
                                                 "(cf-last.pt, or the --checkpoint-dir holding it)")
-    _data_args(e)
+    _data_args(e, unset=True)
     add_threads_argument(e, "CPU threads")
     add_trust_argument(e)
     e.set_defaults(func=evaluate)
@@ -92,10 +102,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 FROM_SAVED = "(default: {default}, or the --load file's / checkpoint's)"
 
 
-def _data_args(p: argparse.ArgumentParser) -> None:
+def _data_args(p: argparse.ArgumentParser, unset: bool = False) -> None:
+    """The data flags; with `unset` those a model's record gives default to it (None here)."""
     from embcache.cf.config import DATA_SETTINGS, CFTrainConfig
+    from embcache.cf.trained_on import RECORDED
 
-    add_config_arguments(p, CFTrainConfig, DATA_SETTINGS)
+    add_config_arguments(p, CFTrainConfig, DATA_SETTINGS, unset=RECORDED if unset else (),
+                         unset_note="(default: the model's, else {default})")
 
 
 def data_config(args):
@@ -144,11 +157,16 @@ def make_config(args):
 
 def train(args) -> int:
     from embcache.cf.data.embeddings_file import FORMATS, save
+    from embcache.cf.trained_on import record
     from embcache.cf.trainer import CFTrainer, load_interactions
     from embcache.cf.evaluation import format_metrics
 
     if args.save and Path(args.save).suffix not in FORMATS:
         raise UserFacingError(f"{args.save}: embeddings are saved as {', '.join(FORMATS)}")
+    if args.save and not args.force:
+        for kept in (Path(args.save), *([Path(args.save + ".json")] if args.save.endswith(".npy") else [])):
+            if kept.exists():
+                raise UserFacingError(f"{kept} already exists; choose another --save, or replace it with --force")
     if args.resume and args.load:
         raise UserFacingError("--resume and --load both give starting embeddings: choose one")
     refuse_existing_run(args, "cf")
@@ -157,7 +175,8 @@ def train(args) -> int:
     if args.threads is not None and not 1 <= args.threads <= max_threads():
         raise UserFacingError(f"--threads must be in 1..{max_threads()} on this machine")
     apply_threads(args)  # the engine's and the evaluation's torch work
-    data = load_interactions(data_config(args))
+    data_cfg = data_config(args)
+    data = load_interactions(data_cfg)
     print(data.summary())
     try:
         cfg = make_config(args)
@@ -176,10 +195,10 @@ def train(args) -> int:
             if Path(args.save).suffix == ".npz":
                 from embcache.cf.model import CFModel
 
-                path = CFModel.from_training(trainer.params, data).save(args.save)
+                path = CFModel.from_training(trainer.params, data, record(data_cfg, data)).save(args.save)
                 print(f"saved the model to {path} (cf recommend {path} --users ...)")
             else:
-                print(f"saved embeddings to {save(trainer.params, args.save)}")
+                print(f"saved embeddings to {save(trainer.params, args.save, record(data_cfg, data))}")
         except (ValueError, OSError) as err:
             raise UserFacingError(str(err)) from None
     print_summary(summary_rows(summary, cfg.ks), summary)
@@ -205,35 +224,65 @@ def summary_rows(s: dict, ks) -> list[tuple[str, str]]:
 
 
 def evaluate(args) -> int:
+    """`cf evaluate`: the model's metrics on the test split of the data it was trained on."""
     from cpu_kernels.heat import max_threads
-    from embcache.cf.data.embeddings_file import load_params
-    from embcache.cf.trainer import load_interactions
+    from embcache.cf import trained_on
     from embcache.cf.evaluation import evaluate_params, format_metrics, popularity
 
     if args.threads is not None and not 1 <= args.threads <= max_threads():
         raise UserFacingError(f"--threads must be in 1..{max_threads()} on this machine")
     apply_threads(args)
-    data = load_interactions(data_config(args))
-    print(data.summary())
-    try:
-        if Path(args.load).suffix == ".pt" or Path(args.load).is_dir():
-            from embcache.cf.trainer import params_from_checkpoint
-
-            params = params_from_checkpoint(args.load, data)
-        else:
-            params = load_params(args.load, data.num_items, data.train_indptr, data.train_indices)
-    except UserFacingError:
-        raise
-    except (ValueError, OSError, KeyError) as err:
-        raise UserFacingError(str(err)) from None
-    except MemoryError as err:
-        raise UserFacingError(f"{args.load}: out of memory loading the embeddings ({err})") from None
+    data, saved, pairs = evaluation_data(args)
+    params = evaluated_params(args.load, data)
+    if pairs is not None:
+        dropped = trained_on.drop_trained_pairs(data, *pairs)
+        if dropped:
+            print(f"note: {dropped:,} test interactions are among the {len(pairs[1]):,} {args.load} trained on: left "
+                  f"out, the model is scored on the {data.num_test:,} it never saw", file=sys.stderr)
     ks = tuple(args.k)
     result = evaluate_params(params, data, ks, args.topk)
     baseline = popularity(data, ks, args.topk)
     print(f"{params.config.model}: {format_metrics(result, ks)}  (popularity baseline: {format_metrics(baseline, ks)})")
     print(json.dumps({**result, "popularity": baseline}))
     return 0
+
+
+def evaluation_data(args):
+    """(the data to evaluate `args.load` on, its record, its training pairs): the data and
+    split the file records, the flags given over them; without a record, the flags alone."""
+    from embcache.cf import trained_on
+    from embcache.cf.config import CFTrainConfig
+    from embcache.cf.trainer import load_interactions
+
+    saved, pairs, readable = trained_on.read_saved(args.load)
+    given = {name: getattr(args, name) for name in trained_on.RECORDED if getattr(args, name) is not None}
+    settings = trained_on.evaluation_settings(args.load, given, saved)
+    if saved is None and readable:
+        print(f"note: {args.load} does not record the data it was trained on (saved before models did): evaluated on "
+              f"{settings.get('data', 'ml-100k')} as the options give it, which must be that data and split",
+              file=sys.stderr)
+    data = load_interactions(CFTrainConfig(**settings, ks=tuple(args.k), topk=args.topk))
+    print(data.summary())
+    trained_on.check_same_data(args.load, saved, data)
+    return data, saved, pairs
+
+
+def evaluated_params(path: str, data):
+    """The parameters of the embeddings file or checkpoint `path`, for `data`."""
+    from embcache.cf.data.embeddings_file import load_params
+
+    try:
+        if Path(path).suffix == ".pt" or Path(path).is_dir():
+            from embcache.cf.trainer import params_from_checkpoint
+
+            return params_from_checkpoint(path, data)
+        return load_params(path, data.num_items, data.train_indptr, data.train_indices)
+    except UserFacingError:
+        raise
+    except (ValueError, OSError, KeyError) as err:
+        raise UserFacingError(str(err)) from None
+    except MemoryError as err:
+        raise UserFacingError(f"{path}: out of memory loading the embeddings ({err})") from None
 
 
 def recommend(args) -> int:
@@ -249,18 +298,11 @@ def recommend(args) -> int:
         raise UserFacingError(str(err)) from None
     users = model.user_ids.tolist() if args.all and model.user_ids is not None else \
         list(range(model.num_users)) if args.all else args.users
-    rows: list[tuple] = []
-    from tqdm import tqdm
-
-    chunk = 4096
-    for lo in tqdm(range(0, len(users), chunk), desc="recommend", unit="chunk", disable=len(users) <= chunk):
-        part = users[lo:lo + chunk]
-        try:
-            items, scores = model.recommend(part, k=args.k, exclude_seen=not args.include_seen, backend=args.topk)
-        except KeyError as err:
-            raise UserFacingError(f"{args.model}: {err.args[0]}") from None
-        for user, its, scs in zip(part, items.tolist(), scores.tolist()):
-            rows.extend((user, rank, item, score) for rank, (item, score) in enumerate(zip(its, scs), 1))
+    rows, short = recommendation_rows(model, users, args)
+    if short:
+        fewest = min(short.values())
+        logger.warning(f"--k {args.k} is more than the items {len(short):,} user(s) have not seen (fewest: "
+                       f"{fewest:,}, user {min(short, key=short.get)!r}): they get their unseen items only")
     if out is None:
         print("user,rank,item,score")
         for user, rank, item, score in rows:
@@ -272,3 +314,30 @@ def recommend(args) -> int:
                    "score": [r[3] for r in rows]}, out)
     print(f"wrote {len(rows):,} recommendations for {len(users):,} user(s) to {out}")
     return 0
+
+
+def recommendation_rows(model, users: list, args) -> tuple[list[tuple], dict]:
+    """(rows user, rank, item, score; {user: unseen items} of the users with fewer than
+    --k unseen items, whose rows stop there rather than go on with seen items scored -inf)."""
+    import numpy as np
+    from tqdm import tqdm
+
+    rows: list[tuple] = []
+    short: dict = {}
+    exclude = not args.include_seen
+    chunk = 4096
+    for lo in tqdm(range(0, len(users), chunk), desc="recommend", unit="chunk", disable=len(users) <= chunk):
+        part = users[lo:lo + chunk]
+        try:
+            index = model.user_index(part)
+        except KeyError as err:
+            raise UserFacingError(f"{args.model}: {err.args[0]}") from None
+        room = model.unseen_counts(index) if exclude else np.full(len(index), model.num_items)
+        k = int(min(args.k, room.max(initial=0)))
+        top, scores = model.ranked(index, k, exclude, args.topk)
+        items = model._item_ids(top)
+        for user, its, scs, n in zip(part, items.tolist(), scores.tolist(), room.tolist()):
+            if n < args.k and exclude:
+                short[user] = n
+            rows.extend((user, rank, item, score) for rank, (item, score) in enumerate(zip(its[:n], scs[:n]), 1))
+    return rows, short

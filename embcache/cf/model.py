@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ import numpy as np
 
 from cpu_kernels.model import CFConfig, CFParams, sample_histories
 from embcache.integrity import save_npz, verify_zip
+
+logger = logging.getLogger(__name__)
 
 FORMAT = "embcache-cf-model"
 VERSION = 1
@@ -47,11 +50,20 @@ class CFModel:
     train_indices: np.ndarray
     user_ids: np.ndarray | None = None
     item_ids: np.ndarray | None = None
+    # the data and split it was trained on (`embcache.cf.trained_on.record`), for `cf evaluate`
+    trained_on: dict | None = None
 
     @classmethod
-    def from_training(cls, params: CFParams, data) -> "CFModel":
+    def from_training(cls, params: CFParams, data, trained_on: dict | None = None) -> "CFModel":
         return cls(params, np.asarray(data.train_indptr, dtype=np.int64), np.asarray(data.train_indices, np.int64),
-                   data.user_ids, data.item_ids)
+                   data.user_ids, data.item_ids, trained_on)
+
+    def __repr__(self) -> str:
+        """One line: the arrays are thousands of rows, too many to print."""
+        c = self.params.config
+        ids = "your ids" if self.user_ids is not None or self.item_ids is not None else "index ids"
+        return (f"CFModel({c.model}, {self.num_users:,} users x {self.num_items:,} items, d={self.params.U.shape[1]}, "
+                f"{len(self.train_indices):,} training interactions, {ids})")
 
     @property
     def num_users(self) -> int:
@@ -71,6 +83,8 @@ class CFModel:
         p = self.params
         meta = {"format": FORMAT, "version": VERSION, "config": asdict(p.config), "num_users": self.num_users,
                 "num_items": self.num_items, "dim": p.U.shape[1]}
+        if self.trained_on is not None:
+            meta["trained_on"] = self.trained_on
         arrays = {"U": p.U, "I": p.I, "W": p.W, "hist": p.hist, "hist_len": p.hist_len,
                   "train_indptr": self.train_indptr, "train_indices": self.train_indices,
                   "meta": np.array(json.dumps(meta))}
@@ -103,7 +117,7 @@ class CFModel:
         config = CFConfig(**meta["config"])
         params = CFParams(arrays["U"], arrays["I"], arrays["W"], arrays["hist"], arrays["hist_len"], config)
         model = cls(params, arrays["train_indptr"], arrays["train_indices"], arrays.get("user_ids"),
-                    arrays.get("item_ids"))
+                    arrays.get("item_ids"), meta.get("trained_on"))
         model._check(path)
         return model
 
@@ -145,15 +159,40 @@ class CFModel:
     def recommend(self, users, k: int = 10, exclude_seen: bool = True, backend: str = "auto"):
         """The `k` best items for each of `users` (your ids): (items [n, k] as your ids,
         cosine scores [n, k]), best first; for one user given alone, 1-D arrays. With
-        `exclude_seen` a user's training items are left out."""
+        `exclude_seen` a user's training items are left out, and `k` stops at the fewest
+        unseen items among `users` (a warning says so once): past them only seen items,
+        scored -inf, would be left to fill the rows."""
         one = np.ndim(users) == 0
         index = self.user_index([users] if one else users)
-        k = min(int(k), self.num_items)
-        indptr, indices = (self.train_indptr, self.train_indices) if exclude_seen else \
-            (np.zeros(self.num_users + 1, dtype=np.int64), np.zeros(0, dtype=np.int64))
-        top, scores = self._topk(self.user_vectors(index), index, indptr, indices, k, backend)
+        asked, k = int(k), min(int(k), self.num_items)
+        if exclude_seen and len(index):
+            unseen = self.unseen_counts(index)
+            fewest = int(unseen.min())
+            if k > fewest:
+                who = users if one else self._user_id(int(index[np.argmin(unseen)]))
+                logger.warning(f"k={asked} is more than the {fewest:,} item(s) user {who!r} has not seen: "
+                               f"{fewest:,} returned per user")
+                k = fewest
+        top, scores = self.ranked(index, k, exclude_seen, backend)
         items = self._item_ids(top)
         return (items[0], scores[0]) if one else (items, scores)
+
+    def unseen_counts(self, index: np.ndarray) -> np.ndarray:
+        """How many items each of users `index` has no training interaction with."""
+        return self.num_items - np.diff(self.train_indptr)[np.asarray(index, dtype=np.int64)]
+
+    def ranked(self, index: np.ndarray, k: int, exclude_seen: bool = True, backend: str = "auto"):
+        """(item indices [n, k], scores [n, k]) of users `index`, best first; a row with fewer
+        than `k` unseen items ends in seen ones scored -inf (`recommend` stops before them)."""
+        k = min(int(k), self.num_items)
+        if k == 0:  # users who have seen every item
+            return np.zeros((len(index), 0), np.int64), np.zeros((len(index), 0), np.float32)
+        indptr, indices = (self.train_indptr, self.train_indices) if exclude_seen else \
+            (np.zeros(self.num_users + 1, dtype=np.int64), np.zeros(0, dtype=np.int64))
+        return self._topk(self.user_vectors(index), index, indptr, indices, k, backend)
+
+    def _user_id(self, index: int):
+        return index if self.user_ids is None else self.user_ids[index].item()
 
     def similar_items(self, items, k: int = 10, backend: str = "auto"):
         """The `k` items most similar to each of `items` (cosine of their rows), the item

@@ -27,15 +27,18 @@ from embcache.integrity import ChecksumError, array_crc32, save_npz, verify_zip
 FORMATS = (".npy", ".npz", ".parquet")
 
 
-def save(params: CFParams, path: str | Path) -> Path:
+def save(params: CFParams, path: str | Path, trained_on: dict | None = None) -> Path:
     """Write the embeddings: `.npy` (rows U, then I, then W, with the layout and config in
     `<path>.json`), `.npz` (arrays U, I, W and the same metadata as a JSON string, one file)
-    or `.parquet` (columns kind, id, vector; the metadata in the schema)."""
+    or `.parquet` (columns kind, id, vector; the metadata in the schema). `trained_on`, the
+    data and split they were trained on, goes with the metadata (`embcache.cf.trained_on`)."""
     path = Path(path)
     stacked = np.ascontiguousarray(np.concatenate([params.U, params.I, params.W]), dtype=np.float32)
     # the rows' CRC-32 goes with them (the .json, the npz's meta, the Parquet schema): `load` checks it
     meta = {"config": asdict(params.config), "num_users": len(params.U),
             "num_items": len(params.I), "dim": params.U.shape[1], "crc32": array_crc32(stacked)}
+    if trained_on is not None:
+        meta["trained_on"] = trained_on
     if path.suffix not in FORMATS:
         raise ValueError(f"{path}: embeddings are saved as {', '.join(FORMATS)}")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ class Interactions:
     # the ids of your own data: user_ids[u] is index u's id in the file (None: the ids are the indices)
     user_ids: np.ndarray | None = None
     item_ids: np.ndarray | None = None
+    duplicates: int = 0  # repeated (user, item) rows merged into one interaction
 
     @property
     def num_train(self) -> int:
@@ -56,6 +57,8 @@ class Interactions:
     def summary(self) -> str:
         s = (f"{self.name or 'data'}: {self.num_users} users, {self.num_items} items, "
              f"{self.num_train} train / {self.num_test} test interactions")
+        if self.duplicates:
+            s += f"; merged {self.duplicates:,} repeated (user, item) row(s)"
         if self.bad_rows.total:
             s += f"; skipped {self.bad_rows.total} malformed line(s)"
         return s

@@ -67,6 +67,7 @@ def split_ratings(ratings: np.ndarray, how: str = "random", test_fraction: float
     if not len(r):
         raise ValueError(f"no rating is >= {min_rating} (--min-rating) among {len(ratings):,}" if len(ratings)
                          else "no ratings")
+    r, duplicates = _first_of_each_pair(r)
     users, items = r[:, 0].astype(np.int64), r[:, 1].astype(np.int64)
     rng = np.random.default_rng(seed)
     if how == "random":
@@ -83,8 +84,24 @@ def split_ratings(ratings: np.ndarray, how: str = "random", test_fraction: float
     rank[order] = np.arange(len(r)) - np.repeat(starts, counts)
     n_test = np.where(counts >= 2, np.maximum(1, np.rint(counts * test_fraction)), 0).astype(np.int64)
     is_test = rank >= (counts - n_test)[users]
-    return from_pairs(users[~is_test], items[~is_test], users[is_test], items[is_test],
+    data = from_pairs(users[~is_test], items[~is_test], users[is_test], items[is_test],
                       num_users=num_users, num_items=num_items, name=name, bad_rows=bad_rows)
+    data.duplicates = duplicates
+    return data
+
+
+def _first_of_each_pair(r: np.ndarray) -> tuple[np.ndarray, int]:
+    """The rows of `r` less repeats of a (user, item) pair, each pair's earliest kept (by
+    time, then file order), in file order; and how many were dropped. Merged before the
+    split, so that one pair cannot be both a training and a test interaction."""
+    users, items = r[:, 0].astype(np.int64), r[:, 1].astype(np.int64)
+    when = r[:, 3].astype(np.float64) if r.shape[1] >= 4 else np.zeros(len(r))
+    order = np.lexsort((np.arange(len(r)), when, items, users))
+    first = np.ones(len(r), dtype=bool)
+    first[1:] = (np.diff(users[order]) != 0) | (np.diff(items[order]) != 0)
+    if first.all():
+        return r, 0
+    return r[np.sort(order[first])], int((~first).sum())
 
 
 def load_ml100k(path=None, how="random", seed=0, test_fraction=TEST_FRACTION, min_rating=0) -> Interactions:

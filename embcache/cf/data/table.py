@@ -66,7 +66,7 @@ def read_table(path, user_col: str, item_col: str, time_col: str | None = None, 
 
     for col in (user_col, item_col):
         values = columns[col]
-        refuse(np.flatnonzero([v is None or (isinstance(v, str) and not v.strip()) for v in values]),
+        refuse(np.flatnonzero([_blank(v) for v in values]),
                lambda r, col=col: f"empty {col!r}")
     rating = _column(columns[rating_col], rating_col, refuse, _number, "number") if rating_col else np.ones(n)
     time = _column(columns[time_col], time_col, refuse, _time, "time") if time_col else np.arange(n, dtype=np.float64)
@@ -96,7 +96,12 @@ def _read_columns(path: Path, suffix: str, wanted: list[str]) -> tuple[dict, int
         import pyarrow as pa
         import pyarrow.csv as pcsv
 
-        header = path.open(encoding="utf-8", errors="replace").readline().rstrip("\r\n").split(TABLE_SUFFIXES[suffix])
+        line = path.open(encoding="utf-8", errors="replace").readline().rstrip("\r\n")
+        if not line.strip():  # no header to list: say what the file lacks, not "it has ''"
+            raise format_error(path, None if path.stat().st_size == 0 else 1,
+                               f"{'the file is empty' if path.stat().st_size == 0 else 'an empty header line'}: "
+                               f"expected a header naming the columns {', '.join(map(repr, wanted))}")
+        header = line.split(TABLE_SUFFIXES[suffix])
         _check_columns(path, header, wanted)
         table = pcsv.read_csv(path, parse_options=pcsv.ParseOptions(delimiter=TABLE_SUFFIXES[suffix]),
                               convert_options=pcsv.ConvertOptions(
@@ -126,8 +131,13 @@ def _column(values: list, col: str, refuse, parse, noun: str) -> np.ndarray:
             out[r] = parse(v)
         except (TypeError, ValueError):
             bad.append(r)
-    refuse(np.array(bad, dtype=np.int64), lambda r: f"{col!r} is not a {noun}: {values[r]!r}")
+    refuse(np.array(bad, dtype=np.int64),
+           lambda r: f"empty {col!r}" if _blank(values[r]) else f"{col!r} is not a {noun}: {values[r]!r}")
     return out
+
+
+def _blank(v) -> bool:
+    return v is None or (isinstance(v, str) and not v.strip())
 
 
 def _number(v) -> float:
