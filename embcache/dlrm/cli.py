@@ -121,6 +121,9 @@ def _add_predict(sub) -> None:
     p.add_argument("--input", required=True, help="the raw file to score")
     p.add_argument("--out", required=True, help="where the predictions go (.csv or .parquet)")
     p.add_argument("--batch-rows", type=int, default=8192, help="rows scored at a time")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse a value its feature's vocabulary never saw (naming file, line, feature and value) "
+                        "instead of scoring it as missing; without it such values are counted per feature")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(func=_predict)
 
