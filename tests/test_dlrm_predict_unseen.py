@@ -75,3 +75,22 @@ def test_dlrm_predict_reports_unseen_values_and_strict_names_the_line(run, tmp_p
     assert err.count("\n") == 1 and f"{source}:3: sparse_3 value 'zzzz_unknown' is not in the export's " \
                                    f"vocabulary; --strict refuses it" in err, err
     assert not strict.exists()
+
+
+def test_a_value_in_a_hash_bucket_training_never_filled_is_counted(run):
+    """A hashed feature (more values than --max-ids-per-feature) maps any value to a bucket;
+    one whose bucket training never filled (or kept, under --min-count) takes id 0 and is
+    counted; one in a kept bucket cannot be told from the values training saw there."""
+    model = load_export(run["out"])
+    feature = f"sparse_{HASHED}"
+    lookup = model.lookups[model.features.index(feature)]
+    assert lookup.hashed
+    candidates = [f"new-{i}" for i in range(2000)]
+    ids = lookup.ids(candidates)
+    empty = [v for v, i in zip(candidates, ids) if i == 0]
+    filled = [v for v, i in zip(candidates, ids) if i != 0]
+    assert empty and filled
+    row = {**known_row(run), feature: empty[0]}
+    counts = {}
+    model.predict([row, {**row, feature: filled[0]}], dense_prepared=True, unseen=counts)
+    assert counts == {feature: 1}
