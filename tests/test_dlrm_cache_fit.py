@@ -79,3 +79,16 @@ def test_python_defaults_stay_0_015():
     """The rule is the command's: the Python classes keep their documented default."""
     assert DLRMConfig().cache_ratio == 0.015
     assert inspect.signature(CachedEmbeddingBag.__init__).parameters["cache_ratio"].default == 0.015
+
+
+def test_the_readmes_movielens_run_trains_without_the_cache_warning(tmp_path, capsys):
+    """README's `embcache dlrm train --data ml-100k` (3,056 rows; 1.5 % is 46, a batch of
+    2,048 ratings needs about 1,800): the default cache now holds its batches."""
+    from embcache.data.movielens_ctr import prepare_ml100k_ctr
+    from tests.offline_data import load_or_skip
+
+    load_or_skip(prepare_ml100k_ctr, tmp_path / "ml-100k-ctr")
+    summary, text = run(["--data", "ml-100k", "--data-cache", str(tmp_path), "--max-steps", "5", "--device", "cpu",
+                         "--no-progress"], capsys)
+    assert "the cache holds" not in text and summary["overflow_rows"] == 0, text
+    assert summary["cache_rows"] == summary["table_rows"] == 3_056 and summary["hit_rate"] > 0.9, summary
