@@ -117,15 +117,34 @@ def test_bad_rows_are_named_by_line_and_wrong_columns_by_name(tmp_path, capsys):
     assert "expected random, tail or time:COLUMN" in capsys.readouterr().err
 
 
-def test_prepared_own_data_trains_without_the_cache_warning(tmp_path, capsys):
+def test_prepared_own_data_trains_and_serves_the_files_own_columns(tmp_path, capsys):
+    """Prepared, trained (no cache warning), exported, and the original file scored by
+    `dlrm predict` through its own column names (the others left out), as `predict` scores
+    the same rows by feature."""
     source = tmp_path / "clicks.csv"
     write_text(source, table(), ",")
-    assert prepare(source, tmp_path / "out", "random") == 0
+    assert prepare(source, tmp_path / "out", "random", "--dense-transform", "none") == 0
     capsys.readouterr()
     assert main(["dlrm", "train", "--data", str(tmp_path / "out"), "--max-steps", "2", "--batch-size", "256",
                  "--embedding-dim", "4", "--dense-arch", "8", "--over-arch", "8", "--device", "cpu",
-                 "--no-progress"]) == 0
+                 "--checkpoint-dir", str(tmp_path / "ck"), "--no-progress"]) == 0
     captured = capsys.readouterr()
     summary = json.loads(captured.out.strip().splitlines()[-1])
     assert summary["steps"] == 2 and summary["overflow_rows"] == 0, summary
     assert "the cache holds" not in captured.err
+    assert main(["dlrm", "export", str(tmp_path / "ck"), "--out", str(tmp_path / "export")]) == 0
+    assert main(["dlrm", "predict", str(tmp_path / "export"), "--input", str(source), "--out",
+                 str(tmp_path / "p.parquet"), "--no-progress"]) == 0
+    got = pq.read_table(tmp_path / "p.parquet")
+    from embcache.serve import load_export
+
+    model = load_export(tmp_path / "export")
+    assert model.manifest["dense_transform"] is None
+    rows = [{"sparse_0": r["user"], "sparse_1": r["ts_id"], "sparse_2": r["pos_id"], "dense": [float(r["price"])]}
+            for r in table().to_pylist()]
+    np.testing.assert_allclose(got.column("probability").to_numpy(), model.predict(rows), rtol=1e-6)
+    assert got.column("label").to_pylist() == [int(v) for v in table().column("click").to_pylist()]
+    write_text(tmp_path / "no_user.csv", table().drop_columns(["user"]), ",")
+    assert main(["dlrm", "predict", str(tmp_path / "export"), "--input", str(tmp_path / "no_user.csv"), "--out",
+                 str(tmp_path / "q.csv"), "--no-progress"]) == 1
+    assert "no column 'user': the model was trained on user, ts_id, pos_id, price" in capsys.readouterr().err

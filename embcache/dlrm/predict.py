@@ -138,6 +138,23 @@ def _criteo_batch(path: Path, rows, features, labelled: bool):
     return sparse, dense, labels, lambda i: f"{path}:{linenos[i]}"
 
 
+def _input_names(path: Path, names: list[str], model) -> dict[str, str]:
+    """{the file's column: the export's} for an export of `data prepare own` data read by the
+    columns it was prepared from (`input_columns`: the label, dense and categorical columns
+    by their names; the file's other columns are left out); {} for any other file. Such a
+    file must hold every categorical column: one left out would score as missing."""
+    columns = model.manifest.get("input_columns")
+    if not columns or not set(columns["sparse"]) & set(names):
+        return {}
+    missing = [c for c in columns["sparse"] + columns["dense"] if c not in names]
+    if missing:
+        raise UserFacingError(f"{path}: no column {', '.join(map(repr, missing[:5]))}: the model was trained on "
+                              f"{', '.join(columns['sparse'] + columns['dense'])}")
+    renamed = {c: f for c, f in zip(columns["sparse"], model.features)}
+    renamed |= {c: f"dense_{j}" for j, c in enumerate(columns["dense"])}
+    return renamed | ({columns["label"]: "label"} if columns["label"] in names else {})
+
+
 def _table_batches(path: Path, model, batch_rows: int, parquet: bool):
     import pyarrow as pa
 
@@ -155,18 +172,23 @@ def _table_batches(path: Path, model, batch_rows: int, parquet: bool):
 
         with path.open(encoding="utf-8", errors="replace", newline="") as f:
             names = next(csv.reader(f), [])  # a quoted header too (pyarrow writes one)
+        numeric = set(dense_names) | set((model.manifest.get("input_columns") or {}).get("dense", []))
         batches = pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=1 << 22),
                                 convert_options=pcsv.ConvertOptions(
-                                    column_types={n: pa.string() for n in names if n not in dense_names},
+                                    column_types={n: pa.string() for n in names if n not in numeric},
                                     strings_can_be_null=True))
-    unknown = [n for n in names if n not in set(model.features) | set(dense_names) | {"label"}]
-    if unknown:
+    renamed = _input_names(path, names, model)
+    unknown = [n for n in names if n not in set(model.features) | set(dense_names) | {"label"} | set(renamed)]
+    if unknown and not renamed:
         raise UserFacingError(f"{path}: unknown column(s) {', '.join(map(repr, unknown[:5]))}; the export's "
                               f"features are {model.features[0]} .. {model.features[-1]}, its dense ones "
                               f"dense_0 .. dense_{k - 1}, and 'label' is kept")
     done = 0
     for batch in batches:
         table = pa.Table.from_batches([batch])
+        if renamed:
+            table = table.select([n for n in table.column_names if n in renamed]).rename_columns(
+                [renamed[n] for n in table.column_names if n in renamed])
         n = table.num_rows
         dense = np.full((n, k), np.nan)
         for j, name in enumerate(dense_names):
