@@ -115,8 +115,10 @@ def _add_predict(sub) -> None:
                        description="Score a raw file through `dlrm export`'s directory, batch by batch, with the "
                                    "parsing and dense transform of `data prepare`: Criteo text lines (40 fields "
                                    "with the label, 39 without; .gz too), or a CSV / Parquet file with a column per "
-                                   "feature of the export (sparse_0, ..., dense_0, ...; 'label' is kept). Writes "
-                                   "'probability' per row, in order, to --out (.csv or .parquet).")
+                                   "feature of the export (sparse_0, ..., dense_0, ...; 'label' is kept), or for "
+                                   "`data prepare own` data the columns it was prepared from, by name. Writes "
+                                   "'probability' per row, in order, to --out (.csv or .parquet); values a "
+                                   "vocabulary never saw are counted per feature (--strict refuses them).")
     p.add_argument("export", help="the directory `embcache dlrm export --out` wrote")
     p.add_argument("--input", required=True, help="the raw file to score")
     p.add_argument("--out", required=True, help="where the predictions go (.csv or .parquet)")
