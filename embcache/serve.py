@@ -94,6 +94,23 @@ class FeatureLookup:
 
         return Vocabulary(self.keys).lookup(keys, zero_is_missing=False)
 
+    @property
+    def tells_unseen(self) -> bool:
+        """Whether an unseen value is told apart here: it takes id 0, the row of missing
+        values ("string", "int+1"; an "open" or "first-day" raw-key table). "exact" and
+        "identity" refuse an unknown value instead; a "hash" rule gives every key a row."""
+        return self.rule in ("open", "first-day") or (self.rule is None and self.key in ("string", "int+1"))
+
+    def unseen(self, values: Sequence, ids: np.ndarray) -> np.ndarray:
+        """bool per value of `values` (flat, `ids` theirs): given (not None, not "") but
+        mapped to id 0, the row of missing values: training never saw it, saw it fewer than
+        `--min-count` times, or never filled its hash bucket (a hashed feature)."""
+        if not self.tells_unseen:
+            return np.zeros(len(ids), dtype=bool)
+        given = np.fromiter((v is not None and not (isinstance(v, str) and v == "") for v in values),
+                            dtype=bool, count=len(ids))
+        return given & (np.asarray(ids) == 0)
+
     def bag(self, rows: Sequence[Sequence]) -> tuple[np.ndarray, list[int]]:
         """(flat ids, ids per row) of rows of values; a None value is missing (`missing_id`,
         or left out where there is none)."""
@@ -230,12 +247,15 @@ class ExportedDLRM:
         check_dense_program(dense)
         self.dense_model = torch.export.load(dense).module()
 
-    def pooled(self, sparse: Mapping[str, Sequence], rows: int | None = None) -> torch.Tensor:
+    def pooled(self, sparse: Mapping[str, Sequence], rows: int | None = None, *, strict: bool = False,
+               unseen: dict | None = None) -> torch.Tensor:
         """`[B, T, D]` of raw values: `sparse[feature]` holds one raw value per row (a list of
         them for a multi-hot feature). None, or a feature left out, is missing: the row of
         missing and unknown values where the vocabulary has one ("string", "int+1"), else
         nothing (an empty bag: zeros, as a multi-hot row with no values). `rows` (B) is
-        needed only when no feature is given."""
+        needed only when no feature is given. A value given that the vocabulary never saw
+        scores as missing too (`FeatureLookup.unseen`); `unseen` (a dict) gains per feature
+        how many there were, and `strict` refuses the first (`UnseenValueError`)."""
         rows = self._rows(sparse, rows)
         ids = {}
         for feature, lookup in zip(self.features, self.lookups):
@@ -243,10 +263,11 @@ class ExportedDLRM:
             values = [None] * rows if values is None else list(values)
             if len(values) != rows:
                 raise ValueError(f"{feature}: {len(values)} values, expected {rows} (one per row)")
-            if self.multi_hot[feature]:
-                ids[feature] = lookup.bag([[] if v is None else _listed(feature, v) for v in values])
-            else:
-                ids[feature] = lookup.bag([[v] for v in values])
+            per_row = [[] if v is None else _listed(feature, v) for v in values] if self.multi_hot[feature] \
+                else [[v] for v in values]
+            ids[feature] = lookup.bag(per_row)
+            if lookup.tells_unseen:
+                _count_unseen(feature, lookup, per_row, ids[feature], strict, unseen)
         return self.pool_ids(ids)
 
     def _rows(self, sparse: Mapping[str, Sequence], rows: int | None) -> int:
@@ -268,11 +289,13 @@ class ExportedDLRM:
         return torch.stack(out, 1)
 
     @torch.no_grad()
-    def logits(self, sparse: Mapping[str, Sequence], dense) -> torch.Tensor:
-        """`[B]` logits of rows given column-wise: `sparse[feature]` raw values (see `pooled`),
-        `dense` `[B, num_dense]` as the data's dense columns hold them."""
+    def logits(self, sparse: Mapping[str, Sequence], dense, *, strict: bool = False,
+               unseen: dict | None = None) -> torch.Tensor:
+        """`[B]` logits of rows given column-wise: `sparse[feature]` raw values (see `pooled`,
+        also for `strict` and `unseen`), `dense` `[B, num_dense]` as the data's dense
+        columns hold them."""
         dense = self._dense_array(dense)
-        return self.logits_of_pooled(self.pooled(sparse, len(dense)), dense)
+        return self.logits_of_pooled(self.pooled(sparse, len(dense), strict=strict, unseen=unseen), dense)
 
     @torch.no_grad()
     def logits_of_pooled(self, pooled: torch.Tensor, dense) -> torch.Tensor:
@@ -301,14 +324,20 @@ class ExportedDLRM:
         names = self.manifest.get("dense_features") or [f"dense_{j}" for j in range(self.manifest["num_dense"])]
         return ", ".join(map(str, names)) if len(names) <= 4 else f"{names[0]} .. {names[-1]}"
 
-    def predict(self, rows: Sequence[Mapping], dense_prepared: bool = False) -> np.ndarray:
+    def predict(self, rows: Sequence[Mapping], dense_prepared: bool = False, *, strict: bool = False,
+                unseen: dict | None = None) -> np.ndarray:
         """Click probabilities of raw rows, each a mapping of feature name -> raw value plus
         "dense" -> the raw dense features (a sequence of `num_dense` numbers, None or NaN
         for a missing one), which go through the manifest's `dense_transform` as `data
         prepare` put them (`dense_prepared`: they already did). A feature left out or None
         is missing (see `pooled`); a key that is neither a feature of the export nor
         "dense" is refused, naming it (a row keyed `C1` would otherwise score as if every
-        feature were missing)."""
+        feature were missing).
+
+        A value the vocabulary never saw (a typo, a stored id where the raw value belongs)
+        scores as missing, and is not silent: `strict` refuses it in one line
+        (`UnseenValueError`, a ValueError); otherwise `unseen`, where given, gains the count
+        per feature, and where not, one warning names the features and their counts."""
         k = self.manifest["num_dense"]
         known = set(self.features) | {"dense"}
         dense = np.empty((len(rows), k), dtype=np.float32)
@@ -328,7 +357,11 @@ class ExportedDLRM:
                 raise ValueError(f"row {i}: 'dense' has {len(values)} values, expected {k} ({self._dense_names()})")
             dense[i] = values if dense_prepared else self.transform_dense(values)
         sparse = {f: [row.get(f) for row in rows] for f in self.features}
-        return torch.sigmoid(self.logits(sparse, dense)).numpy()
+        counts = {} if unseen is None else unseen
+        probabilities = torch.sigmoid(self.logits(sparse, dense, strict=strict, unseen=counts)).numpy()
+        if unseen is None and counts:
+            logging.getLogger("embcache").warning(f"predict: {describe_unseen(counts, len(rows))}")
+        return probabilities
 
     def transform_dense(self, raw) -> np.ndarray:
         """Raw dense values as the data's dense columns hold them: the manifest's
@@ -347,6 +380,44 @@ class ExportedDLRM:
     def _sparse_names(self) -> str:
         names = self.features
         return ", ".join(names) if len(names) <= 4 else f"{names[0]} .. {names[-1]}"
+
+
+class UnseenValueError(ValueError):
+    """`strict` scoring met a value its feature's vocabulary never saw (one line: the row,
+    the feature and the value)."""
+
+    def __init__(self, row: int, feature: str, value):
+        self.row, self.feature, self.value = row, feature, value
+        super().__init__(f"row {row}: {feature} value {value!r} is not in the export's vocabulary ({UNSEEN_WHY}); "
+                         f"strict scoring refuses it (without strict it scores as missing)")
+
+
+UNSEEN_WHY = "never seen in training, rarer than --min-count, or in a hash bucket training never filled"
+
+
+def _count_unseen(feature: str, lookup: FeatureLookup, per_row: list[list], bag: tuple[np.ndarray, list[int]],
+                  strict: bool, unseen: dict | None) -> None:
+    """Add a feature's unseen values to `unseen[feature]`, or refuse the first (`strict`)."""
+    values = [v for row in per_row for v in row]
+    mask = lookup.unseen(values, bag[0])
+    count = int(mask.sum())
+    if not count:
+        return
+    if strict:
+        first = int(np.argmax(mask))
+        row = int(np.searchsorted(np.cumsum(bag[1]), first, side="right"))
+        raise UnseenValueError(row, feature, values[first])
+    if unseen is not None:
+        unseen[feature] = unseen.get(feature, 0) + count
+
+
+def describe_unseen(counts: Mapping[str, int], rows: int) -> str:
+    """One line of per-feature counts of values scored as missing because the vocabulary
+    never saw them, e.g. "values the vocabulary never saw, scored as missing: sparse_0 3,
+    sparse_25 1 (of 700 rows; ...)"."""
+    listed = ", ".join(f"{f} {n:,}" for f, n in counts.items())
+    return (f"values the vocabulary never saw, scored as missing: {listed} (of {rows:,} rows; {UNSEEN_WHY}; "
+            f"strict scoring refuses them)")
 
 
 def _listed(feature: str, values) -> list:

@@ -23,6 +23,11 @@ ACTION_TEXTS = {  # action: (one line in the list of actions, description atop i
     "ml-100k": ("MovieLens-100k as CTR (rating >= 4 is a click)",
                 "MovieLens-100k as CTR data. Without --input the RecBole copy is fetched once with pip "
                 "into datasets/ml-100k/ (not redistributed)."),
+    "own": ("your own CSV / TSV / Parquet file, columns named",
+            "Your own CTR file: CSV, TSV (.txt too; .gz for both) or Parquet, with a header naming the columns. "
+            "Name the 0/1 label, the dense and the categorical columns, and the split: random, by a time column "
+            "(time:COL: the latest rows are held out) or the file's tail. Two streaming passes, as the public "
+            "data sets' (docs/dlrm-own-data.md)."),
     "synthetic": ("generate Criteo-shaped synthetic data",
                   "Criteo-shaped synthetic data: Kaggle's cardinalities times --scale, Zipf ids, labels from "
                   "a hidden logistic model whose AUC is stored in meta.json as oracle_auc. val and test get "
@@ -45,7 +50,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     which = _add_prepare(sub)
-    for add_dataset in (_add_criteo_kaggle, _add_criteo_terabyte, _add_avazu, _add_ml100k):
+    for add_dataset in (_add_criteo_kaggle, _add_criteo_terabyte, _add_avazu, _add_ml100k, _add_own):
         add_dataset(which)
     _add_synthetic(sub)
     _add_info(sub)
@@ -54,7 +59,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 def _add_prepare(sub) -> argparse._SubParsersAction:
     """`prepare` (alone it prints its help, exit 2); returns the group its DATASETs join."""
-    prep = sub.add_parser("prepare", help="convert a public data set (two streaming passes)")
+    prep = sub.add_parser("prepare", help="convert a public data set, or your own file (two streaming passes)")
     which = prep.add_subparsers(dest="dataset", metavar="DATASET")
     prep.set_defaults(func=lambda _args: prep.print_help() or 2)
     return which
@@ -144,6 +149,47 @@ def _add_ml100k(which) -> None:
                         "fetched once into datasets/ml-100k/)")
     _add_out(p, default=str(datasets_dir() / "ml-100k-ctr"))
     _add_split(p, "seeded random 80/10/10, or chronological", int_in(0))
+
+
+def _add_own(which) -> None:
+    p = _one_file_dataset(which, "own", _own, "your file: .csv, .tsv or .txt (tab-separated), .gz of those, or "
+                                              ".parquet; text needs a header line")
+    p.add_argument("--label-col", required=True, help="the 0/1 label's column")
+    p.add_argument("--dense-cols", required=True, type=_names, help="numeric columns, comma-separated (at least one)")
+    p.add_argument("--sparse-cols", required=True, type=_names,
+                   help="categorical columns, comma-separated: one embedding table each (sparse_0, ... in this "
+                        "order; meta.json's features name them)")
+    p.add_argument("--split", default="random", metavar="random|time:COL|tail",
+                   help="random (seeded), time:COL (by a time column, numbers or ISO dates: the latest rows held "
+                        "out) or tail (the file's last rows)")
+    p.add_argument("--held-out", type=float_in(0, 1, low_open=True, high_open=True), default=0.2,
+                   help="the share of val and test together, halved between them")
+    p.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0, help="seed of the random split")
+    p.add_argument("--dense-transform", choices=("log1p", "none"), default="log1p",
+                   help="log1p: Criteo's (negatives clamped to 0, then log(x + 1)); none: the values as they are "
+                        "(empty -> 0 either way)")
+    _add_vocabulary_options(p)
+
+
+def _names(text: str) -> list[str]:
+    """`a,b,c` -> ["a", "b", "c"]."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected column names separated by commas, got {text!r}")
+    return names
+
+
+def _own(args) -> int:
+    from embcache.data.own import convert_own, parse_split
+
+    try:
+        parse_split(args.split)
+    except ValueError as err:
+        raise UserFacingError(str(err)) from None
+    kwargs = _vocab_kwargs(args)
+    return _staged(args, [args.input], lambda out: convert_own(
+        args.input, out, label=args.label_col, dense=args.dense_cols, sparse=args.sparse_cols, split=args.split,
+        held_out=args.held_out, seed=args.seed, dense_transform=args.dense_transform, **kwargs))
 
 
 def _add_synthetic(sub) -> None:

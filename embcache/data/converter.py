@@ -97,6 +97,8 @@ class TextSource:
             `good_per_file` for the others are None while writing.
         day_splits: a split name per file: each file's rows are also listed as that split
             (shards cut at every file's end).
+        blocks: (path, bad-row log or None, block bytes) -> the blocks of a file that is not
+            delimited text (`own.parquet_blocks`), as `read_blocks` yields them; None: text.
     """
 
     files: list[Path]
@@ -112,6 +114,13 @@ class TextSource:
     sparse_keys: list[str] | None = None  # "string" (default) or "int+1" per feature: see raw_values
     prescan: list[int] | None = None
     day_splits: list[str] | None = None
+    blocks: Callable | None = None
+
+    def read(self, path: Path, bad: BadRowLog | None, block_bytes: int):
+        """The blocks of one input file: `blocks`, or the delimited-text reader."""
+        if self.blocks is not None:
+            return self.blocks(path, bad, block_bytes)
+        return read_blocks(path, self.columns, self.delimiter, self.header, bad, block_bytes)
 
 
 def convert(src: TextSource, out_dir: str | os.PathLike, source: str, min_count: int = 1,
@@ -239,7 +248,7 @@ def _count_values(src: TextSource, bad: BadRowLog, max_ids: int | None, progress
     with _bar(progress, "pass 1/2: counting values" if count_values else "pass 1/2: counting rows") as bar:
         for path in chosen:
             good = 0
-            for block, first, lines in read_blocks(path, src.columns, src.delimiter, src.header, bad, block_bytes):
+            for block, first, lines in src.read(path, bad, block_bytes):
                 parsed = src.parse(block)
                 _log_bad_rows(bad, path, parsed, first, lines)
                 for f, counter in enumerate(counters):
@@ -284,7 +293,7 @@ def _write_rows(src: TextSource, writer: CTRDatasetWriter, good_per_file: list[i
             log = bad if bad is not None and file_index not in logged else None
             before = {s: (len(writer.splits[s]["files"]), writer.splits[s]["rows"]) for s in SPLITS}
             done = 0
-            for block, first, lines in read_blocks(path, src.columns, src.delimiter, src.header, log, block_bytes):
+            for block, first, lines in src.read(path, log, block_bytes):
                 parsed = src.parse(block)
                 if log is not None:
                     _log_bad_rows(log, path, parsed, first, lines)

@@ -448,6 +448,8 @@ def dense_transform(meta: dict) -> str | None:
         >>> dense_transform({"source": "Criteo Kaggle (train.txt)"}), dense_transform({"source": "Avazu"})
         ('log1p(max(x, 0))', None)
     """
+    if "dense_transform" in meta:  # recorded by the converter (`data prepare own`)
+        return meta["dense_transform"]
     source = str(meta.get("source", ""))
     return DENSE_LOG1P if source.startswith(("Criteo", "synthetic Criteo")) else None
 

@@ -44,8 +44,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="multiplies Criteo Kaggle's cardinalities for the synthetic set "
                         "(0.1: 3.4 M embedding rows, so the 1.5 %% cache holds 51 k)")
     add_config_arguments(p, DLRMConfig, ["sparse", "cache_ratio"])
+    p.set_defaults(cache_ratio="fit")  # the command sizes its cache from the data; DLRMConfig keeps 0.015
     p.add_argument("--device-memory", type=memory_size, default=None, metavar="SIZE",
-                   help="with --cache-ratio auto: device memory the cache may use, e.g. 16GiB "
+                   help="with --cache-ratio auto or fit: device memory the cache may use, e.g. 16GiB "
                         "(default: the CUDA device's free memory, else 16 GiB)")
     add_config_arguments(p, DLRMConfig, ["eviction", "warmup_ratio", "admission", "bookkeeping", "host_store", "row_dtype",
                                          "row_rounding", "sparse_optimizer", "sparse_lr", "dense_lr", "embedding_dim",
@@ -117,12 +118,17 @@ def _add_predict(sub) -> None:
                        description="Score a raw file through `dlrm export`'s directory, batch by batch, with the "
                                    "parsing and dense transform of `data prepare`: Criteo text lines (40 fields "
                                    "with the label, 39 without; .gz too), or a CSV / Parquet file with a column per "
-                                   "feature of the export (sparse_0, ..., dense_0, ...; 'label' is kept). Writes "
-                                   "'probability' per row, in order, to --out (.csv or .parquet).")
+                                   "feature of the export (sparse_0, ..., dense_0, ...; 'label' is kept), or for "
+                                   "`data prepare own` data the columns it was prepared from, by name. Writes "
+                                   "'probability' per row, in order, to --out (.csv or .parquet); values a "
+                                   "vocabulary never saw are counted per feature (--strict refuses them).")
     p.add_argument("export", help="the directory `embcache dlrm export --out` wrote")
     p.add_argument("--input", required=True, help="the raw file to score")
     p.add_argument("--out", required=True, help="where the predictions go (.csv or .parquet)")
     p.add_argument("--batch-rows", type=int, default=8192, help="rows scored at a time")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse a value its feature's vocabulary never saw (naming file, line, feature and value) "
+                        "instead of scoring it as missing; without it such values are counted per feature")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(func=_predict)
 
@@ -133,24 +139,33 @@ def _predict(args) -> int:
     return predict_command(args)
 
 
-def _auto_cache_ratio(args, cfg, data_dir: Path) -> float:
-    """The planner's choice for `--cache-ratio auto`, logged (by rank 0) in one line."""
+def _chosen_cache_ratio(args, cfg, data_dir: Path) -> float:
+    """The ratio of `--cache-ratio auto` (the planner's choice) or `fit` (the default:
+    `embcache.dlrm.cache_fit`), logged (by rank 0) in one line."""
     import logging
     import os
 
     from embcache.cache.choices import resolve_bookkeeping
     from embcache.cache.planner import auto_cache_ratio, default_device_memory
+    from embcache.dlrm.cache_fit import fit_cache_ratio
 
     memory, source = (args.device_memory, "--device-memory") if args.device_memory else \
         default_device_memory(cfg.resolved_device())
-    chosen, why = auto_cache_ratio(data_dir, embedding_dim=cfg.embedding_dim, optimizer=cfg.sparse_optimizer,
-                                   eviction=cfg.eviction, batch_size=cfg.batch_size,
-                                   warmup_ratio=cfg.warmup_ratio, device_memory=memory, seed=cfg.seed,
-                                   prefetch_depth=cfg.prefetch_depth, admission=cfg.admission,
-                                   bookkeeping=resolve_bookkeeping(cfg.bookkeeping, cfg.resolved_device(),
-                                                                   cfg.host_store))
+    bookkeeping = resolve_bookkeeping(cfg.bookkeeping, cfg.resolved_device(), cfg.host_store)
+    if cfg.cache_ratio == "fit":
+        chosen, why = fit_cache_ratio(data_dir, batch_size=cfg.batch_size, prefetch_depth=cfg.prefetch_depth,
+                                      embedding_dim=cfg.embedding_dim, optimizer=cfg.sparse_optimizer,
+                                      eviction=cfg.eviction, bookkeeping=bookkeeping, device_memory=memory,
+                                      memory_source=source)
+    else:
+        chosen, why = auto_cache_ratio(data_dir, embedding_dim=cfg.embedding_dim, optimizer=cfg.sparse_optimizer,
+                                       eviction=cfg.eviction, batch_size=cfg.batch_size,
+                                       warmup_ratio=cfg.warmup_ratio, device_memory=memory, seed=cfg.seed,
+                                       prefetch_depth=cfg.prefetch_depth, admission=cfg.admission,
+                                       bookkeeping=bookkeeping)
+        why = f"{why} ({source})"
     if int(os.environ.get("RANK", "0")) == 0:
-        logging.getLogger("embcache.dlrm.trainer").info(f"{why} ({source})")
+        logging.getLogger("embcache.dlrm.trainer").info(why)
     return chosen
 
 
@@ -222,8 +237,8 @@ def train(args) -> int:
         refuse_existing_run(args, "dlrm")
         apply_threads(args)
         data_dir = _prepared_once(args)
-        if cfg.cache_ratio == "auto":
-            cfg.cache_ratio = _auto_cache_ratio(args, cfg, data_dir) if cfg.sparse == "cached" \
+        if cfg.cache_ratio in ("auto", "fit"):
+            cfg.cache_ratio = _chosen_cache_ratio(args, cfg, data_dir) if cfg.sparse == "cached" \
                 else DLRMConfig.cache_ratio
         summary, _ = run_launched(cfg, lambda: DLRMTrainer(cfg, data_dir).fit())
     except ValueError as err:

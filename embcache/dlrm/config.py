@@ -57,9 +57,9 @@ def training_split(days: str | None, epoch: int) -> str:
 
 
 def cache_ratio_value(text: str) -> float | str:
-    """`--cache-ratio`: a ratio in (0, 1], or `auto` (sized by the cache planner once the
-    data is known)."""
-    return "auto" if text == "auto" else ratio(text)
+    """`--cache-ratio`: a ratio in (0, 1], `auto` (sized by the cache planner once the data is
+    known) or `fit` (`dlrm train`'s default: `embcache.dlrm.cache_fit`)."""
+    return text if text in ("auto", "fit") else ratio(text)
 
 
 cache_ratio_value.__name__ = "cache ratio"
@@ -99,9 +99,11 @@ class DLRMConfig(StepRunConfig):
                           help="cached tables, whole tables on the device, or whole tables on the host")
     cache_ratio: float = setting(
         0.015, type=cache_ratio_value,
-        help="fraction of all embedding rows kept on the device, or 'auto': the smallest whose predicted hit rate "
-             "(`embcache cache plan`, from the id counts) is within 1 point of the largest cache that fits "
-             "--device-memory")
+        help="fraction of all embedding rows kept on the device; 'fit' (dlrm train's default): 0.015, or more where "
+             "the batches in flight (with the prefetched ones) need more rows, twice those as far as --device-memory "
+             "allows (whole tables on small data); 'auto': the smallest whose predicted hit rate (`embcache cache "
+             "plan`, from the id counts) is within 1 point of the largest cache that fits --device-memory. The "
+             "Python DLRMConfig's default is {default}")
     eviction: str = setting("freq", choices=POLICIES,
                             help="which cached row gives way to a missed one: freq (the id's count in the training "
                                  "data plus its count so far), lfu (its count so far) or lru (the least recently "

@@ -375,6 +375,8 @@ def write_export(directory: Path, tables: dict[str, torch.Tensor], program, data
                                for j in range(meta["num_dense"])],
             # what `predict` applies to raw dense values, as `data prepare` did (null: none)
             "dense_transform": dense_transform(meta),
+            # `data prepare own`'s columns (label, dense, sparse, time): `dlrm predict` reads them by name
+            **({"input_columns": meta["columns"]} if "columns" in meta else {}),
             "dense_model": {"file": DENSE_FILE, "kind": "torch.export", "torch": torch.__version__,
                             "inputs": {"pooled": f"[B, {len(entries)}, {dim}] float32, tables in the order above",
                                        "dense": f"[B, {meta['num_dense']}] float32, the dense_features above"},

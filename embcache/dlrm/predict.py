@@ -10,7 +10,9 @@ Inputs:
   kept, any other column refused by name.
 
 Output (`.csv` or `.parquet`, written under a temporary name, then renamed): `probability`
-per input row, in order, beside `label` where the input has one.
+per input row, in order, beside `label` where the input has one. Values a feature's
+vocabulary never saw score as missing and are counted per feature in one line at the end;
+`--strict` refuses the first of them instead, naming file, line (or row), feature and value.
 """
 from __future__ import annotations
 
@@ -38,16 +40,12 @@ def predict_command(args) -> int:
         model = load_export(args.export)
     except (OSError, ValueError) as err:
         raise UserFacingError(str(err)) from None
-    probabilities, labels = [], []
+    probabilities, labels, unseen = [], [], {}
     from tqdm import tqdm
 
     with tqdm(desc="predict", unit=" rows", disable=not args.progress) as bar:
-        for sparse, dense, label in raw_batches(source, model, args.batch_rows):
-            try:
-                logits = model.logits(sparse, model.transform_dense(dense))
-            except ValueError as err:
-                raise UserFacingError(f"{source}: {err}") from None
-            probabilities.append(torch.sigmoid(logits).numpy())
+        for sparse, dense, label, where in raw_batches(source, model, args.batch_rows):
+            probabilities.append(_scored(model, sparse, dense, source, where, args.strict, unseen))
             if label is not None:
                 labels.append(label)
             bar.update(len(dense))
@@ -56,12 +54,31 @@ def predict_command(args) -> int:
         columns = {"label": np.concatenate(labels), **columns}
     write_columns(columns, out)
     print(f"wrote {len(columns['probability']):,} predictions to {out}")
+    if unseen:
+        from embcache.serve import describe_unseen
+
+        print(describe_unseen(unseen, len(columns["probability"])).replace("strict scoring", "--strict"))
     return 0
+
+
+def _scored(model, sparse, dense, source: Path, where, strict: bool, unseen: dict) -> np.ndarray:
+    """One batch's probabilities; its unseen values counted into `unseen`, or with `strict`
+    the first refused, naming where it is (`where(i)`: "FILE:LINE" of the batch's row i)."""
+    from embcache.serve import UnseenValueError
+
+    try:
+        logits = model.logits(sparse, model.transform_dense(dense), strict=strict, unseen=unseen)
+    except UnseenValueError as err:
+        raise UserFacingError(f"{where(err.row)}: {err.feature} value {err.value!r} is not in the export's "
+                              f"vocabulary; --strict refuses it (without --strict it scores as missing)") from None
+    except ValueError as err:
+        raise UserFacingError(f"{source}: {err}") from None
+    return torch.sigmoid(logits).numpy()
 
 
 def raw_batches(path: Path, model, batch_rows: int):
     """(sparse {feature: raw values}, dense raw `[B, k]` float64 with NaN for missing, labels
-    or None) of `path`, `batch_rows` at a time."""
+    or None, where: row i -> "FILE:LINE" or "FILE: row N") of `path`, `batch_rows` at a time."""
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         yield from _table_batches(path, model, batch_rows, parquet=True)
@@ -110,6 +127,7 @@ def _criteo_batch(path: Path, rows, features, labelled: bool):
                 except ValueError:
                     raise UserFacingError(f"{path}:{lineno}: I{j + 1} is not a number: {v!r}") from None
     sparse = {f: [fields[first + CRITEO_DENSE + c] or None for _, fields in rows] for c, f in enumerate(features)}
+    linenos = [lineno for lineno, _ in rows]
     labels = None
     if labelled:
         try:
@@ -117,7 +135,24 @@ def _criteo_batch(path: Path, rows, features, labelled: bool):
         except ValueError:
             lineno = next(n for n, fields in rows if not fields[0].strip().isdigit())
             raise UserFacingError(f"{path}:{lineno}: the label is not 0 or 1") from None
-    return sparse, dense, labels
+    return sparse, dense, labels, lambda i: f"{path}:{linenos[i]}"
+
+
+def _input_names(path: Path, names: list[str], model) -> dict[str, str]:
+    """{the file's column: the export's} for an export of `data prepare own` data read by the
+    columns it was prepared from (`input_columns`: the label, dense and categorical columns
+    by their names; the file's other columns are left out); {} for any other file. Such a
+    file must hold every categorical column: one left out would score as missing."""
+    columns = model.manifest.get("input_columns")
+    if not columns or not set(columns["sparse"]) & set(names):
+        return {}
+    missing = [c for c in columns["sparse"] + columns["dense"] if c not in names]
+    if missing:
+        raise UserFacingError(f"{path}: no column {', '.join(map(repr, missing[:5]))}: the model was trained on "
+                              f"{', '.join(columns['sparse'] + columns['dense'])}")
+    renamed = {c: f for c, f in zip(columns["sparse"], model.features)}
+    renamed |= {c: f"dense_{j}" for j, c in enumerate(columns["dense"])}
+    return renamed | ({columns["label"]: "label"} if columns["label"] in names else {})
 
 
 def _table_batches(path: Path, model, batch_rows: int, parquet: bool):
@@ -133,18 +168,27 @@ def _table_batches(path: Path, model, batch_rows: int, parquet: bool):
     else:
         import pyarrow.csv as pcsv
 
-        names = path.open(encoding="utf-8", errors="replace").readline().rstrip("\r\n").split(",")
+        import csv
+
+        with path.open(encoding="utf-8", errors="replace", newline="") as f:
+            names = next(csv.reader(f), [])  # a quoted header too (pyarrow writes one)
+        numeric = set(dense_names) | set((model.manifest.get("input_columns") or {}).get("dense", []))
         batches = pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=1 << 22),
                                 convert_options=pcsv.ConvertOptions(
-                                    column_types={n: pa.string() for n in names if n not in dense_names},
+                                    column_types={n: pa.string() for n in names if n not in numeric},
                                     strings_can_be_null=True))
-    unknown = [n for n in names if n not in set(model.features) | set(dense_names) | {"label"}]
-    if unknown:
+    renamed = _input_names(path, names, model)
+    unknown = [n for n in names if n not in set(model.features) | set(dense_names) | {"label"} | set(renamed)]
+    if unknown and not renamed:
         raise UserFacingError(f"{path}: unknown column(s) {', '.join(map(repr, unknown[:5]))}; the export's "
                               f"features are {model.features[0]} .. {model.features[-1]}, its dense ones "
                               f"dense_0 .. dense_{k - 1}, and 'label' is kept")
+    done = 0
     for batch in batches:
         table = pa.Table.from_batches([batch])
+        if renamed:
+            table = table.select([n for n in table.column_names if n in renamed]).rename_columns(
+                [renamed[n] for n in table.column_names if n in renamed])
         n = table.num_rows
         dense = np.full((n, k), np.nan)
         for j, name in enumerate(dense_names):
@@ -154,4 +198,7 @@ def _table_batches(path: Path, model, batch_rows: int, parquet: bool):
         sparse = {f: table.column(f).to_pylist() for f in model.features if f in table.column_names}
         labels = table.column("label").to_numpy(zero_copy_only=False).astype(np.int8) \
             if "label" in table.column_names else None
-        yield sparse, dense, labels
+        # a CSV record is a line after the header (a quoted line break would shift this)
+        where = (lambda i, d=done: f"{path}: row {d + i + 1}") if parquet else (lambda i, d=done: f"{path}:{d + i + 2}")
+        done += n
+        yield sparse, dense, labels, where
