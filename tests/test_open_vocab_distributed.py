@@ -2,7 +2,10 @@
 (each table bounded on its own, seeded by its place in the model, ties broken by key, so the
 keys kept do not depend on which tables share a rank's index) and train the same rows to a
 float tolerance: 2 ranks sum in another order (tests/test_dlrm_distributed.py). Measured:
-2.1e-5 at most, on 2 of 1,067 rows of the largest table, after 24 Adagrad steps; the
+2.1e-5 at most, on 2 of 1,067 rows of the largest table, after 24 Adagrad steps, on one CPU;
+8.3e-5 on 1 of 943 rows (and 5.7e-5 when split by key hash) on an AVX-512 CPU, whose
+vectorised sums group the terms otherwise. Adagrad divides by the root of a row's summed
+squares, so a row seen a few times amplifies the last-bit differences of its gradient. The
 next-day AUCs agree to 1e-5."""
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from embcache.checkpoint import load_checkpoint
 from embcache.distributed.table_checkpoint import full_tables
 from tests.torchrun_helpers import embcache, torchrun
 
-TOLERANCE = 5e-5
+TOLERANCE = 1.5e-4  # under twice the largest difference measured (8.3e-5)
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
 
 
