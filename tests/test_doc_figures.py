@@ -73,6 +73,18 @@ FIGURES = [
      ("cases", 0, "rows", 0, "best_recall_at_20")),
     ("README.md", "MovieLens-100k: {:.4f} for both", "cf_negatives.json",
      ("cases", 0, "rows", 2, "best_recall_at_20")),
+    ("README.md", "`make run` about {:.0f} s after the set-up", "make_run.json", ("wall_s",)),
+    ("README.md", "other work: load {:.0f}; val AUC {:.4f};", "make_run.json",
+     lambda d: (d["hardware"]["loadavg_1_5_15min"][0], d["summary"]["val_auc"])),
+    ("README.md", "only reporting the finished one ({:.0f} s;", "make_run.json", ("again_wall_s",)),
+    # docs/dlrm.md: make run
+    ("docs/dlrm.md", "(load {:.0f}), the whole run, data generation included, took {:.0f} s", "make_run.json",
+     lambda d: (d["hardware"]["loadavg_1_5_15min"][0], d["wall_s"])),
+    ("docs/dlrm.md", "val AUC {:.4f}, hit rate {:.3f} at the default 1.5 % cache", "make_run.json",
+     lambda d: (d["summary"]["val_auc"], d["summary"]["hit_rate"])),
+    ("docs/dlrm.md", "cache, {}, {:,.0f} MiB peak host memory", "make_run.json",
+     lambda d: ("no overflow" if d["summary"]["overflow_rows"] == 0 else f"{d['summary']['overflow_rows']:,} rows overflow",
+                d["summary"]["peak_host_mib"])),
     # docs/cache.md: the device bookkeeper's operations, the GPU run
     ("docs/cache.md", "**{} operations a step**", "host_ops.json", ("summary", 1, "launches_per_step")),
     ("docs/cache.md", "**{} operations a step**", "host_ops.json", ("summary", 3, "launches_per_step")),
