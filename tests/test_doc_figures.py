@@ -116,6 +116,7 @@ FIGURES = [
      lambda d: (d["blocks"][1]["results"][1]["overflow_rows"], d["config"]["steps"])),
     ("docs/cache.md", "so {:.0f} k rows a step are served beside it", "gpu.json",
      lambda d: d["blocks"][1]["results"][1]["overflow_rows"] / d["config"]["steps"] / 1e3),
+    ("docs/cache.md", "`bytes_moved_per_step` {:.0f} MB", "gpu.json", lambda d: d["rows"][3]["bytes_moved_per_step"] / 1e6),
     ("docs/cache.md", "the cache ({} slots) is smaller", "device_check.log", _log_gpu(r"the cache holds ([\d,]+) rows")),
     ("docs/cache.md", "than a batch's {} distinct rows", "device_check.log",
      _log_gpu(r"a batch needs ([\d,]+) distinct rows")),
