@@ -27,12 +27,14 @@ def _quiet_tiled(quiet: dict) -> float:
     return quiet["cases"][0]["rows"][2]["speedup_vs_torch"]
 
 
+def _overflow(rows: int) -> str:
+    return "no overflow" if rows == 0 else f"{rows:,} rows overflow"
+
+
 def _log_gpu(pattern: str) -> str:
     """The first group of `pattern` in the log after `bench gpu` starts."""
     return r"=== bench gpu.*?" + pattern
 
-
-GPU_CACHED = {"one-hot": ("blocks", 0, "results", 1), "multi-hot": ("blocks", 1, "results", 1)}
 
 FIGURES = [
     # README: the headline figures
@@ -64,7 +66,8 @@ FIGURES = [
     ("README.md", "a HEAT epoch is {:.0f}–{:.0f}× faster", "cf.json",
      lambda d: (min(_tiled_k64(d) + [_quiet_tiled(_load("cf_negatives_quiet.json"))]),
                 max(_tiled_k64(d) + [_quiet_tiled(_load("cf_negatives_quiet.json"))]))),
-    ("README.md", "{:.1f}–{:.1f}× in the benchmark's run", "cf.json", lambda d: (min(_tiled_k64(d)), max(_tiled_k64(d)))),
+    ("README.md", "{:.1f}–{:.1f}× in the benchmark's run", "cf.json",
+     lambda d: (min(_tiled_k64(d)), max(_tiled_k64(d)))),
     ("README.md", "{:.1f}× on MovieLens-100k, d 64, one thread", "cf.json",
      ("cases", 0, "rows", 2, "speedup_vs_torch")),
     ("README.md", "on a slower day {:.1f}× tiled, {:.1f}× untiled", "cf_negatives_quiet.json",
@@ -83,12 +86,12 @@ FIGURES = [
     ("docs/dlrm.md", "val AUC {:.4f}, hit rate {:.3f} at the default 1.5 % cache", "make_run.json",
      lambda d: (d["summary"]["val_auc"], d["summary"]["hit_rate"])),
     ("docs/dlrm.md", "cache, {}, {:,.0f} MiB peak host memory", "make_run.json",
-     lambda d: ("no overflow" if d["summary"]["overflow_rows"] == 0 else f"{d['summary']['overflow_rows']:,} rows overflow",
-                d["summary"]["peak_host_mib"])),
+     lambda d: (_overflow(d["summary"]["overflow_rows"]), d["summary"]["peak_host_mib"])),
     # docs/cache.md: the device bookkeeper's operations, the GPU run
     ("docs/cache.md", "**{} operations a step**", "host_ops.json", ("summary", 1, "launches_per_step")),
     ("docs/cache.md", "**{} operations a step**", "host_ops.json", ("summary", 3, "launches_per_step")),
-    ("docs/cache.md", "the prefetch's admission pass {}", "host_ops.json", ("summary", 1, "launches_by_part", "prefetch")),
+    ("docs/cache.md", "the prefetch's admission pass {}", "host_ops.json",
+     ("summary", 1, "launches_by_part", "prefetch")),
     ("docs/cache.md", "the forward's lookup {}, the backward {}", "host_ops.json",
      lambda d: (d["summary"][1]["launches_by_part"]["forward"], d["summary"][1]["launches_by_part"]["backward"])),
     ("docs/cache.md", "{} of {} passed", "cuda_tests.json",
@@ -116,8 +119,10 @@ FIGURES = [
      lambda d: (d["blocks"][1]["results"][1]["overflow_rows"], d["config"]["steps"])),
     ("docs/cache.md", "so {:.0f} k rows a step are served beside it", "gpu.json",
      lambda d: d["blocks"][1]["results"][1]["overflow_rows"] / d["config"]["steps"] / 1e3),
-    ("docs/cache.md", "`bytes_moved_per_step` {:.0f} MB", "gpu.json", lambda d: d["rows"][3]["bytes_moved_per_step"] / 1e6),
-    ("docs/cache.md", "the cache ({} slots) is smaller", "device_check.log", _log_gpu(r"the cache holds ([\d,]+) rows")),
+    ("docs/cache.md", "`bytes_moved_per_step` {:.0f} MB", "gpu.json",
+     lambda d: d["rows"][3]["bytes_moved_per_step"] / 1e6),
+    ("docs/cache.md", "the cache ({} slots) is smaller", "device_check.log",
+     _log_gpu(r"the cache holds ([\d,]+) rows")),
     ("docs/cache.md", "than a batch's {} distinct rows", "device_check.log",
      _log_gpu(r"a batch needs ([\d,]+) distinct rows")),
     # docs/heat.md: the quiet run
