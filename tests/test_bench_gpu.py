@@ -22,6 +22,10 @@ def test_bench_gpu_compares_cached_and_whole_tables_from_the_same_start(tmp_path
         # same table, batches and dense start: on the CPU every loss equals the whole table's
         assert r["max_loss_diff_vs_gpu_tables"] == 0.0
     assert len(set(rows[0]["losses"])) > 1  # it trained: the loss moved
+    # each batch's distinct rows (warm-up and timed), as the trace draws them
+    from embcache.bench.criteo_trace import CriteoTrace
+    trace = CriteoTrace(scale=0.0005, batch_size=32, batches=6, seed=0)
+    assert data["blocks"][0]["distinct_rows_per_batch"] == [int(trace.batch(i).unique().numel()) for i in range(6)]
     cached = rows[1:]
     assert all(0 < r["hit_rate"] <= 1 and r["bytes_h2d_per_step"] >= 0 for r in cached)
     assert cached[0]["hit_rate"] <= cached[1]["hit_rate"]  # a larger cache hits at least as often

@@ -3,17 +3,43 @@ structure, truncations, zero length, foreign files and binary garbage of every f
 project writes (run and face checkpoints, CF models, prepared shards, exports), and bad ids
 and garbage in the text a user brings. For each: the command fails with one line naming the
 file (no traceback), or skips and counts; nothing damaged is used without a word; the input
-is the same on disk afterwards. Every case counts toward the total asserted at the end."""
+is the same on disk afterwards. Each test refuses every case it generates, as many as `PLANNED`
+says for it (counted from the generator, not from which tests ran before), and the plan
+holds at least 80 cases."""
 import shutil
 
-import numpy as np
 import pytest
 
 from embcache.cli import main
 from tests.damage import damaged_variants
 
 FLIPS = 8  # single-byte flips a file kind (plus the seal's own bytes, a run of 16, cuts, foreign files)
-SEEN: list[str] = []
+CF_TEXT = [
+    (b"", "no interactions"),
+    (b"0 1 2\n1 2 x\n", "non-integer token 'x'"),
+    (b"0 1 2\n1 -4 2\n", "negative id -4"),
+    (b"0 1 2\n1 2 3\n2 99999999999999999999999\n", "beyond any 64-bit id"),
+    (b"0 1 2\n1 2 3\n2 3 4\n3 4 5\n5 1000000000000\n", "far beyond the ids of train.txt"),
+    (bytes(range(256)) * 8, "non-integer token"),
+    (b"user_id,item_id\nu1,i1\n", "non-integer token"),
+]
+
+
+def _variants(good: bytes, seed: int, flips: int, every: int = 1) -> list[tuple[str, bytes]]:
+    """The damaged variants a test feeds a command, distinct by name."""
+    cases = list(damaged_variants(good, seed=seed, flips=flips))[::every]
+    assert len({name for name, _ in cases}) == len(cases), [name for name, _ in cases]
+    return cases
+
+
+def _planned(flips: int, every: int = 1) -> int:
+    """How many variants `damaged_variants` makes for `flips` (whatever the file's bytes)."""
+    return len(list(damaged_variants(bytes(4096), flips=flips))[::every])
+
+
+PLANNED = {"cf models": _planned(FLIPS), "cf text": len(CF_TEXT), "run checkpoints": _planned(FLIPS),
+           "export files": 2 * _planned(FLIPS // 2), "prepared shards": _planned(FLIPS, every=2),
+           "face checkpoints": _planned(FLIPS)}
 
 
 def _refused(argv, capsys, path, data, name):
@@ -25,7 +51,6 @@ def _refused(argv, capsys, path, data, name):
     assert rc == 1, (name, err)
     assert len(lines) == 1 and "Traceback" not in "\n".join(err) and path.name in lines[0], (name, err)
     assert path.read_bytes() == data, name
-    SEEN.append(f"{path.name}:{name}")
     return lines[0]
 
 
@@ -44,19 +69,13 @@ def cf_model(tmp_path_factory):
 def test_cf_models(cf_model, capsys, tmp_path):
     good = (cf_model / "model.npz").read_bytes()
     path = tmp_path / "model.npz"
-    for name, data in damaged_variants(good, seed=11, flips=FLIPS):
+    cases = _variants(good, seed=11, flips=FLIPS)
+    for name, data in cases:
         _refused(["cf", "recommend", str(path), "--users", "0"], capsys, path, data, name)
+    assert len(cases) == PLANNED["cf models"]
 
 
-@pytest.mark.parametrize("text,why", [
-    (b"", "no interactions"),
-    (b"0 1 2\n1 2 x\n", "non-integer token 'x'"),
-    (b"0 1 2\n1 -4 2\n", "negative id -4"),
-    (b"0 1 2\n1 2 3\n2 99999999999999999999999\n", "beyond any 64-bit id"),
-    (b"0 1 2\n1 2 3\n2 3 4\n3 4 5\n5 1000000000000\n", "far beyond the ids of train.txt"),
-    (bytes(range(256)) * 8, "non-integer token"),
-    (b"user_id,item_id\nu1,i1\n", "non-integer token"),
-])
+@pytest.mark.parametrize("text,why", CF_TEXT)
 def test_cf_text_a_user_brings(cf_model, capsys, tmp_path, text, why):
     d = tmp_path / "lg"
     d.mkdir()
@@ -85,8 +104,10 @@ def test_run_checkpoints(dlrm_run, capsys, tmp_path):
     shutil.copytree(dlrm_run / "ck", ck)
     path = ck / "dlrm-last.pt"
     good = path.read_bytes()
-    for name, data in damaged_variants(good, seed=12, flips=FLIPS):
+    cases = _variants(good, seed=12, flips=FLIPS)
+    for name, data in cases:
         _refused(["dlrm", "evaluate", str(path), "--data", str(dlrm_run / "data")], capsys, path, data, name)
+    assert len(cases) == PLANNED["run checkpoints"]
 
 
 def test_export_files(dlrm_run, capsys, tmp_path):
@@ -98,12 +119,15 @@ def test_export_files(dlrm_run, capsys, tmp_path):
     rows.write_text("0\t" + "\t".join(["1"] * 13 + ["68fd1e64"] * 26) + "\n")
     manifest = json.loads((export / "manifest.json").read_text())
     files = [export / manifest["tables"][0]["file"], export / manifest["dense_model"]["file"]]
+    refused = 0
     for k, path in enumerate(files):
         good = path.read_bytes()
-        for name, data in damaged_variants(good, seed=20 + k, flips=FLIPS // 2):
+        for name, data in _variants(good, seed=20 + k, flips=FLIPS // 2):
             _refused(["dlrm", "predict", str(export), "--input", str(rows), "--out", str(tmp_path / "p.csv"),
                       "--no-progress"], capsys, path, data, name)
+            refused += 1
         path.write_bytes(good)
+    assert refused == PLANNED["export files"]
     assert not (tmp_path / "p.csv").exists()
 
 
@@ -112,9 +136,11 @@ def test_prepared_shards(dlrm_run, capsys, tmp_path):
     shutil.copytree(dlrm_run / "data", data_dir)
     path = next((data_dir / "val").glob("*.parquet"))
     good = path.read_bytes()
-    for name, data in list(damaged_variants(good, seed=13, flips=FLIPS))[::2]:
+    cases = _variants(good, seed=13, flips=FLIPS, every=2)
+    for name, data in cases:
         _refused(["dlrm", "evaluate", str(dlrm_run / "ck"), "--data", str(data_dir), "--split", "val"], capsys, path,
                  data, name)
+    assert len(cases) == PLANNED["prepared shards"]
 
 
 def test_face_checkpoints(capsys, tmp_path):
@@ -124,11 +150,13 @@ def test_face_checkpoints(capsys, tmp_path):
     capsys.readouterr()
     path = ck / "face-last.pt"
     good = path.read_bytes()
-    for name, data in damaged_variants(good, seed=14, flips=FLIPS):
+    cases = _variants(good, seed=14, flips=FLIPS)
+    for name, data in cases:
         _refused(["face", "evaluate", str(path)], capsys, path, data, name)
+    assert len(cases) == PLANNED["face checkpoints"]
 
 
-def test_at_least_eighty_damaged_inputs_were_refused():
-    """The suite's own count (this module's tests run in file order)."""
-    assert len(SEEN) >= 80, len(SEEN)
-    assert np.unique(SEEN).size == len(SEEN)
+def test_at_least_eighty_damaged_inputs_are_refused():
+    """The cases the tests above generate, counted from the generator: as many whichever
+    tests run, in whatever order (each test asserts it refused its `PLANNED` share)."""
+    assert sum(PLANNED.values()) >= 80, PLANNED

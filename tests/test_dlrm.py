@@ -14,6 +14,7 @@ import torch
 from embcache.checkpoint import load_checkpoint
 from embcache.distributed.table_checkpoint import full_tables, saved_residency
 from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
+from tests.offline_data import load_or_skip
 
 
 @pytest.fixture(scope="module")
@@ -182,10 +183,7 @@ def test_missing_data_directory_is_one_clear_line(tmp_path):
 def test_movielens_100k_as_ctr_reaches_validation_auc_above_070(tmp_path):
     from embcache.data.movielens_ctr import prepare_ml100k_ctr
 
-    try:
-        prepare_ml100k_ctr(tmp_path / "ml")
-    except Exception as err:  # the RecBole copy comes from PyPI on first use
-        pytest.skip(f"MovieLens-100k not available (pip download failed): {err}")
+    load_or_skip(prepare_ml100k_ctr, tmp_path / "ml")  # the RecBole copy comes from PyPI on first use
     trainer = DLRMTrainer(small_config(batch_size=512, epochs=2, cache_ratio=0.1,
                                        sparse_optimizer="adagrad", sparse_lr=0.05), tmp_path / "ml")
     summary = trainer.fit()

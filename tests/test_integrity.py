@@ -106,7 +106,9 @@ def test_a_resume_from_a_damaged_run_checkpoint_is_one_line(small_synthetic, tmp
     again = subprocess.run(common + ["--max-steps", "4", "--resume"], capture_output=True, text=True, cwd=ROOT,
                            env=env)
     assert again.returncode == 1 and "Traceback" not in again.stderr
-    assert "dlrm-last.pt: corrupt checkpoint: CRC-32" in again.stderr
+    lines = again.stderr.splitlines()
+    assert len(lines) == 1, again.stderr[-2000:]  # one line, and it names the file and the check
+    assert f"{last}: corrupt checkpoint: CRC-32" in lines[0]
     assert last.read_bytes() == bytes(data)
 
 
@@ -196,12 +198,15 @@ def test_a_flip_in_a_values_page_names_the_row_group(prepared):
 
 def test_a_damaged_shard_stops_training_in_one_line(prepared, tmp_path):
     rel = next(iter(sorted((prepared / "train").glob("*.parquet"))))
-    _flip_middle(rel)
+    flipped = _flip_middle(rel)
     done = subprocess.run([sys.executable, "-m", "embcache", "dlrm", "train", "--data", str(prepared), "--batch-size",
                            "64", "--embedding-dim", "4", "--max-steps", "3", "--no-progress"],
                           capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert "corrupt Parquet shard" in done.stderr and "AUC" not in done.stdout
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr[-2000:]  # one line, and it names the shard
+    assert "corrupt Parquet shard" in lines[0] and rel.name in lines[0] and "AUC" not in done.stdout
+    assert rel.read_bytes() == flipped  # read, not repaired or rewritten
 
 
 def test_data_prepared_before_the_checksums_reads_with_one_note(prepared, caplog):

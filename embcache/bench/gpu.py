@@ -356,7 +356,10 @@ def run(args) -> int:
             data = make_data(args, trace, shape)
             # the ids' counts over the run (the trace's `frequencies()`, without drawing it again)
             freq = torch.bincount(torch.cat([inputs[0].flatten() for inputs, _, _ in data]), minlength=trace.num_rows)
-            blocks.append(bench_block(shape, dim, table, args, device, data, freq))
+            # each batch's distinct rows: what a cache smaller than a batch serves beside itself
+            distinct = [int(torch.unique(inputs[0]).numel()) for inputs, _, _ in data]
+            blocks.append({**bench_block(shape, dim, table, args, device, data, freq),
+                           "distinct_rows_per_batch": distinct})
             path = save()
             del data, freq
         del table

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 import functools
 import os
 import time
@@ -46,20 +47,32 @@ DEVICE_VARIANT = "device bookkeeping"  # the variant of `--bookkeeping device`
 def launches_per_step(ebc, batches: list, depth: int) -> dict:
     """The operations one training step issues to the device (forward, prefetch of the
     batch `depth` ahead, backward with the update), counted on meta: the device
-    bookkeeper's whole host cost on a GPU is issuing these."""
+    bookkeeper's whole host cost on a GPU is issuing these. Counted in the trainer's steady
+    state: one uncounted step first drops whatever prefetches the timed runs left pending (a
+    drop is an operation), so the count does not depend on how many steps ran before."""
     from embcache.bench.op_count import count_ops
 
     for b in batches[:depth]:
         ebc.prefetch(b)
+    parts = {}
 
-    def step():
-        out = ebc(batches[0])
+    def forward(i: int = 1):
+        parts["out"] = ebc(batches[i])
+
+    def prefetch(i: int = 1):
         if depth:
-            ebc.prefetch(batches[depth])
-        out.values().sum().backward()
+            ebc.prefetch(batches[i + depth])
 
-    counter = count_ops(step)
-    return {"total": counter.total, "by_op": dict(counter.ops.most_common())}
+    def backward():  # the loss's sum, then the backward with the update
+        parts.pop("out").values().sum().backward()
+
+    forward(0), prefetch(0), backward()  # the steady state: exactly the next batch's prefetch pending
+    counters = {name: count_ops(fn) for name, fn in (("forward", forward), ("prefetch", prefetch),
+                                                    ("backward", backward))}
+    by_op = sum((c.ops for c in counters.values()), Counter())
+    return {"total": sum(c.total for c in counters.values()),
+            "by_part": {name: c.total for name, c in counters.items()},
+            "by_op": dict(by_op.most_common())}
 
 
 class PartTimer:
@@ -304,7 +317,8 @@ def run(args) -> int:
                                     **({"keys": keys} if len(args.keys) > 1 and not device else {}), **r})
                     parts = "  ".join(f"{k} {1e3 * v:.1f}" for k, v in r["parts_s"].items() if v)
                     if device:
-                        parts = f"{launches['total']} operations a step, each on meta"
+                        parts = (f"{launches['total']} operations a step, each on meta: "
+                                 + ", ".join(f"{k} {v}" for k, v in launches["by_part"].items()))
                     label = f" {keys}" if len(args.keys) > 1 or device else ""
                     hits = "" if hit_rate is None else f", hit rate {hit_rate:.3f}"
                     print(f"  {shape}{label} {ratio:.3%} {t} thread(s): {rate:,.0f} samples/s{hits} "
@@ -344,6 +358,7 @@ def summarize(results: list[dict]) -> list[dict]:
                "samples_per_s_1": by_t.get(1)}
         if "launches_per_step" in mine[0]:
             row["launches_per_step"] = mine[0]["launches_per_step"]["total"]
+            row["launches_by_part"] = mine[0]["launches_per_step"]["by_part"]
         if 1 in by_t and 2 in by_t:
             row["speedup_2"] = by_t[2] / by_t[1]
             row["projected"] = projection(by_t[1], by_t[2])

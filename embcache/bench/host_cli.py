@@ -31,8 +31,9 @@ is what the key index costs the host.
 
 With `--bookkeeping device` the same lookups also run through the device bookkeeper with
 every device tensor on `meta`: what the host does then is issue operations, so the JSON
-gives their number a step (`launches_per_step`, counted by a dispatch mode, views not
-counted) beside the step's time on meta (an upper bound: some meta kernels are slow
+gives their number a step (`launches_per_step`: in all, by part of the step (forward,
+prefetch, backward) and by operation; counted by a dispatch mode in the trainer's steady
+state, views not counted) beside the step's time on meta (an upper bound: some meta kernels are slow
 Python; on a GPU each operation costs a launch, ~5-10 us).
 
 Not counted: what a GPU step adds on the host (the copies' launches), and reading the

@@ -1,0 +1,193 @@
+"""Every figure the README and docs/ state from a result file is that file's: a table of
+(doc, phrase, result file, where in it), kept here. The phrase is the doc's text with `{...}`
+where the number stands; the number is read from the file (a JSON path, or a function of
+the parsed file; for a log, the first group of a pattern), put into the phrase, and the
+phrase must be in the doc (line breaks read as spaces) in a paragraph that names the file
+(or right after one that does).
+A number changed in the doc, or in the file, fails it."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+def _tiled_k64(cf: dict) -> list[float]:
+    """HEAT's run kernel, tiled, against torch at K=64: every case and thread count."""
+    return [r["speedup_vs_torch"] for c in cf["cases"] if c["negatives"] == 64 for r in c["rows"]
+            if r["variant"] == "heat, tiling"]
+
+
+def _quiet_tiled(quiet: dict) -> float:
+    return quiet["cases"][0]["rows"][2]["speedup_vs_torch"]
+
+
+def _overflow(rows: int) -> str:
+    return "no overflow" if rows == 0 else f"{rows:,} rows overflow"
+
+
+def _log_gpu(pattern: str) -> str:
+    """The first group of `pattern` in the log after `bench gpu` starts."""
+    return r"=== bench gpu.*?" + pattern
+
+
+FIGURES = [
+    # README: the headline figures
+    ("README.md", "a 1.5 % cache finds {:.3f}", "cache.json", ("hit_rate", "results", 1, "freq")),
+    ("README.md", "(Belady's offline optimum: {:.3f};", "cache.json", ("hit_rate", "results", 1, "belady")),
+    ("README.md", "validation AUC to every digit ({:.6f})", "dlrm.json", ("results", 1, "val_auc")),
+    ("README.md", "throughput on this CPU ({:.2f}x;", "dlrm.json", ("results", 1, "throughput_vs_all_on_device")),
+    ("README.md", "beats a day-0 vocabulary by {:.2f} points", "vocab.json",
+     ("open_minus", "first-day", "mean_auc_points")),
+    ("README.md", "and hashing by {:.2f} (", "vocab.json", ("open_minus", "hash", "mean_auc_points")),
+    ("README.md", "({:.4f} vs {:.4f} and {:.4f})", "vocab.json",
+     lambda d: tuple(d["results"][i]["mean_auc"] for i in (2, 0, 1))),
+    ("README.md", "raw keys at {:.2f}x the ids' samples/s one-hot", "host_raw_keys.json",
+     ("summary", 1, "raw_vs_ids_1")),
+    ("README.md", "one-hot, {:.2f}x multi-hot", "host_raw_keys.json", ("summary", 4, "raw_vs_ids_1")),
+    ("README.md", "2 DLRM ranks reach {:.2f}x one process", "scaling.json", ("results", 1, "speedup_vs_1_rank")),
+    ("README.md", "half-batch processes reach {:.2f}x", "scaling.json", ("results", 2, "speedup_vs_1_rank")),
+    ("README.md", "the projection gives {:.1f}x at 8 GPUs ({:.1f}x with", "projection.json",
+     lambda d: (d["results"][9]["speedup_no_overlap"], d["results"][9]["speedup_full_overlap"])),
+    ("README.md", "the {} CUDA tests of commit 0802062 passed", "cuda_tests.json", ("counts", "passed")),
+    ("README.md", "the cache ({:,.0f} MiB against {:,.0f} MiB one-hot;", "gpu.json",
+     lambda d: (d["rows"][1]["peak_device_mib"], d["rows"][0]["peak_device_mib"])),
+    ("README.md", "1.5 % runs at **{:.2f}x** the whole table on the GPU one-hot", "gpu.json",
+     ("rows", 1, "vs_all_on_gpu")),
+    ("README.md", "one-hot and **{:.2f}x** multi-hot", "gpu.json", ("rows", 3, "vs_all_on_gpu")),
+    ("README.md", "16 cores is **{:.1f}x** the torch engine on the H200 at K=64 and {:.1f}x at K=1000",
+     "cf_device.json", lambda d: tuple(d["cases"][i]["rows"][2]["speedup_vs_torch"] for i in (0, 1))),
+    ("README.md", "share of a step is **{} operations**", "host_ops.json", ("summary", 1, "launches_per_step")),
+    ("README.md", "a HEAT epoch is {:.0f}–{:.0f}× faster", "cf.json",
+     lambda d: (min(_tiled_k64(d) + [_quiet_tiled(_load("cf_negatives_quiet.json"))]),
+                max(_tiled_k64(d) + [_quiet_tiled(_load("cf_negatives_quiet.json"))]))),
+    ("README.md", "{:.1f}–{:.1f}× in the benchmark's run", "cf.json",
+     lambda d: (min(_tiled_k64(d)), max(_tiled_k64(d)))),
+    ("README.md", "{:.1f}× on MovieLens-100k, d 64, one thread", "cf.json",
+     ("cases", 0, "rows", 2, "speedup_vs_torch")),
+    ("README.md", "on a slower day {:.1f}× tiled, {:.1f}× untiled", "cf_negatives_quiet.json",
+     lambda d: (_quiet_tiled(d), d["cases"][0]["rows"][1]["speedup_vs_torch"])),
+    ("README.md", "MovieLens-100k: {:.4f} for both", "cf_negatives.json",
+     ("cases", 0, "rows", 0, "best_recall_at_20")),
+    ("README.md", "MovieLens-100k: {:.4f} for both", "cf_negatives.json",
+     ("cases", 0, "rows", 2, "best_recall_at_20")),
+    ("README.md", "`make run` about {:.0f} s after the set-up", "make_run.json", ("wall_s",)),
+    ("README.md", "other work: load {:.0f}; val AUC {:.4f};", "make_run.json",
+     lambda d: (d["hardware"]["loadavg_1_5_15min"][0], d["summary"]["val_auc"])),
+    ("README.md", "only reporting the finished one ({:.0f} s;", "make_run.json", ("again_wall_s",)),
+    # docs/dlrm.md: make run
+    ("docs/dlrm.md", "(load {:.0f}), the whole run, data generation included, took {:.0f} s", "make_run.json",
+     lambda d: (d["hardware"]["loadavg_1_5_15min"][0], d["wall_s"])),
+    ("docs/dlrm.md", "val AUC {:.4f}, hit rate {:.3f} at the default 1.5 % cache", "make_run.json",
+     lambda d: (d["summary"]["val_auc"], d["summary"]["hit_rate"])),
+    ("docs/dlrm.md", "cache, {}, {:,.0f} MiB peak host memory", "make_run.json",
+     lambda d: (_overflow(d["summary"]["overflow_rows"]), d["summary"]["peak_host_mib"])),
+    # docs/cache.md: the device bookkeeper's operations, the GPU run
+    ("docs/cache.md", "**{} operations a step**", "host_ops.json", ("summary", 1, "launches_per_step")),
+    ("docs/cache.md", "**{} operations a step**", "host_ops.json", ("summary", 3, "launches_per_step")),
+    ("docs/cache.md", "the prefetch's admission pass {}", "host_ops.json",
+     ("summary", 1, "launches_by_part", "prefetch")),
+    ("docs/cache.md", "the forward's lookup {}, the backward {}", "host_ops.json",
+     lambda d: (d["summary"][1]["launches_by_part"]["forward"], d["summary"][1]["launches_by_part"]["backward"])),
+    ("docs/cache.md", "{} of {} passed", "cuda_tests.json",
+     lambda d: (d["counts"]["passed"], sum(d["counts"].values()))),
+    ("docs/cache.md", "pinned host-to-device copy moves {:.1f} GB/s", "probe.json", ("pinned_copy_gbps",)),
+    ("docs/cache.md", "| 512 B (dim 128) | {:.1f} | {:.1f} | {:.1f} | {:.1f} |", "probe.json",
+     lambda d: (d["unified_view"]["rows"][2]["gather_gbps"], d["unified_view"]["rows"][2]["gather_rows_per_s"] / 1e6,
+                d["unified_view"]["rows"][2]["scatter_gbps"], d["triton_gather"]["rows"][2]["gather_gbps"])),
+    ("docs/cache.md", "the probe's {:.1f} above", "probe.json", ("unified_view", "rows", 2, "gather_gbps")),
+    ("docs/cache.md", "({:.1f} GB/s in, {:.1f} out: `gpu.json`'s", "gpu.json",
+     lambda d: (d["random_rows"]["128"]["gather_gbps"], d["random_rows"]["128"]["scatter_gbps"])),
+    ("docs/cache.md", "| one-hot | cached 1.5 %, host bookkeeping | {:,.0f} | **{:.2f}** |", "gpu.json",
+     lambda d: (d["rows"][1]["samples_per_s"], d["rows"][1]["vs_all_on_gpu"])),
+    ("docs/cache.md", "| multi-hot | cached 1.5 %, host bookkeeping | {:,.0f} | **{:.2f}** |", "gpu.json",
+     lambda d: (d["rows"][3]["samples_per_s"], d["rows"][3]["vs_all_on_gpu"])),
+    ("docs/cache.md", "table: {:,.0f} MiB against {:,.0f} MiB one-hot", "gpu.json",
+     lambda d: (d["rows"][1]["peak_device_mib"], d["rows"][0]["peak_device_mib"])),
+    ("docs/cache.md", "*One-hot*, {:.1f} ms a step against the whole table's {:.1f}", "gpu.json",
+     lambda d: (d["blocks"][0]["results"][1]["step_ms"], d["blocks"][0]["results"][0]["step_ms"])),
+    ("docs/cache.md", "*Multi-hot*, {:.0f} ms a step against {:.1f}", "gpu.json",
+     lambda d: (d["blocks"][1]["results"][1]["step_ms"], d["blocks"][1]["results"][0]["step_ms"])),
+    ("docs/cache.md", "its bookkeeping takes {:.1f} ms a step on 1 thread and {:.1f} ms on 16", "host_device.json",
+     lambda d: (1e3 * d["results"][0]["step_s"], 1e3 * d["results"][2]["step_s"])),
+    ("docs/cache.md", "`overflow_rows` {:,} over the {} timed steps", "gpu.json",
+     lambda d: (d["blocks"][1]["results"][1]["overflow_rows"], d["config"]["steps"])),
+    ("docs/cache.md", "so {:.0f} k rows a step are served beside it", "gpu.json",
+     lambda d: d["blocks"][1]["results"][1]["overflow_rows"] / d["config"]["steps"] / 1e3),
+    ("docs/cache.md", "`bytes_moved_per_step` {:.0f} MB", "gpu.json",
+     lambda d: d["rows"][3]["bytes_moved_per_step"] / 1e6),
+    ("docs/cache.md", "the cache ({} slots) is smaller", "device_check.log",
+     _log_gpu(r"the cache holds ([\d,]+) rows")),
+    ("docs/cache.md", "than a batch's {} distinct rows", "device_check.log",
+     _log_gpu(r"a batch needs ([\d,]+) distinct rows")),
+    # docs/heat.md: the quiet run
+    ("docs/heat.md", "untiled (**{:.1f}×**) and 0.141 s tiled ({:.1f}×;", "cf_negatives_quiet.json",
+     lambda d: (d["cases"][0]["rows"][1]["speedup_vs_torch"], _quiet_tiled(d))),
+    ("docs/heat.md", "and {:.0f}–{:.0f}× torch at K=64 in this run", "cf.json",
+     lambda d: (min(_tiled_k64(d)), max(_tiled_k64(d)))),
+]
+
+
+def _load(name: str):
+    text = (RESULTS / name).read_text()
+    return json.loads(text) if name.endswith(".json") else text
+
+
+def read_value(name: str, where):
+    """The figure `where` names in result file `name`: a tuple of values where it gives several."""
+    data = _load(name)
+    if isinstance(where, str):  # a log: the pattern's first group, as the log writes it
+        match = re.search(where, data, re.S)
+        assert match, f"{name}: {where!r} not found"
+        return match.group(1)
+    if callable(where):
+        return where(data)
+    for key in where:
+        data = data[key]
+    return data
+
+
+def stated(phrase: str, value) -> str:
+    return phrase.format(*value) if isinstance(value, tuple) else phrase.format(value)
+
+
+def paragraphs(text: str) -> list[str]:
+    """The paragraphs of a doc's text, each with its line breaks read as spaces."""
+    return [" ".join(p.split()) for p in re.split(r"\n\s*\n", text)]
+
+
+def where_stated(text: str, phrase: str, name: str, value) -> list[str]:
+    """The paragraphs of a doc's `text` that state `phrase` with `value` and name `name`
+    (or follow one that does: a table, a list under the sentence that cites its file)."""
+    shown, paras = stated(phrase, value), paragraphs(text)
+    return [p for i, p in enumerate(paras) if shown in p and (name in p or i and name in paras[i - 1])]
+
+
+@pytest.mark.parametrize("doc,phrase,name,where", FIGURES, ids=[f"{f[0]}:{f[1][:40]}" for f in FIGURES])
+def test_a_figure_in_the_docs_is_its_result_files(doc, phrase, name, where):
+    value = read_value(name, where)
+    assert where_stated((ROOT / doc).read_text(), phrase, name, value), (
+        f"{doc} does not state {stated(phrase, value)!r} in a paragraph naming {name}")
+
+
+def _changed(value):
+    if isinstance(value, tuple):
+        return (_changed(value[0]),) + value[1:]
+    if isinstance(value, str):
+        return value.replace(value[-1], "0" if value[-1] != "0" else "1")
+    return value * 1.37 + 3
+
+
+@pytest.mark.parametrize("doc,phrase,name,where", FIGURES[::6], ids=[f"{f[0]}:{f[1][:40]}" for f in FIGURES[::6]])
+def test_the_check_fails_when_the_file_or_the_doc_changes_the_number(doc, phrase, name, where):
+    value = read_value(name, where)
+    text = (ROOT / doc).read_text()
+    assert where_stated(text, phrase, name, value)
+    assert not where_stated(text, phrase, name, _changed(value))  # the file's number changed
+    edited = " ".join(text.split()).replace(stated(phrase, value), stated(phrase, _changed(value)))
+    assert not where_stated(edited, phrase, name, value)  # the doc's number changed
