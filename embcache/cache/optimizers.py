@@ -17,6 +17,7 @@ import math
 import torch
 
 from embcache.cache.choices import OPTIMIZERS, TORCH_OPTIMIZERS
+from embcache.cache.fixed_size import first_positions
 from embcache.keys import mix64, shift_right
 
 # what each optimizer here equals on an uncached table (row-wise Adagrad has none in torch)
@@ -65,9 +66,10 @@ class SGD(RowOptimizer):
     needs_coalesced = False  # a sum of per-lookup updates: kept in torch's order, bit-exact
 
     def update(self, weight, state, rows, values, step):
-        # as torch's dense += uncoalesced sparse gradient (the same op on the same terms)
-        grad = torch.sparse_coo_tensor(rows.unsqueeze(0), values, weight.shape, check_invariants=False)
-        weight.add_(grad, alpha=-self.lr)
+        # torch's dense += uncoalesced sparse gradient adds the terms one by one in their
+        # order, as `index_add_` does (the same bits: tests/test_device_bookkeeping.py); the
+        # dense op, unlike the sparse one, runs on `meta` and sizes nothing by the device
+        weight.index_add_(0, rows, values, alpha=-self.lr)
 
 
 class Adagrad(RowOptimizer):
@@ -230,22 +232,26 @@ def update_rows(optimizer: RowOptimizer, weight: torch.Tensor, state: dict[str, 
     same float32 arithmetic, and written back through `rounding` (`row_ids[r]`: the id of
     row r, for stochastic rounding). The state stays float32 and is never rounded.
     `distinct`: the caller's rows are distinct (the device bookkeeper's coalesced ones,
-    whose only repeats are its trash row), so no `unique` (a size the device reports)."""
+    whose only repeats are its trash row). Otherwise rows may repeat (SGD's terms, one a
+    lookup): each entry gets a copy of its row, a row's terms all go to its first copy
+    (`first_positions`), and every copy takes that one's result, so that a row written
+    several times is written the same bits each time. No `unique`: its size is one the
+    device would report (a sync on CUDA); the copies cost the size of the terms."""
     if weight.dtype == torch.float32:
         optimizer.update(weight, state, rows, values, step)
         return
     if rows.numel() == 0:
         return
-    if distinct:  # rows distinct already (repeats only at a row whose values do not matter): no unique
-        touched, local = rows, torch.arange(rows.numel(), device=rows.device)
-    else:
-        touched, local = torch.unique(rows, return_inverse=True)
-    work = weight.index_select(0, touched).float()
-    work_state = {k: v.index_select(0, touched) for k, v in state.items()}
+    local = torch.arange(rows.numel(), device=rows.device) if distinct else first_positions(rows)
+    work = weight.index_select(0, rows).float()
+    work_state = {k: v.index_select(0, rows) for k, v in state.items()}
     optimizer.update(work, work_state, local, values, step)
-    weight.index_copy_(0, touched, rounding(work, row_ids.index_select(0, touched), step))
+    if not distinct:
+        work = work.index_select(0, local)
+        work_state = {k: v.index_select(0, local) for k, v in work_state.items()}
+    weight.index_copy_(0, rows, rounding(work, row_ids.index_select(0, rows), step))
     for k, v in state.items():
-        v.index_copy_(0, touched, work_state[k])
+        v.index_copy_(0, rows, work_state[k])
 
 
 def make_optimizer(name: str, lr: float, **kwargs) -> RowOptimizer:
