@@ -26,6 +26,10 @@ from .sync_counter import SyncCounter
 from .test_cache_fused import assert_same_state
 
 
+OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam"]
+ROW_DTYPES = ["float32", "float16", "bfloat16"]
+
+
 # ---------------------------------------------------------------------- the pieces
 @pytest.mark.parametrize("seed", range(40))
 def test_the_fixed_size_sum_is_coalesce_to_the_bit(seed):
@@ -54,21 +58,54 @@ def test_first_positions_name_each_value_by_its_first_entry(seed):
     assert torch.equal(got, first.index_select(0, inverse))
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_sgd_adds_the_terms_as_torch_adds_a_sparse_gradient(seed):
-    """SGD's `index_add_` of per-lookup terms is torch's dense += uncoalesced sparse
-    gradient to the bit (what `torch.optim.SGD` does with an embedding's sparse gradient),
-    rows repeated many times and widths on and off the vector lanes."""
+def _terms(seed, dim=None):
+    """A per-lookup gradient over a small table: rows repeated many times, values over a
+    wide range of magnitudes; widths on and off the vector lanes."""
     g = torch.Generator().manual_seed(seed)
-    dim = [1, 3, 8, 16, 33][seed % 5]
+    dim = dim or [1, 3, 8, 16, 33][seed % 5]
     n, num_rows = int(torch.randint(1, 2000, (1,), generator=g)), int(torch.randint(1, 60, (1,), generator=g))
     rows = torch.randint(0, num_rows, (n,), generator=g)
     values = torch.randn(n, dim, generator=g) * torch.exp(3 * torch.randn(n, 1, generator=g))
-    weight = torch.randn(num_rows, dim, generator=g)
+    return torch.randn(num_rows, dim, generator=g), rows, values
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_sgd_adds_the_terms_as_torch_adds_a_sparse_gradient(seed):
+    """SGD's step off the CPU, `index_add_` of the per-lookup terms (what torch's dense +=
+    uncoalesced sparse gradient runs on CUDA, and what runs on meta), gives the bits of the
+    sparse op that `torch.optim.SGD` applies and that SGD keeps on the CPU."""
+    weight, rows, values = _terms(seed)
     want = weight.clone().add_(torch.sparse_coo_tensor(rows.unsqueeze(0), values, weight.shape,
                                                        check_invariants=False), alpha=-0.05)
-    optimizers.SGD(0.05).update(weight, {}, rows, values, step=1)
-    assert torch.equal(weight.view(torch.int32), want.view(torch.int32))
+    on_cpu = weight.clone()
+    optimizers.SGD(0.05).update(on_cpu, {}, rows, values, step=1)
+    off_cpu = weight.clone().index_add_(0, rows, values, alpha=-0.05)
+    assert torch.equal(on_cpu.view(torch.int32), want.view(torch.int32))
+    assert torch.equal(off_cpu.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("row_dtype, rounding", [("bfloat16", "stochastic"), ("float16", "nearest"),
+                                                 ("float16", "stochastic")])
+def test_half_rows_deduplicated_in_a_fixed_size_update_as_by_unique(optimizer, row_dtype, rounding):
+    """`update_rows` without `unique` (the device bookkeeper's, and any off the CPU) writes
+    the bits it writes with it: rows and optimizer state, over steps, with SGD's repeated
+    rows and the others' coalesced ones."""
+    dtype = getattr(torch, row_dtype)
+    opt, rnd = optimizers.make_optimizer(optimizer, 0.05), optimizers.RowRounding(dtype, rounding, seed=3)
+    weight, rows, values = _terms(len(optimizer), dim=8)
+    tables = []
+    for fixed_size in (False, True):
+        w, state = weight.to(dtype), opt.init_state(weight.shape[0], 8)
+        for step in range(1, 4):
+            r, v = rows.roll(step), values * step
+            if opt.needs_coalesced:
+                grad = torch.sparse_coo_tensor(r.unsqueeze(0), v, weight.shape, check_invariants=False).coalesce()
+                r, v = grad._indices()[0], grad._values()
+            update_rows(opt, w, state, r, v, step, torch.arange(weight.shape[0]), rnd, fixed_size=fixed_size)
+        tables.append([w.view(torch.int16)] + [state[k].view(torch.int32) for k in sorted(state)])
+    assert all(torch.equal(a, b) for a, b in zip(*tables))
+    assert not torch.equal(tables[1][0], weight.to(dtype).view(torch.int16))  # the steps changed the rows
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean"])
@@ -232,8 +269,6 @@ def _trace(num_rows, batch, sizes, steps=3, seed=0):
     return [(torch.randint(0, num_rows, (int(lengths.sum()),), generator=g), offsets) for _ in range(steps + 1)]
 
 
-OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam"]
-ROW_DTYPES = ["float32", "float16", "bfloat16"]
 # (pooling, per-sample weights: None | "host" | "grad" (the model's, on the device, needing a gradient))
 VARIANTS = [("sum", None), ("mean", None), ("sum", "host"), ("sum", "grad")]
 
