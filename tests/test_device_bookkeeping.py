@@ -299,8 +299,10 @@ def _run_variant(bag, batches, monkeypatch) -> list[tuple]:
     monkeypatch.setattr(device_updates, "update_rows", recording)
     bag.prefetch(*batches[0][:2])
     for i, (ids, offsets, weights, segments) in enumerate(batches[:-1]):
-        if weights is not None and weights.requires_grad or segments is not None:
-            out = bag.lookup_checked(ids, offsets, weights, segments)  # as a collection hands its group over
+        if (weights is not None and weights.requires_grad) or segments is not None:
+            # as a collection hands its group over: checked where the loader gave it (the bag's
+            # own check of device-side weights would read them), segments per table
+            out = bag.lookup_checked(ids, offsets, weights, segments)
         else:
             out = bag(ids, offsets, weights)
         bag.prefetch(*batches[i + 1][:2])
