@@ -4,7 +4,8 @@ across the two, and a whole step that never asks the device for a value.
 
 On the CPU the device bookkeeper runs its fixed-size tensor ops on CPU tensors, which is
 how this suite proves it; `meta` tensors (shapes without values) prove that no operation of
-a step hands a value back to the host.
+a step hands a value back to the host (and, for the one case meta cannot show, shared tables,
+a count of the operations that synchronise on CUDA, made on CPU tensors).
 """
 import pytest
 import torch
@@ -13,13 +14,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from embcache.bench.op_count import count_ops
+from embcache.cache import device_updates, optimizers
 from embcache.cache.device_cache import DeviceRowCache
-from embcache.cache.fixed_size import summed_in_torch_order
+from embcache.cache.fixed_size import first_positions, summed_in_torch_order
+from embcache.cache.optimizers import update_rows
 from embcache.cache.row_cache import RowCache
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag, lookup_terms
 
 from .cache_helpers import reference_bag, step_alike, zipf_batches
+from .sync_counter import SyncCounter
 from .test_cache_fused import assert_same_state
+
+
+OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam"]
+ROW_DTYPES = ["float32", "float16", "bfloat16"]
 
 
 # ---------------------------------------------------------------------- the pieces
@@ -37,6 +45,67 @@ def test_the_fixed_size_sum_is_coalesce_to_the_bit(seed):
     assert torch.equal(got_keys[:distinct], want._indices()[0])
     assert torch.equal(got_values[:distinct].view(torch.int32), want._values().view(torch.int32))  # bits, signs too
     assert bool((got_keys[distinct:] == -1).all())
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_first_positions_name_each_value_by_its_first_entry(seed):
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 400, (1,), generator=g))
+    values = torch.randint(0, max(1, n // int(torch.randint(1, 30, (1,), generator=g))), (n,), generator=g)
+    got = first_positions(values)
+    _, inverse = torch.unique(values, return_inverse=True)
+    first = torch.full((n,), n).scatter_reduce_(0, inverse, torch.arange(n), "amin")  # per distinct value
+    assert torch.equal(got, first.index_select(0, inverse))
+
+
+def _terms(seed, dim=None):
+    """A per-lookup gradient over a small table: rows repeated many times, values over a
+    wide range of magnitudes; widths on and off the vector lanes."""
+    g = torch.Generator().manual_seed(seed)
+    dim = dim or [1, 3, 8, 16, 33][seed % 5]
+    n, num_rows = int(torch.randint(1, 2000, (1,), generator=g)), int(torch.randint(1, 60, (1,), generator=g))
+    rows = torch.randint(0, num_rows, (n,), generator=g)
+    values = torch.randn(n, dim, generator=g) * torch.exp(3 * torch.randn(n, 1, generator=g))
+    return torch.randn(num_rows, dim, generator=g), rows, values
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_sgd_adds_the_terms_as_torch_adds_a_sparse_gradient(seed):
+    """SGD's step off the CPU, `index_add_` of the per-lookup terms (what torch's dense +=
+    uncoalesced sparse gradient runs on CUDA, and what runs on meta), gives the bits of the
+    sparse op that `torch.optim.SGD` applies and that SGD keeps on the CPU."""
+    weight, rows, values = _terms(seed)
+    want = weight.clone().add_(torch.sparse_coo_tensor(rows.unsqueeze(0), values, weight.shape,
+                                                       check_invariants=False), alpha=-0.05)
+    on_cpu = weight.clone()
+    optimizers.SGD(0.05).update(on_cpu, {}, rows, values, step=1)
+    off_cpu = weight.clone().index_add_(0, rows, values, alpha=-0.05)
+    assert torch.equal(on_cpu.view(torch.int32), want.view(torch.int32))
+    assert torch.equal(off_cpu.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("row_dtype, rounding", [("bfloat16", "stochastic"), ("float16", "nearest"),
+                                                 ("float16", "stochastic")])
+def test_half_rows_deduplicated_in_a_fixed_size_update_as_by_unique(optimizer, row_dtype, rounding):
+    """`update_rows` without `unique` (the device bookkeeper's, and any off the CPU) writes
+    the bits it writes with it: rows and optimizer state, over steps, with SGD's repeated
+    rows and the others' coalesced ones."""
+    dtype = getattr(torch, row_dtype)
+    opt, rnd = optimizers.make_optimizer(optimizer, 0.05), optimizers.RowRounding(dtype, rounding, seed=3)
+    weight, rows, values = _terms(len(optimizer), dim=8)
+    tables = []
+    for fixed_size in (False, True):
+        w, state = weight.to(dtype), opt.init_state(weight.shape[0], 8)
+        for step in range(1, 4):
+            r, v = rows.roll(step), values * step
+            if opt.needs_coalesced:
+                grad = torch.sparse_coo_tensor(r.unsqueeze(0), v, weight.shape, check_invariants=False).coalesce()
+                r, v = grad._indices()[0], grad._values()
+            update_rows(opt, w, state, r, v, step, torch.arange(weight.shape[0]), rnd, fixed_size=fixed_size)
+        tables.append([w.view(torch.int16)] + [state[k].view(torch.int32) for k in sorted(state)])
+    assert all(torch.equal(a, b) for a, b in zip(*tables))
+    assert not torch.equal(tables[1][0], weight.to(dtype).view(torch.int16))  # the steps changed the rows
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean"])
@@ -181,8 +250,8 @@ def test_a_checkpoint_resumes_exactly_under_the_other_bookkeeper(tmp_path, first
 
 
 # ---------------------------------------------------------------------- the host never asks
-def _meta_bag(num_rows=4000, optimizer="adagrad", **kw):
-    return CachedEmbeddingBag(num_rows, 8, cache_ratio=0.05, optimizer=optimizer, lr=0.1, device="meta",
+def _meta_bag(num_rows=4000, optimizer="adagrad", device="meta", **kw):
+    return CachedEmbeddingBag(num_rows, 8, cache_ratio=0.05, optimizer=optimizer, lr=0.1, device=device,
                               bookkeeping="device", ids_freq=torch.randint(0, 5, (num_rows,)), **kw)
 
 
@@ -200,31 +269,122 @@ def _trace(num_rows, batch, sizes, steps=3, seed=0):
     return [(torch.randint(0, num_rows, (int(lengths.sum()),), generator=g), offsets) for _ in range(steps + 1)]
 
 
-@pytest.mark.parametrize("optimizer", ["adagrad", "rowwise_adagrad", "adam"])
-def test_a_whole_step_runs_with_every_device_tensor_on_meta(optimizer):
-    """Forward, prefetch of the next batch, backward with the update, overflow included: on
-    `meta` any operation that hands a value to the host raises, so none does."""
-    bag = _meta_bag(optimizer=optimizer)
-    batches = _trace(4000, 64, [1, 3, 8])
-    bag.prefetch(*batches[0])
-    for i in range(len(batches) - 1):
-        _one_step(bag, batches, i)
-    assert bag.cache.weight.device.type == "meta"
+# (pooling, per-sample weights: None | "host" | "grad" (the model's, on the device, needing a gradient))
+VARIANTS = [("sum", None), ("mean", None), ("sum", "host"), ("sum", "grad")]
 
 
-def test_a_planted_read_of_a_device_value_fails_the_meta_step(monkeypatch):
-    """The proof above can fail: one `.item()` planted in the admission pass breaks it."""
-    bag = _meta_bag()
-    batches = _trace(4000, 64, [1, 3, 8])
-    real = DeviceRowCache._count
+def _variant_trace(num_rows, weights, device, shared=False):
+    """`_trace`'s batches as (ids, offsets, weights, segments). `shared`: one table read by
+    two features (a collection's layout: the first feature's lookups, then the second's;
+    `segments` gives their counts); `weights` as in VARIANTS."""
+    g = torch.Generator().manual_seed(5)
+    out = []
+    for ids, offsets in _trace(num_rows, 64, [1, 3, 8] if not shared else [4], seed=1):
+        w = None if weights is None else torch.rand(ids.numel(), generator=g)
+        if weights == "grad":
+            w = w.to(device).requires_grad_()
+        out.append((ids, offsets, w, [[ids.numel() // 2, ids.numel() - ids.numel() // 2]] if shared else None))
+    return out
 
-    def planted(self, **deltas):
-        deltas["evictions"].item()  # what a host bookkeeper would do with a count
-        real(self, **deltas)
 
-    monkeypatch.setattr(DeviceRowCache, "_count", planted)
-    with pytest.raises((RuntimeError, NotImplementedError)):
-        bag.prefetch(*batches[0])
+def _run_variant(bag, batches, monkeypatch) -> list[tuple]:
+    """Train `bag` on `batches` (each prefetched one ahead); returns, per step, the shape of
+    the gradient that reached the update (rows, values), recorded at the update's call."""
+    seen = []
+
+    def recording(optimizer, weight, state, rows, values, *args, **kwargs):
+        seen.append((rows.shape[0], tuple(values.shape)))
+        return update_rows(optimizer, weight, state, rows, values, *args, **kwargs)
+
+    monkeypatch.setattr(device_updates, "update_rows", recording)
+    bag.prefetch(*batches[0][:2])
+    for i, (ids, offsets, weights, segments) in enumerate(batches[:-1]):
+        if (weights is not None and weights.requires_grad) or segments is not None:
+            # as a collection hands its group over: checked where the loader gave it (the bag's
+            # own check of device-side weights would read them), segments per table
+            out = bag.lookup_checked(ids, offsets, weights, segments)
+        else:
+            out = bag(ids, offsets, weights)
+        bag.prefetch(*batches[i + 1][:2])
+        out.sum().backward()
+    return seen
+
+
+def _assert_whole_steps(bag, batches, seen):
+    """Every step reached the update with one gradient entry per lookup (a step that
+    skipped it, or a gradient faked empty, fails), the step count is the host's, and every
+    batch needs more distinct rows than the cache has slots (so each step had overflow)."""
+    lookups = [(ids.numel(), (ids.numel(), bag.embedding_dim)) for ids, *_ in batches[:-1]]
+    assert seen == lookups
+    assert bag.cache.step == len(batches) - 1
+    assert all(torch.unique(ids).numel() > bag.cache.num_slots for ids, *_ in batches)
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("row_dtype", ROW_DTYPES)
+@pytest.mark.parametrize("mode, weights", VARIANTS)
+def test_a_whole_step_runs_with_every_device_tensor_on_meta(optimizer, row_dtype, mode, weights, monkeypatch):
+    """Forward, prefetch of the next batch, backward with the update, overflow every step,
+    for every optimizer and row type, sum and mean pooling, per-sample weights (from the
+    host, and the model's needing a gradient: the sparse-gradient path): on `meta` any
+    operation that hands a value to the host raises (`.item()`, a copy to the host) or has
+    no meta kernel because its size is the data's (`unique`, `nonzero`, boolean masks,
+    `coalesce`), so none is made. A table read by several features is the one case meta
+    cannot show: its features' sparse gradients are added with `+`, which on meta gives an
+    empty gradient (the rest of the step would run on nothing); it is proved on CPU
+    tensors below (`test_a_shared_tables_update_makes_no_syncing_operation`)."""
+    bag = _meta_bag(optimizer=optimizer, row_dtype=row_dtype, mode=mode)
+    batches = _variant_trace(4000, weights, "meta")
+    _assert_whole_steps(bag, batches, _run_variant(bag, batches, monkeypatch))
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("row_dtype", ROW_DTYPES)
+def test_a_shared_tables_update_makes_no_syncing_operation(optimizer, row_dtype, monkeypatch):
+    """Shared tables, where `meta` fakes an empty gradient (see above), on CPU tensors: the
+    backward (gradient terms, the features' sparse `+`, the per-row sums, the update of
+    cache and overflow rows, their write-back) calls no operation that synchronises on
+    CUDA (`tests/sync_counter.py`: a size or value the device would report). torch's sparse
+    `+` on CUDA concatenates, sizing its result on the host; on the CPU it merges (the
+    order the update repeats), so the counter sees it as the same one operation."""
+    bag = _meta_bag(optimizer=optimizer, row_dtype=row_dtype, device="cpu")
+    batches = _variant_trace(4000, None, "cpu", shared=True)
+    counted = []
+
+    def counting_backward(backward):
+        def run(self, *args, **kwargs):
+            with SyncCounter() as c:
+                backward(self, *args, **kwargs)
+            counted.append(c.ops)
+        return run
+
+    monkeypatch.setattr(torch.Tensor, "backward", counting_backward(torch.Tensor.backward))
+    _assert_whole_steps(bag, batches, _run_variant(bag, batches, monkeypatch))
+    assert counted == [[]] * (len(batches) - 1)
+
+
+@pytest.mark.parametrize("plant, match", [
+    ("item", r"item\(\) cannot be called on meta tensors"),
+    ("unique", r"_unique2.*Meta tensors"),
+])
+def test_a_planted_read_of_a_device_value_fails_the_meta_step(plant, match, monkeypatch):
+    """The proof above can fail, for the reason planted: the same step runs unplanted,
+    and fails with meta's own message once one `.item()` is planted in the admission pass,
+    or once half-precision SGD rows are deduplicated by `torch.unique` (as they once were)."""
+    batches = _variant_trace(4000, None, "meta")
+    _run_variant(_meta_bag(optimizer="sgd", row_dtype="bfloat16"), batches, monkeypatch)
+    if plant == "item":
+        real = DeviceRowCache._count
+
+        def planted(self, **deltas):
+            deltas["evictions"].item()  # what a host bookkeeper would do with a count
+            real(self, **deltas)
+
+        monkeypatch.setattr(DeviceRowCache, "_count", planted)
+    else:
+        monkeypatch.setattr(optimizers, "first_positions", lambda rows: torch.unique(rows, return_inverse=True)[1])
+    with pytest.raises((RuntimeError, NotImplementedError), match=match):
+        _run_variant(_meta_bag(optimizer="sgd", row_dtype="bfloat16"), batches, monkeypatch)
 
 
 def test_a_step_issues_the_same_operations_whatever_the_batch():

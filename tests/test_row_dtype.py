@@ -36,11 +36,11 @@ class UncachedTable:
         return out
 
 
-def train_both(optimizer, dtype, rounding, steps=50, mode="sum", **bag_kw):
+def train_both(optimizer, dtype, rounding, steps=50, mode="sum", cache_ratio=0.03, **bag_kw):
     torch.manual_seed(0)
     w0 = torch.randn(N, D)
     ref = UncachedTable(w0, getattr(torch, dtype), optimizer, RowRounding(getattr(torch, dtype), rounding, 7), mode)
-    bag = CachedEmbeddingBag(N, D, mode=mode, cache_ratio=0.03, optimizer=optimizer, lr=LR, weight=w0,
+    bag = CachedEmbeddingBag(N, D, mode=mode, cache_ratio=cache_ratio, optimizer=optimizer, lr=LR, weight=w0,
                              device="cpu", eviction="lru", row_dtype=dtype, rounding=rounding, rounding_seed=7,
                              **bag_kw)
     gen = torch.Generator().manual_seed(1)
@@ -67,6 +67,18 @@ def test_cached_half_rows_equal_the_uncached_arithmetic(optimizer, dtype, roundi
     bag.flush()
     for k, v in bag.cache.host.state.items():
         assert v.dtype == torch.float32 and torch.equal(v, ref.state[k]), k
+
+
+@pytest.mark.parametrize("optimizer,dtype,rounding", [("sgd", "bfloat16", "stochastic"), ("sgd", "float16", "nearest"),
+                                                      ("adagrad", "bfloat16", "stochastic")])
+def test_device_bookkept_half_rows_equal_the_uncached_arithmetic(optimizer, dtype, rounding):
+    """The device bookkeeper's update of half-precision rows (the cache's and the overflow
+    rows' in one call; SGD's repeated rows found in a fixed size, Adagrad's coalesced rows
+    beside the trash row) is the same arithmetic, to the bit."""
+    bag, ref = train_both(optimizer, dtype, rounding, steps=30, cache_ratio=0.01, bookkeeping="device")
+    stats = bag.cache_stats()
+    assert bag.cache.bookkeeping == "device" and stats["evictions"] > 0 and stats["overflow_rows"] > 0
+    assert torch.equal(bag.full_weight(), ref.weight)
 
 
 def test_half_rows_on_a_mapped_store_with_mean_pooling(tmp_path):

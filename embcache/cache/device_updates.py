@@ -31,7 +31,7 @@ class DeviceUpdates:
         rows, values = self._gradient_rows(rows, values.to(torch.float32), width, lookup)
         work = self._work
         update_rows(self.optimizer, work["weight"], self.state_of_work(), rows, values, self.step,
-                    self._work_ids, self.rounding, distinct=self.optimizer.needs_coalesced)
+                    self._work_ids, self.rounding, distinct=self.optimizer.needs_coalesced, fixed_size=True)
         s = lookup.scratch
         if s is not None:
             trash = self._trash_row()

@@ -44,3 +44,23 @@ def summed_in_torch_order(keys: torch.Tensor, values: torch.Tensor,
     out_keys = torch.full((n + 1,), -1, dtype=keys.dtype, device=keys.device)
     out_keys.index_copy_(0, pick(first, group, n), sorted_keys)
     return out_keys[:n], sums
+
+
+def first_positions(values: torch.Tensor) -> torch.Tensor:
+    """For each entry of `values` (1-D), the position of the first entry equal to it: a
+    name for each distinct value, as `unique(return_inverse=True)` gives one, in a fixed
+    size (`unique` makes the device report how many values are distinct).
+
+    Example:
+        >>> first_positions(torch.tensor([7, 3, 7, 7, 3, 9]))
+        tensor([0, 1, 0, 0, 1, 5])
+    """
+    n = values.numel()
+    sorted_values, perm = values.sort(stable=True)  # equal values keep their order: the first leads
+    first = torch.ones(n, dtype=torch.bool, device=values.device)
+    first[1:] = sorted_values[1:] != sorted_values[:-1]
+    positions = torch.arange(n, device=values.device)
+    lead = torch.cummax(pick(first, positions, 0), 0).values  # each sorted entry's first equal one
+    out = torch.empty_like(perm)
+    out.index_copy_(0, perm, perm.index_select(0, lead))
+    return out

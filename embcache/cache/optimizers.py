@@ -17,6 +17,7 @@ import math
 import torch
 
 from embcache.cache.choices import OPTIMIZERS, TORCH_OPTIMIZERS
+from embcache.cache.fixed_size import first_positions
 from embcache.keys import mix64, shift_right
 
 # what each optimizer here equals on an uncached table (row-wise Adagrad has none in torch)
@@ -65,9 +66,15 @@ class SGD(RowOptimizer):
     needs_coalesced = False  # a sum of per-lookup updates: kept in torch's order, bit-exact
 
     def update(self, weight, state, rows, values, step):
-        # as torch's dense += uncoalesced sparse gradient (the same op on the same terms)
-        grad = torch.sparse_coo_tensor(rows.unsqueeze(0), values, weight.shape, check_invariants=False)
-        weight.add_(grad, alpha=-self.lr)
+        # torch's dense += uncoalesced sparse gradient: the terms added one by one in their
+        # order. On the CPU, torch's own op (2-4x faster there than `index_add_`); elsewhere
+        # `index_add_`, which is what that op runs on CUDA, and which runs on `meta` (the
+        # sparse op does not). The same bits either way (tests/test_device_bookkeeping.py).
+        if weight.device.type == "cpu":
+            grad = torch.sparse_coo_tensor(rows.unsqueeze(0), values, weight.shape, check_invariants=False)
+            weight.add_(grad, alpha=-self.lr)
+        else:
+            weight.index_add_(0, rows, values, alpha=-self.lr)
 
 
 class Adagrad(RowOptimizer):
@@ -224,25 +231,36 @@ class RowRounding:
 
 def update_rows(optimizer: RowOptimizer, weight: torch.Tensor, state: dict[str, torch.Tensor],
                 rows: torch.Tensor, values: torch.Tensor, step: int, row_ids: torch.Tensor,
-                rounding: RowRounding, distinct: bool = False) -> None:
+                rounding: RowRounding, distinct: bool = False, fixed_size: bool | None = None) -> None:
     """`optimizer.update` for a table of any row type. float32 rows update in place; rows
     of a lower precision are copied to float32 (with their state), updated by the very
     same float32 arithmetic, and written back through `rounding` (`row_ids[r]`: the id of
     row r, for stochastic rounding). The state stays float32 and is never rounded.
     `distinct`: the caller's rows are distinct (the device bookkeeper's coalesced ones,
-    whose only repeats are its trash row), so no `unique` (a size the device reports)."""
+    whose only repeats are its trash row). Otherwise rows may repeat (SGD's terms, one a
+    lookup) and are deduplicated: by `unique` on the CPU, where no device is waited for
+    and it is cheapest; `fixed_size` (the default off the CPU, and the device bookkeeper's
+    everywhere) without it, since its size is one the device would report (a sync on CUDA):
+    each entry gets a copy of its row, a row's terms all go to its first copy
+    (`first_positions`), and every copy takes that one's result, so that a row written
+    several times is written the same bits each time (copies the size of the terms)."""
     if weight.dtype == torch.float32:
         optimizer.update(weight, state, rows, values, step)
         return
     if rows.numel() == 0:
         return
-    if distinct:  # rows distinct already (repeats only at a row whose values do not matter): no unique
-        touched, local = rows, torch.arange(rows.numel(), device=rows.device)
+    spread = not distinct and (rows.device.type != "cpu" if fixed_size is None else fixed_size)
+    if distinct or spread:
+        touched = rows
+        local = first_positions(rows) if spread else torch.arange(rows.numel(), device=rows.device)
     else:
         touched, local = torch.unique(rows, return_inverse=True)
     work = weight.index_select(0, touched).float()
     work_state = {k: v.index_select(0, touched) for k, v in state.items()}
     optimizer.update(work, work_state, local, values, step)
+    if spread:
+        work = work.index_select(0, local)
+        work_state = {k: v.index_select(0, local) for k, v in work_state.items()}
     weight.index_copy_(0, touched, rounding(work, row_ids.index_select(0, touched), step))
     for k, v in state.items():
         v.index_copy_(0, touched, work_state[k])
