@@ -43,8 +43,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--synthetic-scale", type=positive_float, default=0.1,
                    help="multiplies Criteo Kaggle's cardinalities for the synthetic set "
                         "(0.1: 3.4 M embedding rows, so the 1.5 %% cache holds 51 k)")
-    add_config_arguments(p, DLRMConfig, ["sparse", "cache_ratio"])
-    p.set_defaults(cache_ratio="fit")  # the command sizes its cache from the data; DLRMConfig keeps 0.015
+    # not given, the command sizes its cache from the data (`fit`); DLRMConfig keeps 0.015
+    add_config_arguments(p, DLRMConfig, ["sparse", "cache_ratio"], unset=["cache_ratio"])
     p.add_argument("--device-memory", type=memory_size, default=None, metavar="SIZE",
                    help="with --cache-ratio auto or fit: device memory the cache may use, e.g. 16GiB "
                         "(default: the CUDA device's free memory, else 16 GiB)")
@@ -230,8 +230,9 @@ def _prepared_once(args) -> Path:
 def train(args) -> int:
     from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
 
-    cfg = DLRMConfig(**{**config_values(args, DLRMConfig), "prefetch_depth": 0 if args.no_prefetch
-                        else args.prefetch_depth})
+    values = config_values(args, DLRMConfig)
+    cfg = DLRMConfig(**{**values, "cache_ratio": "fit" if values["cache_ratio"] is None else values["cache_ratio"],
+                        "prefetch_depth": 0 if args.no_prefetch else args.prefetch_depth})
     try:
         cfg.resolved_device()
         refuse_existing_run(args, "dlrm")
