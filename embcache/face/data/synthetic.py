@@ -39,13 +39,15 @@ def _mix_int(x: int) -> int:
 
 
 def hashed_normal(seed: int, a: torch.Tensor, b: torch.Tensor, n: int) -> torch.Tensor:
-    """[m, n] standard normals, a pure function of (seed, a[i], b[i], column)."""
+    """[m, n] standard normals, a pure function of (seed, a[i], b[i], column), in torch's
+    default dtype (as the source's rotation is: float32 unless a caller, such as the
+    float64 comparisons of tests/test_face_distributed.py, set another)."""
     h = _mix((a.long() & _M32) ^ _mix_int(seed & _M32))
     h = _mix(h ^ ((b.long() * 0x2545F49) & _M32))
     cols = torch.arange(2 * n, dtype=torch.long)
     u = (_mix(h[:, None] ^ ((cols[None, :] * 0x61C8864) & _M32)).double() + 0.5) / 2.0**32
     u1, u2 = u[:, :n], u[:, n:]
-    return (torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)).float()
+    return (torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)).to(torch.get_default_dtype())
 
 
 class SyntheticFaces:
