@@ -59,10 +59,11 @@ def days(tmp_path_factory):
     return out
 
 
-def args(data, ckdir):  # no --max-rows: no bound, nothing retires
+def args(data, ckdir):  # no --max-rows: nothing retires; row-wise Adagrad (test_open_vocab_distributed: why)
     return ["dlrm", "train", "--data", str(data), "--days", "0-1", "--eval-next-day",
             "--batch-size", "256", "--embedding-dim", "8", "--dense-arch", "16", "--over-arch", "16",
-            "--device", "cpu", "--no-progress", "--cache-ratio", "0.2", "--checkpoint-dir", str(ckdir)]
+            "--device", "cpu", "--no-progress", "--cache-ratio", "0.2", "--sparse-optimizer", "rowwise_adagrad",
+            "--checkpoint-dir", str(ckdir)]
 
 
 @pytest.fixture(scope="module")
