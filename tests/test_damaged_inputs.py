@@ -88,15 +88,9 @@ def test_cf_text_a_user_brings(cf_model, capsys, tmp_path, text, why):
 
 @pytest.fixture(scope="module")
 def dlrm_run(tmp_path_factory):
-    from embcache.data.synthetic import generate_synthetic
-    from embcache.dlrm.export import export_checkpoint
+    from tests.small_runs import trained_dlrm_run
 
-    root = tmp_path_factory.mktemp("dlrm_damage")
-    generate_synthetic(root / "data", rows=3000, scale=0.0005, seed=0)
-    assert main(["dlrm", "train", "--data", str(root / "data"), "--batch-size", "128", "--embedding-dim", "4",
-                 "--max-steps", "3", "--no-progress", "--checkpoint-dir", str(root / "ck")]) == 0
-    export_checkpoint(root / "ck", root / "export")
-    return root
+    return trained_dlrm_run(tmp_path_factory.mktemp("dlrm_damage"), rows=3000, steps=3)
 
 
 def test_run_checkpoints(dlrm_run, capsys, tmp_path):

@@ -59,15 +59,9 @@ def _one_line(argv, capsys, name, marker=None, rc=1):
 
 @pytest.fixture(scope="module")
 def dlrm_run(tmp_path_factory):
-    from embcache.data.synthetic import generate_synthetic
-    from embcache.dlrm.export import export_checkpoint
+    from tests.small_runs import trained_dlrm_run
 
-    root = tmp_path_factory.mktemp("safe_dlrm")
-    generate_synthetic(root / "data", rows=2000, scale=0.0005, seed=0)
-    assert main(["dlrm", "train", "--data", str(root / "data"), "--batch-size", "128", "--embedding-dim", "4",
-                 "--max-steps", "2", "--no-progress", "--checkpoint-dir", str(root / "ck")]) == 0
-    export_checkpoint(root / "ck", root / "export")
-    return root
+    return trained_dlrm_run(tmp_path_factory.mktemp("safe_dlrm"), rows=2000, steps=2)
 
 
 DLRM_TRAIN = ["dlrm", "train", "--batch-size", "128", "--embedding-dim", "4", "--max-steps", "3", "--no-progress"]

@@ -1,0 +1,20 @@
+"""Small trained runs that several test modules open, damage or plant files in (each
+module keeps its own copy, so what one test does to its files reaches no other module)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from embcache.cli import main
+
+
+def trained_dlrm_run(root: Path, rows: int, steps: int) -> Path:
+    """`root/data` (synthetic, 0.05 % of Kaggle's cardinalities), `root/ck` (a cached DLRM run of
+    `steps` steps at batch 128, dim 4) and `root/export` (its export); returns `root`."""
+    from embcache.data.synthetic import generate_synthetic
+    from embcache.dlrm.export import export_checkpoint
+
+    generate_synthetic(root / "data", rows=rows, scale=0.0005, seed=0)
+    assert main(["dlrm", "train", "--data", str(root / "data"), "--batch-size", "128", "--embedding-dim", "4",
+                 "--max-steps", str(steps), "--no-progress", "--checkpoint-dir", str(root / "ck")]) == 0
+    export_checkpoint(root / "ck", root / "export")
+    return root
