@@ -57,15 +57,16 @@ def upgrade_file(path: str | os.PathLike, trust: bool = False) -> list[str]:
         raise CheckpointError(f"{path}: no such file")
     verify_zip(path, "checkpoint")
     needed = needed_types(path)
+    try:  # a damaged file is not "already plain"; an old one may name a class that is gone
+        payload = load_pickled(path, "checkpoint", trust=trust and bool(needed))
+    except CheckpointError:
+        raise
+    except Exception as err:
+        what = "cannot be loaded" if needed else "corrupt or truncated"
+        raise CheckpointError(f"{path}: {what} ({type(err).__name__}: {first_line(err)})") from None
     if not needed:
-        try:
-            load_pickled(path, "checkpoint", trust=False)
-        except CheckpointError:
-            raise
-        except Exception as err:  # damaged: not "already plain"
-            raise CheckpointError(f"{path}: corrupt or truncated ({type(err).__name__}: {first_line(err)})") from None
         return []
-    payload = to_plain(load_pickled(path, "checkpoint", trust=trust))
+    payload = to_plain(payload)
     tmp = path.with_name(f".{path.name}.upgrade-{os.getpid()}")
     try:
         save_torch(payload, tmp)

@@ -291,6 +291,29 @@ def test_a_checkpoint_that_needs_trust_loads_once_with_it_and_upgrade_makes_it_p
     assert "trust" not in capsys.readouterr().err
 
 
+class _GoneType:
+    """A type an earlier version pickled and this one no longer has (its module is gone)."""
+
+
+def test_upgrading_a_checkpoint_that_names_a_type_no_longer_there_is_one_line(tmp_path, capsys):
+    import sys
+    import types
+
+    from embcache.integrity import save_torch
+
+    old = types.ModuleType("embcache_removed_module")
+    _GoneType.__module__ = old.__name__
+    old._GoneType = _GoneType
+    sys.modules[old.__name__] = old
+    try:
+        save_torch({"step": 1, "setting": _GoneType()}, tmp_path / "old.pt")
+    finally:
+        del sys.modules[old.__name__]
+        _GoneType.__module__ = __name__
+    line = _one_line(["upgrade", tmp_path / "old.pt", "--trust-checkpoint"], capsys, "old.pt")
+    assert "cannot be loaded" in line and "embcache_removed_module" in line, line
+
+
 def _png_header(width: int, height: int) -> bytes:
     """A PNG whose header claims `width` x `height` pixels, with one pixel of data."""
     buf = io.BytesIO()
