@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 import os
 import pickle
@@ -63,7 +64,8 @@ def trusting(trust: bool = True):
         _trusted.reset(token)
 
 
-def allowed_globals() -> list:
+@functools.lru_cache(maxsize=None)
+def allowed_globals() -> tuple:
     """`ALLOWED_TYPES` as `torch.serialization.safe_globals` takes them."""
     import importlib
 
@@ -74,10 +76,11 @@ def allowed_globals() -> list:
         for n in names:
             obj = getattr(found, n)
             out += [obj] + [(obj, alias) for alias in aliases]
-    return out
+    return tuple(out)
 
 
-def allowed_names() -> set[str]:
+@functools.lru_cache(maxsize=None)
+def allowed_names() -> frozenset[str]:
     """Every name `ALLOWED_TYPES` lets a pickle use."""
     out = set()
     for obj in allowed_globals():
@@ -85,7 +88,7 @@ def allowed_names() -> set[str]:
             out.add(obj[1])
         else:
             out.add(f"{obj.__module__}.{obj.__qualname__}")
-    return out | {f"{m}.{n}" for m, n, _ in ALLOWED_TYPES if n != "*DType"}
+    return frozenset(out | {f"{m}.{n}" for m, n, _ in ALLOWED_TYPES if n != "*DType"})
 
 
 def _reason(err: BaseException) -> str:
@@ -119,7 +122,7 @@ def load_pickled(path: str | os.PathLike, what: str = "file", trust: bool | None
 
     path = Path(path)
     try:
-        with torch.serialization.safe_globals(allowed_globals()):
+        with torch.serialization.safe_globals(list(allowed_globals())):
             return torch.load(path, map_location="cpu", weights_only=True, **kwargs)
     except pickle.UnpicklingError as err:
         needed = needed_types(path)

@@ -266,7 +266,7 @@ class ExportedDLRM:
             per_row = [[] if v is None else _listed(feature, v) for v in values] if self.multi_hot[feature] \
                 else [[v] for v in values]
             ids[feature] = lookup.bag(per_row)
-            if lookup.tells_unseen:
+            if lookup.tells_unseen and (strict or unseen is not None):  # nobody reads a count not asked for
                 _count_unseen(feature, lookup, per_row, ids[feature], strict, unseen)
         return self.pool_ids(ids)
 
@@ -504,7 +504,7 @@ def check_dense_program(path: Path) -> None:
                 raise refuse(f"{name} lists a pickled or custom object ({str(odd[0])[:80]})")
             continue
         try:
-            with torch.serialization.safe_globals(allowed_globals()):
+            with torch.serialization.safe_globals(list(allowed_globals())):
                 torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except Exception as err:  # a pickle that needs more than plain data, or a damaged one
             raise refuse(f"{name} is not plain data ({type(err).__name__}: {first_line(err)[:120]})") from None
