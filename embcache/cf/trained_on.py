@@ -100,11 +100,12 @@ def _npz_record(path: Path) -> tuple[dict | None, tuple | None, bool]:
 
 
 def _checkpoint_record(path: Path) -> dict | None:
-    """A checkpoint's data settings (its own data check is `params_from_checkpoint`'s)."""
-    from embcache.checkpoint import load_checkpoint
+    """A checkpoint's data settings (its own data check is `params_from_checkpoint`'s, which
+    also checks the seal: here the file is memory-mapped, so its tables are not read twice)."""
+    from embcache.safe_load import load_pickled
     from embcache.train.run import checkpoint_file
 
-    saved = load_checkpoint(checkpoint_file(path, "cf"), kind="cf")["config"]
+    saved = load_pickled(checkpoint_file(path, "cf"), mmap=True)["config"]
     if "data" not in saved:
         return None
     values = {name: saved[name] for name in shaping(data_kind(saved["data"])) if name in saved}
