@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from embcache.data.converter import Parsed, RowChecks, TextSource, convert, hashed_fraction
 from embcache.data.ctr_format import DENSE_LOG1P
-from embcache.data.delimited import _NUMBER, parse_count_feature, parse_label, string_keys
+from embcache.data.delimited import parse_count_feature, parse_label, parse_numbers64, string_keys
 from embcache.errors import DataFormatError, check_whole, format_error
 
 SPLITS = ("random", "time:COLUMN", "tail")
@@ -119,25 +119,15 @@ def _as_strings(col: pa.Array) -> pa.Array:
 
 def parse_numbers(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(float32 values, empty -> 0; mask of rows whose field is empty or a finite number)."""
-    empty = pc.equal(pc.utf8_length(col), 0).to_numpy(zero_copy_only=False)
-    number = pc.match_substring_regex(col, _NUMBER).to_numpy(zero_copy_only=False)
-    values = np.zeros(len(col), dtype=np.float64)
-    if number.any():
-        values[number] = pc.cast(pc.filter(col, pa.array(number)), pa.float64()).to_numpy()
-    finite = np.isfinite(values)
-    values[~finite] = 0.0
-    return values.astype(np.float32), empty | (number & finite)
+    values, empty, number = parse_numbers64(col)
+    return values.astype(np.float32), empty | number
 
 
 def parse_times(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(float64 times: a number as it is, an ISO date or time as seconds since 1970; mask of
     the rows that hold one)."""
-    number = pc.match_substring_regex(col, _NUMBER).to_numpy(zero_copy_only=False)
-    values = np.zeros(len(col), dtype=np.float64)
-    if number.any():
-        values[number] = pc.cast(pc.filter(col, pa.array(number)), pa.float64()).to_numpy()
-    ok = number & np.isfinite(values)
-    rest = np.flatnonzero(~number)
+    values, _, ok = parse_numbers64(col)
+    rest = np.flatnonzero(~ok)  # the rest may be dates ("1e400", no finite number, is no date either)
     for fmt in _TIME_FORMATS:
         if not len(rest):
             break
