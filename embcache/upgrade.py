@@ -4,8 +4,8 @@ version) as plain data, so that later loads need no trust (`embcache.safe_load`)
 
 The file is loaded once with the full unpickler (hence the flag: only for a file from
 someone you trust), its values turned into the plain types every version can read (a path
-into its string, an enum into its value, a dataclass into a dict, a set or tuple into a
-list, a numpy scalar into a number), checked to need nothing beyond the allowed types, and
+into its string, an enum into its value, a dataclass into a dict, a set or named tuple into
+a list, a numpy scalar into a number), checked to need nothing beyond the allowed types, and
 written sealed to a temporary name that is then renamed over the old file."""
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import dataclasses
 import enum
 import os
 from pathlib import Path
+
+import numpy as np
 
 from embcache.errors import CheckpointError, first_line
 
@@ -39,8 +41,8 @@ def to_plain(value):
         return to_plain(value.value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", None) == 0:
-        return value.item()  # a numpy scalar
+    if isinstance(value, np.generic):
+        return value.item()  # a numpy scalar (a 0-d array is an allowed type: kept)
     return value
 
 

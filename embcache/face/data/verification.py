@@ -16,14 +16,14 @@ from embcache.errors import DataFormatError
 
 from .images import decode_image
 
-_ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-            ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
-            ("numpy._core.multiarray", "scalar"), ("builtins", "bytearray")}
-
-
 class _SafeUnpickler(pickle.Unpickler):
+    """The project's plain-data types (`embcache.safe_load.ALLOWED_TYPES`) and the byte
+    arrays a verification file's images are stored in."""
+
     def find_class(self, module, name):
-        if (module, name) in _ALLOWED:
+        from embcache.safe_load import allowed_names
+
+        if f"{module}.{name}" in allowed_names() or (module, name) == ("builtins", "bytearray"):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
 
