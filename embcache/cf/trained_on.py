@@ -147,15 +147,13 @@ def describe(saved: dict) -> str:
 
 def check_same_data(path, saved: dict | None, data) -> None:
     """Refuse `data` in one line when it is not the split recorded with `path`."""
-    from embcache.cf.trainer import data_fingerprint
+    from embcache.cf.trainer import data_fingerprint, other_data
 
     was = (saved or {}).get("fingerprint")
     now = data_fingerprint(data)
     if was is not None and was != now:
-        raise UserFacingError(f"{path} was trained on other data: {describe(saved)} gave {was['users']:,} users, "
-                              f"{was['items']:,} items, {was['train']:,} train / {was['test']:,} test interactions; "
-                              f"{data.name or 'this data'} gives {now['users']:,}, {now['items']:,}, "
-                              f"{now['train']:,} / {now['test']:,}")
+        raise UserFacingError(f"{path} was trained on other data ({describe(saved)}: "
+                              f"{other_data(was, now, data.name or 'this data')})")
 
 
 def drop_trained_pairs(data, train_indptr: np.ndarray, train_indices: np.ndarray) -> int:

@@ -78,6 +78,14 @@ def data_fingerprint(data: Interactions) -> dict:
             "test": data.num_test, "crc32": crc}
 
 
+def other_data(saved: dict, now: dict, name: str) -> str:
+    """How two data fingerprints differ, for the one-line refusals of a model or checkpoint
+    meeting data it was not trained on (same sizes: the pairs differ, which the CRC tells)."""
+    return (f"{saved['users']:,} users, {saved['items']:,} items, {saved['train']:,} training / "
+            f"{saved.get('test', 0):,} test pairs; {name} has {now['users']:,}, {now['items']:,} and "
+            f"{now['train']:,} / {now.get('test', 0):,}")
+
+
 def params_from_checkpoint(path: str | Path, data: Interactions) -> CFParams:
     """The embeddings of a `cf train --checkpoint-dir` checkpoint (`cf-last.pt`, or the
     directory holding it), for evaluating them on `data`, which must be the data they were
@@ -90,9 +98,7 @@ def params_from_checkpoint(path: str | Path, data: Interactions) -> CFParams:
     ck = load_checkpoint(path, kind="cf")
     saved, now = ck.get("data"), data_fingerprint(data)
     if saved is not None and saved != now:
-        raise CheckpointError(f"{path} was trained on other data ({saved['users']:,} users, {saved['items']:,} "
-                              f"items, {saved['train']:,} training pairs; {data.name} has {now['users']:,}, "
-                              f"{now['items']:,} and {now['train']:,})")
+        raise CheckpointError(f"{path} was trained on other data ({other_data(saved, now, data.name)})")
     config = CFConfig(**{k: v for k, v in ck["config"].items() if k in MODEL_SETTINGS})
     U, I, W = (np.ascontiguousarray(ck[name], dtype=np.float32) for name in ("U", "I", "W"))
     if (len(U), len(I)) != (data.num_users, data.num_items):
@@ -206,8 +212,7 @@ class CFTrainer(Trainer):
         return data_fingerprint(self.data)
 
     def data_mismatch(self, saved_config: dict, saved: dict, now: dict) -> str:
-        return (f"other data ({saved['users']:,} users, {saved['items']:,} items, {saved['train']:,} training "
-                f"pairs in the checkpoint; {now['users']:,}, {now['items']:,} and {now['train']:,} now)")
+        return f"other data ({other_data(saved, now, 'the data now')})"
 
     def trainer_state(self) -> dict:
         return {"U": self.params.U, "I": self.params.I, "W": self.params.W, "engine_state": self.engine.state_dict()}
