@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from embcache.errors import CheckpointError, first_line
-from embcache.integrity import save_torch, verify_zip
+from embcache.integrity import open_verified, save_torch
 from embcache.safe_load import UntrustedFileError, load_pickled
 
 FORMAT_KEY = "embcache_checkpoint"
@@ -43,18 +43,18 @@ def load_checkpoint(path: str | os.PathLike, kind: str, trust: bool | None = Non
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
-    try:
-        verify_zip(path, "checkpoint")
+    try:  # one handle for the check and the load: a run renaming its next checkpoint over
+        with open_verified(path, "checkpoint") as file:  # this one meanwhile cannot mix two files
+            try:
+                payload = load_pickled(path, "checkpoint", trust, file=file)
+            except UntrustedFileError:
+                raise
+            except Exception as err:  # torch raises many types for a damaged zip/pickle
+                raise CheckpointError(
+                    f"{path}: corrupt or truncated checkpoint ({type(err).__name__}: {first_line(err)})"
+                ) from None
     except OSError as err:
         raise CheckpointError(f"{path}: cannot be read ({err.strerror or err})") from None
-    try:
-        payload = load_pickled(path, "checkpoint", trust)
-    except UntrustedFileError:
-        raise
-    except Exception as err:  # torch raises many types for a damaged zip/pickle
-        raise CheckpointError(
-            f"{path}: corrupt or truncated checkpoint ({type(err).__name__}: {first_line(err)})"
-        ) from None
     if not isinstance(payload, dict) or payload.get(FORMAT_KEY) != FORMAT_VERSION:
         raise CheckpointError(f"{path}: not an embcache checkpoint (format v{FORMAT_VERSION})")
     if payload.get("kind") != kind:

@@ -23,6 +23,7 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import struct
@@ -44,17 +45,21 @@ class ChecksumError(CheckpointError):
     """A file whose content does not match the checksum written with it."""
 
 
-def file_crc32(path: str | os.PathLike, stop: int | None = None) -> int:
-    """CRC-32 of a file's first `stop` bytes (all of them by default), read in chunks."""
+def file_crc32(path: str | os.PathLike, stop: int | None = None, file=None) -> int:
+    """CRC-32 of a file's first `stop` bytes (all of them by default), read in chunks from
+    `file` (an open binary file, read from its start) or from `path`."""
+    if file is None:
+        with open(path, "rb") as f:
+            return file_crc32(path, stop, f)
     crc, left = 0, stop
-    with open(path, "rb") as f:
-        while left is None or left > 0:
-            chunk = f.read(_CHUNK if left is None else min(_CHUNK, left))
-            if not chunk:
-                break
-            crc = zlib.crc32(chunk, crc)
-            if left is not None:
-                left -= len(chunk)
+    file.seek(0)
+    while left is None or left > 0:
+        chunk = file.read(_CHUNK if left is None else min(_CHUNK, left))
+        if not chunk:
+            break
+        crc = zlib.crc32(chunk, crc)
+        if left is not None:
+            left -= len(chunk)
     return crc
 
 
@@ -68,7 +73,7 @@ def seal_zip(path: str | os.PathLike) -> int:
         tail = f.read()
         if len(tail) != _EOCD_BYTES or not tail.startswith(_EOCD) or tail[-2:] != b"\0\0":
             raise ValueError(f"{path}: not a zip file with an empty comment; cannot seal it")
-        crc = file_crc32(path, size - 2)
+        crc = file_crc32(path, size - 2, f)
         f.seek(size - 2)
         f.write(struct.pack("<H", TRAILER_BYTES) + TAG + b"%08x" % crc)
         f.flush()
@@ -76,23 +81,30 @@ def seal_zip(path: str | os.PathLike) -> int:
     return crc
 
 
-def verify_zip(path: str | os.PathLike, what: str = "file") -> bool:
+def verify_zip(path: str | os.PathLike, what: str = "file", file=None) -> bool:
     """True when the file's CRC matches the one sealed into it; False (with a note, once per
     file) when it has none (a zip written before seals existed); ChecksumError naming the
     file when it does not match, or when the file's end is neither a seal nor a plain zip's
-    (a damaged seal is not taken for an old file)."""
+    (a damaged seal is not taken for an old file).
+
+    Every byte is read through one open file: `file` when given (the caller then loads from
+    that same handle), else one opened here. A writer that renames a new version over `path`
+    meanwhile (a run's next checkpoint) cannot mix the old file's seal with the new file's
+    bytes."""
     path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        f.seek(max(0, size - _EOCD_BYTES - TRAILER_BYTES))
-        tail = f.read()
+    if file is None:
+        with open(path, "rb") as f:
+            return verify_zip(path, what, f)
+    size = os.fstat(file.fileno()).st_size
+    file.seek(max(0, size - _EOCD_BYTES - TRAILER_BYTES))
+    tail = file.read()
     sealed = tail[:4] == _EOCD and tail[20:22] == struct.pack("<H", TRAILER_BYTES) and tail[22:].startswith(TAG)
     if sealed:
         try:
             want = int(tail[22 + len(TAG):], 16)
         except ValueError:
             raise ChecksumError(f"{path}: corrupt {what} (its checksum is not readable)") from None
-        got = file_crc32(path, size - TRAILER_BYTES - 2)
+        got = file_crc32(path, size - TRAILER_BYTES - 2, file)
         if got != want:
             raise ChecksumError(f"{path}: corrupt {what}: CRC-32 {got:08x}, written with {want:08x}; it changed after "
                                 f"it was written (a disk or copy error?) and is not used")
@@ -106,6 +118,16 @@ def verify_zip(path: str | os.PathLike, what: str = "file") -> bool:
         logger.warning(f"{path} has no checksum (written before embcache sealed its files): it cannot be "
                        f"verified, and is used as it is")
     return False
+
+
+@contextlib.contextmanager
+def open_verified(path: str | os.PathLike, what: str = "file"):
+    """The file at `path`, opened once, `verify_zip`-checked through that handle and sought
+    to its start: load from it, and the bytes loaded are the bytes checked."""
+    with open(path, "rb") as f:
+        verify_zip(path, what, f)
+        f.seek(0)
+        yield f
 
 
 def save_torch(obj, path: str | os.PathLike) -> None:
@@ -123,8 +145,8 @@ def load_torch(path: str | os.PathLike, what: str = "file", **kwargs):
     `verify_zip`."""
     from embcache.safe_load import load_pickled
 
-    verify_zip(path, what)
-    return load_pickled(path, what, **kwargs)
+    with open_verified(path, what) as f:
+        return load_pickled(path, what, file=f, **kwargs)
 
 
 def save_npz(path: str | os.PathLike, arrays: dict) -> None:

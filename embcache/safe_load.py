@@ -101,31 +101,43 @@ def _reason(err: BaseException) -> str:
     return lines[0] if lines else type(err).__name__
 
 
-def needed_types(path: str | os.PathLike) -> list[str]:
+def needed_types(path) -> list[str]:
     """The globals a torch file's pickle names beyond `ALLOWED_TYPES`, read from its opcodes
-    without running any ([] when the file cannot be read so: a damaged file)."""
+    without running any ([] when the file cannot be read so: a damaged file). `path` may be
+    an open binary file."""
     import torch
 
     try:
+        if hasattr(path, "seek"):
+            path.seek(0)
         names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
     except Exception:  # a damaged zip or pickle: the caller's load names the damage
         return []
     return sorted(set(names) - allowed_names())
 
 
-def load_pickled(path: str | os.PathLike, what: str = "file", trust: bool | None = None, **kwargs):
+def load_pickled(path: str | os.PathLike, what: str = "file", trust: bool | None = None, file=None, **kwargs):
     """`torch.load(path, map_location="cpu", weights_only=True, **kwargs)` with
     `ALLOWED_TYPES`. A file that needs other types: UntrustedFileError naming it and them,
     or, with `trust` (None: as `trusting()` says), the full unpickler and a warning line.
-    Other failures (a damaged file) propagate as torch raises them."""
+    Other failures (a damaged file) propagate as torch raises them. `file`: an open binary
+    file to read instead of opening `path` (the handle `verify_zip` checked); `path` then
+    only names it in messages."""
     import torch
 
     path = Path(path)
+    source = path if file is None else file
+
+    def load(weights_only: bool):
+        if file is not None:
+            file.seek(0)
+        return torch.load(source, map_location="cpu", weights_only=weights_only, **kwargs)
+
     try:
         with torch.serialization.safe_globals(list(allowed_globals())):
-            return torch.load(path, map_location="cpu", weights_only=True, **kwargs)
+            return load(True)
     except pickle.UnpicklingError as err:
-        needed = needed_types(path)
+        needed = needed_types(source)
         if not needed:  # damaged, or plain data torch cannot read: never the full unpickler
             raise pickle.UnpicklingError(f"not plain data: {_reason(err)}") from None
     types = ", ".join(needed)
@@ -138,7 +150,7 @@ def load_pickled(path: str | os.PathLike, what: str = "file", trust: bool | None
         _warned.add(str(path.resolve()))
         logger.warning(f"{path}: loaded with {TRUST_FLAG}: its {types} ran as Python code while it loaded, with your "
                        f"rights; resave it with `embcache upgrade {path} {TRUST_FLAG}` so later loads need no trust")
-    return torch.load(path, map_location="cpu", weights_only=False, **kwargs)
+    return load(False)
 
 
 def add_trust_argument(parser) -> None:

@@ -61,6 +61,29 @@ def test_files_from_before_the_seals_load_with_one_note(tmp_path, caplog):
     assert len(notes) == 1 and "old.pt has no checksum" in notes[0] and "cannot be verified" in notes[0]
 
 
+@pytest.mark.parametrize("loader", ["checkpoint", "load_torch"])
+def test_a_checkpoint_renamed_over_mid_read_loads_whole_old_one(tmp_path, monkeypatch, loader):
+    """A reader (`dlrm evaluate`, a watcher) opens a run's checkpoint just as the run renames
+    its next one over it: the check and the load read one open file, so the reader gets the
+    old checkpoint whole, never the old seal against the new bytes (a false "corrupt")."""
+    import embcache.integrity as integrity
+
+    path = tmp_path / "dlrm-last.pt"
+    save_checkpoint({"step": 15, "w": torch.arange(4000.0)}, path, "dlrm")
+    real_crc, swapped = integrity.file_crc32, []
+
+    def crc_after_the_writer_renamed(*args, **kwargs):
+        if not swapped:  # the run writes its next checkpoint between the seal read and the CRC
+            swapped.append(30)
+            save_checkpoint({"step": 30, "w": torch.arange(9000.0)}, path, "dlrm")
+        return real_crc(*args, **kwargs)
+
+    monkeypatch.setattr(integrity, "file_crc32", crc_after_the_writer_renamed)
+    got = load_checkpoint(path, "dlrm") if loader == "checkpoint" else integrity.load_torch(path)
+    assert swapped and got["step"] == 15 and torch.equal(got["w"], torch.arange(4000.0))
+    assert load_checkpoint(path, "dlrm")["step"] == 30  # the next read sees the new one
+
+
 def test_seal_refuses_a_file_it_cannot_seal_and_npz_stays_readable(tmp_path):
     path = tmp_path / "a.npz"
     np.savez(path, a=np.arange(5))

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from cpu_kernels.model import CFConfig, CFParams, sample_histories
-from embcache.integrity import save_npz, verify_zip
+from embcache.integrity import ChecksumError, open_verified, save_npz
 
 logger = logging.getLogger(__name__)
 
@@ -102,14 +102,15 @@ class CFModel:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such model file")
-        verify_zip(path, "CF model")  # ChecksumError (a ValueError) naming the file
-        try:
-            with np.load(path, allow_pickle=False) as z:
+        try:  # open_verified: ChecksumError (a ValueError) naming the file
+            with open_verified(path, "CF model") as f, np.load(f, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
                 if meta.get("format") != FORMAT:
                     raise ValueError("it holds embeddings only, saved before models were whole files: train again "
                                      "with --save FILE.npz")
                 arrays = {k: z[k] for k in z.files if k != "meta"}
+        except ChecksumError:
+            raise
         except ValueError as err:
             raise ValueError(f"{path}: not a CF model ({err})") from None
         except Exception as err:  # zipfile, numpy and json each raise their own

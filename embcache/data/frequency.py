@@ -21,7 +21,7 @@ import numpy as np
 
 from embcache.data.defaults import MAX_COUNTED_KEYS
 from embcache.data.delimited import splitmix64
-from embcache.integrity import save_npz, verify_zip
+from embcache.integrity import open_verified, save_npz
 
 DEFAULT_MAX_COUNTED_KEYS = MAX_COUNTED_KEYS  # per feature: 64 MiB of (key, count) pairs
 _MERGE_MIN = 1 << 20
@@ -67,8 +67,7 @@ class IdFrequency:
 
 def load_frequency_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """`{feature name: int64 counts}` from a file written by `IdFrequency.save`."""
-    verify_zip(path)
-    with np.load(path, allow_pickle=False) as data:
+    with open_verified(path) as f, np.load(f, allow_pickle=False) as data:
         return {name: data[name].astype(np.int64, copy=False) for name in data.files}
 
 
@@ -204,8 +203,7 @@ def load_key_counts(path: str | os.PathLike) -> dict[str, tuple[np.ndarray, np.n
     """`{feature name: (int64 ascending keys, int64 counts)}` from `save_key_counts`'s file;
     ValueError when the arrays do not pair up."""
     out = {}
-    verify_zip(path)
-    with np.load(path, allow_pickle=False) as data:
+    with open_verified(path) as f, np.load(f, allow_pickle=False) as data:
         names = [f[: -len(".keys")] for f in data.files if f.endswith(".keys")]
         for name in names:
             if f"{name}.counts" not in data.files:

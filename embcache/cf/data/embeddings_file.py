@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from cpu_kernels.model import CFConfig, CFParams, histories
-from embcache.integrity import ChecksumError, array_crc32, save_npz, verify_zip
+from embcache.integrity import ChecksumError, array_crc32, open_verified, save_npz
 
 FORMATS = (".npy", ".npz", ".parquet")
 
@@ -78,8 +78,7 @@ def load(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, CFConfig
             meta = json.loads(meta_path.read_text())
             stacked = np.load(path, allow_pickle=False)
         elif path.suffix == ".npz":
-            verify_zip(path, "embeddings file")
-            with np.load(path, allow_pickle=False) as z:
+            with open_verified(path, "embeddings file") as f, np.load(f, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
                 stacked = np.concatenate([z["U"], z["I"], z["W"]])
         else:
