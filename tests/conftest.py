@@ -1,6 +1,13 @@
 """Fixtures shared by several test modules."""
+import os
+
 import pytest
 import torch
+
+# Without a GPU, Triton's interpreter runs the embedding kernels (embcache.kernels) on CPU
+# tensors: set before anything imports triton, which reads it when a kernel is defined.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture
