@@ -19,7 +19,8 @@ from embcache.cache.device_cache import DeviceRowCache
 from embcache.cache.fixed_size import first_positions, summed_in_torch_order
 from embcache.cache.optimizers import update_rows
 from embcache.cache.row_cache import RowCache
-from embcache.nn.cached_embedding_bag import CachedEmbeddingBag, lookup_terms
+from embcache.cache.device_updates import lookup_terms
+from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
 
 from .cache_helpers import reference_bag, step_alike, zipf_batches
 from .sync_counter import SyncCounter

@@ -20,6 +20,12 @@ class DeviceUpdates:
         """`apply_rows` for a sparse gradient over the working table."""
         self.apply_rows(grad._indices()[0], grad._values(), grad.size(0), lookup)
 
+    def apply_bag_gradient(self, grad_out: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+                           weights: torch.Tensor | None, mode: str, width: int, lookup: Lookup) -> None:
+        """`apply_rows` for an embedding bag's output gradient over the working table (of
+        `width` rows) read through `indices` / `offsets` / `weights` in `mode`."""
+        self.apply_rows(indices, lookup_terms(grad_out, indices, offsets, weights, mode), width, lookup)
+
     def apply_rows(self, rows: torch.Tensor, values: torch.Tensor, width: int, lookup: Lookup) -> None:
         """One optimizer step from per-lookup gradient terms (`rows` of a working table of
         `width` rows, as a sparse embedding-bag gradient has them) over the working table:
@@ -70,3 +76,23 @@ class DeviceUpdates:
     def state_of_work(self) -> dict[str, torch.Tensor]:
         """The optimizer state of every working row, by the optimizer's names."""
         return {k[len("optimizer."):]: v for k, v in self._work.items() if k != "weight"}
+
+
+def lookup_terms(grad_out: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+                 weights: torch.Tensor | None, mode: str) -> torch.Tensor:
+    """Each lookup's term of an embedding bag's gradient, `[L, D]`, computed as torch's
+    sparse backward computes its values: the bag's output gradient (times 1 / the bag's
+    size for "mean"; times the lookup's weight), in fixed-size ops."""
+    n = indices.numel()
+    offset2bag = torch.zeros(n + 1, dtype=torch.long, device=indices.device)
+    offset2bag.index_add_(0, offsets, torch.ones_like(offsets))
+    offset2bag[0] -= 1
+    offset2bag = offset2bag.cumsum(0)[:n]
+    terms = grad_out.index_select(0, offset2bag)
+    if mode == "mean":
+        ends = torch.cat([offsets[1:], offsets.new_full((1,), n)])
+        inverse = (1 / (ends - offsets).to(terms.dtype)).unsqueeze(1).index_select(0, offset2bag)
+        terms *= inverse
+    if weights is not None:
+        terms.mul_(weights.unsqueeze(1))
+    return terms

@@ -183,8 +183,8 @@ class CachedEmbeddingBag(nn.Module):
             anchor = torch.empty(0, device=table.device, requires_grad=True)
             width, cache = table.shape[0], self.cache
 
-            def apply(rows: torch.Tensor, values: torch.Tensor) -> None:
-                cache.apply_rows(rows, values, width, lookup)
+            def apply(grad_out, indices, offsets, weights, mode) -> None:
+                cache.apply_bag_gradient(grad_out, indices, offsets, weights, mode, width, lookup)
 
             weakref.finalize(anchor, self.cache.release, lookup).atexit = False
             return _BagWithRowUpdate.apply(anchor, table, lookup.indices, offsets, weights, self.mode, apply)
@@ -389,10 +389,10 @@ class KeyedEmbeddingBag(KeyStage, CachedEmbeddingBag):
 
 
 class _BagWithRowUpdate(torch.autograd.Function):
-    """`F.embedding_bag` whose backward hands each lookup's gradient term to `apply(rows,
-    values)`: the terms torch's sparse embedding-bag gradient holds (`lookup_terms`), for
-    the device bookkeeper, whose update takes them as they are. `anchor` (an empty leaf
-    that requires grad) is what makes autograd call the backward."""
+    """`F.embedding_bag` whose backward hands the bag's output gradient to `apply(grad_out,
+    indices, offsets, weights, mode)`: the device bookkeeper's update
+    (`DeviceUpdates.apply_bag_gradient`), which makes each lookup's term itself. `anchor`
+    (an empty leaf that requires grad) is what makes autograd call the backward."""
 
     @staticmethod
     def forward(ctx, anchor, table, indices, offsets, weights, mode, apply):
@@ -403,28 +403,8 @@ class _BagWithRowUpdate(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         indices, offsets, weights = ctx.saved_tensors
-        ctx.update(indices, lookup_terms(grad_out, indices, offsets, weights, ctx.mode))
+        ctx.update(grad_out, indices, offsets, weights, ctx.mode)
         return (None,) * 7
-
-
-def lookup_terms(grad_out: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
-                 weights: torch.Tensor | None, mode: str) -> torch.Tensor:
-    """Each lookup's term of an embedding bag's gradient, `[L, D]`, computed as torch's
-    sparse backward computes its values: the bag's output gradient (times 1 / the bag's
-    size for "mean"; times the lookup's weight), in fixed-size ops."""
-    n = indices.numel()
-    offset2bag = torch.zeros(n + 1, dtype=torch.long, device=indices.device)
-    offset2bag.index_add_(0, offsets, torch.ones_like(offsets))
-    offset2bag[0] -= 1
-    offset2bag = offset2bag.cumsum(0)[:n]
-    terms = grad_out.index_select(0, offset2bag)
-    if mode == "mean":
-        ends = torch.cat([offsets[1:], offsets.new_full((1,), n)])
-        inverse = (1 / (ends - offsets).to(terms.dtype)).unsqueeze(1).index_select(0, offset2bag)
-        terms *= inverse
-    if weights is not None:
-        terms.mul_(weights.unsqueeze(1))
-    return terms
 
 
 def _draw_normal(out: torch.Tensor, start: int) -> None:
