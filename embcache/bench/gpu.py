@@ -66,7 +66,7 @@ def make_data(args, trace: CriteoTrace, shape: str) -> list[tuple]:
 
 
 def make_variant(kind: str, ratio: float | None, table: torch.Tensor, freq, dense_state: dict, args, device,
-                 bookkeeping: str = "host"):
+                 bookkeeping: str = "host", kernels: str = "torch"):
     """(sparse module, its torch optimizer or None, dense model, dense optimizer)."""
     n, dim = table.shape
     if kind == "gpu":  # a copy of the table on the device (on the CPU a clone: training writes it)
@@ -75,7 +75,7 @@ def make_variant(kind: str, ratio: float | None, table: torch.Tensor, freq, dens
         sparse_opt = torch_equivalent(args.optimizer, bag.parameters(), args.lr)
     else:
         bag = CachedEmbeddingBag(n, dim, cache_ratio=ratio, ids_freq=freq, optimizer=args.optimizer, lr=args.lr,
-                                 device=device, weight=table, bookkeeping=bookkeeping)
+                                 device=device, weight=table, bookkeeping=bookkeeping, kernels=kernels)
         sparse_opt = None
     dense = DLRMDense(NUM_DENSE, NUM_TABLES, dim, DENSE_ARCH, OVER_ARCH).to(device)
     dense.load_state_dict(dense_state)
@@ -195,21 +195,25 @@ def bench_block(shape: str, dim: int, table: torch.Tensor, args, device, data, f
     """Every variant at one shape and dim, from the same initial table and dense model."""
     torch.manual_seed(args.seed)
     dense_state = DLRMDense(NUM_DENSE, NUM_TABLES, dim, DENSE_ARCH, OVER_ARCH).state_dict()
-    plan = [("gpu", None, 0, None)] + [("cached", r, args.prefetch_depth, b)
-                                      for r in args.ratios for b in args.bookkeeping]
+    plan = [("gpu", None, 0, None, "torch")] + [("cached", r, args.prefetch_depth, b, k)
+                                               for r in args.ratios for b in args.bookkeeping
+                                               for k in (args.kernels if b == "device" else ["torch"])]
     middle = args.ratios[len(args.ratios) // 2]
     if args.prefetch_depth and args.price_prefetch:
-        plan.append(("cached", middle, 0, args.bookkeeping[0]))
+        first = args.bookkeeping[0]
+        plan.append(("cached", middle, 0, first, args.kernels[0] if first == "device" else "torch"))
     rows, profile = [], {}
-    for kind, ratio, depth, book in plan:
-        variant = make_variant(kind, ratio, table, freq, dense_state, args, device, book or "host")
-        row = {"variant": kind, "ratio": ratio, "prefetch_depth": depth, "bookkeeping": book,
-               **measure(variant, data, args, device, depth)}
+    for kind, ratio, depth, book, kernels in plan:
+        variant = make_variant(kind, ratio, table, freq, dense_state, args, device, book or "host", kernels)
+        kernels = variant[0].bag.cache.kernels if kind == "cached" else kernels  # "auto" as it resolved
+        row = {"variant": kind, "ratio": ratio, "prefetch_depth": depth, "bookkeeping": book, "kernels": kernels,
+               "batch_size": args.batch_size, **measure(variant, data, args, device, depth)}
         if kind == "cached" and ratio == middle and depth and device.type == "cuda" and not args.no_profile:
-            profile[book] = profile_summary(variant, data, args, device)
+            profile[book if len(args.kernels) == 1 else f"{book}, {kernels} kernels"] = \
+                profile_summary(variant, data, args, device)
         rows.append(row)
         print(f"  {shape} dim {dim:4d} {kind:6s} {'' if ratio is None else f'{ratio:.1%}':>6s} "
-              f"{'' if book is None else book + ' bookkeeping, '}prefetch {depth}: "
+              f"{'' if book is None else book + ' bookkeeping, '}{kernels} kernels, prefetch {depth}: "
               f"{row['samples_per_s']:,.0f} samples/s" + (f", hit rate {row['hit_rate']:.3f}" if ratio else ""),
               flush=True)
         del variant
@@ -225,11 +229,13 @@ def summarize(rows: list[dict]) -> list[dict]:
     for row in rows:
         row["ratio_to_gpu_tables"] = row["samples_per_s"] / base["samples_per_s"]
         row["max_loss_diff_vs_gpu_tables"] = max(abs(a - b) for a, b in zip(row["losses"], base["losses"]))
-    without = {(r["ratio"], r["bookkeeping"]): r["step_ms"] for r in rows
-               if r["variant"] == "cached" and not r["prefetch_depth"]}
+    def key(r):
+        return r["ratio"], r["bookkeeping"], r.get("kernels", "torch")
+
+    without = {key(r): r["step_ms"] for r in rows if r["variant"] == "cached" and not r["prefetch_depth"]}
     for row in rows:
-        if row["variant"] == "cached" and row["prefetch_depth"] and (row["ratio"], row["bookkeeping"]) in without:
-            row["step_ms_without_prefetch"] = without[row["ratio"], row["bookkeeping"]]
+        if row["variant"] == "cached" and row["prefetch_depth"] and key(row) in without:
+            row["step_ms_without_prefetch"] = without[key(row)]
     return rows
 
 
@@ -266,6 +272,7 @@ def flat_rows(result: dict, device_name: str) -> list[dict]:
     for block in result["blocks"]:
         for r in block["results"]:
             out.append({"device_name": device_name, "bookkeeping": r["bookkeeping"],
+                        "kernels": r.get("kernels", "torch"), "batch_size": r.get("batch_size"),
                         "variant": "cached" if r["variant"] == "cached" else "whole table on the device",
                         "shape": block["shape"], "dim": block["dim"], "cache_ratio": r["ratio"],
                         "prefetch_depth": r["prefetch_depth"], "samples_per_s": r["samples_per_s"],

@@ -56,6 +56,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--bookkeeping", nargs="+", default=["host", "device"], choices=["host", "device"],
                    help="the cache's bookkeepers to run, each at every ratio (the device one: everything beside "
                         "the rows, rows read and written through the unified view)")
+    p.add_argument("--kernels", nargs="+", default=["auto"], choices=["torch", "triton", "auto"],
+                   help="the device bookkeeper's embedding kernels to run, each at every ratio (auto: triton on "
+                        "CUDA where Triton imports); the host bookkeeper and the whole table use torch's")
     p.add_argument("--price-prefetch", action=argparse.BooleanOptionalAction, default=True,
                    help="also run the middle ratio without prefetch (what the copies cost unhidden)")
     p.add_argument("--link-table-mib", type=int, default=1024,

@@ -144,7 +144,7 @@ def _zero(weight: torch.Tensor) -> torch.Tensor:
 
 
 def build_collection(cardinalities, dim: int, ratio: float, freq: dict | None, eviction: str, raw: bool = False,
-                     device: str = "meta", bookkeeping: str = "host"):
+                     device: str = "meta", bookkeeping: str = "host", kernels: str = "torch"):
     """The collection the bench times; `raw`: every table open (rows made as keys arrive),
     each given its ids' counts as its keys' (`key_counts`), so that the two differ by the
     key index alone, not by the `freq` policy's prior."""
@@ -154,7 +154,7 @@ def build_collection(cardinalities, dim: int, ratio: float, freq: dict | None, e
         if raw else None
     ebc = CachedEmbeddingBagCollection(tables, cache_ratio=ratio, ids_freq=None if raw else freq, device=device,
                                        eviction=eviction, optimizer="adagrad", warmup_ratio=WARMUP_RATIO,
-                                       open_tables=open_tables, bookkeeping=bookkeeping)
+                                       open_tables=open_tables, bookkeeping=bookkeeping, kernels=kernels)
     if torch.device(device).type == "meta" and bookkeeping == "host":
         for bag in ebc.bags:
             _host_share_only(bag.cache)
@@ -301,7 +301,7 @@ def run(args) -> int:
                 variants[keys] = (ebc, trace)
             if "device" in args.bookkeeping:  # the same lookups, every device tensor on meta
                 variants[DEVICE_VARIANT] = (build_collection(cardinalities, args.dim, ratio, freq, args.eviction,
-                                                             bookkeeping="device"), batches)
+                                                             bookkeeping="device", kernels=args.kernels), batches)
             with timer.installed():
                 measured = measure(variants, threads, args, timer)
             for keys, (ebc, trace) in variants.items():
@@ -313,7 +313,8 @@ def run(args) -> int:
                     results.append({"shape": shape, "ratio": ratio, "threads": t, "samples_per_s": rate,
                                     "ids_per_s": rate * ids_per_sample, "ids_per_sample": ids_per_sample,
                                     "hit_rate": hit_rate, "bookkeeping": "device" if device else "host",
-                                    **({"launches_per_step": launches} if device else {}),
+                                    **({"launches_per_step": launches, "kernels": ebc.bags[0].cache.kernels}
+                                       if device else {}),
                                     **({"keys": keys} if len(args.keys) > 1 and not device else {}), **r})
                     parts = "  ".join(f"{k} {1e3 * v:.1f}" for k, v in r["parts_s"].items() if v)
                     if device:
@@ -339,7 +340,8 @@ def run(args) -> int:
 def print_summary(summary: list[dict]) -> None:
     for s in summary:
         print(f"bench host: {s['shape']}{' ' + s['keys'] if 'keys' in s else ''}"
-              f"{', device bookkeeping (on meta)' if s['bookkeeping'] == 'device' else ''} {s['ratio']:.3%}: 1 thread "
+              f"{', device bookkeeping (on meta), ' + s['kernels'] + ' kernels' if s['bookkeeping'] == 'device' else ''}"
+              f" {s['ratio']:.3%}: 1 thread "
               f"{s['samples_per_s_1']:,.0f} samples/s"
               + (f" (x{s['raw_vs_ids_1']:.2f} of ids)" if "raw_vs_ids_1" in s else "")
               + (f", {s['launches_per_step']} operations a step" if "launches_per_step" in s else "")
@@ -357,6 +359,7 @@ def summarize(results: list[dict]) -> list[dict]:
         row = {"shape": shape, "ratio": ratio, **({"keys": keys} if keys else {}), "bookkeeping": book,
                "samples_per_s_1": by_t.get(1)}
         if "launches_per_step" in mine[0]:
+            row["kernels"] = mine[0]["kernels"]
             row["launches_per_step"] = mine[0]["launches_per_step"]["total"]
             row["launches_by_part"] = mine[0]["launches_per_step"]["by_part"]
         if 1 in by_t and 2 in by_t:

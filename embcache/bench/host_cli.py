@@ -69,6 +69,10 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="host: the compiled pass beside the ids (rows on meta); device: the device bookkeeper with "
                         "every device tensor on meta, its operations a step counted (launches_per_step) and timed "
                         "(an upper bound: some meta kernels are slow Python)")
+    p.add_argument("--kernels", default="torch", choices=["torch", "triton", "auto"],
+                   help="the device bookkeeper's embedding kernels (embcache.kernels: triton's lookup and fused "
+                        "backward + optimizer, each one operation; on meta they run as their fake "
+                        "implementations, so the count needs no GPU)")
     p.add_argument("--prefetch-depth", type=int, default=1, help="batches prefetched ahead, as the trainer")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(results_dir()), help="results directory")

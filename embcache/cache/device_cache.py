@@ -71,9 +71,9 @@ class DeviceRowCache(DeviceUpdates, RowCache):
 
     def __init__(self, weight, cache_rows, optimizer, eviction="freq", ids_freq=None, warmup_ratio=0.7,
                  device="cpu", admission=False, half_life=None, host_store="memory",
-                 row_dtype=torch.float32, rounding=None, bookkeeping="device", reuse_prefetch=True):
+                 row_dtype=torch.float32, rounding=None, bookkeeping="device", reuse_prefetch=True, kernels="auto"):
         super().__init__(weight, cache_rows, optimizer, eviction, ids_freq, 0.0, device, admission, half_life,
-                         host_store, row_dtype, rounding, bookkeeping, reuse_prefetch)
+                         host_store, row_dtype, rounding, bookkeeping, reuse_prefetch, kernels)
         C = self.num_slots
         self._regions: list[list] = []  # [start, size, busy]: working rows past the cache
         self._work_ids = torch.full((C + 1,), -1, dtype=torch.long, device=self.device)

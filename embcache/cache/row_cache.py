@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from . import fused_admission
-from .choices import MAX_PENDING_PREFETCHES, resolve_bookkeeping
+from .choices import MAX_PENDING_PREFETCHES, resolve_bookkeeping, resolve_cache_kernels
 from .eviction import EvictionPolicy
 from .host_store import HostStore
 from .lookup import Lookup, Overflow, Prefetched, ratio_at_least, same_values  # noqa: F401 (Lookup: part of this module's API)
@@ -74,6 +74,7 @@ class RowCache(RowUpdates, RowLifecycle, RowCacheState):
         row_dtype: how rows are stored, in the host store and the cache (float32,
             float16, bfloat16); optimizer state stays float32.
         rounding: how updated rows are written in `row_dtype` (default: to nearest).
+        kernels: "torch" | "triton" | "auto": the device bookkeeper's (`resolve_cache_kernels`).
         reuse_prefetch: a forward reuses its prefetch's decisions where it placed every id
             (`_reuse`); off, a prefetched batch goes through the general lookup
             (`_serve_beside`), which must decide exactly the same there (the tests compare
@@ -117,8 +118,9 @@ class RowCache(RowUpdates, RowLifecycle, RowCacheState):
                  warmup_ratio: float = 0.7, device: torch.device | str = "cpu", admission: bool = False,
                  half_life: int | None = None, host_store: str = "memory",
                  row_dtype: torch.dtype = torch.float32, rounding: RowRounding | None = None,
-                 bookkeeping: str = "auto", reuse_prefetch: bool = True):
+                 bookkeeping: str = "auto", reuse_prefetch: bool = True, kernels: str = "auto"):
         self.device = torch.device(device)
+        self.kernels = resolve_cache_kernels(kernels, self.device, self.bookkeeping)
         self.reuse_prefetch = reuse_prefetch
         # on the host, no batch's bookkeeping makes the host wait for the device: ids
         # arrive there, and only rows and lookup indices travel (`RowTransfers`); the

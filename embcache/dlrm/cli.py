@@ -48,7 +48,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--device-memory", type=memory_size, default=None, metavar="SIZE",
                    help="with --cache-ratio auto or fit: device memory the cache may use, e.g. 16GiB "
                         "(default: the CUDA device's free memory, else 16 GiB)")
-    add_config_arguments(p, DLRMConfig, ["eviction", "warmup_ratio", "admission", "bookkeeping", "host_store", "row_dtype",
+    add_config_arguments(p, DLRMConfig, ["eviction", "warmup_ratio", "admission", "bookkeeping", "kernels", "host_store", "row_dtype",
                                          "row_rounding", "sparse_optimizer", "sparse_lr", "dense_lr", "embedding_dim",
                                          "dense_arch", "over_arch", "batch_size", "arch"])
     add_run_arguments(p, DLRMConfig, "dlrm")

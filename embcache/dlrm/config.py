@@ -7,7 +7,7 @@ import argparse
 from dataclasses import dataclass
 
 from embcache.arg_types import fraction, int_in, positive_float, positive_int, ratio
-from embcache.cache.choices import BOOKKEEPING, MAX_PENDING_PREFETCHES, OPTIMIZERS, POLICIES
+from embcache.cache.choices import BOOKKEEPING, KERNELS, MAX_PENDING_PREFETCHES, OPTIMIZERS, POLICIES
 from embcache.settings_fields import inherit, setting
 from embcache.train.run_config import StepRunConfig
 
@@ -119,6 +119,11 @@ class DLRMConfig(StepRunConfig):
                                     "tensor ops that never make the host wait), host (a compiled pass beside the "
                                     "ids), or auto (device when the rows are on CUDA with the memory host store, "
                                     "host otherwise); the results are the same either way, the speed is not")
+    kernels: str = setting("auto", choices=KERNELS,
+                           help="the device bookkeeper's embedding kernels: triton (its lookup, and its backward "
+                                "fused with the row optimizer, embcache.kernels), torch (torch's ops), or auto "
+                                "(triton on CUDA where Triton imports, torch otherwise); the host bookkeeper "
+                                "always uses torch's")
     sparse_optimizer: str = setting("adagrad", choices=OPTIMIZERS,
                                     help="the embeddings' row-wise optimizer (its state is kept with each row)")
     sparse_lr: float = setting(0.05, flag="--lr", type=positive_float, help="learning rate of the embeddings")

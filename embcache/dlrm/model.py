@@ -108,7 +108,7 @@ def sharded_cache(tables, cfg: DLRMConfig, ids_freq: dict | None, device: torch.
             eviction=cfg.eviction, warmup_ratio=cfg.warmup_ratio, admission=cfg.admission,
             optimizer=cfg.sparse_optimizer, lr=cfg.sparse_lr,
             host_store=host_store, row_dtype=cfg.row_dtype, rounding=cfg.row_rounding, rounding_seed=cfg.seed,
-            bookkeeping=cfg.bookkeeping)
+            bookkeeping=cfg.bookkeeping, kernels=cfg.kernels)
 
     if current().distributed:
         logger.info("placement:\n" + placement.describe(shards, current().size))

@@ -59,6 +59,8 @@ class CachedEmbeddingBagCollection(TakesTickets, CollectionInterface, nn.Module)
         bookkeeping: "auto" | "host" | "device": where each group's cache decides which row
             sits where (`CachedEmbeddingBag`); open tables' groups keep the host bookkeeper
             (their key index lives on the host) whatever this says.
+        kernels: "auto" | "torch" | "triton", passed to each closed group's bag (open
+            tables keep torch's, as they keep the host bookkeeper).
         **kwargs: passed to each `CachedEmbeddingBag` (eviction, optimizer, lr, eps,
             row_dtype, rounding, ...).
 

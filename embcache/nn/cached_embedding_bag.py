@@ -58,6 +58,9 @@ class CachedEmbeddingBag(nn.Module):
             row sits where (`RowCache`). The device bookkeeper never makes the host wait;
             both decide alike, so results are the same either way. Open tables keep the
             host's.
+        kernels: "auto" (default: Triton on CUDA where it imports, with the device
+            bookkeeper), "torch" or "triton": the device bookkeeper's lookup and fused
+            backward + optimizer (`embcache.kernels`); the host bookkeeper keeps torch's.
         admission: `freq` / `lfu` admit a missed row only if it is hotter than the row it
             would evict; colder ones are served beside the cache for the step and counted
             as `bypassed_rows` (results are the same either way; only the hit rate,
@@ -111,7 +114,7 @@ class CachedEmbeddingBag(nn.Module):
                  weight: torch.Tensor | RowInit | None = None, admission: bool = False,
                  half_life: int | None = None, host_store: str = "memory", row_dtype: str = "float32",
                  rounding: str = "stochastic", rounding_seed: int = 0, keys: str = "ids",
-                 bookkeeping: str = "auto", **optimizer_kwargs):
+                 bookkeeping: str = "auto", kernels: str = "auto", **optimizer_kwargs):
         super().__init__()
         _check_config(num_embeddings, embedding_dim, mode, cache_ratio, warmup_ratio,
                       eviction, optimizer, ids_freq, weight)
@@ -133,7 +136,7 @@ class CachedEmbeddingBag(nn.Module):
                               make_optimizer(optimizer, lr, **optimizer_kwargs), eviction,
                               ids_freq, warmup_ratio, device, admission, half_life, host_store=host_store,
                               row_dtype=dtype, rounding=RowRounding(dtype, rounding, rounding_seed),
-                              bookkeeping=bookkeeping)
+                              bookkeeping=bookkeeping, kernels=kernels)
 
     @property
     def device(self) -> torch.device:

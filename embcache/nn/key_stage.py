@@ -69,7 +69,9 @@ class KeyStage:
                                  "the bound)")
             first_rows = 1 + table.max_rows + max(64, table.max_rows // 8)
         optimizer_kwargs = settings.pop("optimizer_kwargs")
-        super().__init__(**{**settings, "weight": RowInit(first_rows, dim, _zeros), "bookkeeping": "host"},
+        kernels = "torch" if settings["kernels"] == "auto" else settings["kernels"]  # the host bookkeeper's
+        super().__init__(**{**settings, "weight": RowInit(first_rows, dim, _zeros), "bookkeeping": "host",
+                            "kernels": kernels},
                          **optimizer_kwargs)
         self.open = table
 

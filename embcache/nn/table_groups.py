@@ -164,8 +164,10 @@ class OpenGroup(TableGroup):
 
     def make_bag(self, cache_ratio: float, device, host_store: str, rounding_seed: int, ids_freq,
                  bookkeeping: str, **kwargs) -> KeyedEmbeddingBag:
-        """`ids_freq` and `bookkeeping` do not apply: a key's row is made on first sight (its
-        counts are `key_freq`), and the key index lives on the host, so do the decisions."""
+        """`ids_freq`, `bookkeeping` and `kernels` do not apply: a key's row is made on first
+        sight (its counts are `key_freq`), and the key index lives on the host, so do the
+        decisions (and the update is the host bookkeeper's: torch's kernels)."""
+        kwargs.pop("kernels", None)
         dim, mode = self.key[:2]
         return KeyedEmbeddingBag(
             self.num_rows, dim, mode=mode, cache_ratio=cache_ratio, device=device, host_store=host_store,

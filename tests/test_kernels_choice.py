@@ -1,0 +1,54 @@
+"""`kernels="torch" | "triton" | "auto"`: chosen as the bookkeeper is, on every layer that
+builds a cache (RowCache, CachedEmbeddingBag, the collection, `dlrm train`, `bench gpu`,
+`bench host`), and refused in one line where it cannot apply."""
+import json
+
+import pytest
+import torch
+
+from embcache.cache.choices import resolve_cache_kernels
+from embcache.cli import main
+from embcache.nn.cached_collection import CachedEmbeddingBagCollection
+from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
+from embcache.sparse_types import EmbeddingBagConfig
+
+
+def test_auto_is_torch_off_cuda_and_for_the_host_bookkeeper():
+    assert resolve_cache_kernels("auto", torch.device("cpu"), "device") == "torch"
+    assert resolve_cache_kernels("auto", "cuda:0", "host") == "torch"  # no CUDA needed to decide that
+    assert resolve_cache_kernels("torch", "cuda", "device") == "torch"
+
+
+def test_triton_with_the_host_bookkeeper_and_unknown_names_are_one_line():
+    with pytest.raises(ValueError, match="needs the device bookkeeper") as err:
+        CachedEmbeddingBag(50, 4, cache_ratio=0.2, device="cpu", bookkeeping="host", kernels="triton")
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match=r"kernels must be one of \('torch', 'triton', 'auto'\), got 'cuda'"):
+        CachedEmbeddingBag(50, 4, cache_ratio=0.2, device="cpu", bookkeeping="device", kernels="cuda")
+
+
+def test_the_collection_passes_it_to_closed_groups_and_open_tables_keep_torch():
+    tables = [EmbeddingBagConfig(name="ids", embedding_dim=4, num_embeddings=40, feature_names=["a"]),
+              EmbeddingBagConfig(name="keys", embedding_dim=4, num_embeddings=40, feature_names=["b"])]
+    ebc = CachedEmbeddingBagCollection(tables, cache_ratio=0.25, device="cpu", bookkeeping="host",
+                                       open_tables={"keys": {}}, kernels="auto")
+    assert [bag.cache.kernels for bag in ebc.bags] == ["torch", "torch"]
+    with pytest.raises(ValueError, match="needs the device bookkeeper"):  # the closed group's own choice
+        CachedEmbeddingBagCollection(tables[:1], cache_ratio=0.25, device="cpu", bookkeeping="host",
+                                     kernels="triton")
+
+
+def test_dlrm_train_takes_kernels_and_bench_rows_record_them(tmp_path, small_synthetic):
+    from embcache.dlrm.cli import build_parser
+
+    args = build_parser("embcache dlrm").parse_args(["train", "--kernels", "torch"])
+    assert args.kernels == "torch"
+    assert build_parser("embcache dlrm").parse_args(["train"]).kernels == "auto"
+    rc = main(["bench", "gpu", "--scale", "0.0005", "--dims", "4", "--batch-size", "16", "--steps", "2",
+               "--warmup-steps", "1", "--ratios", "0.3", "--device", "cpu", "--out", str(tmp_path),
+               "--shapes", "one-hot", "--link-table-mib", "1", "--bookkeeping", "host", "device",
+               "--no-price-prefetch", "--kernels", "torch"])
+    assert rc == 0
+    rows = json.loads((tmp_path / "gpu.json").read_text())["rows"]
+    assert [(r["bookkeeping"], r["kernels"], r["batch_size"]) for r in rows] == [
+        (None, "torch", 16), ("host", "torch", 16), ("device", "torch", 16)]
