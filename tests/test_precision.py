@@ -83,15 +83,16 @@ def test_tf32_is_set_for_the_run_and_put_back(switches):
 
 
 def test_the_cpu_changes_no_switch_and_importing_changes_none(switches):
+    import subprocess
+    import sys
+
     torch.backends.cuda.matmul.allow_tf32 = False
     with precision.precision_scope("tf32", "cpu"):
         assert switches()[0] is False
-    import importlib
-
-    import embcache
-
-    importlib.reload(precision), importlib.reload(embcache)
-    assert switches()[0] is False
+    show = "import torch; print(torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)"
+    bare, imported = (subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+                      for code in (show, "import embcache, embcache.dlrm.trainer, embcache.face.trainer; " + show))
+    assert bare == imported  # a fresh process: importing the trainers turned nothing on
 
 
 def test_a_run_on_the_cpu_leaves_the_switches(small_synthetic, switches, one_torch_thread):
