@@ -87,6 +87,12 @@ FIGURES = [
      lambda d: (d["summary"]["val_auc"], d["summary"]["hit_rate"])),
     ("docs/dlrm.md", "cache, {}, {:,.0f} MiB peak host memory", "make_run.json",
      lambda d: (_overflow(d["summary"]["overflow_rows"]), d["summary"]["peak_host_mib"])),
+    # docs/dlrm.md: --precision on the CPU
+    ("docs/dlrm.md", "the default run of {} steps, seeds 0-2", "precision_cpu.json", ("runs", 0, "steps")),
+    ("docs/dlrm.md", "validation AUC {:.4f} with fp32 and {:.4f} with bf16 at the default seed", "precision_cpu.json",
+     lambda d: (d["auc_difference"][0]["fp32"], d["auc_difference"][0]["bf16"])),
+    ("docs/dlrm.md", "the largest difference over the three seeds {:.4f}", "precision_cpu.json",
+     ("largest_abs_difference",)),
     # docs/cache.md: the device bookkeeper's operations, the GPU run
     ("docs/cache.md", "**{} operations a step**", "host_ops.json", ("summary", 1, "launches_per_step")),
     ("docs/cache.md", "**{} operations a step**", "host_ops.json", ("summary", 3, "launches_per_step")),

@@ -20,6 +20,7 @@ from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
 from embcache.dlrm.arch import DLRMDense
 from embcache.threads import set_threads
 from embcache.train.bench_results import write_json
+from embcache.train.precision import autocast_modules
 
 NUM_DENSE = 13
 NUM_TABLES = len(CRITEO_KAGGLE_CARDINALITIES)
@@ -79,6 +80,7 @@ def make_variant(kind: str, ratio: float | None, table: torch.Tensor, freq, dens
         sparse_opt = None
     dense = DLRMDense(NUM_DENSE, NUM_TABLES, dim, DENSE_ARCH, OVER_ARCH).to(device)
     dense.load_state_dict(dense_state)
+    autocast_modules([dense], args.precision, device)  # bf16: the dense part autocast, float32 weights and logits
     return FlatTables(bag, NUM_TABLES), sparse_opt, dense, torch.optim.Adagrad(dense.parameters(), lr=args.lr)
 
 
@@ -354,7 +356,7 @@ def run(args) -> int:
         add_link_figures(result, gbps, args.batch_size)
         payload = {"benchmark": "gpu", "device": str(device), "device_name": device_name,
                    "config": {k: v for k, v in vars(args).items() if k != "func"},
-                   "rows": flat_rows(result, device_name), **result}
+                   "rows": [{**r, "precision": args.precision} for r in flat_rows(result, device_name)], **result}
         return write_json(payload, args.name, args.out)
 
     for dim in args.dims:

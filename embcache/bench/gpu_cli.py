@@ -36,6 +36,8 @@ import argparse
 
 from embcache.paths import results_dir
 from embcache.cache.choices import TORCH_OPTIMIZERS
+from embcache.dlrm.config import DLRMConfig
+from embcache.settings_fields import add_config_arguments
 from embcache.train.run_cli import add_device_argument, add_threads_argument
 
 
@@ -65,6 +67,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="pinned host table the link's random-row rate is measured on")
     p.add_argument("--no-profile", action="store_true", help="skip the profiler summary (CUDA only)")
     add_device_argument(p)
+    add_config_arguments(p, DLRMConfig, ["precision"])  # as dlrm train's: the same field, the same help
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(results_dir()), help="results directory")
     p.add_argument("--name", default="gpu", help="results file stem")
@@ -76,5 +79,10 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 def run(args) -> int:
     """Run the benchmark: `embcache.bench.gpu` (and torch) imported only now."""
     from embcache.bench import gpu
+    from embcache.device import resolve_device
+    from embcache.train.precision import precision_scope, resolve
 
-    return gpu.run(args)
+    device = resolve_device(args.device)
+    args.precision = resolve(args.precision, device)  # as computed: the results' config says tf32, not auto
+    with precision_scope(args.precision, device):  # CUDA's TF32 switches for the run, put back after it
+        return gpu.run(args)

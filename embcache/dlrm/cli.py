@@ -50,7 +50,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                         "(default: the CUDA device's free memory, else 16 GiB)")
     add_config_arguments(p, DLRMConfig, ["eviction", "warmup_ratio", "admission", "bookkeeping", "kernels", "host_store", "row_dtype",
                                          "row_rounding", "sparse_optimizer", "sparse_lr", "dense_lr", "embedding_dim",
-                                         "dense_arch", "over_arch", "batch_size", "arch"])
+                                         "dense_arch", "over_arch", "batch_size", "arch", "precision"])
     add_run_arguments(p, DLRMConfig, "dlrm")
     ahead = add_config_arguments(p, DLRMConfig, ["prefetch_depth"])["prefetch"]
     ahead.add_argument("--no-prefetch", action="store_true", help="do not prefetch (--prefetch-depth 0)")
@@ -254,6 +254,7 @@ def train(args) -> int:
 
 def evaluate(args) -> int:
     from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
+    from embcache.train.precision import describe as describe_precision
     from embcache.train.run import checkpoint_to_evaluate
 
     try:
@@ -279,7 +280,10 @@ def evaluate(args) -> int:
         return 0
     print(f"{args.split}: AUC {result['auc']:.4f}  log loss {result['logloss']:.4f}  "
           f"({result['samples']:,} samples, step {ckpt['step']})")
-    print(json.dumps({"split": args.split, "step": ckpt["step"], **result}, default=float))
+    print(f"trained with precision {describe_precision(ckpt.get('precision'))}; evaluated in "
+          f"{'bf16' if cfg.precision == 'bf16' else 'float32'}")
+    print(json.dumps({"split": args.split, "step": ckpt["step"], **result,
+                      "trained_precision": ckpt.get("precision") or "fp32"}, default=float))
     return 0
 
 
@@ -307,7 +311,7 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
         rows = [("validation AUC", f"{s['val_auc']:.4f}" if s.get("val_auc") is not None else "-"),
                 ("validation log loss", f"{s['val_logloss']:.4f}" if s.get("val_logloss") is not None else "-")]
     rows += [("model", "DLRM in plain torch" if s.get("arch") == "torch" else "torchrec's DLRM"),
-             ("sparse part", f"{s['sparse']} on {s['device']}")]
+             ("sparse part", f"{s['sparse']} on {s['device']}"), ("precision", s.get("precision", "fp32"))]
     if s["sparse"] == "cached":
         rows += [("cache", f"{s['cache_rows']:,} of {s['table_rows']:,} rows "
                            f"({s['cache_rows'] / s['table_rows']:.2%})"),

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from embcache.arg_types import fraction, int_in, positive_float, positive_int, ratio
 from embcache.cache.choices import BOOKKEEPING, KERNELS, MAX_PENDING_PREFETCHES, OPTIMIZERS, POLICIES
 from embcache.settings_fields import inherit, setting
+from embcache.train.precision import HELP as PRECISION_HELP, PRECISIONS
 from embcache.train.run_config import StepRunConfig
 
 SPARSE_MODES = ("cached", "device", "host")
@@ -197,6 +198,10 @@ class DLRMConfig(StepRunConfig):
     compile: bool = setting(
         False, help="the dense part (bottom MLP, interaction, top MLP) under torch.compile; the cache stays eager. "
                     "Results agree with eager to rounding, not to the bit; the first steps compile")
+    precision: str = setting("auto", choices=PRECISIONS, help=PRECISION_HELP)
+
+    # the value a setting had, in effect, in checkpoints written before it existed
+    settings_added_later = {"precision": "fp32"}
 
     def __post_init__(self) -> None:
         # `prefetch` folded into the depth once, so that a later `replace(cfg, prefetch_depth=2)`

@@ -247,6 +247,7 @@ def export_command(args) -> int:
     rows = sum(t["rows"] for t in manifest["tables"])
     print(f"exported step {manifest['step']}: {len(manifest['tables'])} tables ({rows:,} rows x "
           f"{manifest['embedding_dim']}), vocabularies, {DENSE_FILE} -> {args.out}")
+    print(f"trained with precision {manifest['trained_precision']}; the export scores in float32")
     if args.verify:
         check = verify_export(args.checkpoint, args.out, args.verify)
         agree = "equal the trainer's bit for bit" if check["bit_for_bit"] else "differ from the trainer's"
@@ -318,7 +319,8 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, tab
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp.mkdir()
         manifest = write_export(tmp, tables, program, data_dir, meta, table_format, key_rules)
-        manifest.update(checkpoint=str(path), step=ck.get("step"))
+        # what the dense part was trained in (`--precision`); the export itself scores in float32
+        manifest.update(checkpoint=str(path), step=ck.get("step"), trained_precision=ck.get("precision") or "fp32")
         # every file's CRC-32, which `load_export` checks before it uses any
         manifest["files_crc32"] = {f.relative_to(tmp).as_posix(): file_crc32(f)
                                    for f in sorted(tmp.rglob("*")) if f.is_file()}
@@ -412,6 +414,7 @@ def verify_export(checkpoint: str | os.PathLike, out: str | os.PathLike, split: 
 
     path, ck, cfg = checkpoint_to_evaluate(checkpoint, "dlrm", DLRMConfig, "cpu")
     model = load_export(out)
+    cfg.precision = "fp32"  # the export scores in float32: so does the model it is checked against
     trainer = DLRMTrainer(cfg, model.manifest["data_dir"])
     trainer.restore(path)
     trainer.model.eval()

@@ -192,6 +192,12 @@ def compile_dense(model: nn.Module) -> list[str]:
     return names
 
 
+def dense_modules(model: nn.Module) -> list[nn.Module]:
+    """The dense parts of a DLRM (`DENSE_PARTS` it has), outside any DDP wrapper: what
+    `--precision bf16` autocasts (`embcache.train.precision.autocast_modules`)."""
+    return [unwrap(getattr(model, name)) for name in DENSE_PARTS if isinstance(getattr(model, name, None), nn.Module)]
+
+
 def dense_state(model: nn.Module) -> dict:
     """The dense part's parameters under their single-process names (no DDP wrappers)."""
     return {f"{name}.{k}": v for name, child in model.named_children() if name != "sparse_arch"

@@ -59,9 +59,10 @@ from embcache.settings_fields import option_names
 from embcache.dlrm.evaluation import binary_metrics
 from embcache.dlrm.config import CACHE_SETTINGS, RESUME_MUST_MATCH, DLRMConfig, parse_day_range, training_split
 from embcache.dlrm.raw_keys import raw_key_setup, with_key_counts
+from embcache.train import precision
 from embcache.train.prefetch_pipeline import PrefetchPipeline
 from embcache.train.run import Trainer
-from embcache.dlrm.model import build_model, dense_state, load_dense_state, resolve_arch
+from embcache.dlrm.model import build_model, dense_modules, dense_state, load_dense_state, resolve_arch
 
 logger = logging.getLogger(__name__)
 READ_AHEAD = 2  # batches the pipelined loop's reader thread makes before the trainer takes them
@@ -172,6 +173,8 @@ class DLRMTrainer(Trainer):
         freq = load_id_frequencies(self.data_dir) if cfg.sparse == "cached" and self.raw is None else None
         self.model, self.sparse, self.dense_opt, self.sparse_opt = build_model(self.meta, cfg, freq, self.device,
                                                                                self.raw)
+        self.precision = precision.resolve(cfg.precision, self.device)  # what the run computes in, recorded
+        precision.autocast_modules(dense_modules(self.model), self.precision, self.device)
         self.loss_fn = nn.BCEWithLogitsLoss()
         self.prefetches = PrefetchPipeline(self.sparse, cfg.prefetch_depth if cfg.sparse == "cached" else 0)
         self._resumed_ahead = 0  # batches a resumed cache prefetched already (the epoch's first ones)
@@ -186,11 +189,17 @@ class DLRMTrainer(Trainer):
         if self.cfg.batch_size > rows and self.world.is_main:
             logger.warning(f"--batch-size {self.cfg.batch_size:,} is larger than the training split ({rows:,} rows): "
                            f"an epoch is one step")
-        return super().fit()
+        with precision.precision_scope(self.precision, self.device):  # CUDA's TF32 switches, put back after
+            return super().fit()
 
     # ------------------------------------------------------------------ checkpoints
     def data_fingerprint(self) -> dict:
         return data_fingerprint(self.meta)
+
+    def state_mismatches(self, ck: dict) -> list[str]:
+        """A resume keeps the checkpoint's precision (`precision.resume_mismatch`); evaluating
+        or exporting a checkpoint may compute in another."""
+        return precision.resume_mismatch(ck.get("precision"), self.precision) if self.cfg.resume else []
 
     def data_mismatch(self, saved_config: dict, saved: dict, now: dict) -> str:
         return (f"data (checkpoint trained on {saved_config.get('data')!r}, this run reads {str(self.data_dir)!r}: "
@@ -199,7 +208,8 @@ class DLRMTrainer(Trainer):
     def trainer_state(self) -> dict:
         """Collective. The dense part from rank 0's copy (identical on every rank); a cached
         sparse part as one logical checkpoint: each rank writes its own shards."""
-        state = {"data_dir": str(self.data_dir.resolve()), "dense_optimizer": self.dense_opt.state_dict()}
+        state = {"data_dir": str(self.data_dir.resolve()), "dense_optimizer": self.dense_opt.state_dict(),
+                 **precision.record(self.precision)}
         if self.raw is not None and self.raw.key_map is not None:  # for `dlrm export` to check its rebuilt map
             state["key_map"] = self.raw.key_map.record()
         if self.cfg.sparse != "cached":
@@ -397,7 +407,8 @@ class DLRMTrainer(Trainer):
     def summary_fields(self) -> dict:
         last = self.history[-1] if self.history else {}
         out = {"val_auc": last.get("auc"), "val_logloss": last.get("logloss"), "sparse": self.cfg.sparse,
-               "arch": resolve_arch(self.cfg.arch), **self._cache_fields(), **self._open_fields()}
+               "arch": resolve_arch(self.cfg.arch), "precision": self.precision, **self._cache_fields(),
+               **self._open_fields()}
         if self.days is not None:
             out["next_day"] = [{k: r[k] for k in ("day", "split", "auc", "logloss") if k in r}
                                for r in self.history if not r.get("partial")]

@@ -38,7 +38,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     add_config_arguments(p, FaceConfig, ["data", "holdout", "val", "head", "num_classes", "pool_ratio", "sample_rate", "backbone",
                                          "feat_dim", "batch_norm", "margin_type", "margin", "scale", "topk", "gallery_momentum",
                                          "batch_size", "lr", "weight_decay", "image_size", "synthetic_samples",
-                                         "eval_classes"], unset=["num_classes"])
+                                         "eval_classes", "precision"], unset=["num_classes"])
     add_run_arguments(p, FaceConfig, "face")
     p.set_defaults(func=train)
 

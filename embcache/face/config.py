@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from embcache.arg_types import fraction, int_in, non_negative_float, non_negative_int, positive_float, positive_int, ratio
 from embcache.nn.choices import BACKBONES, HEADS, MARGINS
 from embcache.settings_fields import inherit, setting
+from embcache.train.precision import HELP as PRECISION_HELP, PRECISIONS
 from embcache.train.run_config import StepRunConfig
 
 # settings a resumed run must share with its checkpoint: all that shape the data, the nets, the
@@ -76,6 +77,8 @@ class FaceConfig(StepRunConfig):
     synthetic_id_dim: int = 16
     synthetic_samples: int = setting(8, type=int_in(2), help="samples per synthetic identity")
     synthetic_noise: float = 0.7
+    # bf16: the backbone (probe and gallery nets) under bfloat16 autocast; the head's margin softmax stays float32
+    precision: str = setting("auto", choices=PRECISIONS, help=PRECISION_HELP)
 
     # the value a setting had, in effect, in checkpoints written before it existed
-    settings_added_later = {"holdout": 0.0}
+    settings_added_later = {"holdout": 0.0, "precision": "fp32"}

@@ -48,6 +48,7 @@ from embcache.face.evaluation import embed, heldout_pairs, identification_top1, 
 from embcache.settings_fields import option_names
 from embcache.face.config import MUST_MATCH, FaceConfig  # noqa: F401 (their home before)
 from embcache.face.head_factory import build_head, pool_slots
+from embcache.train import precision
 from embcache.train.run import Trainer
 
 def build_source(cfg: FaceConfig):
@@ -129,6 +130,9 @@ class FaceTrainer(Trainer):
                        else f"--batch-size {cfg.batch_size}: a quarter of it are pairs; 8 or more gives two")
                 raise ValueError(f"the dcp head needs two identity pairs a step, and {why} (or use --head fc)")
             self.gallery = copy.deepcopy(self.probe).requires_grad_(False)
+        self.precision = precision.resolve(cfg.precision, self.device)  # bf16: the nets autocast, the head float32
+        precision.autocast_modules([n for n in (self.probe, self.gallery) if n is not None], self.precision,
+                                   self.device)
         # the probe itself on one process; at 2 ranks its gradients are summed by one all-gather
         self.model = data_parallel(self.probe, self.device, gather_sum=self.world.size == 2)
         # foreach: the same arithmetic as the loop over parameters, in fewer calls
@@ -324,16 +328,22 @@ class FaceTrainer(Trainer):
                 "head": self._head_state(), "optimizer": self._optimizer_state(), "dropped": self.dropped,
                 "bad_samples": self.source.bad.to_json() if hasattr(self.source, "bad") else {},
                 "unreadable_samples": sorted(getattr(self.source, "unreadable", ())),
-                "num_slots": self.head.pool.num_slots if self.cfg.head == "dcp" else None}
+                "num_slots": self.head.pool.num_slots if self.cfg.head == "dcp" else None,
+                **precision.record(self.precision)}
 
     def state(self) -> dict:
         """The checkpoint's parts beyond the run's position (for comparing two runs)."""
         return {"history": self.history, **self.trainer_state()}
 
     def state_mismatches(self, ck: dict) -> list[str]:
+        out = precision.resume_mismatch(ck.get("precision"), self.precision) if self.cfg.resume else []
         if self.cfg.head == "dcp" and ck.get("num_slots") not in (None, self.head.pool.num_slots):
-            return [f"pool slots {ck['num_slots']} in the checkpoint, {self.head.pool.num_slots} now"]
-        return []
+            out.append(f"pool slots {ck['num_slots']} in the checkpoint, {self.head.pool.num_slots} now")
+        return out
+
+    def fit(self) -> dict:
+        with precision.precision_scope(self.precision, self.device):  # CUDA's TF32 switches, put back after
+            return super().fit()
 
     def load_trainer_state(self, ck: dict, path: Path) -> None:
         self.probe.load_state_dict(ck["probe"])
@@ -439,6 +449,7 @@ class FaceTrainer(Trainer):
 
     def summary_fields(self) -> dict:
         out = {"head": self.cfg.head, "backbone": self.backbone_name, "num_classes": self.num_classes,
+               "precision": self.precision,
                "head_state_bytes": head_state_bytes(self.head, self.optimizer), "skipped_samples": self.dropped,
                "final": self.history[-1] if self.history else None}
         if self.cfg.head == "dcp":
