@@ -162,9 +162,11 @@ def fused_row_update(weight: torch.Tensor, state_a: torch.Tensor, state_b: torch
     cuda = weight.device.type == "cuda"
     options = {"enable_fp_fusion": False} if cuda else {}
     table = weight.view(torch.int16) if weight.dtype == torch.bfloat16 else weight
+    grad_out = grad_out.contiguous()  # autograd hands an expanded one for `out.sum()`
     wrap_triton(_fused_row_update_kernel)[(n,)](
-        table, state_a, state_b, sorted_keys, order, rows, bags, grad_out,
-        bag_scale if bag_scale is not None else grad_out, lookup_weights if lookup_weights is not None else grad_out,
+        table, state_a, state_b, sorted_keys.contiguous(), order.contiguous(), rows.contiguous(),
+        bags.contiguous(), grad_out, bag_scale.contiguous() if bag_scale is not None else grad_out,
+        lookup_weights.contiguous() if lookup_weights is not None else grad_out,
         n, dim, alpha, eps, beta1c, beta2c, OPT=OPTIMIZER_CODES[optimizer], ROW=ROW_CODES[weight.dtype],
         MEAN=bag_scale is not None, WEIGHTED=lookup_weights is not None, ALPHA_FMA=not cuda,
         BLOCK_D=triton.next_power_of_2(dim), **options)
