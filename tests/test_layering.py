@@ -27,7 +27,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("embcache", "cpu_kernels")
 ROOMS = ("dlrm", "cf", "face")  # one floor, side by side: a capability each
-FLOORS = ("data", "cache", "nn", "distributed", "train", ROOMS, "bench")  # low to high, above the ground floor
+FLOORS = ("data", "kernels", "cache", "nn", "distributed", "train", ROOMS, "bench")  # low to high, above the ground floor
 ENTRY_POINTS = ("embcache.__main__", "embcache.cli")  # the command: imports every other command by name
 ABOVE_FLOORS = ("embcache", "embcache.serve")  # the package root's lazy names; the scorer servers import
 

@@ -1,11 +1,14 @@
 """The device bookkeeper's optimizer step: a batch's gradient terms summed in torch's order in
 fixed sizes (one entry per lookup, the first of each row's entries holding the row's sum),
 the cache's rows and the batch's overflow rows updated in one call, the overflow rows then
-written back to the host store by the device. `DeviceUpdates` is a part of
-`device_cache.DeviceRowCache`."""
+written back to the host store by the device. With `kernels = "triton"` the bag's backward
+and the optimizer are one kernel (`embcache.kernels.fused_update`) over the same sort.
+`DeviceUpdates` is a part of `device_cache.DeviceRowCache`."""
 from __future__ import annotations
 
 import torch
+
+from embcache.kernels.fused_update import fused_row_update, optimizer_factors
 
 from .fixed_size import pick, summed_in_torch_order
 from .lookup import Lookup
@@ -16,6 +19,8 @@ from .row_updates import table_sums
 class DeviceUpdates:
     """`DeviceRowCache`'s optimizer step (see the module docstring)."""
 
+    kernels = "torch"  # or "triton": the fused backward + optimizer (`RowCache` sets it)
+
     def apply_gradient(self, grad: torch.Tensor, lookup: Lookup) -> None:
         """`apply_rows` for a sparse gradient over the working table."""
         self.apply_rows(grad._indices()[0], grad._values(), grad.size(0), lookup)
@@ -23,8 +28,60 @@ class DeviceUpdates:
     def apply_bag_gradient(self, grad_out: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
                            weights: torch.Tensor | None, mode: str, width: int, lookup: Lookup) -> None:
         """`apply_rows` for an embedding bag's output gradient over the working table (of
-        `width` rows) read through `indices` / `offsets` / `weights` in `mode`."""
+        `width` rows) read through `indices` / `offsets` / `weights` in `mode`. Triton's
+        kernel takes every case but stochastic rounding of half-precision rows, whose hash
+        it does not repeat (those take torch's path)."""
+        if self.kernels == "triton" and (self.rounding.mode == "nearest" or self.rounding.dtype == torch.float32):
+            self._wait_for_prefetch()
+            self.step += 1
+            self._fused_update(grad_out.to(torch.float32), indices, offsets, weights, mode, width, lookup)
+            self._after_update(lookup)
+            return
         self.apply_rows(indices, lookup_terms(grad_out, indices, offsets, weights, mode), width, lookup)
+
+    def _fused_update(self, grad_out: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+                      weights: torch.Tensor | None, mode: str, width: int, lookup: Lookup) -> None:
+        """`apply_rows`'s update by `fused_row_update`, its terms summed in the order
+        `_gradient_rows` sums them: the same sort of the same keys. Tables read by several
+        features are summed by torch first (autograd's sparse `+` of the features, whose
+        merge order a sort cannot give), and the kernel then takes those sums as its terms,
+        one a row (trash entries and SGD's repeated rows grouped by a stable sort of rows)."""
+        multi_feature = lookup.segments is not None and any(len(t) > 1 for t in lookup.segments)
+        if multi_feature:
+            rows, grad_out = self._gradient_rows(indices, lookup_terms(grad_out, indices, offsets, weights, mode),
+                                                 width, lookup)
+            keys, order = rows.sort(stable=True)
+            bags, scale, weights = torch.arange(rows.numel(), device=rows.device), None, None
+        else:
+            rows = indices
+            bags, scale = lookup_bags(indices, offsets, mode)
+            keys, order = self._sort_order(indices, width, lookup)
+        work, state = self._work, self.state_of_work()
+        empty = work["weight"].new_empty(0, dtype=torch.float32)
+        first, second = (state.get("sum", state.get("exp_avg", empty)), state.get("exp_avg_sq", empty))
+        fused_row_update(work["weight"], first, second, keys, order, rows, bags, grad_out, scale, weights,
+                         **optimizer_factors(self.optimizer, self.step))
+
+    def _sort_order(self, rows: torch.Tensor, width: int, lookup: Lookup) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sorted keys, permutation) of the lookups, the sort `_gradient_rows` makes: SGD's
+        terms keep lookup order (a stable sort of rows); the others sort `id * width + row`,
+        stably off the CPU, per table on it (its unstable sort orders ties by the array)."""
+        if not self.optimizer.needs_coalesced:
+            return rows.sort(stable=True)
+        keys = lookup.ids * width + rows
+        if self.device.type != "cpu":
+            return keys.sort(stable=True, dim=0)
+        tables = [sum(t) for t in lookup.segments] if lookup.segments is not None else [keys.numel()]
+        parts, orders, start = [], [], 0
+        for k in keys.split(tables):
+            if k.numel():
+                sorted_keys, order = k.sort(0)
+                parts.append(sorted_keys)
+                orders.append(order + start)
+            start += k.numel()
+        if len(parts) == 1:
+            return parts[0], orders[0]
+        return torch.cat(parts), torch.cat(orders)
 
     def apply_rows(self, rows: torch.Tensor, values: torch.Tensor, width: int, lookup: Lookup) -> None:
         """One optimizer step from per-lookup gradient terms (`rows` of a working table of
@@ -38,6 +95,13 @@ class DeviceUpdates:
         work = self._work
         update_rows(self.optimizer, work["weight"], self.state_of_work(), rows, values, self.step,
                     self._work_ids, self.rounding, distinct=self.optimizer.needs_coalesced, fixed_size=True)
+        self._after_update(lookup)
+
+    def _after_update(self, lookup: Lookup) -> None:
+        """What follows the update: the overflow rows written back to the host store (and
+        into the cache, where a prefetch admitted one meanwhile), the rows marked dirty, the
+        batch's holds released."""
+        work = self._work
         s = lookup.scratch
         if s is not None:
             trash = self._trash_row()
@@ -78,21 +142,30 @@ class DeviceUpdates:
         return {k[len("optimizer."):]: v for k, v in self._work.items() if k != "weight"}
 
 
-def lookup_terms(grad_out: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
-                 weights: torch.Tensor | None, mode: str) -> torch.Tensor:
-    """Each lookup's term of an embedding bag's gradient, `[L, D]`, computed as torch's
-    sparse backward computes its values: the bag's output gradient (times 1 / the bag's
-    size for "mean"; times the lookup's weight), in fixed-size ops."""
+def lookup_bags(indices: torch.Tensor, offsets: torch.Tensor, mode: str,
+                dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each lookup's bag, and ("mean") 1 / each bag's size in `dtype`: what `lookup_terms`
+    multiplies by, made once for it and the fused kernel, so that their terms are alike."""
     n = indices.numel()
     offset2bag = torch.zeros(n + 1, dtype=torch.long, device=indices.device)
     offset2bag.index_add_(0, offsets, torch.ones_like(offsets))
     offset2bag[0] -= 1
     offset2bag = offset2bag.cumsum(0)[:n]
+    if mode != "mean":
+        return offset2bag, None
+    ends = torch.cat([offsets[1:], offsets.new_full((1,), n)])
+    return offset2bag, 1 / (ends - offsets).to(dtype)
+
+
+def lookup_terms(grad_out: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+                 weights: torch.Tensor | None, mode: str) -> torch.Tensor:
+    """Each lookup's term of an embedding bag's gradient, `[L, D]`, computed as torch's
+    sparse backward computes its values: the bag's output gradient (times 1 / the bag's
+    size for "mean"; times the lookup's weight), in fixed-size ops."""
+    offset2bag, inverse = lookup_bags(indices, offsets, mode, grad_out.dtype)
     terms = grad_out.index_select(0, offset2bag)
-    if mode == "mean":
-        ends = torch.cat([offsets[1:], offsets.new_full((1,), n)])
-        inverse = (1 / (ends - offsets).to(terms.dtype)).unsqueeze(1).index_select(0, offset2bag)
-        terms *= inverse
+    if inverse is not None:
+        terms *= inverse.unsqueeze(1).index_select(0, offset2bag)
     if weights is not None:
         terms.mul_(weights.unsqueeze(1))
     return terms

@@ -1,0 +1,1 @@
+"""Embedding kernels of our own (Triton), each a torch custom op."""
