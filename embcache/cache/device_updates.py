@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from embcache.kernels.fused_update import fused_row_update, optimizer_factors
-
 from .fixed_size import pick, summed_in_torch_order
 from .lookup import Lookup
 from .optimizers import update_rows
@@ -46,6 +44,8 @@ class DeviceUpdates:
         features are summed by torch first (autograd's sparse `+` of the features, whose
         merge order a sort cannot give), and the kernel then takes those sums as its terms,
         one a row (trash entries and SGD's repeated rows grouped by a stable sort of rows)."""
+        from embcache.kernels.fused_update import fused_row_update, optimizer_factors  # Triton: only when chosen
+
         multi_feature = lookup.segments is not None and any(len(t) > 1 for t in lookup.segments)
         if multi_feature:
             rows, grad_out = self._gradient_rows(indices, lookup_terms(grad_out, indices, offsets, weights, mode),

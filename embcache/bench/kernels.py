@@ -1,0 +1,148 @@
+"""`embcache bench kernels`'s measurements (see `kernels_cli` for what and why)."""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from embcache.bench.criteo_trace import CriteoTrace
+from embcache.bench.gpu import SHAPES, _sync
+from embcache.cache.device_updates import lookup_bags
+from embcache.device import resolve_device
+from embcache.train.bench_results import write_json
+
+LR, EPS = 0.01, 1e-10
+
+
+def timed(fn, steps: int, warmup: int, device) -> float:
+    """Seconds a call of `fn`, over `steps` calls after `warmup` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - t0) / max(steps, 1)
+
+
+def copy_gbps(mib: int, device, steps: int) -> float:
+    """Device-to-device copy: bytes read plus written a second."""
+    src = torch.empty(mib << 20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    seconds = timed(lambda: dst.copy_(src), steps, 2, device)
+    return 2 * src.numel() / seconds / 1e9
+
+
+class TorchPath:
+    """torch's sparse path over a whole table: `nn.EmbeddingBag(sparse=True)` and Adagrad."""
+
+    def __init__(self, table: torch.Tensor):
+        self.bag = nn.EmbeddingBag(*table.shape, mode="sum", sparse=True, _weight=table.clone())
+        self.opt = torch.optim.Adagrad(self.bag.parameters(), lr=LR, eps=EPS)
+
+    def forward(self, ids, offsets):
+        return F.embedding_bag(ids, self.bag.weight.detach(), offsets, mode="sum")
+
+    def step(self, ids, offsets, grad_out):
+        self.opt.zero_grad(set_to_none=True)
+        self.bag(ids, offsets).backward(grad_out)
+        self.opt.step()
+
+    def weight(self) -> torch.Tensor:
+        return self.bag.weight.detach()
+
+
+class TritonPath:
+    """The same step through `embcache.kernels`: pooled lookup, sort, fused update."""
+
+    def __init__(self, table: torch.Tensor):
+        from embcache.kernels.fused_update import fused_row_update
+        from embcache.kernels.pooled import pooled_lookup
+
+        self.table, self.sum = table.clone(), torch.zeros_like(table)
+        self.empty = table.new_empty(0)
+        self._pooled, self._fused, self.steps = pooled_lookup, fused_row_update, 0
+
+    def forward(self, ids, offsets):
+        return self._pooled(self.table, ids, offsets)
+
+    def step(self, ids, offsets, grad_out):
+        self.steps += 1
+        self._pooled(self.table, ids, offsets)
+        bags, _ = lookup_bags(ids, offsets, "sum")
+        keys, order = ids.sort(stable=True)
+        self._fused(self.table, self.sum, self.empty, keys, order, ids, bags, grad_out, None, None,
+                    optimizer="adagrad", alpha=-LR, eps=EPS, beta1c=1.0, beta2c=1.0)
+
+    def weight(self) -> torch.Tensor:
+        return self.table
+
+
+def batch_inputs(trace: CriteoTrace, shape: str, device) -> tuple[torch.Tensor, torch.Tensor]:
+    if shape == "one-hot":
+        ids = trace.batch(0).reshape(-1)
+        offsets = torch.arange(ids.numel(), dtype=torch.int64)
+    else:
+        ids, offsets = trace.pooled_batch(0, SHAPES[shape])
+    return ids.to(device), offsets.to(device)
+
+
+def measure(shape: str, batch_size: int, paths: dict, args, device, copy: float) -> dict:
+    """One shape and batch: both paths' forward and step times, bytes, shares, and how far
+    apart one more step leaves their tables (both have taken the same steps before)."""
+    trace = CriteoTrace(scale=args.scale, batch_size=batch_size, batches=1, seed=args.seed)
+    ids, offsets = batch_inputs(trace, shape, device)
+    lookups, bags, dim = ids.numel(), offsets.numel(), args.dim
+    distinct = int(ids.unique().numel())
+    grad_out = torch.randn(bags, dim, generator=torch.Generator().manual_seed(args.seed)).to(device)
+    for path in paths.values():  # one step each: how far apart they land
+        path.step(ids, offsets, grad_out)
+    diff = (paths["torch"].weight() - paths["triton"].weight()).abs().max().item()
+    row = {"shape": shape, "batch_size": batch_size, "dim": dim, "lookups": lookups, "distinct_rows": distinct,
+           "max_table_diff_after_one_step": diff}
+    fwd_bytes = lookups * dim * 4 + bags * dim * 4 + lookups * 8 + bags * 8
+    bwd_bytes = lookups * dim * 4 + distinct * dim * 4 * 4 + lookups * 8 * 4
+    for name, path in paths.items():
+        fwd = timed(lambda: path.forward(ids, offsets), args.steps, args.warmup_steps, device)
+        step = timed(lambda: path.step(ids, offsets, grad_out), args.steps, args.warmup_steps, device)
+        bwd = max(step - fwd, 1e-12)
+        row[name] = {"forward_ms": 1e3 * fwd, "step_ms": 1e3 * step, "backward_ms": 1e3 * bwd,
+                     "forward_gbps": fwd_bytes / fwd / 1e9, "backward_gbps": bwd_bytes / bwd / 1e9,
+                     "samples_per_s": batch_size / step}
+        row[name]["forward_share_of_copy"] = row[name]["forward_gbps"] / copy
+        row[name]["backward_share_of_copy"] = row[name]["backward_gbps"] / copy
+    row["forward_speedup"] = row["torch"]["forward_ms"] / row["triton"]["forward_ms"]
+    row["backward_speedup"] = row["torch"]["backward_ms"] / row["triton"]["backward_ms"]
+    row["step_speedup"] = row["torch"]["step_ms"] / row["triton"]["step_ms"]
+    return row
+
+
+def run_all(args) -> int:
+    device = resolve_device(args.device)
+    torch.manual_seed(args.seed)
+    copy = copy_gbps(args.copy_mib, device, args.steps)
+    trace = CriteoTrace(scale=args.scale, batch_size=1, batches=1, seed=args.seed)
+    bound = trace.num_rows ** -0.5
+    table = torch.rand(trace.num_rows, args.dim, device=device).mul_(2 * bound).sub_(bound)
+    paths = {"torch": TorchPath(table), "triton": TritonPath(table)}  # each a copy of the start, with its state
+    del table  # four tables the size of the whole stay: 69 GB at Kaggle's rows and dim 128 (an H100 has 80)
+    rows = []
+    for shape in args.shapes:
+        for batch_size in args.batch_sizes:
+            row = measure(shape, batch_size, paths, args, device, copy)
+            rows.append(row)
+            t, k = row["torch"], row["triton"]
+            print(f"bench kernels: {shape} batch {batch_size:,}: forward {k['forward_share_of_copy']:.0%} of the copy "
+                  f"(torch {t['forward_share_of_copy']:.0%}, x{row['forward_speedup']:.1f}), backward + adagrad "
+                  f"{k['backward_share_of_copy']:.0%} (torch {t['backward_share_of_copy']:.0%}, "
+                  f"x{row['backward_speedup']:.1f}), tables agree to {row['max_table_diff_after_one_step']:.1e}",
+                  flush=True)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton's interpreter)"
+    path = write_json({"benchmark": "kernels", "device": str(device), "device_name": name, "copy_gbps": copy,
+                       "config": {k: v for k, v in vars(args).items() if k != "func"}, "rows": rows},
+                      args.name, args.out)
+    print(f"bench kernels: wrote {path}")
+    return 0

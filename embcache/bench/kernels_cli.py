@@ -1,0 +1,58 @@
+"""The embedding kernels alone (`embcache.kernels`), against torch's ops, in one run.
+
+For each shape (one-hot: 26 ids a sample, Criteo Kaggle; multi-hot: MLPerf DLRM-DCNv2's
+pooling, 214) and batch size, over the 26 tables at Kaggle cardinalities times `--scale`,
+whole on the device (rows float32 with Adagrad's state beside them):
+
+- forward: Triton's pooled lookup (`pooled_lookup`, every table in one launch) against
+  `F.embedding_bag`;
+- forward + backward + optimizer: the pooled lookup, then the sort of the batch's rows and the
+  fused backward + optimizer (`fused_row_update`), against `nn.EmbeddingBag(sparse=True)`,
+  its backward and `torch.optim.Adagrad` (torch's `coalesce` and `index_put`). The backward's
+  figures are the difference of the two.
+
+Both start from the same table and batch; the run reports the largest difference between their
+tables after one step. Bytes touched a second are reported as a share of the same run's
+device-to-device copy bandwidth (`copy_gbps`: a buffer copied, read plus written): forward,
+the rows read, the pooled output written, the ids and offsets; backward, the output gradient
+read once a lookup, the distinct rows' weight and state read and written, and the ids, keys
+and order. Targets (issue "Embedding kernels of our own", on an H100 or H200): forward >= 60 %,
+backward with Adagrad >= 40 %, at least 5x torch's sparse path. Timing windows have one device
+synchronisation at each end. On the CPU the kernels run under Triton's interpreter
+(TRITON_INTERPRET=1, set by this command where no GPU is): a check of the run, not a speed.
+"""
+from __future__ import annotations
+
+import argparse
+
+from embcache.paths import results_dir
+from embcache.train.run_cli import add_device_argument
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scale", type=float, default=1.0, help="times the Kaggle cardinalities (1.0: 33.8 M rows)")
+    p.add_argument("--dim", type=int, default=128, help="embedding dim")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[16384, 65536], help="samples a batch")
+    p.add_argument("--shapes", nargs="+", default=["one-hot", "multi-hot"], choices=["one-hot", "multi-hot"])
+    p.add_argument("--steps", type=int, default=20, help="timed calls per measurement")
+    p.add_argument("--warmup-steps", type=int, default=3, help="untimed calls first (compilation)")
+    p.add_argument("--copy-mib", type=int, default=1024, help="the buffer the copy bandwidth is measured on")
+    add_device_argument(p)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(results_dir()), help="results directory")
+    p.add_argument("--name", default="kernels", help="results file stem")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available():  # before triton is imported: it reads this when kernels are defined
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    from embcache.bench.kernels import run_all
+
+    return run_all(args)
