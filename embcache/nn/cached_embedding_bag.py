@@ -29,6 +29,7 @@ from embcache.cache.stats import CacheStats
 from embcache.device import resolve_device
 
 from .bag_input import check_bag_input, to_device
+from .input_errors import InputErrors
 from .key_stage import KEY_SETTINGS, KeyStage
 
 MODES = ("sum", "mean")
@@ -134,6 +135,7 @@ class CachedEmbeddingBag(nn.Module):
                               ids_freq, warmup_ratio, device, admission, half_life, host_store=host_store,
                               row_dtype=dtype, rounding=RowRounding(dtype, rounding, rounding_seed),
                               bookkeeping=bookkeeping)
+        self.input_errors = InputErrors()  # what device batches' checks found, raised when read
 
     @property
     def device(self) -> torch.device:
@@ -235,8 +237,16 @@ class CachedEmbeddingBag(nn.Module):
         """Check a batch before anything changes, where it is (host input costs no
         device sync), then move it to the cache's device as 1-D ids, offsets and weights.
         Raises ValueError naming the problem."""
-        checked = check_bag_input(input, offsets, per_sample_weights, self._id_limit(), self.mode)
+        checked = check_bag_input(input, offsets, per_sample_weights, self._id_limit(), self.mode,
+                                  errors=self.input_errors)
         return to_device(*checked, self.device)
+
+    def raise_input_errors(self) -> None:
+        """Raise the error a batch on the device was found to have (its checks ran there,
+        without a sync; see `nn.input_errors`), if any. Reads four numbers from the device:
+        call it where the step's result is read (the bag does when its stats, rows or
+        checkpoint are read)."""
+        self.input_errors.raise_pending()
 
     def _id_limit(self) -> int | None:
         """Ids must lie below it (None: any int64)."""
@@ -245,6 +255,7 @@ class CachedEmbeddingBag(nn.Module):
     # ------------------------------------------------------------------ host side
     def flush(self) -> None:
         """Write every dirty cached row back to the host store."""
+        self.raise_input_errors()
         self.cache.flush()
 
     def full_weight(self) -> torch.Tensor:
@@ -257,6 +268,7 @@ class CachedEmbeddingBag(nn.Module):
         """Copy the table, its optimizer state and the cache's state into `directory`
         (see `RowCache.save_checkpoint`): what a table on disk needs, since training on
         rewrites its files."""
+        self.raise_input_errors()
         self.cache.save_checkpoint(directory)
 
     def load_checkpoint(self, directory) -> None:
@@ -308,6 +320,7 @@ class CachedEmbeddingBag(nn.Module):
     def write_checkpoint(self, directory) -> None:
         """`save_checkpoint`'s files into an existing empty directory (one of several
         written together)."""
+        self.raise_input_errors()
         self.cache.write_checkpoint(directory)
 
     def check_checkpoint(self, directory):
@@ -325,6 +338,7 @@ class CachedEmbeddingBag(nn.Module):
                 setattr(self.cache.stats, k, int(v))
 
     def cache_stats(self) -> dict:
+        self.raise_input_errors()
         return self.cache.stats.as_dict()
 
     def reset_cache_stats(self) -> None:
@@ -359,6 +373,7 @@ class CachedEmbeddingBag(nn.Module):
         return {}
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
+        self.raise_input_errors()
         for key, value in self.cache.state_dict().items():
             destination[prefix + key] = value if keep_vars else value.detach()
 
