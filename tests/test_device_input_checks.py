@@ -52,11 +52,10 @@ def test_a_good_batch_passes_the_device_checks_unchanged():
 def test_feature_ids_on_the_device_name_the_feature():
     features = [("user", "t_user", 500), ("item", "t_item", 800), ("item_hist", "t_item", 800)]
     ids, counts = torch.tensor([1, 2, 3, 4, 5, 6, 900, 1, 2, 3]), [1, 1, 8]
-    bound = torch.repeat_interleave(torch.tensor([500, 800, 800]), torch.tensor(counts))
     with pytest.raises(ValueError) as host:
         check_feature_ids(ids, counts, features)
     errors = InputErrors()
-    safe = check_feature_ids_on_device(ids, counts, features, bound, errors)
+    safe = check_feature_ids_on_device(ids, counts, features, errors)
     assert int(safe[6]) == 0
     with pytest.raises(ValueError) as device:
         errors.raise_pending()
@@ -109,3 +108,40 @@ def test_a_step_with_ids_offsets_and_weights_on_meta(optimizer, mode, weighted, 
         assert out.shape == (16, 8) and out.device.type == "meta"
     assert bag.cache.step == 2
     bag.raise_input_errors()  # meta holds no values: nothing to raise
+
+
+def test_a_collections_device_batch_is_checked_there_and_said_when_read(monkeypatch):
+    """A collection's path for a KeyedJaggedTensor on the device (forced on CPU tensors):
+    a bad id, then a NaN weight, each trains harmlessly and is raised, with the host's
+    message, when the collection's stats are read; a good batch's output is the host path's."""
+    from embcache import CachedEmbeddingBagCollection
+    from embcache.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor
+
+    tables = [EmbeddingBagConfig(name="t_user", embedding_dim=4, num_embeddings=50, feature_names=["user"]),
+              EmbeddingBagConfig(name="t_item", embedding_dim=4, num_embeddings=80, feature_names=["item", "hist"])]
+
+    def kjt(values, weights=None):
+        return KeyedJaggedTensor(keys=["user", "item", "hist"], values=torch.tensor(values),
+                                 lengths=torch.tensor([1, 1, 1, 1, 2, 1]), weights=weights)
+
+    def make():
+        torch.manual_seed(0)
+        return CachedEmbeddingBagCollection(tables, cache_ratio=0.2, device="cpu", is_weighted=True,
+                                            bookkeeping="device")
+
+    host, device = make(), make()
+    monkeypatch.setattr(CachedEmbeddingBagCollection, "_device_errors", 
+                        lambda self, ids: self.input_errors if self is device else None)
+    good = kjt([1, 2, 3, 4, 5, 6, 7], torch.rand(7))
+    assert torch.equal(host(good).values(), device(good).values())
+    device(kjt([1, 2, 3, 4, 80, 6, 7], torch.rand(7))).values().sum().backward()
+    with pytest.raises(ValueError, match=r"^feature 'hist': id 80 at position 0 is outside table 't_item' \[0, 80\)$"):
+        device.cache_stats()
+    inf = kjt([1, 2, 3, 4, 5, 6, 7], torch.tensor([1.0] * 6 + [float("inf")]))
+    with pytest.raises(ValueError) as on_host:
+        host(inf)
+    device(inf).values().sum().backward()
+    with pytest.raises(ValueError) as on_device:
+        device.flush()
+    assert str(on_device.value) == str(on_host.value) == "per_sample_weights[6] is inf: weights must be finite"
+    device.cache_stats()

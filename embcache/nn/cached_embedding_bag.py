@@ -278,6 +278,7 @@ class CachedEmbeddingBag(nn.Module):
     def host_weight(self) -> torch.Tensor:
         """The live host store, made current (no copy: for views of big tables). It
         changes as training goes on."""
+        self.raise_input_errors()
         self.cache.sync_host()
         return self.cache.host.weight
 
@@ -286,6 +287,7 @@ class CachedEmbeddingBag(nn.Module):
     def table_rows(self, rows: slice | torch.Tensor) -> dict[str, torch.Tensor]:
         """Rows `rows` (a slice: views of the live store; an index tensor: copies) and their
         optimizer state, current: {"weight", "optimizer.<k>"}."""
+        self.raise_input_errors()
         self.cache.sync_host()
         host = self.cache.host
         take = (lambda t: t[rows]) if isinstance(rows, slice) else (lambda t: t.index_select(0, rows))

@@ -22,6 +22,8 @@ from typing import Callable
 
 import torch
 
+from embcache.device import to_device_async
+
 FIELDS = 3  # per record: what the message needs, as int64 (a position, a value, a bound)
 
 
@@ -86,12 +88,19 @@ class InputErrors:
         site, a, b, c = self._code.tolist()
         if site:
             self._code.zero_()
+            self._recent = []  # a batch raised once is checked (and raised) again if seen again
             raise ValueError(self._formats[site - 1](a, b, c))
 
 
 def _at(t: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """`t[pos]` for a 0-d index tensor, kept on the device (plain indexing reads `pos`)."""
     return t.index_select(0, pos.reshape(1))[0]
+
+
+def _sent(numbers: list[int], device: torch.device) -> torch.Tensor:
+    """Host numbers (sizes known to the host) as an int64 tensor on `device`, sent without
+    making the host wait (`to_device_async`)."""
+    return to_device_async(torch.tensor(numbers, dtype=torch.int64), device)
 
 
 def first_bad(bad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,12 +155,16 @@ _NON_FINITE = {0: "nan", 1: "inf", -1: "-inf"}
 
 
 def check_feature_ids_on_device(ids: torch.Tensor, counts: list[int], features: list[tuple[str, str, int]],
-                                bound: torch.Tensor | int, errors: InputErrors) -> torch.Tensor:
+                                errors: InputErrors) -> torch.Tensor:
     """`bag_input.check_feature_ids` on the device: the message names the feature and the
-    position within its ids (found from the feature's first position, on the device)."""
+    position within its ids (found from the feature's first position, on the device).
+    `counts`: each feature's number of ids; `features`: (feature, table, rows) each."""
+    sizes = [rows for _, _, rows in features]
+    bound = sizes[0] if len(set(sizes)) == 1 else torch.repeat_interleave(
+        _sent(sizes, ids.device), _sent(counts, ids.device), output_size=ids.numel())
     bad = (ids < 0) | (ids >= bound)
     any_bad, pos = first_bad(bad)
-    starts = torch.tensor([0, *accumulate(counts[:-1])], dtype=torch.int64).to(ids.device, non_blocking=True)
+    starts = _sent([0, *accumulate(counts[:-1])], ids.device)
     feature = torch.searchsorted(starts, pos.reshape(1), right=True)[0] - 1
     names = tuple(features)
 
