@@ -96,3 +96,23 @@ def test_choosing_the_capacity():
         choose_capacity([])
     with pytest.raises(ValueError, match="does not fit a capacity of 2"):
         pad_batch(torch.arange(3), torch.tensor([0]), None, 2, pad_id=N)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_a_padded_step_runs_on_meta_with_the_same_shapes_whatever_the_batch(mode):
+    """What a graph captures: padded batches of different poolings, sent to `meta` (no
+    values), through the bag (device bookkeeper), an MLP, the loss and backward with the
+    update; every batch gives the step the same shapes."""
+    bag = CachedEmbeddingBag(padded_rows(N), D, mode=mode, cache_ratio=0.05, optimizer="adam", lr=0.1,
+                             device="meta", bookkeeping="device")
+    mlp = torch.nn.Linear(D, 1).to("meta")
+    fixed = FixedCapacity(128, pad_id=N, say=pytest.fail)
+    shapes = set()
+    for max_hot in (1, 4, 9):
+        ids, offsets, w = fixed.pad(*_batches(1, seed=max_hot, max_hot=max_hot)[0])
+        ids, offsets = ids.to("meta"), offsets.to("meta")
+        shapes.add((ids.shape, offsets.shape))
+        loss = mlp(bag(ids, offsets)[:BATCH]).sum()
+        loss.backward()
+        assert loss.device.type == "meta"
+    assert shapes == {(torch.Size([128]), torch.Size([BATCH + 1]))} and bag.cache.step == 3
