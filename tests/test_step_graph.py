@@ -37,6 +37,9 @@ def test_what_keeps_a_cuda_step_eager():
     assert choose_graphs("on", torch.device("cuda", 0), device).line("on") == \
         "cuda graphs: the training step is captured and replayed"
     assert choose_graphs("off", "cuda", device).reason == "turned off"
+    adam = CachedEmbeddingBag(50, 4, optimizer="adam", device="cpu", bookkeeping="device", row_dtype="bfloat16")
+    assert choose_graphs("auto", "cuda", adam).reason == \
+        "Adam's bias correction, stochastic rounding of half-precision rows read the step count on the host"
     with pytest.raises(ValueError, match="cuda_graphs must be one of"):
         choose_graphs("yes", "cuda")
 

@@ -39,19 +39,39 @@ class GraphChoice:
         return f"cuda graphs {setting}: the step runs eagerly ({self.reason})"
 
 
+def _caches(model: nn.Module | None) -> list:
+    """The row caches of `model`'s cached bags."""
+    if model is None:
+        return []
+    return [m.cache for m in model.modules() if hasattr(m, "cache") and hasattr(m.cache, "bookkeeping")]
+
+
 def bookkeepers(model: nn.Module | None) -> set[str]:
     """Where the caches of `model`'s cached bags keep their bookkeeping ("host" / "device")."""
-    if model is None:
-        return set()
-    return {m.cache.bookkeeping for m in model.modules()
-            if hasattr(m, "cache") and hasattr(m.cache, "bookkeeping")}
+    return {cache.bookkeeping for cache in _caches(model)}
+
+
+def step_count_readers(model: nn.Module | None) -> list[str]:
+    """What in `model`'s row updates reads the optimizer's step count, which the cache
+    keeps as a host number (`RowCache.step`): a replay would repeat the count it was
+    captured with. Empty once nothing does (or the count moves to the device)."""
+    found = set()
+    for cache in _caches(model):
+        opt, rounding = cache.optimizer, getattr(cache, "rounding", None)
+        if opt.name == "adam":
+            found.add("Adam's bias correction")
+        if getattr(opt, "lr_decay", 0.0):
+            found.add("Adagrad's lr_decay")
+        if rounding is not None and rounding.mode == "stochastic" and rounding.dtype != torch.float32:
+            found.add("stochastic rounding of half-precision rows")
+    return sorted(found)
 
 
 def choose_graphs(setting: str, device: torch.device | str, model: nn.Module | None = None,
                   fixed_shapes: bool = True) -> GraphChoice:
     """`cuda_graphs` ("auto" | "on" | "off") for a step on `device` over `model`: captured
-    where it can be (CUDA, every cache bookkept on the device, shapes fixed), else eager
-    with the reason. "on" asks for capture as "auto" does; where the step cannot be
+    where it can be (CUDA, every cache bookkept on the device, shapes fixed, no row update
+    reading the host's step count), else eager with the reason. "on" asks for capture as "auto" does; where the step cannot be
     captured both run eagerly and say why.
 
     Example:
@@ -68,6 +88,9 @@ def choose_graphs(setting: str, device: torch.device | str, model: nn.Module | N
         return GraphChoice(False, "host bookkeeper syncs: use bookkeeping='device'")
     if not fixed_shapes:
         return GraphChoice(False, "batch shapes vary: pad multi-hot batches to a fixed capacity")
+    readers = step_count_readers(model)
+    if readers:
+        return GraphChoice(False, f"{', '.join(readers)} read the step count on the host")
     return GraphChoice(True)
 
 
