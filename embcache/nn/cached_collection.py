@@ -243,6 +243,7 @@ class CachedEmbeddingBagCollection(TakesTickets, CollectionInterface, nn.Module)
         """Every group's `RowCache.save_checkpoint` under `directory`/group<i>, written
         together into a temporary directory renamed into place: all groups or none. For
         tables on a mapped store, which training on keeps rewriting."""
+        self.raise_input_errors()
         with fresh_directory(Path(directory)) as tmp:
             for i, bag in enumerate(self.bags):
                 (tmp / f"group{i}").mkdir()
