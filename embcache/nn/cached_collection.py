@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -24,6 +25,7 @@ from embcache.cache.host_store import MMAP_PREFIX, parse_host_store
 from embcache.cache.table_files import fresh_directory
 
 from .bag_input import ID_DTYPES, check_layout, check_weights
+from .input_errors import InputErrors
 from .prefetch_ticket import PrefetchTicket, TakesTickets
 from .table_groups import GroupInput, group_tables
 
@@ -104,6 +106,7 @@ class CachedEmbeddingBagCollection(TakesTickets, CollectionInterface, nn.Module)
             self.bags.append(g.make_bag(cache_ratio, self._device, store, rounding_seed + i * 0x9E3779B9,
                                         ids_freq=ids_freq, bookkeeping=bookkeeping, **kwargs))
         self._feature_to_table = {f: t for t in tables for f in t.feature_names}
+        self.input_errors = InputErrors()  # what device batches' checks found, raised when read
 
     # --------------------------------------------------------- torchrec's interface
     @torch.compiler.disable  # a compile boundary: torch.compile of a model holding it traces around it
@@ -113,12 +116,9 @@ class CachedEmbeddingBagCollection(TakesTickets, CollectionInterface, nn.Module)
         ticket = self._ticket_for(features, ticket)
         groups = ticket.groups if ticket is not None else self._group_inputs(features)
         tickets = ticket.bags if ticket is not None else [None] * len(groups)
-        for bag, group in zip(self.bags, groups):
-            if not group.layout_checked:
-                check_layout(group.ids, group.offsets, group.weights)
-            check_weights(group.weights, bag.mode)
         # every group is checked before any group's cache changes; a batch from the host
         # is checked there (no device sync), and only checked input moves to the device
+        groups = [self._checked(bag, group) for bag, group in zip(self.bags, groups)]
         pooled: dict[str, torch.Tensor] = {}
         for bag, group, bag_ticket in zip(self.bags, groups, tickets):
             out = bag.lookup_checked(group.ids, group.offsets, group.weights, group.segments, group.tables,
@@ -132,6 +132,29 @@ class CachedEmbeddingBagCollection(TakesTickets, CollectionInterface, nn.Module)
         values = torch.cat([pooled[f] for f in self._feature_names], dim=1)
         return KeyedTensor(keys=self._feature_names, length_per_key=self._lengths_per_embedding,
                            values=values)
+
+    def _checked(self, bag, group: GroupInput) -> GroupInput:
+        """`group`'s layout and weights checked: on the host, or on the device for a batch
+        there (`nn.input_errors`: kept in `input_errors`, the group made harmless)."""
+        errors = self._device_errors(group.ids)
+        offsets = group.offsets
+        if not group.layout_checked:
+            offsets = check_layout(group.ids, group.offsets, group.weights, errors)[1]
+        weights = check_weights(group.weights, bag.mode, errors)
+        return group if errors is None else replace(group, offsets=offsets, weights=weights)
+
+    def _device_errors(self, ids: torch.Tensor) -> InputErrors | None:
+        """Where the value checks of a batch go: the ledger for ids off the CPU, else None
+        (checked on the host, where reading them costs no sync)."""
+        return self.input_errors if ids.device.type != "cpu" else None
+
+    def raise_input_errors(self) -> None:
+        """Raise what the checks of a batch on the device found (see `nn.input_errors`), if
+        any: this collection's and its bags'. The collection does when its stats, rows or
+        checkpoint are read; a trainer where it reads the step's loss."""
+        self.input_errors.raise_pending()
+        for bag in self.bags:
+            bag.raise_input_errors()
 
     @torch.compiler.disable
     def prefetch(self, features: KeyedJaggedTensor) -> PrefetchTicket:
@@ -171,10 +194,12 @@ class CachedEmbeddingBagCollection(TakesTickets, CollectionInterface, nn.Module)
         for i, (key, n) in enumerate(zip(keys, per_key)):
             spans[key] = (i, start, n)
             start += n
-        return [g.input(values, lengths, weights, batch, spans) for g in self._groups]
+        errors = self._device_errors(values)
+        return [g.input(values, lengths, weights, batch, spans, errors) for g in self._groups]
 
     # --------------------------------------------------------- the cache's interface
     def flush(self) -> None:
+        self.raise_input_errors()
         for bag in self.bags:
             bag.flush()
 
@@ -188,6 +213,7 @@ class CachedEmbeddingBagCollection(TakesTickets, CollectionInterface, nn.Module)
         raise KeyError(f"no table named {name!r}")
 
     def cache_stats(self) -> dict:
+        self.raise_input_errors()
         return combine_stats(bag.cache_stats() for bag in self.bags)
 
     # --------------------------------------------------------- tables in id order
@@ -219,6 +245,7 @@ class CachedEmbeddingBagCollection(TakesTickets, CollectionInterface, nn.Module)
         """Every group's `RowCache.save_checkpoint` under `directory`/group<i>, written
         together into a temporary directory renamed into place: all groups or none. For
         tables on a mapped store, which training on keeps rewriting."""
+        self.raise_input_errors()
         with fresh_directory(Path(directory)) as tmp:
             for i, bag in enumerate(self.bags):
                 (tmp / f"group{i}").mkdir()

@@ -29,6 +29,7 @@ from embcache.cache.stats import CacheStats
 from embcache.device import resolve_device
 
 from .bag_input import check_bag_input, to_device
+from .input_errors import InputErrors
 from .key_stage import KEY_SETTINGS, KeyStage
 
 MODES = ("sum", "mean")
@@ -137,6 +138,7 @@ class CachedEmbeddingBag(nn.Module):
                               ids_freq, warmup_ratio, device, admission, half_life, host_store=host_store,
                               row_dtype=dtype, rounding=RowRounding(dtype, rounding, rounding_seed),
                               bookkeeping=bookkeeping, kernels=kernels)
+        self.input_errors = InputErrors()  # what device batches' checks found, raised when read
 
     @property
     def device(self) -> torch.device:
@@ -238,8 +240,16 @@ class CachedEmbeddingBag(nn.Module):
         """Check a batch before anything changes, where it is (host input costs no
         device sync), then move it to the cache's device as 1-D ids, offsets and weights.
         Raises ValueError naming the problem."""
-        checked = check_bag_input(input, offsets, per_sample_weights, self._id_limit(), self.mode)
+        checked = check_bag_input(input, offsets, per_sample_weights, self._id_limit(), self.mode,
+                                  errors=self.input_errors)
         return to_device(*checked, self.device)
+
+    def raise_input_errors(self) -> None:
+        """Raise the error a batch on the device was found to have (its checks ran there,
+        without a sync; see `nn.input_errors`), if any. Reads four numbers from the device:
+        call it where the step's result is read (the bag does when its stats, rows or
+        checkpoint are read)."""
+        self.input_errors.raise_pending()
 
     def _id_limit(self) -> int | None:
         """Ids must lie below it (None: any int64)."""
@@ -248,6 +258,7 @@ class CachedEmbeddingBag(nn.Module):
     # ------------------------------------------------------------------ host side
     def flush(self) -> None:
         """Write every dirty cached row back to the host store."""
+        self.raise_input_errors()
         self.cache.flush()
 
     def full_weight(self) -> torch.Tensor:
@@ -260,6 +271,7 @@ class CachedEmbeddingBag(nn.Module):
         """Copy the table, its optimizer state and the cache's state into `directory`
         (see `RowCache.save_checkpoint`): what a table on disk needs, since training on
         rewrites its files."""
+        self.raise_input_errors()
         self.cache.save_checkpoint(directory)
 
     def load_checkpoint(self, directory) -> None:
@@ -269,6 +281,7 @@ class CachedEmbeddingBag(nn.Module):
     def host_weight(self) -> torch.Tensor:
         """The live host store, made current (no copy: for views of big tables). It
         changes as training goes on."""
+        self.raise_input_errors()
         self.cache.sync_host()
         return self.cache.host.weight
 
@@ -277,6 +290,7 @@ class CachedEmbeddingBag(nn.Module):
     def table_rows(self, rows: slice | torch.Tensor) -> dict[str, torch.Tensor]:
         """Rows `rows` (a slice: views of the live store; an index tensor: copies) and their
         optimizer state, current: {"weight", "optimizer.<k>"}."""
+        self.raise_input_errors()
         self.cache.sync_host()
         host = self.cache.host
         take = (lambda t: t[rows]) if isinstance(rows, slice) else (lambda t: t.index_select(0, rows))
@@ -311,6 +325,7 @@ class CachedEmbeddingBag(nn.Module):
     def write_checkpoint(self, directory) -> None:
         """`save_checkpoint`'s files into an existing empty directory (one of several
         written together)."""
+        self.raise_input_errors()
         self.cache.write_checkpoint(directory)
 
     def check_checkpoint(self, directory):
@@ -328,6 +343,7 @@ class CachedEmbeddingBag(nn.Module):
                 setattr(self.cache.stats, k, int(v))
 
     def cache_stats(self) -> dict:
+        self.raise_input_errors()
         return self.cache.stats.as_dict()
 
     def reset_cache_stats(self) -> None:
@@ -362,6 +378,7 @@ class CachedEmbeddingBag(nn.Module):
         return {}
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
+        self.raise_input_errors()
         for key, value in self.cache.state_dict().items():
             destination[prefix + key] = value if keep_vars else value.detach()
 

@@ -21,6 +21,7 @@ from embcache.cache.host_store import RowInit
 from embcache.sparse_types import EmbeddingBagConfig, pooling_mode
 
 from .bag_input import check_feature_ids
+from .input_errors import InputErrors, check_feature_ids_on_device
 from .cached_embedding_bag import CachedEmbeddingBag, KeyedEmbeddingBag
 from .group_kernels import concat_features
 
@@ -112,11 +113,11 @@ class ClosedGroup(TableGroup):
         return torch.cat(parts)
 
     def input(self, values: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor | None, batch: int,
-              spans: dict) -> GroupInput:
+              spans: dict, errors: InputErrors | None = None) -> GroupInput:
         """The batch's ids of this group's features, each checked against its own table
-        and shifted into the group's id space."""
+        and shifted into the group's id space. `errors`: ids off the CPU checked there."""
         features, segments, w, tables, row_offsets = self._layout(weights, spans)
-        if values.device.type == "cpu" and lengths.device.type == "cpu":
+        if errors is None and values.device.type == "cpu" and lengths.device.type == "cpu":
             ids, offsets, bad_id, (bad_feature, bad_sample) = concat_features(
                 values, lengths, [spans[f][1] for f in features], [spans[f][2] for f in features],
                 [spans[f][0] for f in features], row_offsets, [rows for _, _, rows in tables], batch)
@@ -126,7 +127,7 @@ class ClosedGroup(TableGroup):
                 raise ValueError(f"feature {features[bad_feature]!r}: sample {bad_sample} has a negative length "
                                  f"({int(lengths[spans[features[bad_feature]][0], bad_sample])})")
             return GroupInput(ids, offsets, w, features, batch, segments, layout_checked=True)
-        ids, offsets = _concat_checked(values, lengths, features, spans, tables, row_offsets)
+        ids, offsets = _concat_checked(values, lengths, features, spans, tables, row_offsets, errors)
         return GroupInput(ids, offsets, w, features, batch, segments)
 
     def table_rows(self, bag: CachedEmbeddingBag, name: str) -> dict[str, torch.Tensor] | None:
@@ -178,7 +179,7 @@ class OpenGroup(TableGroup):
             ttl=self.settings.get("ttl"), key_freq=self._key_freq(), bookkeeping="host", **kwargs)
 
     def input(self, values: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor | None, batch: int,
-              spans: dict) -> GroupInput:
+              spans: dict, errors=None) -> GroupInput:
         """Raw keys: any int64, nothing to check or shift; each key's table beside it."""
         features, segments, w, tables, _ = self._layout(weights, spans)
         ids = torch.cat([values[spans[f][1]: spans[f][1] + spans[f][2]] for f in features]).long()
@@ -274,12 +275,16 @@ class _GroupFiller:
             out[lo - start: hi - start] = self._kept[1][lo - off: hi - off]
 
 
-def _concat_checked(values, lengths, features, spans, tables, row_offsets):
-    """`concat_features` as tensor ops (ids not on the CPU), or the message of its check."""
+def _concat_checked(values, lengths, features, spans, tables, row_offsets, errors=None):
+    """`concat_features` as tensor ops (ids not on the CPU), or the message of its check
+    (`errors`: kept there, the ids made harmless; see `nn.input_errors`)."""
     id_parts = [values[spans[f][1]: spans[f][1] + spans[f][2]] for f in features]
     counts = [p.numel() for p in id_parts]
     ids = torch.cat(id_parts)
-    check_feature_ids(ids, counts, tables)
+    if errors is None:
+        check_feature_ids(ids, counts, tables)
+    elif ids.numel():
+        ids = check_feature_ids_on_device(ids, counts, tables, errors)
     ids = ids.long()
     if any(row_offsets):  # into the group's id space
         ids += torch.repeat_interleave(torch.tensor(row_offsets, device=ids.device),
