@@ -10,16 +10,22 @@
 #                  (nothing to build: the machine has no network, and perhaps no `wheel` for its
 #                  setuptools), else `-e .` (--no-build-isolation). Make the wheel just before the call:
 #                  `.venv/bin/pip wheel -q --no-deps --no-build-isolation -w dist .`, carry ["dist"]
-#   cuda   (150 s) pytest -m cuda (tests/test_cuda.py, test_unified_view.py) from that install where it
+#   cuda   (150 s) pytest -m cuda over tests/ (both bookkeepers, the Triton kernels against torch, the
+#                  captured step against the eager one, the unified view) from that install where it
 #                  succeeded (else from the folder), summarised in cuda_tests.json
-#   gpu    (270 s) bench gpu at Kaggle cardinalities, batch 16,384, 1.5 %, dim 128, one-hot and
-#                  multi-hot: the whole table on the GPU against the cache, host and device bookkeeping
-#   host   (50 s)  bench host on every core: the measured host ceiling
+#   gpu    (190 s) bench gpu at Kaggle cardinalities, dim 128, one-hot, batch 65,536, bf16: the whole
+#                  table against the cache at 1.5 %: device bookkeeping with Triton and with torch's
+#                  kernels, and host bookkeeping (the rows that decide issue targets)
+#   multi  (100 s) bench gpu multi-hot (MLPerf pooling), batch 16,384, a 5 % cache (holds a batch's
+#                  distinct rows), device bookkeeping with Triton's kernels against host bookkeeping
+#   kernels (45 s) bench kernels: Triton's lookup and fused backward + Adagrad against torch's sparse
+#                  path, one-hot and multi-hot, batch 65,536, at a quarter of Kaggle's rows
+#   host   (50 s)  bench host on every core: the measured host ceiling (run it when time is left)
 # Optional: cf (HEAT on every core against the torch engine on the GPU, MovieLens-100k; measured
 # on an H200 on 2026-11-27), nccl (a 1-rank torchrun DLRM on NCCL) and suite (the default tests).
 # Everything lands in $OUT (the device tool's folder; here by default bench/results/device):
-# one JSON per step (probe.json, cuda_tests.json, gpu.json + gpu.png, cf_device.json,
-# host_device.json + .png) and one log, device_check.log: 8 files at most.
+# one JSON per step (probe.json, cuda_tests.json, gpu.json + gpu.png, gpu_multi.json + .png,
+# kernels.json, cf_device.json, host_device.json + .png) and one log, device_check.log: 12 files at most.
 #
 # Nothing is installed: the repository runs from its folder (PYTHONPATH), on the machine's
 # own torch, numba, pyarrow and pytest; torchrec is not needed (the plain-torch DLRM).
@@ -27,7 +33,7 @@
 # network): `.venv/bin/python -c 'from embcache.data.movielens import ml100k_dir; ml100k_dir()'`,
 # then the device tool's run with carry ["datasets/ml-100k"].
 #
-#   bash bench/device_check.sh                # probe install cuda gpu host, in that order
+#   bash bench/device_check.sh                # probe install cuda gpu multi kernels, in that order
 #   bash bench/device_check.sh probe gpu      # some of them
 #   bash bench/device_check.sh cf nccl suite  # the optional steps
 #   SMALL=1 bash bench/device_check.sh        # the same steps at toy sizes, on the CPU too
@@ -35,11 +41,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-STEPS=" ${*:-probe install cuda gpu host} "
+STEPS=" ${*:-probe install cuda gpu multi kernels} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 for s in $STEPS; do
-    case "$s" in probe|install|cuda|gpu|cf|host|nccl|suite) ;;
-        *) echo "device_check: unknown step '$s' (probe install cuda gpu cf host nccl suite)"; exit 2;; esac
+    case "$s" in probe|install|cuda|gpu|multi|kernels|cf|host|nccl|suite) ;;
+        *) echo "device_check: unknown step '$s' (probe install cuda gpu multi kernels cf host nccl suite)"; exit 2;; esac
 done
 OUT="${OUT:-bench/results/device}"
 mkdir -p "$OUT"
@@ -72,12 +78,16 @@ cat "$LOG"
 if [ -n "$SMALL" ]; then
     PROBE_ARGS=(--table-mib 16 --rows 4096 --batch-size 512)
     GPU_ARGS=(--scale 0.002 --dims 16 --batch-size 512 --steps 4 --warmup-steps 2 --no-profile --link-table-mib 16)
+    MULTI_ARGS=(--scale 0.002 --dims 16 --batch-size 64 --steps 2 --warmup-steps 1 --no-profile --link-table-mib 16)
+    KERNEL_ARGS=(--scale 0.0002 --dim 8 --batch-sizes 8 --steps 1 --warmup-steps 0 --copy-mib 4)
     CF_ARGS=(--ml-epochs 1 --ml-negatives 64 --cost-epochs 1)
     HOST_ARGS=(--scale 0.01 --steps 2 --warmup-steps 1 --threads 1 "$CORES")
     DLRM_STEPS=5
 else
     PROBE_ARGS=(--table-mib 2048 --rows 1048576)
-    GPU_ARGS=(--scale 1.0 --dims 128 --batch-size 16384 --steps 20 --warmup-steps 5 --link-table-mib 2048)
+    GPU_ARGS=(--scale 1.0 --dims 128 --batch-size 65536 --steps 15 --warmup-steps 5 --link-table-mib 2048)
+    MULTI_ARGS=(--scale 1.0 --dims 128 --batch-size 16384 --steps 10 --warmup-steps 3 --link-table-mib 2048)
+    KERNEL_ARGS=(--scale 0.25 --dim 128 --batch-sizes 65536 --steps 10 --warmup-steps 3 --copy-mib 2048)
     CF_ARGS=(--ml-epochs 3 --ml-negatives 64 1000 --cost-epochs 1)
     HOST_ARGS=(--steps 4 --warmup-steps 3 --threads 1 4 "$CORES")
     DLRM_STEPS=60
@@ -125,9 +135,9 @@ if want cuda; then
     XML="$(mktemp --suffix .xml)"
     if [ ${#INSTALLED[@]} -gt 0 ]; then
         step "pytest -m cuda (installed)" 150 "${INSTALLED[@]}" -m pytest -q -m cuda -p no:cacheprovider \
-            --junitxml="$XML" tests/test_cuda.py tests/test_unified_view.py
+            --junitxml="$XML" tests
     else
-        step "pytest -m cuda" 150 "$PY" -m pytest -q -m cuda -p no:cacheprovider --junitxml="$XML" tests/test_cuda.py tests/test_unified_view.py
+        step "pytest -m cuda" 150 "$PY" -m pytest -q -m cuda -p no:cacheprovider --junitxml="$XML" tests
     fi
     RAN_FROM="${INSTALLED[*]:+installed package}" "$PY" - "$XML" "$OUT/cuda_tests.json" <<'EOF' >>"$LOG" 2>&1
 import json, sys, xml.etree.ElementTree as ET
@@ -152,10 +162,18 @@ print("cuda tests:", counts)
 EOF
     rm -f "$XML"
 fi
-# 4. DLRM on one GPU: the cache at 1.5 % against the whole table on the device, one-hot and multi-hot,
-#    each bookkeeper
-want gpu && step "bench gpu" 270 "$PY" -m embcache bench gpu --device "$DEV" --out "$OUT" --name gpu --ratios 0.015 \
-    --shapes one-hot multi-hot --bookkeeping host device --no-price-prefetch "${GPU_ARGS[@]}"
+# 4. DLRM on one GPU: the cache at 1.5 % against the whole table on the device, one-hot, batch 65,536,
+#    bf16; device bookkeeping with each kernel choice, then host bookkeeping
+want gpu && step "bench gpu" 190 "$PY" -m embcache bench gpu --device "$DEV" --out "$OUT" --name gpu --ratios 0.015 \
+    --shapes one-hot --bookkeeping device host --kernels triton torch --precision bf16 --no-price-prefetch \
+    "${GPU_ARGS[@]}"
+# 4b. multi-hot at a cache that holds a batch's distinct rows
+want multi && step "bench gpu multi-hot" 100 "$PY" -m embcache bench gpu --device "$DEV" --out "$OUT" \
+    --name gpu_multi --ratios 0.05 --shapes multi-hot --bookkeeping device host --kernels triton --precision bf16 \
+    --no-price-prefetch "${MULTI_ARGS[@]}"
+# 4c. the embedding kernels alone against torch's sparse path
+want kernels && step "bench kernels" 45 "$PY" -m embcache bench kernels --device "$DEV" --out "$OUT" --name kernels \
+    "${KERNEL_ARGS[@]}"
 # optional: HEAT on every core against the torch engine on the GPU, same data and settings
 want cf && step "bench cf" 90 "$PY" -m embcache bench cf --datasets ml-100k --threads "$CORES" --torch-device "$DEV" \
     --no-baseline --no-old-rule --no-plot --out-dir "$OUT" --name cf_device "${CF_ARGS[@]}"
