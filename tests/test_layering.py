@@ -1,7 +1,8 @@
 """The package's imports go one way: no circle, nothing imported from a floor above.
 
 Floors, low to high: the ground floor (modules directly in `embcache/`: errors, arg_types,
-partition, sparse_types, ...), then `data`, `cache`, `nn`, `distributed`, `train` (the run
+partition, sparse_types, ...), then `data`, `kernels` (our embedding kernels in Triton, which
+the cache and `nn` call), `cache`, `nn`, `distributed`, `train` (the run
 skeleton), the rooms (`dlrm`, `cf`, `face`: one a capability, side by side), `bench`. A module
 may import its own floor and those below; a room imports no other room. Beside the floors: the `embcache`
 command (`cli.py`, `__main__.py`) imports anything and is imported by no floor; the package
@@ -249,6 +250,9 @@ SNIPPETS = {
         "circle", "embcache.cache -> embcache.cache.row -> embcache.cache"),
     "data imports nn": ({"embcache.data.loader": "from embcache.nn.types import KJT\n", "embcache.nn.types": ""},
                         "upward", "embcache.data.loader -> embcache.nn.types (nn is above data)"),
+    "kernels import the cache": ({"embcache.kernels.pooled": "from embcache.cache.slots import Slots\n",
+                                  "embcache.cache.slots": ""},
+                                 "upward", "embcache.kernels.pooled -> embcache.cache.slots (cache is above kernels)"),
     "cache imports train, relatively": (
         {"embcache.cache.plan": "from ..train.config import Config\n", "embcache.train.config": ""},
         "upward", "embcache.cache.plan -> embcache.train.config (train is above cache)"),

@@ -180,9 +180,11 @@ class CachedEmbeddingBag(nn.Module):
         table = self.cache.working_table()
         if lookup.overflow is not None:
             table = torch.cat([table, lookup.overflow.weight])
-        if table.dtype != torch.float32:  # half-precision rows: the bag reads (and pools) float32
+        fixed_weights = not (weights is not None and weights.requires_grad)
+        pool = self._triton_pool() if fixed_weights else None
+        if table.dtype != torch.float32 and pool is None:  # half-precision rows: torch's bag pools float32
             table = table.float()
-        if train and self.cache.bookkeeping == "device" and not (weights is not None and weights.requires_grad):
+        if train and self.cache.bookkeeping == "device" and fixed_weights:
             # the gradient's terms, one per lookup (what the sparse gradient would hold), go
             # straight to the update: no sparse tensor, nothing sized by the device
             anchor = torch.empty(0, device=table.device, requires_grad=True)
@@ -192,7 +194,9 @@ class CachedEmbeddingBag(nn.Module):
                 cache.apply_bag_gradient(grad_out, indices, offsets, weights, mode, width, lookup)
 
             weakref.finalize(anchor, self.cache.release, lookup).atexit = False
-            return _BagWithRowUpdate.apply(anchor, table, lookup.indices, offsets, weights, self.mode, apply)
+            return _BagWithRowUpdate.apply(anchor, table, lookup.indices, offsets, weights, self.mode, apply, pool)
+        if pool is not None and not train:  # nothing to update: the kernel's output alone
+            return pool(table, lookup.indices, offsets, weights, self.mode)
         if train:
             # A fresh leaf aliasing the working table (or its float32 copy): its sparse
             # gradient is handed to the row-wise optimizer as soon as backward produces it.
@@ -203,6 +207,15 @@ class CachedEmbeddingBag(nn.Module):
             weakref.finalize(table, self.cache.release, lookup).atexit = False
         return F.embedding_bag(lookup.indices, table, offsets, mode=self.mode, sparse=True,
                                per_sample_weights=weights)
+
+    def _triton_pool(self):
+        """Our pooled-lookup kernel where the cache runs Triton's (the device bookkeeper's
+        working table; it reads half-precision rows in place), else None: torch's bag."""
+        if getattr(self.cache, "kernels", "torch") != "triton" or self.cache.bookkeeping != "device":
+            return None
+        from embcache.kernels.pooled import pooled_lookup
+
+        return pooled_lookup
 
     def _prepare(self, ids: torch.Tensor, keep: bool, segments, ticket) -> Lookup:
         """The cache's lookup of a batch (its prefetch taken by `ticket`, or by its ids)."""
@@ -412,19 +425,23 @@ class _BagWithRowUpdate(torch.autograd.Function):
     """`F.embedding_bag` whose backward hands the bag's output gradient to `apply(grad_out,
     indices, offsets, weights, mode)`: the device bookkeeper's update
     (`DeviceUpdates.apply_bag_gradient`), which makes each lookup's term itself. `anchor`
-    (an empty leaf that requires grad) is what makes autograd call the backward."""
+    (an empty leaf that requires grad) is what makes autograd call the backward. `pool`:
+    the pooled-lookup kernel to run instead of torch's (`embcache.kernels.pooled`, which
+    reads a half-precision table as it is), or None."""
 
     @staticmethod
-    def forward(ctx, anchor, table, indices, offsets, weights, mode, apply):
+    def forward(ctx, anchor, table, indices, offsets, weights, mode, apply, pool=None):
         ctx.save_for_backward(indices, offsets, weights)
         ctx.mode, ctx.update = mode, apply
+        if pool is not None:
+            return pool(table, indices, offsets, weights, mode)
         return F.embedding_bag(indices, table, offsets, mode=mode, per_sample_weights=weights)
 
     @staticmethod
     def backward(ctx, grad_out):
         indices, offsets, weights = ctx.saved_tensors
         ctx.update(grad_out, indices, offsets, weights, ctx.mode)
-        return (None,) * 7
+        return (None,) * 8
 
 
 def _draw_normal(out: torch.Tensor, start: int) -> None:

@@ -1,0 +1,115 @@
+"""The pooled lookup: `F.embedding_bag` (sum or mean, per-sample weights) as one Triton
+kernel over every bag of a table group, registered as the custom op
+`embcache::pooled_lookup` with a fake implementation.
+
+A group's ids already share one id space (its tables' rows stacked), so one launch covers
+every feature of the group. Rows are read in their own type (float32, float16, bfloat16)
+and widened on load: a half-precision working table needs no float32 copy per step.
+
+Summation order (see the package docstring): each bag's terms, in index order, added one
+by one to a float32 accumulator that starts at 0.0; `mean` divides that sum by the bag's
+length with IEEE division (`div_rn`: Triton's plain `/` may be approximate on a GPU). A
+weighted term is added by a fused multiply-add (`tl.fma`, one rounding), as torch's CPU
+kernel (FBGEMM) adds it; a product rounded before its add would differ in the last bits.
+That is the order and rounding of torch's CPU `embedding_bag`, so sum, mean and weighted
+sum equal `F.embedding_bag(indices, table.float(), offsets, ...)` to the bit on the CPU
+(Triton's interpreter; `tests/test_kernels_pooled.py`). Torch's CUDA kernel sums a bag in
+the same order; the GPU test checks it.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+MODES = ("sum", "mean")
+MAX_BLOCK = 128  # columns per program: a wider dim takes more programs, not more registers
+
+
+@triton.jit
+def _pooled_kernel(table, indices, offsets, weights, out, num_bags, num_indices, dim,
+                   HAS_WEIGHTS: tl.constexpr, MEAN: tl.constexpr, BLOCK: tl.constexpr):
+    bag = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    keep = cols < dim
+    start = tl.load(offsets + bag)
+    end = tl.load(offsets + bag + 1, mask=bag + 1 < num_bags, other=num_indices)  # the last bag ends at the end
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in range(start, end):
+        row = tl.load(indices + i).to(tl.int64)
+        term = tl.load(table + row * dim + cols, mask=keep, other=0.0).to(tl.float32)
+        if HAS_WEIGHTS:  # one rounding per weighted term, as torch's CPU (FBGEMM) and CUDA kernels
+            acc = tl.fma(term, tl.load(weights + i).to(tl.float32), acc)
+        else:
+            acc += term
+    if MEAN:
+        length = tl.maximum(end - start, 1).to(tl.float32)
+        acc = tl.math.div_rn(acc, tl.zeros([BLOCK], dtype=tl.float32) + length)
+    tl.store(out + bag.to(tl.int64) * dim + cols, acc, mask=keep)
+
+
+@triton_op("embcache::pooled_lookup", mutates_args={})
+def _pooled_op(table: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+               per_sample_weights: torch.Tensor | None, mode: str) -> torch.Tensor:
+    num_bags, dim = offsets.numel(), table.shape[1]
+    out = torch.empty((num_bags, dim), dtype=torch.float32, device=table.device)
+    if num_bags == 0 or dim == 0:
+        return out
+    block = min(MAX_BLOCK, triton.next_power_of_2(dim))
+    weights = indices if per_sample_weights is None else per_sample_weights  # unread without weights
+    grid = (num_bags, triton.cdiv(dim, block))
+    wrap_triton(_pooled_kernel)[grid](table, indices, offsets, weights, out, num_bags, indices.numel(), dim,
+                                      HAS_WEIGHTS=per_sample_weights is not None, MEAN=mode == "mean",
+                                      BLOCK=block)
+    return out
+
+
+@_pooled_op.register_fake
+def _(table, indices, offsets, per_sample_weights, mode):
+    return table.new_empty((offsets.numel(), table.shape[1]), dtype=torch.float32)
+
+
+def pooled_lookup(table: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+                  per_sample_weights: torch.Tensor | None = None, mode: str = "sum") -> torch.Tensor:
+    """`F.embedding_bag(indices, table.float(), offsets, mode=mode,
+    per_sample_weights=per_sample_weights)` as one op: `[B, D]` float32, B = len(offsets).
+
+    Args:
+        table: `[N, D]` rows, float32, float16 or bfloat16 (read in place, widened to float32).
+        indices: int64 row numbers in `[0, N)`, bag after bag.
+        offsets: int64 start of each bag in `indices` (non-decreasing, the first 0; no
+            closing offset). An empty bag gives zeros.
+        per_sample_weights: one float per index (sum mode only, as torch).
+        mode: "sum" or "mean".
+
+    The inputs are the caller's checked ones (the bag's input checks): only types and
+    shapes are checked here, since reading an id on the host would stall the device.
+
+    Example:
+        >>> t = torch.arange(6.0).reshape(3, 2)
+        >>> pooled_lookup(t, torch.tensor([0, 2, 2]), torch.tensor([0, 1])).tolist()  # doctest: +SKIP
+        [[0.0, 1.0], [8.0, 10.0]]
+    """
+    _check(table, indices, offsets, per_sample_weights, mode)
+    table = table.contiguous()
+    if per_sample_weights is not None:
+        per_sample_weights = per_sample_weights.contiguous()
+    return _pooled_op(table, indices.contiguous(), offsets.contiguous(), per_sample_weights, mode)
+
+
+def _check(table, indices, offsets, per_sample_weights, mode) -> None:
+    """Types and shapes: a wrong one would make the kernel read the wrong bytes silently."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if table.dim() != 2 or table.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"table must be 2-D float32, float16 or bfloat16, got {table.dtype} {list(table.shape)}")
+    if indices.dim() != 1 or offsets.dim() != 1 or indices.dtype != torch.int64 or offsets.dtype != torch.int64:
+        raise ValueError(f"indices and offsets must be 1-D int64, got {indices.dtype} {list(indices.shape)} "
+                         f"and {offsets.dtype} {list(offsets.shape)}")
+    if per_sample_weights is not None:
+        if mode != "sum":
+            raise ValueError(f"per_sample_weights need mode='sum' (as torch), got mode={mode!r}")
+        if per_sample_weights.shape != indices.shape or not per_sample_weights.is_floating_point():
+            raise ValueError(f"per_sample_weights must be floats shaped as indices {list(indices.shape)}, got "
+                             f"{per_sample_weights.dtype} {list(per_sample_weights.shape)}")
