@@ -19,55 +19,58 @@ the same order; the GPU test checks it.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 from torch.library import triton_op, wrap_triton
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the module still imports (its doctests are collected); a lookup says why not
+    triton = None
 
 MODES = ("sum", "mean")
 MAX_BLOCK = 128  # columns per program: a wider dim takes more programs, not more registers
 
 
-@triton.jit
-def _pooled_kernel(table, indices, offsets, weights, out, num_bags, num_indices, dim,
-                   HAS_WEIGHTS: tl.constexpr, MEAN: tl.constexpr, BLOCK: tl.constexpr):
-    bag = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    keep = cols < dim
-    start = tl.load(offsets + bag)
-    end = tl.load(offsets + bag + 1, mask=bag + 1 < num_bags, other=num_indices)  # the last bag ends at the end
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for i in range(start, end):
-        row = tl.load(indices + i).to(tl.int64)
-        term = tl.load(table + row * dim + cols, mask=keep, other=0.0).to(tl.float32)
-        if HAS_WEIGHTS:  # one rounding per weighted term, as torch's CPU (FBGEMM) and CUDA kernels
-            acc = tl.fma(term, tl.load(weights + i).to(tl.float32), acc)
-        else:
-            acc += term
-    if MEAN:
-        length = tl.maximum(end - start, 1).to(tl.float32)
-        acc = tl.math.div_rn(acc, tl.zeros([BLOCK], dtype=tl.float32) + length)
-    tl.store(out + bag.to(tl.int64) * dim + cols, acc, mask=keep)
+if triton is not None:
+    @triton.jit
+    def _pooled_kernel(table, indices, offsets, weights, out, num_bags, num_indices, dim,
+                       HAS_WEIGHTS: tl.constexpr, MEAN: tl.constexpr, BLOCK: tl.constexpr):
+        bag = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        keep = cols < dim
+        start = tl.load(offsets + bag)
+        end = tl.load(offsets + bag + 1, mask=bag + 1 < num_bags, other=num_indices)  # the last bag ends at the end
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for i in range(start, end):
+            row = tl.load(indices + i).to(tl.int64)
+            term = tl.load(table + row * dim + cols, mask=keep, other=0.0).to(tl.float32)
+            if HAS_WEIGHTS:  # one rounding per weighted term, as torch's CPU (FBGEMM) and CUDA kernels
+                acc = tl.fma(term, tl.load(weights + i).to(tl.float32), acc)
+            else:
+                acc += term
+        if MEAN:
+            length = tl.maximum(end - start, 1).to(tl.float32)
+            acc = tl.math.div_rn(acc, tl.zeros([BLOCK], dtype=tl.float32) + length)
+        tl.store(out + bag.to(tl.int64) * dim + cols, acc, mask=keep)
 
-
-@triton_op("embcache::pooled_lookup", mutates_args={})
-def _pooled_op(table: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
-               per_sample_weights: torch.Tensor | None, mode: str) -> torch.Tensor:
-    num_bags, dim = offsets.numel(), table.shape[1]
-    out = torch.empty((num_bags, dim), dtype=torch.float32, device=table.device)
-    if num_bags == 0 or dim == 0:
+    @triton_op("embcache::pooled_lookup", mutates_args={})
+    def _pooled_op(table: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+                   per_sample_weights: torch.Tensor | None, mode: str) -> torch.Tensor:
+        num_bags, dim = offsets.numel(), table.shape[1]
+        out = torch.empty((num_bags, dim), dtype=torch.float32, device=table.device)
+        if num_bags == 0 or dim == 0:
+            return out
+        block = min(MAX_BLOCK, triton.next_power_of_2(dim))
+        weights = indices if per_sample_weights is None else per_sample_weights  # unread without weights
+        grid = (num_bags, triton.cdiv(dim, block))
+        wrap_triton(_pooled_kernel)[grid](table, indices, offsets, weights, out, num_bags, indices.numel(), dim,
+                                          HAS_WEIGHTS=per_sample_weights is not None, MEAN=mode == "mean",
+                                          BLOCK=block)
         return out
-    block = min(MAX_BLOCK, triton.next_power_of_2(dim))
-    weights = indices if per_sample_weights is None else per_sample_weights  # unread without weights
-    grid = (num_bags, triton.cdiv(dim, block))
-    wrap_triton(_pooled_kernel)[grid](table, indices, offsets, weights, out, num_bags, indices.numel(), dim,
-                                      HAS_WEIGHTS=per_sample_weights is not None, MEAN=mode == "mean",
-                                      BLOCK=block)
-    return out
 
-
-@_pooled_op.register_fake
-def _(table, indices, offsets, per_sample_weights, mode):
-    return table.new_empty((offsets.numel(), table.shape[1]), dtype=torch.float32)
+    @_pooled_op.register_fake
+    def _(table, indices, offsets, per_sample_weights, mode):
+        return table.new_empty((offsets.numel(), table.shape[1]), dtype=torch.float32)
 
 
 def pooled_lookup(table: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
@@ -91,6 +94,8 @@ def pooled_lookup(table: torch.Tensor, indices: torch.Tensor, offsets: torch.Ten
         >>> pooled_lookup(t, torch.tensor([0, 2, 2]), torch.tensor([0, 1])).tolist()  # doctest: +SKIP
         [[0.0, 1.0], [8.0, 10.0]]
     """
+    if triton is None:
+        raise RuntimeError("the pooled-lookup kernel needs Triton, which does not import here: use kernels='torch'")
     _check(table, indices, offsets, per_sample_weights, mode)
     table = table.contiguous()
     if per_sample_weights is not None:
