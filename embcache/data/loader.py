@@ -127,7 +127,7 @@ class CTRBatches:
         """The same iterable, starting `batches` further on."""
         return CTRBatches(self.data_dir, self.split, self.batch_size, self.shuffle_shards, self.seed,
                           self.drop_last, self.device, self.start_batch + batches, self.read_rows, self.part,
-                          self.sparse_device)
+                          self.sparse_device, self.key_map)
 
     # -------------------------------------------------------------- iteration
     def __iter__(self) -> Iterator[Batch]:
