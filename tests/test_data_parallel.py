@@ -69,6 +69,18 @@ def test_chunks_of_any_length_and_a_start_past_the_end(shards):
     assert parallel(CTRBatches(shards, "train", 100, start_batch=99), 2) == []
 
 
+def test_stop_ends_before_a_batch_and_reads_no_further(shards):
+    loader = CTRBatches(shards, "train", 64, start_batch=3)
+    made = []
+    for stop in (3, 4, 10, 11, 30, 100):
+        made.clear()
+        with ParallelBatches(loader, 2, chunk_rows=128, stop=stop, transform=lambda b: made.append(1) or b) as it:
+            assert len(it) == max(min(stop, loader.batches_per_epoch()) - 3, 0)
+            got = list(it)
+        assert_same(got, list(loader)[: max(stop - 3, 0)])
+        assert len(made) == len(got)  # nothing past `stop` was made
+
+
 def test_multi_hot_batches_are_the_same(tmp_path):
     w = CTRDatasetWriter(tmp_path, 2, FEATURES, source="test", rows_per_shard=7, row_group_rows=3)
     for start, n in ((0, 10), (10, 13), (23, 30)):

@@ -10,6 +10,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "scaling": ("embcache.bench.scaling", "DLRM and face training at 1, 2 (4) gloo ranks on CPU: samples/s vs 1 rank, bytes sent per step vs a model"),
     "tiers": ("embcache.bench.tiers_cli", "host store tiers: mmap vs memory store samples/s, and a table larger than RAM (--big-gib) with peak RSS and disk reads"),
     "gpu": ("embcache.bench.gpu_cli", "DLRM on one GPU (torch only): cached 0.5/1.5/5 % vs whole tables on the GPU, link use, prefetch"),
+    "loader": ("embcache.bench.loader_cli", "the loader alone: rows/s of prepared Criteo-shaped shards at 1, 2, 4 reader threads, batches checked against one thread's"),
     "probe": ("embcache.bench.probe", "the device and link in half a minute: versions, pinned copy, random host rows through the unified view, id sorts"),
     "host": ("embcache.bench.host_cli", "the cache's host ceiling: samples/s of host work alone (rows on `meta`), one-hot and multi-hot, threads 1..all"),
     "face": ("embcache.face.bench_cli", "face head: step time and memory of fc / pfc 0.1 / dcp 1 % and 10 % vs classes, and accuracy"),

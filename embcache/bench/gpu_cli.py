@@ -63,6 +63,14 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="also run the middle ratio without prefetch (what the copies cost unhidden)")
     p.add_argument("--link-table-mib", type=int, default=1024,
                    help="pinned host table the link's random-row rate is measured on")
+    p.add_argument("--from-shards", metavar="DIR", default=None,
+                   help="feed the step from this prepared Criteo-shaped directory (13 dense, 26 one-hot features: "
+                        "`embcache data synthetic`) through the parallel loader instead of batches made in memory; "
+                        "the loader's own rows/s is measured in the same run at each --readers count "
+                        "(`loader_vs_step`); the tables' sizes and the shape are the data's (--scale, --shapes unused)")
+    p.add_argument("--readers", type=int, nargs="+", default=None,
+                   help="with --from-shards: reader threads, each count's rows/s measured; the largest feeds the "
+                        "step (default: as the cores allow, embcache.data.parallel.default_readers)")
     p.add_argument("--no-profile", action="store_true", help="skip the profiler summary (CUDA only)")
     add_device_argument(p)
     p.add_argument("--seed", type=int, default=0)

@@ -69,6 +69,8 @@ class ParallelBatches(Iterator[Batch]):
             memory is about `readers * chunk_rows` decoded rows.
         transform: applied to each host batch in the reader thread (e.g. a benchmark's own
             input layout); then the result is yielded as it is, not placed on the devices.
+        stop: the epoch's batch to end before (None: the end of the epoch); nothing after it
+            is read (a benchmark timing the first batches of a split).
 
     Batches are placed on `loader.device` (ids on `loader.sparse_device`) in the thread that
     takes them, non-blocking from pinned memory. Use it in a `with` block (or call `close()`):
@@ -82,7 +84,7 @@ class ParallelBatches(Iterator[Batch]):
     """
 
     def __init__(self, loader: CTRBatches, readers: int | None = None, ahead: int = 2,
-                 chunk_rows: int = CHUNK_ROWS, transform: Callable | None = None):
+                 chunk_rows: int = CHUNK_ROWS, transform: Callable | None = None, stop: int | None = None):
         readers = default_readers() if readers is None else int(readers)
         if readers < 1:
             raise ValueError(f"readers must be >= 1, got {readers}")
@@ -90,7 +92,9 @@ class ParallelBatches(Iterator[Batch]):
             raise ValueError(f"ahead must be >= 1, got {ahead}")
         self.loader, self.readers, self._transform = loader, readers, transform
         self.chunk_batches = max(int(ahead), math.ceil(max(int(chunk_rows), 1) / loader.batch_size))
-        self._chunks = chunk_plan(loader.start_batch, loader.batches_per_epoch(), self.chunk_batches)
+        end = loader.batches_per_epoch() if stop is None else min(int(stop), loader.batches_per_epoch())
+        self._chunks = chunk_plan(loader.start_batch, end, self.chunk_batches, open_end=stop is None)
+        self._stop_batch = end if stop is not None else None
         self._stop = threading.Event()
         # a reader's queue holds a whole chunk and its end mark: it reads a chunk through while
         # the batches of the chunks before it are taken
@@ -102,7 +106,9 @@ class ParallelBatches(Iterator[Batch]):
             thread.start()
 
     def __len__(self) -> int:
-        return len(self.loader)
+        if self._stop_batch is None:
+            return len(self.loader)
+        return max(self._stop_batch - self.loader.start_batch, 0)
 
     # -------------------------------------------------------------- reader threads
     def _read(self, w: int) -> None:
@@ -159,8 +165,9 @@ class ParallelBatches(Iterator[Batch]):
                 return value if self._transform is not None else self.loader.place(value)
             if kind == _CHUNK_END:
                 self._chunk += 1
-                continue
-            self.close()
+                if self._chunk < len(self._chunks):
+                    continue
+            self.close()  # the end (of the epoch, or at `stop`), or an error
             if kind == _ERROR:
                 raise value
         raise StopIteration
@@ -191,14 +198,17 @@ class ParallelBatches(Iterator[Batch]):
         self.close()
 
 
-def chunk_plan(start: int, batches: int, chunk: int) -> list[tuple[int, int | None]]:
-    """The chunks `(first batch, stop)` of batches `start..batches-1`, `chunk` at a time; the
-    last one's stop is None: it reads to the end of the rows the footers hold, as the one
-    thread does (none when `start` is past the end).
+def chunk_plan(start: int, batches: int, chunk: int, open_end: bool = True) -> list[tuple[int, int | None]]:
+    """The chunks `(first batch, stop)` of batches `start..batches-1`, `chunk` at a time
+    (none when `start` is past the end). With `open_end` the last one's stop is None: it
+    reads to the end of the rows the footers hold, as the one thread does.
 
     Example:
         >>> chunk_plan(3, 10, 3)
         [(3, 6), (6, 9), (9, None)]
+        >>> chunk_plan(3, 10, 3, open_end=False)
+        [(3, 6), (6, 9), (9, 10)]
     """
     firsts = list(range(start, batches, chunk))
-    return [(first, first + chunk if k < len(firsts) - 1 else None) for k, first in enumerate(firsts)]
+    return [(first, min(first + chunk, batches) if k < len(firsts) - 1 or not open_end else None)
+            for k, first in enumerate(firsts)]
