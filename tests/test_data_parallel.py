@@ -200,6 +200,32 @@ def test_transform_runs_in_the_readers_and_keeps_the_order(shards):
     assert seen == {"embcache-reader-train-0", "embcache-reader-train-1"}
 
 
+def test_a_pipelined_dlrm_run_reads_in_parallel_with_the_same_results(monkeypatch, tmp_path):
+    """A run over an epoch's end (12 batches an epoch, shards shuffled), read by 3 readers
+    (chunks of 2 batches) to step 7 and resumed by 2, ends where one run read by one thread
+    ends: tables, optimizer state, residency, history."""
+    from embcache.data import parallel as module
+    from embcache.dlrm.trainer import DLRMTrainer
+    from tests.test_dlrm import assert_same_checkpoint
+    from tests.test_dlrm_pipeline import small_config
+
+    data = tmp_path / "data"
+    generate_synthetic(data, rows=3000, scale=0.001, seed=0, rows_per_shard=700, chunk_rows=300)
+    monkeypatch.setattr(module, "CHUNK_ROWS", 512)
+    made = []
+    monkeypatch.setattr(module.ParallelBatches, "_put", lambda self, w, e, put=module.ParallelBatches._put:
+                        made.append(w) or put(self, w, e))
+    ck = {name: tmp_path / name for name in ("whole", "parts")}
+    DLRMTrainer(small_config(epochs=2, max_steps=15, readers=1, checkpoint_dir=str(ck["whole"])), data).fit()
+    assert not made  # one reader: the background thread, as before
+    DLRMTrainer(small_config(epochs=2, max_steps=7, readers=3, checkpoint_dir=str(ck["parts"])), data).fit()
+    assert set(made) == {0, 1, 2}  # all three readers read
+    DLRMTrainer(small_config(epochs=2, max_steps=15, readers=2, checkpoint_dir=str(ck["parts"]), resume=True),
+                data).fit()
+    assert_same_checkpoint(ck["whole"] / "dlrm-last.pt", ck["parts"] / "dlrm-last.pt", residency=True)
+    assert not readers_alive()
+
+
 def test_default_readers_and_the_chunk_plan(monkeypatch):
     import os
 

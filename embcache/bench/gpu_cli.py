@@ -29,6 +29,13 @@ alone (`link_bound_fraction`: the run's share of it). The JSON's `rows` hold one
 run (`bookkeeping`, `shape`, `dim`, `cache_ratio`, `samples_per_s`, `vs_all_on_gpu`,
 `link_bound_fraction`, the card's name). On CUDA a `torch.profiler` summary of cached steps at the middle
 ratio is saved with the results, which says where the time goes.
+
+With `--from-shards DIR` the batches come from a prepared Criteo-shaped directory through the
+parallel loader (`embcache.data.parallel`) instead of from memory, one-hot, the tables sized
+by its cardinalities; the loader's own rows/s at each `--readers` count is measured in the
+same run over the same batches (JSON `loader`), and every row gets `loader_vs_step`, the
+loader's rows/s over the step's samples/s (>= 1.5: the loader is not the bound).
+`embcache bench loader DIR` measures the loader alone.
 """
 from __future__ import annotations
 

@@ -65,8 +65,8 @@ class ParallelBatches(Iterator[Batch]):
             chunk by chunk, as `loader.background` does.
         ahead: batches each reader makes before they are taken, at least (a chunk is never
             shorter).
-        chunk_rows: rows of the epoch a reader reads in one go (rounded up to whole batches);
-            memory is about `readers * chunk_rows` decoded rows.
+        chunk_rows: rows of the epoch a reader reads in one go (rounded up to whole batches;
+            None: `CHUNK_ROWS`); memory is about `readers * chunk_rows` decoded rows.
         transform: applied to each host batch in the reader thread (e.g. a benchmark's own
             input layout); then the result is yielded as it is, not placed on the devices.
         stop: the epoch's batch to end before (None: the end of the epoch); nothing after it
@@ -84,14 +84,15 @@ class ParallelBatches(Iterator[Batch]):
     """
 
     def __init__(self, loader: CTRBatches, readers: int | None = None, ahead: int = 2,
-                 chunk_rows: int = CHUNK_ROWS, transform: Callable | None = None, stop: int | None = None):
+                 chunk_rows: int | None = None, transform: Callable | None = None, stop: int | None = None):
         readers = default_readers() if readers is None else int(readers)
         if readers < 1:
             raise ValueError(f"readers must be >= 1, got {readers}")
         if ahead < 1:
             raise ValueError(f"ahead must be >= 1, got {ahead}")
         self.loader, self.readers, self._transform = loader, readers, transform
-        self.chunk_batches = max(int(ahead), math.ceil(max(int(chunk_rows), 1) / loader.batch_size))
+        chunk_rows = CHUNK_ROWS if chunk_rows is None else max(int(chunk_rows), 1)
+        self.chunk_batches = max(int(ahead), math.ceil(chunk_rows / loader.batch_size))
         end = loader.batches_per_epoch() if stop is None else min(int(stop), loader.batches_per_epoch())
         self._chunks = chunk_plan(loader.start_batch, end, self.chunk_batches, open_end=stop is None)
         self._stop_batch = end if stop is not None else None
