@@ -3,10 +3,11 @@
 A GPU step at batch 65,536 takes millions of samples a second; training reads them from
 Parquet shards. This times the parallel loader (`embcache.data.parallel`) over the first
 `--batches` batches of the train split of DIR (13 dense and 26 one-hot features, as
-`embcache data prepare synthetic` writes), warm in the page cache (a pass before the first
-timing, which also checks every shard's CRC-32), at each `--readers` count (the best of `--repeats` passes), doing what the
-step is fed: read, decode, check, lay the ids out as the step takes them, in the reader
-threads. Beside it, the one-thread background reader the trainer uses today, with the ids
+`embcache data synthetic` writes), warm in the page cache (a pass before the first timing,
+which also checks every shard's CRC-32), at each `--readers` count (the best of `--repeats`
+passes, the counts taking turns), doing what the step is fed: read, decode, check, lay the
+ids out as the step takes them, in the reader threads. Also the process's CPU seconds a
+million rows, all threads together: what reading costs, whatever else the machine runs. Beside it, the one-thread background reader the trainer uses today, with the ids
 laid out in the thread that takes them. Each count's first batches are compared with the
 one-thread loader's to the bit (`same_batches_as_one_thread`). `bench gpu --from-shards`
 measures the same beside the step it feeds (`loader_vs_step`).
@@ -55,7 +56,8 @@ def run(args) -> int:
         best = min(best, time.perf_counter() - t0)
     background = batches * args.batch_size / best
     for r in rates:
-        print(f"  {r['readers']} reader(s): {r['rows_per_s']:,.0f} rows/s"
+        print(f"  {r['readers']} reader(s): {r['rows_per_s']:,.0f} rows/s, "
+              f"{r['cpu_s_per_million_rows']:.2f} CPU-s a million rows"
               f"{'' if r['same_batches_as_one_thread'] else '  BATCHES DIFFER FROM ONE THREAD'}")
     print(f"  one-thread background reader (the trainer's today): {background:,.0f} rows/s")
     payload = {"benchmark": "loader", "data": str(args.data), "split": "train", "batch_size": args.batch_size,

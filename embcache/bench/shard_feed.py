@@ -2,7 +2,7 @@
 
 `bench gpu` makes its batches in memory; users train from files. `--from-shards DIR` feeds
 the same step from a prepared Criteo-shaped directory (13 dense features, 26 one-hot
-features: `embcache data prepare synthetic`, or Criteo Kaggle prepared) through the parallel
+features: `embcache data synthetic`, or Criteo Kaggle prepared) through the parallel
 loader (`embcache.data.parallel`), and measures in the same run what the loader alone
 delivers at each reader count. The step's id space is the 26 tables of the directory's
 cardinalities end to end, as the trace's are.
@@ -46,7 +46,7 @@ def check_criteo_shaped(data_dir: str | Path) -> dict:
                else "has no train split" if "train" not in meta["splits"] else None)
     if problem:
         raise UserFacingError(f"{data_dir}: {problem}: a Criteo-shaped directory is needed "
-                              f"(`embcache data prepare synthetic` writes one)")
+                              f"(`embcache data synthetic` writes one)")
     return meta
 
 
@@ -56,11 +56,13 @@ class FlatIds:
     when `pin` (CUDA takes them). Runs in the reader threads."""
 
     def __init__(self, cardinalities: list[int], pin: bool):
-        self.offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(cardinalities)[:-1]]).astype(np.int64))
+        self.offsets = np.concatenate([[0], np.cumsum(cardinalities)[:-1]]).astype(np.int64)
         self.pin = pin
 
     def __call__(self, batch) -> tuple:
-        ids = (batch.sparse.values().view(len(self.offsets), len(batch)) + self.offsets[:, None]).t().contiguous()
+        # numpy, one pass: torch's add would start an OpenMP team of its own in each reader thread
+        values = batch.sparse.values().numpy().reshape(len(self.offsets), len(batch))
+        ids = torch.from_numpy(np.add(values.T, self.offsets, out=np.empty((len(batch), len(self.offsets)), np.int64)))
         if self.pin:
             return (ids.pin_memory(),), batch.dense.pin_memory(), batch.labels.pin_memory()
         return (ids,), batch.dense, batch.labels
@@ -70,37 +72,41 @@ def loader_rates(data_dir, batch_size: int, batches: int, readers: list[int], pi
                  chunk_rows: int | None = None, repeats: int = 3) -> list[dict]:
     """Rows/s of the loader alone at each reader count over the first `batches` batches of
     the train split (a warming pass first; the best of `repeats` passes, the counts taking
-    turns, so that a machine shared with other work is measured at its least disturbed), and
-    whether its first batches equal the one thread's to the bit."""
+    turns, so that a machine shared with other work is measured at its least disturbed), the
+    process's CPU seconds a million rows (all threads: what reading costs, whatever else the
+    machine runs), and whether its first batches equal the one thread's to the bit."""
     meta = check_criteo_shaped(data_dir)
     loader = CTRBatches(data_dir, "train", batch_size, drop_last=True)
     batches = min(batches, len(loader))
     if batches < 1:
         raise UserFacingError(f"{data_dir}: its train split holds fewer rows than one batch of {batch_size}")
     flat = FlatIds([f.cardinality for f in sparse_features(meta)], pin)
-    options = {} if chunk_rows is None else {"chunk_rows": chunk_rows}
-    _take(lambda: ParallelBatches(loader, max(readers), transform=flat, stop=batches, **options))  # warm: page cache, CRCs
+    options = {"transform": flat, "stop": batches, "chunk_rows": chunk_rows}
+    _take(lambda: ParallelBatches(loader, max(readers), **options))  # warms the page cache, checks the CRCs
     seconds = {count: [] for count in readers}
     for _ in range(max(int(repeats), 1)):
         for count in readers:
-            seconds[count].append(_take(lambda: ParallelBatches(loader, count, transform=flat, stop=batches, **options)))
-    return [{"readers": count, "batches": batches, "rows": batches * batch_size, "seconds": seconds[count],
-             "rows_per_s": batches * batch_size / min(seconds[count]),
-             "same_batches_as_one_thread": _same_as_one_thread(loader, count, options)} for count in readers]
+            seconds[count].append(_take(lambda: ParallelBatches(loader, count, **options)))
+    rows = batches * batch_size
+    return [{"readers": count, "batches": batches, "rows": rows, "seconds": [wall for wall, _ in seconds[count]],
+             "rows_per_s": rows / min(wall for wall, _ in seconds[count]),
+             "cpu_s_per_million_rows": 1e6 * min(cpu for _, cpu in seconds[count]) / rows,
+             "same_batches_as_one_thread": _same_as_one_thread(loader, count, chunk_rows)} for count in readers]
 
 
-def _take(start) -> float:
-    """Seconds from the readers' start (`start()` makes them) until the last batch is taken."""
-    t0 = time.perf_counter()
+def _take(start) -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds) from the readers' start (`start()` makes
+    them) until the last batch is taken."""
+    t0, c0 = time.perf_counter(), time.process_time()
     with start() as batches:
         for _ in batches:
             pass
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
 
-def _same_as_one_thread(loader: CTRBatches, readers: int, options: dict) -> bool:
+def _same_as_one_thread(loader: CTRBatches, readers: int, chunk_rows: int | None) -> bool:
     """The first batches through `readers` readers equal the one thread's, to the bit."""
-    with ParallelBatches(loader, readers, stop=CHECK_BATCHES, **options) as parallel:
+    with ParallelBatches(loader, readers, stop=CHECK_BATCHES, chunk_rows=chunk_rows) as parallel:
         for k, want in enumerate(loader.host_batches()):
             if k == CHECK_BATCHES:
                 return True
