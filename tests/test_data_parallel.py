@@ -230,13 +230,13 @@ def test_default_readers_and_the_chunk_plan(monkeypatch):
     import os
 
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    for cores, want in ((1, 1), (2, 1), (4, 2), (8, 4), (64, 4)):
+    for cores, want in ((1, 1), (2, 1), (4, 2), (8, 4), (16, 8), (64, 8)):
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cores: set(range(n)), raising=False)
         assert default_readers() == want
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # 64 cores shared by 4 ranks: 16 each
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # 64 cores shared by 8 ranks: 8 each
     assert default_readers() == 4
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")
-    assert default_readers() == 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
+    assert default_readers() == 1
     assert chunk_plan(0, 5, 2) == [(0, 2), (2, 4), (4, None)] and chunk_plan(5, 5, 2) == []
     with pytest.raises(ValueError, match="readers must be >= 1"):
         ParallelBatches(CTRBatches.__new__(CTRBatches), 0)

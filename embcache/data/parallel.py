@@ -36,18 +36,20 @@ from embcache.threads import usable_cores
 
 _ITEM, _CHUNK_END, _END, _ERROR = "item", "chunk end", "end", "error"
 _POLL_S = 0.05  # how often a reader blocked on a full queue looks for a stop
-MAX_DEFAULT_READERS = 4
+MAX_DEFAULT_READERS = 8
 CHUNK_ROWS = 262_144  # rows a reader reads in one go: 4 row groups of the writer's default 65,536
 
 
 def default_readers() -> int:
     """Half of this process's cores (its share under torchrun: `LOCAL_WORLD_SIZE`), at least
-    1 and at most 4. The other half is the step's: torch's threads, the cache's host
-    bookkeeping, pinning and copies. Four readers at 2-4 M rows/s each exceed 1.5x the
-    fastest step in view (6 M samples/s); more would take cores from the step for nothing.
+    1 and at most 8. The other half is the step's: torch's threads, the cache's host
+    bookkeeping, pinning and copies. A reader makes about 2 M Criteo-shaped rows a core-second
+    (`bench loader`: 0.4-0.6 CPU-s a million rows), so 1.5x the fastest step in view (6 M
+    samples/s) takes 5 or more; past 8 a reader would take a core from the step for nothing
+    in view, and each holds a chunk (`CHUNK_ROWS`) of decoded rows.
 
     Example:
-        >>> 1 <= default_readers() <= 4
+        >>> 1 <= default_readers() <= 8
         True
     """
     ranks = os.environ.get("LOCAL_WORLD_SIZE", "1").strip()

@@ -169,7 +169,7 @@ class DLRMConfig(StepRunConfig):
     readers: int | None = setting(
         None, type=positive_int, metavar="N",
         help="pipelined runs: threads reading, decoding and checking batches at once, taken back in order (the "
-             "same batches and errors to the bit; default: half this rank's cores, 1 to 4; 1: one background "
+             "same batches and errors to the bit; default: half this rank's cores, 1 to 8; 1: one background "
              "thread)")
     raw_keys: str = setting(
         "open", choices=RAW_KEY_MODES,
