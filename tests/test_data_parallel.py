@@ -175,6 +175,30 @@ def test_no_reader_outlives_close_break_or_ctrl_c(shards):
     assert not readers_alive()
 
 
+def test_readers_decode_their_own_chunks_and_open_each_shard_once(tmp_path, monkeypatch):
+    """Row groups of 32 rows, chunks of 5 batches of 64: the three readers together decode
+    the epoch once and at most two row groups more a chunk (where a chunk starts or ends
+    inside one), not each the whole epoch; each opens every shard once."""
+    from embcache.data import loader as module
+
+    generate_synthetic(tmp_path, rows=2500, scale=0.0005, seed=1, chunk_rows=32, rows_per_shard=900)
+    decoded, opened = [], []
+    read = module.read_shard
+    monkeypatch.setattr(module, "read_shard", lambda *a, **k: (decoded.append(r.num_rows) or r for r in read(*a, **k)))
+    open_shard = CTRBatches._open
+    monkeypatch.setattr(CTRBatches, "_open", lambda self, path: opened.append((threading.current_thread().name, path))
+                        or open_shard(self, path))
+    loader = CTRBatches(tmp_path, "train", 64)
+    want = list(loader)
+    decoded.clear()
+    opened.clear()
+    with ParallelBatches(loader, 3, chunk_rows=320) as batches:
+        assert_same(list(batches), want)
+        chunks = len(batches._chunks)
+    assert chunks == 8 and 2500 <= sum(decoded) <= 2500 + 2 * 32 * chunks
+    assert len(opened) == len(set(opened)) <= 3 * 3  # three shards, three readers
+
+
 def test_memory_is_a_chunk_per_reader(shards):
     """Readers stop when their chunk's batches wait untaken: at most a chunk queued per
     reader, and the one each reader has in hand."""

@@ -1,12 +1,13 @@
 """A split's batches read by several threads at once, yielded in the one-thread order.
 
-One reader thread (`CTRBatches.background`) decodes about 2-4 M Criteo-shaped rows/s; a GPU
+One reader thread (`CTRBatches.background`) makes about 2 M Criteo-shaped rows/s; a GPU
 step at batch 65,536 takes more. The batches of an epoch are cut from the Parquet footers,
 so batch i's rows are known before any is read: the epoch's batches are cut into chunks of
-consecutive batches, reader w reads chunks w, w + W, w + 2W, ... each with its own
-`CTRBatches(..., start_batch=chunk_start)` (the loader's resume, which skips whole shards
-and row groups), and the batches are taken back in order, chunk after chunk. pyarrow's
-decoding and numpy's conversions release the GIL, so the readers run on separate cores.
+consecutive batches, reader w reads chunks w, w + W, w + 2W, ... in one pass of a
+`CTRBatches` of its own that passes over the other readers' batches unread (their row groups
+are not decoded; each reader opens every shard once), and the batches are taken back in order,
+chunk after chunk. pyarrow's decoding and numpy's conversions release the GIL, so the
+readers run on separate cores.
 
 What stays as with one thread:
 - the batches, to the bit (each one is made by the same code from the same rows), in the
@@ -115,33 +116,42 @@ class ParallelBatches(Iterator[Batch]):
 
     # -------------------------------------------------------------- reader threads
     def _read(self, w: int) -> None:
-        """Reader `w`: chunks w, w + W, ... each into its queue, then its end mark."""
+        """Reader `w`: chunks w, w + W, ... into its queue, each followed by its end mark. One
+        pass over the epoch with a `CTRBatches` of its own: the shards are opened once a
+        reader, and the other readers' batches are passed over unread (their row groups not
+        decoded)."""
+        mine = self._chunks[w::self.readers]
+        if not mine:
+            return
+        part = copy.copy(self.loader)
+        part.start_batch = mine[0][0]
+        batches = part.host_batches(only=lambda index: self._reader_of(index) == w)
         try:
-            for k in range(w, len(self._chunks), self.readers):
-                start, stop = self._chunks[k]
-                if not self._read_chunk(w, start, stop):
+            for start, stop in mine:
+                if not self._read_chunk(w, batches, start, stop):
                     return
         except BaseException as err:  # handed to the consumer, raised there in its place
             self._put(w, (_ERROR, err))
-
-    def _read_chunk(self, w: int, start: int, stop: int | None) -> bool:
-        """Batches `start..stop-1` (None: to the epoch's end) into queue `w`, then a chunk's end
-        mark, or the epoch's end where it comes first; False when reading is over."""
-        part = copy.copy(self.loader)
-        part.start_batch = start
-        batches = part.host_batches()
-        try:
-            index = start
-            while stop is None or index < stop:
-                batch = next(batches, None)
-                if batch is None:
-                    return self._put(w, (_END, None)) and False
-                if not self._put(w, (_ITEM, batch if self._transform is None else self._transform(batch))):
-                    return False
-                index += 1
-            return self._put(w, (_CHUNK_END, None))
         finally:
             batches.close()  # the shard readers it holds
+
+    def _reader_of(self, index: int) -> int:
+        """The reader of batch `index` (the last chunk's, to the end of the rows)."""
+        chunk = (index - self._chunks[0][0]) // self.chunk_batches
+        return min(chunk, len(self._chunks) - 1) % self.readers
+
+    def _read_chunk(self, w: int, batches: Iterator, start: int, stop: int | None) -> bool:
+        """Batches `start..stop-1` (None: to the epoch's end) into queue `w`, then a chunk's end
+        mark, or the epoch's end where it comes first; False when reading is over."""
+        index = start
+        while stop is None or index < stop:
+            batch = next(batches, None)
+            if batch is None:
+                return self._put(w, (_END, None)) and False
+            if not self._put(w, (_ITEM, batch if self._transform is None else self._transform(batch))):
+                return False
+            index += 1
+        return self._put(w, (_CHUNK_END, None))
 
     def _put(self, w: int, entry) -> bool:
         """Queue `entry` for reader `w` unless reading was stopped first (then False)."""
