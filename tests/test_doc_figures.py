@@ -93,6 +93,14 @@ FIGURES = [
      lambda d: (d["auc_difference"][0]["fp32"], d["auc_difference"][0]["bf16"])),
     ("docs/dlrm.md", "the largest difference over the three seeds {:.4f}", "precision_cpu.json",
      ("largest_abs_difference",)),
+    # docs/dlrm.md: reading batches in parallel
+    ("docs/dlrm.md", "1 reader: **{:,.0f} rows/s** ({:.2f} CPU-s a million rows)", "loader.json",
+     lambda d: (d["rates"][0]["rows_per_s"], d["rates"][0]["cpu_s_per_million_rows"])),
+    ("docs/dlrm.md", "2 readers: **{:,.0f} rows/s** ({:.2f} CPU-s a million rows)", "loader.json",
+     lambda d: (d["rates"][1]["rows_per_s"], d["rates"][1]["cpu_s_per_million_rows"])),
+    ("docs/dlrm.md", "(`--readers 1`), {:,.0f} rows/s", "loader.json", ("background_one_thread_rows_per_s",)),
+    ("docs/dlrm.md", "shared with other work, load {:.0f};", "loader.json",
+     lambda d: d["hardware"]["loadavg_1_5_15min"][0]),
     # docs/cache.md: the device bookkeeper's operations, the GPU run
     ("docs/cache.md", "**{} operations a step**", "host_ops.json", ("summary", 1, "launches_per_step")),
     ("docs/cache.md", "**{} operations a step**", "host_ops.json", ("summary", 3, "launches_per_step")),

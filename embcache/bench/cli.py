@@ -11,6 +11,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tiers": ("embcache.bench.tiers_cli", "host store tiers: mmap vs memory store samples/s, and a table larger than RAM (--big-gib) with peak RSS and disk reads"),
     "gpu": ("embcache.bench.gpu_cli", "DLRM on one GPU (torch only): cached 0.5/1.5/5 % vs whole tables on the GPU, link use, prefetch"),
     "kernels": ("embcache.bench.kernels_cli", "the embedding kernels alone: Triton's lookup and fused backward + Adagrad vs torch's sparse path, as shares of the copy bandwidth"),
+    "loader": ("embcache.bench.loader_cli", "the loader alone: rows/s of prepared Criteo-shaped shards at 1, 2, 4 reader threads, batches checked against one thread's"),
     "probe": ("embcache.bench.probe", "the device and link in half a minute: versions, pinned copy, random host rows through the unified view, id sorts"),
     "host": ("embcache.bench.host_cli", "the cache's host ceiling: samples/s of host work alone (rows on `meta`), one-hot and multi-hot, threads 1..all"),
     "face": ("embcache.face.bench_cli", "face head: step time and memory of fc / pfc 0.1 / dcp 1 % and 10 % vs classes, and accuracy"),

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embcache.bench import link
+from embcache.bench import link, shard_feed
 from embcache.bench.criteo_trace import CRITEO_KAGGLE_CARDINALITIES, MULTI_HOT_SIZES, CriteoTrace
 from embcache.cache.optimizers import torch_equivalent
 from embcache.device import resolve_device
@@ -340,8 +340,10 @@ def run(args) -> int:
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     trace = CriteoTrace(scale=args.scale, batch_size=args.batch_size, batches=args.warmup_steps + args.steps,
                         seed=args.seed)
-    print(f"DLRM on {device_name}: {trace.num_rows:,} rows, batch {args.batch_size}, {args.steps} timed steps, "
-          f"{', '.join(args.shapes)}", flush=True)
+    feed = shard_feed.open_feed(args, device) if args.from_shards else None  # the step fed from prepared shards
+    num_rows, shapes = (feed.num_rows, ["one-hot"]) if feed else (trace.num_rows, args.shapes)
+    print(f"DLRM on {device_name}: {num_rows:,} rows, batch {args.batch_size}, {args.steps} timed steps, "
+          f"{', '.join(shapes)}" + (f", from {args.from_shards}" if feed else ""), flush=True)
     gbps = link.pinned_copy_gbps(device)
     # the link's random-row rate at each row width (on the CPU: memory's, which bounds nothing)
     try:
@@ -350,21 +352,23 @@ def run(args) -> int:
         print(f"  the link's random-row rate could not be measured ({type(e).__name__}: {e}): no link bound")
         rates = {}
     blocks = []
-    result = {"num_rows": trace.num_rows, "pinned_copy_gbps": gbps, "random_rows": rates, "blocks": blocks}
+    result = {"num_rows": num_rows, "pinned_copy_gbps": gbps, "random_rows": rates, "blocks": blocks}
 
     def save():  # after every block: a run cut short keeps what it measured
         add_link_figures(result, gbps, args.batch_size)
         payload = {"benchmark": "gpu", "device": str(device), "device_name": device_name,
                    "config": {k: v for k, v in vars(args).items() if k != "func"},
                    "rows": [{**r, "precision": args.precision} for r in flat_rows(result, device_name)], **result}
+        if feed:
+            shard_feed.add_loader_figures(payload, feed.rates, feed.readers)
         return write_json(payload, args.name, args.out)
 
     for dim in args.dims:
-        table = initial_table(trace.num_rows, dim, args.seed, device)
-        for shape in args.shapes:
-            data = make_data(args, trace, shape)
+        table = initial_table(num_rows, dim, args.seed, device)
+        for shape in shapes:
+            data = feed if feed else make_data(args, trace, shape)
             # the ids' counts over the run (the trace's `frequencies()`, without drawing it again)
-            freq = torch.bincount(torch.cat([inputs[0].flatten() for inputs, _, _ in data]), minlength=trace.num_rows)
+            freq = torch.bincount(torch.cat([inputs[0].flatten() for inputs, _, _ in data]), minlength=num_rows)
             # each batch's distinct rows: what a cache smaller than a batch serves beside itself
             distinct = [int(torch.unique(inputs[0]).numel()) for inputs, _, _ in data]
             blocks.append({**bench_block(shape, dim, table, args, device, data, freq),
@@ -376,4 +380,6 @@ def run(args) -> int:
     plot(result, png)
     print("\n".join(markdown_table(result)))
     print(f"wrote {path} and {png} (the table above is docs/cache.md's, \"On a GPU: the device path\")")
+    if feed:
+        feed.close()
     return 0

@@ -29,6 +29,13 @@ alone (`link_bound_fraction`: the run's share of it). The JSON's `rows` hold one
 run (`bookkeeping`, `shape`, `dim`, `cache_ratio`, `samples_per_s`, `vs_all_on_gpu`,
 `link_bound_fraction`, the card's name). On CUDA a `torch.profiler` summary of cached steps at the middle
 ratio is saved with the results, which says where the time goes.
+
+With `--from-shards DIR` the batches come from a prepared Criteo-shaped directory through the
+parallel loader (`embcache.data.parallel`) instead of from memory, one-hot, the tables sized
+by its cardinalities; the loader's own rows/s at each `--readers` count is measured in the
+same run over the same batches (JSON `loader`), and every row gets `loader_vs_step`, the
+loader's rows/s over the step's samples/s (>= 1.5: the loader is not the bound).
+`embcache bench loader DIR` measures the loader alone.
 """
 from __future__ import annotations
 
@@ -65,6 +72,14 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="also run the middle ratio without prefetch (what the copies cost unhidden)")
     p.add_argument("--link-table-mib", type=int, default=1024,
                    help="pinned host table the link's random-row rate is measured on")
+    p.add_argument("--from-shards", metavar="DIR", default=None,
+                   help="feed the step from this prepared Criteo-shaped directory (13 dense, 26 one-hot features: "
+                        "`embcache data synthetic`) through the parallel loader instead of batches made in memory; "
+                        "the loader's own rows/s is measured in the same run at each --readers count "
+                        "(`loader_vs_step`); the tables' sizes and the shape are the data's (--scale, --shapes unused)")
+    p.add_argument("--readers", type=int, nargs="+", default=None,
+                   help="with --from-shards: reader threads, each count's rows/s measured; the largest feeds the "
+                        "step (default: as the cores allow, embcache.data.parallel.default_readers)")
     p.add_argument("--no-profile", action="store_true", help="skip the profiler summary (CUDA only)")
     add_device_argument(p)
     add_config_arguments(p, DLRMConfig, ["precision"])  # as dlrm train's: the same field, the same help

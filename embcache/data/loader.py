@@ -127,7 +127,7 @@ class CTRBatches:
         """The same iterable, starting `batches` further on."""
         return CTRBatches(self.data_dir, self.split, self.batch_size, self.shuffle_shards, self.seed,
                           self.drop_last, self.device, self.start_batch + batches, self.read_rows, self.part,
-                          self.sparse_device)
+                          self.sparse_device, self.key_map)
 
     # -------------------------------------------------------------- iteration
     def __iter__(self) -> Iterator[Batch]:
@@ -149,13 +149,15 @@ class CTRBatches:
         return _Placed(BackgroundIterator(self.host_batches(), ahead, name=f"embcache-reader-{self.split}"),
                        self.place)
 
-    def host_batches(self) -> Iterator[Batch]:
+    def host_batches(self, only=None) -> Iterator[Batch]:
         """The batches on the host, pinned when CUDA will take them (`place` moves them).
-        Only this rank's rows of each global batch are read, checked and converted."""
+        Only this rank's rows of each global batch are read, checked and converted. `only`:
+        a test of the batch index; the batches it refuses are passed over unread (a parallel
+        reader's share: `data.parallel`), the shards opened as they are reached all the same."""
         if self.start_batch >= self.batches_per_epoch():
             return
         rank, world = self.part
-        rows = _EpochRows(self)
+        rows = _EpochRows(self, only)
         index = self.start_batch
         while True:
             first = index * self.batch_size
@@ -163,7 +165,8 @@ class CTRBatches:
             if size <= 0 or (size < self.batch_size and self.drop_last):
                 return
             start, stop = slice_bounds(size, world, rank)
-            yield self._host_batch(rows.rows(first + start, first + stop), size)
+            if only is None or only(index):
+                yield self._host_batch(rows.rows(first + start, first + stop), size)
             if size < self.batch_size:
                 return
             index += 1
@@ -265,8 +268,7 @@ class CTRBatches:
                 parts += [piece.numpy(column) for piece in pieces]
                 counts.append(n)
         ids = _concat([part.astype(np.int64, copy=False) for part in parts], np.int64)
-        # one comparison for every id of every feature: negative ids are huge as uint64
-        if not self.raw_keys and np.count_nonzero(ids.view(np.uint64) >= np.repeat(self._cardinalities, counts)):
+        if not self.raw_keys and _out_of_range(ids, counts, self._cardinalities):
             self._locate(pieces)
         if self.key_map is not None:
             ids = self.key_map(ids, counts)
@@ -292,6 +294,18 @@ class CTRBatches:
         if self.device.type == "cpu" and self.sparse_device.type == "cpu":
             return batch
         return batch.to(self.device, sparse_device=self.sparse_device)
+
+
+def _out_of_range(ids: np.ndarray, counts: list[int], cardinalities: np.ndarray) -> bool:
+    """Whether an id of `ids` (KJT order: `counts[k]` ids of feature k) is outside [0, its
+    cardinality): one comparison an id, negative ids being huge as uint64, feature by feature
+    (a bound repeated for every id cost a sixth of a batch's making)."""
+    ids, at = ids.view(np.uint64), 0
+    for count, cardinality in zip(counts, cardinalities):
+        if count and (ids[at: at + count] >= cardinality).any():
+            return True
+        at += count
+    return False
 
 
 def _concat(arrays: list[np.ndarray], dtype) -> np.ndarray:
@@ -376,8 +390,8 @@ class _EpochRows:
     (footer and column types checked) when the rows asked for reach it, as one process
     reading every row would reach it."""
 
-    def __init__(self, loader: CTRBatches):
-        self.loader = loader
+    def __init__(self, loader: CTRBatches, only=None):
+        self.loader, self.only = loader, only  # `only`: the batches read (host_batches')
         self._paths = iter(loader.files())
         self._shards: list[_Shard] = []  # opened and not yet passed
         self.known = 0  # rows of the shards opened so far
@@ -442,9 +456,10 @@ class _Shard:
         """Make `_record` the record batch holding shard row `row`: read on when the reader's
         row groups hold `row`, else start a reader at the row group that does, over it and
         the row groups after it known to hold rows of this rank (a record batch may span row
-        groups: it never reaches into one without rows of this rank)."""
+        groups: it never reaches into one without rows of this rank), or past whole row groups
+        not asked for (rows passed over) without decoding them."""
         group = bisect.bisect_right(self._group_starts, row) - 1
-        if self._records is None or group >= self._run_stop:
+        if self._records is None or group >= self._run_stop or self._group_starts[group] > self._next:
             stop = group + 1
             while stop < len(self._sizes) and self._wanted(stop):
                 stop += 1
@@ -462,9 +477,9 @@ class _Shard:
 
     def _wanted(self, group: int) -> bool:
         """Whether row group `group` holds rows of this rank's slices of global batches known
-        to be whole. One holding rows of a batch not known whole yet (the last batch may be
-        short, and its slices other ones) is not: it is read, by a reader of its own, once
-        rows of it are asked for."""
+        to be whole (and read: `host_batches`' `only`). One holding rows of a batch not known
+        whole yet (the last batch may be short, and its slices other ones) is not: it is read,
+        by a reader of its own, once rows of it are asked for."""
         lo = self.first + self._group_starts[group]  # in rows of the epoch
         hi = lo + self._sizes[group]
         size = self._loader.batch_size
@@ -476,10 +491,9 @@ class _Shard:
         start, stop = slice_bounds(size, self._loader.part[1], self._loader.part[0])
         if start == stop:
             return False
-        if hi - lo >= size:
-            return True
-        # [lo, hi) meets at most two batches
-        return any(max(lo, b + start) < min(hi, b + stop) for b in (lo // size * size, (hi - 1) // size * size))
+        only = self._epoch.only
+        return any((only is None or only(b)) and max(lo, b * size + start) < min(hi, b * size + stop)
+                   for b in range(lo // size, (hi - 1) // size + 1))
 
 
 class _Placed(Iterator[Batch]):

@@ -167,6 +167,11 @@ class DLRMConfig(StepRunConfig):
         help="the synchronous loop: read the loss at every step and the batches in the training thread (the same "
              "results to the bit, slower; default: losses read every --log-every steps, batches read, decoded "
              "and pinned in a background thread)")
+    readers: int | None = setting(
+        None, type=positive_int, metavar="N",
+        help="pipelined runs: threads reading, decoding and checking batches at once, taken back in order (the "
+             "same batches and errors to the bit; default: half this rank's cores, 1 to 8; 1: one background "
+             "thread)")
     raw_keys: str = setting(
         "open", choices=RAW_KEY_MODES,
         help="data with raw 64-bit keys (meta.json 'keys': 'raw'; `data prepare --keys raw`, `data synthetic "

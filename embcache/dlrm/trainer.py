@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from embcache.data.loader import Batch, CTRBatches, lookahead_window
+from embcache.data.parallel import ParallelBatches, default_readers
 from embcache.distributed import table_checkpoint
 from embcache.distributed.world import all_sum, gather_objects
 from embcache.nn.table_groups import group_tables
@@ -286,9 +287,13 @@ class DLRMTrainer(Trainer):
         return F.binary_cross_entropy_with_logits(logits, batch.labels, reduction="sum") / batch.global_size
 
     def _stream(self, batches: CTRBatches):
-        """`batches` to iterate in a `with` block: from the background reader when
-        pipelined, else as they are (read in this thread)."""
-        return batches.background(READ_AHEAD) if self.pipelined else nullcontext(batches)
+        """`batches` to iterate in a `with` block: from the background reader(s) when
+        pipelined (`readers`: `data.parallel`, the same batches), else as they are (read in
+        this thread)."""
+        if not self.pipelined:
+            return nullcontext(batches)
+        readers = default_readers() if self.cfg.readers is None else self.cfg.readers
+        return batches.background(READ_AHEAD) if readers == 1 else ParallelBatches(batches, readers, READ_AHEAD)
 
     def train_step(self, batch, upcoming=()) -> torch.Tensor:
         """One optimizer step on `batch`; returns its loss (this rank's share under
