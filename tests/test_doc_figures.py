@@ -102,6 +102,11 @@ FIGURES = [
     ("docs/dlrm.md", "shared with other work, load {:.0f};", "loader.json",
      lambda d: d["hardware"]["loadavg_1_5_15min"][0]),
     # docs/cache.md: the device bookkeeper's operations, the GPU run
+    ("docs/cache.md", "issues **{} operations a step**", "host_ops_triton.json", ("summary", 1, "launches_per_step")),
+    ("docs/cache.md", "issues **{} operations a step**", "host_ops_triton.json", ("summary", 3, "launches_per_step")),
+    ("docs/cache.md", "the forward {}, the prefetch's admission {}, the backward {} instead of {}", "host_ops_triton.json",
+     lambda d: (*d["summary"][1]["launches_by_part"].values(),
+                json.loads((RESULTS / "host_ops.json").read_text())["summary"][1]["launches_by_part"]["backward"])),
     ("docs/cache.md", "**{} operations a step**", "host_ops.json", ("summary", 1, "launches_per_step")),
     ("docs/cache.md", "**{} operations a step**", "host_ops.json", ("summary", 3, "launches_per_step")),
     ("docs/cache.md", "the prefetch's admission pass {}", "host_ops.json",

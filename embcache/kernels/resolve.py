@@ -18,7 +18,9 @@ def resolve_kernels(choice: str, device) -> str:
     torch's kernels give the same results, only slower), torch's elsewhere, since off
     CUDA Triton only interprets. An explicit "triton" must be honoured or refused: on
     CUDA it needs Triton; elsewhere it also needs `TRITON_INTERPRET=1` (Triton's
-    interpreter runs the kernels on CPU tensors: how they are tested without a GPU).
+    interpreter runs the kernels on CPU tensors: how they are tested without a GPU), but
+    on `meta`, where each op runs as its fake implementation (how the operations a step
+    issues are counted).
 
     Example:
         >>> resolve_kernels("auto", "cpu")
@@ -39,7 +41,8 @@ def resolve_kernels(choice: str, device) -> str:
         return "triton"
     if missing:
         raise ValueError(f"kernels='triton' needs Triton, which is not usable here ({missing})")
-    if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
+    on_meta = torch.device(device).type == "meta"  # the ops' fake implementations run there: no kernel does
+    if not cuda and not on_meta and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(f"kernels='triton' on {torch.device(device).type} needs Triton's interpreter: "
                          f"set TRITON_INTERPRET=1 before Triton is imported (or use kernels='torch')")
     return "triton"
