@@ -55,6 +55,8 @@ CORES="$(nproc)"
 SMALL="${SMALL:-}"
 HAVE_CUDA="$("$PY" -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)"
 DEV=$([ "$HAVE_CUDA" = 1 ] && echo cuda || echo cpu)
+# without a GPU (SMALL=1 here), Triton's interpreter runs the embedding kernels on CPU tensors
+[ "$HAVE_CUDA" = 1 ] || export TRITON_INTERPRET=1
 T0=$SECONDS
 
 step() {  # step NAME SECONDS COMMAND...: run with a limit, log its output and status

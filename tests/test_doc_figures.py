@@ -63,6 +63,8 @@ FIGURES = [
     ("README.md", "16 cores is **{:.1f}x** the torch engine on the H200 at K=64 and {:.1f}x at K=1000",
      "cf_device.json", lambda d: tuple(d["cases"][i]["rows"][2]["speedup_vs_torch"] for i in (0, 1))),
     ("README.md", "share of a step is **{} operations**", "host_ops.json", ("summary", 1, "launches_per_step")),
+    ("README.md", "the step issues {} (`bench/results/host_ops_triton.json`)", "host_ops_triton.json",
+     ("summary", 1, "launches_per_step")),
     ("README.md", "a HEAT epoch is {:.0f}–{:.0f}× faster", "cf.json",
      lambda d: (min(_tiled_k64(d) + [_quiet_tiled(_load("cf_negatives_quiet.json"))]),
                 max(_tiled_k64(d) + [_quiet_tiled(_load("cf_negatives_quiet.json"))]))),

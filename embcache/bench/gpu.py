@@ -17,6 +17,7 @@ from embcache.bench.criteo_trace import CRITEO_KAGGLE_CARDINALITIES, MULTI_HOT_S
 from embcache.cache.optimizers import torch_equivalent
 from embcache.device import resolve_device
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
+from embcache.nn.whole_table import WholeTableBag
 from embcache.dlrm.arch import DLRMDense
 from embcache.threads import set_threads
 from embcache.train.bench_results import write_json
@@ -70,7 +71,9 @@ def make_variant(kind: str, ratio: float | None, table: torch.Tensor, freq, dens
                  bookkeeping: str = "host", kernels: str = "torch"):
     """(sparse module, its torch optimizer or None, dense model, dense optimizer)."""
     n, dim = table.shape
-    if kind == "gpu":  # a copy of the table on the device (on the CPU a clone: training writes it)
+    if kind == "gpu" and kernels == "triton":  # the whole table with the project's kernels
+        bag, sparse_opt = WholeTableBag(table, args.optimizer, lr=args.lr, kernels="triton", device=device), None
+    elif kind == "gpu":  # a copy of the table on the device (on the CPU a clone: training writes it)
         weight = table.to(device) if device.type != "cpu" else table.clone()
         bag = nn.EmbeddingBag(n, dim, mode="sum", sparse=True, _weight=weight)
         sparse_opt = torch_equivalent(args.optimizer, bag.parameters(), args.lr)
@@ -197,7 +200,10 @@ def bench_block(shape: str, dim: int, table: torch.Tensor, args, device, data, f
     """Every variant at one shape and dim, from the same initial table and dense model."""
     torch.manual_seed(args.seed)
     dense_state = DLRMDense(NUM_DENSE, NUM_TABLES, dim, DENSE_ARCH, OVER_ARCH).state_dict()
-    plan = [("gpu", None, 0, None, "torch")] + [("cached", r, args.prefetch_depth, b, k)
+    from embcache.kernels import resolve_kernels
+
+    whole = ["torch"] + (["triton"] if "triton" in {resolve_kernels(k, device) for k in args.kernels} else [])
+    plan = [("gpu", None, 0, None, k) for k in whole] + [("cached", r, args.prefetch_depth, b, k)
                                                for r in args.ratios for b in args.bookkeeping
                                                for k in (args.kernels if b == "device" else ["torch"])]
     middle = args.ratios[len(args.ratios) // 2]
@@ -323,6 +329,7 @@ def markdown_table(result: dict) -> list[str]:
         for r in block["results"]:
             name = "whole table on the device" if r["variant"] == "gpu" else \
                 f"cached {r['ratio']:.1%}, {r['bookkeeping']} bookkeeping" + ("" if r["prefetch_depth"] else ", no prefetch")
+            name += ", triton kernels" if r.get("kernels") == "triton" else ""
             moved = None if r["variant"] == "gpu" else (r["bytes_h2d_per_step"] + r["bytes_d2h_per_step"]) / 2**20
             link_rate = "-" if "link_gbps" not in r else \
                 f"{r['link_gbps']:.1f} ({r['link_share_of_pinned_copy']:.0%})"

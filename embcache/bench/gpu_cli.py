@@ -8,7 +8,9 @@ and multi-hot (MLPerf DLRM-DCNv2's pooling factors, 214 ids a sample). Side by s
 each shape and embedding dim:
 
 - `gpu`: `nn.EmbeddingBag(sparse=True)` holding the whole table on the device, trained by
-  the matching torch sparse optimizer (what fits only while the table fits);
+  the matching torch sparse optimizer (what fits only while the table fits); where
+  `--kernels` resolves to triton, also the whole table with the project's kernels
+  (`nn.whole_table.WholeTableBag`: the lookup, and the backward fused with the optimizer);
 - `cached r`: `CachedEmbeddingBag` with `r` of the rows on the device and the rest with
   their optimizer state in (pinned) host memory, prefetching `--prefetch-depth` batches
   ahead, once per `--bookkeeping` (host: decided on the host, rows sent; device: decided
