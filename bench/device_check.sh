@@ -79,8 +79,9 @@ cat "$LOG"
 
 if [ -n "$SMALL" ]; then
     PROBE_ARGS=(--table-mib 16 --rows 4096 --batch-size 512)
-    GPU_ARGS=(--scale 0.002 --dims 16 --batch-size 512 --steps 4 --warmup-steps 2 --no-profile --link-table-mib 16)
-    MULTI_ARGS=(--scale 0.002 --dims 16 --batch-size 64 --steps 2 --warmup-steps 1 --no-profile --link-table-mib 16)
+    # (Triton's interpreter runs each kernel program in Python here: batches of a few dozen)
+    GPU_ARGS=(--scale 0.002 --dims 16 --batch-size 32 --steps 2 --warmup-steps 1 --no-profile --link-table-mib 16)
+    MULTI_ARGS=(--scale 0.002 --dims 16 --batch-size 4 --steps 2 --warmup-steps 1 --no-profile --link-table-mib 16)
     KERNEL_ARGS=(--scale 0.0002 --dim 8 --batch-sizes 8 --steps 1 --warmup-steps 0 --copy-mib 4)
     CF_ARGS=(--ml-epochs 1 --ml-negatives 64 --cost-epochs 1)
     HOST_ARGS=(--scale 0.01 --steps 2 --warmup-steps 1 --threads 1 "$CORES")
