@@ -20,12 +20,16 @@
 #                  distinct rows), device bookkeeping with Triton's kernels against host bookkeeping
 #   kernels (45 s) bench kernels: Triton's lookup and fused backward + Adagrad against torch's sparse
 #                  path, one-hot and multi-hot, batch 65,536, at a quarter of Kaggle's rows
+#   graphs (60 s)  bench gpu --no-cached --cuda-graphs on: the whole table with Triton's kernels, its
+#                  step captured as one CUDA graph (a process of its own: a failed capture cannot cost the
+#                  rows above), one-hot, batch 65,536, bf16
 #   host   (50 s)  bench host on every core: the measured host ceiling (run it when time is left)
 # Optional: cf (HEAT on every core against the torch engine on the GPU, MovieLens-100k; measured
 # on an H200 on 2026-11-27), nccl (a 1-rank torchrun DLRM on NCCL) and suite (the default tests).
 # Everything lands in $OUT (the device tool's folder; here by default bench/results/device):
 # one JSON per step (probe.json, cuda_tests.json, gpu.json + gpu.png, gpu_multi.json + .png,
-# kernels.json, cf_device.json, host_device.json + .png) and one log, device_check.log: 12 files at most.
+# kernels.json, gpu_graphs.json + .png, cf_device.json, host_device.json + .png) and one log,
+# device_check.log: 14 files at most.
 #
 # Nothing is installed: the repository runs from its folder (PYTHONPATH), on the machine's
 # own torch, numba, pyarrow and pytest; torchrec is not needed (the plain-torch DLRM).
@@ -33,19 +37,22 @@
 # network): `.venv/bin/python -c 'from embcache.data.movielens import ml100k_dir; ml100k_dir()'`,
 # then the device tool's run with carry ["datasets/ml-100k"].
 #
-#   bash bench/device_check.sh                # probe install cuda gpu multi kernels, in that order
+#   bash bench/device_check.sh                # probe install cuda gpu multi kernels graphs, in that order
 #   bash bench/device_check.sh probe gpu      # some of them
 #   bash bench/device_check.sh cf nccl suite  # the optional steps
 #   SMALL=1 bash bench/device_check.sh        # the same steps at toy sizes, on the CPU too
+#   BUDGET=480 bash bench/device_check.sh     # the whole call's seconds (default 540): a step gets at
+#                                             # most what is left; one with under 20 s left is skipped
 #   SMALL=1 PYTHONPATH=bench/as_on_the_gpu_machine bash bench/device_check.sh  # ... without torchrec and faiss, as there
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-STEPS=" ${*:-probe install cuda gpu multi kernels} "
+STEPS=" ${*:-probe install cuda gpu multi kernels graphs} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 for s in $STEPS; do
-    case "$s" in probe|install|cuda|gpu|multi|kernels|cf|host|nccl|suite) ;;
-        *) echo "device_check: unknown step '$s' (probe install cuda gpu multi kernels cf host nccl suite)"; exit 2;; esac
+    case "$s" in probe|install|cuda|gpu|multi|kernels|graphs|cf|host|nccl|suite) ;;
+        *) echo "device_check: unknown step '$s' (probe install cuda gpu multi kernels graphs cf host nccl suite)"
+           exit 2;; esac
 done
 OUT="${OUT:-bench/results/device}"
 mkdir -p "$OUT"
@@ -59,8 +66,14 @@ DEV=$([ "$HAVE_CUDA" = 1 ] && echo cuda || echo cpu)
 [ "$HAVE_CUDA" = 1 ] || export TRITON_INTERPRET=1
 T0=$SECONDS
 
+BUDGET="${BUDGET:-540}"  # seconds for the whole call: a step gets at most what is left, none under 20 s
 step() {  # step NAME SECONDS COMMAND...: run with a limit, log its output and status
     local name="$1" limit="$2"; shift 2
+    local left=$((BUDGET - (SECONDS - T0)))
+    if [ "$left" -lt 20 ]; then
+        echo "=== $name: skipped, ${left}s of the ${BUDGET}s budget left" | tee -a "$LOG"; return
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
     echo "=== $name (limit ${limit}s, at ${SECONDS}s): $*" | tee -a "$LOG"
     local start=$SECONDS
     timeout --kill-after=5 "$limit" "$@" >>"$LOG" 2>&1
@@ -169,14 +182,17 @@ fi
 #    bf16; device bookkeeping with each kernel choice, then host bookkeeping
 want gpu && step "bench gpu" 190 "$PY" -m embcache bench gpu --device "$DEV" --out "$OUT" --name gpu --ratios 0.015 \
     --shapes one-hot --bookkeeping device host --kernels triton torch --precision bf16 --no-price-prefetch \
-    "${GPU_ARGS[@]}"
+    --cuda-graphs off "${GPU_ARGS[@]}"
 # 4b. multi-hot at a cache that holds a batch's distinct rows
 want multi && step "bench gpu multi-hot" 100 "$PY" -m embcache bench gpu --device "$DEV" --out "$OUT" \
     --name gpu_multi --ratios 0.05 --shapes multi-hot --bookkeeping device host --kernels triton --precision bf16 \
-    --no-price-prefetch "${MULTI_ARGS[@]}"
+    --no-price-prefetch --cuda-graphs off "${MULTI_ARGS[@]}"
 # 4c. the embedding kernels alone against torch's sparse path
 want kernels && step "bench kernels" 45 "$PY" -m embcache bench kernels --device "$DEV" --out "$OUT" --name kernels \
     "${KERNEL_ARGS[@]}"
+# 4d. the whole table's step with Triton's kernels captured as one CUDA graph, against the same eager
+want graphs && step "bench gpu graphs" 60 "$PY" -m embcache bench gpu --device "$DEV" --out "$OUT" --name gpu_graphs \
+    --shapes one-hot --no-cached --kernels triton --precision bf16 --cuda-graphs on "${GPU_ARGS[@]}"
 # optional: HEAT on every core against the torch engine on the GPU, same data and settings
 want cf && step "bench cf" 90 "$PY" -m embcache bench cf --datasets ml-100k --threads "$CORES" --torch-device "$DEV" \
     --no-baseline --no-old-rule --no-plot --out-dir "$OUT" --name cf_device "${CF_ARGS[@]}"

@@ -52,3 +52,33 @@ def test_dlrm_train_takes_kernels_and_bench_rows_record_them(tmp_path, small_syn
     rows = json.loads((tmp_path / "gpu.json").read_text())["rows"]
     assert [(r["bookkeeping"], r["kernels"], r["batch_size"]) for r in rows] == [
         (None, "torch", 16), ("host", "torch", 16), ("device", "torch", 16)]
+
+
+def test_bench_gpu_whole_table_with_triton_kernels_and_the_graph_choice(tmp_path):
+    pytest.importorskip("triton")
+    rc = main(["bench", "gpu", "--scale", "0.0005", "--dims", "4", "--batch-size", "8", "--steps", "2",
+               "--warmup-steps", "1", "--device", "cpu", "--out", str(tmp_path), "--shapes", "one-hot",
+               "--link-table-mib", "1", "--kernels", "triton", "--no-cached", "--cuda-graphs", "on"])
+    assert rc == 0
+    data = json.loads((tmp_path / "gpu.json").read_text())
+    rows = data["blocks"][0]["results"]
+    assert [(r["variant"], r["kernels"]) for r in rows] == [("gpu", "torch"), ("gpu", "triton")]
+    assert rows[1]["max_loss_diff_vs_gpu_tables"] < 1e-6  # the same training, Adagrad's sqrt aside
+    assert [r["cuda_graphs"] for r in data["rows"]] == ["off: not capturable yet (torch's sparse optimizer)",
+                                                        "off: not on CUDA"]
+
+
+def test_a_capture_that_fails_is_said_and_the_step_runs_eagerly(capsys):
+    from types import SimpleNamespace
+
+    from embcache.bench.gpu import captured_step
+
+    def failing(*_):
+        raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+    sparse = SimpleNamespace(captured=failing)
+    losses = []
+    assert not captured_step((sparse, None, None, None), ((torch.zeros(1),), torch.zeros(1), torch.zeros(1)), losses)
+    assert sparse.captured is None and losses == []
+    assert sparse.graph_failed == "RuntimeError: operation not permitted when stream is capturing"
+    assert "could not be captured" in capsys.readouterr().out

@@ -94,6 +94,8 @@ def train_steps(variant, data, device, prefetch_depth: int, start: int, stop: in
     cached = isinstance(sparse.bag, CachedEmbeddingBag)
     losses = []
     for i in range(start, stop):
+        if getattr(sparse, "captured", None) is not None and captured_step(variant, data[i], losses):
+            continue
         if cached and prefetch_depth and i + prefetch_depth < len(data):
             sparse.bag.prefetch(*sparse.bag_args(data[i + prefetch_depth][0]))
         inputs, x, y = data[i]
@@ -109,6 +111,50 @@ def train_steps(variant, data, device, prefetch_depth: int, start: int, stop: in
             sparse_opt.step()
         losses.append(loss.detach())
     return [float(v) for v in losses] if read_losses else []
+
+
+def whole_step(variant):
+    """One step of the whole table with the project's kernels, as a function of its inputs
+    (dense features, labels, then the sparse inputs): what `CapturedStep` captures."""
+    sparse, _, dense, dense_opt = variant
+
+    def step(x, y, *inputs):
+        dense_opt.zero_grad(set_to_none=True)
+        logits = dense(sparse(*inputs), x).squeeze(1)
+        loss = F.binary_cross_entropy_with_logits(logits, y)
+        loss.backward()
+        dense_opt.step()
+        return loss.detach()
+
+    return step
+
+
+def capture(variant, args, device) -> str:
+    """Give the whole table with Triton's kernels a captured step (`train.step_graph`) where
+    `--cuda-graphs` and the step allow; returns what was decided, in a few words."""
+    from embcache.train.step_graph import CapturedStep, choose_graphs
+
+    choice = choose_graphs(args.cuda_graphs, device)
+    if choice.capture and args.optimizer == "adam":
+        choice = type(choice)(False, "Adam's bias correction reads the step count on the host")
+    if choice.capture:
+        variant[0].captured = CapturedStep(whole_step(variant), device, warmup=2)
+        return "on"
+    return f"off: {choice.reason}"
+
+
+def captured_step(variant, batch, losses: list) -> bool:
+    """One step through the captured graph (False: its capture failed, said once and kept in
+    `graph_failed`; the caller runs the step eagerly, which nothing of the failed one ran)."""
+    sparse = variant[0]
+    inputs, x, y = batch
+    try:
+        losses.append(sparse.captured(x, y, *inputs))
+        return True
+    except RuntimeError as err:
+        sparse.captured, sparse.graph_failed = None, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        print(f"  the step could not be captured ({sparse.graph_failed}): it runs eagerly", flush=True)
+        return False
 
 
 def count_syncs(fn, device: torch.device, sites: list[str] | None = None) -> int | None:
@@ -204,18 +250,23 @@ def bench_block(shape: str, dim: int, table: torch.Tensor, args, device, data, f
 
     whole = ["torch"] + (["triton"] if "triton" in {resolve_kernels(k, device) for k in args.kernels} else [])
     plan = [("gpu", None, 0, None, k) for k in whole] + [("cached", r, args.prefetch_depth, b, k)
-                                               for r in args.ratios for b in args.bookkeeping
-                                               for k in (args.kernels if b == "device" else ["torch"])]
+                                                         for r in (args.ratios if args.cached else [])
+                                                         for b in args.bookkeeping
+                                                         for k in (args.kernels if b == "device" else ["torch"])]
     middle = args.ratios[len(args.ratios) // 2]
-    if args.prefetch_depth and args.price_prefetch:
+    if args.prefetch_depth and args.price_prefetch and args.cached:
         first = args.bookkeeping[0]
         plan.append(("cached", middle, 0, first, args.kernels[0] if first == "device" else "torch"))
     rows, profile = [], {}
     for kind, ratio, depth, book, kernels in plan:
         variant = make_variant(kind, ratio, table, freq, dense_state, args, device, book or "host", kernels)
         kernels = variant[0].bag.cache.kernels if kind == "cached" else kernels  # "auto" as it resolved
+        graphs = capture(variant, args, device) if kind == "gpu" and kernels == "triton" else \
+            "off: not capturable yet" + (" (the cached step)" if kind == "cached" else " (torch's sparse optimizer)")
         row = {"variant": kind, "ratio": ratio, "prefetch_depth": depth, "bookkeeping": book, "kernels": kernels,
                "batch_size": args.batch_size, **measure(variant, data, args, device, depth)}
+        failed = getattr(variant[0], "graph_failed", None)
+        row["cuda_graphs"] = f"off: capture failed ({failed})" if failed else graphs
         if kind == "cached" and ratio == middle and depth and device.type == "cuda" and not args.no_profile:
             profile[book if len(args.kernels) == 1 else f"{book}, {kernels} kernels"] = \
                 profile_summary(variant, data, args, device)
@@ -281,6 +332,7 @@ def flat_rows(result: dict, device_name: str) -> list[dict]:
         for r in block["results"]:
             out.append({"device_name": device_name, "bookkeeping": r["bookkeeping"],
                         "kernels": r.get("kernels", "torch"), "batch_size": r.get("batch_size"),
+                        "cuda_graphs": r.get("cuda_graphs", "off"),
                         "variant": "cached" if r["variant"] == "cached" else "whole table on the device",
                         "shape": block["shape"], "dim": block["dim"], "cache_ratio": r["ratio"],
                         "prefetch_depth": r["prefetch_depth"], "samples_per_s": r["samples_per_s"],

@@ -70,6 +70,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--kernels", nargs="+", default=["auto"], choices=["torch", "triton", "auto"],
                    help="the device bookkeeper's embedding kernels to run, each at every ratio (auto: triton on "
                         "CUDA where Triton imports); the host bookkeeper and the whole table use torch's")
+    p.add_argument("--cuda-graphs", default="auto", choices=["auto", "on", "off"],
+                   help="capture the whole table's step with Triton's kernels as one CUDA graph and replay it "
+                        "(auto, on: where it can be, else eager with the reason in the row's cuda_graphs; the "
+                        "cached step is not captured yet); a capture that fails is said and the step runs "
+                        "eagerly")
+    p.add_argument("--cached", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the cached variants (--no-cached: the whole-table rows alone)")
     p.add_argument("--price-prefetch", action=argparse.BooleanOptionalAction, default=True,
                    help="also run the middle ratio without prefetch (what the copies cost unhidden)")
     p.add_argument("--link-table-mib", type=int, default=1024,
