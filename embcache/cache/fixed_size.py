@@ -14,7 +14,9 @@ def const(value, like: torch.Tensor) -> torch.Tensor:
     key = (value, like.dtype, like.device)
     t = _CONSTANTS.get(key)
     if t is None:
-        t = _CONSTANTS[key] = torch.tensor(value, dtype=like.dtype, device=like.device)
+        # a fill on the device: `torch.tensor(value, device=...)` copies from pageable host
+        # memory, which CUDA's sync check counts as a wait (seen on an H200, 2026-11-28)
+        t = _CONSTANTS[key] = torch.full((), value, dtype=like.dtype, device=like.device)
     return t
 
 
