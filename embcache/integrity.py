@@ -9,7 +9,7 @@ central directory). A reader verifies the whole file first (`verify_zip`): a mis
 line naming the file; a file written before seals existed (no comment) loads with a note,
 once per file, that it cannot be verified.
 
-CRC-32 as the table files use (`embcache.cache.table_files`): it finds every burst of up to
+CRC-32 as the table files use (`embcache.cache.stores.table_files`): it finds every burst of up to
 32 flipped bits and any other damage but 1 in 4 billion, at memory speed (~3.5 GB/s here).
 
 Example:

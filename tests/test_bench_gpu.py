@@ -94,6 +94,6 @@ def test_a_sync_site_names_the_innermost_project_frame():
         return traceback.extract_stack()
 
     stack = inner()
-    stack.append(traceback.FrameSummary("/x/embcache/cache/row_cache.py", 466, "apply_gradient", line="self.dirty"))
+    stack.append(traceback.FrameSummary("/x/embcache/cache/bookkeeping/row_cache.py", 466, "apply_gradient", line="self.dirty"))
     stack.append(traceback.FrameSummary("/usr/lib/torch/x.py", 3, "f", line="g()"))
-    assert _project_frame(stack) == "cache/row_cache.py:466 in apply_gradient: self.dirty"
+    assert _project_frame(stack) == "cache/bookkeeping/row_cache.py:466 in apply_gradient: self.dirty"

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 
 import embcache.nn.cached_embedding_bag as ceb
-from embcache.cache import row_updates
+from embcache.cache.bookkeeping import row_updates
 from embcache.cache.optimizers import OPTIMIZERS, make_optimizer, update_rows
-from embcache.cache.row_cache import RowCache
-from embcache.cache.transfers import RowTransfers
+from embcache.cache.bookkeeping.row_cache import RowCache
+from embcache.cache.stores.transfers import RowTransfers
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
 
 from tests.cache_helpers import reference_bag, zipf_batches

@@ -66,7 +66,7 @@ def test_sampled_victim_selection_equals_a_full_topk():
     """The threshold read off a sample only narrows the search: the victims are exactly the
     k smallest candidate keys, also when the sample misleads (small keys hidden between
     the sampled positions) or few slots are candidates."""
-    from embcache.cache.eviction import select_victims
+    from embcache.cache.bookkeeping.eviction import select_victims
 
     g = torch.Generator().manual_seed(0)
     n = 50_000

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from embcache import CachedEmbeddingBag
-from embcache.cache.eviction import select_victims
+from embcache.cache.bookkeeping.eviction import select_victims
 
 from .cache_helpers import zipf_batches
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from embcache.bench.criteo_trace import CriteoTrace
-from embcache.cache import hit_curves, planner
+from embcache.cache.planning import hit_curves, planner
 from embcache.cache.optimizers import OPTIMIZERS, make_optimizer
-from embcache.cache.row_cache import RowCache
+from embcache.cache.bookkeeping.row_cache import RowCache
 from embcache.cli import main
 from embcache.data.synthetic import generate_synthetic
 from embcache.dlrm.config import DLRMConfig

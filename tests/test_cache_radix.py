@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from embcache.cache._radix import stable_order_f64, stable_order_i64
+from embcache.cache.bookkeeping._radix import stable_order_f64, stable_order_i64
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from embcache import CachedEmbeddingBag
-from embcache.cache import fused_admission
+from embcache.cache.bookkeeping import fused_admission
 from embcache.nn import group_kernels
 from embcache.nn.cached_collection import CachedEmbeddingBagCollection
 from embcache.nn.table_groups import _concat_checked

@@ -14,12 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from embcache.bench.op_count import count_ops
-from embcache.cache import device_updates, optimizers
-from embcache.cache.device_cache import DeviceRowCache
-from embcache.cache.fixed_size import first_positions, summed_in_torch_order
+from embcache.cache.bookkeeping import device_updates
+from embcache.cache import optimizers
+from embcache.cache.bookkeeping.device_cache import DeviceRowCache
+from embcache.cache.bookkeeping.fixed_size import first_positions, summed_in_torch_order
 from embcache.cache.optimizers import update_rows
-from embcache.cache.row_cache import RowCache
-from embcache.cache.device_updates import lookup_terms
+from embcache.cache.bookkeeping.row_cache import RowCache
+from embcache.cache.bookkeeping.device_updates import lookup_terms
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
 
 from .cache_helpers import reference_bag, step_alike, zipf_batches

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from embcache import CachedEmbeddingBag
-from embcache.cache.planner import table_frequencies
+from embcache.cache.planning.planner import table_frequencies
 from embcache.cli import main
 from embcache.data.synthetic import generate_synthetic
 from embcache.dlrm.config import DLRMConfig

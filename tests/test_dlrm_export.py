@@ -402,7 +402,7 @@ def test_data_without_raw_values_exports_ids_and_other_data_is_refused(run, tmp_
 def test_a_table_saved_in_row_ranges_exports_whole(run, tmp_path):
     """The layout several ranks write: a table in parts by row range (here made by
     splitting a one-process checkpoint's part) exports as the same whole table."""
-    from embcache.cache.table_files import save_tensors
+    from embcache.cache.stores.table_files import save_tensors
     from embcache.checkpoint import FORMAT_KEY, save_checkpoint
 
     ck_dir = tmp_path / "ck"

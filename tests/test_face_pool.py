@@ -7,7 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from embcache.cache.slot_map import SlotMap
+from embcache.cache.bookkeeping.slot_map import SlotMap
 from embcache.nn.class_pool import DynamicClassPool
 
 D = 3

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from embcache import CachedEmbeddingBag
-from embcache.cache import device_updates
-from embcache.cache.fixed_size import summed_in_torch_order
+from embcache.cache.bookkeeping import device_updates
+from embcache.cache.bookkeeping.fixed_size import summed_in_torch_order
 from embcache.nn.fixed_capacity import FixedCapacity, choose_capacity, pad_batch, padded_rows
 
 N, D, BATCH = 300, 4, 12

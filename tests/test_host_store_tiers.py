@@ -12,7 +12,7 @@ import pytest
 import torch
 from embcache.sparse_types import EmbeddingBagConfig
 
-import embcache.cache.table_files as tf
+import embcache.cache.stores.table_files as tf
 from embcache import CachedEmbeddingBag, CachedEmbeddingBagCollection
 from embcache.errors import CheckpointError, DataFormatError, DataOutputError
 from tests.cache_helpers import zipf_batches

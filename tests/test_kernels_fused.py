@@ -18,8 +18,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from embcache.cache import optimizers
-from embcache.cache.device_updates import lookup_bags, lookup_terms
-from embcache.cache.fixed_size import pick, summed_in_torch_order
+from embcache.cache.bookkeeping.device_updates import lookup_bags, lookup_terms
+from embcache.cache.bookkeeping.fixed_size import pick, summed_in_torch_order
 from embcache.kernels.fused_update import fused_row_update, optimizer_factors
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
 
@@ -225,7 +225,7 @@ def test_the_op_on_meta_is_one_dispatched_op():
 def test_a_whole_step_with_the_fused_kernel_runs_on_meta(optimizer, monkeypatch):
     """The device bookkeeper's step with kernels "triton" on `meta`: no value goes to the
     host, and the update is the one op (torch's `update_rows` never runs)."""
-    from embcache.cache import device_updates
+    from embcache.cache.bookkeeping import device_updates
 
     monkeypatch.setattr(device_updates, "update_rows", lambda *a, **k: pytest.fail("torch's update ran"))
     bag = CachedEmbeddingBag(4000, 8, cache_ratio=0.05, optimizer=optimizer, lr=0.1, device="meta",

@@ -5,7 +5,7 @@ checkpoints refused with nothing changed; at most 24 bytes per live key."""
 import numpy as np
 import pytest
 
-from embcache.cache.key_index import KeyIndex, TableFull
+from embcache.cache.open_keys.key_index import KeyIndex, TableFull
 from embcache.errors import CheckpointError
 
 I64 = np.iinfo(np.int64)
@@ -483,7 +483,7 @@ def test_a_lookup_over_threads_finds_what_one_thread_finds(monkeypatch):
     rows of the serial pass: known keys, unknown ones, repeats, chunk edges anywhere."""
     import numba
 
-    from embcache.cache import key_index
+    from embcache.cache.open_keys import key_index
 
     rng = np.random.default_rng(5)
     index = KeyIndex(None)

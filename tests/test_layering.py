@@ -348,7 +348,7 @@ def private_kernel_imports(graph: dict[str, set[str]]) -> list[str]:
 
 def test_embcache_imports_no_private_module_of_the_kernels(package_graph, tmp_path):
     assert private_kernel_imports(package_graph) == []
-    assert "cpu_kernels.intrinsics" in package_graph["embcache.cache.fused_admission"]
+    assert "cpu_kernels.intrinsics" in package_graph["embcache.cache.bookkeeping.fused_admission"]
     caught = import_graph(module_files(write_modules(tmp_path, {
         "embcache.cache.x": "from cpu_kernels._kernels import k\n", "cpu_kernels._kernels": ""})))
     assert private_kernel_imports(caught) == ["embcache.cache.x -> cpu_kernels._kernels"]

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from embcache import CachedEmbeddingBag
-from embcache.cache.open_table import OpenTable
+from embcache.cache.open_keys.open_table import OpenTable
 from embcache.keys import initial_rows
 
 DIM, BOUND, SEED = 8, 0.1, 3

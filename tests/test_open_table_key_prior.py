@@ -148,7 +148,7 @@ def _open_priors(trainer):
 
 def test_dlrm_train_on_raw_keys_gives_open_tables_the_datas_counts(raw_data):
     from embcache.data.ctr_format import load_key_frequencies
-    from embcache.cache.key_counts import KeyCounts
+    from embcache.cache.open_keys.key_counts import KeyCounts
     from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
 
     cfg = DLRMConfig(batch_size=256, embedding_dim=8, dense_arch=[16], over_arch=[16], device="cpu",

@@ -103,7 +103,7 @@ def test_an_open_run_exports_and_serves_unseen_keys_with_the_zero_row(days, tmp_
 
 
 def test_cache_plan_predicts_from_per_key_counts(days):
-    from embcache.cache.planner import plan_cache
+    from embcache.cache.planning.planner import plan_cache
     from embcache.errors import UserFacingError
 
     plan = plan_cache(days, embedding_dim=8, optimizer="adagrad", device_memory=1 << 30, batch_size=256)

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from embcache.cache.lookup import Lookup, Overflow
-from embcache.cache.row_cache import RowCache
+from embcache.cache.bookkeeping.lookup import Lookup, Overflow
+from embcache.cache.bookkeeping.row_cache import RowCache
 
 SLOTS = 10
 

@@ -1,4 +1,4 @@
-"""The device's view of pinned host rows (`embcache.cache.unified_view`) and the link's
+"""The device's view of pinned host rows (`embcache.cache.stores.unified_view`) and the link's
 measurements built on it (`embcache.bench.link`, `bench probe`). On the CPU the view is the
 tensor itself; on CUDA (`-m cuda`) it is a device tensor over the same pages, and the test
 checks that reads and writes through it land on the right host bytes."""
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from embcache.bench import link
-from embcache.cache.unified_view import device_view
+from embcache.cache.stores.unified_view import device_view
 from embcache.cli import main
 
 HAVE_CUDA = torch.cuda.is_available()
@@ -69,8 +69,8 @@ def test_bench_probe_reports_each_row_width_and_both_sorts(tmp_path):
 def test_the_triton_row_moves_equal_the_tensor_ones(dtype):
     """The device bookkeeper's masked moves: the Triton kernel (masked entries move nothing)
     and the tensor ops (masked entries go through the spare row) leave the same rows."""
-    from embcache.cache.host_link import HostLink
-    from embcache.cache.host_store import HostStore
+    from embcache.cache.stores.host_link import HostLink
+    from embcache.cache.stores.host_store import HostStore
 
     g = torch.Generator().manual_seed(0)
     results = []

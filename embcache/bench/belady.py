@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from embcache.cache.eviction import select_victims
-from embcache.cache.slot_map import SlotMap
+from embcache.cache.bookkeeping.eviction import select_victims
+from embcache.cache.bookkeeping.slot_map import SlotMap
 
 NEVER = float("inf")
 

@@ -15,7 +15,9 @@ import torch
 
 from embcache.bench.criteo_trace import CRITEO_KAGGLE_CARDINALITIES, MULTI_HOT_SIZES, bounded_zipf, scaled_cardinalities
 from embcache.bench.defaults import HOST_ROUNDS as ROUNDS
-from embcache.cache import open_table, row_cache, transfers
+from embcache.cache.open_keys import open_table
+from embcache.cache.bookkeeping import row_cache
+from embcache.cache.stores import transfers
 from embcache.nn import cached_collection
 from embcache.nn.cached_collection import CachedEmbeddingBagCollection
 from embcache.nn.cached_embedding_bag import KeyedEmbeddingBag

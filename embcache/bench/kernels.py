@@ -9,7 +9,7 @@ from torch import nn
 
 from embcache.bench.criteo_trace import CriteoTrace
 from embcache.bench.gpu import SHAPES, _sync
-from embcache.cache.device_updates import lookup_bags
+from embcache.cache.bookkeeping.device_updates import lookup_bags
 from embcache.device import resolve_device
 from embcache.train.bench_results import write_json
 

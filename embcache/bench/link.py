@@ -1,6 +1,6 @@
 """The host<->device link as the cache uses it, measured: a plain pinned copy, random rows
 gathered from (and scattered into) pinned host memory through the device's unified view
-(`embcache.cache.unified_view`), and the device sorts that dedup ids by neighbour compare.
+(`embcache.cache.stores.unified_view`), and the device sorts that dedup ids by neighbour compare.
 
 `bench probe` reports all of them; `bench gpu` takes the random-row rate at its row width
 as the link's bound (the rate a step that moves B bytes of scattered rows can reach).
@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from embcache.cache.unified_view import device_view
+from embcache.cache.stores.unified_view import device_view
 
 ROW_BYTES = (64, 128, 512)  # 16-, 32- and 128-float rows: the dims 16, 32 and 128 of float32 tables
 
@@ -133,7 +133,7 @@ def triton_random_rows(table: torch.Tensor, row_bytes: int, device: torch.device
     kernel (`link_kernels.move_rows`, every entry unmasked) handed the pinned host tensor
     itself (Triton resolves a pinned pointer to its mapped device address): what the
     bookkeeper's link reaches, and a check of torch's gather kernel against it. CUDA only."""
-    from embcache.cache import link_kernels
+    from embcache.cache.stores import link_kernels
 
     host = as_rows(table, row_bytes)
     g = torch.Generator(device="cpu").manual_seed(seed)

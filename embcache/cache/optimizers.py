@@ -17,7 +17,7 @@ import math
 import torch
 
 from embcache.cache.choices import OPTIMIZERS, TORCH_OPTIMIZERS
-from embcache.cache.fixed_size import first_positions
+from embcache.cache.bookkeeping.fixed_size import first_positions
 from embcache.keys import mix64, shift_right
 
 # what each optimizer here equals on an uncached table (row-wise Adagrad has none in torch)

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from embcache.cache import table_files as tf
+from embcache.cache.stores import table_files as tf
 from embcache.cache.stats import CacheStats
 from embcache.errors import CheckpointError, DataFormatError
 from embcache.integrity import load_torch, save_torch

@@ -26,8 +26,8 @@ def fit_cache_ratio(data_dir: str | Path, *, batch_size: int, prefetch_depth: in
     batches the trainer holds at once (all rows at most), capped by what `device_memory`
     holds. Raw-key data keeps `DEFAULT_RATIO` (its tables grow as keys arrive: the counts
     do not give their rows)."""
-    from embcache.cache.hit_curves import expected_distinct
-    from embcache.cache.planner import Footprint, format_bytes, table_frequencies, training_rows
+    from embcache.cache.planning.hit_curves import expected_distinct
+    from embcache.cache.planning.planner import Footprint, format_bytes, table_frequencies, training_rows
     from embcache.data.ctr_format import is_raw_keys
 
     freq, meta = table_frequencies(data_dir)

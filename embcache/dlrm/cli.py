@@ -146,7 +146,7 @@ def _chosen_cache_ratio(args, cfg, data_dir: Path) -> float:
     import os
 
     from embcache.cache.choices import resolve_bookkeeping
-    from embcache.cache.planner import auto_cache_ratio, default_device_memory
+    from embcache.cache.planning.planner import auto_cache_ratio, default_device_memory
     from embcache.dlrm.cache_fit import fit_cache_ratio
 
     memory, source = (args.device_memory, "--device-memory") if args.device_memory else \

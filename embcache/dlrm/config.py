@@ -68,9 +68,9 @@ cache_ratio_value.__name__ = "cache ratio"
 
 def host_store_spec(text: str) -> str:
     """`--host-store`: "memory" or "mmap:DIR", as the host store itself checks it
-    (`embcache.cache.host_store.parse_host_store`: the one place the spec is read), with
+    (`embcache.cache.stores.host_store.parse_host_store`: the one place the spec is read), with
     argparse's one-line error for anything else."""
-    from embcache.cache.host_store import parse_host_store  # torch: only once a command line is parsed
+    from embcache.cache.stores.host_store import parse_host_store  # torch: only once a command line is parsed
 
     try:
         parse_host_store(text)

@@ -5,7 +5,7 @@ device and host memory and in rows moved per step, and the largest cache that fi
 device memory. The trainer's settings (--embedding-dim, --optimizer, --eviction, --batch-size,
 --warmup-ratio, --prefetch-depth, --admission, --seed) mean and default to what they do for
 `embcache dlrm train`: the plan predicts that run. How the predictions are made:
-embcache/cache/planner.py."""
+embcache/cache/planning/planner.py."""
 from __future__ import annotations
 
 import argparse
@@ -55,7 +55,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from embcache.cache.planner import plan_cache
+    from embcache.cache.planning.planner import plan_cache
 
     def make_plan():
         plan = plan_cache(args.data_dir, embedding_dim=args.embedding_dim, optimizer=args.optimizer,
@@ -84,7 +84,7 @@ def planned_bookkeeping(bookkeeping: str) -> str:
 
 def report(plan) -> str:
     """The plan as people read it: what it assumes, then one line per ratio."""
-    from embcache.cache.planner import format_bytes
+    from embcache.cache.planning.planner import format_bytes
 
     j = plan.to_json()
     fp = plan.footprint

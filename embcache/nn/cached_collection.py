@@ -21,8 +21,8 @@ from torch import nn
 from embcache.device import resolve_device
 from embcache.sparse_types import CollectionInterface, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor
 
-from embcache.cache.host_store import MMAP_PREFIX, parse_host_store
-from embcache.cache.table_files import fresh_directory
+from embcache.cache.stores.host_store import MMAP_PREFIX, parse_host_store
+from embcache.cache.stores.table_files import fresh_directory
 
 from .bag_input import ID_DTYPES, check_layout, check_weights
 from .input_errors import InputErrors

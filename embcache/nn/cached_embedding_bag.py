@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embcache.cache.eviction import POLICIES
-from embcache.cache.host_store import RowInit, parse_host_store
+from embcache.cache.bookkeeping.eviction import POLICIES
+from embcache.cache.stores.host_store import RowInit, parse_host_store
 from embcache.cache.optimizers import OPTIMIZERS, RowRounding, make_optimizer, row_dtype_of
-from embcache.cache.row_cache import Lookup, RowCache
+from embcache.cache.bookkeeping.row_cache import Lookup, RowCache
 from embcache.cache.stats import CacheStats
 from embcache.device import resolve_device
 

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embcache.cache.eviction import EvictionPolicy
-from embcache.cache.slot_map import SlotMap
+from embcache.cache.bookkeeping.eviction import EvictionPolicy
+from embcache.cache.bookkeeping.slot_map import SlotMap
 
 
 class DynamicClassPool(nn.Module):

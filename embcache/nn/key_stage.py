@@ -18,9 +18,9 @@ import math
 
 import torch
 
-from embcache.cache.host_store import RowInit
-from embcache.cache.lookup import Lookup
-from embcache.cache.open_table import OpenTable, RowStore
+from embcache.cache.stores.host_store import RowInit
+from embcache.cache.bookkeeping.lookup import Lookup
+from embcache.cache.open_keys.open_table import OpenTable, RowStore
 
 # the key stage's own settings (the closed bag's it passes on)
 KEY_SETTINGS = ("max_rows", "retire", "ttl", "key_seed", "init_bound", "key_freq")

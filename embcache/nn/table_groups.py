@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from embcache.cache.host_store import RowInit
+from embcache.cache.stores.host_store import RowInit
 from embcache.sparse_types import EmbeddingBagConfig, pooling_mode
 
 from .bag_input import check_feature_ids
@@ -210,7 +210,7 @@ class OpenGroup(TableGroup):
     def _key_freq(self) -> list | None:
         """The tables' key counts, one entry a table (None: no counts), checked with the
         table's name in any message; None where no table has counts."""
-        from embcache.cache.key_counts import KeyCounts
+        from embcache.cache.open_keys.key_counts import KeyCounts
 
         freqs = self.settings["key_freqs"]
         if all(kf is None for kf in freqs):

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from embcache.cache.choices import KERNELS
-from embcache.cache.device_updates import lookup_bags, lookup_terms
-from embcache.cache.fixed_size import pick, summed_in_torch_order
+from embcache.cache.bookkeeping.device_updates import lookup_bags, lookup_terms
+from embcache.cache.bookkeeping.fixed_size import pick, summed_in_torch_order
 from embcache.cache.optimizers import RowRounding, make_optimizer, update_rows
 
 

@@ -39,12 +39,12 @@ import torch
 
 from embcache.device import to_device_async
 
-from .fixed_size import pick
-from .host_link import HostLink
-from .lookup import Lookup, Overflow, Prefetched, same_values
-from .device_updates import DeviceUpdates
-from .row_cache import RowCache
-from .stats import CacheStats
+from embcache.cache.bookkeeping.fixed_size import pick
+from embcache.cache.stores.host_link import HostLink
+from embcache.cache.bookkeeping.lookup import Lookup, Overflow, Prefetched, same_values
+from embcache.cache.bookkeeping.device_updates import DeviceUpdates
+from embcache.cache.bookkeeping.row_cache import RowCache
+from embcache.cache.stats import CacheStats
 
 # the statistics counted on the device, in `CacheStats` field names (batches is the host's)
 COUNTERS = ("hits", "misses", "evictions", "bytes_h2d", "bytes_d2h", "overflow_rows", "bypassed_rows")

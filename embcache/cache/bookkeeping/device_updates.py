@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from .fixed_size import pick, summed_in_torch_order
-from .lookup import Lookup
-from .optimizers import update_rows
-from .row_updates import table_sums
+from embcache.cache.bookkeeping.fixed_size import pick, summed_in_torch_order
+from embcache.cache.bookkeeping.lookup import Lookup
+from embcache.cache.optimizers import update_rows
+from embcache.cache.bookkeeping.row_updates import table_sums
 
 
 class DeviceUpdates:

@@ -41,8 +41,8 @@ import secrets
 import numba
 import numpy as np
 
-from ..errors import CheckpointError, check_whole
-from .key_index_kernels import (  # the numba kernels and their constants
+from embcache.errors import CheckpointError, check_whole
+from embcache.cache.open_keys.key_index_kernels import (  # the numba kernels and their constants
     _MAX_LOAD,
     _MAX_ROWS,
     _MIN_FREE_CAP,

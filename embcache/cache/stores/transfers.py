@@ -31,7 +31,7 @@ import torch
 
 from embcache.device import to_device_async
 
-from .host_store import HostStore
+from embcache.cache.stores.host_store import HostStore
 
 MAX_PENDING_WRITES = 16  # beyond this the oldest write is waited for (bounds the pinned memory held)
 

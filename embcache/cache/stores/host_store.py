@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from . import table_files as tf
+from embcache.cache.stores import table_files as tf
 
 MEMORY = "memory"
 MMAP_PREFIX = "mmap:"

@@ -35,18 +35,18 @@ import numba
 import numpy as np
 import torch
 
-from . import fused_admission
-from .choices import MAX_PENDING_PREFETCHES, resolve_bookkeeping, resolve_cache_kernels
-from .eviction import EvictionPolicy
-from .host_store import HostStore
-from .lookup import Lookup, Overflow, Prefetched, ratio_at_least, same_values  # noqa: F401 (Lookup: part of this module's API)
-from .optimizers import RowOptimizer, RowRounding
-from .row_cache_state import RowCacheState
-from .row_lifecycle import RowLifecycle
-from .row_updates import RowUpdates
-from .slot_map import SlotMap
-from .stats import CacheStats
-from .transfers import RowTransfers
+from embcache.cache.bookkeeping import fused_admission
+from embcache.cache.choices import MAX_PENDING_PREFETCHES, resolve_bookkeeping, resolve_cache_kernels
+from embcache.cache.bookkeeping.eviction import EvictionPolicy
+from embcache.cache.stores.host_store import HostStore
+from embcache.cache.bookkeeping.lookup import Lookup, Overflow, Prefetched, ratio_at_least, same_values  # noqa: F401 (Lookup: part of this module's API)
+from embcache.cache.optimizers import RowOptimizer, RowRounding
+from embcache.cache.bookkeeping.row_cache_state import RowCacheState
+from embcache.cache.bookkeeping.row_lifecycle import RowLifecycle
+from embcache.cache.bookkeeping.row_updates import RowUpdates
+from embcache.cache.bookkeeping.slot_map import SlotMap
+from embcache.cache.stats import CacheStats
+from embcache.cache.stores.transfers import RowTransfers
 
 logger = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ import logging
 
 import torch
 
-from . import link_kernels
-from .fixed_size import pick
-from .host_store import HostStore
-from .unified_view import device_view
+from embcache.cache.stores import link_kernels
+from embcache.cache.bookkeeping.fixed_size import pick
+from embcache.cache.stores.host_store import HostStore
+from embcache.cache.stores.unified_view import device_view
 
 logger = logging.getLogger(__name__)
 

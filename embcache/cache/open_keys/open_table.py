@@ -53,11 +53,11 @@ import torch
 from embcache.errors import CheckpointError
 from embcache.keys import initial_rows, mix64, unmix64
 
-from .choices import MAX_PENDING_PREFETCHES
-from .key_index import KeyIndex
-from .key_counts import _key_counts
-from .open_table_kernels import _touch, _code, _first_positions, _forget
-from .lookup import same_values
+from embcache.cache.choices import MAX_PENDING_PREFETCHES
+from embcache.cache.open_keys.key_index import KeyIndex
+from embcache.cache.open_keys.key_counts import _key_counts
+from embcache.cache.open_keys.open_table_kernels import _touch, _code, _first_positions, _forget
+from embcache.cache.bookkeeping.lookup import same_values
 
 RETIRE_POLICIES = ("lru", "lfu")
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from .lookup import Lookup, Overflow
-from .optimizers import update_rows
+from embcache.cache.bookkeeping.lookup import Lookup, Overflow
+from embcache.cache.optimizers import update_rows
 
 
 def table_sums(keys: torch.Tensor, values: torch.Tensor, tables: list[list[int]], size: tuple, total=None):

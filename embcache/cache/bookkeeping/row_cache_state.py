@@ -19,10 +19,10 @@ import torch
 from embcache.errors import CheckpointError, first_line, writing
 from embcache.integrity import load_torch, save_torch
 
-from .eviction import POLICIES
-from .lookup import Prefetched
-from .stats import check_stats_tensor
-from .table_files import fresh_directory
+from embcache.cache.bookkeeping.eviction import POLICIES
+from embcache.cache.bookkeeping.lookup import Prefetched
+from embcache.cache.stats import check_stats_tensor
+from embcache.cache.stores.table_files import fresh_directory
 
 CACHE_FILE = "cache.pt"  # beside the table files of a `save_checkpoint`
 

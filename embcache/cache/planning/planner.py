@@ -6,7 +6,7 @@ replays a trace once, every cache size of interest at the same time: the trainin
 batches themselves (`--trace N`), or, from meta.json's counts alone, a surrogate trace
 drawn from them (each occurrence in a batch drawn uniformly: `hit_curves.surrogate_batches`).
 
-How the hit rates are predicted, and why that way: `embcache/cache/hit_curves.py`.
+How the hit rates are predicted, and why that way: `embcache/cache/planning/hit_curves.py`.
 Measured against real runs: docs/planning.md.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from embcache.cache.choices import PLANNED_RATIOS
-from embcache.cache.hit_curves import POLICIES, Prediction, expected_distinct, replay, surrogate_batches
+from embcache.cache.planning.hit_curves import POLICIES, Prediction, expected_distinct, replay, surrogate_batches
 
 DEFAULT_RATIOS = PLANNED_RATIOS
 # The cache's bookkeeping, read off `RowCache`: per slot, slot_to_id (int64), dirty (bool),

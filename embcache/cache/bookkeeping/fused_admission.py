@@ -23,8 +23,8 @@ import torch
 from numba import prange
 
 from cpu_kernels.intrinsics import atomic_min, prefetch_entry
-from ._radix import stable_order_f64, stable_order_i64
-from .eviction import _SAMPLE_SIZE, _SAMPLED_MIN_SLOTS
+from embcache.cache.bookkeeping._radix import stable_order_f64, stable_order_i64
+from embcache.cache.bookkeeping.eviction import _SAMPLE_SIZE, _SAMPLED_MIN_SLOTS
 
 NO_OWNER = np.iinfo(np.int32).max  # an `owner` entry between passes
 _MIN_CHUNK = 1 << 13  # lookups per unit of parallel work, at least

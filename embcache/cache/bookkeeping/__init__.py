@@ -1,0 +1,1 @@
+"""The two bookkeepers: which id sits in which slot, what is admitted and evicted, and how a batch's rows are updated (`RowCache` on the host, `DeviceRowCache` on the device), with the pieces both share."""
