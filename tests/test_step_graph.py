@@ -81,3 +81,25 @@ def test_a_captured_cached_step_replays_as_the_eager_step():
     assert torch.equal(got_rows, want_rows)
     assert all(torch.equal(a, b) for a, b in zip(got_mlp, want_mlp))
     assert step.captured and step.steps == 8
+
+
+def test_a_capture_cuda_refuses_ends_in_one_line_naming_the_way_round(monkeypatch):
+    """The capture itself is CUDA's: here its context fails as CUDA does on an operation it
+    cannot record (as a side stream's uncaptured work did on the first GPU run)."""
+    import contextlib
+
+    from embcache.train import step_graph
+
+    @contextlib.contextmanager
+    def refusing_graph(graph):
+        yield
+        raise RuntimeError("CUDA error: dependency created on uncaptured work in another stream\nmore detail")
+
+    monkeypatch.setattr(step_graph.torch.cuda, "CUDAGraph", lambda: object())
+    monkeypatch.setattr(step_graph.torch.cuda, "graph", refusing_graph)
+    calls = []
+    step = step_graph.CapturedStep(lambda x: calls.append(x) or x, "cpu", warmup=1)
+    with pytest.raises(RuntimeError, match=r"could not be captured \(CUDA error: dependency created on uncaptured "
+                                           r"work in another stream\); run it eagerly with cuda_graphs='off'") as info:
+        step._capture([torch.ones(1)])
+    assert "\n" not in str(info.value) and not step.captured and len(calls) == 1

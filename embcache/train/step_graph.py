@@ -176,9 +176,18 @@ class CapturedStep:
         return outputs
 
     def _capture(self, inputs) -> None:
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self._outputs = self.step_fn(*inputs)
+        """Record the step. A capture that fails (an operation CUDA cannot record) ends the
+        run with one line naming CUDA's reason and the way round it: its batch was not
+        trained (the capture runs nothing), and the host's side of the step may have moved."""
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                self._outputs = self.step_fn(*inputs)
+        except RuntimeError as e:
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise RuntimeError(f"cuda graphs: the training step could not be captured ({reason}); "
+                               "run it eagerly with cuda_graphs='off' (--cuda-graphs off)") from e
+        self.graph = graph
 
 
 def _copies(outputs):

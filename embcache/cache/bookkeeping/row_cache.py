@@ -46,7 +46,7 @@ from embcache.cache.bookkeeping.row_lifecycle import RowLifecycle
 from embcache.cache.bookkeeping.row_updates import RowUpdates
 from embcache.cache.bookkeeping.slot_map import SlotMap
 from embcache.cache.stats import CacheStats
-from embcache.cache.stores.transfers import RowTransfers
+from embcache.cache.stores.transfers import RowTransfers, wait_for_side_stream
 
 logger = logging.getLogger(__name__)
 
@@ -348,7 +348,7 @@ class RowCache(RowUpdates, RowLifecycle, RowCacheState):
         """Order the compute stream after the side stream: every touch of the maps, holds
         or rows on the compute stream comes after the prefetches issued before it."""
         if self._stream is not None:
-            torch.cuda.current_stream(self.device).wait_stream(self._stream)
+            wait_for_side_stream(self._stream, self.device)
 
     def _take_prefetched(self, ids: torch.Tensor, ticket: Prefetched | None = None) -> Prefetched | None:
         """This batch's prefetch, if still pending; older ones are dropped (their rows stay

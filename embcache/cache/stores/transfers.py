@@ -142,3 +142,14 @@ def _stage(t: torch.Tensor) -> torch.Tensor:
     """An asynchronous copy of device tensor `t` into pinned host memory."""
     out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     return out.copy_(t, non_blocking=True)
+
+
+def wait_for_side_stream(side: torch.cuda.Stream, device: torch.device) -> None:
+    """Order the current stream after `side`'s work so far. Inside a CUDA graph's capture
+    the side stream first joins the capture (waits on the capturing stream): a captured
+    stream may not wait on work captured nowhere (CUDA's "dependency created on uncaptured
+    work in another stream"), and a fork then join is what a graph records for it."""
+    current = torch.cuda.current_stream(device)
+    if torch.cuda.is_current_stream_capturing():
+        side.wait_stream(current)
+    current.wait_stream(side)
