@@ -130,11 +130,14 @@ def whole_step(variant):
 
 
 def capture(variant, args, device) -> str:
-    """Give the whole table with Triton's kernels a captured step (`train.step_graph`) where
-    `--cuda-graphs` and the step allow; returns what was decided, in a few words."""
+    """Give the whole table with Triton's kernels, or the cached bag with the device
+    bookkeeper, a captured step (`train.step_graph`) where `--cuda-graphs` and the step
+    allow; returns what was decided, in a few words. A captured cached step prefetches
+    nothing (its admission is inside the graph); its counters are device tensors the
+    replays update, so its hit rate is the replays' own."""
     from embcache.train.step_graph import CapturedStep, choose_graphs
 
-    choice = choose_graphs(args.cuda_graphs, device)
+    choice = choose_graphs(args.cuda_graphs, device, variant[0])
     if choice.capture and args.optimizer == "adam":
         choice = type(choice)(False, "Adam's bias correction reads the step count on the host")
     if choice.capture:
@@ -191,7 +194,9 @@ def _project_frame(stack) -> str:
     ours = [f for f in stack if ("/embcache/" in f.filename or "/cpu_kernels/" in f.filename)
             and not f.filename.endswith("bench/gpu.py")]
     f = (ours or stack)[-1]
-    return f"{'/'.join(f.filename.split('/')[-2:])}:{f.lineno} in {f.name}: {f.line}"
+    where = f.filename.rsplit("/embcache/", 1)[-1] if "/embcache/" in f.filename else \
+        "/".join(f.filename.split("/")[-2:])  # the path inside the package (cache/bookkeeping/row_cache.py)
+    return f"{where}:{f.lineno} in {f.name}: {f.line}"
 
 
 def measure(variant, data, args, device, prefetch_depth: int) -> dict:
@@ -261,8 +266,9 @@ def bench_block(shape: str, dim: int, table: torch.Tensor, args, device, data, f
     for kind, ratio, depth, book, kernels in plan:
         variant = make_variant(kind, ratio, table, freq, dense_state, args, device, book or "host", kernels)
         kernels = variant[0].bag.cache.kernels if kind == "cached" else kernels  # "auto" as it resolved
-        graphs = capture(variant, args, device) if kind == "gpu" and kernels == "triton" else \
-            "off: not capturable yet" + (" (the cached step)" if kind == "cached" else " (torch's sparse optimizer)")
+        graphs = capture(variant, args, device) if (kind, kernels) == ("gpu", "triton") or book == "device" else \
+            "off: " + ("the host bookkeeper syncs" if kind == "cached" else "torch's sparse optimizer is not capturable")
+        depth = 0 if graphs == "on" else depth  # a captured step prefetches nothing (`capture`)
         row = {"variant": kind, "ratio": ratio, "prefetch_depth": depth, "bookkeeping": book, "kernels": kernels,
                "batch_size": args.batch_size, **measure(variant, data, args, device, depth)}
         failed = getattr(variant[0], "graph_failed", None)

@@ -71,10 +71,10 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="the device bookkeeper's embedding kernels to run, each at every ratio (auto: triton on "
                         "CUDA where Triton imports); the host bookkeeper and the whole table use torch's")
     p.add_argument("--cuda-graphs", default="auto", choices=["auto", "on", "off"],
-                   help="capture the whole table's step with Triton's kernels as one CUDA graph and replay it "
-                        "(auto, on: where it can be, else eager with the reason in the row's cuda_graphs; the "
-                        "cached step is not captured yet); a capture that fails is said and the step runs "
-                        "eagerly")
+                   help="capture the step as one CUDA graph and replay it: the whole table with Triton's kernels "
+                        "and the cached bag with the device bookkeeper (auto, on: where it can be, else eager with "
+                        "the reason in the row's cuda_graphs; a captured cached step prefetches nothing: its "
+                        "admission is in the graph); a capture that fails is said and the step runs eagerly")
     p.add_argument("--cached", action=argparse.BooleanOptionalAction, default=True,
                    help="run the cached variants (--no-cached: the whole-table rows alone)")
     p.add_argument("--price-prefetch", action=argparse.BooleanOptionalAction, default=True,
