@@ -13,16 +13,17 @@
 #   cuda   (2x90 s) pytest -m cuda: both bookkeepers and the unified view, then the rest of tests/
 #                  (the Triton kernels against torch, the captured step against the eager one), from that
 #                  install where it succeeded (else from the folder), summarised in cuda_tests.json
-#   gpu    (190 s) bench gpu at Kaggle cardinalities, dim 128, one-hot, batch 65,536, bf16: the whole
-#                  table against the cache at 1.5 %: device bookkeeping with Triton and with torch's
-#                  kernels, and host bookkeeping (the rows that decide issue targets)
-#   multi  (100 s) bench gpu multi-hot (MLPerf pooling), batch 16,384, a 5 % cache (holds a batch's
-#                  distinct rows), device bookkeeping with Triton's kernels against host bookkeeping
 #   kernels (45 s) bench kernels: Triton's lookup and fused backward + Adagrad against torch's sparse
 #                  path, one-hot and multi-hot, batch 65,536, at a quarter of Kaggle's rows
-#   graphs (60 s)  bench gpu --no-cached --cuda-graphs on: the whole table with Triton's kernels, its
-#                  step captured as one CUDA graph (a process of its own: a failed capture cannot cost the
-#                  rows above), one-hot, batch 65,536, bf16
+#   graphs (110 s) bench gpu --cuda-graphs on, one-hot, batch 65,536, bf16: the whole table with Triton's
+#                  kernels and the cache at 1.5 % with the device bookkeeper, each step captured as one
+#                  CUDA graph (a process of its own: a failed capture cannot cost the other steps' rows),
+#                  against the whole table's eager torch step (issue targets: 6 M and 4 M samples/s)
+#   gpu    (190 s) bench gpu at Kaggle cardinalities, dim 128, one-hot, batch 65,536, bf16, eager: the
+#                  whole table against the cache at 1.5 %: device bookkeeping with Triton and with
+#                  torch's kernels, and host bookkeeping
+#   multi  (100 s) bench gpu multi-hot (MLPerf pooling), batch 16,384, a 5 % cache (holds a batch's
+#                  distinct rows), device bookkeeping with Triton's kernels against host bookkeeping
 #   host   (50 s)  bench host on every core: the measured host ceiling (run it when time is left)
 # Optional: cf (HEAT on every core against the torch engine on the GPU, MovieLens-100k; measured
 # on an H200 on 2026-11-27), nccl (a 1-rank torchrun DLRM on NCCL) and suite (the default tests).
@@ -37,7 +38,7 @@
 # network): `.venv/bin/python -c 'from embcache.data.movielens import ml100k_dir; ml100k_dir()'`,
 # then the device tool's run with carry ["datasets/ml-100k"].
 #
-#   bash bench/device_check.sh                # probe install cuda gpu multi kernels graphs, in that order
+#   bash bench/device_check.sh                # probe install cuda kernels graphs gpu multi, in that order
 #   bash bench/device_check.sh probe gpu      # some of them
 #   bash bench/device_check.sh cf nccl suite  # the optional steps
 #   SMALL=1 bash bench/device_check.sh        # the same steps at toy sizes, on the CPU too
@@ -47,7 +48,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-STEPS=" ${*:-probe install cuda gpu multi kernels graphs} "
+STEPS=" ${*:-probe install cuda kernels graphs gpu multi} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 for s in $STEPS; do
     case "$s" in probe|install|cuda|gpu|multi|kernels|graphs|cf|host|nccl|suite) ;;
@@ -180,21 +181,23 @@ print("cuda tests:", counts)
 EOF
     rm -f "$XML1" "$XML2"
 fi
-# 4. DLRM on one GPU: the cache at 1.5 % against the whole table on the device, one-hot, batch 65,536,
+# 4a. the embedding kernels alone against torch's sparse path
+want kernels && step "bench kernels" 45 "$PY" -m embcache bench kernels --device "$DEV" --out "$OUT" --name kernels \
+    "${KERNEL_ARGS[@]}"
+# 4b. the step captured as one CUDA graph: the whole table with Triton's kernels and the cache at 1.5 %
+#     with the device bookkeeper and Triton's kernels, against the whole table's eager torch step
+want graphs && step "bench gpu graphs" 110 "$PY" -m embcache bench gpu --device "$DEV" --out "$OUT" --name gpu_graphs \
+    --shapes one-hot --ratios 0.015 --bookkeeping device --kernels triton --precision bf16 --no-price-prefetch \
+    --cuda-graphs on "${GPU_ARGS[@]}"
+# 4c. DLRM on one GPU, eager: the cache at 1.5 % against the whole table on the device, one-hot, batch 65,536,
 #    bf16; device bookkeeping with each kernel choice, then host bookkeeping
 want gpu && step "bench gpu" 190 "$PY" -m embcache bench gpu --device "$DEV" --out "$OUT" --name gpu --ratios 0.015 \
     --shapes one-hot --bookkeeping device host --kernels triton torch --precision bf16 --no-price-prefetch \
     --cuda-graphs off "${GPU_ARGS[@]}"
-# 4b. multi-hot at a cache that holds a batch's distinct rows
+# 4d. multi-hot at a cache that holds a batch's distinct rows
 want multi && step "bench gpu multi-hot" 100 "$PY" -m embcache bench gpu --device "$DEV" --out "$OUT" \
     --name gpu_multi --ratios 0.05 --shapes multi-hot --bookkeeping device host --kernels triton --precision bf16 \
     --no-price-prefetch --cuda-graphs off "${MULTI_ARGS[@]}"
-# 4c. the embedding kernels alone against torch's sparse path
-want kernels && step "bench kernels" 45 "$PY" -m embcache bench kernels --device "$DEV" --out "$OUT" --name kernels \
-    "${KERNEL_ARGS[@]}"
-# 4d. the whole table's step with Triton's kernels captured as one CUDA graph, against the same eager
-want graphs && step "bench gpu graphs" 60 "$PY" -m embcache bench gpu --device "$DEV" --out "$OUT" --name gpu_graphs \
-    --shapes one-hot --no-cached --kernels triton --precision bf16 --cuda-graphs on "${GPU_ARGS[@]}"
 # optional: HEAT on every core against the torch engine on the GPU, same data and settings
 want cf && step "bench cf" 90 "$PY" -m embcache bench cf --datasets ml-100k --threads "$CORES" --torch-device "$DEV" \
     --no-baseline --no-old-rule --no-plot --out-dir "$OUT" --name cf_device "${CF_ARGS[@]}"
