@@ -49,6 +49,20 @@ def test_the_fixed_size_sum_is_coalesce_to_the_bit(seed):
     assert bool((got_keys[distinct:] == -1).all())
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_fixed_size_sum_is_coalesce_to_the_bit_run_after_run():
+    """On CUDA the sum adds a key's terms in one fixed order (an accumulating `index_put_`),
+    not by `index_add_`'s atomics: coalesce's bits, the same every run, on hot keys too."""
+    g = torch.Generator().manual_seed(0)
+    keys = torch.randint(0, 50, (200_000,), generator=g).cuda()  # ~4,000 terms a key
+    values = (torch.randn(200_000, 16, generator=g) * torch.exp(4 * torch.randn(200_000, 1, generator=g))).cuda()
+    want = torch.sparse_coo_tensor(keys.unsqueeze(0), values, (50, 16), check_invariants=False).coalesce()
+    runs = [summed_in_torch_order(keys, values, stable=True)[1][:50] for _ in range(3)]
+    for got in runs:
+        assert torch.equal(got.view(torch.int32), want._values().view(torch.int32))
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_first_positions_name_each_value_by_its_first_entry(seed):
     g = torch.Generator().manual_seed(seed)

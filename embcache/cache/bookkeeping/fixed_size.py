@@ -42,7 +42,12 @@ def summed_in_torch_order(keys: torch.Tensor, values: torch.Tensor,
     group = torch.cumsum(first, 0) - 1
     # -0.0 + v is v to the bit (+0.0 + -0.0 would not be): the running sum starts exact
     sums = torch.full((n, *values.shape[1:]), -0.0, dtype=values.dtype, device=values.device)
-    sums.index_add_(0, group, values.index_select(0, perm))
+    if values.device.type != "cpu":  # CUDA's index_add_ adds a key's terms by atomics, in no fixed order; an
+        # accumulating index_put_ sorts the keys stably and adds each one's terms in turn: the
+        # same bits run after run, the order coalesce sums in (the CPU's index_add_ runs in order)
+        sums.index_put_((group,), values.index_select(0, perm), accumulate=True)
+    else:
+        sums.index_add_(0, group, values.index_select(0, perm))
     out_keys = torch.full((n + 1,), -1, dtype=keys.dtype, device=keys.device)
     out_keys.index_copy_(0, pick(first, group, n), sorted_keys)
     return out_keys[:n], sums
