@@ -64,7 +64,7 @@ def test_bench_gpu_whole_table_with_triton_kernels_and_the_graph_choice(tmp_path
     rows = data["blocks"][0]["results"]
     assert [(r["variant"], r["kernels"]) for r in rows] == [("gpu", "torch"), ("gpu", "triton")]
     assert rows[1]["max_loss_diff_vs_gpu_tables"] < 1e-6  # the same training, Adagrad's sqrt aside
-    assert [r["cuda_graphs"] for r in data["rows"]] == ["off: not capturable yet (torch's sparse optimizer)",
+    assert [r["cuda_graphs"] for r in data["rows"]] == ["off: torch's sparse optimizer is not capturable",
                                                         "off: not on CUDA"]
 
 

@@ -136,6 +136,87 @@ def _compare_steps(optimizer, dtype, mode, weighted, kind, exact=True):
     _assert_state_alike(optimizer, state, want_s)
 
 
+LONG_RUNS = {0: 9, 3: 1, 5: 4, 7: 5, 11: 13, 16: 2, ROWS - 1: 6}  # row: lookups (chunk 4: <= 4 short)
+
+
+def _long_run_batch(g):
+    """One-hot lookups whose sorted runs straddle chunks of 4: runs of 1, 2, 4 (a chunk's
+    length), 5 (one more), 6, 9 and 13 (several whole chunks), the first at position 0 and
+    the last at the batch's end (43 lookups: the last chunk is short)."""
+    ids = torch.cat([torch.full((m,), row) for row, m in LONG_RUNS.items()])
+    ids = ids[torch.randperm(ids.numel(), generator=g)]
+    return ids, torch.arange(ids.numel())
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("dtype", ROW_DTYPES)
+def test_long_runs_are_summed_in_chunks_the_rest_as_the_torch_path(optimizer, dtype, exact_sqrt):
+    """With chunks of 4 lookups: rows of runs up to 4 long equal the torch path to the bit
+    (their order is its order); longer runs are summed piece by piece (each chunk's piece in
+    order, then the pieces in chunk order, SGD's too, applied once), within the reordered
+    float32 sum's bound of the torch path: (m + 2) units in the last place of the row type
+    of |row| + lr * (sum of |terms| + sqrt(D)) for a run of m; and two launches give the same
+    bits."""
+    g = torch.Generator().manual_seed(11 + OPTIMIZERS.index(optimizer))
+    opt = optimizers.make_optimizer(optimizer, 0.05)
+    ids, offsets = _long_run_batch(g)
+    grad_out = torch.randn(offsets.numel(), DIM, generator=g)
+    weight, state = _tables(opt, dtype, g)
+    want_w, want_s = weight.clone(), {k: v.clone() for k, v in state.items()}
+    _torch_path(opt, want_w, want_s, ids, lookup_terms(grad_out, ids, offsets, None, "sum"), 1)
+    bags, _ = lookup_bags(ids, offsets, "sum")
+    keys, order = ids.sort(stable=True) if not opt.needs_coalesced else ids.sort(0)
+    runs = []
+    for _ in range(2):
+        w, st = weight.clone(), {k: v.clone() for k, v in state.items()}
+        fused_row_update(w, *_state_args(st, w), keys, order, ids, bags, grad_out, None, None,
+                         **optimizer_factors(opt, 1), chunk=4)
+        runs.append((w, st))
+    (got_w, got_s), (again_w, again_s) = runs
+    assert torch.equal(_bits(got_w), _bits(again_w)) and all(torch.equal(got_s[k], again_s[k]) for k in got_s)
+    short = [r for r, m in LONG_RUNS.items() if m <= 4]
+    long = [r for r, m in LONG_RUNS.items() if m > 4]
+    if optimizer != "rowwise_adagrad":  # its mean has a tolerance of its own (above)
+        assert torch.equal(_bits(got_w[short]), _bits(want_w[short]))
+        assert all(torch.equal(_bits(got_s[k][short]), _bits(want_s[k][short])) for k in got_s)
+    untouched = [r for r in range(ROWS) if r not in LONG_RUNS]
+    assert torch.equal(_bits(got_w[untouched]), _bits(weight[untouched]))
+    terms = lookup_terms(grad_out, ids, offsets, None, "sum").abs()
+    for r in long:
+        m = LONG_RUNS[r]
+        spread = terms[ids == r].sum(0) + DIM**0.5
+        bound = (m + 2) * torch.finfo(dtype).eps * (want_w[r].float().abs() + 0.05 * spread)
+        assert bool(((got_w[r].float() - want_w[r].float()).abs() <= bound).all()), (r, m)
+        assert not torch.equal(got_w[r], weight[r])  # the row moved: no piece was lost outright
+        for k in got_s:
+            torch.testing.assert_close(got_s[k][r], want_s[k][r], rtol=(m + 2) * torch.finfo(torch.float32).eps, atol=0)
+
+
+def test_a_long_runs_pieces_all_count():
+    """SGD at chunks of 4 against the sum of every term, applied once: a piece dropped or
+    added twice would move a row by a whole term (lr * |t|, far above the bound)."""
+    g = torch.Generator().manual_seed(3)
+    opt = optimizers.make_optimizer("sgd", 0.5)
+    ids, offsets = _long_run_batch(g)
+    grad_out = torch.randn(offsets.numel(), DIM, generator=g)
+    weight = torch.randn(ROWS + 1, DIM, generator=g)
+    got = weight.clone()
+    bags, _ = lookup_bags(ids, offsets, "sum")
+    keys, order = ids.sort(stable=True)
+    fused_row_update(got, got.new_empty(0), got.new_empty(0), keys, order, ids, bags, grad_out, None, None,
+                     **optimizer_factors(opt, 1), chunk=4)
+    want = weight.clone().index_add_(0, ids, grad_out.double().float(), alpha=-0.5)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+def test_the_chunk_must_be_a_power_of_two():
+    w = torch.zeros(2, 2)
+    ids = torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="power of two"):
+        fused_row_update(w, w.new_empty(0), w.new_empty(0), ids, ids, ids, ids, w, None, None, optimizer="sgd",
+                         alpha=-0.1, eps=0.0, beta1c=1.0, beta2c=1.0, chunk=6)
+
+
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_given_rows_and_trash_entries_take_the_torch_paths_update(optimizer, exact_sqrt):
     """A table read by several features: torch sums the terms (`table_sums`), the kernel

@@ -1,22 +1,34 @@
-"""The embedding bag's backward fused with the row optimizer, one Triton kernel: no `coalesce`,
-no `[lookups, dim]` gradient, the batch's rows updated where their terms are summed.
+"""The embedding bag's backward fused with the row optimizer, in Triton: no `coalesce`, no
+`[lookups, dim]` gradient, the batch's rows updated where their terms are summed.
 
 Which rows each program touches, and in which order: the caller sorts the lookups' keys
 (torch's `sort`, outside the kernel, so that equal keys sit in the order the torch path sums
-them) and launches one program per sorted lookup. A program whose key equals the previous
-one's returns at once; the one that leads its run of equal keys reads that run's lookups one
-after another in sorted order, makes each lookup's term as `lookup_terms` makes it (its bag's
-output gradient, times 1 / the bag's size for "mean", times the lookup's weight, each product
-rounded to float32), and
+them). Each lookup's term is made as `lookup_terms` makes it (its bag's output gradient,
+times 1 / the bag's size for "mean", times the lookup's weight, each product rounded to
+float32). The sorted lookups are cut into chunks of `chunk` (64) and two launches follow:
 
-- SGD: applies each term to the row as it comes (`w + (-lr) * t`), as torch adds an
-  uncoalesced sparse gradient term by term;
-- Adagrad, row-wise Adagrad, Adam: sums the terms from -0.0 (as `summed_in_torch_order`: a
-  running sum), then applies the optimizer once, with `optimizers.py`'s arithmetic op for op.
+- Phase 1, one program per chunk. A run of equal keys of at most `chunk` lookups is the
+  program's where it starts: it reads the run whole, in sorted order (past its chunk's end
+  if the run goes on), and steps the row once. SGD applies each term to the row as it comes
+  (`w + (-lr) * t`, as torch adds an uncoalesced sparse gradient term by term); Adagrad,
+  row-wise Adagrad and Adam sum the terms from -0.0 (a running sum, as
+  `summed_in_torch_order`), then apply the optimizer once, with `optimizers.py`'s
+  arithmetic op for op. A longer run is cut at the chunks' edges: each program sums the
+  piece it holds (from -0.0, in order) into a small workspace (`[chunks, 2, D]`: the piece
+  at its head, of a run begun before it, and the one at its tail, of a run that starts in
+  it) and flags it.
+- Phase 2, one program per chunk: where a long run starts, its program adds the run's
+  pieces in chunk order and steps the row once (SGD too: the summed gradient at once).
 
-It reads and writes only its own row of the weight and state tables (a row has one leader),
-so programs never race. The weight row is read in its row type, updated in float32 and
-written back rounded to nearest even; state is float32.
+No program walks more than about 2 x `chunk` lookups in phase 1 or `lookups / chunk`
+pieces in phase 2, so a row that a batch looks up twenty thousand times (Criteo's
+smallest tables have 3 to 10 rows) no longer holds the whole grid behind one serial loop.
+Every row is written by one program (a short run's first chunk, or a long run's in phase 2),
+so programs never race, and the order is fixed: the same bits run after run. A weight row
+is read in its row type, updated in float32 and written back rounded to nearest even;
+state is float32. 64: a run of up to 64 lookups keeps the torch path's order and bits (the
+tests' batches, and most rows of a real one), and 64 loads of a row of the gradient keep a
+program's loop short beside its launch.
 
 Where it equals the torch path, and why not elsewhere:
 - torch's CPU `add(..., alpha)` and `index_add_(..., alpha)` (SGD's and Adagrad's weight
@@ -35,6 +47,10 @@ Where it equals the torch path, and why not elsewhere:
   (tests/test_kernels_fused.py states the tolerance).
 - SGD on CUDA: torch's `index_add_` adds a row's terms by atomics, in no fixed order; the
   kernel's order is the sorted one, the same every run.
+- Runs longer than `chunk`: their terms are summed piece by piece, then the pieces in order,
+  so their sum is the torch path's reordered (SGD's applied at once, not term by term):
+  within the bound tests/test_kernels_fused.py states, (m + 2) units in the last place for a
+  run of m lookups.
 """
 from __future__ import annotations
 
@@ -101,56 +117,136 @@ def _store_row(weight_ptr, at, w, in_row, ROW: tl.constexpr):
 
 
 @_jit
-def _fused_row_update_kernel(weight_ptr, state_a_ptr, state_b_ptr, keys_ptr, order_ptr, rows_ptr, bags_ptr,
-                             grad_ptr, scale_ptr, lookup_weights_ptr, n, dim, alpha, eps, beta1c, beta2c,
-                             OPT: tl.constexpr, ROW: tl.constexpr, MEAN: tl.constexpr, WEIGHTED: tl.constexpr,
-                             ALPHA_FMA: tl.constexpr, BLOCK_D: tl.constexpr):
-    i = tl.program_id(0)
-    key = tl.load(keys_ptr + i)
-    previous = tl.load(keys_ptr + tl.maximum(i - 1, 0))
-    if (i == 0) | (previous != key):  # this program leads its run of equal keys
+def _apply(weight_ptr, state_a_ptr, state_b_ptr, row, at, w, g, in_row, dim, alpha, eps, beta1c, beta2c,
+           OPT: tl.constexpr, ROW: tl.constexpr, ALPHA_FMA: tl.constexpr):
+    """One optimizer step of row `row` (`w`: its float32 values, `g`: its summed gradient;
+    SGD's short runs have applied their terms to `w` already and pass `g` unused), written
+    back in the row type."""
+    if OPT == 1:  # Adagrad: sum += g^2; w += -clr * g / (sqrt(sum) + eps)
+        s = tl.load(state_a_ptr + at, mask=in_row, other=0.0) + g * g
+        tl.store(state_a_ptr + at, s, mask=in_row)
+        w = _alpha_add(w, tl.div_rn(g, tl.sqrt_rn(s) + eps), alpha, ALPHA_FMA)
+    elif OPT == 2:  # row-wise Adagrad: sum += mean(g^2); w += (g / (sqrt(sum) + eps)) * -lr
+        s = tl.load(state_a_ptr + row) + tl.div_rn(tl.sum(tl.where(in_row, g * g, 0.0), axis=0), dim.to(tl.float32))
+        tl.store(state_a_ptr + row, s)
+        w = w + tl.div_rn(g, tl.sqrt_rn(s) + eps) * alpha
+    elif OPT == 3:  # Adam (SparseAdam's order of operations)
+        m = tl.load(state_a_ptr + at, mask=in_row, other=0.0)
+        v = tl.load(state_b_ptr + at, mask=in_row, other=0.0)
+        m_update = (g - m) * beta1c
+        v_update = (g * g - v) * beta2c
+        tl.store(state_a_ptr + at, m + m_update, mask=in_row)
+        tl.store(state_b_ptr + at, v + v_update, mask=in_row)
+        w = w + tl.div_rn(m_update + m, tl.sqrt_rn(v_update + v) + eps) * alpha
+    _store_row(weight_ptr, at, w, in_row, ROW)
+
+
+@_jit
+def _is_long(keys_ptr, start, n, CHUNK: tl.constexpr):
+    """Whether the run of equal keys that starts at `start` has more than CHUNK lookups
+    (the keys are sorted: it does iff the key CHUNK places on is still its own)."""
+    far = tl.load(keys_ptr + tl.minimum(start + CHUNK, n - 1))
+    return (start + CHUNK < n) & (far == tl.load(keys_ptr + start))
+
+
+@_jit
+def _chunk_kernel(weight_ptr, state_a_ptr, state_b_ptr, keys_ptr, order_ptr, rows_ptr, bags_ptr, grad_ptr, scale_ptr,
+                  lookup_weights_ptr, partial_ptr, flags_ptr, n, dim, alpha, eps, beta1c, beta2c,
+                  OPT: tl.constexpr, ROW: tl.constexpr, MEAN: tl.constexpr, WEIGHTED: tl.constexpr,
+                  ALPHA_FMA: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Phase 1: the program of chunk k (sorted lookups [k*CHUNK, (k+1)*CHUNK)) finishes every
+    short run that starts in it and writes the pieces of long runs it holds (module docstring)."""
+    k = tl.program_id(0)
+    s = k * CHUNK
+    e = tl.minimum(s + CHUNK, n)
+    offs = tl.arange(0, BLOCK_D)
+    in_row = offs < dim
+    tl.store(flags_ptr + 2 * k, 0)
+    tl.store(flags_ptr + 2 * k + 1, 0)
+    j = s
+    key_s = tl.load(keys_ptr + s)
+    if s > 0:
+        if tl.load(keys_ptr + s - 1) == key_s:  # the chunk opens inside a run begun before it
+            back = s - CHUNK + tl.arange(0, CHUNK)
+            count = tl.sum((tl.load(keys_ptr + back, mask=back >= 0, other=-1) == key_s).to(tl.int32), axis=0)
+            head_long = (count >= CHUNK) | _is_long(keys_ptr, s - count, n, CHUNK)
+            g = tl.full([BLOCK_D], -0.0, tl.float32)
+            following = key_s
+            while (following == key_s) & (j < e):
+                if head_long:
+                    g = g + _term(grad_ptr, bags_ptr, scale_ptr, lookup_weights_ptr, order_ptr, j, dim, offs, in_row,
+                                  MEAN, WEIGHTED)
+                j += 1
+                following = tl.load(keys_ptr + j, mask=j < n, other=-1)
+            if head_long:  # a long run's piece: phase 2 adds it; a short run is its first chunk's
+                tl.store(partial_ptr + (2 * k) * dim + offs, g, mask=in_row)
+                tl.store(flags_ptr + 2 * k, 1)
+    while j < e:  # the runs that start in this chunk
+        key = tl.load(keys_ptr + j)
+        row = tl.load(rows_ptr + tl.load(order_ptr + j))
+        at = row * dim + offs
+        g = tl.full([BLOCK_D], -0.0, tl.float32)
+        if _is_long(keys_ptr, j, n, CHUNK):  # it runs past this chunk: its piece here, for phase 2
+            while j < e:
+                g = g + _term(grad_ptr, bags_ptr, scale_ptr, lookup_weights_ptr, order_ptr, j, dim, offs, in_row,
+                              MEAN, WEIGHTED)
+                j += 1
+            tl.store(partial_ptr + (2 * k + 1) * dim + offs, g, mask=in_row)
+            tl.store(flags_ptr + 2 * k + 1, 1)
+        else:  # a short run, read whole (past the chunk's end if it goes on) in sorted order
+            w = _load_row(weight_ptr, at, in_row, ROW)
+            following = key
+            while following == key:
+                t = _term(grad_ptr, bags_ptr, scale_ptr, lookup_weights_ptr, order_ptr, j, dim, offs, in_row,
+                          MEAN, WEIGHTED)
+                if OPT == 0:
+                    w = _alpha_add(w, t, alpha, ALPHA_FMA)
+                else:
+                    g = g + t
+                j += 1
+                following = tl.load(keys_ptr + j, mask=j < n, other=-1)
+            _apply(weight_ptr, state_a_ptr, state_b_ptr, row, at, w, g, in_row, dim, alpha, eps, beta1c, beta2c,
+                   OPT, ROW, ALPHA_FMA)
+
+
+@_jit
+def _long_run_kernel(weight_ptr, state_a_ptr, state_b_ptr, keys_ptr, order_ptr, rows_ptr, partial_ptr, flags_ptr,
+                     n, chunks, dim, alpha, eps, beta1c, beta2c, OPT: tl.constexpr, ROW: tl.constexpr,
+                     ALPHA_FMA: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Phase 2: the program of a chunk where a long run starts adds that run's pieces in
+    chunk order and steps its row once."""
+    k = tl.program_id(0)
+    if tl.load(flags_ptr + 2 * k + 1) == 1:
         offs = tl.arange(0, BLOCK_D)
         in_row = offs < dim
-        row = tl.load(rows_ptr + tl.load(order_ptr + i))
+        last = tl.minimum(k * CHUNK + CHUNK, n) - 1  # the chunk's last lookup is the long run's
+        key = tl.load(keys_ptr + last)
+        row = tl.load(rows_ptr + tl.load(order_ptr + last))
         at = row * dim + offs
+        g = tl.load(partial_ptr + (2 * k + 1) * dim + offs, mask=in_row, other=0.0)
+        kk = k + 1
+        more = (tl.load(flags_ptr + 2 * kk, mask=kk < chunks, other=0) == 1) & \
+            (tl.load(keys_ptr + kk * CHUNK, mask=kk < chunks, other=-1) == key)
+        while more:
+            g = g + tl.load(partial_ptr + (2 * kk) * dim + offs, mask=in_row, other=0.0)
+            kk += 1
+            more = (tl.load(flags_ptr + 2 * kk, mask=kk < chunks, other=0) == 1) & \
+                (tl.load(keys_ptr + kk * CHUNK, mask=kk < chunks, other=-1) == key)
         w = _load_row(weight_ptr, at, in_row, ROW)
-        g = tl.full([BLOCK_D], -0.0, tl.float32)
-        j = i
-        following = key
-        while following == key:
-            t = _term(grad_ptr, bags_ptr, scale_ptr, lookup_weights_ptr, order_ptr, j, dim, offs, in_row,
-                      MEAN, WEIGHTED)
-            if OPT == 0:
-                w = _alpha_add(w, t, alpha, ALPHA_FMA)
-            else:
-                g = g + t
-            j += 1
-            following = tl.load(keys_ptr + j, mask=j < n, other=-1)
-        if OPT == 1:  # Adagrad: sum += g^2; w += -clr * g / (sqrt(sum) + eps)
-            s = tl.load(state_a_ptr + at, mask=in_row, other=0.0) + g * g
-            tl.store(state_a_ptr + at, s, mask=in_row)
-            w = _alpha_add(w, tl.div_rn(g, tl.sqrt_rn(s) + eps), alpha, ALPHA_FMA)
-        elif OPT == 2:  # row-wise Adagrad: sum += mean(g^2); w += (g / (sqrt(sum) + eps)) * -lr
-            s = tl.load(state_a_ptr + row) + tl.div_rn(tl.sum(tl.where(in_row, g * g, 0.0), axis=0),
-                                                        dim.to(tl.float32))
-            tl.store(state_a_ptr + row, s)
-            w = w + tl.div_rn(g, tl.sqrt_rn(s) + eps) * alpha
-        elif OPT == 3:  # Adam (SparseAdam's order of operations)
-            m = tl.load(state_a_ptr + at, mask=in_row, other=0.0)
-            v = tl.load(state_b_ptr + at, mask=in_row, other=0.0)
-            m_update = (g - m) * beta1c
-            v_update = (g * g - v) * beta2c
-            tl.store(state_a_ptr + at, m + m_update, mask=in_row)
-            tl.store(state_b_ptr + at, v + v_update, mask=in_row)
-            w = w + tl.div_rn(m_update + m, tl.sqrt_rn(v_update + v) + eps) * alpha
-        _store_row(weight_ptr, at, w, in_row, ROW)
+        if OPT == 0:  # SGD's long run: its summed gradient applied once
+            w = _alpha_add(w, g, alpha, ALPHA_FMA)
+        _apply(weight_ptr, state_a_ptr, state_b_ptr, row, at, w, g, in_row, dim, alpha, eps, beta1c, beta2c,
+               OPT, ROW, ALPHA_FMA)
+
+
+CHUNK = 64  # lookups a phase-1 program walks (module docstring)
 
 
 @triton_op("embcache::fused_row_update", mutates_args={"weight", "state_a", "state_b"})
 def fused_row_update(weight: torch.Tensor, state_a: torch.Tensor, state_b: torch.Tensor, sorted_keys: torch.Tensor,
                      order: torch.Tensor, rows: torch.Tensor, bags: torch.Tensor, grad_out: torch.Tensor,
                      bag_scale: torch.Tensor | None, lookup_weights: torch.Tensor | None, optimizer: str,
-                     alpha: float, eps: float, beta1c: float, beta2c: float) -> None:
+                     alpha: float, eps: float, beta1c: float, beta2c: float, chunk: int = CHUNK) -> None:
     """One optimizer step of the rows `rows` from their lookups' terms (module docstring).
 
     Args:
@@ -165,26 +261,35 @@ def fused_row_update(weight: torch.Tensor, state_a: torch.Tensor, state_b: torch
             lookup's per-sample weight, or None.
         alpha: the weight update's factor (SGD, Adagrad: -lr; row-wise Adagrad: -lr; Adam:
             -step_size); eps; beta1c, beta2c: Adam's 1 - beta1 and 1 - beta2.
+        chunk: lookups a program walks, a power of two: runs of up to `chunk` lookups keep
+            the torch path's order (module docstring).
     """
     n, dim = sorted_keys.numel(), weight.shape[1]
     if n == 0:
         return
+    if chunk < 1 or chunk & (chunk - 1):
+        raise ValueError(f"chunk must be a power of two, got {chunk}")
     cuda = weight.device.type == "cuda"
-    options = {"enable_fp_fusion": False} if cuda else {}
+    chunks = (n + chunk - 1) // chunk
+    partial = torch.empty(chunks * 2, dim, dtype=torch.float32, device=weight.device)
+    flags = torch.empty(chunks * 2, dtype=torch.int32, device=weight.device)
     table = weight.view(torch.int16) if weight.dtype == torch.bfloat16 else weight
+    keys, order, rows = sorted_keys.contiguous(), order.contiguous(), rows.contiguous()
     grad_out = grad_out.contiguous()  # autograd hands an expanded one for `out.sum()`
-    wrap_triton(_fused_row_update_kernel)[(n,)](
-        table, state_a, state_b, sorted_keys.contiguous(), order.contiguous(), rows.contiguous(),
-        bags.contiguous(), grad_out, bag_scale.contiguous() if bag_scale is not None else grad_out,
-        lookup_weights.contiguous() if lookup_weights is not None else grad_out,
-        n, dim, alpha, eps, beta1c, beta2c, OPT=OPTIMIZER_CODES[optimizer], ROW=ROW_CODES[weight.dtype],
-        MEAN=bag_scale is not None, WEIGHTED=lookup_weights is not None, ALPHA_FMA=not cuda,
-        BLOCK_D=triton.next_power_of_2(dim), **options)
+    fixed = {"OPT": OPTIMIZER_CODES[optimizer], "ROW": ROW_CODES[weight.dtype], "ALPHA_FMA": not cuda,
+             "CHUNK": chunk, "BLOCK_D": triton.next_power_of_2(dim), **({"enable_fp_fusion": False} if cuda else {})}
+    wrap_triton(_chunk_kernel)[(chunks,)](
+        table, state_a, state_b, keys, order, rows, bags.contiguous(), grad_out,
+        bag_scale.contiguous() if bag_scale is not None else grad_out,
+        lookup_weights.contiguous() if lookup_weights is not None else grad_out, partial, flags,
+        n, dim, alpha, eps, beta1c, beta2c, MEAN=bag_scale is not None, WEIGHTED=lookup_weights is not None, **fixed)
+    wrap_triton(_long_run_kernel)[(chunks,)](table, state_a, state_b, keys, order, rows, partial, flags, n, chunks, dim,
+                                             alpha, eps, beta1c, beta2c, **fixed)
 
 
 @fused_row_update.register_fake
 def _(weight, state_a, state_b, sorted_keys, order, rows, bags, grad_out, bag_scale, lookup_weights, optimizer,
-      alpha, eps, beta1c, beta2c) -> None:
+      alpha, eps, beta1c, beta2c, chunk=CHUNK) -> None:
     return None  # writes its inputs in place: shapes and types as they were
 
 
