@@ -209,6 +209,34 @@ def test_a_long_runs_pieces_all_count():
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("given_ids", [True, False])
+def test_stochastic_rounding_repeats_row_roundings_hash(dtype, given_ids):
+    """Half rows written by the kernel's stochastic rounding equal `RowRounding`'s to the bit:
+    the same hash of (seed, step, id, column), each row's id from `row_ids` (else the row),
+    float16's coarser grid below its normal range (rows of 1e-6), runs short and long."""
+    g = torch.Generator().manual_seed(1)
+    rounding = optimizers.RowRounding(dtype, "stochastic", seed=7)
+    weight = (torch.randn(ROWS + 1, DIM, generator=g) * torch.exp(3 * torch.randn(ROWS + 1, 1, generator=g))).to(dtype)
+    weight[3] = (torch.randn(DIM, generator=g) * 1e-6).to(dtype)
+    ids, offsets = _long_run_batch(g)
+    grad_out = torch.randn(ids.numel(), DIM, generator=g) * 1e-2
+    row_ids = torch.randperm(ROWS + 1, generator=g) * 1000 + 5 if given_ids else None
+    keys, order = ids.sort(stable=True)
+    got = weight.clone()
+    fused_row_update(got, got.new_empty(0, dtype=torch.float32), got.new_empty(0, dtype=torch.float32), keys, order,
+                     ids, torch.arange(ids.numel()), grad_out, None, None, optimizer="sgd", alpha=-0.05, eps=0.0,
+                     beta1c=1.0, beta2c=1.0, stochastic_salt=rounding.salt(3), row_ids=row_ids)
+    rows32 = weight.float()
+    for j in order.tolist():  # SGD's terms one by one, in sorted order (runs of at most 64)
+        rows32[ids[j]] = torch.add(rows32[ids[j]], grad_out[j], alpha=-0.05)
+    touched = ids.unique()
+    want = weight.clone()
+    want[touched] = rounding(rows32[touched], (row_ids if given_ids else torch.arange(ROWS + 1))[touched], step=3)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert not torch.equal(want[touched], rows32[touched].to(dtype))  # not what rounding to nearest writes
+
+
 def test_the_chunk_must_be_a_power_of_two():
     w = torch.zeros(2, 2)
     ids = torch.tensor([0, 1])
@@ -260,11 +288,13 @@ def _trained(optimizer, kernels, row_dtype="float32", segments=False, steps=14):
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
-@pytest.mark.parametrize("row_dtype, segments", [("float32", False), ("bfloat16", False), ("float32", True)])
+@pytest.mark.parametrize("row_dtype, segments", [("float32", False), ("bfloat16", False), ("float16", False),
+                                                 ("float32", True)])
 def test_cached_training_with_the_fused_kernel_is_torchs(optimizer, row_dtype, segments, exact_sqrt):
     """A dozen steps and more of a 4 % cache (overflow every step), device bookkeeping, the fused
     kernel against torch's path (its sqrt exact, as CUDA's is): the same table, to the bit
-    (row-wise Adagrad: to 1e-5 after the steps, its mean's last bit compounding)."""
+    (row-wise Adagrad: to 1e-5 after the steps, its mean's last bit compounding). Half rows
+    are written by the bag's default stochastic rounding: the kernel repeats its hash."""
     want = _trained(optimizer, "torch", row_dtype, segments)
     got = _trained(optimizer, "triton", row_dtype, segments)
     if optimizer == "rowwise_adagrad":

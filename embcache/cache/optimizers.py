@@ -224,9 +224,12 @@ class RowRounding:
         """32 random bits per element, a splitmix64 hash of (seed, step, id, column)."""
         cols = torch.arange(width, device=ids.device)
         x = (ids.to(torch.int64).unsqueeze(1) * width + cols) * 0x9E3779B1
+        return shift_right(mix64(x + self.salt(step)), 32)
+
+    def salt(self, step: int) -> int:
+        """The hash's share of (seed, step), as an int64 (the fused kernel takes it too)."""
         salt = (int(step) * 0x632BE59B + self.seed * 0x85157AF5) & ((1 << 64) - 1)
-        x = x + (salt - (1 << 64) if salt >= 1 << 63 else salt)  # as int64 arithmetic wraps
-        return shift_right(mix64(x), 32)
+        return salt - (1 << 64) if salt >= 1 << 63 else salt  # as int64 arithmetic wraps
 
 
 def update_rows(optimizer: RowOptimizer, weight: torch.Tensor, state: dict[str, torch.Tensor],

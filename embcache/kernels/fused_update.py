@@ -117,8 +117,31 @@ def _store_row(weight_ptr, at, w, in_row, ROW: tl.constexpr):
 
 
 @_jit
-def _apply(weight_ptr, state_a_ptr, state_b_ptr, row, at, w, g, in_row, dim, alpha, eps, beta1c, beta2c,
-           OPT: tl.constexpr, ROW: tl.constexpr, ALPHA_FMA: tl.constexpr):
+def _stochastic(w, row, ids_ptr, salt, offs, dim, ROW: tl.constexpr, IDS: tl.constexpr):
+    """`w` (float32) moved to a value of the row type (so the store that follows is exact):
+    up with probability its distance from the lower neighbour, by `RowRounding`'s hash of
+    (seed, step, id, column) bit for bit (the row's id from `ids_ptr`, else the row itself)."""
+    rid = tl.load(ids_ptr + row) if IDS else row
+    # splitmix64 in int64, whose products wrap as uint64's do; right shifts masked to logical
+    x = (rid.to(tl.int64) * dim + offs.to(tl.int64)) * 0x9E3779B1 + salt.to(tl.int64)
+    x = (x ^ ((x >> 30) & 0x3FFFFFFFF)) * -4658895280553007687  # 0xBF58476D1CE4E5B9 as int64
+    x = (x ^ ((x >> 27) & 0x1FFFFFFFFF)) * -7723592293110705685  # 0x94D049BB133111EB as int64
+    noise = ((x ^ ((x >> 31) & 0x1FFFFFFFF)) >> 32) & 0xFFFFFFFF
+    bits = w.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+    exponent = (bits >> 23) & 0xFF
+    if ROW == 1:  # float16: below its normal range its grid is coarser
+        drop = tl.minimum(13 + tl.maximum(113 - exponent, 0), 23)
+    else:
+        drop = tl.full(exponent.shape, 16, tl.int64)
+    rounded = ((bits + (noise & ((1 << drop) - 1))) >> drop) << drop
+    rounded = tl.where(exponent == 0xFF, bits, rounded)  # inf and NaN as they are
+    return rounded.to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@_jit
+def _apply(weight_ptr, state_a_ptr, state_b_ptr, row, at, w, g, in_row, dim, alpha, eps, beta1c, beta2c, ids_ptr, salt,
+           offs, OPT: tl.constexpr, ROW: tl.constexpr, ALPHA_FMA: tl.constexpr, STOCHASTIC: tl.constexpr,
+           IDS: tl.constexpr):
     """One optimizer step of row `row` (`w`: its float32 values, `g`: its summed gradient;
     SGD's short runs have applied their terms to `w` already and pass `g` unused), written
     back in the row type."""
@@ -138,6 +161,8 @@ def _apply(weight_ptr, state_a_ptr, state_b_ptr, row, at, w, g, in_row, dim, alp
         tl.store(state_a_ptr + at, m + m_update, mask=in_row)
         tl.store(state_b_ptr + at, v + v_update, mask=in_row)
         w = w + tl.div_rn(m_update + m, tl.sqrt_rn(v_update + v) + eps) * alpha
+    if STOCHASTIC:
+        w = _stochastic(w, row, ids_ptr, salt, offs, dim, ROW, IDS)
     _store_row(weight_ptr, at, w, in_row, ROW)
 
 
@@ -151,9 +176,10 @@ def _is_long(keys_ptr, start, n, CHUNK: tl.constexpr):
 
 @_jit
 def _chunk_kernel(weight_ptr, state_a_ptr, state_b_ptr, keys_ptr, order_ptr, rows_ptr, bags_ptr, grad_ptr, scale_ptr,
-                  lookup_weights_ptr, partial_ptr, flags_ptr, n, dim, alpha, eps, beta1c, beta2c,
+                  lookup_weights_ptr, partial_ptr, flags_ptr, ids_ptr, salt, n, dim, alpha, eps, beta1c, beta2c,
                   OPT: tl.constexpr, ROW: tl.constexpr, MEAN: tl.constexpr, WEIGHTED: tl.constexpr,
-                  ALPHA_FMA: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
+                  ALPHA_FMA: tl.constexpr, STOCHASTIC: tl.constexpr, IDS: tl.constexpr, CHUNK: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
     """Phase 1: the program of chunk k (sorted lookups [k*CHUNK, (k+1)*CHUNK)) finishes every
     short run that starts in it and writes the pieces of long runs it holds (module docstring)."""
     k = tl.program_id(0)
@@ -206,13 +232,14 @@ def _chunk_kernel(weight_ptr, state_a_ptr, state_b_ptr, keys_ptr, order_ptr, row
                 j += 1
                 following = tl.load(keys_ptr + j, mask=j < n, other=-1)
             _apply(weight_ptr, state_a_ptr, state_b_ptr, row, at, w, g, in_row, dim, alpha, eps, beta1c, beta2c,
-                   OPT, ROW, ALPHA_FMA)
+                   ids_ptr, salt, offs, OPT, ROW, ALPHA_FMA, STOCHASTIC, IDS)
 
 
 @_jit
 def _long_run_kernel(weight_ptr, state_a_ptr, state_b_ptr, keys_ptr, order_ptr, rows_ptr, partial_ptr, flags_ptr,
-                     n, chunks, dim, alpha, eps, beta1c, beta2c, OPT: tl.constexpr, ROW: tl.constexpr,
-                     ALPHA_FMA: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
+                     ids_ptr, salt, n, chunks, dim, alpha, eps, beta1c, beta2c, OPT: tl.constexpr, ROW: tl.constexpr,
+                     ALPHA_FMA: tl.constexpr, STOCHASTIC: tl.constexpr, IDS: tl.constexpr, CHUNK: tl.constexpr,
+                     BLOCK_D: tl.constexpr):
     """Phase 2: the program of a chunk where a long run starts adds that run's pieces in
     chunk order and steps its row once."""
     k = tl.program_id(0)
@@ -236,7 +263,7 @@ def _long_run_kernel(weight_ptr, state_a_ptr, state_b_ptr, keys_ptr, order_ptr, 
         if OPT == 0:  # SGD's long run: its summed gradient applied once
             w = _alpha_add(w, g, alpha, ALPHA_FMA)
         _apply(weight_ptr, state_a_ptr, state_b_ptr, row, at, w, g, in_row, dim, alpha, eps, beta1c, beta2c,
-               OPT, ROW, ALPHA_FMA)
+               ids_ptr, salt, offs, OPT, ROW, ALPHA_FMA, STOCHASTIC, IDS)
 
 
 CHUNK = 64  # lookups a phase-1 program walks (module docstring)
@@ -246,7 +273,8 @@ CHUNK = 64  # lookups a phase-1 program walks (module docstring)
 def fused_row_update(weight: torch.Tensor, state_a: torch.Tensor, state_b: torch.Tensor, sorted_keys: torch.Tensor,
                      order: torch.Tensor, rows: torch.Tensor, bags: torch.Tensor, grad_out: torch.Tensor,
                      bag_scale: torch.Tensor | None, lookup_weights: torch.Tensor | None, optimizer: str,
-                     alpha: float, eps: float, beta1c: float, beta2c: float, chunk: int = CHUNK) -> None:
+                     alpha: float, eps: float, beta1c: float, beta2c: float, chunk: int = CHUNK,
+                     stochastic_salt: int | None = None, row_ids: torch.Tensor | None = None) -> None:
     """One optimizer step of the rows `rows` from their lookups' terms (module docstring).
 
     Args:
@@ -263,6 +291,9 @@ def fused_row_update(weight: torch.Tensor, state_a: torch.Tensor, state_b: torch
             -step_size); eps; beta1c, beta2c: Adam's 1 - beta1 and 1 - beta2.
         chunk: lookups a program walks, a power of two: runs of up to `chunk` lookups keep
             the torch path's order (module docstring).
+        stochastic_salt: half-precision rows written by stochastic rounding with this salt
+            (`RowRounding.salt(step)`), as `RowRounding` writes them; None: to nearest even.
+        row_ids: the id of each row of `weight`, for that rounding's hash (None: the row).
     """
     n, dim = sorted_keys.numel(), weight.shape[1]
     if n == 0:
@@ -276,20 +307,24 @@ def fused_row_update(weight: torch.Tensor, state_a: torch.Tensor, state_b: torch
     table = weight.view(torch.int16) if weight.dtype == torch.bfloat16 else weight
     keys, order, rows = sorted_keys.contiguous(), order.contiguous(), rows.contiguous()
     grad_out = grad_out.contiguous()  # autograd hands an expanded one for `out.sum()`
+    stochastic = stochastic_salt is not None and weight.dtype != torch.float32
+    ids = row_ids.contiguous() if row_ids is not None else keys  # (unread without `row_ids`)
     fixed = {"OPT": OPTIMIZER_CODES[optimizer], "ROW": ROW_CODES[weight.dtype], "ALPHA_FMA": not cuda,
-             "CHUNK": chunk, "BLOCK_D": triton.next_power_of_2(dim), **({"enable_fp_fusion": False} if cuda else {})}
+             "STOCHASTIC": stochastic, "IDS": row_ids is not None, "CHUNK": chunk,
+             "BLOCK_D": triton.next_power_of_2(dim), **({"enable_fp_fusion": False} if cuda else {})}
+    salt = int(stochastic_salt or 0)
     wrap_triton(_chunk_kernel)[(chunks,)](
         table, state_a, state_b, keys, order, rows, bags.contiguous(), grad_out,
         bag_scale.contiguous() if bag_scale is not None else grad_out,
-        lookup_weights.contiguous() if lookup_weights is not None else grad_out, partial, flags,
+        lookup_weights.contiguous() if lookup_weights is not None else grad_out, partial, flags, ids, salt,
         n, dim, alpha, eps, beta1c, beta2c, MEAN=bag_scale is not None, WEIGHTED=lookup_weights is not None, **fixed)
-    wrap_triton(_long_run_kernel)[(chunks,)](table, state_a, state_b, keys, order, rows, partial, flags, n, chunks, dim,
-                                             alpha, eps, beta1c, beta2c, **fixed)
+    wrap_triton(_long_run_kernel)[(chunks,)](table, state_a, state_b, keys, order, rows, partial, flags, ids, salt, n,
+                                             chunks, dim, alpha, eps, beta1c, beta2c, **fixed)
 
 
 @fused_row_update.register_fake
 def _(weight, state_a, state_b, sorted_keys, order, rows, bags, grad_out, bag_scale, lookup_weights, optimizer,
-      alpha, eps, beta1c, beta2c, chunk=CHUNK) -> None:
+      alpha, eps, beta1c, beta2c, chunk=CHUNK, stochastic_salt=None, row_ids=None) -> None:
     return None  # writes its inputs in place: shapes and types as they were
 
 

@@ -109,8 +109,9 @@ class WholeTableBag(nn.Module):
             bags, scale = lookup_bags(ids, offsets, self.mode)
             empty = self.table.new_empty(0)
             first = state.get("sum", state.get("exp_avg", empty))
+            stochastic = self._rounding.salt(self.step) if self._rounding.mode == "stochastic" else None
             fused_row_update(self.table, first, state.get("exp_avg_sq", empty), keys, order, ids, bags, grad_out,
-                             scale, weights, **optimizer_factors(self.optimizer, self.step))
+                             scale, weights, **optimizer_factors(self.optimizer, self.step), stochastic_salt=stochastic)
             return
         terms = lookup_terms(grad_out, ids, offsets, weights, self.mode)
         rows, distinct = ids, False

@@ -26,10 +26,9 @@ class DeviceUpdates:
     def apply_bag_gradient(self, grad_out: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
                            weights: torch.Tensor | None, mode: str, width: int, lookup: Lookup) -> None:
         """`apply_rows` for an embedding bag's output gradient over the working table (of
-        `width` rows) read through `indices` / `offsets` / `weights` in `mode`. Triton's
-        kernel takes every case but stochastic rounding of half-precision rows, whose hash
-        it does not repeat (those take torch's path)."""
-        if self.kernels == "triton" and (self.rounding.mode == "nearest" or self.rounding.dtype == torch.float32):
+        `width` rows) read through `indices` / `offsets` / `weights` in `mode`, by Triton's
+        kernel where chosen (every optimizer, row type and rounding)."""
+        if self.kernels == "triton":
             self._wait_for_prefetch()
             self.step += 1
             self._fused_update(grad_out.to(torch.float32), indices, offsets, weights, mode, width, lookup)
@@ -59,8 +58,9 @@ class DeviceUpdates:
         work, state = self._work, self.state_of_work()
         empty = work["weight"].new_empty(0, dtype=torch.float32)
         first, second = (state.get("sum", state.get("exp_avg", empty)), state.get("exp_avg_sq", empty))
+        stochastic = self.rounding.salt(self.step) if self.rounding.mode == "stochastic" else None
         fused_row_update(work["weight"], first, second, keys, order, rows, bags, grad_out, scale, weights,
-                         **optimizer_factors(self.optimizer, self.step))
+                         **optimizer_factors(self.optimizer, self.step), stochastic_salt=stochastic, row_ids=self._work_ids)
 
     def _sort_order(self, rows: torch.Tensor, width: int, lookup: Lookup) -> tuple[torch.Tensor, torch.Tensor]:
         """(sorted keys, permutation) of the lookups, the sort `_gradient_rows` makes: SGD's
