@@ -9,7 +9,6 @@ from torch import nn
 
 from embcache.bench.criteo_trace import CriteoTrace
 from embcache.bench.gpu import SHAPES, _sync
-from embcache.cache.bookkeeping.device_updates import lookup_bags
 from embcache.device import resolve_device
 from embcache.train.bench_results import write_json
 
@@ -56,29 +55,23 @@ class TorchPath:
 
 
 class TritonPath:
-    """The same step through `embcache.kernels`: pooled lookup, sort, fused update."""
+    """The same step as users train a whole table with the project's kernels: a
+    `WholeTableBag(kernels="triton")` (pooled lookup; sort and fused update in its backward)."""
 
     def __init__(self, table: torch.Tensor):
-        from embcache.kernels.fused_update import fused_row_update
-        from embcache.kernels.pooled import pooled_lookup
+        from embcache.nn.whole_table import WholeTableBag
 
-        self.table, self.sum = table.clone(), torch.zeros_like(table)
-        self.empty = table.new_empty(0)
-        self._pooled, self._fused, self.steps = pooled_lookup, fused_row_update, 0
+        self.bag = WholeTableBag(table, "adagrad", lr=LR, eps=EPS, kernels="triton")
 
     def forward(self, ids, offsets):
-        return self._pooled(self.table, ids, offsets)
+        with torch.no_grad():
+            return self.bag(ids, offsets)
 
     def step(self, ids, offsets, grad_out):
-        self.steps += 1
-        self._pooled(self.table, ids, offsets)
-        bags, _ = lookup_bags(ids, offsets, "sum")
-        keys, order = ids.sort(stable=True)
-        self._fused(self.table, self.sum, self.empty, keys, order, ids, bags, grad_out, None, None,
-                    optimizer="adagrad", alpha=-LR, eps=EPS, beta1c=1.0, beta2c=1.0)
+        self.bag(ids, offsets).backward(grad_out)
 
     def weight(self) -> torch.Tensor:
-        return self.table
+        return self.bag.weight
 
 
 def batch_inputs(trace: CriteoTrace, shape: str, device) -> tuple[torch.Tensor, torch.Tensor]:
