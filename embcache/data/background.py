@@ -19,6 +19,60 @@ _ITEM, _END, _ERROR = "item", "end", "error"
 _POLL_S = 0.05  # how often a reader blocked on a full queue looks for a stop
 
 
+class ReaderThreads:
+    """Reader threads, each filling a bounded queue of its own, that a stop reaches: a reader
+    blocked on a full queue looks for it every `_POLL_S`, and `close()` stops them, drains
+    their queues (a blocked reader wakes) and waits for each. What `BackgroundIterator` (one
+    reader) and `data.parallel.ParallelBatches` (several) stand on.
+
+    Example:
+        >>> readers = ReaderThreads(1, maxsize=2)
+        >>> readers.start(lambda w: readers.put(w, ("item", 7)), ["example"])
+        >>> readers.queues[0].get(), readers.close()
+        (('item', 7), None)
+    """
+
+    def __init__(self, count: int, maxsize: int):
+        self.queues = [queue.Queue(maxsize=maxsize) for _ in range(count)]
+        self.stopped = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def start(self, target, names: list[str]) -> None:
+        """One daemon thread `target(w)` a queue, named by `names[w]`."""
+        self.threads = [threading.Thread(target=target, args=(w,), name=name, daemon=True)
+                        for w, name in enumerate(names)]
+        for thread in self.threads:
+            thread.start()
+
+    def put(self, w: int, entry) -> bool:
+        """Queue `entry` in queue `w` unless reading was stopped first (then False)."""
+        while not self.stopped.is_set():
+            try:
+                self.queues[w].put(entry, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def close(self) -> None:
+        """Stop every reader and wait for it (each finishes the item it is making); items
+        queued and not taken are dropped. Safe to call more than once."""
+        self.stopped.set()
+        for thread in self.threads:
+            while thread.is_alive():
+                self._drain()
+                thread.join(timeout=_POLL_S)
+        self._drain()
+
+    def _drain(self) -> None:
+        for q in self.queues:
+            try:
+                while True:
+                    q.get_nowait()
+            except queue.Empty:
+                pass
+
+
 class BackgroundIterator(Iterator[T]):
     """The items of `items`, produced by a background thread.
 
@@ -36,30 +90,18 @@ class BackgroundIterator(Iterator[T]):
     def __init__(self, items: Iterable[T], ahead: int = 2, name: str = "embcache-reader"):
         if ahead < 1:
             raise ValueError(f"ahead must be >= 1, got {ahead}")
-        self._queue: queue.Queue = queue.Queue(maxsize=ahead)
-        self._stop = threading.Event()
         self._finished = False
-        self._thread = threading.Thread(target=self._produce, args=(items,), name=name, daemon=True)
-        self._thread.start()
+        self._readers = ReaderThreads(1, maxsize=ahead)
+        self._readers.start(lambda w: self._produce(items), [name])
 
     def _produce(self, items: Iterable[T]) -> None:
         try:
             for item in items:
-                if not self._put((_ITEM, item)):
+                if not self._readers.put(0, (_ITEM, item)):
                     return
-            self._put((_END, None))
+            self._readers.put(0, (_END, None))
         except BaseException as err:  # handed to the consumer, raised there
-            self._put((_ERROR, err))
-
-    def _put(self, entry) -> bool:
-        """Queue `entry` unless the consumer stopped first (then False)."""
-        while not self._stop.is_set():
-            try:
-                self._queue.put(entry, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+            self._readers.put(0, (_ERROR, err))
 
     def __iter__(self) -> "BackgroundIterator[T]":
         return self
@@ -67,7 +109,7 @@ class BackgroundIterator(Iterator[T]):
     def __next__(self) -> T:
         if self._finished:
             raise StopIteration
-        kind, value = self._queue.get()
+        kind, value = self._readers.queues[0].get()
         if kind == _ITEM:
             return value
         self.close()
@@ -79,18 +121,7 @@ class BackgroundIterator(Iterator[T]):
         """Stop the thread and wait for it (it finishes the item it is making); the items
         queued and not taken are dropped. Safe to call more than once."""
         self._finished = True
-        self._stop.set()
-        while self._thread.is_alive():
-            self._drain()
-            self._thread.join(timeout=_POLL_S)
-        self._drain()
-
-    def _drain(self) -> None:
-        try:
-            while True:
-                self._queue.get_nowait()
-        except queue.Empty:
-            pass
+        self._readers.close()
 
     def __enter__(self) -> "BackgroundIterator[T]":
         return self

@@ -27,16 +27,14 @@ from __future__ import annotations
 import copy
 import math
 import os
-import queue
-import threading
 from typing import Callable, Iterator
 
+from embcache.data.background import ReaderThreads
 from embcache.data.batch import Batch
 from embcache.data.loader import CTRBatches
 from embcache.threads import usable_cores
 
 _ITEM, _CHUNK_END, _END, _ERROR = "item", "chunk end", "end", "error"
-_POLL_S = 0.05  # how often a reader blocked on a full queue looks for a stop
 MAX_DEFAULT_READERS = 8
 CHUNK_ROWS = 262_144  # rows a reader reads in one go: 4 row groups of the writer's default 65,536
 
@@ -99,15 +97,11 @@ class ParallelBatches(Iterator[Batch]):
         end = loader.batches_per_epoch() if stop is None else min(int(stop), loader.batches_per_epoch())
         self._chunks = chunk_plan(loader.start_batch, end, self.chunk_batches, open_end=stop is None)
         self._stop_batch = end if stop is not None else None
-        self._stop = threading.Event()
         # a reader's queue holds a whole chunk and its end mark: it reads a chunk through while
         # the batches of the chunks before it are taken
-        self._queues = [queue.Queue(maxsize=self.chunk_batches + 1) for _ in range(readers)]
+        self._readers = ReaderThreads(readers, maxsize=self.chunk_batches + 1)
         self._chunk, self._finished = 0, not self._chunks
-        self._threads = [threading.Thread(target=self._read, args=(w,), daemon=True,
-                                          name=f"embcache-reader-{loader.split}-{w}") for w in range(readers)]
-        for thread in self._threads:
-            thread.start()
+        self._readers.start(self._read, [f"embcache-reader-{loader.split}-{w}" for w in range(readers)])
 
     def __len__(self) -> int:
         if self._stop_batch is None:
@@ -154,14 +148,7 @@ class ParallelBatches(Iterator[Batch]):
         return self._put(w, (_CHUNK_END, None))
 
     def _put(self, w: int, entry) -> bool:
-        """Queue `entry` for reader `w` unless reading was stopped first (then False)."""
-        while not self._stop.is_set():
-            try:
-                self._queues[w].put(entry, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return self._readers.put(w, entry)
 
     # -------------------------------------------------------------- the consumer
     def __iter__(self) -> "ParallelBatches":
@@ -170,7 +157,7 @@ class ParallelBatches(Iterator[Batch]):
     def __next__(self):
         while not self._finished:
             try:
-                kind, value = self._queues[self._chunk % self.readers].get()
+                kind, value = self._readers.queues[self._chunk % self.readers].get()
             except BaseException:  # Ctrl-C while waiting: no reader outlives it
                 self.close()
                 raise
@@ -189,20 +176,7 @@ class ParallelBatches(Iterator[Batch]):
         """Stop the readers and wait for them (each finishes the batch it is making); batches
         made and not taken are dropped. Safe to call more than once."""
         self._finished = True
-        self._stop.set()
-        for thread in self._threads:
-            while thread.is_alive():
-                self._drain()
-                thread.join(timeout=_POLL_S)
-        self._drain()
-
-    def _drain(self) -> None:
-        for q in self._queues:
-            try:
-                while True:
-                    q.get_nowait()
-            except queue.Empty:
-                pass
+        self._readers.close()
 
     def __enter__(self) -> "ParallelBatches":
         return self
