@@ -48,6 +48,14 @@ def _complete_cumsum(lengths: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def known_length_per_key(kjt) -> list[int] | None:
+    """The ids per feature where a batch carries them on the host already (given when it
+    was made: torchrec's `length_per_key=`, or this module's), else None: reading them
+    then needs the lengths, a host sync where they are on a device."""
+    known = getattr(kjt, "_length_per_key", None)
+    return None if known is None else [int(n) for n in known]
+
+
 class CollectionInterface:
     """What torchrec's DLRM and the trainer ask of an embedding-bag collection besides its
     forward: its tables' configs, whether it takes per-id weights, and its device. A
@@ -102,10 +110,11 @@ class KeyedJaggedTensorLite(_Jagged):
 
     def __init__(self, keys: list[str], values: torch.Tensor, weights: torch.Tensor | None = None,
                  lengths: torch.Tensor | None = None, offsets: torch.Tensor | None = None,
-                 stride: int | None = None):
+                 stride: int | None = None, length_per_key: list[int] | None = None):
         if lengths is None and offsets is None:
             raise ValueError("a KeyedJaggedTensor needs lengths or offsets")
         self._keys, self._values, self._weights = list(keys), values, weights
+        self._length_per_key = None if length_per_key is None else [int(n) for n in length_per_key]
         self._lengths = lengths if lengths is not None else offsets[1:] - offsets[:-1]
         self._offsets = offsets
         count = self._lengths.numel()
@@ -135,7 +144,10 @@ class KeyedJaggedTensorLite(_Jagged):
         return False
 
     def length_per_key(self) -> list[int]:
-        """Ids per feature (one host sync on a device tensor)."""
+        """Ids per feature: as given (`length_per_key=`), else summed (one host sync on a
+        device tensor)."""
+        if self._length_per_key is not None:
+            return list(self._length_per_key)
         if not self._keys:
             return []
         return self._lengths.view(len(self._keys), -1).sum(1).tolist()

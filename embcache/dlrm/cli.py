@@ -50,7 +50,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                         "(default: the CUDA device's free memory, else 16 GiB)")
     add_config_arguments(p, DLRMConfig, ["eviction", "warmup_ratio", "admission", "bookkeeping", "kernels", "host_store", "row_dtype",
                                          "row_rounding", "sparse_optimizer", "sparse_lr", "dense_lr", "embedding_dim",
-                                         "dense_arch", "over_arch", "batch_size", "arch", "precision"])
+                                         "dense_arch", "over_arch", "batch_size", "arch", "precision", "cuda_graphs"])
     add_run_arguments(p, DLRMConfig, "dlrm")
     ahead = add_config_arguments(p, DLRMConfig, ["prefetch_depth"])["prefetch"]
     ahead.add_argument("--no-prefetch", action="store_true", help="do not prefetch (--prefetch-depth 0)")

@@ -204,6 +204,12 @@ class DLRMConfig(StepRunConfig):
         False, help="the dense part (bottom MLP, interaction, top MLP) under torch.compile; the cache stays eager. "
                     "Results agree with eager to rounding, not to the bit; the first steps compile")
     precision: str = setting("auto", choices=PRECISIONS, help=PRECISION_HELP)
+    cuda_graphs: str = setting("auto", choices=("auto", "on", "off"),  # train.step_graph.CUDA_GRAPHS (light here)
+                               help="capture the training step as one CUDA graph and replay it (auto, on: where "
+                                    "the run allows: CUDA, one process, one-hot data, a cached sparse part with "
+                                    "--bookkeeping device, no row update reading the step count on the host; "
+                                    "else the step runs as it is, with one line saying why; off: never). A "
+                                    "captured step prefetches nothing: its admission is in the graph")
 
     # the value a setting had, in effect, in checkpoints written before it existed
     settings_added_later = {"precision": "fp32"}

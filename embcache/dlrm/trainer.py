@@ -57,6 +57,7 @@ from embcache.distributed import table_checkpoint
 from embcache.distributed.world import all_sum, gather_objects
 from embcache.nn.table_groups import group_tables
 from embcache.settings_fields import option_names
+from embcache.dlrm.captured import GraphedSteps
 from embcache.dlrm.evaluation import binary_metrics
 from embcache.dlrm.config import CACHE_SETTINGS, RESUME_MUST_MATCH, DLRMConfig, parse_day_range, training_split
 from embcache.dlrm.raw_keys import raw_key_setup, with_key_counts
@@ -180,6 +181,7 @@ class DLRMTrainer(Trainer):
         self.prefetches = PrefetchPipeline(self.sparse, cfg.prefetch_depth if cfg.sparse == "cached" else 0)
         self._resumed_ahead = 0  # batches a resumed cache prefetched already (the epoch's first ones)
         self.pipelined = cfg.pipeline
+        self.graphs = GraphedSteps(self, cfg.cuda_graphs, logger.info)  # `--cuda-graphs`: captured where it can be
 
     def train_split(self, epoch: int) -> str:
         """The split epoch `epoch` trains on: `train`, or with --days its day."""
@@ -322,11 +324,13 @@ class DLRMTrainer(Trainer):
         self.begin_epoch(len(batches) + self.step_in_epoch)
         self.prefetches.resume_with(self._resumed_ahead)  # none at an epoch's start, but after a resume
         self._resumed_ahead = 0
+        captured = self.graphs.active  # a captured step prefetches nothing: its admission is in the graph
         with self._stream(batches) as stream:  # the reader thread stops however the loop ends
-            for batch, upcoming in lookahead_window(stream, self.prefetches.depth):
+            for batch, upcoming in lookahead_window(stream, 0 if captured else self.prefetches.depth):
                 if self.should_stop():
                     return None
-                self.after_step(self.train_step(batch, upcoming), batch.global_size or batch.labels.numel())
+                loss = self.graphs(batch) if captured else self.train_step(batch, upcoming)
+                self.after_step(loss, batch.global_size or batch.labels.numel())
         return {}
 
     def evaluate_epoch(self) -> dict:
@@ -412,7 +416,8 @@ class DLRMTrainer(Trainer):
     def summary_fields(self) -> dict:
         last = self.history[-1] if self.history else {}
         out = {"val_auc": last.get("auc"), "val_logloss": last.get("logloss"), "sparse": self.cfg.sparse,
-               "arch": resolve_arch(self.cfg.arch), "precision": self.precision, **self._cache_fields(),
+               "arch": resolve_arch(self.cfg.arch), "precision": self.precision,
+               "cuda_graphs": self.graphs.describe(), **self._cache_fields(),
                **self._open_fields()}
         if self.days is not None:
             out["next_day"] = [{k: r[k] for k in ("day", "split", "auc", "logloss") if k in r}

@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from embcache.device import resolve_device
-from embcache.sparse_types import CollectionInterface, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor
+from embcache.sparse_types import (CollectionInterface, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor,
+                                   known_length_per_key)
 
 from embcache.cache.stores.host_store import MMAP_PREFIX, parse_host_store
 from embcache.cache.stores.table_files import fresh_directory
@@ -189,7 +190,9 @@ class CachedEmbeddingBagCollection(TakesTickets, CollectionInterface, nn.Module)
         weights = kjt.weights_or_none() if self._is_weighted else None
         if self._is_weighted and weights is None:
             raise ValueError("this collection is weighted but the KeyedJaggedTensor has no weights")
-        per_key = lengths.sum(1).tolist()  # one sync for all features (none on the host)
+        per_key = known_length_per_key(kjt)  # carried by the batch: no sync (a captured step's)
+        if per_key is None:
+            per_key = lengths.sum(1).tolist()  # one sync for all features (none on the host)
         spans, start = {}, 0
         for i, (key, n) in enumerate(zip(keys, per_key)):
             spans[key] = (i, start, n)

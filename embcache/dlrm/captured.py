@@ -1,0 +1,95 @@
+"""`dlrm train --cuda-graphs`: the training step captured once as a CUDA graph and replayed
+(`train.step_graph`) where the run allows, else the step as it is, with one line saying why.
+
+What a graph holds: the forward over a batch rebuilt from static tensors (dense features,
+labels, the ids and their lengths, with the per-feature split the data fixes: one id a sample
+for every feature of one-hot data, so the collection reads no count from the device), the
+loss, the backward with the cache's row update in it, and the dense optimizer's step. What it
+does not: prefetching (a captured cached step admits its own batch inside the graph); a
+batch of another shape (the epoch's last, shorter batch runs eagerly, counted); torchrun
+runs (their exchanges); multi-hot data (shapes vary); whole tables trained by torch's sparse
+optimizer; the host bookkeeper; row updates that read the step count on the host
+(`step_graph.choose_graphs` says which). A capture CUDA refuses is said in one line and the
+run goes on eagerly from the same batch (the capture ran nothing)."""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+
+from embcache.train.step_graph import CapturedStep, GraphChoice, choose_graphs
+
+logger = logging.getLogger(__name__)
+
+
+def graph_choice(trainer, setting: str) -> GraphChoice:
+    """Whether `trainer`'s step is captured under `setting` ("auto" | "on" | "off"), and why not."""
+    if setting == "off":
+        return choose_graphs("off", trainer.device)
+    if trainer.world.distributed:
+        return GraphChoice(False, "torchrun: the ranks' exchanges are not captured")
+    if trainer.sparse_opt is not None:
+        return GraphChoice(False, "torch's sparse optimizer is not capturable: use --sparse cached --bookkeeping device")
+    one_hot = not any(f.get("multi_hot", False) for f in trainer.meta.get("sparse", []))
+    return choose_graphs(setting, trainer.device, trainer.model, fixed_shapes=one_hot)
+
+
+class GraphedSteps:
+    """The run's step function: captured where `graph_choice` allows (`active`), else None.
+
+    Call it with a batch; returns the step's loss (a tensor of its own, on the device)."""
+
+    def __init__(self, trainer, setting: str, say: Callable[[str], None]):
+        self.trainer, self.say = trainer, say
+        self.choice = graph_choice(trainer, setting)
+        self.setting = setting
+        if setting == "on" or trainer.device.type == "cuda":
+            say(self.choice.line(setting))
+        self.step = CapturedStep(self._step, trainer.device, warmup=3) if self.choice.capture else None
+        self.shape, self.layout, self.eager_batches = None, None, 0
+
+    @property
+    def active(self) -> bool:
+        return self.step is not None
+
+    def describe(self) -> str:
+        """What the run did, for its summary: "on", or "off: <why>"."""
+        if self.active:
+            return "on" + (f" ({self.eager_batches} batches of another shape eager)" if self.eager_batches else "")
+        return f"off: {self.choice.reason}" if self.choice.reason else "off"
+
+    def __call__(self, batch) -> torch.Tensor:
+        kjt = batch.sparse
+        shape = (tuple(batch.dense.shape), tuple(kjt.values().shape), kjt.stride())
+        if self.shape is None:
+            self.shape, self.layout = shape, (type(kjt), kjt.keys(), kjt.stride())
+        if shape != self.shape:  # the epoch's last batch: a graph replays one shape
+            self.eager_batches += 1
+            return self.trainer.train_step(batch, ())
+        try:
+            return self.step(batch.dense, batch.labels, kjt.values(), kjt.lengths())
+        except RuntimeError as err:
+            if self.step.captured:
+                raise
+            self.say(f"{err}; the run goes on eagerly")
+            self.step, self.choice = None, GraphChoice(False, "the capture failed")
+            return self.trainer.train_step(batch, ())
+
+    def batch_of(self, values: torch.Tensor, lengths: torch.Tensor):
+        """The sparse batch from static tensors, its per-feature split given (one id a
+        sample), so that the collection needs no count from the device."""
+        cls, keys, stride = self.layout
+        return cls(keys=keys, values=values, lengths=lengths, stride=stride, length_per_key=[stride] * len(keys))
+
+    def _step(self, dense: torch.Tensor, labels: torch.Tensor, values: torch.Tensor,
+              lengths: torch.Tensor) -> torch.Tensor:
+        """`DLRMTrainer.train_step` without its prefetches, as a function of tensors."""
+        t = self.trainer
+        t.model.train()
+        logits = t.model(dense, self.batch_of(values, lengths)).squeeze(-1)
+        loss = t.loss_fn(logits, labels)
+        t.dense_opt.zero_grad()
+        loss.backward()  # the cached rows are updated here
+        t.dense_opt.step()
+        return loss.detach()

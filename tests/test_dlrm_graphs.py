@@ -1,0 +1,126 @@
+"""`dlrm train --cuda-graphs`: the step a graph would hold (`dlrm.captured`), its choice and
+its one line, proved on the CPU; the capture itself on a GPU (the `cuda` test)."""
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from embcache.cli import main
+from embcache.dlrm.captured import GraphedSteps, graph_choice
+from embcache.dlrm.config import DLRMConfig
+from embcache.dlrm.trainer import DLRMTrainer
+from embcache.sparse_types import KeyedJaggedTensorLite
+from embcache.train.step_graph import CUDA_GRAPHS
+
+
+def _config(**kw):
+    base = DLRMConfig(batch_size=128, eval_batch_size=2048, embedding_dim=8, dense_arch=[16], over_arch=[16],
+                      device="cpu", progress=False, epochs=1, cache_ratio=0.05, bookkeeping="device", kernels="torch")
+    return replace(base, **kw)
+
+
+def test_the_flag_and_its_choices(capsys):
+    assert DLRMConfig().cuda_graphs == "auto" and CUDA_GRAPHS == ("auto", "on", "off")
+    with pytest.raises(SystemExit):
+        main(["dlrm", "train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--cuda-graphs {auto,on,off}" in text and "one CUDA graph" in text
+    with pytest.raises(SystemExit) as err:
+        main(["dlrm", "train", "--cuda-graphs", "always"])
+    assert err.value.code == 2 and "invalid choice: 'always'" in capsys.readouterr().err
+
+
+def test_why_a_step_is_not_captured_in_the_order_a_user_fixes_it():
+    cuda = torch.device("cuda")  # a device object: no GPU needed to ask
+    run = SimpleNamespace(world=SimpleNamespace(distributed=False), sparse_opt=None, device=cuda, model=None,
+                          meta={"sparse": [{"name": "a", "multi_hot": False}]})
+    assert graph_choice(run, "auto").capture and graph_choice(run, "on").capture
+    assert graph_choice(run, "off").reason == "turned off"
+    assert "batch shapes vary" in graph_choice(replace_ns(run, meta={"sparse": [{"multi_hot": True}]}), "on").reason
+    assert "torch's sparse optimizer" in graph_choice(replace_ns(run, sparse_opt=object()), "auto").reason
+    assert "torchrun" in graph_choice(replace_ns(run, world=SimpleNamespace(distributed=True)), "auto").reason
+    assert graph_choice(replace_ns(run, device=torch.device("cpu")), "auto").reason == "not on CUDA"
+
+
+def replace_ns(ns, **kw):
+    return SimpleNamespace(**{**vars(ns), **kw})
+
+
+def test_a_batch_carrying_its_split_is_grouped_without_reading_the_device(small_synthetic):
+    """The collection takes the per-feature split a batch carries instead of summing the
+    lengths on the host (a sync): on `meta`, where no value can be read, it groups the batch."""
+    trainer = DLRMTrainer(_config(), small_synthetic)
+    keys = [f["name"] for f in trainer.meta["sparse"]]
+    values = torch.zeros(len(keys) * 4, dtype=torch.long, device="meta")
+    lengths = torch.ones(len(keys) * 4, dtype=torch.long, device="meta")
+    carried = KeyedJaggedTensorLite(keys, values, lengths=lengths, stride=4, length_per_key=[4] * len(keys))
+    collection = trainer.sparse.local
+    groups = collection._group_inputs(carried)
+    assert len(groups) == len(collection.bags) and all(g.ids.device.type == "meta" for g in groups)
+    with pytest.raises((RuntimeError, NotImplementedError)):  # without it the lengths are read
+        collection._group_inputs(KeyedJaggedTensorLite(keys, values, lengths=lengths, stride=4))
+
+
+def test_the_step_a_graph_holds_trains_as_train_step_to_the_bit(small_synthetic):
+    """Run eagerly here, the captured step's function (the sparse batch rebuilt from static
+    tensors with its split given, no prefetch) gives `train_step`'s losses, dense weights and
+    table rows, bit for bit, over a few batches of a cached run with the device bookkeeper."""
+    runs = []
+    for captured in (False, True):
+        torch.manual_seed(0)
+        trainer = DLRMTrainer(_config(prefetch_depth=0), small_synthetic)
+        graphs = GraphedSteps(trainer, "off", lambda line: None)
+        losses = []
+        for i, batch in enumerate(trainer._batches("train", 128)):
+            if i == 6:
+                break
+            if captured:
+                graphs.layout = (type(batch.sparse), batch.sparse.keys(), batch.sparse.stride())
+                losses.append(graphs._step(batch.dense, batch.labels, batch.sparse.values(), batch.sparse.lengths()))
+            else:
+                losses.append(trainer.train_step(batch, ()))
+        collection = trainer.sparse.local
+        collection.flush()  # the cached rows written back: every row current
+        tables = {t.name: collection.table_weight(t.name).clone() for t in collection.embedding_bag_configs()}
+        runs.append(([float(v) for v in losses], {k: v.clone() for k, v in trainer.model.state_dict().items()
+                                                 if "sparse" not in k}, tables))
+    (want_losses, want_dense, want_tables), (got_losses, got_dense, got_tables) = runs
+    assert got_losses == want_losses and len(set(got_losses)) > 1
+    assert all(torch.equal(got_dense[k], want_dense[k]) for k in want_dense)
+    assert all(torch.equal(got_tables[k], want_tables[k]) for k in want_tables)
+
+
+@pytest.mark.parametrize("setting", ["auto", "on", "off"])
+def test_on_the_cpu_every_setting_trains_eagerly_and_the_summary_says_why(small_synthetic, setting, caplog):
+    caplog.set_level("INFO")
+    trainer = DLRMTrainer(_config(cuda_graphs=setting, max_steps=3), small_synthetic)
+    assert not trainer.graphs.active
+    trainer.fit()
+    assert trainer.summary_fields()["cuda_graphs"] == ("off: turned off" if setting == "off" else "off: not on CUDA")
+    said = [r.getMessage() for r in caplog.records if "cuda graphs" in r.getMessage()]
+    assert said == (["cuda graphs on: the step runs eagerly (not on CUDA)"] if setting == "on" else [])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_captured_dlrm_run_trains_as_the_eager_one(small_synthetic):
+    """A cached run with the device bookkeeper (SGD rows: nothing reads the step count),
+    captured and replayed, against the same run eager: the same dense weights and table rows
+    to the bit after 12 steps (the graph replays the kernels the eager step launches), the
+    summary saying it captured."""
+    results = []
+    for setting in ("off", "on"):
+        torch.manual_seed(0)
+        trainer = DLRMTrainer(_config(device="cuda", cuda_graphs=setting, max_steps=12, sparse_optimizer="sgd",
+                                      kernels="triton", precision="fp32"), small_synthetic)
+        trainer.fit()
+        collection = trainer.sparse.local
+        collection.flush()
+        tables = {t.name: collection.table_weight(t.name).clone() for t in collection.embedding_bag_configs()}
+        dense = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items() if "sparse" not in k}
+        results.append((trainer.summary_fields()["cuda_graphs"], dense, tables))
+    (off, want_dense, want_tables), (on, got_dense, got_tables) = results
+    assert off == "off: turned off" and on.startswith("on")
+    assert all(torch.equal(got_dense[k], want_dense[k]) for k in want_dense)
+    assert all(torch.equal(got_tables[k], want_tables[k]) for k in want_tables)
