@@ -124,3 +124,25 @@ def test_a_captured_dlrm_run_trains_as_the_eager_one(small_synthetic):
     assert off == "off: turned off" and on.startswith("on")
     assert all(torch.equal(got_dense[k], want_dense[k]) for k in want_dense)
     assert all(torch.equal(got_tables[k], want_tables[k]) for k in want_tables)
+
+
+def test_a_capture_cuda_refuses_is_said_and_every_batch_then_trains_eagerly(small_synthetic, monkeypatch):
+    """The capture fails (as CUDA refuses an operation it cannot record): that batch and every
+    later one train eagerly through `train_step`, none lost or trained twice, and it is said."""
+    trainer = DLRMTrainer(_config(), small_synthetic)
+    said, eager = [], []
+    graphs = GraphedSteps(trainer, "off", said.append)
+
+    class Refusing:
+        captured = False
+
+        def __call__(self, *inputs):
+            raise RuntimeError("cuda graphs: the training step could not be captured (CUDA error: x)")
+
+    graphs.step = Refusing()
+    monkeypatch.setattr(trainer, "train_step", lambda batch, upcoming: eager.append(batch) or torch.zeros(()))
+    batches = [b for _, b in zip(range(3), trainer._batches("train", 128))]
+    for b in batches:
+        graphs(b)
+    assert eager == batches and not graphs.active and graphs.describe() == "off: the capture failed"
+    assert said == ["cuda graphs: the training step could not be captured (CUDA error: x); the run goes on eagerly"]

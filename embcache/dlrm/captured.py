@@ -60,6 +60,8 @@ class GraphedSteps:
         return f"off: {self.choice.reason}" if self.choice.reason else "off"
 
     def __call__(self, batch) -> torch.Tensor:
+        if self.step is None:  # its capture failed earlier in the epoch: eager from there on
+            return self.trainer.train_step(batch, ())
         kjt = batch.sparse
         shape = (tuple(batch.dense.shape), tuple(kjt.values().shape), kjt.stride())
         if self.shape is None:
