@@ -144,6 +144,10 @@ def test_a_replay_counts_on_the_host_what_the_eager_step_counts(small_synthetic)
     before = counters.read()
     graphs(batches[2])
     assert HostCounters.difference(counters.read(), before) == eager
+    trainer.dense_opt.load_state_dict(trainer.dense_opt.state_dict())  # as a resume does: new state dicts
+    before = counters.read()
+    graphs(batches[2])
+    assert HostCounters.difference(counters.read(), before) == eager
 
 
 @pytest.mark.cuda

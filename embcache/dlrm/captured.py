@@ -54,8 +54,14 @@ class HostCounters:
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         self.caches = list({id(c): c for c in row_caches(model) if hasattr(c, "host_counts")}.values())
-        self.steps = [st for st in optimizer.state.values()
-                      if torch.is_tensor(st.get("step")) and st["step"].device.type == "cpu"]
+        self.optimizer = optimizer
+
+    @property
+    def steps(self) -> list[dict]:
+        """The optimizer's per-parameter states counting on the CPU, looked up at each use
+        (a resume's `load_state_dict` gives it new ones)."""
+        return [st for st in self.optimizer.state.values()
+                if torch.is_tensor(st.get("step")) and st["step"].device.type == "cpu"]
 
     def read(self) -> list[float]:
         return [n for c in self.caches for n in c.host_counts()] + [float(st["step"]) for st in self.steps]
