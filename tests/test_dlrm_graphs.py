@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from embcache.cli import main
-from embcache.dlrm.captured import GraphedSteps, graph_choice
+from embcache.dlrm.captured import GraphedSteps, HostCounters, graph_choice
 from embcache.dlrm.config import DLRMConfig
 from embcache.dlrm.trainer import DLRMTrainer
 from embcache.sparse_types import KeyedJaggedTensorLite
@@ -91,37 +91,90 @@ def test_the_step_a_graph_holds_trains_as_train_step_to_the_bit(small_synthetic)
     assert all(torch.equal(got_tables[k], want_tables[k]) for k in want_tables)
 
 
-@pytest.mark.parametrize("setting", ["auto", "on", "off"])
-def test_on_the_cpu_every_setting_trains_eagerly_and_the_summary_says_why(small_synthetic, setting, caplog):
+def _losses_of(trainer, monkeypatch) -> list[float]:
+    """The losses `trainer`'s run hands `after_step`, filled as it trains (read at once)."""
+    losses, after_step = [], trainer.after_step
+    monkeypatch.setattr(trainer, "after_step", lambda loss, n: losses.append(float(loss)) or after_step(loss, n))
+    return losses
+
+
+def test_on_the_cpu_every_setting_trains_eagerly_the_same_and_the_summary_says_why(small_synthetic, caplog,
+                                                                                   monkeypatch):
     caplog.set_level("INFO")
-    trainer = DLRMTrainer(_config(cuda_graphs=setting, max_steps=3), small_synthetic)
-    assert not trainer.graphs.active
-    trainer.fit()
-    assert trainer.summary_fields()["cuda_graphs"] == ("off: turned off" if setting == "off" else "off: not on CUDA")
-    said = [r.getMessage() for r in caplog.records if "cuda graphs" in r.getMessage()]
-    assert said == (["cuda graphs on: the step runs eagerly (not on CUDA)"] if setting == "on" else [])
+    runs = {}
+    for setting in ("off", "auto", "on"):
+        caplog.clear()
+        trainer = DLRMTrainer(_config(cuda_graphs=setting, max_steps=3), small_synthetic)
+        assert not trainer.graphs.active
+        runs[setting] = _losses_of(trainer, monkeypatch)
+        trainer.fit()
+        assert trainer.summary_fields()["cuda_graphs"] == ("off: turned off" if setting == "off" else "off: not on CUDA")
+        said = [r.getMessage() for r in caplog.records if "cuda graphs" in r.getMessage()]
+        assert said == (["cuda graphs on: the step runs eagerly (not on CUDA)"] if setting == "on" else [])
+    assert len(runs["off"]) == 3 and runs["auto"] == runs["off"] and runs["on"] == runs["off"]  # to the bit
+
+
+class _Replaying:
+    """A step already captured: its replay trains nothing here (the host's side stays put)."""
+    captured = True
+
+    def __call__(self, *inputs):
+        return torch.zeros(())
+
+
+def test_a_replay_counts_on_the_host_what_the_eager_step_counts(small_synthetic):
+    """A replay runs none of the step's Python: the caches' step counts, eviction clocks and
+    batch counts and the dense Adagrad's step counts are added after it, as much as the
+    captured step's function added (measured on the capture), which is what `train_step` adds."""
+    trainer = DLRMTrainer(_config(prefetch_depth=0), small_synthetic)
+    graphs = GraphedSteps(trainer, "off", lambda line: None)
+    counters = graphs.counters
+    assert counters.caches and len(counters.steps) == len(trainer.dense_opt.state) > 0  # Adagrad's state, made eagerly
+    batches = [b for _, b in zip(range(3), trainer._batches("train", 128))]
+    before = counters.read()
+    trainer.train_step(batches[0], ())
+    eager = HostCounters.difference(counters.read(), before)
+    assert all(d > 0 for d in eager)
+    graphs.layout = (type(batches[1].sparse), batches[1].sparse.keys(), batches[1].sparse.stride())
+    before = counters.read()
+    graphs._step(batches[1].dense, batches[1].labels, batches[1].sparse.values(), batches[1].sparse.lengths())
+    assert HostCounters.difference(counters.read(), before) == eager
+    graphs.per_step, graphs.step = eager, _Replaying()
+    graphs.shape = (tuple(batches[2].dense.shape), tuple(batches[2].sparse.values().shape), batches[2].sparse.stride())
+    before = counters.read()
+    graphs(batches[2])
+    assert HostCounters.difference(counters.read(), before) == eager
+    trainer.dense_opt.load_state_dict(trainer.dense_opt.state_dict())  # as a resume does: new state dicts
+    before = counters.read()
+    graphs(batches[2])
+    assert HostCounters.difference(counters.read(), before) == eager
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_a_captured_dlrm_run_trains_as_the_eager_one(small_synthetic):
+def test_a_captured_dlrm_run_trains_as_the_eager_one(small_synthetic, monkeypatch):
     """A cached run with the device bookkeeper (SGD rows: nothing reads the step count),
-    captured and replayed, against the same run eager: the same dense weights and table rows
-    to the bit after 12 steps (the graph replays the kernels the eager step launches), the
-    summary saying it captured."""
+    captured and replayed, against the same run eager: bit-equal losses, dense weights and
+    table rows after 12 steps (expected to the bit: the graph replays the kernels the eager
+    step launches, on the same tensors), the same counts on the host (steps, clock, batches,
+    Adagrad's steps), and the summary saying it captured. Not compared: the recency stamps
+    (a replay stamps the capture's clock), so the residency may differ."""
     results = []
     for setting in ("off", "on"):
         torch.manual_seed(0)
         trainer = DLRMTrainer(_config(device="cuda", cuda_graphs=setting, max_steps=12, sparse_optimizer="sgd",
                                       kernels="triton", precision="fp32"), small_synthetic)
+        losses = _losses_of(trainer, monkeypatch)
         trainer.fit()
+        counts = trainer.graphs.counters.read()
         collection = trainer.sparse.local
         collection.flush()
         tables = {t.name: collection.table_weight(t.name).clone() for t in collection.embedding_bag_configs()}
         dense = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items() if "sparse" not in k}
-        results.append((trainer.summary_fields()["cuda_graphs"], dense, tables))
-    (off, want_dense, want_tables), (on, got_dense, got_tables) = results
+        results.append((trainer.summary_fields()["cuda_graphs"], losses, counts, dense, tables))
+    (off, want_losses, want_counts, want_dense, want_tables), (on, got_losses, got_counts, got_dense, got_tables) = results
     assert off == "off: turned off" and on.startswith("on")
+    assert len(got_losses) == 12 and got_losses == want_losses and got_counts == want_counts
     assert all(torch.equal(got_dense[k], want_dense[k]) for k in want_dense)
     assert all(torch.equal(got_tables[k], want_tables[k]) for k in want_tables)
 
@@ -136,13 +189,16 @@ def test_a_capture_cuda_refuses_is_said_and_every_batch_then_trains_eagerly(smal
     class Refusing:
         captured = False
 
-        def __call__(self, *inputs):
+        def __call__(self, *inputs):  # the capture's Python ran (counting on the host), then CUDA refused
+            graphs.counters.add([1] * len(graphs.counters.read()))
             raise RuntimeError("cuda graphs: the training step could not be captured (CUDA error: x)")
 
     graphs.step = Refusing()
     monkeypatch.setattr(trainer, "train_step", lambda batch, upcoming: eager.append(batch) or torch.zeros(()))
     batches = [b for _, b in zip(range(3), trainer._batches("train", 128))]
+    counted = graphs.counters.read()
     for b in batches:
         graphs(b)
+    assert graphs.counters.read() == counted  # as before the capture: the eager steps count from there
     assert eager == batches and not graphs.active and graphs.describe() == "off: the capture failed"
     assert said == ["cuda graphs: the training step could not be captured (CUDA error: x); the run goes on eagerly"]

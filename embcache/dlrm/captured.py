@@ -10,7 +10,17 @@ batch of another shape (the epoch's last, shorter batch runs eagerly, counted); 
 runs (their exchanges); multi-hot data (shapes vary); whole tables trained by torch's sparse
 optimizer; the host bookkeeper; row updates that read the step count on the host
 (`step_graph.choose_graphs` says which). A capture CUDA refuses is said in one line and the
-run goes on eagerly from the same batch (the capture ran nothing)."""
+run goes on eagerly from the same batch (the capture ran nothing; the counts its Python moved
+on the host are set back).
+
+A replay runs none of the step's Python, so what the step counts on the host (the caches'
+step counts, eviction clocks and batch counts; Adagrad's step counts) is added after each
+replay (`HostCounters`): a captured run's checkpoint counts as an eager run's. One thing a
+replay cannot follow: the clock the device bookkeeper's kernels stamp on the rows a batch
+uses is a host number baked into the graph, so every replayed batch stamps the capture's
+clock. The parameters and losses are the eager run's (the cache holds rows, it does not
+change them); the recency stamps, and with them which rows stay resident, may differ until
+that clock lives on the device."""
 from __future__ import annotations
 
 import logging
@@ -18,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from embcache.train.step_graph import CapturedStep, GraphChoice, choose_graphs
+from embcache.train.step_graph import CapturedStep, GraphChoice, choose_graphs, row_caches
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +45,38 @@ def graph_choice(trainer, setting: str) -> GraphChoice:
     return choose_graphs(setting, trainer.device, trainer.model, fixed_shapes=one_hot)
 
 
+class HostCounters:
+    """The numbers a step keeps on the host, which a replay leaves where its capture put
+    them: each device-bookkept cache's step count, eviction clock and batch count, and the
+    dense optimizer's step counts held on the CPU (torch's Adagrad). `read` them around a
+    step that runs its Python; `add` what one step added after each replay, so a captured
+    run's checkpoint counts as an eager one's; add back the difference after a failed capture."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        self.caches = list({id(c): c for c in row_caches(model) if hasattr(c, "host_counts")}.values())
+        self.optimizer = optimizer
+
+    @property
+    def steps(self) -> list[dict]:
+        """The optimizer's per-parameter states counting on the CPU, looked up at each use
+        (a resume's `load_state_dict` gives it new ones)."""
+        return [st for st in self.optimizer.state.values()
+                if torch.is_tensor(st.get("step")) and st["step"].device.type == "cpu"]
+
+    def read(self) -> list[float]:
+        return [n for c in self.caches for n in c.host_counts()] + [float(st["step"]) for st in self.steps]
+
+    def add(self, deltas: list[float]) -> None:
+        for i, cache in enumerate(self.caches):
+            cache.advance_host_counts(*(int(d) for d in deltas[3 * i: 3 * i + 3]))
+        for st, d in zip(self.steps, deltas[3 * len(self.caches):]):
+            st["step"] += d
+
+    @staticmethod
+    def difference(after: list[float], before: list[float]) -> list[float]:
+        return [a - b for a, b in zip(after, before)]
+
+
 class GraphedSteps:
     """The run's step function: captured where `graph_choice` allows (`active`), else None.
 
@@ -48,6 +90,7 @@ class GraphedSteps:
             say(self.choice.line(setting))
         self.step = CapturedStep(self._step, trainer.device, warmup=3) if self.choice.capture else None
         self.shape, self.layout, self.eager_batches = None, None, 0
+        self.counters, self.per_step = HostCounters(trainer.model, trainer.dense_opt), None
 
     @property
     def active(self) -> bool:
@@ -67,16 +110,25 @@ class GraphedSteps:
         if self.shape is None:
             self.shape, self.layout = shape, (type(kjt), kjt.keys(), kjt.stride())
         if shape != self.shape:  # the epoch's last batch: a graph replays one shape
+            if not self.eager_batches:
+                self.say(f"cuda graphs: a batch of another shape ({kjt.stride()} samples, the graph's "
+                         f"{self.shape[2]}) runs eagerly")
             self.eager_batches += 1
             return self.trainer.train_step(batch, ())
+        if self.step.captured:  # a replay: the host's side of the step did not run
+            loss = self.step(batch.dense, batch.labels, kjt.values(), kjt.lengths())
+            self.counters.add(self.per_step)
+            return loss
+        before = self.counters.read()
         try:
-            return self.step(batch.dense, batch.labels, kjt.values(), kjt.lengths())
+            loss = self.step(batch.dense, batch.labels, kjt.values(), kjt.lengths())
         except RuntimeError as err:
-            if self.step.captured:
-                raise
+            self.counters.add(HostCounters.difference(before, self.counters.read()))  # as before the capture
             self.say(f"{err}; the run goes on eagerly")
             self.step, self.choice = None, GraphChoice(False, "the capture failed")
             return self.trainer.train_step(batch, ())
+        self.per_step = HostCounters.difference(self.counters.read(), before)
+        return loss
 
     def batch_of(self, values: torch.Tensor, lengths: torch.Tensor):
         """The sparse batch from static tensors, its per-feature split given (one id a

@@ -39,7 +39,7 @@ class GraphChoice:
         return f"cuda graphs {setting}: the step runs eagerly ({self.reason})"
 
 
-def _caches(model: nn.Module | None) -> list:
+def row_caches(model: nn.Module | None) -> list:
     """The row caches of `model`'s cached bags."""
     if model is None:
         return []
@@ -48,7 +48,7 @@ def _caches(model: nn.Module | None) -> list:
 
 def bookkeepers(model: nn.Module | None) -> set[str]:
     """Where the caches of `model`'s cached bags keep their bookkeeping ("host" / "device")."""
-    return {cache.bookkeeping for cache in _caches(model)}
+    return {cache.bookkeeping for cache in row_caches(model)}
 
 
 def step_count_readers(model: nn.Module | None) -> list[str]:
@@ -56,7 +56,7 @@ def step_count_readers(model: nn.Module | None) -> list[str]:
     keeps as a host number (`RowCache.step`): a replay would repeat the count it was
     captured with. Empty once nothing does (or the count moves to the device)."""
     found = set()
-    for cache in _caches(model):
+    for cache in row_caches(model):
         opt, rounding = cache.optimizer, getattr(cache, "rounding", None)
         if opt.name == "adam":
             found.add("Adam's bias correction")

@@ -172,6 +172,17 @@ class DeviceRowCache(DeviceUpdates, RowCache):
             self._fold_counters()  # what was counted so far belongs to the statistics being replaced
         self._stats = stats
 
+    def host_counts(self) -> tuple[int, int, int]:
+        """What a step counts on the host: (optimizer steps, the policy's clock, batches
+        looked up). A step replayed from a CUDA graph runs none of its host side, which
+        `advance_host_counts` then adds (the clock its kernels stamp stays the capture's)."""
+        return self.step, self.policy.clock, self._stats.batches
+
+    def advance_host_counts(self, steps: int, clock: int, batches: int) -> None:
+        self.step += steps
+        self.policy.clock += clock
+        self._stats.batches += batches
+
     def _fold_counters(self) -> None:
         if self.device.type == "meta":  # counted, but without values: nothing to add
             return
