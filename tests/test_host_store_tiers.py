@@ -192,6 +192,20 @@ def test_the_same_directory_cannot_serve_two_live_stores(tmp_path):
     make_bag(f"mmap:{tmp_path}")  # free again once the first is gone
 
 
+def test_a_store_nothing_references_any_more_does_not_hold_its_directory(tmp_path):
+    """A finished trainer caught in a reference cycle keeps its store until the collector
+    runs: opening the same directory again must not depend on when that happens."""
+    gc.disable()
+    try:
+        first = make_bag(f"mmap:{tmp_path}")
+        cycle = {"bag": first}
+        cycle["self"] = cycle
+        del first, cycle  # unreachable, but not yet collected (the collector is off)
+        make_bag(f"mmap:{tmp_path}")
+    finally:
+        gc.enable()
+
+
 def _no_space(fd, offset, length):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import gc
 import json
 import os
 import shutil
@@ -211,12 +212,22 @@ def lock_directory(directory: Path):
     with writing(directory):
         directory.mkdir(parents=True, exist_ok=True)
         lock = open(directory / ".lock", "a+b")
+    if not _try_lock(lock):
+        # The holder may be a store of this process that nothing references any more (a
+        # finished trainer in a reference cycle): collecting it releases its lock.
+        gc.collect()
+        if not _try_lock(lock):
+            lock.close()
+            raise DataFormatError(f"{directory}: in use by another host store (one store per directory)")
+    return lock
+
+
+def _try_lock(lock) -> bool:
     try:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        lock.close()
-        raise DataFormatError(f"{directory}: in use by another host store (one store per directory)") from None
-    return lock
+        return False
+    return True
 
 
 def _check_existing(directory: Path, specs: list[TensorSpec]) -> None:
