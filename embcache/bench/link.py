@@ -130,17 +130,19 @@ def sort_ms(device: torch.device, n: int, high: int, reps: int = 10, seed: int =
 def triton_random_rows(table: torch.Tensor, row_bytes: int, device: torch.device, rows: int, reps: int = 5,
                        seed: int = 0) -> dict:
     """The same random-row gather as `random_rows`, by the device bookkeeper's Triton row
-    kernel (`link_kernels.move_rows`, every entry unmasked) handed the pinned host tensor
-    itself (Triton resolves a pinned pointer to its mapped device address): what the
-    bookkeeper's link reaches, and a check of torch's gather kernel against it. CUDA only."""
-    from embcache.cache.stores import link_kernels
+    kernel (`kernels.row_moves.move_rows`, every entry unmasked) reading the pinned host
+    table through its device view (`unified_view`): what the bookkeeper's link reaches, and
+    a check of torch's gather kernel against it. CUDA only."""
+    from embcache.cache.stores.unified_view import device_view
+    from embcache.kernels.row_moves import move_rows
 
     host = as_rows(table, row_bytes)
+    view = device_view(host, device)
     g = torch.Generator(device="cpu").manual_seed(seed)
     idx = torch.randint(host.shape[0], (rows,), generator=g).to(device)
     out = torch.empty(rows, host.shape[1], device=device)
     to = torch.arange(rows, device=device)
     every = torch.ones(rows, dtype=torch.bool, device=device)
-    seconds = median_seconds(lambda: link_kernels.move_rows(host, idx, out, to, every), device, reps)
+    seconds = median_seconds(lambda: move_rows([view], [out], idx, to, every), device, reps)
     return {"row_bytes": row_bytes, "rows": rows, "gather_gbps": rows * row_bytes / seconds / 1e9,
             "gather_rows_per_s": rows / seconds, "gathered_right": bool(torch.equal(out.cpu(), host[idx.cpu()]))}

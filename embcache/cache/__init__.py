@@ -26,7 +26,7 @@ _LAZY = {"EvictionPolicy": "bookkeeping.eviction", "select_victims": "bookkeepin
 _ROOMS = {
     "bookkeeping": ("row_cache", "row_cache_state", "row_lifecycle", "row_updates", "device_cache", "device_updates",
                     "fused_admission", "_radix", "lookup", "slot_map", "eviction", "fixed_size"),
-    "stores": ("host_store", "host_link", "link_kernels", "transfers", "unified_view", "table_files"),
+    "stores": ("host_store", "host_link", "transfers", "unified_view", "table_files"),
     "open_keys": ("open_table", "open_table_kernels", "key_index", "key_index_kernels", "key_counts"),
     "planning": ("planner", "hit_curves"),
 }

@@ -89,7 +89,7 @@ class DeviceRowCache(DeviceUpdates, RowCache):
             p.id_count = self._padded("id_count", p.id_count, 0)
         if p.prior is not None:
             p.prior = self._padded("prior", p.prior, 0.0)
-        self.link = HostLink(self.host, self.device)
+        self.link = HostLink(self.host, self.device, "triton" if self.kernels == "triton" else "auto")
         self._counters = torch.zeros(len(COUNTERS), dtype=torch.int64, device=self.device)
         self._count_index: dict[tuple, torch.Tensor] = {}
         self._zero = torch.zeros((), dtype=torch.int64, device=self.device)
