@@ -30,3 +30,27 @@ def test_bench_host_counts_the_device_bookkeepers_operations(tmp_path, capsys):
     summary = {(s["shape"], s["bookkeeping"]): s for s in data["summary"]}
     assert summary["one-hot", "device"]["launches_per_step"] == counts[0]
     assert "device bookkeeping (on meta)" in capsys.readouterr().out
+
+
+RECORDED_TRITON = json.loads((Path(__file__).parents[1] / "bench/results/host_ops_triton.json").read_text())
+TARGET = 150  # issue "Embedding kernels of our own": at most this many a step, one-hot and multi-hot
+
+
+def test_with_its_own_kernels_a_step_issues_at_most_the_target(tmp_path):
+    """`--kernels triton`: the lookup, the row moves and the fused update are the project's
+    Triton ops (one dispatched op each, counted as the kernels they launch); the count at
+    scale 0.002, batch 256, is the recorded one at Kaggle scale, batch 16,384, and within
+    the target."""
+    assert main(["bench", "host", "--scale", "0.002", "--batch-size", "256", "--ratios", "0.05", "--steps", "1",
+                 "--warmup-steps", "0", "--threads", "1", "--bookkeeping", "device", "--kernels", "triton",
+                 "--out", str(tmp_path)]) == 0
+    device = json.loads((tmp_path / "host.json").read_text())["results"]
+    recorded = {s["shape"]: s for s in RECORDED_TRITON["summary"] if s["bookkeeping"] == "device"}
+    for r in device:
+        launches = r["launches_per_step"]
+        assert launches["total"] == recorded[r["shape"]]["launches_per_step"] <= TARGET
+        assert launches["by_part"] == recorded[r["shape"]]["launches_by_part"]
+        by_op = launches["by_op"]
+        assert by_op["move_rows"] == 4 and by_op["lookup_counts"] == by_op["lookup_ranks"] == 2
+        assert by_op["fused_row_update"] == 2  # one op, two launches (`kernels.LAUNCHES`)
+        assert "coalesce" not in by_op and "index_put_" not in by_op

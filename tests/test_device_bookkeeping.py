@@ -10,6 +10,8 @@ a count of the operations that synchronise on CUDA, made on CPU tensors).
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -438,3 +440,39 @@ def test_a_compiled_model_holding_a_device_bookkept_bag_trains_as_an_eager_one()
             run(ids, offsets).backward()
     assert torch.equal(eager.bag.full_weight(), compiled.bag.full_weight())
     assert torch.equal(eager.head.weight.grad, compiled.head.weight.grad)
+
+
+class _HostNumbers(TorchDispatchMode):
+    """Each operation a step dispatches to the device (`meta`), with the Python numbers it
+    hands it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        flat, _ = tree_flatten((args, kwargs or {}, out))
+        if any(isinstance(a, torch.Tensor) and a.device.type == "meta" for a in flat):
+            self.calls.append((str(func), tuple(a for a in flat if isinstance(a, (bool, int, float)))))
+        return out
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+@pytest.mark.parametrize("eviction, admission", [("freq", True), ("lru", False)])
+def test_consecutive_steps_hand_the_device_the_same_numbers(kernels, eviction, admission):
+    """What a CUDA graph captured at one step replays at every later one: the same operations
+    with the same host numbers. A number that changes from step to step (the eviction clock
+    a batch stamps, as it once was) would be replayed stale; here the clock lives on the
+    device, and two steps in a row issue identical calls."""
+    bag = _meta_bag(optimizer="adagrad", eviction=eviction, admission=admission, kernels=kernels)
+    batches = _trace(4000, 64, [1, 3, 8], steps=4)
+    bag.prefetch(*batches[0])
+    _one_step(bag, batches, 0)
+    seen = []
+    for i in (1, 2):
+        with _HostNumbers() as numbers:
+            _one_step(bag, batches, i)
+        seen.append(numbers.calls)
+    assert len(seen[0]) > 100 and seen[0] == seen[1]
+    assert bag.cache.policy.clock == bag.cache._clock_mirror == 7  # a prefetch, then two passes a step

@@ -11,7 +11,7 @@ from embcache.dlrm.captured import GraphedSteps, HostCounters, graph_choice
 from embcache.dlrm.config import DLRMConfig
 from embcache.dlrm.trainer import DLRMTrainer
 from embcache.sparse_types import KeyedJaggedTensorLite
-from embcache.train.step_graph import CUDA_GRAPHS
+from embcache.train.step_graph import CUDA_GRAPHS, row_caches
 
 
 def _config(**kw):
@@ -157,8 +157,8 @@ def test_a_captured_dlrm_run_trains_as_the_eager_one(small_synthetic, monkeypatc
     captured and replayed, against the same run eager: bit-equal losses, dense weights and
     table rows after 12 steps (expected to the bit: the graph replays the kernels the eager
     step launches, on the same tensors), the same counts on the host (steps, clock, batches,
-    Adagrad's steps), and the summary saying it captured. Not compared: the recency stamps
-    (a replay stamps the capture's clock), so the residency may differ."""
+    Adagrad's steps), the same recency stamps and resident rows (a replay stamps the device's
+    own clock), and the summary saying it captured."""
     results = []
     for setting in ("off", "on"):
         torch.manual_seed(0)
@@ -171,8 +171,12 @@ def test_a_captured_dlrm_run_trains_as_the_eager_one(small_synthetic, monkeypatc
         collection.flush()
         tables = {t.name: collection.table_weight(t.name).clone() for t in collection.embedding_bag_configs()}
         dense = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items() if "sparse" not in k}
-        results.append((trainer.summary_fields()["cuda_graphs"], losses, counts, dense, tables))
-    (off, want_losses, want_counts, want_dense, want_tables), (on, got_losses, got_counts, got_dense, got_tables) = results
+        residency = [(c.slots.slot_to_id.cpu().clone(), c.policy.slot_last.cpu().clone())
+                     for c in row_caches(trainer.model)]
+        results.append((trainer.summary_fields()["cuda_graphs"], losses, counts, dense, tables, residency))
+    (off, want_losses, want_counts, want_dense, want_tables, want_res), \
+        (on, got_losses, got_counts, got_dense, got_tables, got_res) = results
+    assert all(torch.equal(a, b) for pair in zip(got_res, want_res) for a, b in zip(*pair))
     assert off == "off: turned off" and on.startswith("on")
     assert len(got_losses) == 12 and got_losses == want_losses and got_counts == want_counts
     assert all(torch.equal(got_dense[k], want_dense[k]) for k in want_dense)

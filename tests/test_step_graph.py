@@ -40,6 +40,8 @@ def test_what_keeps_a_cuda_step_eager():
     adam = CachedEmbeddingBag(50, 4, optimizer="adam", device="cpu", bookkeeping="device", row_dtype="bfloat16")
     assert choose_graphs("auto", "cuda", adam).reason == \
         "Adam's bias correction, stochastic rounding of half-precision rows read the step count on the host"
+    aging = CachedEmbeddingBag(50, 4, optimizer="sgd", device="cpu", bookkeeping="device", half_life=3)
+    assert choose_graphs("auto", "cuda", aging).reason == "the eviction half-life's aging read the step count on the host"
     with pytest.raises(ValueError, match="cuda_graphs must be one of"):
         choose_graphs("yes", "cuda")
 
@@ -49,7 +51,7 @@ def test_what_keeps_a_cuda_step_eager():
 def test_a_captured_cached_step_replays_as_the_eager_step():
     """Eight steps of a cached bag (device bookkeeper, SGD rows) and an MLP (SGD), one-hot
     batches from the host: the captured run (3 eager warm-up steps, then replays) gives
-    the eager run's losses and table rows."""
+    the eager run's losses, table rows, recency stamps and resident rows."""
     g = torch.Generator().manual_seed(0)
     batches = [(torch.randint(0, 500, (64, 1), generator=g), torch.rand(64, 1, generator=g).round())
                for _ in range(8)]
@@ -75,10 +77,14 @@ def test_a_captured_cached_step_replays_as_the_eager_step():
             assert choice.capture
         losses = [step(*b) for b in batches]
         torch.cuda.synchronize()
-        runs.append((torch.stack(losses).cpu(), bag.full_weight(), [p.detach().cpu() for p in mlp.parameters()]))
-    (want_loss, want_rows, want_mlp), (got_loss, got_rows, got_mlp) = runs
+        residency = (bag.cache.slots.slot_to_id.cpu().clone(), bag.cache.policy.slot_last.cpu().clone())
+        runs.append((torch.stack(losses).cpu(), bag.full_weight(), [p.detach().cpu() for p in mlp.parameters()],
+                     residency))
+    (want_loss, want_rows, want_mlp, want_res), (got_loss, got_rows, got_mlp, got_res) = runs
     assert torch.equal(got_loss, want_loss)
     assert torch.equal(got_rows, want_rows)
+    # the clock a replay stamps is the device's own: the same recency stamps, the same rows resident
+    assert torch.equal(got_res[0], want_res[0]) and torch.equal(got_res[1], want_res[1])
     assert all(torch.equal(a, b) for a, b in zip(got_mlp, want_mlp))
     assert step.captured and step.steps == 8
 

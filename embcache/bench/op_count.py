@@ -6,13 +6,15 @@ Counted with a dispatch mode over every aten operation on a tensor of the given 
 type; views and aliases (which launch nothing) and operations on host tensors are left
 out. Run the work with its device tensors on `meta` and nothing is computed at all: the
 count (and the host's time, an upper bound, since some meta kernels are slow Python) is
-what remains.
+what remains. One of the project's own kernels (`embcache.kernels`) dispatches as one op but
+may launch more than one kernel: it counts as the launches it makes (`kernels.LAUNCHES`).
 """
 from __future__ import annotations
 
 from collections import Counter
 
 import torch
+from embcache.kernels import LAUNCHES
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -51,7 +53,7 @@ class OpCounter(TorchDispatchMode):
         if name not in _NO_LAUNCH and not func.is_view:
             flat, _ = tree_flatten((args, kwargs, out))  # a factory (full, arange) has its tensor in the output
             if any(isinstance(a, torch.Tensor) and a.device.type == self.device_type for a in flat):
-                self.ops[name] += 1
+                self.ops[name] += LAUNCHES.get(name, 1)
         return out
 
     @property

@@ -15,12 +15,10 @@ on the host are set back).
 
 A replay runs none of the step's Python, so what the step counts on the host (the caches'
 step counts, eviction clocks and batch counts; Adagrad's step counts) is added after each
-replay (`HostCounters`): a captured run's checkpoint counts as an eager run's. One thing a
-replay cannot follow: the clock the device bookkeeper's kernels stamp on the rows a batch
-uses is a host number baked into the graph, so every replayed batch stamps the capture's
-clock. The parameters and losses are the eager run's (the cache holds rows, it does not
-change them); the recency stamps, and with them which rows stay resident, may differ until
-that clock lives on the device."""
+replay (`HostCounters`): a captured run's checkpoint counts as an eager run's. The clock the
+device bookkeeper stamps on the rows a batch uses is its own on the device, advanced inside
+the graph (`DeviceRowCache._tick`), so a replayed step stamps, evicts and keeps the rows an
+eager step would."""
 from __future__ import annotations
 
 import logging

@@ -13,16 +13,26 @@ repeatable, and what decides whether a result equals torch's to the bit):
   sequentially from 0.0 in float32, divides by the bag's length for `mean` (an empty bag
   gives 0), and writes those columns of output row b, which no other program writes. It
   writes nothing else and reads no other rows; a table row named twice is read twice.
-- `fused_row_update` (`fused_update.py`, `embcache::fused_row_update`): one program per
-  lookup, in the order of the lookups' sorted keys. A program whose key equals the previous
-  one's returns at once; the one that leads its run of equal keys reads that run's terms
-  (each a row of the output gradient, scaled for `mean` and by the lookup's weight) in
-  sorted order, and reads, updates and writes the one row of the weight and of the
-  optimizer's state the run names. A row has one leader, so no two programs write a row.
+- `fused_row_update` (`fused_update.py`, `embcache::fused_row_update`, two launches): the
+  lookups in the order of their sorted keys, cut into chunks of 64. A run of equal keys is
+  read, in sorted order, by the program of the chunk it starts in, which sums its terms
+  (each a row of the output gradient, scaled for `mean` and by the lookup's weight) and
+  reads, updates and writes the one row of the weight and of the optimizer's state the run
+  names; a run longer than a chunk is summed piece by piece into a workspace and stepped by
+  the second launch. Every row is written by one program.
+- `move_rows` (`row_moves.py`, `embcache::move_rows`): program i copies row `src_rows[i]`
+  of each source table (the weight and each optimizer state) to row `dst_rows[i]` of its
+  destination where `mask[i]`, and touches nothing where it is False.
+- `look_up` (`batch_lookup.py`, `embcache::lookup_counts` and `embcache::lookup_ranks`,
+  after a sort): program b takes block b of the batch's sorted ids and of its original
+  order; each entry of the results is written by one program.
 """
 from .resolve import CHOICES, resolve_kernels
 
-__all__ = ["CHOICES", "resolve_kernels", "pooled_lookup"]
+__all__ = ["CHOICES", "LAUNCHES", "resolve_kernels", "pooled_lookup"]
+
+# the ops above that launch more than one kernel, and how many (an op count counts launches)
+LAUNCHES = {"fused_row_update": 2}
 
 
 def __getattr__(name):

@@ -64,6 +64,8 @@ def step_count_readers(model: nn.Module | None) -> list[str]:
             found.add("Adagrad's lr_decay")
         if rounding is not None and rounding.mode == "stochastic" and rounding.dtype != torch.float32:
             found.add("stochastic rounding of half-precision rows")
+        if getattr(cache.policy, "half_life", None):
+            found.add("the eviction half-life's aging")
     return sorted(found)
 
 

@@ -96,6 +96,8 @@ class DeviceRowCache(DeviceUpdates, RowCache):
         self._one_count = torch.ones(1, dtype=torch.int32, device=self.device)  # a use, for masked index_add_
         self._arange = torch.arange(max(C, 1), device=self.device)
         self._fresh = True  # nothing admitted yet: every slot free, in order
+        self._clock = torch.zeros((), dtype=torch.float64, device=self.device)  # the policy's, as the kernels stamp it
+        self._clock_mirror: int | None = None  # the host's count `_clock` holds (None: not yet set)
         if ids_freq is not None and warmup_ratio > 0:
             self.warm_up(ids_freq, warmup_ratio)
 
@@ -175,12 +177,15 @@ class DeviceRowCache(DeviceUpdates, RowCache):
     def host_counts(self) -> tuple[int, int, int]:
         """What a step counts on the host: (optimizer steps, the policy's clock, batches
         looked up). A step replayed from a CUDA graph runs none of its host side, which
-        `advance_host_counts` then adds (the clock its kernels stamp stays the capture's)."""
+        `advance_host_counts` then adds (the clock its kernels stamp is the device's own,
+        advanced by the replay: `_tick`)."""
         return self.step, self.policy.clock, self._stats.batches
 
     def advance_host_counts(self, steps: int, clock: int, batches: int) -> None:
         self.step += steps
         self.policy.clock += clock
+        if self._clock_mirror is not None:  # the replays advanced the device's clock as much
+            self._clock_mirror += clock
         self._stats.batches += batches
 
     def _fold_counters(self) -> None:
@@ -303,7 +308,7 @@ class DeviceRowCache(DeviceUpdates, RowCache):
         free_list = free_list[:n]
         nfree = torch.minimum(free_count, m)
         candidates = occupied & ~((self.holds > 0) | in_batch[:C])
-        keys = pick(candidates, p.keys(), torch.full_like(p.slot_last, INF))
+        keys = pick(candidates, p.slot_primary + p.slot_last / (clock + 1), torch.full_like(p.slot_last, INF))
         kv = min(n, C)
         vkeys, victims = torch.sort(keys, stable=True)
         vkeys, victims = vkeys[:kv], victims[:kv]
@@ -387,7 +392,7 @@ class DeviceRowCache(DeviceUpdates, RowCache):
                                              self._one_count.expand(r.numel()))
         return rows, outside
 
-    def _record_use(self, in_batch: torch.Tensor, clock: float) -> torch.Tensor:
+    def _record_use(self, in_batch: torch.Tensor, clock: torch.Tensor) -> torch.Tensor:
         """The batch's use of every slot it touches (`in_batch`, with its trash entry);
         returns the mask of those slots."""
         touched = in_batch[: self.num_slots]
@@ -401,19 +406,35 @@ class DeviceRowCache(DeviceUpdates, RowCache):
         touched = torch.zeros(self.num_slots, dtype=torch.bool, device=self.device)
         return flat.new_empty(0), touched, self._zero, self._zero, None
 
-    def _tick(self) -> float:
-        """A lookup pass begins: the policy's clock advances (its aging with it)."""
+    def _tick(self) -> torch.Tensor:
+        """A lookup pass begins: the policy's clock advances (its aging with it), on the host
+        and on the device, whose copy (0-d float64) is what the pass stamps and divides by.
+        The device's advances by one add where it held the host's previous count, so a step
+        replayed from a CUDA graph stamps a clock of its own, not the capture's (the host's
+        count catches up after the replay: `advance_host_counts`); where anything else moved
+        the host's count (a checkpoint loaded), it is set to the host's. One op either way."""
         self.policy.tick()
         self._fresh = False
-        return float(self.policy.clock)
+        clock = self.policy.clock
+        if self._clock_mirror == clock - 1:
+            self._clock.add_(1)
+        else:
+            self._clock.fill_(clock)
+        self._clock_mirror = clock
+        return self._clock
 
     def _look_up(self, flat: torch.Tensor):
         """A batch's lookup and its distinct missing ids, in fixed sizes: (each lookup's slot,
         -1 absent; whether it hit; the mask of slots it hits, one entry longer (the trash);
         the distinct missing ids ascending, padded with the trash id N to the batch's length;
         how many (0-d); each lookup's id's rank among them, valid where absent). The dedup
-        is a stable sort and a neighbour compare; a rank is a running sum."""
+        is a stable sort and a neighbour compare; a rank is a running sum (in three
+        launches with kernels "triton": `kernels.batch_lookup`)."""
         C, N, n, dev = self.num_slots, self.num_rows, flat.numel(), self.device
+        if self.kernels == "triton":
+            from embcache.kernels.batch_lookup import look_up
+
+            return look_up(flat, self._pad["id_to_slot"], C, N)
         slots = self._pad["id_to_slot"].index_select(0, flat)
         hit = slots >= 0
         in_batch = torch.zeros(C + 1, dtype=torch.bool, device=dev)

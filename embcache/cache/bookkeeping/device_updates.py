@@ -58,7 +58,8 @@ class DeviceUpdates:
         work, state = self._work, self.state_of_work()
         empty = work["weight"].new_empty(0, dtype=torch.float32)
         first, second = (state.get("sum", state.get("exp_avg", empty)), state.get("exp_avg_sq", empty))
-        stochastic = self.rounding.salt(self.step) if self.rounding.mode == "stochastic" else None
+        half = work["weight"].dtype != torch.float32  # float32 rows take no rounding: no salt, no step count
+        stochastic = self.rounding.salt(self.step) if self.rounding.mode == "stochastic" and half else None
         fused_row_update(work["weight"], first, second, keys, order, rows, bags, grad_out, scale, weights,
                          **optimizer_factors(self.optimizer, self.step), stochastic_salt=stochastic, row_ids=self._work_ids)
 
@@ -147,10 +148,8 @@ def lookup_bags(indices: torch.Tensor, offsets: torch.Tensor, mode: str,
     """Each lookup's bag, and ("mean") 1 / each bag's size in `dtype`: what `lookup_terms`
     multiplies by, made once for it and the fused kernel, so that their terms are alike."""
     n = indices.numel()
-    offset2bag = torch.zeros(n + 1, dtype=torch.long, device=indices.device)
-    offset2bag.index_add_(0, offsets, torch.ones_like(offsets))
-    offset2bag[0] -= 1
-    offset2bag = offset2bag.cumsum(0)[:n]
+    # a lookup's bag: how many bags start at or before it, less one (empty bags start where the next does)
+    offset2bag = torch.searchsorted(offsets, torch.arange(n, device=indices.device), right=True).sub_(1)
     if mode != "mean":
         return offset2bag, None
     ends = torch.cat([offsets[1:], offsets.new_full((1,), n)])
