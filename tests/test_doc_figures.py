@@ -71,7 +71,7 @@ FIGURES = [
     ("README.md", "Its {} failing CUDA tests of {}", "device_2026-11-28/cuda_tests.json",
      lambda d: (d["counts"]["failure"], sum(d["counts"].values()))),
     ("README.md", "share of a step is **{} operations**", "host_ops.json", ("summary", 1, "launches_per_step")),
-    ("README.md", "the step issues {} (`bench/results/host_ops_triton.json`)", "host_ops_triton.json",
+    ("README.md", "the step issues {} (`bench/results/host_ops_triton.json`", "host_ops_triton.json",
      ("summary", 1, "launches_per_step")),
     ("README.md", "a HEAT epoch is {:.0f}–{:.0f}× faster", "cf.json",
      lambda d: (min(_tiled_k64(d) + [_quiet_tiled(_load("cf_negatives_quiet.json"))]),
