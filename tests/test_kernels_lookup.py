@@ -82,3 +82,48 @@ def test_with_its_own_kernels_the_device_bookkeeper_decides_as_the_host_one(evic
             for b, k in (("host", "torch"), ("device", "triton"))]
     assert bags[1].cache.kernels == "triton" and bags[1].cache.link.triton
     _run(bags, zipf_batches(400, 6, 8, 3, seed=2, a=1.1), depth=1, evaluate_every=3)
+
+
+# ---------------------------------------------------------------------- on a GPU
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_kernels_look_up_as_the_torch_path():
+    """Compiled for the GPU (full blocks of 1024): the shapes above, and a Kaggle-sized batch
+    (425,984 ids over 3 M rows, 50,000 slots) spanning hundreds of blocks."""
+    for num_rows, num_slots, n, _ in SHAPES + [(3_000_000, 50_000, 425_984, None)]:
+        ids, id_to_slot = _case(num_rows, num_slots, n, seed=1, repeat=n > 100)
+        ids, id_to_slot = ids.cuda(), id_to_slot.cuda()
+        stand_in = _TorchPath(id_to_slot, num_slots, num_rows)
+        stand_in.device = ids.device
+        want = DeviceRowCache._look_up(stand_in, ids)
+        got = batch_lookup.look_up(ids, id_to_slot, num_slots, num_rows)
+        for name, a, b in zip(["slots", "hit", "in_batch", "missing", "m", "where"], got, want):
+            assert a.dtype == b.dtype and torch.equal(a, b), (name, n)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_device_bookkeeper_decides_alike_with_either_kernels():
+    """The device bookkeeper on CUDA with torch's kernels and with its own: the same slots,
+    counters and step after step (the rows within float32 rounding: on CUDA torch's SGD adds
+    a row's terms by atomics, the fused kernel in sorted order)."""
+    g = torch.Generator().manual_seed(0)
+    weight, freq = torch.randn(5000, 16, generator=g), torch.randint(0, 20, (5000,), generator=g)
+    bags = [CachedEmbeddingBag(5000, 16, weight=weight, ids_freq=freq, device="cuda", bookkeeping="device",
+                               kernels=k, cache_ratio=0.03, eviction="freq", admission=True, optimizer="sgd", lr=0.1)
+            for k in ("torch", "triton")]
+    assert bags[1].cache.link.triton
+    batches = zipf_batches(5000, 12, 256, 4, seed=3, a=1.1)
+    for bag in bags:
+        bag.prefetch(*batches[0])
+    for i, (ids, offsets) in enumerate(batches):
+        for bag in bags:
+            out = bag(ids, offsets)
+            if i + 1 < len(batches):
+                bag.prefetch(*batches[i + 1])
+            (out * torch.linspace(0.5, 1.5, out.shape[1], device="cuda")).sum().backward()
+        maps = [bag.cache.slots.slot_to_id.cpu() for bag in bags]
+        assert torch.equal(maps[0], maps[1]), i
+    stats = [bag.cache_stats() for bag in bags]
+    assert stats[0] == stats[1] and stats[0]["overflow_rows"] > 0
+    torch.testing.assert_close(bags[1].full_weight(), bags[0].full_weight(), rtol=1e-5, atol=1e-6)

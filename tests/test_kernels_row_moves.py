@@ -73,3 +73,31 @@ def test_the_links_kernel_moves_what_its_tensor_ops_move(state):
     for name in links[0].views:
         assert torch.equal(works[0][name][:6], works[1][name][:6])  # row 6: the tensor path's trash
         assert torch.equal(links[0].host[name][:30], links[1].host[name][:30])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_rows_cross_the_link_both_ways_through_the_pinned_view():
+    """The host link on CUDA: the kernel passes its check and moves rows between the pinned
+    store (read and written through its device view) and a device table as the tensor ops do."""
+    g = torch.Generator().manual_seed(4)
+    weight = torch.randn(3000, 16, generator=g)
+    state = {"exp_avg": (16, 0.0), "exp_avg_sq": (16, 0.0)}
+    stores = [HostStore.create("memory", weight, state, torch.bfloat16, pin=True, spare_rows=1) for _ in range(2)]
+    links = [HostLink(s, "cuda", kernels) for s, kernels in zip(stores, ("triton", "tensor"))]
+    assert [link.triton for link in links] == [True, False]
+    n = 1000
+    ids = torch.randperm(3000, generator=g)[:n].cuda()
+    rows = torch.randperm(n, generator=g).cuda()
+    mask = (torch.rand(n, generator=g) < 0.7).cuda()
+    works = [{k: torch.zeros(n + 1, v.shape[1], dtype=v.dtype, device="cuda") for k, v in link.views.items()}
+             for link in links]
+    for link, work in zip(links, works):
+        link.read(ids, rows, mask, work, trash_row=n)
+        for t in work.values():
+            t[:n] += 1
+        link.write(ids.flip(0), rows, mask.flip(0), work, trash_row=n)
+    torch.cuda.synchronize()
+    for name in links[0].views:
+        assert torch.equal(works[0][name][:n], works[1][name][:n])
+        assert torch.equal(links[0].host[name][:3000], links[1].host[name][:3000])

@@ -46,8 +46,8 @@ class HostLink:
         self._moves = None  # `kernels.row_moves`, imported with Triton when used
         if kernels == "triton" and not cuda:
             self.triton = True
-        elif kernels != "tensor" and cuda and _triton_imports():
-            self.triton = self.self_check(device)
+        elif kernels != "tensor" and cuda:
+            self.triton = _triton_imports() and self.self_check(device)
             if kernels == "triton" and not self.triton:
                 raise RuntimeError("the Triton row kernel failed its check on this device")
 
