@@ -236,6 +236,13 @@ def _chunk_kernel(weight_ptr, state_a_ptr, state_b_ptr, keys_ptr, order_ptr, row
 
 
 @_jit
+def _continues(flags_ptr, keys_ptr, kk, chunks, key, CHUNK: tl.constexpr):
+    """Whether chunk `kk` holds a piece at its head of the long run of `key`."""
+    return (tl.load(flags_ptr + 2 * kk, mask=kk < chunks, other=0) == 1) & \
+        (tl.load(keys_ptr + kk * CHUNK, mask=kk < chunks, other=-1) == key)
+
+
+@_jit
 def _long_run_kernel(weight_ptr, state_a_ptr, state_b_ptr, keys_ptr, order_ptr, rows_ptr, partial_ptr, flags_ptr,
                      ids_ptr, salt, n, chunks, dim, alpha, eps, beta1c, beta2c, OPT: tl.constexpr, ROW: tl.constexpr,
                      ALPHA_FMA: tl.constexpr, STOCHASTIC: tl.constexpr, IDS: tl.constexpr, CHUNK: tl.constexpr,
@@ -252,13 +259,9 @@ def _long_run_kernel(weight_ptr, state_a_ptr, state_b_ptr, keys_ptr, order_ptr, 
         at = row * dim + offs
         g = tl.load(partial_ptr + (2 * k + 1) * dim + offs, mask=in_row, other=0.0)
         kk = k + 1
-        more = (tl.load(flags_ptr + 2 * kk, mask=kk < chunks, other=0) == 1) & \
-            (tl.load(keys_ptr + kk * CHUNK, mask=kk < chunks, other=-1) == key)
-        while more:
+        while _continues(flags_ptr, keys_ptr, kk, chunks, key, CHUNK):
             g = g + tl.load(partial_ptr + (2 * kk) * dim + offs, mask=in_row, other=0.0)
             kk += 1
-            more = (tl.load(flags_ptr + 2 * kk, mask=kk < chunks, other=0) == 1) & \
-                (tl.load(keys_ptr + kk * CHUNK, mask=kk < chunks, other=-1) == key)
         w = _load_row(weight_ptr, at, in_row, ROW)
         if OPT == 0:  # SGD's long run: its summed gradient applied once
             w = _alpha_add(w, g, alpha, ALPHA_FMA)
