@@ -85,6 +85,20 @@ def test_the_kernel_equals_embedding_bag_to_the_bit(dtype, mode, weighted, batch
     assert_as_torch(pooled_lookup(table, indices, offsets, weights, mode), table, indices, offsets, weights, mode)
 
 
+@pytest.mark.parametrize("bags_per_program", [2, 4, 32])
+@pytest.mark.parametrize("mode, weighted", [("sum", False), ("mean", False), ("sum", True)])
+def test_any_tile_of_bags_gives_the_same_bits(bags_per_program, mode, weighted):
+    """Bags pooled side by side in tiles (the last one part empty, bags of 0 to 5 ids in
+    one tile): each still sums its own terms in index order, equal to torch to the bit."""
+    table = table_of(torch.float32)
+    indices, offsets = multi_hot(num_bags=37)
+    weights = torch.rand(indices.numel(), generator=torch.Generator().manual_seed(1)).to(DEVICE) if weighted else None
+    out = pooled_lookup(table, indices, offsets, weights, mode, bags_per_program=bags_per_program)
+    assert_as_torch(out, table, indices, offsets, weights, mode)
+    with pytest.raises(ValueError, match="power of two"):
+        pooled_lookup(table, indices, offsets, weights, mode, bags_per_program=3)
+
+
 def test_a_dim_wider_than_a_block_is_split_over_programs(monkeypatch):
     monkeypatch.setattr(pooled, "MAX_BLOCK", 4)  # 12 columns: three programs a bag, none masked
     table = torch.randn(ROWS, 10, device=DEVICE)  # 10 columns: the third block masked at its end

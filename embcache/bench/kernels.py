@@ -13,6 +13,7 @@ from embcache.device import resolve_device
 from embcache.train.bench_results import write_json
 
 LR, EPS = 0.01, 1e-10
+TILES = (1, 4, 16)  # bags a program of the pooled kernel takes, measured side by side
 
 
 def timed(fn, steps: int, warmup: int, device) -> float:
@@ -67,6 +68,12 @@ class TritonPath:
         with torch.no_grad():
             return self.bag(ids, offsets)
 
+    def forward_tiled(self, ids, offsets, bags_per_program: int):
+        """The same forward, the pooled kernel's bags taken `bags_per_program` a program."""
+        from embcache.kernels.pooled import pooled_lookup
+
+        return pooled_lookup(self.bag.table, ids, offsets, None, "sum", bags_per_program=bags_per_program)
+
     def step(self, ids, offsets, grad_out):
         self.bag(ids, offsets).backward(grad_out)
 
@@ -107,6 +114,12 @@ def measure(shape: str, batch_size: int, paths: dict, args, device, copy: float)
                      "samples_per_s": batch_size / step}
         row[name]["forward_share_of_copy"] = row[name]["forward_gbps"] / copy
         row[name]["backward_share_of_copy"] = row[name]["backward_gbps"] / copy
+    tiles = {}  # the pooled kernel's tile of bags, side by side (same bits, other loads in flight)
+    for bags_per_program in TILES:
+        fwd = timed(lambda: paths["triton"].forward_tiled(ids, offsets, bags_per_program), args.steps,
+                    args.warmup_steps, device)
+        tiles[str(bags_per_program)] = fwd_bytes / fwd / 1e9 / copy
+    row["triton"]["forward_share_by_bags_per_program"] = tiles
     row["forward_speedup"] = row["torch"]["forward_ms"] / row["triton"]["forward_ms"]
     row["backward_speedup"] = row["torch"]["backward_ms"] / row["triton"]["backward_ms"]
     row["step_speedup"] = row["torch"]["step_ms"] / row["triton"]["step_ms"]
@@ -131,8 +144,9 @@ def run_all(args) -> int:
             print(f"bench kernels: {shape} batch {batch_size:,}: forward {k['forward_share_of_copy']:.0%} of the copy "
                   f"(torch {t['forward_share_of_copy']:.0%}, x{row['forward_speedup']:.1f}), backward + adagrad "
                   f"{k['backward_share_of_copy']:.0%} (torch {t['backward_share_of_copy']:.0%}, "
-                  f"x{row['backward_speedup']:.1f}), tables agree to {row['max_table_diff_after_one_step']:.1e}",
-                  flush=True)
+                  f"x{row['backward_speedup']:.1f}), tables agree to {row['max_table_diff_after_one_step']:.1e}; "
+                  f"forward by bags a program: " + ", ".join(
+                      f"{b} {v:.0%}" for b, v in k["forward_share_by_bags_per_program"].items()), flush=True)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton's interpreter)"
     path = write_json({"benchmark": "kernels", "device": str(device), "device_name": name, "copy_gbps": copy,
                        "config": {k: v for k, v in vars(args).items() if k != "func"}, "rows": rows},

@@ -5,7 +5,8 @@ pooling, 214) and batch size, over the 26 tables at Kaggle cardinalities times `
 whole on the device (rows float32 with Adagrad's state beside them):
 
 - forward: Triton's pooled lookup (`pooled_lookup`, every table in one launch) against
-  `F.embedding_bag`;
+  `F.embedding_bag`; and the same lookup with 1, 4 and 16 bags a program
+  (`forward_share_by_bags_per_program`: the same bits, other loads in flight);
 - forward + backward + optimizer: the pooled lookup, then the sort of the batch's rows and the
   fused backward + optimizer (`fused_row_update`), against `nn.EmbeddingBag(sparse=True)`,
   its backward and `torch.optim.Adagrad` (torch's `coalesce` and `index_put`). The backward's

@@ -5,14 +5,15 @@ imported only when a kernel is first used (`resolve_kernels` says whether it can
 What each program of each kernel touches (the order of a row's terms is what makes a run
 repeatable, and what decides whether a result equals torch's to the bit):
 
-- `pooled_lookup` (`pooled.py`, `embcache::pooled_lookup`): the grid is (bags, dim
-  blocks). Program (b, j) reads bag b's start and end (`offsets[b]`, `offsets[b + 1]` or
-  the number of indices for the last bag), then, in index order, each index of the bag,
-  its per-sample weight if any, and columns `[j * BLOCK, (j + 1) * BLOCK)` of the table
-  row it names (float32, float16 or bfloat16, widened to float32 on load). It sums them
-  sequentially from 0.0 in float32, divides by the bag's length for `mean` (an empty bag
-  gives 0), and writes those columns of output row b, which no other program writes. It
-  writes nothing else and reads no other rows; a table row named twice is read twice.
+- `pooled_lookup` (`pooled.py`, `embcache::pooled_lookup`): the grid is (tiles of bags, dim
+  blocks). Program (t, j) reads the start and end of each bag b of tile t (`offsets[b]`,
+  `offsets[b + 1]` or the number of indices for the last bag), then, in index order, each
+  index of the bag, its per-sample weight if any, and columns `[j * BLOCK, (j + 1) * BLOCK)`
+  of the table row it names (float32, float16 or bfloat16, widened to float32 on load). It
+  sums each bag's terms sequentially from 0.0 in float32 (the tile's bags side by side),
+  divides by the bag's length for `mean` (an empty bag gives 0), and writes those columns of
+  output row b, which no other program writes. It writes nothing else and reads no other
+  rows; a table row named twice is read twice.
 - `fused_row_update` (`fused_update.py`, `embcache::fused_row_update`, two launches): the
   lookups in the order of their sorted keys, cut into chunks of 64. A run of equal keys is
   read, in sorted order, by the program of the chunk it starts in, which sums its terms

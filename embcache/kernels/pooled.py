@@ -15,6 +15,11 @@ That is the order and rounding of torch's CPU `embedding_bag`, so sum, mean and 
 sum equal `F.embedding_bag(indices, table.float(), offsets, ...)` to the bit on the CPU
 (Triton's interpreter; `tests/test_kernels_pooled.py`). Torch's CUDA kernel sums a bag in
 the same order; the GPU test checks it.
+
+A program pools a tile of `bags_per_program` bags by up to 128 columns: at its step i each
+bag of the tile adds its i-th term where it has one (the others keep their sums as they
+are), so every bag's sum is its own terms in index order whatever the tile, and the tile
+only sets how many row loads a program has in flight at once.
 """
 from __future__ import annotations
 
@@ -29,52 +34,61 @@ except ImportError:  # the module still imports (its doctests are collected); a 
 
 MODES = ("sum", "mean")
 MAX_BLOCK = 128  # columns per program: a wider dim takes more programs, not more registers
+# bags a program pools at once: one, as on the H200 run of 2026-11-28 (38.6 % of the copy
+# bandwidth one-hot), until a GPU run measures more side by side (`bench kernels`)
+BAGS_PER_PROGRAM = 1
 
 
 if triton is not None:
     @triton.jit
     def _pooled_kernel(table, indices, offsets, weights, out, num_bags, num_indices, dim,
-                       HAS_WEIGHTS: tl.constexpr, MEAN: tl.constexpr, BLOCK: tl.constexpr):
-        bag = tl.program_id(0)
+                       HAS_WEIGHTS: tl.constexpr, MEAN: tl.constexpr, BAGS: tl.constexpr, BLOCK: tl.constexpr):
+        bags = tl.program_id(0) * BAGS + tl.arange(0, BAGS)
+        live = bags < num_bags
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         keep = cols < dim
-        start = tl.load(offsets + bag)
-        end = tl.load(offsets + bag + 1, mask=bag + 1 < num_bags, other=num_indices)  # the last bag ends at the end
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for i in range(start, end):
-            row = tl.load(indices + i).to(tl.int64)
-            term = tl.load(table + row * dim + cols, mask=keep, other=0.0).to(tl.float32)
+        start = tl.load(offsets + bags, mask=live, other=0)
+        end = tl.load(offsets + bags + 1, mask=live & (bags + 1 < num_bags), other=num_indices)  # the last bag ends
+        length = tl.where(live, end - start, 0)  # at the end
+        acc = tl.zeros([BAGS, BLOCK], dtype=tl.float32)
+        for i in range(0, tl.max(length, axis=0)):  # the tile's bags step together, each through its own ids
+            on = i < length
+            row = tl.load(indices + start + i, mask=on, other=0).to(tl.int64)
+            term = tl.load(table + row[:, None] * dim + cols[None, :], mask=on[:, None] & keep[None, :],
+                           other=0.0).to(tl.float32)
             if HAS_WEIGHTS:  # one rounding per weighted term, as torch's CPU (FBGEMM) and CUDA kernels
-                acc = tl.fma(term, tl.load(weights + i).to(tl.float32), acc)
+                weight = tl.load(weights + start + i, mask=on, other=0.0).to(tl.float32)
+                acc = tl.where(on[:, None], tl.fma(term, weight[:, None], acc), acc)
             else:
-                acc += term
+                acc = tl.where(on[:, None], acc + term, acc)
         if MEAN:
-            length = tl.maximum(end - start, 1).to(tl.float32)
-            acc = tl.math.div_rn(acc, tl.zeros([BLOCK], dtype=tl.float32) + length)
-        tl.store(out + bag.to(tl.int64) * dim + cols, acc, mask=keep)
+            size = tl.maximum(length, 1).to(tl.float32)
+            acc = tl.math.div_rn(acc, tl.zeros([BAGS, BLOCK], dtype=tl.float32) + size[:, None])
+        tl.store(out + bags.to(tl.int64)[:, None] * dim + cols[None, :], acc, mask=live[:, None] & keep[None, :])
 
     @triton_op("embcache::pooled_lookup", mutates_args={})
     def _pooled_op(table: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
-                   per_sample_weights: torch.Tensor | None, mode: str) -> torch.Tensor:
+                   per_sample_weights: torch.Tensor | None, mode: str, bags_per_program: int = 1) -> torch.Tensor:
         num_bags, dim = offsets.numel(), table.shape[1]
         out = torch.empty((num_bags, dim), dtype=torch.float32, device=table.device)
         if num_bags == 0 or dim == 0:
             return out
         block = min(MAX_BLOCK, triton.next_power_of_2(dim))
         weights = indices if per_sample_weights is None else per_sample_weights  # unread without weights
-        grid = (num_bags, triton.cdiv(dim, block))
+        grid = (triton.cdiv(num_bags, bags_per_program), triton.cdiv(dim, block))
         wrap_triton(_pooled_kernel)[grid](table, indices, offsets, weights, out, num_bags, indices.numel(), dim,
                                           HAS_WEIGHTS=per_sample_weights is not None, MEAN=mode == "mean",
-                                          BLOCK=block)
+                                          BAGS=bags_per_program, BLOCK=block)
         return out
 
     @_pooled_op.register_fake
-    def _(table, indices, offsets, per_sample_weights, mode):
+    def _(table, indices, offsets, per_sample_weights, mode, bags_per_program=1):
         return table.new_empty((offsets.numel(), table.shape[1]), dtype=torch.float32)
 
 
 def pooled_lookup(table: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
-                  per_sample_weights: torch.Tensor | None = None, mode: str = "sum") -> torch.Tensor:
+                  per_sample_weights: torch.Tensor | None = None, mode: str = "sum",
+                  bags_per_program: int | None = None) -> torch.Tensor:
     """`F.embedding_bag(indices, table.float(), offsets, mode=mode,
     per_sample_weights=per_sample_weights)` as one op: `[B, D]` float32, B = len(offsets).
 
@@ -85,6 +99,10 @@ def pooled_lookup(table: torch.Tensor, indices: torch.Tensor, offsets: torch.Ten
             closing offset). An empty bag gives zeros.
         per_sample_weights: one float per index (sum mode only, as torch).
         mode: "sum" or "mean".
+        bags_per_program: bags a program pools side by side (a power of two; None:
+            `BAGS_PER_PROGRAM`). Any choice gives the same bits: each bag's terms are
+            summed in its own index order; it changes only how many loads a program has in
+            flight (`bench kernels` measures the choices side by side).
 
     The inputs are the caller's checked ones (the bag's input checks): only types and
     shapes are checked here, since reading an id on the host would stall the device.
@@ -97,10 +115,13 @@ def pooled_lookup(table: torch.Tensor, indices: torch.Tensor, offsets: torch.Ten
     if triton is None:
         raise RuntimeError("the pooled-lookup kernel needs Triton, which does not import here: use kernels='torch'")
     _check(table, indices, offsets, per_sample_weights, mode)
+    bags = BAGS_PER_PROGRAM if bags_per_program is None else int(bags_per_program)
+    if bags < 1 or bags & (bags - 1):
+        raise ValueError(f"bags_per_program must be a power of two, got {bags_per_program}")
     table = table.contiguous()
     if per_sample_weights is not None:
         per_sample_weights = per_sample_weights.contiguous()
-    return _pooled_op(table, indices.contiguous(), offsets.contiguous(), per_sample_weights, mode)
+    return _pooled_op(table, indices.contiguous(), offsets.contiguous(), per_sample_weights, mode, bags)
 
 
 def _check(table, indices, offsets, per_sample_weights, mode) -> None:
