@@ -110,10 +110,13 @@ class KeyedJaggedTensorLite(_Jagged):
 
     def __init__(self, keys: list[str], values: torch.Tensor, weights: torch.Tensor | None = None,
                  lengths: torch.Tensor | None = None, offsets: torch.Tensor | None = None,
-                 stride: int | None = None, length_per_key: list[int] | None = None):
+                 stride: int | None = None, length_per_key: list[int] | None = None, padded_samples: int = 0):
         if lengths is None and offsets is None:
             raise ValueError("a KeyedJaggedTensor needs lengths or offsets")
         self._keys, self._values, self._weights = list(keys), values, weights
+        # the last samples only pad each feature to a fixed number of ids (`nn.fixed_capacity`):
+        # a collection pools them and drops them from its output
+        self.padded_samples = int(padded_samples)
         self._length_per_key = None if length_per_key is None else [int(n) for n in length_per_key]
         self._lengths = lengths if lengths is not None else offsets[1:] - offsets[:-1]
         self._offsets = offsets

@@ -34,10 +34,12 @@ def test_the_flag_and_its_choices(capsys):
 def test_why_a_step_is_not_captured_in_the_order_a_user_fixes_it():
     cuda = torch.device("cuda")  # a device object: no GPU needed to ask
     run = SimpleNamespace(world=SimpleNamespace(distributed=False), sparse_opt=None, device=cuda, model=None,
-                          meta={"sparse": [{"name": "a", "multi_hot": False}]})
+                          meta={"sparse": [{"name": "a", "multi_hot": False}]}, cfg=SimpleNamespace(arch="torch"))
     assert graph_choice(run, "auto").capture and graph_choice(run, "on").capture
     assert graph_choice(run, "off").reason == "turned off"
-    assert "batch shapes vary" in graph_choice(replace_ns(run, meta={"sparse": [{"multi_hot": True}]}), "on").reason
+    multi_hot = replace_ns(run, meta={"sparse": [{"multi_hot": True}]})
+    assert graph_choice(multi_hot, "on").capture  # padded to fixed capacities
+    assert "--arch torch" in graph_choice(replace_ns(multi_hot, cfg=SimpleNamespace(arch="torchrec")), "on").reason
     assert "torch's sparse optimizer" in graph_choice(replace_ns(run, sparse_opt=object()), "auto").reason
     assert "torchrun" in graph_choice(replace_ns(run, world=SimpleNamespace(distributed=True)), "auto").reason
     assert graph_choice(replace_ns(run, device=torch.device("cpu")), "auto").reason == "not on CUDA"
@@ -152,18 +154,21 @@ def test_a_replay_counts_on_the_host_what_the_eager_step_counts(small_synthetic)
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_a_captured_dlrm_run_trains_as_the_eager_one(small_synthetic, monkeypatch):
+@pytest.mark.parametrize("data, steps", [("small_synthetic", 12), ("multi_hot_data", 20)])
+def test_a_captured_dlrm_run_trains_as_the_eager_one(data, steps, request, monkeypatch):
     """A cached run with the device bookkeeper (SGD rows: nothing reads the step count),
     captured and replayed, against the same run eager: bit-equal losses, dense weights and
     table rows after 12 steps (expected to the bit: the graph replays the kernels the eager
     step launches, on the same tensors), the same counts on the host (steps, clock, batches,
     Adagrad's steps), the same recency stamps and resident rows (a replay stamps the device's
-    own clock), and the summary saying it captured."""
+    own clock), and the summary saying it captured. Multi-hot: the first 8 batches eager, then
+    padded to fixed capacities (CUDA's stable sort: the padded sums are the unpadded ones)."""
     results = []
     for setting in ("off", "on"):
         torch.manual_seed(0)
-        trainer = DLRMTrainer(_config(device="cuda", cuda_graphs=setting, max_steps=12, sparse_optimizer="sgd",
-                                      kernels="triton", precision="fp32"), small_synthetic)
+        trainer = DLRMTrainer(_config(device="cuda", cuda_graphs=setting, max_steps=steps, sparse_optimizer="sgd",
+                                      kernels="triton", precision="fp32", batch_size=64, arch="torch"),
+                              request.getfixturevalue(data))
         losses = _losses_of(trainer, monkeypatch)
         trainer.fit()
         counts = trainer.graphs.counters.read()
@@ -178,7 +183,8 @@ def test_a_captured_dlrm_run_trains_as_the_eager_one(small_synthetic, monkeypatc
         (on, got_losses, got_counts, got_dense, got_tables, got_res) = results
     assert all(torch.equal(a, b) for pair in zip(got_res, want_res) for a, b in zip(*pair))
     assert off == "off: turned off" and on.startswith("on")
-    assert len(got_losses) == 12 and got_losses == want_losses and got_counts == want_counts
+    assert len(got_losses) == steps and got_losses == want_losses and got_counts == want_counts
+    assert ("multi-hot padded" in on) == (data == "multi_hot_data")
     assert all(torch.equal(got_dense[k], want_dense[k]) for k in want_dense)
     assert all(torch.equal(got_tables[k], want_tables[k]) for k in want_tables)
 
@@ -206,3 +212,90 @@ def test_a_capture_cuda_refuses_is_said_and_every_batch_then_trains_eagerly(smal
     assert graphs.counters.read() == counted  # as before the capture: the eager steps count from there
     assert eager == batches and not graphs.active and graphs.describe() == "off: the capture failed"
     assert said == ["cuda graphs: the training step could not be captured (CUDA error: x); the run goes on eagerly"]
+
+
+# ---------------------------------------------------------------------- multi-hot, padded
+@pytest.fixture(scope="module")
+def multi_hot_data(tmp_path_factory):
+    """A small CTR data set with one one-hot and two multi-hot features (0-6 and 1-3 ids a row)."""
+    import numpy as np
+
+    from embcache.data.ctr_format import CTRDatasetWriter, SparseFeature, multi_hot
+
+    out = tmp_path_factory.mktemp("multi_hot")
+    features = [SparseFeature("sparse_0", 300), SparseFeature("sparse_1", 120, multi_hot=True),
+                SparseFeature("sparse_2", 40, multi_hot=True)]
+    writer = CTRDatasetWriter(out, 2, features, source="test: multi-hot")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 1500), ("val", 200), ("test", 200)):
+        columns = [rng.zipf(1.3, n) % 300]
+        for card, low, high in ((120, 0, 7), (40, 1, 4)):
+            counts = rng.integers(low, high, n)
+            offsets = np.concatenate([[0], np.cumsum(counts)])
+            columns.append(multi_hot(offsets, rng.zipf(1.3, int(offsets[-1])) % card))
+        writer.write(split, rng.integers(0, 2, n), rng.random((n, 2)), columns)
+    writer.finish()
+    return out
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_padded_multi_hot_steps_train_as_train_step_to_the_bit(multi_hot_data, optimizer):
+    """The captured step's function on multi-hot batches padded to fixed capacities (after
+    the eager batches that set them) against `train_step` on the same batches unpadded: the
+    same cache statistics (pad lookups repeat an id the batch has), and with SGD the same
+    losses, dense weights and table rows, bit for bit. Adagrad sums a row's terms after a sort
+    of its keys, which on the CPU is not stable (as torch's CPU `coalesce`): the pad lookups'
+    zero terms join the run of a real row and can reorder its real terms, so the rows move by
+    rounding (within 1e-6 here); CUDA's sort is stable, and there the sum is unchanged."""
+    runs, said = [], []
+    for padded in (False, True):
+        torch.manual_seed(0)
+        trainer = DLRMTrainer(_config(prefetch_depth=0, arch="torch", sparse_optimizer=optimizer, batch_size=64),
+                              multi_hot_data)
+        graphs = GraphedSteps(trainer, "off", said.append)
+        graphs.multi_hot = True  # as a captured run on CUDA would
+        losses, padded_steps = [], 0
+        for i, batch in enumerate(trainer._batches("train", 64)):
+            if i == 16:
+                break
+            values_lengths = graphs._padded(batch.sparse) if padded else None
+            if values_lengths is None:
+                losses.append(trainer.train_step(batch, ()))
+                continue
+            graphs.layout = (type(batch.sparse), batch.sparse.keys(), batch.sparse.stride())
+            losses.append(graphs._step(batch.dense, batch.labels, *values_lengths))
+            padded_steps += 1
+        collection = trainer.sparse.local
+        collection.flush()
+        tables = {t.name: collection.table_weight(t.name).clone() for t in collection.embedding_bag_configs()}
+        dense = {k: v.clone() for k, v in trainer.model.state_dict().items() if "sparse" not in k}
+        runs.append(([float(v) for v in losses], dense, tables, collection.cache_stats(), padded_steps))
+    (want_losses, want_dense, want_tables, want_stats, _), (got_losses, got_dense, got_tables, got_stats, n) = runs
+    assert n == 16 - 8 and len(graphs.capacities) == 3 and graphs.capacities[0] == 64  # one-hot: kept as it is
+    most = [max(col) for col in zip(*graphs._sampled)]
+    assert all(most[f] * 1.25 <= graphs.capacities[f] < most[f] * 1.25 + 64 for f in (1, 2))
+    assert said == [f"cuda graphs: multi-hot batches padded to {sum(graphs.capacities):,} ids (each feature's most "
+                    f"in the first 8 batches, which ran eagerly, x1.25)"]
+    assert got_stats == want_stats  # pad lookups repeat an id the batch has: the same decisions
+    assert len(set(got_losses)) > 1
+    if optimizer == "sgd":
+        assert got_losses == want_losses
+        assert all(torch.equal(got_dense[k], want_dense[k]) for k in want_dense)
+        assert all(torch.equal(got_tables[k], want_tables[k]) for k in want_tables)
+    else:
+        torch.testing.assert_close(got_losses, want_losses, rtol=1e-6, atol=0)
+        for got, want in ((got_dense, want_dense), (got_tables, want_tables)):
+            assert all(torch.allclose(got[k], want[k], rtol=1e-6, atol=1e-7) for k in want)
+
+
+def test_a_multi_hot_batch_over_its_capacity_runs_eagerly_counted_and_said_once(multi_hot_data):
+    trainer = DLRMTrainer(_config(arch="torch", batch_size=64), multi_hot_data)
+    said = []
+    graphs = GraphedSteps(trainer, "off", said.append)
+    batches = [b for _, b in zip(range(9), trainer._batches("train", 64))]
+    assert [graphs._padded(b.sparse) for b in batches[:8]] == [None] * 8 and graphs.capacities is not None
+    graphs.capacities = [64, 1, 1]  # far below what a batch holds
+    assert graphs._padded(batches[8].sparse) is None and graphs._padded(batches[8].sparse) is None
+    assert graphs.over_capacity == 2 and sum("more ids than the padded capacity" in line for line in said) == 1
+    graphs.step = object()  # as if active
+    assert "2 over it eager" in graphs.describe()

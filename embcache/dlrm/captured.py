@@ -7,9 +7,17 @@ for every feature of one-hot data, so the collection reads no count from the dev
 loss, the backward with the cache's row update in it, and the dense optimizer's step. What it
 does not: prefetching (a captured cached step admits its own batch inside the graph); a
 batch of another shape (the epoch's last, shorter batch runs eagerly, counted); torchrun
-runs (their exchanges); multi-hot data (shapes vary); whole tables trained by torch's sparse
-optimizer; the host bookkeeper; row updates that read the step count on the host
-(`step_graph.choose_graphs` says which). A capture CUDA refuses is said in one line and the
+runs (their exchanges); whole tables trained by torch's sparse optimizer; the host
+bookkeeper; row updates that read the step count on the host (`step_graph.choose_graphs`
+says which).
+
+Multi-hot data: the first `SAMPLE_BATCHES` batches run eagerly and set each feature's
+capacity (its most ids in them, times `CAPACITY_MARGIN`; a feature with the same count in
+every one, as a one-hot feature, keeps it); every later batch is padded to those capacities
+(`nn.fixed_capacity.pad_features`: one extra sample a feature, dropped from the pooled
+output), which trains as the unpadded batch. A batch over a capacity runs eagerly, counted
+and said once. The padded batch is the project's own `KeyedJaggedTensorLite`, so it needs the
+plain-torch DLRM (`--arch torch`): torchrec's SparseArch sizes its output by the batch. A capture CUDA refuses is said in one line and the
 run goes on eagerly from the same batch (the capture ran nothing; the counts its Python moved
 on the host are set back).
 
@@ -26,9 +34,20 @@ from typing import Callable
 
 import torch
 
+from embcache.dlrm.model import resolve_arch
+from embcache.nn.fixed_capacity import choose_capacity, feature_counts, pad_features
+from embcache.sparse_types import KeyedJaggedTensorLite
 from embcache.train.step_graph import CapturedStep, GraphChoice, choose_graphs, row_caches
 
 logger = logging.getLogger(__name__)
+
+SAMPLE_BATCHES = 8  # multi-hot: the eager batches whose ids set each feature's capacity
+CAPACITY_MARGIN = 1.25  # capacity = the most ids a feature had in them, times this
+CAPACITY_ROUND = 64  # ... rounded up to a multiple of this
+
+
+def is_multi_hot(meta: dict) -> bool:
+    return any(f.get("multi_hot", False) for f in meta.get("sparse", []))
 
 
 def graph_choice(trainer, setting: str) -> GraphChoice:
@@ -39,8 +58,10 @@ def graph_choice(trainer, setting: str) -> GraphChoice:
         return GraphChoice(False, "torchrun: the ranks' exchanges are not captured")
     if trainer.sparse_opt is not None:
         return GraphChoice(False, "torch's sparse optimizer is not capturable: use --sparse cached --bookkeeping device")
-    one_hot = not any(f.get("multi_hot", False) for f in trainer.meta.get("sparse", []))
-    return choose_graphs(setting, trainer.device, trainer.model, fixed_shapes=one_hot)
+    if is_multi_hot(trainer.meta) and resolve_arch(trainer.cfg.arch) == "torchrec":
+        return GraphChoice(False, "a padded multi-hot batch needs the plain-torch DLRM (torchrec's SparseArch sizes "
+                                  "its output by the batch): use --arch torch")
+    return choose_graphs(setting, trainer.device, trainer.model)
 
 
 class HostCounters:
@@ -89,6 +110,10 @@ class GraphedSteps:
         self.step = CapturedStep(self._step, trainer.device, warmup=3) if self.choice.capture else None
         self.shape, self.layout, self.eager_batches = None, None, 0
         self.counters, self.per_step = HostCounters(trainer.model, trainer.dense_opt), None
+        self.multi_hot = is_multi_hot(trainer.meta)
+        self.capacities: list[int] | None = None  # ids a padded batch holds per feature (multi-hot)
+        self._sampled: list[list[int]] = []  # the ids per feature of the batches that set them
+        self.over_capacity = 0  # multi-hot batches run eagerly for having more ids
 
     @property
     def active(self) -> bool:
@@ -97,14 +122,24 @@ class GraphedSteps:
     def describe(self) -> str:
         """What the run did, for its summary: "on", or "off: <why>"."""
         if self.active:
-            return "on" + (f" ({self.eager_batches} batches of another shape eager)" if self.eager_batches else "")
+            notes = [f"{self.eager_batches} batches of another shape eager"] if self.eager_batches else []
+            if self.capacities is not None:
+                notes.append(f"multi-hot padded to {sum(self.capacities):,} ids after {len(self._sampled)} eager "
+                             f"batches, {self.over_capacity} over it eager")
+            return "on" + (f" ({'; '.join(notes)})" if notes else "")
         return f"off: {self.choice.reason}" if self.choice.reason else "off"
 
     def __call__(self, batch) -> torch.Tensor:
         if self.step is None:  # its capture failed earlier in the epoch: eager from there on
             return self.trainer.train_step(batch, ())
         kjt = batch.sparse
-        shape = (tuple(batch.dense.shape), tuple(kjt.values().shape), kjt.stride())
+        values, lengths = kjt.values(), kjt.lengths()
+        if self.multi_hot:
+            padded = self._padded(kjt)
+            if padded is None:  # a batch that sets the capacities, or one over them
+                return self.trainer.train_step(batch, ())
+            values, lengths = padded
+        shape = (tuple(batch.dense.shape), tuple(values.shape), kjt.stride())
         if self.shape is None:
             self.shape, self.layout = shape, (type(kjt), kjt.keys(), kjt.stride())
         if shape != self.shape:  # the epoch's last batch: a graph replays one shape
@@ -114,12 +149,12 @@ class GraphedSteps:
             self.eager_batches += 1
             return self.trainer.train_step(batch, ())
         if self.step.captured:  # a replay: the host's side of the step did not run
-            loss = self.step(batch.dense, batch.labels, kjt.values(), kjt.lengths())
+            loss = self.step(batch.dense, batch.labels, values, lengths)
             self.counters.add(self.per_step)
             return loss
         before = self.counters.read()
         try:
-            loss = self.step(batch.dense, batch.labels, kjt.values(), kjt.lengths())
+            loss = self.step(batch.dense, batch.labels, values, lengths)
         except RuntimeError as err:
             self.counters.add(HostCounters.difference(before, self.counters.read()))  # as before the capture
             self.say(f"{err}; the run goes on eagerly")
@@ -128,10 +163,35 @@ class GraphedSteps:
         self.per_step = HostCounters.difference(self.counters.read(), before)
         return loss
 
+    def _padded(self, kjt):
+        """`kjt`'s ids and lengths padded to the capacities (module docstring), or None where
+        the batch runs eagerly: one of the first `SAMPLE_BATCHES`, which set them, or one over."""
+        if self.capacities is None:
+            self._sampled.append(feature_counts(kjt.lengths(), len(kjt.keys())))
+            if len(self._sampled) < SAMPLE_BATCHES:
+                return None
+            self.capacities = [col[0] if len(set(col)) == 1 else
+                               choose_capacity(col, quantile=1.0, margin=CAPACITY_MARGIN, round_to=CAPACITY_ROUND)
+                               for col in zip(*self._sampled)]
+            self.say(f"cuda graphs: multi-hot batches padded to {sum(self.capacities):,} ids (each feature's most in "
+                     f"the first {SAMPLE_BATCHES} batches, which ran eagerly, x{CAPACITY_MARGIN})")
+            return None
+        padded = pad_features(kjt.values(), kjt.lengths(), self.capacities)
+        if padded is None:
+            self.over_capacity += 1
+            if self.over_capacity == 1:
+                self.say("cuda graphs: a batch with more ids than the padded capacity runs eagerly "
+                         "(such batches are counted in the summary's cuda_graphs)")
+        return padded
+
     def batch_of(self, values: torch.Tensor, lengths: torch.Tensor):
         """The sparse batch from static tensors, its per-feature split given (one id a
-        sample), so that the collection needs no count from the device."""
+        sample; multi-hot: the capacities, with the one padding sample), so that the
+        collection needs no count from the device."""
         cls, keys, stride = self.layout
+        if self.capacities is not None:
+            return KeyedJaggedTensorLite(keys, values, lengths=lengths, stride=stride + 1,
+                                         length_per_key=self.capacities, padded_samples=1)
         return cls(keys=keys, values=values, lengths=lengths, stride=stride, length_per_key=[stride] * len(keys))
 
     def _step(self, dense: torch.Tensor, labels: torch.Tensor, values: torch.Tensor,

@@ -121,12 +121,15 @@ class CachedEmbeddingBagCollection(TakesTickets, CollectionInterface, nn.Module)
         # is checked there (no device sync), and only checked input moves to the device
         groups = [self._checked(bag, group) for bag, group in zip(self.bags, groups)]
         pooled: dict[str, torch.Tensor] = {}
+        padded = getattr(features, "padded_samples", 0)  # samples that only pad (`nn.fixed_capacity`): dropped
         for bag, group, bag_ticket in zip(self.bags, groups, tickets):
             out = bag.lookup_checked(group.ids, group.offsets, group.weights, group.segments, group.tables,
                                      bag_ticket)
             out = out.view(len(group.features), group.batch, bag.embedding_dim)
+            if padded:
+                out = out[:, : group.batch - padded]
             if len(self._groups) == 1:
-                values = out.transpose(0, 1).reshape(group.batch, -1)
+                values = out.transpose(0, 1).reshape(group.batch - padded, -1)
                 return KeyedTensor(keys=group.features, length_per_key=self._lengths_per_embedding,
                                    values=values)
             pooled.update(zip(group.features, out.unbind(0)))

@@ -103,3 +103,43 @@ class FixedCapacity:
                          f"such batches run outside the graph, unpadded (counted in over_capacity)")
             return None
         return pad_batch(ids, offsets, weights, self.capacity, self.pad_id)
+
+
+def pad_features(values: torch.Tensor, lengths: torch.Tensor, capacities: Sequence[int]):
+    """A keyed batch's ids (`values`, feature after feature; `lengths` `[F * B]`) padded to
+    `capacities[f]` ids a feature, so that a captured step takes every batch of a multi-hot
+    run: returns `(values, lengths)` with `lengths` `[F * (B + 1)]`, each feature's ids then
+    its pad lookups in one extra sample of its own (the last), or None where a feature has
+    more ids than its capacity.
+
+    The extra sample is dropped from the pooled output (a collection given
+    `padded_samples=1`), so its gradient is zero. A pad lookup repeats the first id its
+    feature has in the batch (0 where it has none): a row the batch looks up anyway, so the
+    cache's decisions and counts (per distinct id) are the unpadded batch's, and the row's
+    update adds only zero terms after its own (its sum unchanged where the sort that orders a
+    row's terms is stable: CUDA's). Reads the lengths and the first ids: meant for the loader's
+    host batches (on a device, one sync).
+
+    Example:
+        >>> import torch
+        >>> v, n = pad_features(torch.tensor([4, 2, 9, 7]), torch.tensor([2, 0, 1, 1]), [3, 2])
+        >>> v.tolist(), n.tolist()
+        ([4, 2, 4, 9, 7], [2, 0, 1, 1, 1, 0])
+    """
+    per_sample = lengths.view(len(capacities), -1)
+    counts = feature_counts(lengths, len(capacities))
+    if any(n > cap for n, cap in zip(counts, capacities)):
+        return None
+    parts, start = [], 0
+    for n, cap in zip(counts, capacities):
+        ids = values[start:start + n]
+        pad_id = ids[:1] if n else values.new_zeros(1)
+        parts += [ids, pad_id.expand(cap - n)]
+        start += n
+    pads = torch.tensor([cap - n for n, cap in zip(counts, capacities)], dtype=lengths.dtype, device=lengths.device)
+    return torch.cat(parts), torch.cat([per_sample, pads.view(-1, 1)], dim=1).reshape(-1)
+
+
+def feature_counts(lengths: torch.Tensor, num_features: int) -> list[int]:
+    """Ids each feature has in a batch (`lengths` `[F * B]`, on the host: no sync)."""
+    return lengths.view(num_features, -1).sum(1).tolist()
