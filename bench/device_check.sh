@@ -10,7 +10,7 @@
 #                  (nothing to build: the machine has no network, and perhaps no `wheel` for its
 #                  setuptools), else `-e .` (--no-build-isolation). Make the wheel just before the call:
 #                  `.venv/bin/pip wheel -q --no-deps --no-build-isolation -w dist .`, carry ["dist"]
-#   cuda   (2x90 s) pytest -m cuda: both bookkeepers and the unified view, then the rest of tests/
+#   cuda   (90+120 s) pytest -m cuda: both bookkeepers and the unified view, then the rest of tests/
 #                  (the Triton kernels against torch, the captured step against the eager one), from that
 #                  install where it succeeded (else from the folder), summarised in cuda_tests.json
 #   kernels (45 s) bench kernels: Triton's lookup and fused backward + Adagrad against torch's sparse
@@ -155,7 +155,7 @@ if want cuda; then
     RUNNER=("$PY") && [ ${#INSTALLED[@]} -gt 0 ] && RUNNER=("${INSTALLED[@]}")
     step "pytest -m cuda, bookkeepers${INSTALLED[*]:+ (installed)}" 90 "${RUNNER[@]}" -m pytest -q -m cuda \
         -p no:cacheprovider --junitxml="$XML1" tests/test_cuda.py tests/test_unified_view.py
-    step "pytest -m cuda, kernels and graphs${INSTALLED[*]:+ (installed)}" 90 "${RUNNER[@]}" -m pytest -q -m cuda \
+    step "pytest -m cuda, kernels and graphs${INSTALLED[*]:+ (installed)}" 120 "${RUNNER[@]}" -m pytest -q -m cuda \
         -p no:cacheprovider --junitxml="$XML2" tests --deselect tests/test_cuda.py --deselect tests/test_unified_view.py
     RAN_FROM="${INSTALLED[*]:+installed package}" "$PY" - "$XML1,$XML2" "$OUT/cuda_tests.json" <<'EOF' >>"$LOG" 2>&1
 import json, sys, xml.etree.ElementTree as ET
