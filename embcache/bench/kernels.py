@@ -81,6 +81,22 @@ class TritonPath:
         return self.bag.weight
 
 
+def masked_write_ms(n: int, args, device, share: float = 0.05) -> dict:
+    """A list of `n` writes into a slot array, `share` of them masked in, as the device
+    bookkeeper's lists are: torch's `index_copy_` (masked entries to one trash entry) against
+    `scatter_masked` (masked entries skipped), milliseconds each."""
+    from embcache.cache.bookkeeping.fixed_size import pick, write_where
+
+    g = torch.Generator().manual_seed(args.seed)
+    size = 2 * n
+    dst = torch.zeros(size + 1, dtype=torch.long, device=device)
+    index = torch.randperm(size, generator=g)[:n].to(device)
+    mask = (torch.rand(n, generator=g) < share).to(device)
+    target, values = pick(mask, index, size), torch.arange(n, device=device)
+    return {k: 1e3 * timed(lambda: write_where(dst, target, values, mask, k), args.steps, args.warmup_steps, device)
+            for k in ("torch", "triton")}
+
+
 def batch_inputs(trace: CriteoTrace, shape: str, device) -> tuple[torch.Tensor, torch.Tensor]:
     if shape == "one-hot":
         ids = trace.batch(0).reshape(-1)
@@ -114,6 +130,7 @@ def measure(shape: str, batch_size: int, paths: dict, args, device, copy: float)
                      "samples_per_s": batch_size / step}
         row[name]["forward_share_of_copy"] = row[name]["forward_gbps"] / copy
         row[name]["backward_share_of_copy"] = row[name]["backward_gbps"] / copy
+    row["masked_write_ms"] = masked_write_ms(lookups, args, device)
     tiles = {}  # the pooled kernel's tile of bags, side by side (same bits, other loads in flight)
     for bags_per_program in TILES:
         fwd = timed(lambda: paths["triton"].forward_tiled(ids, offsets, bags_per_program), args.steps,
@@ -146,7 +163,9 @@ def run_all(args) -> int:
                   f"{k['backward_share_of_copy']:.0%} (torch {t['backward_share_of_copy']:.0%}, "
                   f"x{row['backward_speedup']:.1f}), tables agree to {row['max_table_diff_after_one_step']:.1e}; "
                   f"forward by bags a program: " + ", ".join(
-                      f"{b} {v:.0%}" for b, v in k["forward_share_by_bags_per_program"].items()), flush=True)
+                      f"{b} {v:.0%}" for b, v in k["forward_share_by_bags_per_program"].items())
+                  + "; a mostly masked list of writes: index_copy_ {torch:.2f} ms, scatter_masked {triton:.2f} ms".format(
+                      **row["masked_write_ms"]), flush=True)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton's interpreter)"
     path = write_json({"benchmark": "kernels", "device": str(device), "device_name": name, "copy_gbps": copy,
                        "config": {k: v for k, v in vars(args).items() if k != "func"}, "rows": rows},

@@ -7,6 +7,9 @@ whole on the device (rows float32 with Adagrad's state beside them):
 - forward: Triton's pooled lookup (`pooled_lookup`, every table in one launch) against
   `F.embedding_bag`; and the same lookup with 1, 4 and 16 bags a program
   (`forward_share_by_bags_per_program`: the same bits, other loads in flight);
+- a list of writes as long as the batch's lookups, 5 % of them masked in, as the device
+  bookkeeper writes its slot arrays: torch's `index_copy_` (masked entries to one trash entry)
+  against `scatter_masked` (masked entries skipped), `masked_write_ms`;
 - forward + backward + optimizer: the pooled lookup, then the sort of the batch's rows and the
   fused backward + optimizer (`fused_row_update`), against `nn.EmbeddingBag(sparse=True)`,
   its backward and `torch.optim.Adagrad` (torch's `coalesce` and `index_put`). The backward's

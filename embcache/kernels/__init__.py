@@ -24,6 +24,9 @@ repeatable, and what decides whether a result equals torch's to the bit):
 - `move_rows` (`row_moves.py`, `embcache::move_rows`): program i copies row `src_rows[i]`
   of each source table (the weight and each optimizer state) to row `dst_rows[i]` of its
   destination where `mask[i]`, and touches nothing where it is False.
+- `scatter_masked` (`masked_scatter.py`, `embcache::scatter_masked`): program b reads block
+  b of a list of (index, value, mask) and writes `dst[index]` for the entries whose mask is
+  set, nothing else (the callers' set indices are distinct).
 - `look_up` (`batch_lookup.py`, `embcache::lookup_counts` and `embcache::lookup_ranks`,
   after a sort): program b takes block b of the batch's sorted ids and of its original
   order; each entry of the results is written by one program.

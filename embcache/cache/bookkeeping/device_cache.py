@@ -39,7 +39,7 @@ import torch
 
 from embcache.device import to_device_async
 
-from embcache.cache.bookkeeping.fixed_size import pick
+from embcache.cache.bookkeeping.fixed_size import pick, write_where
 from embcache.cache.stores.host_link import HostLink
 from embcache.cache.bookkeeping.lookup import Lookup, Overflow, Prefetched, same_values
 from embcache.cache.bookkeeping.device_updates import DeviceUpdates
@@ -304,7 +304,8 @@ class DeviceRowCache(DeviceUpdates, RowCache):
         free_count = free.sum()
         free_rank = torch.cumsum(free, 0) - 1
         free_list = torch.full((n + 1,), C, dtype=torch.long, device=dev)
-        free_list.index_copy_(0, pick(free & (free_rank < n), free_rank, n), self._arange[:C])
+        keep = free & (free_rank < n)
+        write_where(free_list, pick(keep, free_rank, n), self._arange[:C], keep, self.kernels)
         free_list = free_list[:n]
         nfree = torch.minimum(free_count, m)
         candidates = occupied & ~((self.holds > 0) | in_batch[:C])
@@ -337,12 +338,12 @@ class DeviceRowCache(DeviceUpdates, RowCache):
             count = pad["slot_primary"].index_select(0, out_slot)
             if p.prior is not None:
                 count = count - pad["prior"].index_select(0, out_ids) * p.prior_weight
-            pad["id_count"].index_copy_(0, out_ids, count.round().to(torch.int32))
+            write_where(pad["id_count"], out_ids, count.round().to(torch.int32), leaving, self.kernels)
         written = leaving & pad["dirty"].index_select(0, out_slot)
         self.link.write(out_ids, victims, written, self._work, self._trash_row())
-        pad["dirty"].index_fill_(0, out_slot, False)
-        pad["id_to_slot"].index_fill_(0, out_ids, -1)
-        self._work_ids.index_fill_(0, pick(leaving, victims, self._trash_row()), -1)
+        write_where(pad["dirty"], out_slot, False, leaving, self.kernels)
+        write_where(pad["id_to_slot"], out_ids, -1, leaving, self.kernels)
+        write_where(self._work_ids, pick(leaving, victims, self._trash_row()), -1, leaving, self.kernels)
         return written
 
     def _admit_rows(self, in_ids, target, admitted, in_slot, in_batch, clock) -> None:
@@ -350,15 +351,16 @@ class DeviceRowCache(DeviceUpdates, RowCache):
         ids, clean bits and counts; the batch uses them."""
         pad = self._pad
         self.link.read(in_ids, target, admitted, self._work, self._trash_row())
-        pad["dirty"].index_fill_(0, in_slot, False)
-        self._work_ids.index_copy_(0, pick(admitted, target, self._trash_row()), in_ids)
-        pad["id_to_slot"].index_copy_(0, in_ids, target)
-        pad["slot_last"].index_fill_(0, in_slot, clock)
+        k = self.kernels
+        write_where(pad["dirty"], in_slot, False, admitted, k)
+        write_where(self._work_ids, pick(admitted, target, self._trash_row()), in_ids, admitted, k)
+        write_where(pad["id_to_slot"], in_ids, target, admitted, k)
+        write_where(pad["slot_last"], in_slot, clock, admitted, k)
         if self.policy.id_count is None:
-            pad["slot_primary"].index_fill_(0, in_slot, 0.0)
+            write_where(pad["slot_primary"], in_slot, 0.0, admitted, k)
         else:
-            pad["slot_primary"].index_copy_(0, in_slot, self._counts(in_ids))
-        in_batch.index_fill_(0, in_slot, True)
+            write_where(pad["slot_primary"], in_slot, self._counts(in_ids), admitted, k)
+        write_where(in_batch, in_slot, True, admitted, k)
 
     def _serve_beside(self, flat: torch.Tensor, region: list):
         """`RowCache._serve_beside` on the device: a lookup, the absent ids (distinct, by
@@ -386,10 +388,11 @@ class DeviceRowCache(DeviceUpdates, RowCache):
         else:
             outside, rows = (r >= fits) & (r < m), region[0] + (r - fits).clamp(min=0)
         self.link.read(missing, rows, outside, self._work, self._trash_row())
-        self._work_ids.index_copy_(0, pick(outside, rows, self._trash_row()), pick(outside, missing, -1))
+        write_where(self._work_ids, pick(outside, rows, self._trash_row()), pick(outside, missing, -1), outside,
+                    self.kernels)
         if self.policy.id_count is not None:
-            self._pad["id_count"].index_add_(0, pick(outside, missing, self.num_rows),
-                                             self._one_count.expand(r.numel()))
+            write_where(self._pad["id_count"], pick(outside, missing, self.num_rows), self._one_count, outside,
+                        self.kernels, add=True)
         return rows, outside
 
     def _record_use(self, in_batch: torch.Tensor, clock: torch.Tensor) -> torch.Tensor:

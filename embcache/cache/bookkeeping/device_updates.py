@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from embcache.cache.bookkeeping.fixed_size import pick, summed_in_torch_order
+from embcache.cache.bookkeeping.fixed_size import pick, summed_in_torch_order, write_where
 from embcache.cache.bookkeeping.lookup import Lookup
 from embcache.cache.optimizers import update_rows
 from embcache.cache.bookkeeping.row_updates import table_sums
@@ -111,9 +111,14 @@ class DeviceUpdates:
             slot = self._pad["id_to_slot"].index_select(0, pick(s.mask, s.ids, self.num_rows))
             now = s.mask & (slot >= 0)
             target, source = pick(now, slot, trash), pick(now, s.rows, trash)
-            for t in work.values():
-                t.index_copy_(0, target, t.index_select(0, source))
-            self._pad["dirty"].index_fill_(0, pick(now, slot, self.num_slots), True)
+            if self.kernels == "triton":  # only the rows that matter: no copies into the trash row
+                from embcache.kernels.row_moves import move_rows
+
+                move_rows(list(work.values()), list(work.values()), source, target, now)
+            else:
+                for t in work.values():
+                    t.index_copy_(0, target, t.index_select(0, source))
+            write_where(self._pad["dirty"], pick(now, slot, self.num_slots), True, now, self.kernels)
         self.dirty.logical_or_(lookup.held)
         self.release(lookup)
 

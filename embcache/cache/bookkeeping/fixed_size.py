@@ -25,6 +25,26 @@ def pick(mask: torch.Tensor, a: torch.Tensor, b) -> torch.Tensor:
     return torch.where(mask, a, b if isinstance(b, torch.Tensor) else const(b, a))
 
 
+def write_where(dst: torch.Tensor, target: torch.Tensor, values, mask: torch.Tensor, kernels: str = "torch",
+                add: bool = False) -> None:
+    """`dst[target[i]] = values[i]` (a number or a 0-d tensor: that value; `add`: `+=`) for
+    the entries i where `mask[i]`; `target` holds a spare "trash" entry of `dst` where the
+    mask is False. Torch's ops write the masked entries there (one op for the whole list);
+    `kernels="triton"` skips them (`kernels.masked_scatter`): on a GPU the trash writes of a
+    long, mostly masked list all hit one address and serialise."""
+    if kernels == "triton":
+        from embcache.kernels.masked_scatter import scatter_masked  # Triton: only when chosen
+
+        one = values if isinstance(values, torch.Tensor) else const(values, dst)
+        scatter_masked(dst, target, one, mask, add)
+    elif add:
+        dst.index_add_(0, target, values if values.numel() == target.numel() else values.expand(target.numel()))
+    elif isinstance(values, torch.Tensor) and values.dim() > 0:
+        dst.index_copy_(0, target, values)
+    else:
+        dst.index_fill_(0, target, values)
+
+
 def summed_in_torch_order(keys: torch.Tensor, values: torch.Tensor,
                           stable: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """What `torch.sparse_coo_tensor(keys, values).coalesce()` gives, in a fixed size: the
