@@ -80,5 +80,5 @@ def test_a_triton_step_on_meta_is_a_handful_of_operations():
     offsets = torch.empty(8, dtype=torch.long, device="meta")
     grad = torch.empty(8, DIM, device="meta")
     counter = count_ops(lambda: bag(ids, offsets).backward(grad))
-    assert counter.ops["pooled_lookup"] == 1 and counter.ops["fused_row_update"] == 1
+    assert counter.ops["pooled_lookup"] == 1 and counter.ops["fused_row_update"] == 2  # one op, two launches
     assert counter.total <= 12, dict(counter.ops)
