@@ -3,7 +3,8 @@
 
 What a graph holds: the forward over a batch rebuilt from static tensors (dense features,
 labels, the ids and their lengths, with the per-feature split the data fixes: one id a sample
-for every feature of one-hot data, so the collection reads no count from the device), the
+for every feature of one-hot data, each feature's capacity for multi-hot data, so the
+collection reads no count from the device), the
 loss, the backward with the cache's row update in it, and the dense optimizer's step. What it
 does not: prefetching (a captured cached step admits its own batch inside the graph); a
 batch of another shape (the epoch's last, shorter batch runs eagerly, counted); torchrun

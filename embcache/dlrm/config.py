@@ -206,8 +206,9 @@ class DLRMConfig(StepRunConfig):
     precision: str = setting("auto", choices=PRECISIONS, help=PRECISION_HELP)
     cuda_graphs: str = setting("auto", choices=("auto", "on", "off"),  # train.step_graph.CUDA_GRAPHS (light here)
                                help="capture the training step as one CUDA graph and replay it (auto, on: where "
-                                    "the run allows: CUDA, one process, one-hot data, a cached sparse part with "
-                                    "--bookkeeping device, no row update reading the step count on the host; "
+                                    "the run allows: CUDA, one process, a cached sparse part with --bookkeeping "
+                                    "device, no row update reading the step count on the host; multi-hot batches "
+                                    "padded to fixed capacities set by the first 8 batches; "
                                     "else the step runs as it is, with one line saying why; off: never). A "
                                     "captured step prefetches nothing: its admission is in the graph")
 
