@@ -293,9 +293,11 @@ def test_a_multi_hot_batch_over_its_capacity_runs_eagerly_counted_and_said_once(
     said = []
     graphs = GraphedSteps(trainer, "off", said.append)
     batches = [b for _, b in zip(range(9), trainer._batches("train", 64))]
-    assert [graphs._padded(b.sparse) for b in batches[:8]] == [None] * 8 and graphs.capacities is not None
+    graphs.step = object()  # as if active
+    assert [graphs._padded(b.sparse) for b in batches[:3]] == [None] * 3
+    assert graphs.describe() == "on (multi-hot: all 3 batches eager, fewer than the 8 that set the padded capacities)"
+    assert [graphs._padded(b.sparse) for b in batches[3:8]] == [None] * 5 and graphs.capacities is not None
     graphs.capacities = [64, 1, 1]  # far below what a batch holds
     assert graphs._padded(batches[8].sparse) is None and graphs._padded(batches[8].sparse) is None
     assert graphs.over_capacity == 2 and sum("more ids than the padded capacity" in line for line in said) == 1
-    graphs.step = object()  # as if active
-    assert "2 over it eager" in graphs.describe()
+    assert graphs.describe() == "on (multi-hot padded to 66 ids after 8 eager batches, 2 over it eager)"

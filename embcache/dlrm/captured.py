@@ -127,6 +127,9 @@ class GraphedSteps:
             if self.capacities is not None:
                 notes.append(f"multi-hot padded to {sum(self.capacities):,} ids after {len(self._sampled)} eager "
                              f"batches, {self.over_capacity} over it eager")
+            elif self._sampled:  # too short a run to set them: nothing was captured
+                notes.append(f"multi-hot: all {len(self._sampled)} batches eager, fewer than the {SAMPLE_BATCHES} "
+                             f"that set the padded capacities")
             return "on" + (f" ({'; '.join(notes)})" if notes else "")
         return f"off: {self.choice.reason}" if self.choice.reason else "off"
 
