@@ -7,6 +7,7 @@ import torch
 
 from embcache.cache.stores.host_link import HostLink
 from embcache.cache.stores.host_store import HostStore
+import embcache.kernels.row_moves as row_moves
 from embcache.kernels.row_moves import MAX_BLOCK, move_rows
 
 from .test_kernels_fused import _Ops
@@ -17,7 +18,9 @@ def _tables(rows, g, widths=(8, 8, 1), dtypes=(torch.bfloat16, torch.float32, to
 
 
 @pytest.mark.parametrize("widths", [(8, 8, 1), (3,), (5, 5, 5, 1), (MAX_BLOCK + 3, 2)])
-def test_rows_move_bit_for_bit_where_masked_in_and_nowhere_else(widths):
+@pytest.mark.parametrize("rows_per_program", [1, 4, 64])  # 1: a GPU's; the interpreter's default 64
+def test_rows_move_bit_for_bit_where_masked_in_and_nowhere_else(widths, rows_per_program, monkeypatch):
+    monkeypatch.setattr(row_moves, "ROWS_INTERPRETED", rows_per_program)
     g = torch.Generator().manual_seed(0)
     dtypes = [torch.bfloat16, torch.float16, torch.float32, torch.float32][: len(widths)]
     srcs = _tables(40, g, widths, dtypes)

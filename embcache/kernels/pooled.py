@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 from torch.library import triton_op, wrap_triton
 
+from .resolve import interpreted
+
 try:
     import triton
     import triton.language as tl
@@ -35,8 +37,10 @@ except ImportError:  # the module still imports (its doctests are collected); a 
 MODES = ("sum", "mean")
 MAX_BLOCK = 128  # columns per program: a wider dim takes more programs, not more registers
 # bags a program pools at once: one, as on the H200 run of 2026-11-28 (38.6 % of the copy
-# bandwidth one-hot), until a GPU run measures more side by side (`bench kernels`)
+# bandwidth one-hot), until a GPU run measures more side by side (`bench kernels`); under
+# Triton's interpreter (the CPU's tests) 64, the same bits from a 64th of the Python calls
 BAGS_PER_PROGRAM = 1
+BAGS_PER_PROGRAM_INTERPRETED = 64
 
 
 if triton is not None:
@@ -100,7 +104,7 @@ def pooled_lookup(table: torch.Tensor, indices: torch.Tensor, offsets: torch.Ten
         per_sample_weights: one float per index (sum mode only, as torch).
         mode: "sum" or "mean".
         bags_per_program: bags a program pools side by side (a power of two; None:
-            `BAGS_PER_PROGRAM`). Any choice gives the same bits: each bag's terms are
+            `BAGS_PER_PROGRAM`, under the interpreter `BAGS_PER_PROGRAM_INTERPRETED`). Any choice gives the same bits: each bag's terms are
             summed in its own index order; it changes only how many loads a program has in
             flight (`bench kernels` measures the choices side by side).
 
@@ -115,7 +119,9 @@ def pooled_lookup(table: torch.Tensor, indices: torch.Tensor, offsets: torch.Ten
     if triton is None:
         raise RuntimeError("the pooled-lookup kernel needs Triton, which does not import here: use kernels='torch'")
     _check(table, indices, offsets, per_sample_weights, mode)
-    bags = BAGS_PER_PROGRAM if bags_per_program is None else int(bags_per_program)
+    if bags_per_program is None:
+        bags_per_program = BAGS_PER_PROGRAM_INTERPRETED if interpreted() else BAGS_PER_PROGRAM
+    bags = int(bags_per_program)
     if bags < 1 or bags & (bags - 1):
         raise ValueError(f"bags_per_program must be a power of two, got {bags_per_program}")
     table = table.contiguous()

@@ -48,6 +48,13 @@ def resolve_kernels(choice: str, device) -> str:
     return "triton"
 
 
+def interpreted() -> bool:
+    """Whether Triton's kernels run under its interpreter (`TRITON_INTERPRET=1`, on CPU
+    tensors), where every program is a Python call: kernels whose tile does not change their
+    bits take wide tiles there (few programs), the tile a GPU run measured elsewhere."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def _why_triton_is_missing() -> str | None:
     """None where `import triton` works, else the reason in a few words. Any error counts,
     not only ImportError: a broken install must fall back, not stop the run."""

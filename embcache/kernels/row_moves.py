@@ -5,9 +5,11 @@ its rows so (`cache.stores.host_link`): one operation where plain tensor ops tak
 `where`s and a gather and a scatter per table, and only the rows that matter cross the link
 (a masked pair moves nothing, where the tensor ops send it through a spare row).
 
-Which rows each program touches: program i reads `mask[i]` and stops where it is False;
-otherwise it reads `src_rows[i]` and `dst_rows[i]` and copies that row of each source table,
-in column blocks, to that row of the matching destination table. A copy is bit for bit (each
+Which rows each program touches: program p takes the pairs `[p * R, (p + 1) * R)` (R: `ROWS`,
+one on a GPU; under Triton's interpreter, where a program is a Python call, 64). For each
+pair i whose `mask[i]` is set it reads `src_rows[i]` and `dst_rows[i]` and copies that row of
+each source table, in column blocks, to that row of the matching destination table; a pair
+whose mask is False is not read further. A copy is bit for bit (each
 table moved as integers of its element's width, so a bfloat16 weight beside float32 state is
 never converted). Two unmasked pairs with one destination row would race: the callers' are
 distinct (a batch's distinct missing ids, its victims' slots).
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import torch
 from torch.library import triton_op, wrap_triton
+
+from .resolve import interpreted
 
 try:
     import triton
@@ -26,31 +30,33 @@ _jit = triton.jit if triton is not None else (lambda fn: fn)
 
 MAX_TABLES = 4  # the weight and up to three states (Adam keeps two)
 MAX_BLOCK = 1024  # columns a program copies at once: a wider row takes a loop
+ROWS, ROWS_INTERPRETED = 1, 64  # pairs a program takes (module docstring)
 _AS_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 @_jit
-def _copy_row(src, dst, width, s, d, BLOCK: tl.constexpr):
+def _copy_rows(src, dst, width, s, d, on, BLOCK: tl.constexpr):
     for start in range(0, width, BLOCK):
         cols = start + tl.arange(0, BLOCK)
-        keep = cols < width
-        tl.store(dst + d * width + cols, tl.load(src + s * width + cols, mask=keep), mask=keep)
+        keep = on[:, None] & (cols < width)[None, :]
+        values = tl.load(src + s[:, None] * width + cols[None, :], mask=keep)
+        tl.store(dst + d[:, None] * width + cols[None, :], values, mask=keep)
 
 
 @_jit
-def _move_kernel(s0, d0, w0, s1, d1, w1, s2, d2, w2, s3, d3, w3, src_rows, dst_rows, mask,
-                 TABLES: tl.constexpr, BLOCK: tl.constexpr):
-    i = tl.program_id(0)
-    if tl.load(mask + i) != 0:
-        s = tl.load(src_rows + i).to(tl.int64)
-        d = tl.load(dst_rows + i).to(tl.int64)
-        _copy_row(s0, d0, w0, s, d, BLOCK)
-        if TABLES > 1:
-            _copy_row(s1, d1, w1, s, d, BLOCK)
-        if TABLES > 2:
-            _copy_row(s2, d2, w2, s, d, BLOCK)
-        if TABLES > 3:
-            _copy_row(s3, d3, w3, s, d, BLOCK)
+def _move_kernel(s0, d0, w0, s1, d1, w1, s2, d2, w2, s3, d3, w3, src_rows, dst_rows, mask, n,
+                 TABLES: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    on = tl.load(mask + i, mask=i < n, other=0) != 0
+    s = tl.load(src_rows + i, mask=on, other=0).to(tl.int64)
+    d = tl.load(dst_rows + i, mask=on, other=0).to(tl.int64)
+    _copy_rows(s0, d0, w0, s, d, on, BLOCK)
+    if TABLES > 1:
+        _copy_rows(s1, d1, w1, s, d, on, BLOCK)
+    if TABLES > 2:
+        _copy_rows(s2, d2, w2, s, d, on, BLOCK)
+    if TABLES > 3:
+        _copy_rows(s3, d3, w3, s, d, on, BLOCK)
 
 
 @triton_op("embcache::move_rows", mutates_args={"dsts"})
@@ -65,8 +71,9 @@ def _move_op(srcs: list[torch.Tensor], dsts: list[torch.Tensor], src_rows: torch
         args += [src.view(bits), dst.view(bits), src.shape[1]]
     args += args[:3] * (MAX_TABLES - len(srcs))  # unread: TABLES says how many are real
     block = min(MAX_BLOCK, triton.next_power_of_2(max(max(s.shape[1] for s in srcs), 1)))
-    wrap_triton(_move_kernel)[(n,)](*args, src_rows, dst_rows, mask.view(torch.uint8), TABLES=len(srcs),
-                                    BLOCK=block)
+    rows = ROWS_INTERPRETED if interpreted() else ROWS
+    wrap_triton(_move_kernel)[(triton.cdiv(n, rows),)](*args, src_rows, dst_rows, mask.view(torch.uint8), n,
+                                                       TABLES=len(srcs), ROWS=rows, BLOCK=block)
 
 
 @_move_op.register_fake
