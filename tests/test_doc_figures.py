@@ -31,6 +31,14 @@ def _overflow(rows: int) -> str:
     return "no overflow" if rows == 0 else f"{rows:,} rows overflow"
 
 
+def _profile_line(gpu: dict, name: str, *columns: int) -> tuple[str, ...]:
+    """Columns of the profiler's line for `name` (a cached step, device bookkeeper, Triton's
+    kernels), units and % signs dropped, as the doc prints them."""
+    lines = gpu["blocks"][0]["profile_cached_middle_ratio"]["device, triton kernels"]
+    cells = next(line.split() for line in lines if name in line)
+    return tuple(cells[c].rstrip("%").removesuffix("ms") for c in columns)
+
+
 def _log_gpu(pattern: str) -> str:
     """The first group of `pattern` in the log after `bench gpu` starts."""
     return r"=== bench gpu.*?" + pattern
@@ -153,6 +161,10 @@ FIGURES = [
       for k, label in enumerate(["whole table, torch's kernels", "whole table, Triton's kernels",
                                  "cached, device bookkeeper, Triton's kernels", "cached, device bookkeeper, torch's kernels",
                                  "cached, host bookkeeper"])],
+    ("docs/cache.md", "`index_copy_` took {:.1f} % of the GPU time, most of it in {} calls of {:.2f} ms over 5",
+     "device_2026-11-28/gpu.json", lambda d: (float(_profile_line(d, "aten::index_copy_", 7)[0]),
+                                              *(f(v) for f, v in zip((int, float), _profile_line(
+                                                  d, "index_elementwise_kernel<128,", 13, 12))))),
     ("docs/cache.md", "Triton's kernels | {:,.0f} | {:.2f} | {:.1f} | {:.3f} | {:,.0f} |", "device_2026-11-28/gpu.json",
      lambda d: tuple(d["blocks"][0]["results"][2][k] for k in ("samples_per_s", "ratio_to_gpu_tables", "step_ms",
                                                                 "hit_rate", "peak_device_mib"))),
