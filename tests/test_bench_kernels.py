@@ -24,7 +24,8 @@ def test_bench_kernels_compares_both_paths_from_the_same_start(tmp_path, capsys)
         assert r["max_table_diff_after_one_step"] < 1e-6
         for path in ("torch", "triton"):
             assert r[path]["forward_gbps"] > 0 and r[path]["forward_share_of_copy"] > 0
-        assert set(r["masked_write_ms"]) == {"torch", "triton"} and all(v > 0 for v in r["masked_write_ms"].values())
+        for timed in ("masked_write_ms", "lookup_ms"):
+            assert set(r[timed]) == {"torch", "triton"} and all(v > 0 for v in r[timed].values())
         tiles = r["triton"]["forward_share_by_bags_per_program"]
         assert list(tiles) == ["1", "4", "16"] and all(v > 0 for v in tiles.values())
     assert "bench kernels: one-hot batch 4" in capsys.readouterr().out

@@ -97,6 +97,28 @@ def masked_write_ms(n: int, args, device, share: float = 0.05) -> dict:
             for k in ("torch", "triton")}
 
 
+def lookup_ms(ids: torch.Tensor, num_rows: int, args, device, ratio: float = 0.015) -> dict:
+    """The device bookkeeper's lookup of a batch's ids (`DeviceRowCache._look_up`) against a
+    cache of `ratio` of the rows, every other one resident: its torch path against
+    `kernels.batch_lookup` (a sort and two launches), milliseconds each."""
+    from types import SimpleNamespace
+
+    from embcache.cache.bookkeeping.device_cache import DeviceRowCache
+    from embcache.kernels.batch_lookup import look_up
+
+    slots = max(1, int(ratio * num_rows))
+    id_to_slot = torch.full((num_rows + 1,), -1, dtype=torch.long, device=device)
+    resident = torch.randperm(num_rows, generator=torch.Generator().manual_seed(args.seed))[:slots].to(device)
+    id_to_slot[resident] = torch.arange(resident.numel(), device=device)
+    torch_path = SimpleNamespace(kernels="torch", _pad={"id_to_slot": id_to_slot}, num_slots=slots,
+                                 num_rows=num_rows, device=torch.device(device))
+    flat = ids.reshape(-1)
+    return {"torch": 1e3 * timed(lambda: DeviceRowCache._look_up(torch_path, flat), args.steps, args.warmup_steps,
+                                 device),
+            "triton": 1e3 * timed(lambda: look_up(flat, id_to_slot, slots, num_rows), args.steps, args.warmup_steps,
+                                  device)}
+
+
 def batch_inputs(trace: CriteoTrace, shape: str, device) -> tuple[torch.Tensor, torch.Tensor]:
     if shape == "one-hot":
         ids = trace.batch(0).reshape(-1)
@@ -131,6 +153,7 @@ def measure(shape: str, batch_size: int, paths: dict, args, device, copy: float)
         row[name]["forward_share_of_copy"] = row[name]["forward_gbps"] / copy
         row[name]["backward_share_of_copy"] = row[name]["backward_gbps"] / copy
     row["masked_write_ms"] = masked_write_ms(lookups, args, device)
+    row["lookup_ms"] = lookup_ms(ids, trace.num_rows, args, device)
     tiles = {}  # the pooled kernel's tile of bags, side by side (same bits, other loads in flight)
     for bags_per_program in TILES:
         fwd = timed(lambda: paths["triton"].forward_tiled(ids, offsets, bags_per_program), args.steps,
@@ -165,7 +188,9 @@ def run_all(args) -> int:
                   f"forward by bags a program: " + ", ".join(
                       f"{b} {v:.0%}" for b, v in k["forward_share_by_bags_per_program"].items())
                   + "; a mostly masked list of writes: index_copy_ {torch:.2f} ms, scatter_masked {triton:.2f} ms".format(
-                      **row["masked_write_ms"]), flush=True)
+                      **row["masked_write_ms"])
+                  + "; the cache's lookup: torch {torch:.2f} ms, Triton {triton:.2f} ms".format(**row["lookup_ms"]),
+                  flush=True)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton's interpreter)"
     path = write_json({"benchmark": "kernels", "device": str(device), "device_name": name, "copy_gbps": copy,
                        "config": {k: v for k, v in vars(args).items() if k != "func"}, "rows": rows},

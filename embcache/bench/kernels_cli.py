@@ -10,6 +10,8 @@ whole on the device (rows float32 with Adagrad's state beside them):
 - a list of writes as long as the batch's lookups, 5 % of them masked in, as the device
   bookkeeper writes its slot arrays: torch's `index_copy_` (masked entries to one trash entry)
   against `scatter_masked` (masked entries skipped), `masked_write_ms`;
+- the device bookkeeper's lookup of the batch against a 1.5 % cache: its torch path against
+  `kernels.batch_lookup` (a sort and two launches), `lookup_ms`;
 - forward + backward + optimizer: the pooled lookup, then the sort of the batch's rows and the
   fused backward + optimizer (`fused_row_update`), against `nn.EmbeddingBag(sparse=True)`,
   its backward and `torch.optim.Adagrad` (torch's `coalesce` and `index_put`). The backward's
