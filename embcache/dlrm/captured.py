@@ -4,8 +4,8 @@
 What a graph holds: the forward over a batch rebuilt from static tensors (dense features,
 labels, the ids and their lengths, with the per-feature split the data fixes: one id a sample
 for every feature of one-hot data, each feature's capacity for multi-hot data, so the
-collection reads no count from the device), the
-loss, the backward with the cache's row update in it, and the dense optimizer's step. What it
+collection reads no count from the device), the loss, the backward with the cache's row
+update in it, and the dense optimizer's step. What it
 does not: prefetching (a captured cached step admits its own batch inside the graph); a
 batch of another shape (the epoch's last, shorter batch runs eagerly, counted); torchrun
 runs (their exchanges); whole tables trained by torch's sparse optimizer; the host
@@ -18,9 +18,10 @@ every one, as a one-hot feature, keeps it); every later batch is padded to those
 (`nn.fixed_capacity.pad_features`: one extra sample a feature, dropped from the pooled
 output), which trains as the unpadded batch. A batch over a capacity runs eagerly, counted
 and said once. The padded batch is the project's own `KeyedJaggedTensorLite`, so it needs the
-plain-torch DLRM (`--arch torch`): torchrec's SparseArch sizes its output by the batch. A capture CUDA refuses is said in one line and the
-run goes on eagerly from the same batch (the capture ran nothing; the counts its Python moved
-on the host are set back).
+plain-torch DLRM (`--arch torch`): torchrec's SparseArch sizes its output by the batch.
+
+A capture CUDA refuses is said in one line and the run goes on eagerly from the same batch
+(the capture ran nothing; the counts its Python moved on the host are set back).
 
 A replay runs none of the step's Python, so what the step counts on the host (the caches'
 step counts, eviction clocks and batch counts; Adagrad's step counts) is added after each

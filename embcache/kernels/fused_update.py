@@ -59,12 +59,7 @@ import math
 import torch
 from torch.library import triton_op, wrap_triton
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # the module still imports (the suite collects its doctests); `resolve_kernels` keeps
-    triton = tl = None  # a cache from choosing these kernels where Triton is missing
-_jit = triton.jit if triton is not None else (lambda fn: fn)
+from ._triton import jit as _jit, tl, triton
 
 OPTIMIZER_CODES = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 2, "adam": 3}
 ROW_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}

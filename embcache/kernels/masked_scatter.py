@@ -21,12 +21,7 @@ from __future__ import annotations
 import torch
 from torch.library import triton_op, wrap_triton
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # the module still imports; `resolve_kernels` keeps a cache from choosing it
-    triton = tl = None
-_jit = triton.jit if triton is not None else (lambda fn: fn)
+from ._triton import jit as _jit, tl, triton
 
 BLOCK = 1024  # entries a program takes
 _STORED_AS = {torch.bool: torch.uint8}  # Triton loads and stores bytes for a bool array

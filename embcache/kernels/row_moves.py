@@ -21,12 +21,7 @@ from torch.library import triton_op, wrap_triton
 
 from .resolve import interpreted
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # the module still imports; `resolve_kernels` keeps a cache from choosing it
-    triton = tl = None
-_jit = triton.jit if triton is not None else (lambda fn: fn)
+from ._triton import jit as _jit, tl, triton
 
 MAX_TABLES = 4  # the weight and up to three states (Adam keeps two)
 MAX_BLOCK = 1024  # columns a program copies at once: a wider row takes a loop

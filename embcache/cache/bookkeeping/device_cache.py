@@ -309,7 +309,7 @@ class DeviceRowCache(DeviceUpdates, RowCache):
         free_list = free_list[:n]
         nfree = torch.minimum(free_count, m)
         candidates = occupied & ~((self.holds > 0) | in_batch[:C])
-        keys = pick(candidates, p.slot_primary + p.slot_last / (clock + 1), torch.full_like(p.slot_last, INF))
+        keys = pick(candidates, p.keys(clock), torch.full_like(p.slot_last, INF))
         kv = min(n, C)
         vkeys, victims = torch.sort(keys, stable=True)
         vkeys, victims = vkeys[:kv], victims[:kv]

@@ -159,8 +159,10 @@ class EvictionPolicy:
             count = count - self._prior(ids)
         self.id_count.index_copy_(0, ids, count.round().to(torch.int32))
 
-    def keys(self) -> torch.Tensor:
-        return self.slot_primary + self.slot_last / (self.clock + 1)
+    def keys(self, clock: torch.Tensor | None = None) -> torch.Tensor:
+        """Each slot's eviction key at the policy's clock, or at `clock` (the device
+        bookkeeper's copy of it, a 0-d tensor: the same value, not a host number)."""
+        return self.slot_primary + self.slot_last / ((self.clock if clock is None else clock) + 1)
 
     def candidate_keys(self, ids: torch.Tensor) -> torch.Tensor:
         """The keys absent `ids` would have once admitted and counted (this use included)."""

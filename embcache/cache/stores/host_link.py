@@ -20,6 +20,7 @@ import torch
 from embcache.cache.bookkeeping.fixed_size import pick
 from embcache.cache.stores.host_store import HostStore
 from embcache.cache.stores.unified_view import device_view
+from embcache.kernels.resolve import _why_triton_is_missing
 
 logger = logging.getLogger(__name__)
 
@@ -43,11 +44,10 @@ class HostLink:
         if kernels not in ("auto", "triton", "tensor"):
             raise ValueError(f"kernels must be auto, triton or tensor, got {kernels!r}")
         cuda = torch.device(device).type == "cuda"
-        self._moves = None  # `kernels.row_moves`, imported with Triton when used
         if kernels == "triton" and not cuda:
             self.triton = True
         elif kernels != "tensor" and cuda:
-            self.triton = _triton_imports() and self.self_check(device)
+            self.triton = _why_triton_is_missing() is None and self.self_check(device)
             if kernels == "triton" and not self.triton:
                 raise RuntimeError("the Triton row kernel failed its check on this device")
 
@@ -76,12 +76,11 @@ class HostLink:
                            f"tensor ops, every masked entry through the spare row")
             return False
 
-    def _move(self, srcs, dsts, src_rows, dst_rows, mask) -> None:
-        if self._moves is None:
-            from embcache.kernels import row_moves
+    @staticmethod
+    def _move(srcs, dsts, src_rows, dst_rows, mask) -> None:
+        from embcache.kernels.row_moves import move_rows  # Triton: imported only when used
 
-            self._moves = row_moves
-        self._moves.move_rows(srcs, dsts, src_rows, dst_rows, mask)
+        move_rows(srcs, dsts, src_rows, dst_rows, mask)
 
     def host_rows(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return pick(mask, ids, self.spare_row)
@@ -103,7 +102,7 @@ class HostLink:
             out = {name: torch.zeros((ids.numel(), self.views[name].shape[1]), dtype=self.views[name].dtype,
                                      device=ids.device) for name in names}
             self._move([self.views[k] for k in names], list(out.values()), ids,
-                                torch.arange(ids.numel(), device=ids.device), mask)
+                       torch.arange(ids.numel(), device=ids.device), mask)
             return out
         src = self.host_rows(ids, mask)
         return {name: self.views[name].index_select(0, src) for name in names}
@@ -117,11 +116,3 @@ class HostLink:
         dst, src = self.host_rows(ids, mask), pick(mask, rows, trash_row)
         for name, view in self.views.items():
             view.index_copy_(0, dst, work[name].index_select(0, src))
-
-
-def _triton_imports() -> bool:
-    try:
-        import triton  # noqa: F401
-    except Exception:  # noqa: BLE001 - a broken install: the tensor ops serve
-        return False
-    return True
