@@ -31,6 +31,18 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
     return device
 
 
+# Set by tests that act a device out on the CPU (tests/cpu_graph.py replays a captured step
+# there): a batch's ids on the CPU then take the path ids on a GPU take (checked and grouped
+# by device operations, nothing read on the host), which is the path a CUDA graph holds.
+CPU_ACTS_AS_DEVICE = False
+
+
+def values_on_host(t: torch.Tensor) -> bool:
+    """Whether the host may read `t`'s values for free (no device to wait for): a batch's
+    checks and grouping then run on the host; elsewhere they are device operations."""
+    return t.device.type == "cpu" and not CPU_ACTS_AS_DEVICE
+
+
 def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """`t` on `device` without making the host wait: a host tensor bound for CUDA is
     copied into pinned memory (torch's pinned allocator keeps that buffer until the copy

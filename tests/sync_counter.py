@@ -26,6 +26,15 @@ def _bool_index(args) -> bool:
     return any(t is not None and t.dtype == torch.bool for t in indices)
 
 
+def syncs(func, args, kwargs) -> str | None:
+    """The name of what `func(*args, **kwargs)` makes the host wait for, or None."""
+    if func in SYNCING and not (func is aten.repeat_interleave.Tensor and kwargs.get("output_size")):
+        return str(func.overloadpacket.__name__)
+    if func in INDEXING and _bool_index(args):
+        return f"{func.overloadpacket.__name__}[bool]"
+    return None
+
+
 class SyncCounter(TorchDispatchMode):
     """`with SyncCounter() as c: ...` then `c.count` and `c.ops` (the names counted)."""
 
@@ -39,8 +48,7 @@ class SyncCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in SYNCING and not (func is aten.repeat_interleave.Tensor and kwargs.get("output_size")):
-            self.ops.append(str(func.overloadpacket.__name__))
-        elif func in INDEXING and _bool_index(args):
-            self.ops.append(f"{func.overloadpacket.__name__}[bool]")
+        name = syncs(func, args, kwargs)
+        if name is not None:
+            self.ops.append(name)
         return func(*args, **kwargs)

@@ -6,12 +6,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import embcache.device
+
 from embcache.cli import main
 from embcache.dlrm.captured import GraphedSteps, HostCounters, graph_choice
 from embcache.dlrm.config import DLRMConfig
 from embcache.dlrm.trainer import DLRMTrainer
 from embcache.sparse_types import KeyedJaggedTensorLite
-from embcache.train.step_graph import CUDA_GRAPHS, row_caches
+from embcache.train.step_graph import CUDA_GRAPHS, GraphChoice, row_caches
+from tests.cpu_graph import ReplayedStep
 
 
 def _config(**kw):
@@ -152,41 +155,81 @@ def test_a_replay_counts_on_the_host_what_the_eager_step_counts(small_synthetic)
     assert HostCounters.difference(counters.read(), before) == eager
 
 
+def _trained(trainer, monkeypatch, replayed_on_cpu: bool = False):
+    """What a run trains to: its summary's cuda_graphs, losses, host counts, dense weights,
+    table rows and each cache's residency (resident ids and recency stamps). With
+    `replayed_on_cpu`, its step is captured and replayed by `tests.cpu_graph.ReplayedStep`."""
+    if replayed_on_cpu:
+        graphs = trainer.graphs
+        graphs.choice = GraphChoice(True)
+        graphs.step = ReplayedStep(graphs._step, warmup=3, host=lambda: [st["step"] for st in graphs.counters.steps])
+    losses = _losses_of(trainer, monkeypatch)
+    trainer.fit()
+    counts = trainer.graphs.counters.read()
+    collection = trainer.sparse.local
+    collection.flush()
+    tables = {t.name: collection.table_weight(t.name).clone() for t in collection.embedding_bag_configs()}
+    dense = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items() if "sparse" not in k}
+    residency = [(c.slots.slot_to_id.cpu().clone(), c.policy.slot_last.cpu().clone())
+                 for c in row_caches(trainer.model)]
+    return trainer.graphs.describe(), losses, counts, dense, tables, residency
+
+
+def _same_training(eager, captured, steps: int, multi_hot: bool) -> None:
+    (off, want_losses, want_counts, want_dense, want_tables, want_res), \
+        (on, got_losses, got_counts, got_dense, got_tables, got_res) = eager, captured
+    assert all(torch.equal(a, b) for pair in zip(got_res, want_res) for a, b in zip(*pair))
+    assert off.startswith("off") and on.startswith("on")
+    assert len(got_losses) == steps and got_losses == want_losses and got_counts == want_counts
+    assert len(set(got_losses)) > 1
+    assert ("multi-hot padded" in on) == multi_hot
+    assert all(torch.equal(got_dense[k], want_dense[k]) for k in want_dense)
+    assert all(torch.equal(got_tables[k], want_tables[k]) for k in want_tables)
+
+
+@pytest.fixture
+def cpu_as_device(monkeypatch):
+    """Batches on the CPU take the device's path (checked and grouped by tensor operations),
+    the path a graph holds on CUDA."""
+    monkeypatch.setattr(embcache.device, "CPU_ACTS_AS_DEVICE", True)
+
+
+@pytest.mark.parametrize("data, steps", [("small_synthetic", 12), ("multi_hot_data", 20)])
+def test_a_replayed_dlrm_step_trains_as_the_eager_one(data, steps, request, monkeypatch, cpu_as_device):
+    """The captured step replayed as CUDA would replay it (`tests.cpu_graph`: none of its
+    Python runs after the capture, every tensor it wrote rewritten in place) trains as the
+    eager step, bit for bit, over 8 replays (multi-hot: after the 8 eager batches that set the capacities): the same losses,
+    dense weights, table rows, host counts, resident rows and recency stamps. Any state the
+    step kept in Python rather than on the device would show here."""
+    runs = []
+    for replayed in (False, True):
+        torch.manual_seed(0)
+        trainer = DLRMTrainer(_config(max_steps=steps, sparse_optimizer="sgd", batch_size=64, arch="torch",
+                                      prefetch_depth=0), request.getfixturevalue(data))
+        runs.append(_trained(trainer, monkeypatch, replayed_on_cpu=replayed))
+    assert trainer.graphs.step.replays == 8
+    _same_training(*runs, steps, multi_hot=data == "multi_hot_data")
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("data, steps", [("small_synthetic", 12), ("multi_hot_data", 20)])
 def test_a_captured_dlrm_run_trains_as_the_eager_one(data, steps, request, monkeypatch):
     """A cached run with the device bookkeeper (SGD rows: nothing reads the step count),
     captured and replayed, against the same run eager: bit-equal losses, dense weights and
-    table rows after 12 steps (expected to the bit: the graph replays the kernels the eager
-    step launches, on the same tensors), the same counts on the host (steps, clock, batches,
-    Adagrad's steps), the same recency stamps and resident rows (a replay stamps the device's
-    own clock), and the summary saying it captured. Multi-hot: the first 8 batches eager, then
+    table rows (expected to the bit: the graph replays the kernels the eager step launches,
+    on the same tensors), the same counts on the host (steps, clock, batches, Adagrad's
+    steps), the same recency stamps and resident rows (a replay stamps the device's own
+    clock), and the summary saying it captured. Multi-hot: the first 8 batches eager, then
     padded to fixed capacities (CUDA's stable sort: the padded sums are the unpadded ones)."""
-    results = []
+    runs = []
     for setting in ("off", "on"):
         torch.manual_seed(0)
         trainer = DLRMTrainer(_config(device="cuda", cuda_graphs=setting, max_steps=steps, sparse_optimizer="sgd",
-                                      kernels="triton", precision="fp32", batch_size=64, arch="torch"),
-                              request.getfixturevalue(data))
-        losses = _losses_of(trainer, monkeypatch)
-        trainer.fit()
-        counts = trainer.graphs.counters.read()
-        collection = trainer.sparse.local
-        collection.flush()
-        tables = {t.name: collection.table_weight(t.name).clone() for t in collection.embedding_bag_configs()}
-        dense = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items() if "sparse" not in k}
-        residency = [(c.slots.slot_to_id.cpu().clone(), c.policy.slot_last.cpu().clone())
-                     for c in row_caches(trainer.model)]
-        results.append((trainer.summary_fields()["cuda_graphs"], losses, counts, dense, tables, residency))
-    (off, want_losses, want_counts, want_dense, want_tables, want_res), \
-        (on, got_losses, got_counts, got_dense, got_tables, got_res) = results
-    assert all(torch.equal(a, b) for pair in zip(got_res, want_res) for a, b in zip(*pair))
-    assert off == "off: turned off" and on.startswith("on")
-    assert len(got_losses) == steps and got_losses == want_losses and got_counts == want_counts
-    assert ("multi-hot padded" in on) == (data == "multi_hot_data")
-    assert all(torch.equal(got_dense[k], want_dense[k]) for k in want_dense)
-    assert all(torch.equal(got_tables[k], want_tables[k]) for k in want_tables)
+                                      kernels="triton", precision="fp32", batch_size=64, arch="torch",
+                                      prefetch_depth=0), request.getfixturevalue(data))
+        runs.append(_trained(trainer, monkeypatch))
+    _same_training(*runs, steps, multi_hot=data == "multi_hot_data")
 
 
 def test_a_capture_cuda_refuses_is_said_and_every_batch_then_trains_eagerly(small_synthetic, monkeypatch):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from embcache.device import to_device_async
+from embcache.device import to_device_async, values_on_host
 
 from .input_errors import (InputErrors, check_ids_on_device, check_offsets_on_device,
                            check_weights_on_device)
@@ -52,7 +52,7 @@ def device_side(input, errors: InputErrors | None, on_device: bool | None) -> In
     """The ledger the value checks write into, or None where they run on the host: on CPU
     tensors (reading them costs no sync), or where no ledger is given."""
     if on_device is None:
-        on_device = torch.is_tensor(input) and input.device.type != "cpu"
+        on_device = torch.is_tensor(input) and not values_on_host(input)
     return errors if on_device else None
 
 

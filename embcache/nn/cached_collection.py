@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from embcache.device import resolve_device
+from embcache.device import resolve_device, values_on_host
 from embcache.sparse_types import (CollectionInterface, EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor,
                                    known_length_per_key)
 
@@ -150,7 +150,7 @@ class CachedEmbeddingBagCollection(TakesTickets, CollectionInterface, nn.Module)
     def _device_errors(self, ids: torch.Tensor) -> InputErrors | None:
         """Where the value checks of a batch go: the ledger for ids off the CPU, else None
         (checked on the host, where reading them costs no sync)."""
-        return self.input_errors if ids.device.type != "cpu" else None
+        return None if values_on_host(ids) else self.input_errors
 
     def raise_input_errors(self) -> None:
         """Raise what the checks of a batch on the device found (see `nn.input_errors`), if

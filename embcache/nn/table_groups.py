@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from embcache.cache.stores.host_store import RowInit
+from embcache.device import values_on_host
 from embcache.sparse_types import EmbeddingBagConfig, pooling_mode
 
 from .bag_input import check_feature_ids
@@ -117,7 +118,7 @@ class ClosedGroup(TableGroup):
         """The batch's ids of this group's features, each checked against its own table
         and shifted into the group's id space. `errors`: ids off the CPU checked there."""
         features, segments, w, tables, row_offsets = self._layout(weights, spans)
-        if errors is None and values.device.type == "cpu" and lengths.device.type == "cpu":
+        if errors is None and values_on_host(values) and values_on_host(lengths):
             ids, offsets, bad_id, (bad_feature, bad_sample) = concat_features(
                 values, lengths, [spans[f][1] for f in features], [spans[f][2] for f in features],
                 [spans[f][0] for f in features], row_offsets, [rows for _, _, rows in tables], batch)
