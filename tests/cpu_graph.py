@@ -46,7 +46,7 @@ class _Recorder(TorchDispatchMode):
         if syncs(func, args, kwargs):
             raise CaptureRefused(f"{func} reads the device on the host (a sync): CUDA cannot capture it")
         out = func(*args, **kwargs)
-        if not all(isinstance(t, torch.Tensor) for t in tree_flatten(out)[0]):
+        if not all(t is None or isinstance(t, torch.Tensor) for t in tree_flatten(out)[0]):
             raise CaptureRefused(f"{func} returns a value to the host (a sync): CUDA cannot capture it")
         self.calls.append((func, args, kwargs, out))
         return out
@@ -101,7 +101,8 @@ class ReplayedStep:
                 if _aliases(func):
                     continue
                 for dst, src in zip(tree_flatten(out)[0], tree_flatten(new)[0]):
-                    dst.copy_(src)
+                    if dst is not None:
+                        dst.copy_(src)
 
 
 def _copies(outputs):

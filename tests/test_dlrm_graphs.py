@@ -13,7 +13,7 @@ from embcache.dlrm.captured import GraphedSteps, HostCounters, graph_choice
 from embcache.dlrm.config import DLRMConfig
 from embcache.dlrm.trainer import DLRMTrainer
 from embcache.sparse_types import KeyedJaggedTensorLite
-from embcache.train.step_graph import CUDA_GRAPHS, GraphChoice, row_caches
+from embcache.train.step_graph import CUDA_GRAPHS, row_caches
 from tests.cpu_graph import ReplayedStep
 
 
@@ -155,14 +155,14 @@ def test_a_replay_counts_on_the_host_what_the_eager_step_counts(small_synthetic)
     assert HostCounters.difference(counters.read(), before) == eager
 
 
-def _trained(trainer, monkeypatch, replayed_on_cpu: bool = False):
+def _trained(trainer, monkeypatch, replayed_on_cpu: bool = False, warmup: int = 3):
     """What a run trains to: its summary's cuda_graphs, losses, host counts, dense weights,
     table rows and each cache's residency (resident ids and recency stamps). With
     `replayed_on_cpu`, its step is captured and replayed by `tests.cpu_graph.ReplayedStep`."""
     if replayed_on_cpu:
         graphs = trainer.graphs
-        graphs.choice = GraphChoice(True)
-        graphs.step = ReplayedStep(graphs._step, warmup=3, host=lambda: [st["step"] for st in graphs.counters.steps])
+        graphs.capture_with(lambda step_fn: ReplayedStep(step_fn, warmup=warmup, host=lambda: [
+            st["step"] for st in graphs.counters.steps]))
     losses = _losses_of(trainer, monkeypatch)
     trainer.fit()
     counts = trainer.graphs.counters.read()
@@ -194,41 +194,55 @@ def cpu_as_device(monkeypatch):
     monkeypatch.setattr(embcache.device, "CPU_ACTS_AS_DEVICE", True)
 
 
+@pytest.mark.parametrize("depth, kernels", [(0, "torch"), (1, "torch"), (1, "triton")])
 @pytest.mark.parametrize("data, steps", [("small_synthetic", 12), ("multi_hot_data", 20)])
-def test_a_replayed_dlrm_step_trains_as_the_eager_one(data, steps, request, monkeypatch, cpu_as_device):
+def test_a_replayed_dlrm_step_trains_as_the_eager_one(data, steps, depth, kernels, request, monkeypatch,
+                                                      cpu_as_device):
     """The captured step replayed as CUDA would replay it (`tests.cpu_graph`: none of its
     Python runs after the capture, every tensor it wrote rewritten in place) trains as the
-    eager step, bit for bit, over 8 replays (multi-hot: after the 8 eager batches that set the capacities): the same losses,
-    dense weights, table rows, host counts, resident rows and recency stamps. Any state the
-    step kept in Python rather than on the device would show here."""
+    eager step at the same `prefetch_depth`, bit for bit: the same losses, dense weights,
+    table rows, host counts, resident rows and recency stamps. Any state the step kept in
+    Python rather than on the device would show here. With depth 1 the graph prefetches the
+    next batch, whose ticket the next replay takes from fixed tensors; the epoch's first
+    batch (no ticket yet) runs eagerly, as do multi-hot's first 8 (they set the capacities)
+    and, with depth 1, the one after (the pipeline prefetched it). With the project's Triton
+    kernels, interpreted here as on a GPU: batches of 16 and one warm-up step, for time."""
+    multi_hot, triton = data == "multi_hot_data", kernels == "triton"
+    batch, warmup = (16, 1) if triton else (64, 3)
     runs = []
     for replayed in (False, True):
         torch.manual_seed(0)
-        trainer = DLRMTrainer(_config(max_steps=steps, sparse_optimizer="sgd", batch_size=64, arch="torch",
-                                      prefetch_depth=0), request.getfixturevalue(data))
-        runs.append(_trained(trainer, monkeypatch, replayed_on_cpu=replayed))
-    assert trainer.graphs.step.replays == 8
-    _same_training(*runs, steps, multi_hot=data == "multi_hot_data")
+        trainer = DLRMTrainer(_config(max_steps=steps, sparse_optimizer="sgd", batch_size=batch, arch="torch",
+                                      prefetch_depth=depth, kernels=kernels), request.getfixturevalue(data))
+        runs.append(_trained(trainer, monkeypatch, replayed_on_cpu=replayed, warmup=warmup))
+    eager = depth + (8 if multi_hot else 0)
+    assert trainer.graphs.step.replays == steps - eager - warmup - 1 > 0
+    _same_training(*runs, steps, multi_hot=multi_hot)
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("depth", [1, 0])
 @pytest.mark.parametrize("data, steps", [("small_synthetic", 12), ("multi_hot_data", 20)])
-def test_a_captured_dlrm_run_trains_as_the_eager_one(data, steps, request, monkeypatch):
+def test_a_captured_dlrm_run_trains_as_the_eager_one(data, steps, depth, request, monkeypatch):
     """A cached run with the device bookkeeper (SGD rows: nothing reads the step count),
     captured and replayed, against the same run eager: bit-equal losses, dense weights and
     table rows (expected to the bit: the graph replays the kernels the eager step launches,
     on the same tensors), the same counts on the host (steps, clock, batches, Adagrad's
     steps), the same recency stamps and resident rows (a replay stamps the device's own
     clock), and the summary saying it captured. Multi-hot: the first 8 batches eager, then
-    padded to fixed capacities (CUDA's stable sort: the padded sums are the unpadded ones)."""
+    padded to fixed capacities (the pads set aside: the padded sums are the unpadded ones).
+    `prefetch_depth` 1 (the default): the graph prefetches the next batch on the caches' side
+    stream, as the eager run does; 0: neither prefetches."""
     runs = []
     for setting in ("off", "on"):
         torch.manual_seed(0)
         trainer = DLRMTrainer(_config(device="cuda", cuda_graphs=setting, max_steps=steps, sparse_optimizer="sgd",
                                       kernels="triton", precision="fp32", batch_size=64, arch="torch",
-                                      prefetch_depth=0), request.getfixturevalue(data))
+                                      prefetch_depth=depth), request.getfixturevalue(data))
         runs.append(_trained(trainer, monkeypatch))
+    if setting == "on":
+        assert trainer.graphs.ahead == (depth == 1) and trainer.graphs.step.captured
     _same_training(*runs, steps, multi_hot=data == "multi_hot_data")
 
 
@@ -287,9 +301,10 @@ def test_padded_multi_hot_steps_train_as_train_step_to_the_bit(multi_hot_data, o
     the eager batches that set them) against `train_step` on the same batches unpadded: the
     same cache statistics (pad lookups repeat an id the batch has), and with SGD the same
     losses, dense weights and table rows, bit for bit. Adagrad sums a row's terms after a sort
-    of its keys, which on the CPU is not stable (as torch's CPU `coalesce`): the pad lookups'
-    zero terms join the run of a real row and can reorder its real terms, so the rows move by
-    rounding (within 1e-6 here); CUDA's sort is stable, and there the sum is unchanged."""
+    of its keys, which on the CPU is not stable (as torch's CPU `coalesce`): how it orders a
+    row's tied terms depends on the whole array it sorts, which holds the pad lookups too, so
+    the rows move by rounding (within 1e-6 here); CUDA's sort is stable, and there the sum is
+    unchanged (the replayed test below checks the Triton kernels' stable path to the bit)."""
     runs, said = [], []
     for padded in (False, True):
         torch.manual_seed(0)

@@ -5,12 +5,22 @@ What a graph holds: the forward over a batch rebuilt from static tensors (dense 
 labels, the ids and their lengths, with the per-feature split the data fixes: one id a sample
 for every feature of one-hot data, each feature's capacity for multi-hot data, so the
 collection reads no count from the device), the loss, the backward with the cache's row
-update in it, and the dense optimizer's step. What it
-does not: prefetching (a captured cached step admits its own batch inside the graph); a
-batch of another shape (the epoch's last, shorter batch runs eagerly, counted); torchrun
-runs (their exchanges); whole tables trained by torch's sparse optimizer; the host
-bookkeeper; row updates that read the step count on the host (`step_graph.choose_graphs`
-says which).
+update in it, the dense optimizer's step and, with `prefetch_depth` >= 1, the next batch's
+prefetch (below). What it does not: a batch of another shape (the epoch's last, shorter
+batch runs eagerly, counted); torchrun runs (their exchanges); whole tables trained by
+torch's sparse optimizer; the host bookkeeper; row updates that read the step count on the
+host (`step_graph.choose_graphs` says which).
+
+The next batch's prefetch, in the graph: the step takes the next batch's ids as inputs
+beside its own dense features and labels, and after its forward prefetches them (on the
+caches' side stream, overlapping the backward), as `train_step` does one batch ahead. The
+batch's own ids come with its ticket, which the step before made: a replay cannot hand a
+Python object on, so the ticket's tensors live at fixed addresses (`nn.ticket_home`) that
+each step reads and then rewrites with its own prefetch. The trainer's prefetch pipeline
+holds that ticket for the next batch, so a step run eagerly takes it as any step takes its
+ticket. A batch with no ticket from the graph (an epoch's first; the one after a batch the
+graph cannot hold, whose prefetch the pipeline made) runs eagerly and prefetches the next
+one into the fixed tensors: the graph takes over from there. One batch ahead at most.
 
 Multi-hot data: the first `SAMPLE_BATCHES` batches run eagerly and set each feature's
 capacity (its most ids in them, times `CAPACITY_MARGIN`; a feature with the same count in
@@ -32,12 +42,14 @@ eager step would."""
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from typing import Callable
 
 import torch
 
 from embcache.dlrm.model import resolve_arch
 from embcache.nn.fixed_capacity import choose_capacity, feature_counts, pad_features
+from embcache.nn.ticket_home import TicketHome
 from embcache.sparse_types import KeyedJaggedTensorLite
 from embcache.train.step_graph import CapturedStep, GraphChoice, choose_graphs, row_caches
 
@@ -109,22 +121,37 @@ class GraphedSteps:
         self.setting = setting
         if setting == "on" or trainer.device.type == "cuda":
             say(self.choice.line(setting))
-        self.step = CapturedStep(self._step, trainer.device, warmup=3) if self.choice.capture else None
-        self.shape, self.layout, self.eager_batches = None, None, 0
+        self.home, self._ticket = TicketHome(trainer.device), None  # `_ticket`: the next batch's, re-homed
+        self.ahead, self.step = False, None
+        if self.choice.capture:
+            self.capture_with(lambda step_fn: CapturedStep(step_fn, trainer.device, warmup=3))
+        self.shape, self.layout, self.eager_batches, self._said_shape = None, None, 0, False
         self.counters, self.per_step = HostCounters(trainer.model, trainer.dense_opt), None
         self.multi_hot = is_multi_hot(trainer.meta)
         self.capacities: list[int] | None = None  # ids a padded batch holds per feature (multi-hot)
         self._sampled: list[list[int]] = []  # the ids per feature of the batches that set them
         self.over_capacity = 0  # multi-hot batches run eagerly for having more ids
 
+    def capture_with(self, make_step: Callable[[Callable], object]) -> None:
+        """Capture the step as `make_step(step_fn)` makes it (`CapturedStep`; a test's
+        stand-in on the CPU). With prefetching the graph prefetches the next batch too."""
+        self.choice = GraphChoice(True)
+        self.ahead = self.trainer.prefetches.depth > 0
+        self.step = make_step(self._step_ahead if self.ahead else self._step)
+
     @property
     def active(self) -> bool:
         return self.step is not None
 
+    @property
+    def depth(self) -> int:
+        """Batches the run looks ahead while captured: one where the graph prefetches."""
+        return 1 if self.ahead else 0
+
     def describe(self) -> str:
         """What the run did, for its summary: "on", or "off: <why>"."""
         if self.active:
-            notes = [f"{self.eager_batches} batches of another shape eager"] if self.eager_batches else []
+            notes = [f"{self.eager_batches} batches eager"] if self.eager_batches else []
             if self.capacities is not None:
                 notes.append(f"multi-hot padded to {sum(self.capacities):,} ids after {len(self._sampled)} eager "
                              f"batches, {self.over_capacity} over it eager")
@@ -134,9 +161,11 @@ class GraphedSteps:
             return "on" + (f" ({'; '.join(notes)})" if notes else "")
         return f"off: {self.choice.reason}" if self.choice.reason else "off"
 
-    def __call__(self, batch) -> torch.Tensor:
+    def __call__(self, batch, upcoming=()) -> torch.Tensor:
         if self.step is None:  # its capture failed earlier in the epoch: eager from there on
-            return self.trainer.train_step(batch, ())
+            return self.trainer.train_step(batch, upcoming)
+        if self.ahead:
+            return self._with_prefetch(batch, upcoming)
         kjt = batch.sparse
         values, lengths = kjt.values(), kjt.lengths()
         if self.multi_hot:
@@ -148,25 +177,116 @@ class GraphedSteps:
         if self.shape is None:
             self.shape, self.layout = shape, (type(kjt), kjt.keys(), kjt.stride())
         if shape != self.shape:  # the epoch's last batch: a graph replays one shape
-            if not self.eager_batches:
-                self.say(f"cuda graphs: a batch of another shape ({kjt.stride()} samples, the graph's "
-                         f"{self.shape[2]}) runs eagerly")
+            self._another_shape(kjt)
             self.eager_batches += 1
             return self.trainer.train_step(batch, ())
+        loss = self._run(batch.dense, batch.labels, values, lengths)
+        return self.trainer.train_step(batch, ()) if loss is None else loss
+
+    def _run(self, *inputs) -> torch.Tensor | None:
+        """The captured step on `inputs`: a warm-up, the capture or a replay (after which
+        the host's counts move as the step's Python would have moved them). None where the
+        capture failed: said, the host's side set back, and the run eager from here."""
         if self.step.captured:  # a replay: the host's side of the step did not run
-            loss = self.step(batch.dense, batch.labels, values, lengths)
+            loss = self.step(*inputs)
             self.counters.add(self.per_step)
             return loss
-        before = self.counters.read()
+        before, pending = self.counters.read(), self._pending()
         try:
-            loss = self.step(batch.dense, batch.labels, values, lengths)
+            loss = self.step(*inputs)
         except RuntimeError as err:
             self.counters.add(HostCounters.difference(before, self.counters.read()))  # as before the capture
+            self._restore_pending(pending)
             self.say(f"{err}; the run goes on eagerly")
             self.step, self.choice = None, GraphChoice(False, "the capture failed")
-            return self.trainer.train_step(batch, ())
+            return None
         self.per_step = HostCounters.difference(self.counters.read(), before)
         return loss
+
+    def _pending(self):
+        """The caches' pending prefetches and the graph's ticket, as a failed capture finds
+        them (its Python took the one and made another, which CUDA never ran)."""
+        return [list(c._prefetched) for c in self.counters.caches], self._ticket
+
+    def _restore_pending(self, pending) -> None:
+        queues, self._ticket = pending
+        for cache, queue in zip(self.counters.caches, queues):
+            cache._prefetched.clear()
+            cache._prefetched.extend(queue)
+
+    # ------------------------------------------------------------------ with the prefetch
+    def _with_prefetch(self, batch, upcoming) -> torch.Tensor:
+        """One batch where the graph prefetches the next (module docstring): replayed when
+        this batch's ticket is the graph's and the next batch fits the graph, else eager."""
+        t = self.trainer
+        ticket = t.prefetches.take(batch)
+        following = next(iter(upcoming), None)
+        ahead = None if following is None else self._graph_ids(following.sparse, following.dense)
+        loss = None
+        if ahead is not None and ticket is not None and ticket is self._ticket:
+            loss = self._run(batch.dense, batch.labels, *ahead)
+            if loss is None:  # the capture failed: this batch eager, its ticket the graph's
+                ahead = None
+        if loss is None:
+            if self.shape is not None:
+                self.eager_batches += 1
+            ids_ahead = ahead if ahead is not None else lambda: t.prefetches.ahead(upcoming)
+            features = ticket.features if ticket is not None and ticket is self._ticket else batch.sparse
+            loss = self._step_of(batch.dense, batch.labels, features, ticket, ids_ahead)
+        if ahead is not None:
+            t.prefetches.hand(following, self._ticket)
+        return loss
+
+    def _graph_ids(self, kjt, dense):
+        """The ids and lengths of a batch as the graph takes them (multi-hot: padded), or
+        None where it cannot (its capacities not yet set, over them, another shape)."""
+        values, lengths = kjt.values(), kjt.lengths()
+        if self.multi_hot:
+            padded = self._padded(kjt)
+            if padded is None:
+                return None
+            values, lengths = padded
+        shape = (tuple(dense.shape), tuple(values.shape), kjt.stride())
+        if self.shape is None:
+            self.shape, self.layout = shape, (type(kjt), kjt.keys(), kjt.stride())
+        if shape != self.shape:
+            self._another_shape(kjt)
+            return None
+        device = self.trainer.device
+        return values.to(device, non_blocking=True), lengths.to(device, non_blocking=True)
+
+    def _another_shape(self, kjt) -> None:
+        if not self._said_shape:
+            self._said_shape = True
+            self.say(f"cuda graphs: a batch of another shape ({kjt.stride()} samples, the graph's "
+                     f"{self.shape[2]}) runs eagerly")
+
+    def _step_ahead(self, dense: torch.Tensor, labels: torch.Tensor, values: torch.Tensor,
+                    lengths: torch.Tensor) -> torch.Tensor:
+        """The step a graph holds with the prefetch: this batch from its re-homed ticket,
+        the next one's ids (`values`, `lengths`) prefetched."""
+        return self._step_of(dense, labels, self._ticket.features, self._ticket, (values, lengths))
+
+    def _step_of(self, dense, labels, features, ticket, ahead) -> torch.Tensor:
+        """`DLRMTrainer.train_step` as a function of tensors: the forward of `features`
+        taking `ticket`; then `ahead`, the next batch prefetched: its (ids, lengths), whose
+        ticket is re-homed as the graph's, or a function that prefetches otherwise (the
+        trainer's pipeline); the loss, the backward (the cached rows updated) and the dense
+        optimizer's step."""
+        t = self.trainer
+        t.model.train()
+        with t.sparse.taking(ticket) if ticket is not None else nullcontext():
+            logits = t.model(dense, features).squeeze(-1)
+        made = t.sparse.prefetch(self.batch_of(*ahead)) if isinstance(ahead, tuple) else ahead()
+        loss = t.loss_fn(logits, labels)
+        t.dense_opt.zero_grad()
+        loss.backward()  # the cached rows are updated here
+        t.dense_opt.step()
+        if isinstance(ahead, tuple):
+            for cache in self.counters.caches:
+                cache.wait_for_prefetches()
+            self._ticket = self.home.rehome(made)
+        return loss.detach()
 
     def _padded(self, kjt):
         """`kjt`'s ids and lengths padded to the capacities (module docstring), or None where

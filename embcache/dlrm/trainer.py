@@ -324,12 +324,12 @@ class DLRMTrainer(Trainer):
         self.begin_epoch(len(batches) + self.step_in_epoch)
         self.prefetches.resume_with(self._resumed_ahead)  # none at an epoch's start, but after a resume
         self._resumed_ahead = 0
-        captured = self.graphs.active  # a captured step prefetches nothing: its admission is in the graph
+        captured = self.graphs.active  # a captured step prefetches in its graph, one batch ahead at most
         with self._stream(batches) as stream:  # the reader thread stops however the loop ends
-            for batch, upcoming in lookahead_window(stream, 0 if captured else self.prefetches.depth):
+            for batch, upcoming in lookahead_window(stream, self.graphs.depth if captured else self.prefetches.depth):
                 if self.should_stop():
                     return None
-                loss = self.graphs(batch) if captured else self.train_step(batch, upcoming)
+                loss = self.graphs(batch, upcoming) if captured else self.train_step(batch, upcoming)
                 self.after_step(loss, batch.global_size or batch.labels.numel())
         return {}
 

@@ -124,7 +124,7 @@ class CachedEmbeddingBagCollection(TakesTickets, CollectionInterface, nn.Module)
         padded = getattr(features, "padded_samples", 0)  # samples that only pad (`nn.fixed_capacity`): dropped
         for bag, group, bag_ticket in zip(self.bags, groups, tickets):
             out = bag.lookup_checked(group.ids, group.offsets, group.weights, group.segments, group.tables,
-                                     bag_ticket)
+                                     bag_ticket, padded=(group.batch, padded) if padded else None)
             out = out.view(len(group.features), group.batch, bag.embedding_dim)
             if padded:
                 out = out[:, : group.batch - padded]

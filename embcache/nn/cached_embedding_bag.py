@@ -161,22 +161,27 @@ class CachedEmbeddingBag(nn.Module):
 
     def lookup_checked(self, ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None,
                        segments: list[list[int]] | None = None, tables: torch.Tensor | None = None,
-                       ticket=None) -> torch.Tensor:
+                       ticket=None, padded: tuple[int, int] | None = None) -> torch.Tensor:
         """Forward on a collection group's input, checked where it is (on the host, as the
         loader gives it), then moved; `tables`: each id's table (a keyed bag's)."""
         return self.lookup_normalized(*to_device(ids, offsets, weights, self.device), segments=segments,
-                                      ticket=ticket)
+                                      ticket=ticket, padded=padded)
 
     def lookup_normalized(self, ids: torch.Tensor, offsets: torch.Tensor,
                           weights: torch.Tensor | None,
-                          segments: list[list[int]] | None = None, ticket=None) -> torch.Tensor:
+                          segments: list[list[int]] | None = None, ticket=None,
+                          padded: tuple[int, int] | None = None) -> torch.Tensor:
         """Forward on input already checked and moved (by `normalize_input`, or by a
         collection for its whole group), so that nothing is checked twice. `segments`: per
         table of an uncached collection, its features' numbers of lookups, so that each
         table's gradient is summed as torch sums it. `ticket`: what `prefetch_ids` returned
-        for this batch (None: the cache finds its prefetch by the ids)."""
+        for this batch (None: the cache finds its prefetch by the ids). `padded`: (samples
+        a feature has, of which the last ones only pad) for a padded batch, whose pad
+        lookups the update then sets aside (`DeviceUpdates.set_pads_aside`)."""
         train = self.training and torch.is_grad_enabled()
         lookup = self._prepare(ids, train, segments, ticket)
+        if padded is not None and train and hasattr(self.cache, "set_pads_aside"):
+            self.cache.set_pads_aside(lookup, offsets, *padded)
         table = self.cache.working_table()
         if lookup.overflow is not None:
             table = torch.cat([table, lookup.overflow.weight])

@@ -115,10 +115,11 @@ def pad_features(values: torch.Tensor, lengths: torch.Tensor, capacities: Sequen
     The extra sample is dropped from the pooled output (a collection given
     `padded_samples=1`), so its gradient is zero. A pad lookup repeats the first id its
     feature has in the batch (0 where it has none): a row the batch looks up anyway, so the
-    cache's decisions and counts (per distinct id) are the unpadded batch's, and the row's
-    update adds only zero terms after its own (its sum unchanged where the sort that orders a
-    row's terms is stable: CUDA's). Reads the lengths and the first ids: meant for the loader's
-    host batches (on a device, one sync).
+    cache's decisions and counts (per distinct id) are the unpadded batch's. Once the cache
+    has decided, the training forward points the pad lookups at a row of their own
+    (`DeviceUpdates.set_pads_aside`), so that their zero terms sort after every real one and
+    each real row's sum is the unpadded batch's. Reads the lengths and the first ids: meant
+    for the loader's host batches (on a device, one sync).
 
     Example:
         >>> import torch

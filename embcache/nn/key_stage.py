@@ -95,9 +95,9 @@ class KeyStage:
 
     def lookup_checked(self, keys: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None,
                        segments: list[list[int]] | None = None, tables: torch.Tensor | None = None,
-                       ticket=None) -> torch.Tensor:
+                       ticket=None, padded: tuple[int, int] | None = None) -> torch.Tensor:
         rows, ticket = self.rows_of_keys(keys, tables, ticket)
-        return super().lookup_checked(rows, offsets, weights, segments, ticket=ticket)
+        return super().lookup_checked(rows, offsets, weights, segments, ticket=ticket, padded=padded)
 
     def rows_of_keys(self, keys: torch.Tensor, tables: torch.Tensor | None = None,
                      ticket=None) -> tuple[torch.Tensor, object]:

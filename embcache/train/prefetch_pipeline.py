@@ -41,6 +41,11 @@ class PrefetchPipeline:
                 return ticket
         return None
 
+    def hand(self, batch, ticket) -> None:
+        """`batch` was prefetched elsewhere (a captured step prefetches its next batch):
+        its forward takes `ticket` as it would take one made here."""
+        self._tickets.append((batch, ticket))
+
     def ahead(self, upcoming) -> None:
         """Prefetch the batches of `upcoming` (those after the current one, in order, at
         most `depth`) that are not yet. Collective under torchrun, as every prefetch is."""

@@ -225,7 +225,7 @@ class DeviceRowCache(DeviceUpdates, RowCache):
         looked up, the ones its prefetch could not place served beside the cache
         (`_serve_beside`), which is what the host bookkeeper does whether or not they were
         all placed (a value this side never reads). Others get a full admission pass."""
-        self._wait_for_prefetch()
+        self.wait_for_prefetches()
         if self.frozen and not keep:
             return self._peek(ids, segments)
         consumed = self._take_prefetched(ids, ticket)

@@ -29,12 +29,28 @@ class DeviceUpdates:
         `width` rows) read through `indices` / `offsets` / `weights` in `mode`, by Triton's
         kernel where chosen (every optimizer, row type and rounding)."""
         if self.kernels == "triton":
-            self._wait_for_prefetch()
+            self.wait_for_prefetches()
             self.step += 1
             self._fused_update(grad_out.to(torch.float32), indices, offsets, weights, mode, width, lookup)
             self._after_update(lookup)
             return
         self.apply_rows(indices, lookup_terms(grad_out, indices, offsets, weights, mode), width, lookup)
+
+    def set_pads_aside(self, lookup: Lookup, offsets: torch.Tensor, samples: int, padded: int) -> None:
+        """Point a padded batch's pad lookups (the last `padded` of each feature's `samples`
+        bags: `nn.fixed_capacity.pad_features`) at the trash row and their ids at the last
+        id, once the cache has decided the batch (they repeat ids the batch has, so it decides
+        as for the unpadded batch). Their terms (zero: their bags' output is dropped) then
+        sort after every real one, in a run of their own, and every real row's run of terms
+        sits where it sits in the unpadded batch. Why it matters: the fused kernel cuts the
+        sorted terms into chunks at fixed positions, and a run longer than a chunk is summed
+        piece by piece; a pad that joined a real row's run, or shifted the runs after it,
+        would change those pieces and the sum's rounding."""
+        bag, _ = lookup_bags(lookup.indices, offsets, "sum")
+        real = bag % samples < samples - padded
+        lookup.indices = pick(real, lookup.indices, self._trash_row())
+        if lookup.ids is not None:
+            lookup.ids = pick(real, lookup.ids, self.num_rows - 1)
 
     def _fused_update(self, grad_out: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
                       weights: torch.Tensor | None, mode: str, width: int, lookup: Lookup) -> None:
@@ -90,7 +106,7 @@ class DeviceUpdates:
         the cache's rows and the batch's overflow rows in one call. The overflow rows then
         go back to the host store (and into the cache, where a prefetch admitted one
         meanwhile)."""
-        self._wait_for_prefetch()
+        self.wait_for_prefetches()
         self.step += 1
         rows, values = self._gradient_rows(rows, values.to(torch.float32), width, lookup)
         work = self._work

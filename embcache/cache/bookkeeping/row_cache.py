@@ -179,7 +179,7 @@ class RowCache(RowUpdates, RowLifecycle, RowCacheState):
         gives them) make the host wait for the device nowhere here: the bookkeeping runs
         on the host and the returned indices and rows travel without waiting."""
         ids = ids.to(self.book)
-        self._wait_for_prefetch()
+        self.wait_for_prefetches()
         if self.frozen and not keep:
             return self._peek(ids, segments)
         consumed = self._take_prefetched(ids, ticket)
@@ -344,9 +344,9 @@ class RowCache(RowUpdates, RowLifecycle, RowCacheState):
         self._prefetched.append(entry := Prefetched(ids, touched, hits, misses, indices if placed_all else None))
         return entry
 
-    def _wait_for_prefetch(self) -> None:
-        """Order the compute stream after the side stream: every touch of the maps, holds
-        or rows on the compute stream comes after the prefetches issued before it."""
+    def wait_for_prefetches(self) -> None:
+        """Order the compute stream after the side stream (the host never waits): every touch
+        of the maps, holds, rows or a prefetch's results there comes after the prefetches."""
         if self._stream is not None:
             wait_for_side_stream(self._stream, self.device)
 
@@ -384,7 +384,7 @@ class RowCache(RowUpdates, RowLifecycle, RowCacheState):
         """Let go of a batch's rows: after its update, or when its forward's graph is
         freed without a backward. Idempotent."""
         if lookup.held is not None:
-            self._wait_for_prefetch()
+            self.wait_for_prefetches()
             self._hold(lookup.held, -1)
             lookup.held = None
 
@@ -525,7 +525,7 @@ class RowCache(RowUpdates, RowLifecycle, RowCacheState):
         back but stay dirty, and the copy is not cache traffic. What a checkpoint or a
         snapshot of the table needs, with no effect on what the run does next. Returns
         the dirty slots."""
-        self._wait_for_prefetch()
+        self.wait_for_prefetches()
         out = torch.nonzero(self.dirty).flatten()
         if out.numel():
             self._write_back(out)

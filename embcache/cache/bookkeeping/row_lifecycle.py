@@ -36,7 +36,7 @@ class RowLifecycle:
         if ids.numel() == 0:
             return
         ids = ids.to(self.book)
-        self._wait_for_prefetch()
+        self.wait_for_prefetches()
         self.transfers.settle(ids)
         slots = self.slots.lookup(ids)
         resident = slots[slots >= 0]

@@ -49,7 +49,7 @@ class RowUpdates:
     def apply_gradient(self, grad: torch.Tensor, lookup: Lookup) -> None:
         """One optimizer step from a sparse gradient over the working table (the cache,
         then the batch's overflow rows), then release the batch's holds."""
-        self._wait_for_prefetch()
+        self.wait_for_prefetches()
         self.step += 1
         rows = self._apply_rows(grad, lookup)
         # the batch's held slots are exactly the cached rows it looked up
