@@ -11,6 +11,7 @@ import embcache.device
 from embcache.cli import main
 from embcache.dlrm.captured import GraphedSteps, HostCounters, graph_choice
 from embcache.dlrm.config import DLRMConfig
+from embcache.cache.bookkeeping.lookup import Prefetched
 from embcache.dlrm.trainer import DLRMTrainer
 from embcache.sparse_types import KeyedJaggedTensorLite
 from embcache.train.step_graph import CUDA_GRAPHS, row_caches
@@ -269,6 +270,52 @@ def test_a_capture_cuda_refuses_is_said_and_every_batch_then_trains_eagerly(smal
     assert graphs.counters.read() == counted  # as before the capture: the eager steps count from there
     assert eager == batches and not graphs.active and graphs.describe() == "off: the capture failed"
     assert said == ["cuda graphs: the training step could not be captured (CUDA error: x); the run goes on eagerly"]
+
+
+class _RefusedAtCapture(ReplayedStep):
+    """Warm-up steps as `CapturedStep`'s; at the capture, the step's Python runs as a
+    capture's does (it takes the batch's prefetch and makes the next one, counting on the
+    host) but CUDA never runs its work, then CUDA refuses. Acted out here by the Python
+    effects alone: each cache's pending prefetch replaced by one that was never made."""
+
+    def __init__(self, step_fn, graphs):
+        super().__init__(step_fn, warmup=2)
+        self.graphs = graphs
+
+    def __call__(self, *batch):
+        if self.steps < self.warmup:
+            return super().__call__(*batch)
+        for cache in self.graphs.counters.caches:
+            cache._prefetched.popleft()
+            cache._prefetched.append(Prefetched(torch.zeros(1), torch.ones(cache.num_slots + 1, dtype=torch.bool),
+                                                7, 7))
+        self.graphs._ticket = object()
+        self.graphs.counters.add([1] * len(self.graphs.counters.read()))
+        raise RuntimeError("cuda graphs: the training step could not be captured (CUDA error: x)")
+
+
+def test_a_failed_capture_with_the_prefetch_in_it_loses_nothing(small_synthetic, monkeypatch, cpu_as_device):
+    """The capture of a step that prefetches the next batch fails: the caches' pending
+    prefetches and the graph's ticket are set back to what the capture found, that batch
+    trains eagerly taking its prefetch, and every later one through `train_step`. The run
+    equals an eager one to the bit (losses, weights, tables, host counts, residency)."""
+    runs, said = [], []
+    for refused in (False, True):
+        torch.manual_seed(0)
+        trainer = DLRMTrainer(_config(max_steps=8, sparse_optimizer="sgd", batch_size=64, arch="torch"),
+                              small_synthetic)
+        if refused:
+            trainer.graphs.say = said.append
+            trainer.graphs.capture_with(lambda step_fn: _RefusedAtCapture(step_fn, trainer.graphs))
+            assert trainer.graphs.ahead
+        runs.append(_trained(trainer, monkeypatch))
+    assert said == ["cuda graphs: the training step could not be captured (CUDA error: x); the run goes on eagerly"]
+    assert runs[1][0] == "off: the capture failed"
+    (_, *want), (_, *got) = runs
+    assert got[0] == want[0] and len(set(got[0])) > 1 and got[1] == want[1]
+    for g, w in zip(got[2:4], want[2:4]):
+        assert all(torch.equal(g[k], w[k]) for k in w)
+    assert all(torch.equal(a, b) for pair in zip(got[4], want[4]) for a, b in zip(*pair))
 
 
 # ---------------------------------------------------------------------- multi-hot, padded

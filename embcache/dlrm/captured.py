@@ -47,6 +47,7 @@ from typing import Callable
 
 import torch
 
+from embcache.device import to_device_async
 from embcache.dlrm.model import resolve_arch
 from embcache.nn.fixed_capacity import choose_capacity, feature_counts, pad_features
 from embcache.nn.ticket_home import TicketHome
@@ -230,7 +231,9 @@ class GraphedSteps:
         if loss is None:
             if self.shape is not None:
                 self.eager_batches += 1
-            ids_ahead = ahead if ahead is not None else lambda: t.prefetches.ahead(upcoming)
+            ids_ahead = lambda: t.prefetches.ahead(upcoming)  # noqa: E731 (the pipeline's prefetch)
+            if ahead is not None:  # into the home, as the graph would: on the device, as its inputs are
+                ids_ahead = tuple(to_device_async(x, t.device) for x in ahead)
             features = ticket.features if ticket is not None and ticket is self._ticket else batch.sparse
             loss = self._step_of(batch.dense, batch.labels, features, ticket, ids_ahead)
         if ahead is not None:
@@ -252,8 +255,7 @@ class GraphedSteps:
         if shape != self.shape:
             self._another_shape(kjt)
             return None
-        device = self.trainer.device
-        return values.to(device, non_blocking=True), lengths.to(device, non_blocking=True)
+        return values, lengths
 
     def _another_shape(self, kjt) -> None:
         if not self._said_shape:
