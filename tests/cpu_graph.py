@@ -22,6 +22,8 @@ with it); the `meta` tests cover that.
 """
 from __future__ import annotations
 
+import traceback
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -44,12 +46,18 @@ class _Recorder(TorchDispatchMode):
         if (tensors and all(id(t) in self.host for t in tensors)) or func.namespace == "profiler":
             return func(*args, **kwargs)  # the host's own numbers, a profiler's marks: not in a graph
         if syncs(func, args, kwargs):
-            raise CaptureRefused(f"{func} reads the device on the host (a sync): CUDA cannot capture it")
+            raise CaptureRefused(f"{func} reads the device on the host (a sync) at {_where()}: CUDA cannot capture it")
         out = func(*args, **kwargs)
         if not all(t is None or isinstance(t, torch.Tensor) for t in tree_flatten(out)[0]):
-            raise CaptureRefused(f"{func} returns a value to the host (a sync): CUDA cannot capture it")
+            raise CaptureRefused(f"{func} returns a value to the host (a sync) at {_where()}: CUDA cannot capture it")
         self.calls.append((func, args, kwargs, out))
         return out
+
+
+def _where() -> str:
+    """The innermost frame of the project's code: where a refused operation was asked for."""
+    ours = [f for f in traceback.extract_stack() if "/embcache/" in f.filename]
+    return f"{ours[-1].filename.rsplit('/embcache/', 1)[-1]}:{ours[-1].lineno}" if ours else "?"
 
 
 def _aliases(func) -> bool:

@@ -1,6 +1,7 @@
 """`embcache bench gpu` on the CPU (tiny sizes): the run's structure and its exactness check."""
 import json
 
+import pytest
 import torch
 
 from embcache.cli import main
@@ -97,3 +98,40 @@ def test_a_sync_site_names_the_innermost_project_frame():
     stack.append(traceback.FrameSummary("/x/embcache/cache/bookkeeping/row_cache.py", 466, "apply_gradient", line="self.dirty"))
     stack.append(traceback.FrameSummary("/usr/lib/torch/x.py", 3, "f", line="g()"))
     assert _project_frame(stack) == "cache/bookkeeping/row_cache.py:466 in apply_gradient: self.dirty"
+
+
+@pytest.mark.parametrize("shape", ["one-hot", "multi-hot"])
+def test_the_cached_step_replayed_with_its_prefetch_trains_as_the_eager_one(tmp_path, monkeypatch, shape):
+    """`bench gpu --cuda-graphs on`'s cached step with the device bookkeeper, its next
+    batch's prefetch inside the graph (`bench.step_ahead`), captured and replayed as CUDA
+    would (`tests.cpu_graph`, the CPU taking the device's path): every loss equals the whole
+    table's and the eager cached step's to the bit, with the same hit rate and traffic."""
+    import embcache.device
+    from embcache.train import step_graph
+    from tests.cpu_graph import ReplayedStep
+
+    monkeypatch.setattr(embcache.device, "CPU_ACTS_AS_DEVICE", True)
+    replayed = []
+
+    def replaying(step_fn, device, warmup):  # the dense Adagrad's step counts stay on the host, as on CUDA
+        dense_opt = step_fn.__self__.variant[3]
+        replayed.append(ReplayedStep(step_fn, warmup=warmup, host=lambda: [st["step"] for st in dense_opt.state.values()]))
+        return replayed[-1]
+
+    rows = {}
+    for graphs in ("off", "on"):
+        if graphs == "on":
+            monkeypatch.setattr(step_graph, "choose_graphs", lambda *a, **k: step_graph.GraphChoice(True))
+            monkeypatch.setattr(step_graph, "CapturedStep", replaying)
+        out = tmp_path / graphs
+        assert main(["bench", "gpu", "--scale", "0.0005", "--dims", "4", "--batch-size", "16", "--steps", "6",
+                     "--warmup-steps", "2", "--ratios", "0.05", "--device", "cpu", "--out", str(out),
+                     "--shapes", shape, "--bookkeeping", "device", "--kernels", "torch", "--no-price-prefetch",
+                     "--link-table-mib", "1", "--cuda-graphs", graphs]) == 0
+        rows[graphs] = json.loads((out / "gpu.json").read_text())["blocks"][0]["results"]
+    (whole, eager), (_, captured) = rows["off"], rows["on"]
+    assert captured["cuda_graphs"] == "on" and captured["prefetch_depth"] == 1 and eager["prefetch_depth"] == 1
+    assert len(replayed) == 1 and replayed[0].replays == 3  # 8 steps: 1 eager, 2 warm-up, the capture, 3, the last
+    assert captured["losses"] == eager["losses"] == whole["losses"] and len(set(whole["losses"])) > 1
+    for key in ("hit_rate", "bytes_h2d_per_step", "bytes_d2h_per_step", "overflow_rows"):
+        assert captured[key] == eager[key], key

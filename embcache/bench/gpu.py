@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from embcache.bench import link, shard_feed
+from embcache.bench.step_ahead import StepAhead
 from embcache.bench.criteo_trace import CRITEO_KAGGLE_CARDINALITIES, MULTI_HOT_SIZES, CriteoTrace
 from embcache.cache.optimizers import torch_equivalent
 from embcache.device import resolve_device
@@ -94,13 +95,14 @@ def train_steps(variant, data, device, prefetch_depth: int, start: int, stop: in
     cached = isinstance(sparse.bag, CachedEmbeddingBag)
     losses = []
     for i in range(start, stop):
-        if getattr(sparse, "captured", None) is not None and captured_step(variant, data[i], losses):
+        if getattr(sparse, "captured", None) is not None and captured_step(variant, data, i, losses):
             continue
-        if cached and prefetch_depth and i + prefetch_depth < len(data):
-            sparse.bag.prefetch(*sparse.bag_args(data[i + prefetch_depth][0]))
         inputs, x, y = data[i]
         inputs = inputs if cached else tuple(t.to(device, non_blocking=True) for t in inputs)
-        logits = dense(sparse(*inputs), x.to(device, non_blocking=True)).squeeze(1)
+        embedded = sparse(*inputs)
+        if cached and prefetch_depth and i + prefetch_depth < len(data):  # after the forward, as a trainer does
+            sparse.bag.prefetch(*sparse.bag_args(data[i + prefetch_depth][0]))
+        logits = dense(embedded, x.to(device, non_blocking=True)).squeeze(1)
         loss = F.binary_cross_entropy_with_logits(logits, y.to(device, non_blocking=True))
         dense_opt.zero_grad()
         if sparse_opt is not None:
@@ -129,33 +131,44 @@ def whole_step(variant):
     return step
 
 
-def capture(variant, args, device) -> str:
+def capture(variant, args, device, make_step=None) -> str:
     """Give the whole table with Triton's kernels, or the cached bag with the device
     bookkeeper, a captured step (`train.step_graph`) where `--cuda-graphs` and the step
-    allow; returns what was decided, in a few words. A captured cached step prefetches
-    nothing (its admission is inside the graph); its counters are device tensors the
-    replays update, so its hit rate is the replays' own."""
+    allow; returns what was decided, in a few words. With `--prefetch-depth` >= 1 the
+    cached step prefetches the next batch inside its graph (`step_ahead`); its counters are
+    device tensors the replays update, so its hit rate is the replays' own. `make_step`:
+    what captures a step function (`CapturedStep`; a test's stand-in)."""
     from embcache.train.step_graph import CapturedStep, choose_graphs
 
     choice = choose_graphs(args.cuda_graphs, device, variant[0])
     if choice.capture and args.optimizer == "adam":
         choice = type(choice)(False, "Adam's bias correction reads the step count on the host")
-    if choice.capture:
-        variant[0].captured = CapturedStep(whole_step(variant), device, warmup=2)
-        return "on"
-    return f"off: {choice.reason}"
+    if not choice.capture:
+        return f"off: {choice.reason}"
+    make_step = make_step or (lambda fn: CapturedStep(fn, device, warmup=2))
+    sparse = variant[0]
+    if isinstance(sparse.bag, CachedEmbeddingBag) and args.prefetch_depth:
+        sparse.ahead = StepAhead(variant, device)
+        sparse.ahead.captured = sparse.captured = make_step(sparse.ahead.captured_fn)
+    else:
+        sparse.captured = make_step(whole_step(variant))
+    return "on"
 
 
-def captured_step(variant, batch, losses: list) -> bool:
-    """One step through the captured graph (False: its capture failed, said once and kept in
+def captured_step(variant, data: list, i: int, losses: list) -> bool:
+    """Step `i` through the captured graph (False: its capture failed, said once and kept in
     `graph_failed`; the caller runs the step eagerly, which nothing of the failed one ran)."""
     sparse = variant[0]
-    inputs, x, y = batch
+    inputs, x, y = data[i]
     try:
-        losses.append(sparse.captured(x, y, *inputs))
+        if getattr(sparse, "ahead", None) is not None:
+            sparse.ahead.step(data, i, losses)
+        else:
+            losses.append(sparse.captured(x, y, *inputs))
         return True
     except RuntimeError as err:
-        sparse.captured, sparse.graph_failed = None, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        sparse.captured, sparse.ahead = None, None
+        sparse.graph_failed = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
         print(f"  the step could not be captured ({sparse.graph_failed}): it runs eagerly", flush=True)
         return False
 
@@ -268,7 +281,7 @@ def bench_block(shape: str, dim: int, table: torch.Tensor, args, device, data, f
         kernels = variant[0].bag.cache.kernels if kind == "cached" else kernels  # "auto" as it resolved
         graphs = capture(variant, args, device) if (kind, kernels) == ("gpu", "triton") or book == "device" else \
             "off: " + ("the host bookkeeper syncs" if kind == "cached" else "torch's sparse optimizer is not capturable")
-        depth = 0 if graphs == "on" else depth  # a captured step prefetches nothing (`capture`)
+        depth = min(depth, 1) if graphs == "on" else depth  # a captured step prefetches one batch ahead at most
         row = {"variant": kind, "ratio": ratio, "prefetch_depth": depth, "bookkeeping": book, "kernels": kernels,
                "batch_size": args.batch_size, **measure(variant, data, args, device, depth)}
         failed = getattr(variant[0], "graph_failed", None)

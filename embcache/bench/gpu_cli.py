@@ -73,8 +73,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--cuda-graphs", default="auto", choices=["auto", "on", "off"],
                    help="capture the step as one CUDA graph and replay it: the whole table with Triton's kernels "
                         "and the cached bag with the device bookkeeper (auto, on: where it can be, else eager with "
-                        "the reason in the row's cuda_graphs; a captured cached step prefetches nothing: its "
-                        "admission is in the graph); a capture that fails is said and the step runs eagerly")
+                        "the reason in the row's cuda_graphs; with --prefetch-depth >= 1 the cached step's graph "
+                        "prefetches the next batch); a capture that fails is said and the step runs eagerly")
     p.add_argument("--cached", action=argparse.BooleanOptionalAction, default=True,
                    help="run the cached variants (--no-cached: the whole-table rows alone)")
     p.add_argument("--price-prefetch", action=argparse.BooleanOptionalAction, default=True,

@@ -209,8 +209,8 @@ class DLRMConfig(StepRunConfig):
                                     "the run allows: CUDA, one process, a cached sparse part with --bookkeeping "
                                     "device, no row update reading the step count on the host; multi-hot batches "
                                     "padded to fixed capacities set by the first 8 batches; "
-                                    "else the step runs as it is, with one line saying why; off: never). A "
-                                    "captured step prefetches nothing: its admission is in the graph")
+                                    "else the step runs as it is, with one line saying why; off: never). With "
+                                    "--prefetch-depth >= 1 the graph prefetches the next batch (one ahead at most)")
 
     # the value a setting had, in effect, in checkpoints written before it existed
     settings_added_later = {"precision": "fp32"}

@@ -36,7 +36,7 @@ class TicketHome:
         """Copy `ticket`'s tensors (and its batch's) into the home and point it at them;
         returns it. A ticket of another structure or shape than the first is refused."""
         copied: dict[int, torch.Tensor] = {}  # a tensor two fields share stays one
-        features = self._batch(ticket.features, copied)
+        features = None if ticket.features is None else self._batch(ticket.features, copied)  # None: a bare bag's
         for t in (ticket, ticket.local):
             if t is None:
                 continue
@@ -48,7 +48,8 @@ class TicketHome:
                     value = getattr(entry, name, None)
                     if torch.is_tensor(value):
                         setattr(entry, name, self._home(("entry", b, name), value, copied))
-            t.features, t.versions = features, tensor_versions(features)
+            if features is not None:
+                t.features, t.versions = features, tensor_versions(features)
         return ticket
 
     def _batch(self, kjt, copied: dict) -> KeyedJaggedTensorLite:
