@@ -100,6 +100,21 @@ def test_a_sync_site_names_the_innermost_project_frame():
     assert _project_frame(stack) == "cache/bookkeeping/row_cache.py:466 in apply_gradient: self.dirty"
 
 
+def _replaying(replayed: list):
+    """A stand-in for `CapturedStep` that replays on the CPU (`tests.cpu_graph`), each one
+    made kept in `replayed`; the dense Adagrad's step counts stay on the host, as on CUDA."""
+    from tests.cpu_graph import ReplayedStep
+
+    def make(step_fn, device, warmup):
+        variant = getattr(step_fn, "variant", None) or step_fn.__self__.variant
+        dense_opt = variant[3]
+        host = lambda: [st["step"] for st in dense_opt.state.values()]  # noqa: E731
+        replayed.append(ReplayedStep(step_fn, warmup=warmup, host=host))
+        return replayed[-1]
+
+    return make
+
+
 @pytest.mark.parametrize("shape", ["one-hot", "multi-hot"])
 def test_the_cached_step_replayed_with_its_prefetch_trains_as_the_eager_one(tmp_path, monkeypatch, shape):
     """`bench gpu --cuda-graphs on`'s cached step with the device bookkeeper, its next
@@ -108,21 +123,15 @@ def test_the_cached_step_replayed_with_its_prefetch_trains_as_the_eager_one(tmp_
     table's and the eager cached step's to the bit, with the same hit rate and traffic."""
     import embcache.device
     from embcache.train import step_graph
-    from tests.cpu_graph import ReplayedStep
 
     monkeypatch.setattr(embcache.device, "CPU_ACTS_AS_DEVICE", True)
     replayed = []
-
-    def replaying(step_fn, device, warmup):  # the dense Adagrad's step counts stay on the host, as on CUDA
-        dense_opt = step_fn.__self__.variant[3]
-        replayed.append(ReplayedStep(step_fn, warmup=warmup, host=lambda: [st["step"] for st in dense_opt.state.values()]))
-        return replayed[-1]
 
     rows = {}
     for graphs in ("off", "on"):
         if graphs == "on":
             monkeypatch.setattr(step_graph, "choose_graphs", lambda *a, **k: step_graph.GraphChoice(True))
-            monkeypatch.setattr(step_graph, "CapturedStep", replaying)
+            monkeypatch.setattr(step_graph, "CapturedStep", _replaying(replayed))
         out = tmp_path / graphs
         assert main(["bench", "gpu", "--scale", "0.0005", "--dims", "4", "--batch-size", "16", "--steps", "6",
                      "--warmup-steps", "2", "--ratios", "0.05", "--device", "cpu", "--out", str(out),
@@ -135,3 +144,24 @@ def test_the_cached_step_replayed_with_its_prefetch_trains_as_the_eager_one(tmp_
     assert captured["losses"] == eager["losses"] == whole["losses"] and len(set(whole["losses"])) > 1
     for key in ("hit_rate", "bytes_h2d_per_step", "bytes_d2h_per_step", "overflow_rows"):
         assert captured[key] == eager[key], key
+
+
+def test_the_whole_table_replayed_with_the_project_s_kernels_trains_as_torch(tmp_path, monkeypatch):
+    """The whole-table baseline `bench gpu --cuda-graphs` captures (the table trained inside its
+    backward by the project's Triton kernels, interpreted here), replayed as CUDA would: its
+    losses equal torch's `nn.EmbeddingBag` with its sparse optimizer, to the bit."""
+    import embcache.device
+    from embcache.train import step_graph
+
+    monkeypatch.setattr(embcache.device, "CPU_ACTS_AS_DEVICE", True)
+    monkeypatch.setattr(step_graph, "choose_graphs", lambda *a, **k: step_graph.GraphChoice(True))
+    replayed = []
+
+    monkeypatch.setattr(step_graph, "CapturedStep", _replaying(replayed))
+    assert main(["bench", "gpu", "--scale", "0.0005", "--dims", "4", "--batch-size", "16", "--steps", "5",
+                 "--warmup-steps", "2", "--device", "cpu", "--out", str(tmp_path), "--shapes", "one-hot",
+                 "--kernels", "triton", "--no-cached", "--link-table-mib", "1", "--cuda-graphs", "on"]) == 0
+    torch_rows, triton_rows = json.loads((tmp_path / "gpu.json").read_text())["blocks"][0]["results"]
+    assert (torch_rows["kernels"], triton_rows["kernels"], triton_rows["cuda_graphs"]) == ("torch", "triton", "on")
+    assert len(replayed) == 1 and replayed[0].replays == 4  # 7 steps: 2 warm-up, the capture, 4 replays
+    assert triton_rows["losses"] == torch_rows["losses"] and len(set(torch_rows["losses"])) > 1

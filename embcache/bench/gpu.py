@@ -128,6 +128,7 @@ def whole_step(variant):
         dense_opt.step()
         return loss.detach()
 
+    step.variant = variant  # what it trains (a test's stand-in for the capture reads it)
     return step
 
 
