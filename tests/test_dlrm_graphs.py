@@ -272,6 +272,28 @@ def test_a_capture_cuda_refuses_is_said_and_every_batch_then_trains_eagerly(smal
     assert said == ["cuda graphs: the training step could not be captured (CUDA error: x); the run goes on eagerly"]
 
 
+def test_a_replayed_run_stopped_and_resumed_trains_as_one_eager_run(small_synthetic, tmp_path, monkeypatch,
+                                                                    cpu_as_device):
+    """A captured run (the prefetch in its graph, replayed as CUDA would) stopped after 10
+    steps, its checkpoint holding the pending prefetch the last replay wrote into the fixed
+    tensors, then resumed and captured again to 16: its last 6 losses, tables, dense weights,
+    host counts and residency equal one eager run of 16 steps, to the bit."""
+    base = _config(max_steps=16, sparse_optimizer="sgd", batch_size=64, arch="torch", checkpoint_every=1000)
+    torch.manual_seed(0)
+    eager = _trained(DLRMTrainer(replace(base, checkpoint_dir=str(tmp_path / "e")), small_synthetic), monkeypatch)
+    torch.manual_seed(0)
+    first = DLRMTrainer(replace(base, max_steps=10, checkpoint_dir=str(tmp_path / "r")), small_synthetic)
+    _trained(first, monkeypatch, replayed_on_cpu=True)
+    assert first.graphs.step.replays == 5 and first.sparse.local.pending_prefetches() == 1
+    resumed = DLRMTrainer(replace(base, checkpoint_dir=str(tmp_path / "r"), resume=True), small_synthetic)
+    got = _trained(resumed, monkeypatch, replayed_on_cpu=True)
+    assert resumed.graphs.step.replays == 1  # its first batch eager (the restored prefetch), 3 warm-up, the capture
+    assert got[1] == eager[1][10:] and got[2] == eager[2]
+    for g, w in zip(got[3:5], eager[3:5]):
+        assert all(torch.equal(g[k], w[k]) for k in w)
+    assert all(torch.equal(a, b) for pair in zip(got[5], eager[5]) for a, b in zip(*pair))
+
+
 class _RefusedAtCapture(ReplayedStep):
     """Warm-up steps as `CapturedStep`'s; at the capture, the step's Python runs as a
     capture's does (it takes the batch's prefetch and makes the next one, counting on the
