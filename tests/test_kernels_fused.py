@@ -392,3 +392,36 @@ def test_the_fused_step_is_the_torch_paths_on_cuda(optimizer, dtype):
     else:
         _assert_rows_alike(optimizer, got_w.cpu(), want_w.cpu())
         _assert_state_alike(optimizer, {k: v.cpu() for k, v in got_s.items()}, {k: v.cpu() for k, v in want_s.items()})
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_a_padded_batch_updates_every_row_as_the_unpadded_one(optimizer):
+    """A batch padded as a captured step pads it (`nn.fixed_capacity.pad_features`: one
+    extra bag, its lookups repeating the first id, its output dropped), through the fused
+    kernel's chunks of 64: three rows with runs of about 100 lookups and 150 pads. The pads
+    set aside (`DeviceUpdates.set_pads_aside`), every row and its state equal the unpadded
+    batch's to the bit; left in place, they join the first id's run and shift the runs after
+    it across the chunks, and the sums round otherwise."""
+    g = torch.Generator().manual_seed(4)
+    counts = torch.randint(1, 6, (100,), generator=g)
+    ids = torch.randint(0, 3, (int(counts.sum()),), generator=g)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)[:-1]])
+    padded_ids = torch.cat([ids, ids[:1].expand(450 - ids.numel())])
+    padded_offsets = torch.cat([offsets, torch.tensor([ids.numel()])])
+    scale = torch.linspace(0.5, 1.5, 4)
+    results = []
+    for padded in (False, True):
+        torch.manual_seed(0)
+        bag = CachedEmbeddingBag(8, 4, cache_ratio=1.0, optimizer=optimizer, lr=0.05, device="cpu",
+                                 bookkeeping="device", kernels="triton")
+        for _ in range(2):
+            if padded:
+                out = bag.lookup_normalized(padded_ids, padded_offsets, None, padded=(101, 1))[:100]
+            else:
+                out = bag(ids, offsets)
+            (out * scale).sum().backward()
+        results.append((bag.full_weight(), bag.table_rows(slice(0, 8))))
+    (want_weight, want_rows), (got_weight, got_rows) = results
+    assert ids.bincount().min() > 64 and 450 - ids.numel() > 64  # runs and pads longer than a chunk
+    assert torch.equal(got_weight, want_weight) and not torch.equal(want_weight, torch.zeros_like(want_weight))
+    assert all(torch.equal(got_rows[k], want_rows[k]) for k in want_rows)
