@@ -426,5 +426,5 @@ def test_a_multi_hot_batch_over_its_capacity_runs_eagerly_counted_and_said_once(
     assert [graphs._padded(b.sparse) for b in batches[3:8]] == [None] * 5 and graphs.capacities is not None
     graphs.capacities = [64, 1, 1]  # far below what a batch holds
     assert graphs._padded(batches[8].sparse) is None and graphs._padded(batches[8].sparse) is None
-    assert graphs.over_capacity == 2 and sum("more ids than the padded capacity" in line for line in said) == 1
+    assert graphs.over_capacity == 2 and sum("a batch the padding cannot hold" in line for line in said) == 1
     assert graphs.describe() == "on (multi-hot padded to 66 ids after 8 eager batches, 2 over it eager)"

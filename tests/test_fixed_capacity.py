@@ -16,7 +16,7 @@ import torch
 from embcache import CachedEmbeddingBag
 from embcache.cache.bookkeeping import device_updates
 from embcache.cache.bookkeeping.fixed_size import summed_in_torch_order
-from embcache.nn.fixed_capacity import FixedCapacity, choose_capacity, pad_batch, padded_rows
+from embcache.nn.fixed_capacity import FixedCapacity, choose_capacity, pad_batch, pad_features, padded_rows
 
 N, D, BATCH = 300, 4, 12
 
@@ -116,3 +116,18 @@ def test_a_padded_step_runs_on_meta_with_the_same_shapes_whatever_the_batch(mode
         loss.backward()
         assert loss.device.type == "meta"
     assert shapes == {(torch.Size([128]), torch.Size([BATCH + 1]))} and bag.cache.step == 3
+
+
+def test_a_keyed_batch_is_padded_by_repeating_each_feature_s_own_first_id():
+    """`pad_features` (what `dlrm train --cuda-graphs` pads with): each feature's ids, then
+    its pads in one extra sample, repeating its own first id, so the cache sees no id the
+    batch lacks. A feature over its capacity, or with no id though it has a capacity (no id
+    of its own to repeat), gives None: that batch runs eagerly."""
+    got = pad_features(torch.tensor([4, 2, 9]), torch.tensor([2, 0, 0, 1]), [3, 2])
+    assert got is not None
+    padded, padded_lengths = got
+    assert padded.tolist() == [4, 2, 4, 9, 9] and padded_lengths.tolist() == [2, 0, 1, 0, 1, 1]
+    assert pad_features(torch.tensor([4, 2, 9]), torch.tensor([2, 0, 0, 1]), [1, 2]) is None  # over
+    assert pad_features(torch.tensor([4, 2]), torch.tensor([2, 0, 0, 0]), [3, 2]) is None  # the second has none
+    kept = pad_features(torch.tensor([4, 2]), torch.tensor([2, 0, 0, 0]), [3, 0])  # ... and no capacity: kept
+    assert kept is not None and kept[0].tolist() == [4, 2, 4] and kept[1].tolist() == [2, 0, 1, 0, 0, 0]

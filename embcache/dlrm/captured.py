@@ -307,7 +307,8 @@ class GraphedSteps:
         if padded is None:
             self.over_capacity += 1
             if self.over_capacity == 1:
-                self.say("cuda graphs: a batch with more ids than the padded capacity runs eagerly "
+                self.say("cuda graphs: a batch the padding cannot hold (more ids than a feature's capacity, or a "
+                         "feature with none) runs eagerly "
                          "(such batches are counted in the summary's cuda_graphs)")
         return padded
 

@@ -110,11 +110,12 @@ def pad_features(values: torch.Tensor, lengths: torch.Tensor, capacities: Sequen
     `capacities[f]` ids a feature, so that a captured step takes every batch of a multi-hot
     run: returns `(values, lengths)` with `lengths` `[F * (B + 1)]`, each feature's ids then
     its pad lookups in one extra sample of its own (the last), or None where a feature has
-    more ids than its capacity.
+    more ids than its capacity, or none at all though its capacity is not 0 (it has no id of
+    its own to repeat, and a pad of another would add a row the batch does not look up).
 
     The extra sample is dropped from the pooled output (a collection given
     `padded_samples=1`), so its gradient is zero. A pad lookup repeats the first id its
-    feature has in the batch (0 where it has none): a row the batch looks up anyway, so the
+    feature has in the batch: a row the batch looks up anyway, so the
     cache's decisions and counts (per distinct id) are the unpadded batch's. Once the cache
     has decided, the training forward points the pad lookups at a row of their own
     (`DeviceUpdates.set_pads_aside`), so that their zero terms sort after every real one and
@@ -129,16 +130,15 @@ def pad_features(values: torch.Tensor, lengths: torch.Tensor, capacities: Sequen
     """
     per_sample = lengths.view(len(capacities), -1)
     counts = feature_counts(lengths, len(capacities))
-    if any(n > cap for n, cap in zip(counts, capacities)):
+    if any(n > cap or (n == 0 < cap) for n, cap in zip(counts, capacities)):
         return None
     parts, start = [], 0
     for n, cap in zip(counts, capacities):
         ids = values[start:start + n]
-        pad_id = ids[:1] if n else values.new_zeros(1)
-        parts += [ids, pad_id.expand(cap - n)]
+        parts += [ids, ids[:1].expand(cap - n)] if n else []  # a feature with none has capacity 0
         start += n
     pads = torch.tensor([cap - n for n, cap in zip(counts, capacities)], dtype=lengths.dtype, device=lengths.device)
-    return torch.cat(parts), torch.cat([per_sample, pads.view(-1, 1)], dim=1).reshape(-1)
+    return (torch.cat(parts) if parts else values[:0]), torch.cat([per_sample, pads.view(-1, 1)], dim=1).reshape(-1)
 
 
 def feature_counts(lengths: torch.Tensor, num_features: int) -> list[int]:
