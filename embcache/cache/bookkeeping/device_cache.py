@@ -316,7 +316,7 @@ class DeviceRowCache(DeviceUpdates, RowCache):
         wanted = torch.clamp(torch.minimum(m - free_count, candidates.sum()), min=0)
         j = self._arange[:kv]
         if p.admission:  # the hottest missing ids first; each past the free slots beats its victim or stays out
-            ckeys = self._counts(missing) + 1 + clock / (clock + 1)
+            ckeys = self.policy.candidate_keys(missing, clock, **self._count_arrays())
             ckeys = pick(r < m, ckeys, torch.full_like(ckeys, -INF))
             order = pick(wanted > 0, torch.argsort(ckeys, descending=True, stable=True), r)
             missing, ckeys = missing.index_select(0, order), ckeys.index_select(0, order)
@@ -359,7 +359,7 @@ class DeviceRowCache(DeviceUpdates, RowCache):
         if self.policy.id_count is None:
             write_where(pad["slot_primary"], in_slot, 0.0, admitted, k)
         else:
-            write_where(pad["slot_primary"], in_slot, self._counts(in_ids), admitted, k)
+            write_where(pad["slot_primary"], in_slot, self.policy._counts(in_ids, **self._count_arrays()), admitted, k)
         write_where(in_batch, in_slot, True, admitted, k)
 
     def _serve_beside(self, flat: torch.Tensor, region: list):
@@ -452,11 +452,10 @@ class DeviceRowCache(DeviceUpdates, RowCache):
         where = torch.empty_like(rank).index_copy_(0, perm, rank).clamp_(min=0)
         return slots, hit, in_batch, missing[:n], rank[-1] + 1, where
 
-    def _counts(self, ids: torch.Tensor) -> torch.Tensor:
-        """The policy's primary key of `ids` (trash entries allowed) outside the cache."""
-        p, pad = self.policy, self._pad
-        primary = pad["id_count"].index_select(0, ids).to(torch.float64)
-        return primary + pad["prior"].index_select(0, ids) * p.prior_weight if p.prior is not None else primary
+    def _count_arrays(self) -> dict:
+        """The policy's per-id arrays a trash entry longer, for its `_counts` of ids that
+        may be the trash id."""
+        return {"id_count": self._pad.get("id_count"), "prior": self._pad.get("prior")}
 
     def _hold(self, slots: torch.Tensor, delta: int) -> None:
         """Holds as a mask over the slots (what the device bookkeeper keeps per batch), or

@@ -128,13 +128,14 @@ class EvictionPolicy:
             self.prior_weight *= 0.5
         return self.clock
 
-    def _prior(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.prior.index_select(0, ids) * self.prior_weight
-
-    def _counts(self, ids: torch.Tensor) -> torch.Tensor:
-        """The primary key of `ids` outside the cache: online count (+ weighted prior)."""
-        primary = self.id_count.index_select(0, ids).to(torch.float64)
-        return primary + self._prior(ids) if self.prior is not None else primary
+    def _counts(self, ids: torch.Tensor, id_count: torch.Tensor | None = None,
+                prior: torch.Tensor | None = None) -> torch.Tensor:
+        """The primary key of `ids` outside the cache: online count (+ weighted prior), from
+        the policy's arrays or the ones given (the device bookkeeper's, a trash entry longer)."""
+        primary = (self.id_count if id_count is None else id_count).index_select(0, ids).to(torch.float64)
+        if self.prior is None:
+            return primary
+        return primary + (self.prior if prior is None else prior).index_select(0, ids) * self.prior_weight
 
     def on_access(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
         """Record one batch's use of distinct resident slots (`ids` are their ids)."""
@@ -164,9 +165,11 @@ class EvictionPolicy:
         bookkeeper's copy of it, a 0-d tensor: the same value, not a host number)."""
         return self.slot_primary + self.slot_last / ((self.clock if clock is None else clock) + 1)
 
-    def candidate_keys(self, ids: torch.Tensor) -> torch.Tensor:
-        """The keys absent `ids` would have once admitted and counted (this use included)."""
-        return self._counts(ids) + 1 + self.clock / (self.clock + 1)
+    def candidate_keys(self, ids: torch.Tensor, clock: torch.Tensor | None = None, **arrays) -> torch.Tensor:
+        """The keys absent `ids` would have once admitted and counted (this use included);
+        `clock` and `arrays` (`id_count`, `prior`) as `keys` and `_counts` take them."""
+        clock = self.clock if clock is None else clock
+        return self._counts(ids, **arrays) + 1 + clock / (clock + 1)
 
     def on_bypass(self, ids: torch.Tensor) -> None:
         """`ids` were used this batch without being admitted: count the use."""
