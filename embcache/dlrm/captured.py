@@ -152,7 +152,8 @@ class GraphedSteps:
     def describe(self) -> str:
         """What the run did, for its summary: "on", or "off: <why>"."""
         if self.active:
-            notes = [f"{self.eager_batches} batches eager"] if self.eager_batches else []
+            n = self.eager_batches
+            notes = [f"{n} batch{'' if n == 1 else 'es'} eager"] if n else []
             if self.capacities is not None:
                 notes.append(f"multi-hot padded to {sum(self.capacities):,} ids after {len(self._sampled)} eager "
                              f"batches, {self.over_capacity} over it eager")
