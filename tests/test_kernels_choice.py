@@ -78,7 +78,8 @@ def test_a_capture_that_fails_is_said_and_the_step_runs_eagerly(capsys):
 
     sparse = SimpleNamespace(captured=failing)
     losses = []
-    assert not captured_step((sparse, None, None, None), ((torch.zeros(1),), torch.zeros(1), torch.zeros(1)), losses)
+    batch = ((torch.zeros(1),), torch.zeros(1), torch.zeros(1))
+    assert not captured_step((sparse, None, None, None), [batch], 0, losses)
     assert sparse.captured is None and losses == []
     assert sparse.graph_failed == "RuntimeError: operation not permitted when stream is capturing"
     assert "could not be captured" in capsys.readouterr().out

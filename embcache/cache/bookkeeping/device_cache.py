@@ -337,7 +337,7 @@ class DeviceRowCache(DeviceUpdates, RowCache):
         if p.id_count is not None:
             count = pad["slot_primary"].index_select(0, out_slot)
             if p.prior is not None:
-                count = count - pad["prior"].index_select(0, out_ids) * p.prior_weight
+                count = count - p._prior(out_ids, pad["prior"])
             write_where(pad["id_count"], out_ids, count.round().to(torch.int32), leaving, self.kernels)
         written = leaving & pad["dirty"].index_select(0, out_slot)
         self.link.write(out_ids, victims, written, self._work, self._trash_row())

@@ -128,14 +128,17 @@ class EvictionPolicy:
             self.prior_weight *= 0.5
         return self.clock
 
+    def _prior(self, ids: torch.Tensor, prior: torch.Tensor | None = None) -> torch.Tensor:
+        """The weighted prior of `ids`, from the policy's array or `prior` (the device
+        bookkeeper's, a trash entry longer)."""
+        return (self.prior if prior is None else prior).index_select(0, ids) * self.prior_weight
+
     def _counts(self, ids: torch.Tensor, id_count: torch.Tensor | None = None,
                 prior: torch.Tensor | None = None) -> torch.Tensor:
         """The primary key of `ids` outside the cache: online count (+ weighted prior), from
-        the policy's arrays or the ones given (the device bookkeeper's, a trash entry longer)."""
+        the policy's arrays or the ones given (as `_prior`)."""
         primary = (self.id_count if id_count is None else id_count).index_select(0, ids).to(torch.float64)
-        if self.prior is None:
-            return primary
-        return primary + (self.prior if prior is None else prior).index_select(0, ids) * self.prior_weight
+        return primary + self._prior(ids, prior) if self.prior is not None else primary
 
     def on_access(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
         """Record one batch's use of distinct resident slots (`ids` are their ids)."""
