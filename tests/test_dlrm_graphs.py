@@ -273,6 +273,23 @@ def test_a_capture_cuda_refuses_is_said_and_every_batch_then_trains_eagerly(smal
     assert said == ["cuda graphs: the training step could not be captured (CUDA error: x); the run goes on eagerly"]
 
 
+@pytest.mark.parametrize("settings", [dict(sparse_optimizer="adagrad"), dict(sparse_optimizer="rowwise_adagrad"),
+                                      dict(sparse_optimizer="sgd", precision="bf16"),
+                                      dict(sparse_optimizer="adagrad", row_dtype="bfloat16", row_rounding="nearest")])
+def test_a_replayed_step_trains_as_the_eager_one_at_other_settings(settings, small_synthetic, monkeypatch,
+                                                                   cpu_as_device):
+    """The row optimizers that read no step count on the host, the dense part autocast to
+    bf16, and bf16 rows rounded to nearest: replayed (the prefetch in the graph) as the eager
+    run, to the bit, over 7 replays."""
+    runs = []
+    for replayed in (False, True):
+        torch.manual_seed(0)
+        trainer = DLRMTrainer(_config(max_steps=12, batch_size=64, arch="torch", **settings), small_synthetic)
+        runs.append(_trained(trainer, monkeypatch, replayed_on_cpu=replayed))
+    assert trainer.graphs.step.replays == 7
+    _same_training(*runs, 12, multi_hot=False)
+
+
 def test_a_replayed_run_stopped_and_resumed_trains_as_one_eager_run(small_synthetic, tmp_path, monkeypatch,
                                                                     cpu_as_device):
     """A captured run (the prefetch in its graph, replayed as CUDA would) stopped after 10
