@@ -17,7 +17,7 @@
 #                  path, one-hot and multi-hot, batch 65,536, at a quarter of Kaggle's rows
 #   graphs (110 s) bench gpu --cuda-graphs on, one-hot, batch 65,536, bf16: the whole table with Triton's
 #                  kernels and the cache at 1.5 % with the device bookkeeper, each step captured as one
-#                  CUDA graph (a process of its own: a failed capture cannot cost the other steps' rows),
+#                  CUDA graph (the cached one prefetching the next batch inside it) (a process of its own: a failed capture cannot cost the other steps' rows),
 #                  against the whole table's eager torch step (issue targets: 6 M and 4 M samples/s)
 #   gpu    (190 s) bench gpu at Kaggle cardinalities, dim 128, one-hot, batch 65,536, bf16, eager: the
 #                  whole table against the cache at 1.5 %: device bookkeeping with Triton and with
