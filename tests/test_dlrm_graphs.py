@@ -290,6 +290,30 @@ def test_a_replayed_step_trains_as_the_eager_one_at_other_settings(settings, sma
     _same_training(*runs, 12, multi_hot=False)
 
 
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_the_step_a_graph_holds_with_its_prefetch_runs_on_meta(small_synthetic, kernels):
+    """The captured step's function with the next batch's prefetch in it, every device tensor
+    on `meta` (shapes, no values): the forward from the fixed tensors' ticket, the prefetch,
+    the backward with the cache's update and the dense step. On meta any operation that hands
+    a value to the host raises, and one whose size is the data's has no meta kernel, so none
+    is made, `.numpy()` included (which the CPU replay cannot see)."""
+    trainer = DLRMTrainer(_config(device="meta", batch_size=64, arch="torch", kernels=kernels), small_synthetic)
+    graphs = GraphedSteps(trainer, "off", lambda line: None)
+    b0, b1, b2 = [b for _, b in zip(range(3), trainer._batches("train", 64))]
+    graphs.layout = (type(b0.sparse), b0.sparse.keys(), b0.sparse.stride())
+    on_meta = [lambda b: b.dense.to("meta"), lambda b: b.labels.to("meta")]
+    following = [lambda b: b.sparse.values().to("meta"), lambda b: b.sparse.lengths().to("meta")]
+    # the batch before: eager, from its own ids, its prefetch of the next one into the fixed tensors
+    graphs._step_of(*(f(b0) for f in on_meta), b0.sparse, None, tuple(f(b1) for f in following))
+    made = graphs._ticket
+    steps = [c.step for c in graphs.counters.caches]
+    loss = graphs._step_ahead(*(f(b1) for f in on_meta), *(f(b2) for f in following))
+    assert loss.device.type == "meta" and graphs._ticket is not made  # it took the one ticket, made the next
+    assert [c.step for c in graphs.counters.caches] == [n + 1 for n in steps]  # every cache updated
+    group = graphs._ticket.local.groups[0]
+    assert group.ids.device.type == "meta" and group.ids is graphs._ticket.local.bags[0].ids  # re-homed, one tensor
+
+
 def test_a_replayed_run_stopped_and_resumed_trains_as_one_eager_run(small_synthetic, tmp_path, monkeypatch,
                                                                     cpu_as_device):
     """A captured run (the prefetch in its graph, replayed as CUDA would) stopped after 10
