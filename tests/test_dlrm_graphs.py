@@ -13,6 +13,7 @@ from embcache.dlrm.captured import GraphedSteps, HostCounters, graph_choice
 from embcache.dlrm.config import DLRMConfig
 from embcache.cache.bookkeeping.lookup import Prefetched
 from embcache.dlrm.trainer import DLRMTrainer
+from embcache.nn.fixed_capacity import pad_features
 from embcache.sparse_types import KeyedJaggedTensorLite
 from embcache.train.step_graph import CUDA_GRAPHS, row_caches
 from tests.cpu_graph import ReplayedStep
@@ -291,23 +292,34 @@ def test_a_replayed_step_trains_as_the_eager_one_at_other_settings(settings, sma
 
 
 @pytest.mark.parametrize("kernels", ["torch", "triton"])
-def test_the_step_a_graph_holds_with_its_prefetch_runs_on_meta(small_synthetic, kernels):
+@pytest.mark.parametrize("data", ["small_synthetic", "multi_hot_data"])
+def test_the_step_a_graph_holds_with_its_prefetch_runs_on_meta(data, kernels, request):
     """The captured step's function with the next batch's prefetch in it, every device tensor
-    on `meta` (shapes, no values): the forward from the fixed tensors' ticket, the prefetch,
-    the backward with the cache's update and the dense step. On meta any operation that hands
-    a value to the host raises, and one whose size is the data's has no meta kernel, so none
-    is made, `.numpy()` included (which the CPU replay cannot see)."""
-    trainer = DLRMTrainer(_config(device="meta", batch_size=64, arch="torch", kernels=kernels), small_synthetic)
+    on `meta` (shapes, no values): the forward from the fixed tensors' ticket (multi-hot:
+    padded, its pads set aside), the prefetch, the backward with the cache's update and the
+    dense step. On meta any operation that hands a value to the host raises, and one whose
+    size is the data's has no meta kernel, so none is made, `.numpy()` included (which the CPU
+    replay cannot see)."""
+    trainer = DLRMTrainer(_config(device="meta", batch_size=64, arch="torch", kernels=kernels),
+                          request.getfixturevalue(data))
     graphs = GraphedSteps(trainer, "off", lambda line: None)
     b0, b1, b2 = [b for _, b in zip(range(3), trainer._batches("train", 64))]
     graphs.layout = (type(b0.sparse), b0.sparse.keys(), b0.sparse.stride())
+    if data == "multi_hot_data":  # capacities as the sampling batches would set them
+        graphs.capacities = [64, 448, 192]
+
+    def following(b):
+        values, lengths = b.sparse.values(), b.sparse.lengths()
+        if graphs.capacities is not None:
+            values, lengths = pad_features(values, lengths, graphs.capacities)
+        return values.to("meta"), lengths.to("meta")
+
     on_meta = [lambda b: b.dense.to("meta"), lambda b: b.labels.to("meta")]
-    following = [lambda b: b.sparse.values().to("meta"), lambda b: b.sparse.lengths().to("meta")]
     # the batch before: eager, from its own ids, its prefetch of the next one into the fixed tensors
-    graphs._step_of(*(f(b0) for f in on_meta), b0.sparse, None, tuple(f(b1) for f in following))
+    graphs._step_of(*(f(b0) for f in on_meta), b0.sparse, None, following(b1))
     made = graphs._ticket
     steps = [c.step for c in graphs.counters.caches]
-    loss = graphs._step_ahead(*(f(b1) for f in on_meta), *(f(b2) for f in following))
+    loss = graphs._step_ahead(*(f(b1) for f in on_meta), *following(b2))
     assert loss.device.type == "meta" and graphs._ticket is not made  # it took the one ticket, made the next
     assert [c.step for c in graphs.counters.caches] == [n + 1 for n in steps]  # every cache updated
     group = graphs._ticket.local.groups[0]
