@@ -28,6 +28,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from embcache.train.step_graph import _copies  # the step's outputs as tensors of their own, as CapturedStep's
 from tests.sync_counter import syncs
 
 
@@ -112,10 +113,3 @@ class ReplayedStep:
                     if dst is not None:
                         dst.copy_(src)
 
-
-def _copies(outputs):
-    if torch.is_tensor(outputs):
-        return outputs.detach().clone()
-    if isinstance(outputs, (tuple, list)):
-        return type(outputs)(_copies(o) for o in outputs)
-    return outputs
