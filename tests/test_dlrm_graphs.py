@@ -244,8 +244,8 @@ def test_a_captured_dlrm_run_trains_as_the_eager_one(data, steps, depth, request
                                       kernels="triton", precision="fp32", batch_size=64, arch="torch",
                                       prefetch_depth=depth), request.getfixturevalue(data))
         runs.append(_trained(trainer, monkeypatch))
-    if setting == "on":
-        assert trainer.graphs.ahead == (depth == 1) and trainer.graphs.step.captured
+    assert runs[1][0].startswith("on"), runs[1][0]  # else: why the capture failed
+    assert trainer.graphs.ahead == (depth == 1) and trainer.graphs.step.captured
     _same_training(*runs, steps, multi_hot=data == "multi_hot_data")
 
 
