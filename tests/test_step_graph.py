@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from embcache import CachedEmbeddingBag
-from embcache.train.step_graph import GraphChoice, bookkeepers, choose_graphs, make_step
+from embcache.train.step_graph import GraphChoice, bookkeepers, choose_graphs, make_step, step_count_readers
 
 HAVE_CUDA = torch.cuda.is_available()
 
@@ -38,8 +38,11 @@ def test_what_keeps_a_cuda_step_eager():
         "cuda graphs: the training step is captured and replayed"
     assert choose_graphs("off", "cuda", device).reason == "turned off"
     adam = CachedEmbeddingBag(50, 4, optimizer="adam", device="cpu", bookkeeping="device", row_dtype="bfloat16")
-    assert choose_graphs("auto", "cuda", adam).reason == \
-        "Adam's bias correction, stochastic rounding of half-precision rows read the step count on the host"
+    assert choose_graphs("auto", "cuda", adam).reason == "Adam's bias correction read the step count on the host"
+    half = CachedEmbeddingBag(50, 4, optimizer="adagrad", device="cpu", bookkeeping="device", row_dtype="bfloat16")
+    assert half.cache.rounding.mode == "stochastic" and choose_graphs("auto", "cuda", half) == GraphChoice(True)
+    host_half = CachedEmbeddingBag(50, 4, optimizer="adagrad", device="cpu", bookkeeping="host", row_dtype="bfloat16")
+    assert step_count_readers(host_half) == ["stochastic rounding of half-precision rows"]  # its hash reads the host's
     aging = CachedEmbeddingBag(50, 4, optimizer="sgd", device="cpu", bookkeeping="device", half_life=3)
     assert choose_graphs("auto", "cuda", aging).reason == "the eviction half-life's aging read the step count on the host"
     with pytest.raises(ValueError, match="cuda_graphs must be one of"):

@@ -220,21 +220,33 @@ class RowRounding:
         rounded = torch.where(rounded >= 1 << 31, rounded - (1 << 32), rounded)
         return rounded.to(torch.int32).view(torch.float32).to(self.dtype)
 
-    def _noise(self, ids: torch.Tensor, step: int, width: int) -> torch.Tensor:
-        """32 random bits per element, a splitmix64 hash of (seed, step, id, column)."""
+    def _noise(self, ids: torch.Tensor, step, width: int) -> torch.Tensor:
+        """32 random bits per element, a splitmix64 hash of (seed, step, id, column); `step`
+        a number, or a 0-d int64 tensor on the device (`salt_of`)."""
         cols = torch.arange(width, device=ids.device)
         x = (ids.to(torch.int64).unsqueeze(1) * width + cols) * 0x9E3779B1
-        return shift_right(mix64(x + self.salt(step)), 32)
+        return shift_right(mix64(x + (self.salt_of(step) if torch.is_tensor(step) else self.salt(step))), 32)
 
     def salt(self, step: int) -> int:
         """The hash's share of (seed, step), as an int64 (the fused kernel takes it too)."""
-        salt = (int(step) * 0x632BE59B + self.seed * 0x85157AF5) & ((1 << 64) - 1)
-        return salt - (1 << 64) if salt >= 1 << 63 else salt  # as int64 arithmetic wraps
+        return _wrapped(int(step) * 0x632BE59B + self.seed * 0x85157AF5)
+
+    def salt_of(self, step: torch.Tensor) -> torch.Tensor:
+        """`salt` of a step count held on the device (0-d int64), as a 0-d int64 tensor: the
+        same bits, computed there, so that a replayed step rounds with its own step's salt."""
+        return step * 0x632BE59B + _wrapped(self.seed * 0x85157AF5)  # int64 products and sums wrap
+
+
+def _wrapped(value: int) -> int:
+    """`value` as int64 arithmetic wraps it."""
+    value &= (1 << 64) - 1
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def update_rows(optimizer: RowOptimizer, weight: torch.Tensor, state: dict[str, torch.Tensor],
                 rows: torch.Tensor, values: torch.Tensor, step: int, row_ids: torch.Tensor,
-                rounding: RowRounding, distinct: bool = False, fixed_size: bool | None = None) -> None:
+                rounding: RowRounding, distinct: bool = False, fixed_size: bool | None = None,
+                rounding_step: torch.Tensor | None = None) -> None:
     """`optimizer.update` for a table of any row type. float32 rows update in place; rows
     of a lower precision are copied to float32 (with their state), updated by the very
     same float32 arithmetic, and written back through `rounding` (`row_ids[r]`: the id of
@@ -246,7 +258,9 @@ def update_rows(optimizer: RowOptimizer, weight: torch.Tensor, state: dict[str, 
     everywhere) without it, since its size is one the device would report (a sync on CUDA):
     each entry gets a copy of its row, a row's terms all go to its first copy
     (`first_positions`), and every copy takes that one's result, so that a row written
-    several times is written the same bits each time (copies the size of the terms)."""
+    several times is written the same bits each time (copies the size of the terms).
+    `rounding_step`: the step count as the device holds it, for the rounding's hash (a
+    captured step's), else `step`."""
     if weight.dtype == torch.float32:
         optimizer.update(weight, state, rows, values, step)
         return
@@ -264,7 +278,8 @@ def update_rows(optimizer: RowOptimizer, weight: torch.Tensor, state: dict[str, 
     if spread:
         work = work.index_select(0, local)
         work_state = {k: v.index_select(0, local) for k, v in work_state.items()}
-    weight.index_copy_(0, touched, rounding(work, row_ids.index_select(0, touched), step))
+    weight.index_copy_(0, touched, rounding(work, row_ids.index_select(0, touched),
+                                            step if rounding_step is None else rounding_step))
     for k, v in state.items():
         v.index_copy_(0, touched, work_state[k])
 

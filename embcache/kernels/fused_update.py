@@ -171,13 +171,14 @@ def _is_long(keys_ptr, start, n, CHUNK: tl.constexpr):
 
 @_jit
 def _chunk_kernel(weight_ptr, state_a_ptr, state_b_ptr, keys_ptr, order_ptr, rows_ptr, bags_ptr, grad_ptr, scale_ptr,
-                  lookup_weights_ptr, partial_ptr, flags_ptr, ids_ptr, salt, n, dim, alpha, eps, beta1c, beta2c,
+                  lookup_weights_ptr, partial_ptr, flags_ptr, ids_ptr, salt_ptr, n, dim, alpha, eps, beta1c, beta2c,
                   OPT: tl.constexpr, ROW: tl.constexpr, MEAN: tl.constexpr, WEIGHTED: tl.constexpr,
                   ALPHA_FMA: tl.constexpr, STOCHASTIC: tl.constexpr, IDS: tl.constexpr, CHUNK: tl.constexpr,
                   BLOCK_D: tl.constexpr):
     """Phase 1: the program of chunk k (sorted lookups [k*CHUNK, (k+1)*CHUNK)) finishes every
     short run that starts in it and writes the pieces of long runs it holds (module docstring)."""
     k = tl.program_id(0)
+    salt = tl.load(salt_ptr)  # the stochastic rounding's salt, from the device (a replay's own step)
     s = k * CHUNK
     e = tl.minimum(s + CHUNK, n)
     offs = tl.arange(0, BLOCK_D)
@@ -239,12 +240,13 @@ def _continues(flags_ptr, keys_ptr, kk, chunks, key, CHUNK: tl.constexpr):
 
 @_jit
 def _long_run_kernel(weight_ptr, state_a_ptr, state_b_ptr, keys_ptr, order_ptr, rows_ptr, partial_ptr, flags_ptr,
-                     ids_ptr, salt, n, chunks, dim, alpha, eps, beta1c, beta2c, OPT: tl.constexpr, ROW: tl.constexpr,
+                     ids_ptr, salt_ptr, n, chunks, dim, alpha, eps, beta1c, beta2c, OPT: tl.constexpr, ROW: tl.constexpr,
                      ALPHA_FMA: tl.constexpr, STOCHASTIC: tl.constexpr, IDS: tl.constexpr, CHUNK: tl.constexpr,
                      BLOCK_D: tl.constexpr):
     """Phase 2: the program of a chunk where a long run starts adds that run's pieces in
     chunk order and steps its row once."""
     k = tl.program_id(0)
+    salt = tl.load(salt_ptr)
     if tl.load(flags_ptr + 2 * k + 1) == 1:
         offs = tl.arange(0, BLOCK_D)
         in_row = offs < dim
@@ -272,7 +274,8 @@ def fused_row_update(weight: torch.Tensor, state_a: torch.Tensor, state_b: torch
                      order: torch.Tensor, rows: torch.Tensor, bags: torch.Tensor, grad_out: torch.Tensor,
                      bag_scale: torch.Tensor | None, lookup_weights: torch.Tensor | None, optimizer: str,
                      alpha: float, eps: float, beta1c: float, beta2c: float, chunk: int = CHUNK,
-                     stochastic_salt: int | None = None, row_ids: torch.Tensor | None = None) -> None:
+                     stochastic_salt: int | None = None, row_ids: torch.Tensor | None = None,
+                     salt_tensor: torch.Tensor | None = None) -> None:
     """One optimizer step of the rows `rows` from their lookups' terms (module docstring).
 
     Args:
@@ -292,6 +295,9 @@ def fused_row_update(weight: torch.Tensor, state_a: torch.Tensor, state_b: torch
         stochastic_salt: half-precision rows written by stochastic rounding with this salt
             (`RowRounding.salt(step)`), as `RowRounding` writes them; None: to nearest even.
         row_ids: the id of each row of `weight`, for that rounding's hash (None: the row).
+        salt_tensor: the salt as a 0-d int64 tensor on the device instead
+            (`RowRounding.salt_of(step)` of the device's step count): what a captured step
+            passes, so that each replay rounds with its own step's salt.
     """
     n, dim = sorted_keys.numel(), weight.shape[1]
     if n == 0:
@@ -305,12 +311,13 @@ def fused_row_update(weight: torch.Tensor, state_a: torch.Tensor, state_b: torch
     table = weight.view(torch.int16) if weight.dtype == torch.bfloat16 else weight
     keys, order, rows = sorted_keys.contiguous(), order.contiguous(), rows.contiguous()
     grad_out = grad_out.contiguous()  # autograd hands an expanded one for `out.sum()`
-    stochastic = stochastic_salt is not None and weight.dtype != torch.float32
+    stochastic = (stochastic_salt is not None or salt_tensor is not None) and weight.dtype != torch.float32
     ids = row_ids.contiguous() if row_ids is not None else keys  # (unread without `row_ids`)
     fixed = {"OPT": OPTIMIZER_CODES[optimizer], "ROW": ROW_CODES[weight.dtype], "ALPHA_FMA": not cuda,
              "STOCHASTIC": stochastic, "IDS": row_ids is not None, "CHUNK": chunk,
              "BLOCK_D": triton.next_power_of_2(dim), **({"enable_fp_fusion": False} if cuda else {})}
-    salt = int(stochastic_salt or 0)
+    salt = salt_tensor.reshape(1) if salt_tensor is not None else \
+        torch.full((1,), int(stochastic_salt or 0), dtype=torch.int64, device=weight.device)
     wrap_triton(_chunk_kernel)[(chunks,)](
         table, state_a, state_b, keys, order, rows, bags.contiguous(), grad_out,
         bag_scale.contiguous() if bag_scale is not None else grad_out,
@@ -322,7 +329,7 @@ def fused_row_update(weight: torch.Tensor, state_a: torch.Tensor, state_b: torch
 
 @fused_row_update.register_fake
 def _(weight, state_a, state_b, sorted_keys, order, rows, bags, grad_out, bag_scale, lookup_weights, optimizer,
-      alpha, eps, beta1c, beta2c, chunk=CHUNK, stochastic_salt=None, row_ids=None) -> None:
+      alpha, eps, beta1c, beta2c, chunk=CHUNK, stochastic_salt=None, row_ids=None, salt_tensor=None) -> None:
     return None  # writes its inputs in place: shapes and types as they were
 
 

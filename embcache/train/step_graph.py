@@ -62,7 +62,8 @@ def step_count_readers(model: nn.Module | None) -> list[str]:
             found.add("Adam's bias correction")
         if getattr(opt, "lr_decay", 0.0):
             found.add("Adagrad's lr_decay")
-        if rounding is not None and rounding.mode == "stochastic" and rounding.dtype != torch.float32:
+        if rounding is not None and rounding.mode == "stochastic" and rounding.dtype != torch.float32 \
+                and cache.bookkeeping != "device":  # the device bookkeeper's hash reads its own count
             found.add("stochastic rounding of half-precision rows")
         if getattr(cache.policy, "half_life", None):
             found.add("the eviction half-life's aging")

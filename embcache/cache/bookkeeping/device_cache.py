@@ -98,6 +98,8 @@ class DeviceRowCache(DeviceUpdates, RowCache):
         self._fresh = True  # nothing admitted yet: every slot free, in order
         self._clock = torch.zeros((), dtype=torch.float64, device=self.device)  # the policy's, as the kernels stamp it
         self._clock_mirror: int | None = None  # the host's count `_clock` holds (None: not yet set)
+        self._step_on_device = torch.zeros((), dtype=torch.int64, device=self.device)  # half rows' rounding step
+        self._step_mirror: int | None = None  # ... the host's `step` it holds
         if ids_freq is not None and warmup_ratio > 0:
             self.warm_up(ids_freq, warmup_ratio)
 
@@ -186,6 +188,8 @@ class DeviceRowCache(DeviceUpdates, RowCache):
         self.policy.clock += clock
         if self._clock_mirror is not None:  # the replays advanced the device's clock as much
             self._clock_mirror += clock
+        if self._step_mirror is not None:  # ... and its step count
+            self._step_mirror += steps
         self._stats.batches += batches
 
     def _fold_counters(self) -> None:

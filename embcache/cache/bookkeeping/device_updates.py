@@ -74,10 +74,24 @@ class DeviceUpdates:
         work, state = self._work, self.state_of_work()
         empty = work["weight"].new_empty(0, dtype=torch.float32)
         first, second = (state.get("sum", state.get("exp_avg", empty)), state.get("exp_avg_sq", empty))
-        half = work["weight"].dtype != torch.float32  # float32 rows take no rounding: no salt, no step count
-        stochastic = self.rounding.salt(self.step) if self.rounding.mode == "stochastic" and half else None
+        step = self._rounding_step()
         fused_row_update(work["weight"], first, second, keys, order, rows, bags, grad_out, scale, weights,
-                         **optimizer_factors(self.optimizer, self.step), stochastic_salt=stochastic, row_ids=self._work_ids)
+                         **optimizer_factors(self.optimizer, self.step), row_ids=self._work_ids,
+                         salt_tensor=None if step is None else self.rounding.salt_of(step))
+
+    def _rounding_step(self) -> torch.Tensor | None:
+        """The step count on the device, for stochastic rounding's hash of half rows (None:
+        float32 rows, or rounding to nearest: no salt, no count). Advanced by one add where it
+        held the host's previous count, so that a replayed step hashes with its own step, not
+        the capture's; set from the host's count otherwise (a checkpoint loaded). One op."""
+        if self.rounding.mode != "stochastic" or self._work["weight"].dtype == torch.float32:
+            return None
+        if self._step_mirror == self.step - 1:
+            self._step_on_device.add_(1)
+        else:
+            self._step_on_device.fill_(self.step)
+        self._step_mirror = self.step
+        return self._step_on_device
 
     def _sort_order(self, rows: torch.Tensor, width: int, lookup: Lookup) -> tuple[torch.Tensor, torch.Tensor]:
         """(sorted keys, permutation) of the lookups, the sort `_gradient_rows` makes: SGD's
@@ -111,7 +125,8 @@ class DeviceUpdates:
         rows, values = self._gradient_rows(rows, values.to(torch.float32), width, lookup)
         work = self._work
         update_rows(self.optimizer, work["weight"], self.state_of_work(), rows, values, self.step,
-                    self._work_ids, self.rounding, distinct=self.optimizer.needs_coalesced, fixed_size=True)
+                    self._work_ids, self.rounding, distinct=self.optimizer.needs_coalesced, fixed_size=True,
+                    rounding_step=self._rounding_step())
         self._after_update(lookup)
 
     def _after_update(self, lookup: Lookup) -> None:
