@@ -361,10 +361,15 @@ def test_a_whole_step_with_the_fused_kernel_runs_on_meta(optimizer, monkeypatch)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 @pytest.mark.parametrize("dtype", ROW_DTYPES)
-def test_the_fused_step_is_the_torch_paths_on_cuda(optimizer, dtype):
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_the_fused_step_is_the_torch_paths_on_cuda(optimizer, dtype, rounding):
     """On CUDA torch's `index_add_` rounds `alpha * t` before adding (no fused multiply-add),
     as the kernel does there: equal bits, but for row-wise Adagrad (its mean) and SGD (whose
-    repeated rows torch adds by atomics in no fixed order): within one ULP of the row type."""
+    repeated rows torch adds by atomics in no fixed order): within one ULP of the row type.
+    Stochastic rounding of half rows: the kernel takes the salt as a device tensor computed
+    from a step count on the device (`RowRounding.salt_of`), as a captured step passes it."""
+    if rounding == "stochastic" and dtype == torch.float32:
+        pytest.skip("float32 rows take no rounding")
     g = torch.Generator().manual_seed(5)
     opt = optimizers.make_optimizer(optimizer, 0.05)
     ids, offsets = _batch("multi_hot", g)
@@ -378,12 +383,14 @@ def test_the_fused_step_is_the_torch_paths_on_cuda(optimizer, dtype):
     if opt.needs_coalesced:
         keys, terms = summed_in_torch_order(rows, terms, stable=True)
         rows = pick(keys >= 0, keys, ROWS)
+    row_rounding = optimizers.RowRounding(dtype, rounding, seed=3)
     optimizers.update_rows(opt, want_w, want_s, rows, terms, 1, torch.arange(ROWS + 1, device="cuda"),
-                           optimizers.RowRounding(dtype), distinct=opt.needs_coalesced, fixed_size=True)
+                           row_rounding, distinct=opt.needs_coalesced, fixed_size=True)
     bags, scale = lookup_bags(cuda["ids"], cuda["offsets"], "mean")
     keys, order = cuda["ids"].sort(stable=True)
+    salt = row_rounding.salt_of(torch.ones((), dtype=torch.int64, device="cuda")) if rounding == "stochastic" else None
     fused_row_update(got_w, *_state_args(got_s, got_w), keys, order, cuda["ids"], bags, cuda["grad_out"], scale,
-                     None, **optimizer_factors(opt, 1))
+                     None, **optimizer_factors(opt, 1), salt_tensor=salt)
     torch.cuda.synchronize()
     if optimizer in ("sgd", "rowwise_adagrad"):
         _assert_rows_alike("rowwise_adagrad", got_w.cpu(), want_w.cpu())
