@@ -475,4 +475,4 @@ def test_consecutive_steps_hand_the_device_the_same_numbers(kernels, eviction, a
             _one_step(bag, batches, i)
         seen.append(numbers.calls)
     assert len(seen[0]) > 100 and seen[0] == seen[1]
-    assert bag.cache.policy.clock == bag.cache._clock_mirror == 7  # a prefetch, then two passes a step
+    assert bag.cache.policy.clock == bag.cache._clock.mirror == 7  # a prefetch, then two passes a step

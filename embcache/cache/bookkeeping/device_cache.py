@@ -39,7 +39,7 @@ import torch
 
 from embcache.device import to_device_async
 
-from embcache.cache.bookkeeping.fixed_size import pick, write_where
+from embcache.cache.bookkeeping.fixed_size import DeviceCount, pick, write_where
 from embcache.cache.stores.host_link import HostLink
 from embcache.cache.bookkeeping.lookup import Lookup, Overflow, Prefetched, same_values
 from embcache.cache.bookkeeping.device_updates import DeviceUpdates
@@ -96,10 +96,8 @@ class DeviceRowCache(DeviceUpdates, RowCache):
         self._one_count = torch.ones(1, dtype=torch.int32, device=self.device)  # a use, for masked index_add_
         self._arange = torch.arange(max(C, 1), device=self.device)
         self._fresh = True  # nothing admitted yet: every slot free, in order
-        self._clock = torch.zeros((), dtype=torch.float64, device=self.device)  # the policy's, as the kernels stamp it
-        self._clock_mirror: int | None = None  # the host's count `_clock` holds (None: not yet set)
-        self._step_on_device = torch.zeros((), dtype=torch.int64, device=self.device)  # half rows' rounding step
-        self._step_mirror: int | None = None  # ... the host's `step` it holds
+        self._clock = DeviceCount(torch.float64, self.device)  # the policy's, as the kernels stamp it
+        self._step_count = DeviceCount(torch.int64, self.device)  # the step, as half rows' rounding hashes it
         if ids_freq is not None and warmup_ratio > 0:
             self.warm_up(ids_freq, warmup_ratio)
 
@@ -186,10 +184,8 @@ class DeviceRowCache(DeviceUpdates, RowCache):
     def advance_host_counts(self, steps: int, clock: int, batches: int) -> None:
         self.step += steps
         self.policy.clock += clock
-        if self._clock_mirror is not None:  # the replays advanced the device's clock as much
-            self._clock_mirror += clock
-        if self._step_mirror is not None:  # ... and its step count
-            self._step_mirror += steps
+        self._clock.replayed(clock)  # the replays advanced the device's copies as much
+        self._step_count.replayed(steps)
         self._stats.batches += batches
 
     def _fold_counters(self) -> None:
@@ -422,13 +418,7 @@ class DeviceRowCache(DeviceUpdates, RowCache):
         the host's count (a checkpoint loaded), it is set to the host's. One op either way."""
         self.policy.tick()
         self._fresh = False
-        clock = self.policy.clock
-        if self._clock_mirror == clock - 1:
-            self._clock.add_(1)
-        else:
-            self._clock.fill_(clock)
-        self._clock_mirror = clock
-        return self._clock
+        return self._clock.follow(self.policy.clock)
 
     def _look_up(self, flat: torch.Tensor):
         """A batch's lookup and its distinct missing ids, in fixed sizes: (each lookup's slot,

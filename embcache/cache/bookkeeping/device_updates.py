@@ -81,17 +81,11 @@ class DeviceUpdates:
 
     def _rounding_step(self) -> torch.Tensor | None:
         """The step count on the device, for stochastic rounding's hash of half rows (None:
-        float32 rows, or rounding to nearest: no salt, no count). Advanced by one add where it
-        held the host's previous count, so that a replayed step hashes with its own step, not
-        the capture's; set from the host's count otherwise (a checkpoint loaded). One op."""
+        float32 rows, or rounding to nearest: no salt, no count), so that a replayed step
+        hashes with its own step, not the capture's (`fixed_size.DeviceCount`). One op."""
         if self.rounding.mode != "stochastic" or self._work["weight"].dtype == torch.float32:
             return None
-        if self._step_mirror == self.step - 1:
-            self._step_on_device.add_(1)
-        else:
-            self._step_on_device.fill_(self.step)
-        self._step_mirror = self.step
-        return self._step_on_device
+        return self._step_count.follow(self.step)
 
     def _sort_order(self, rows: torch.Tensor, width: int, lookup: Lookup) -> tuple[torch.Tensor, torch.Tensor]:
         """(sorted keys, permutation) of the lookups, the sort `_gradient_rows` makes: SGD's

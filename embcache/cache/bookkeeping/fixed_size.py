@@ -91,3 +91,28 @@ def first_positions(values: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(perm)
     out.index_copy_(0, perm, perm.index_select(0, lead))
     return out
+
+
+class DeviceCount:
+    """A count the host keeps (the eviction clock, the step), copied on the device, so that
+    a step replayed from a CUDA graph reads its own value there, not the capture's.
+    `follow(host)` advances the copy by one add where it held the host's previous count, and
+    sets it where anything else moved the host's (a checkpoint loaded): one op either way.
+    `replayed(n)`: replays advanced it `n` times without the host's Python, which then adds
+    the same to its own count."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device):
+        self.value = torch.zeros((), dtype=dtype, device=device)
+        self.mirror: int | None = None  # the host's count `value` holds (None: not yet set)
+
+    def follow(self, host: int) -> torch.Tensor:
+        if self.mirror == host - 1:
+            self.value.add_(1)
+        else:
+            self.value.fill_(host)
+        self.mirror = host
+        return self.value
+
+    def replayed(self, n: int) -> None:
+        if self.mirror is not None:
+            self.mirror += n
