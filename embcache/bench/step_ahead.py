@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from embcache.nn.prefetch_ticket import PrefetchTicket
 from embcache.nn.ticket_home import TicketHome
+from embcache.train.step_graph import pending_prefetches, restore_prefetches
 
 
 class StepAhead:
@@ -37,12 +38,11 @@ class StepAhead:
         inputs, x, y = data[i]
         following = data[i + 1][0] if i + 1 < len(data) else None
         if self.index == i and following is not None:
-            pending = list(bag.cache._prefetched)
+            pending = pending_prefetches([bag.cache])
             try:
                 losses.append(self.captured(x, y, *following))
             except RuntimeError:  # its Python took this prefetch and made one CUDA never ran
-                bag.cache._prefetched.clear()
-                bag.cache._prefetched.extend(pending)
+                restore_prefetches([bag.cache], pending)
                 bag.cache.drop_prefetches()
                 self.ticket, self.index = None, None
                 raise

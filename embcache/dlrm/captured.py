@@ -52,7 +52,8 @@ from embcache.dlrm.model import resolve_arch
 from embcache.nn.fixed_capacity import choose_capacity, feature_counts, pad_features
 from embcache.nn.ticket_home import TicketHome
 from embcache.sparse_types import KeyedJaggedTensorLite
-from embcache.train.step_graph import CapturedStep, GraphChoice, choose_graphs, row_caches
+from embcache.train.step_graph import (CapturedStep, GraphChoice, choose_graphs, pending_prefetches,
+                                       restore_prefetches, row_caches)
 
 logger = logging.getLogger(__name__)
 
@@ -208,13 +209,11 @@ class GraphedSteps:
     def _pending(self):
         """The caches' pending prefetches and the graph's ticket, as a failed capture finds
         them (its Python took the one and made another, which CUDA never ran)."""
-        return [list(c._prefetched) for c in self.counters.caches], self._ticket
+        return pending_prefetches(self.counters.caches), self._ticket
 
     def _restore_pending(self, pending) -> None:
         queues, self._ticket = pending
-        for cache, queue in zip(self.counters.caches, queues):
-            cache._prefetched.clear()
-            cache._prefetched.extend(queue)
+        restore_prefetches(self.counters.caches, queues)
 
     # ------------------------------------------------------------------ with the prefetch
     def _with_prefetch(self, batch, upcoming) -> torch.Tensor:

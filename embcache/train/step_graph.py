@@ -46,6 +46,19 @@ def row_caches(model: nn.Module | None) -> list:
     return [m.cache for m in model.modules() if hasattr(m, "cache") and hasattr(m.cache, "bookkeeping")]
 
 
+def pending_prefetches(caches: list) -> list[list]:
+    """Each cache's pending prefetches, as a capture finds them: a capture that fails ran its
+    Python (it took one prefetch and made another, which CUDA never ran), and
+    `restore_prefetches` sets them back."""
+    return [list(cache._prefetched) for cache in caches]
+
+
+def restore_prefetches(caches: list, queues: list[list]) -> None:
+    for cache, queue in zip(caches, queues):
+        cache._prefetched.clear()
+        cache._prefetched.extend(queue)
+
+
 def bookkeepers(model: nn.Module | None) -> set[str]:
     """Where the caches of `model`'s cached bags keep their bookkeeping ("host" / "device")."""
     return {cache.bookkeeping for cache in row_caches(model)}
