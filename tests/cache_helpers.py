@@ -61,3 +61,15 @@ def step_alike(bags, batches, i, depth):
         (out * out).sum().backward()
         outs.append(out)
     return outs
+
+
+def long_runs_padded(g: torch.Generator):
+    """A batch of 100 bags over three rows (runs of about 100 lookups each, longer than the
+    fused kernel's chunks of 64), and the same batch padded as a captured step pads it
+    (`nn.fixed_capacity.pad_features`: one extra bag of about 150 lookups repeating the
+    first id): `(ids, offsets, padded_ids, padded_offsets)`."""
+    counts = torch.randint(1, 6, (100,), generator=g)
+    ids = torch.randint(0, 3, (int(counts.sum()),), generator=g)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)[:-1]])
+    padded_ids = torch.cat([ids, ids[:1].expand(450 - ids.numel())])
+    return ids, offsets, padded_ids, torch.cat([offsets, torch.tensor([ids.numel()])])

@@ -29,3 +29,26 @@ def small_synthetic(tmp_path_factory):
     out = tmp_path_factory.mktemp("small_synthetic")
     generate_synthetic(out, rows=6000, scale=0.0005, seed=0)
     return out
+
+
+@pytest.fixture(scope="session")
+def multi_hot_data(tmp_path_factory):
+    """A small CTR data set with one one-hot and two multi-hot features (0-6 and 1-3 ids a row)."""
+    import numpy as np
+
+    from embcache.data.ctr_format import CTRDatasetWriter, SparseFeature, multi_hot
+
+    out = tmp_path_factory.mktemp("multi_hot")
+    features = [SparseFeature("sparse_0", 300), SparseFeature("sparse_1", 120, multi_hot=True),
+                SparseFeature("sparse_2", 40, multi_hot=True)]
+    writer = CTRDatasetWriter(out, 2, features, source="test: multi-hot")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 1500), ("val", 200), ("test", 200)):
+        columns = [rng.zipf(1.3, n) % 300]
+        for card, low, high in ((120, 0, 7), (40, 1, 4)):
+            counts = rng.integers(low, high, n)
+            offsets = np.concatenate([[0], np.cumsum(counts)])
+            columns.append(multi_hot(offsets, rng.zipf(1.3, int(offsets[-1])) % card))
+        writer.write(split, rng.integers(0, 2, n), rng.random((n, 2)), columns)
+    writer.finish()
+    return out

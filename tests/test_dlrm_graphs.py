@@ -38,14 +38,19 @@ def test_the_flag_and_its_choices(capsys):
 
 def test_why_a_step_is_not_captured_in_the_order_a_user_fixes_it():
     cuda = torch.device("cuda")  # a device object: no GPU needed to ask
+    cfg = SimpleNamespace(arch="torch", sparse="cached", sparse_optimizer="adagrad")
     run = SimpleNamespace(world=SimpleNamespace(distributed=False), sparse_opt=None, device=cuda, model=None,
-                          meta={"sparse": [{"name": "a", "multi_hot": False}]}, cfg=SimpleNamespace(arch="torch"))
+                          meta={"sparse": [{"name": "a", "multi_hot": False}]}, cfg=cfg)
     assert graph_choice(run, "auto").capture and graph_choice(run, "on").capture
     assert graph_choice(run, "off").reason == "turned off"
     multi_hot = replace_ns(run, meta={"sparse": [{"multi_hot": True}]})
     assert graph_choice(multi_hot, "on").capture  # padded to fixed capacities
-    assert "--arch torch" in graph_choice(replace_ns(multi_hot, cfg=SimpleNamespace(arch="torchrec")), "on").reason
-    assert "torch's sparse optimizer" in graph_choice(replace_ns(run, sparse_opt=object()), "auto").reason
+    assert "--arch torch" in graph_choice(replace_ns(multi_hot, cfg=replace_ns(cfg, arch="torchrec")), "on").reason
+    whole = replace_ns(run, sparse_opt=object(), cfg=replace_ns(cfg, sparse="device"))
+    assert graph_choice(whole, "auto").capture  # trained in their backward once captured (nn.in_backward)
+    assert "Adam's bias correction" in graph_choice(
+        replace_ns(whole, cfg=replace_ns(cfg, sparse="device", sparse_optimizer="adam")), "auto").reason
+    assert "--sparse host" in graph_choice(replace_ns(whole, cfg=replace_ns(cfg, sparse="host")), "auto").reason
     assert "torchrun" in graph_choice(replace_ns(run, world=SimpleNamespace(distributed=True)), "auto").reason
     assert graph_choice(replace_ns(run, device=torch.device("cpu")), "auto").reason == "not on CUDA"
 
@@ -402,29 +407,6 @@ def test_a_failed_capture_with_the_prefetch_in_it_loses_nothing(small_synthetic,
 
 
 # ---------------------------------------------------------------------- multi-hot, padded
-@pytest.fixture(scope="module")
-def multi_hot_data(tmp_path_factory):
-    """A small CTR data set with one one-hot and two multi-hot features (0-6 and 1-3 ids a row)."""
-    import numpy as np
-
-    from embcache.data.ctr_format import CTRDatasetWriter, SparseFeature, multi_hot
-
-    out = tmp_path_factory.mktemp("multi_hot")
-    features = [SparseFeature("sparse_0", 300), SparseFeature("sparse_1", 120, multi_hot=True),
-                SparseFeature("sparse_2", 40, multi_hot=True)]
-    writer = CTRDatasetWriter(out, 2, features, source="test: multi-hot")
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 1500), ("val", 200), ("test", 200)):
-        columns = [rng.zipf(1.3, n) % 300]
-        for card, low, high in ((120, 0, 7), (40, 1, 4)):
-            counts = rng.integers(low, high, n)
-            offsets = np.concatenate([[0], np.cumsum(counts)])
-            columns.append(multi_hot(offsets, rng.zipf(1.3, int(offsets[-1])) % card))
-        writer.write(split, rng.integers(0, 2, n), rng.random((n, 2)), columns)
-    writer.finish()
-    return out
-
-
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
 def test_padded_multi_hot_steps_train_as_train_step_to_the_bit(multi_hot_data, optimizer):
     """The captured step's function on multi-hot batches padded to fixed capacities (after

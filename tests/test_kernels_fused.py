@@ -23,7 +23,7 @@ from embcache.cache.bookkeeping.fixed_size import pick, summed_in_torch_order
 from embcache.kernels.fused_update import fused_row_update, optimizer_factors
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
 
-from .cache_helpers import zipf_batches
+from .cache_helpers import long_runs_padded, zipf_batches
 
 OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam"]
 ROW_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -410,11 +410,7 @@ def test_a_padded_batch_updates_every_row_as_the_unpadded_one(optimizer):
     batch's to the bit; left in place, they join the first id's run and shift the runs after
     it across the chunks, and the sums round otherwise."""
     g = torch.Generator().manual_seed(4)
-    counts = torch.randint(1, 6, (100,), generator=g)
-    ids = torch.randint(0, 3, (int(counts.sum()),), generator=g)
-    offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)[:-1]])
-    padded_ids = torch.cat([ids, ids[:1].expand(450 - ids.numel())])
-    padded_offsets = torch.cat([offsets, torch.tensor([ids.numel()])])
+    ids, offsets, padded_ids, padded_offsets = long_runs_padded(g)
     scale = torch.linspace(0.5, 1.5, 4)
     results = []
     for padded in (False, True):

@@ -244,13 +244,13 @@ def _wrapped(value: int) -> int:
 
 
 def update_rows(optimizer: RowOptimizer, weight: torch.Tensor, state: dict[str, torch.Tensor],
-                rows: torch.Tensor, values: torch.Tensor, step: int, row_ids: torch.Tensor,
+                rows: torch.Tensor, values: torch.Tensor, step: int, row_ids: torch.Tensor | None,
                 rounding: RowRounding, distinct: bool = False, fixed_size: bool | None = None,
                 rounding_step: torch.Tensor | None = None) -> None:
     """`optimizer.update` for a table of any row type. float32 rows update in place; rows
     of a lower precision are copied to float32 (with their state), updated by the very
     same float32 arithmetic, and written back through `rounding` (`row_ids[r]`: the id of
-    row r, for stochastic rounding). The state stays float32 and is never rounded.
+    row r, for stochastic rounding; unread for float32 rows). The state stays float32 and is never rounded.
     `distinct`: the caller's rows are distinct (the device bookkeeper's coalesced ones,
     whose only repeats are its trash row). Otherwise rows may repeat (SGD's terms, one a
     lookup) and are deduplicated: by `unique` on the CPU, where no device is waited for

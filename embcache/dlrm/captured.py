@@ -7,9 +7,15 @@ for every feature of one-hot data, each feature's capacity for multi-hot data, s
 collection reads no count from the device), the loss, the backward with the cache's row
 update in it, the dense optimizer's step and, with `prefetch_depth` >= 1, the next batch's
 prefetch (below). What it does not: a batch of another shape (the epoch's last, shorter
-batch runs eagerly, counted); torchrun runs (their exchanges); whole tables trained by
-torch's sparse optimizer; the host bookkeeper; row updates that read the step count on the
-host (`step_graph.choose_graphs` says which).
+batch runs eagerly, counted); torchrun runs (their exchanges); whole tables in host memory
+(`--sparse host`); the host bookkeeper; row updates that read the step count on the host
+(`step_graph.choose_graphs` says which; Adam's, for whole tables too).
+
+Whole tables on the device (`--sparse device`): torch's sparse optimizer cannot be captured
+(its `coalesce` sizes the gradient by the batch's distinct ids), so a run that captures its
+step trains the same tables inside their backward (`nn.in_backward`), as torch's optimizer
+would; the checkpoint keeps torch's form, so an eager run resumes it and it resumes an eager
+run's.
 
 The next batch's prefetch, in the graph: the step takes the next batch's ids as inputs
 beside its own dense features and labels, and after its forward prefetches them (on the
@@ -50,13 +56,16 @@ import torch
 from embcache.device import to_device_async
 from embcache.dlrm.model import resolve_arch
 from embcache.nn.fixed_capacity import choose_capacity, feature_counts, pad_features
+from embcache.nn.in_backward import InBackwardOptimizer, train_in_backward
 from embcache.nn.ticket_home import TicketHome
+from embcache.nn.whole_table import WholeTableBag
 from embcache.sparse_types import KeyedJaggedTensorLite
 from embcache.train.step_graph import (CapturedStep, GraphChoice, choose_graphs, pending_prefetches,
                                        restore_prefetches, row_caches)
 
 logger = logging.getLogger(__name__)
 
+CAPTURED_WHOLE_TABLE_OPTIMIZERS = ("sgd", "adagrad")  # of `--sparse device`'s (Adam reads the host's step)
 SAMPLE_BATCHES = 8  # multi-hot: the eager batches whose ids set each feature's capacity
 CAPACITY_MARGIN = 1.25  # capacity = the most ids a feature had in them, times this
 CAPACITY_ROUND = 64  # ... rounded up to a multiple of this
@@ -72,8 +81,12 @@ def graph_choice(trainer, setting: str) -> GraphChoice:
         return choose_graphs("off", trainer.device)
     if trainer.world.distributed:
         return GraphChoice(False, "torchrun: the ranks' exchanges are not captured")
-    if trainer.sparse_opt is not None:
-        return GraphChoice(False, "torch's sparse optimizer is not capturable: use --sparse cached --bookkeeping device")
+    sparse = getattr(trainer.cfg, "sparse", "cached")
+    if sparse == "host":
+        return GraphChoice(False, "--sparse host pools its rows on the host: use --sparse device or cached")
+    if sparse == "device" and trainer.cfg.sparse_optimizer not in CAPTURED_WHOLE_TABLE_OPTIMIZERS:
+        return GraphChoice(False, "Adam's bias correction reads the step count on the host (whole tables with sgd or "
+                                  "adagrad are captured)")
     if is_multi_hot(trainer.meta) and resolve_arch(trainer.cfg.arch) == "torchrec":
         return GraphChoice(False, "a padded multi-hot batch needs the plain-torch DLRM (torchrec's SparseArch sizes "
                                   "its output by the batch): use --arch torch")
@@ -85,11 +98,18 @@ class HostCounters:
     them: each device-bookkept cache's step count, eviction clock and batch count, and the
     dense optimizer's step counts held on the CPU (torch's Adagrad). `read` them around a
     step that runs its Python; `add` what one step added after each replay, so a captured
-    run's checkpoint counts as an eager one's; add back the difference after a failed capture."""
+    run's checkpoint counts as an eager one's; add back the difference after a failed capture.
+    Whole tables trained in their backward (`nn.in_backward`) count their steps too."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         self.caches = list({id(c): c for c in row_caches(model) if hasattr(c, "host_counts")}.values())
-        self.optimizer = optimizer
+        self.model, self.optimizer = model, optimizer
+
+    @property
+    def bags(self) -> list[WholeTableBag]:
+        """Whole tables trained in their backward, looked up at each use (they take a torch
+        bag's place when the step is first captured)."""
+        return [m for m in self.model.modules() if isinstance(m, WholeTableBag)]
 
     @property
     def steps(self) -> list[dict]:
@@ -99,12 +119,16 @@ class HostCounters:
                 if torch.is_tensor(st.get("step")) and st["step"].device.type == "cpu"]
 
     def read(self) -> list[float]:
-        return [n for c in self.caches for n in c.host_counts()] + [float(st["step"]) for st in self.steps]
+        return ([n for c in self.caches for n in c.host_counts()] + [float(b.step) for b in self.bags]
+                + [float(st["step"]) for st in self.steps])
 
     def add(self, deltas: list[float]) -> None:
         for i, cache in enumerate(self.caches):
             cache.advance_host_counts(*(int(d) for d in deltas[3 * i: 3 * i + 3]))
-        for st, d in zip(self.steps, deltas[3 * len(self.caches):]):
+        bags, rest = self.bags, deltas[3 * len(self.caches):]
+        for bag, d in zip(bags, rest):
+            bag.step += int(d)
+        for st, d in zip(self.steps, rest[len(bags):]):
             st["step"] += d
 
     @staticmethod
@@ -136,8 +160,12 @@ class GraphedSteps:
 
     def capture_with(self, make_step: Callable[[Callable], object]) -> None:
         """Capture the step as `make_step(step_fn)` makes it (`CapturedStep`; a test's
-        stand-in on the CPU). With prefetching the graph prefetches the next batch too."""
+        stand-in on the CPU). With prefetching the graph prefetches the next batch too.
+        Whole tables move into their backward (module docstring)."""
         self.choice = GraphChoice(True)
+        t = self.trainer
+        if t.cfg.sparse == "device" and not isinstance(t.sparse_opt, InBackwardOptimizer):
+            t.sparse_opt = train_in_backward(t.sparse, t.sparse_opt, t.cfg.kernels)
         self.ahead = self.trainer.prefetches.depth > 0
         self.step = make_step(self._step_ahead if self.ahead else self._step)
 

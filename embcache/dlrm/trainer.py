@@ -272,10 +272,12 @@ class DLRMTrainer(Trainer):
     def _batches(self, split: str, batch_size: int, start: int = 0, map_keys: bool = True):
         """A split's batches: dense features and labels on the device; ids on the host for
         a cached or host-memory sparse part (the cache's bookkeeping runs there and only
-        rows cross), on the device for whole tables there. `map_keys` False: a hashed or
+        rows cross), on the device for whole tables there (on the host where a captured
+        step pads multi-hot batches: the padding reads each feature's count). `map_keys` False: a hashed or
         first-day run's raw keys as the data holds them (`dlrm export`'s check maps them
         both ways)."""
-        ids_on = self.device if self.cfg.sparse == "device" else torch.device("cpu")
+        padded_on_host = self.graphs.active and self.graphs.multi_hot  # a captured step's padding reads counts
+        ids_on = self.device if self.cfg.sparse == "device" and not padded_on_host else torch.device("cpu")
         return CTRBatches(self.data_dir, split, batch_size, shuffle_shards=split == "train",
                           seed=self.cfg.seed + self.epoch, device=self.device, start_batch=start,
                           part=(self.world.rank, self.world.size), sparse_device=ids_on,

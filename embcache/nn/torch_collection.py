@@ -66,10 +66,14 @@ class TorchEmbeddingBagCollection(CollectionInterface, nn.Module):
         if missing:
             raise ValueError(f"KeyedJaggedTensor lacks features {missing}")
         pooled = []
+        # samples that only pad a fixed-capacity batch (`nn.fixed_capacity`), for tables trained
+        # in their backward (`nn.in_backward`), which leave them out of their pooled rows
+        padded = {"padded_samples": features.padded_samples} if getattr(features, "padded_samples", 0) else {}
         for table, feature in self._features:
             jagged = per_feature[feature]
             weights = jagged.weights().to(self._device) if self._is_weighted else None
             pooled.append(self.embedding_bags[table](jagged.values().to(self._device),
-                                                     jagged.offsets().to(self._device), per_sample_weights=weights))
+                                                     jagged.offsets().to(self._device), per_sample_weights=weights,
+                                                     **padded))
         return KeyedTensor(keys=[f for _, f in self._features], length_per_key=self._dims,
                            values=torch.cat(pooled, dim=1))
