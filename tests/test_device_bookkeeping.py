@@ -459,13 +459,14 @@ class _HostNumbers(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("kernels", ["torch", "triton"])
-@pytest.mark.parametrize("eviction, admission", [("freq", True), ("lru", False)])
-def test_consecutive_steps_hand_the_device_the_same_numbers(kernels, eviction, admission):
+@pytest.mark.parametrize("eviction, admission, optimizer", [("freq", True, "adagrad"), ("lru", False, "adagrad"),
+                                                            ("lru", False, "adam")])
+def test_consecutive_steps_hand_the_device_the_same_numbers(kernels, eviction, admission, optimizer):
     """What a CUDA graph captured at one step replays at every later one: the same operations
     with the same host numbers. A number that changes from step to step (the eviction clock
-    a batch stamps, as it once was) would be replayed stale; here the clock lives on the
-    device, and two steps in a row issue identical calls."""
-    bag = _meta_bag(optimizer="adagrad", eviction=eviction, admission=admission, kernels=kernels)
+    a batch stamps, as it once was; Adam's step size) would be replayed stale; here the clock
+    and the step count live on the device, and two steps in a row issue identical calls."""
+    bag = _meta_bag(optimizer=optimizer, eviction=eviction, admission=admission, kernels=kernels)
     batches = _trace(4000, 64, [1, 3, 8], steps=4)
     bag.prefetch(*batches[0])
     _one_step(bag, batches, 0)

@@ -401,6 +401,45 @@ def test_the_fused_step_is_the_torch_paths_on_cuda(optimizer, dtype, rounding):
         _assert_state_alike(optimizer, {k: v.cpu() for k, v in got_s.items()}, {k: v.cpu() for k, v in want_s.items()})
 
 
+def test_adams_step_size_at_the_devices_step_count_is_the_hosts():
+    """`Adam.step_size_of` (a step count on the device, as a captured step reads it) gives
+    `step_size`'s bits at every step: from its table to the step where both bias corrections
+    are exactly 1, then `lr`. Betas settling past the table's limit are refused in one line."""
+    opt = optimizers.Adam(0.05)
+    settled = opt.settled_step()
+    assert 1 - opt.beta2 ** (settled - 1) != 1.0 and opt.step_size(settled) == opt.lr
+    steps = [*range(1, 2000), *range(settled - 50, settled + 50), 10**6, 2**40]
+    got = [opt.step_size_of(torch.tensor(k)) for k in steps]
+    assert all(g.dtype == torch.float64 and g.item() == opt.step_size(k) for g, k in zip(got, steps))
+    with pytest.raises(ValueError, match="settle past step 1,048,576"):
+        optimizers.Adam(0.05, betas=(0.9, 0.9999999)).step_size_of(torch.tensor(3))
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_adam_at_the_devices_step_count_updates_as_at_the_hosts(kernels):
+    """Adam's update with the step count as a 0-d tensor (torch's path: the step size a 0-d
+    float64 in the product; the kernel: `alpha_tensor`) writes the bits the host's count
+    writes, rows and moments, over steps 1-3 and 5,000."""
+    g = torch.Generator().manual_seed(6)
+    opt = optimizers.make_optimizer("adam", 0.05)
+    ids, offsets = _batch("multi_hot", g)
+    grad_out = torch.randn(offsets.numel(), DIM, generator=g)
+    weight, state = _tables(opt, torch.float32, g)
+    runs = []
+    for on_device in (False, True):
+        w, st = weight.clone(), {k: v.clone() for k, v in state.items()}
+        for step in (1, 2, 3, 5000):
+            count = torch.tensor(step) if on_device else step
+            if kernels == "torch":
+                _torch_path(opt, w, st, ids, lookup_terms(grad_out, ids, offsets, None, "sum"), count)
+            else:
+                _fused(opt, w, st, ids, *lookup_bags(ids, offsets, "sum")[:1], grad_out, None, None, count)
+        runs.append((w, st))
+    (want_w, want_s), (got_w, got_s) = runs
+    assert torch.equal(_bits(got_w), _bits(want_w)) and not torch.equal(want_w, weight)
+    assert all(torch.equal(_bits(got_s[k]), _bits(want_s[k])) for k in want_s)
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
 def test_a_padded_batch_updates_every_row_as_the_unpadded_one(optimizer):
     """A batch padded as a captured step pads it (`nn.fixed_capacity.pad_features`: one

@@ -38,7 +38,11 @@ def test_what_keeps_a_cuda_step_eager():
         "cuda graphs: the training step is captured and replayed"
     assert choose_graphs("off", "cuda", device).reason == "turned off"
     adam = CachedEmbeddingBag(50, 4, optimizer="adam", device="cpu", bookkeeping="device", row_dtype="bfloat16")
-    assert choose_graphs("auto", "cuda", adam).reason == "Adam's bias correction read the step count on the host"
+    assert choose_graphs("auto", "cuda", adam) == GraphChoice(True)  # its step size from the device's count
+    host_adam = CachedEmbeddingBag(50, 4, optimizer="adam", device="cpu", bookkeeping="host")
+    assert step_count_readers(host_adam) == ["Adam's bias correction"]
+    slow = CachedEmbeddingBag(50, 4, optimizer="adam", device="cpu", bookkeeping="device", betas=(0.9, 0.9999999))
+    assert choose_graphs("auto", "cuda", slow).reason == "Adam's bias correction read the step count on the host"
     half = CachedEmbeddingBag(50, 4, optimizer="adagrad", device="cpu", bookkeeping="device", row_dtype="bfloat16")
     assert half.cache.rounding.mode == "stochastic" and choose_graphs("auto", "cuda", half) == GraphChoice(True)
     host_half = CachedEmbeddingBag(50, 4, optimizer="adagrad", device="cpu", bookkeeping="host", row_dtype="bfloat16")

@@ -142,8 +142,6 @@ def capture(variant, args, device, make_step=None) -> str:
     from embcache.train.step_graph import CapturedStep, choose_graphs
 
     choice = choose_graphs(args.cuda_graphs, device, variant[0])
-    if choice.capture and args.optimizer == "adam":
-        choice = type(choice)(False, "Adam's bias correction reads the step count on the host")
     if not choice.capture:
         return f"off: {choice.reason}"
     make_step = make_step or (lambda fn: CapturedStep(fn, device, warmup=2))

@@ -130,9 +130,16 @@ class RowWiseAdagrad(RowOptimizer):
 
 class Adam(RowOptimizer):
     """Lazy Adam, as `torch.optim.SparseAdam(lr, betas, eps)`: only rows with a gradient
-    update their moments; bias correction uses the global step count."""
+    update their moments; bias correction uses the global step count.
+
+    The step count may be a 0-d int64 tensor on the device (a captured step's, which each
+    replay advances): the step size then comes from a table of `step_size` computed in
+    Python, the same bits (a device's `pow` need not round as the host's does). Past
+    `settled_step` both corrections are exactly 1 and the step size is `lr`, so the table
+    ends there (for the default betas at step 37,412: 292 KiB)."""
 
     name = "adam"
+    MAX_TABLE = 1 << 20  # steps a table of step sizes may hold (betas nearer 1 settle later)
 
     def __init__(self, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
         super().__init__(lr)
@@ -140,6 +147,40 @@ class Adam(RowOptimizer):
         if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
             raise ValueError(f"betas must lie in [0, 1), got {betas}")
         self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
+        self._tables: dict[torch.device, torch.Tensor] = {}
+
+    def step_size(self, step: int) -> float:
+        """SparseAdam's `lr * sqrt(1 - beta2^step) / (1 - beta1^step)`, in its order."""
+        bias_correction1 = 1 - self.beta1**step
+        bias_correction2 = 1 - self.beta2**step
+        return self.lr * math.sqrt(bias_correction2) / bias_correction1
+
+    def settled_step(self) -> int | None:
+        """The first step whose bias corrections are both exactly 1.0 (each only grows
+        towards 1), or None past `MAX_TABLE`."""
+        def settled(k):
+            return 1 - self.beta1**k == 1.0 and 1 - self.beta2**k == 1.0
+
+        low, high = 1, self.MAX_TABLE
+        if not settled(high):
+            return None
+        while low < high:
+            mid = (low + high) // 2
+            low, high = (mid + 1, high) if not settled(mid) else (low, mid)
+        return low
+
+    def step_size_of(self, step: torch.Tensor) -> torch.Tensor:
+        """`step_size` of a step count on the device (0-d int64 >= 1), as a 0-d float64
+        there: one gather from the table (class docstring), no sync."""
+        table = self._tables.get(step.device)
+        if table is None:
+            settled = self.settled_step()
+            if settled is None:
+                raise ValueError(f"Adam's betas {self.beta1, self.beta2} settle past step {self.MAX_TABLE:,}: "
+                                 f"its step size cannot be tabled for a step count on the device")
+            sizes = [0.0] + [self.step_size(k) for k in range(1, settled + 1)]
+            table = self._tables[step.device] = torch.tensor(sizes, dtype=torch.float64, device=step.device)
+        return table.index_select(0, step.clamp(max=table.numel() - 1).reshape(1)).reshape(())
 
     def state_widths(self, dim):
         return {"exp_avg": dim, "exp_avg_sq": dim}
@@ -157,9 +198,8 @@ class Adam(RowOptimizer):
         numer = exp_avg_update.add_(old_exp_avg)
         exp_avg_sq_update.add_(old_exp_avg_sq)
         denom = exp_avg_sq_update.sqrt_().add_(self.eps)
-        bias_correction1 = 1 - self.beta1**step
-        bias_correction2 = 1 - self.beta2**step
-        step_size = self.lr * math.sqrt(bias_correction2) / bias_correction1
+        # a float, or a 0-d float64 tensor: either is rounded to float32 before the product
+        step_size = self.step_size_of(step) if torch.is_tensor(step) else self.step_size(step)
         weight.index_add_(0, rows, -step_size * numer.div_(denom))
 
 
@@ -244,7 +284,7 @@ def _wrapped(value: int) -> int:
 
 
 def update_rows(optimizer: RowOptimizer, weight: torch.Tensor, state: dict[str, torch.Tensor],
-                rows: torch.Tensor, values: torch.Tensor, step: int, row_ids: torch.Tensor | None,
+                rows: torch.Tensor, values: torch.Tensor, step: int | torch.Tensor, row_ids: torch.Tensor | None,
                 rounding: RowRounding, distinct: bool = False, fixed_size: bool | None = None,
                 rounding_step: torch.Tensor | None = None) -> None:
     """`optimizer.update` for a table of any row type. float32 rows update in place; rows
@@ -260,7 +300,8 @@ def update_rows(optimizer: RowOptimizer, weight: torch.Tensor, state: dict[str, 
     (`first_positions`), and every copy takes that one's result, so that a row written
     several times is written the same bits each time (copies the size of the terms).
     `rounding_step`: the step count as the device holds it, for the rounding's hash (a
-    captured step's), else `step`."""
+    captured step's), else `step`. `step` may itself be the device's count (Adam's, read by
+    `Adam.update`)."""
     if weight.dtype == torch.float32:
         optimizer.update(weight, state, rows, values, step)
         return

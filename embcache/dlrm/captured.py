@@ -9,7 +9,7 @@ update in it, the dense optimizer's step and, with `prefetch_depth` >= 1, the ne
 prefetch (below). What it does not: a batch of another shape (the epoch's last, shorter
 batch runs eagerly, counted); torchrun runs (their exchanges); whole tables in host memory
 (`--sparse host`); the host bookkeeper; row updates that read the step count on the host
-(`step_graph.choose_graphs` says which; Adam's, for whole tables too).
+(`step_graph.choose_graphs` says which).
 
 Whole tables on the device (`--sparse device`): torch's sparse optimizer cannot be captured
 (its `coalesce` sizes the gradient by the batch's distinct ids), so a run that captures its
@@ -65,7 +65,6 @@ from embcache.train.step_graph import (CapturedStep, GraphChoice, choose_graphs,
 
 logger = logging.getLogger(__name__)
 
-CAPTURED_WHOLE_TABLE_OPTIMIZERS = ("sgd", "adagrad")  # of `--sparse device`'s (Adam reads the host's step)
 SAMPLE_BATCHES = 8  # multi-hot: the eager batches whose ids set each feature's capacity
 CAPACITY_MARGIN = 1.25  # capacity = the most ids a feature had in them, times this
 CAPACITY_ROUND = 64  # ... rounded up to a multiple of this
@@ -84,9 +83,6 @@ def graph_choice(trainer, setting: str) -> GraphChoice:
     sparse = getattr(trainer.cfg, "sparse", "cached")
     if sparse == "host":
         return GraphChoice(False, "--sparse host pools its rows on the host: use --sparse device or cached")
-    if sparse == "device" and trainer.cfg.sparse_optimizer not in CAPTURED_WHOLE_TABLE_OPTIMIZERS:
-        return GraphChoice(False, "Adam's bias correction reads the step count on the host (whole tables with sgd or "
-                                  "adagrad are captured)")
     if is_multi_hot(trainer.meta) and resolve_arch(trainer.cfg.arch) == "torchrec":
         return GraphChoice(False, "a padded multi-hot batch needs the plain-torch DLRM (torchrec's SparseArch sizes "
                                   "its output by the batch): use --arch torch")
@@ -127,7 +123,7 @@ class HostCounters:
             cache.advance_host_counts(*(int(d) for d in deltas[3 * i: 3 * i + 3]))
         bags, rest = self.bags, deltas[3 * len(self.caches):]
         for bag, d in zip(bags, rest):
-            bag.step += int(d)
+            bag.advance_steps(int(d))
         for st, d in zip(self.steps, rest[len(bags):]):
             st["step"] += d
 

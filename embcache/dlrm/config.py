@@ -207,9 +207,9 @@ class DLRMConfig(StepRunConfig):
     cuda_graphs: str = setting("auto", choices=("auto", "on", "off"),  # train.step_graph.CUDA_GRAPHS (light here)
                                help="capture the training step as one CUDA graph and replay it (auto, on: where "
                                     "the run allows: CUDA, one process, a cached sparse part with --bookkeeping "
-                                    "device or whole tables with --sparse device (sgd, adagrad; moved into their "
-                                    "backward, checkpoints kept in torch's form), no row update reading the step "
-                                    "count on the host; multi-hot batches "
+                                    "device or whole tables with --sparse device (moved into their backward, "
+                                    "checkpoints kept in torch's form), no row update reading the step count on "
+                                    "the host; multi-hot batches "
                                     "padded to fixed capacities set by the first 8 batches; "
                                     "else the step runs as it is, with one line saying why; off: never). With "
                                     "--prefetch-depth >= 1 the graph prefetches the next batch (one ahead at most)")

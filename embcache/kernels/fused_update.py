@@ -54,8 +54,6 @@ Where it equals the torch path, and why not elsewhere:
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch.library import triton_op, wrap_triton
 
@@ -171,7 +169,7 @@ def _is_long(keys_ptr, start, n, CHUNK: tl.constexpr):
 
 @_jit
 def _chunk_kernel(weight_ptr, state_a_ptr, state_b_ptr, keys_ptr, order_ptr, rows_ptr, bags_ptr, grad_ptr, scale_ptr,
-                  lookup_weights_ptr, partial_ptr, flags_ptr, ids_ptr, salt_ptr, n, dim, alpha, eps, beta1c, beta2c,
+                  lookup_weights_ptr, partial_ptr, flags_ptr, ids_ptr, salt_ptr, n, dim, alpha_ptr, eps, beta1c, beta2c,
                   OPT: tl.constexpr, ROW: tl.constexpr, MEAN: tl.constexpr, WEIGHTED: tl.constexpr,
                   ALPHA_FMA: tl.constexpr, STOCHASTIC: tl.constexpr, IDS: tl.constexpr, CHUNK: tl.constexpr,
                   BLOCK_D: tl.constexpr):
@@ -179,6 +177,7 @@ def _chunk_kernel(weight_ptr, state_a_ptr, state_b_ptr, keys_ptr, order_ptr, row
     short run that starts in it and writes the pieces of long runs it holds (module docstring)."""
     k = tl.program_id(0)
     salt = tl.load(salt_ptr)  # the stochastic rounding's salt, from the device (a replay's own step)
+    alpha = tl.load(alpha_ptr)  # as the salt: Adam's step size follows the step
     s = k * CHUNK
     e = tl.minimum(s + CHUNK, n)
     offs = tl.arange(0, BLOCK_D)
@@ -240,13 +239,15 @@ def _continues(flags_ptr, keys_ptr, kk, chunks, key, CHUNK: tl.constexpr):
 
 @_jit
 def _long_run_kernel(weight_ptr, state_a_ptr, state_b_ptr, keys_ptr, order_ptr, rows_ptr, partial_ptr, flags_ptr,
-                     ids_ptr, salt_ptr, n, chunks, dim, alpha, eps, beta1c, beta2c, OPT: tl.constexpr, ROW: tl.constexpr,
+                     ids_ptr, salt_ptr, n, chunks, dim, alpha_ptr, eps, beta1c, beta2c, OPT: tl.constexpr,
+                     ROW: tl.constexpr,
                      ALPHA_FMA: tl.constexpr, STOCHASTIC: tl.constexpr, IDS: tl.constexpr, CHUNK: tl.constexpr,
                      BLOCK_D: tl.constexpr):
     """Phase 2: the program of a chunk where a long run starts adds that run's pieces in
     chunk order and steps its row once."""
     k = tl.program_id(0)
     salt = tl.load(salt_ptr)
+    alpha = tl.load(alpha_ptr)
     if tl.load(flags_ptr + 2 * k + 1) == 1:
         offs = tl.arange(0, BLOCK_D)
         in_row = offs < dim
@@ -275,7 +276,7 @@ def fused_row_update(weight: torch.Tensor, state_a: torch.Tensor, state_b: torch
                      bag_scale: torch.Tensor | None, lookup_weights: torch.Tensor | None, optimizer: str,
                      alpha: float, eps: float, beta1c: float, beta2c: float, chunk: int = CHUNK,
                      stochastic_salt: int | None = None, row_ids: torch.Tensor | None = None,
-                     salt_tensor: torch.Tensor | None = None) -> None:
+                     salt_tensor: torch.Tensor | None = None, alpha_tensor: torch.Tensor | None = None) -> None:
     """One optimizer step of the rows `rows` from their lookups' terms (module docstring).
 
     Args:
@@ -298,6 +299,9 @@ def fused_row_update(weight: torch.Tensor, state_a: torch.Tensor, state_b: torch
         salt_tensor: the salt as a 0-d int64 tensor on the device instead
             (`RowRounding.salt_of(step)` of the device's step count): what a captured step
             passes, so that each replay rounds with its own step's salt.
+        alpha_tensor: `alpha` as a 0-d tensor on the device instead (Adam's step size of the
+            device's step count, `cache.optimizers.Adam.step_size_of`), for the same reason;
+            rounded to float32 as `alpha` is.
     """
     n, dim = sorted_keys.numel(), weight.shape[1]
     if n == 0:
@@ -318,31 +322,38 @@ def fused_row_update(weight: torch.Tensor, state_a: torch.Tensor, state_b: torch
              "BLOCK_D": triton.next_power_of_2(dim), **({"enable_fp_fusion": False} if cuda else {})}
     salt = salt_tensor.reshape(1) if salt_tensor is not None else \
         torch.full((1,), int(stochastic_salt or 0), dtype=torch.int64, device=weight.device)
+    alpha_at = alpha_tensor.reshape(1).to(torch.float32) if alpha_tensor is not None else \
+        torch.full((1,), alpha, dtype=torch.float32, device=weight.device)
     wrap_triton(_chunk_kernel)[(chunks,)](
         table, state_a, state_b, keys, order, rows, bags.contiguous(), grad_out,
         bag_scale.contiguous() if bag_scale is not None else grad_out,
         lookup_weights.contiguous() if lookup_weights is not None else grad_out, partial, flags, ids, salt,
-        n, dim, alpha, eps, beta1c, beta2c, MEAN=bag_scale is not None, WEIGHTED=lookup_weights is not None, **fixed)
+        n, dim, alpha_at, eps, beta1c, beta2c, MEAN=bag_scale is not None, WEIGHTED=lookup_weights is not None, **fixed)
     wrap_triton(_long_run_kernel)[(chunks,)](table, state_a, state_b, keys, order, rows, partial, flags, ids, salt, n,
-                                             chunks, dim, alpha, eps, beta1c, beta2c, **fixed)
+                                             chunks, dim, alpha_at, eps, beta1c, beta2c, **fixed)
 
 
 @fused_row_update.register_fake
 def _(weight, state_a, state_b, sorted_keys, order, rows, bags, grad_out, bag_scale, lookup_weights, optimizer,
-      alpha, eps, beta1c, beta2c, chunk=CHUNK, stochastic_salt=None, row_ids=None, salt_tensor=None) -> None:
+      alpha, eps, beta1c, beta2c, chunk=CHUNK, stochastic_salt=None, row_ids=None, salt_tensor=None,
+      alpha_tensor=None) -> None:
     return None  # writes its inputs in place: shapes and types as they were
 
 
-def optimizer_factors(optimizer, step: int) -> dict:
+def optimizer_factors(optimizer, step: int | torch.Tensor) -> dict:
     """`fused_row_update`'s scalars for a row optimizer (`cache.optimizers`'s, read by its
-    attributes) at `step`, computed in Python as that optimizer computes them."""
-    name = optimizer.name
+    attributes) at `step`, computed in Python as that optimizer computes them. Adam's at a
+    step count on the device (a 0-d tensor, a captured step's): its step size as
+    `alpha_tensor`, from the optimizer's table (`Adam.step_size_of`)."""
+    name, device_alpha = optimizer.name, None
     if name == "adagrad":
         alpha = -(optimizer.lr / (1 + (step - 1) * optimizer.lr_decay))
+    elif name == "adam" and torch.is_tensor(step):
+        alpha, device_alpha = 0.0, -optimizer.step_size_of(step)  # (`alpha` unread)
     elif name == "adam":
-        correction1, correction2 = 1 - optimizer.beta1**step, 1 - optimizer.beta2**step
-        alpha = -(optimizer.lr * math.sqrt(correction2) / correction1)
+        alpha = -optimizer.step_size(step)
     else:
         alpha = -optimizer.lr
     return {"optimizer": name, "alpha": alpha, "eps": getattr(optimizer, "eps", 0.0),
-            "beta1c": 1 - getattr(optimizer, "beta1", 0.0), "beta2c": 1 - getattr(optimizer, "beta2", 0.0)}
+            "beta1c": 1 - getattr(optimizer, "beta1", 0.0), "beta2c": 1 - getattr(optimizer, "beta2", 0.0),
+            **({"alpha_tensor": device_alpha} if device_alpha is not None else {})}

@@ -27,7 +27,7 @@ from torch import nn
 
 from embcache.cache.choices import KERNELS
 from embcache.cache.bookkeeping.device_updates import lookup_bags, lookup_terms
-from embcache.cache.bookkeeping.fixed_size import pick, summed_in_torch_order
+from embcache.cache.bookkeeping.fixed_size import DeviceCount, pick, summed_in_torch_order
 from embcache.cache.optimizers import RowRounding, make_optimizer, update_rows
 from embcache.device import values_on_host
 
@@ -71,6 +71,7 @@ class WholeTableBag(nn.Module):
             self.register_buffer(f"optimizer_{name}", t, persistent=False)
         self.kernels = resolve_kernels(kernels, device)
         self.step = 0
+        self._step_count = DeviceCount(torch.int64, device)  # Adam's, read on the device (a replay's own)
         self._rounding = RowRounding(torch.float32)
 
     @property
@@ -128,10 +129,18 @@ class WholeTableBag(nn.Module):
             return pooled_lookup(self.table, ids, offsets, weights, self.mode)
         return F.embedding_bag(ids, self.table, offsets, mode=self.mode, per_sample_weights=weights)
 
+    def advance_steps(self, n: int) -> None:
+        """Count `n` steps that replays of a captured step took (their Python did not run)."""
+        self.step += n
+        self._step_count.replayed(n)
+
     def update(self, grad_out: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor,
                weights: torch.Tensor | None) -> None:
-        """One optimizer step of the rows `ids` looked up, from the bag's output gradient."""
+        """One optimizer step of the rows `ids` looked up, from the bag's output gradient.
+        Adam reads the step count on the device (`Adam.step_size_of`): a replayed step
+        corrects by its own step, not the capture's."""
         self.step += 1
+        step = self._step_count.follow(self.step) if self.optimizer.name == "adam" else self.step
         grad_out = grad_out.to(torch.float32).contiguous()
         state = self.state()
         if self.kernels == "triton":
@@ -147,14 +156,14 @@ class WholeTableBag(nn.Module):
             first = state.get("sum", state.get("exp_avg", empty))
             stochastic = self._rounding.salt(self.step) if self._rounding.mode == "stochastic" else None
             fused_row_update(self.table, first, state.get("exp_avg_sq", empty), keys, order, ids, bags, grad_out,
-                             scale, weights, **optimizer_factors(self.optimizer, self.step), stochastic_salt=stochastic)
+                             scale, weights, **optimizer_factors(self.optimizer, step), stochastic_salt=stochastic)
             return
         terms = lookup_terms(grad_out, ids, offsets, weights, self.mode)
         rows, distinct = ids, False
         if self.optimizer.needs_coalesced:
             keys, terms = summed_in_torch_order(ids, terms, stable=not values_on_host(ids))
             rows, distinct = pick(keys >= 0, keys, self.num_embeddings), True
-        update_rows(self.optimizer, self.table, state, rows, terms, self.step,
+        update_rows(self.optimizer, self.table, state, rows, terms, step,
                     None, self._rounding,  # float32 rows: no row ids for a rounding
                     distinct=distinct, fixed_size=True)
 

@@ -71,8 +71,8 @@ def step_count_readers(model: nn.Module | None) -> list[str]:
     found = set()
     for cache in row_caches(model):
         opt, rounding = cache.optimizer, getattr(cache, "rounding", None)
-        if opt.name == "adam":
-            found.add("Adam's bias correction")
+        if opt.name == "adam" and (cache.bookkeeping != "device" or opt.settled_step() is None):
+            found.add("Adam's bias correction")  # the device bookkeeper's reads its own count (`Adam.step_size_of`)
         if getattr(opt, "lr_decay", 0.0):
             found.add("Adagrad's lr_decay")
         if rounding is not None and rounding.mode == "stochastic" and rounding.dtype != torch.float32 \

@@ -74,18 +74,21 @@ class DeviceUpdates:
         work, state = self._work, self.state_of_work()
         empty = work["weight"].new_empty(0, dtype=torch.float32)
         first, second = (state.get("sum", state.get("exp_avg", empty)), state.get("exp_avg_sq", empty))
-        step = self._rounding_step()
+        step, rounding_step = self._device_steps()
         fused_row_update(work["weight"], first, second, keys, order, rows, bags, grad_out, scale, weights,
-                         **optimizer_factors(self.optimizer, self.step), row_ids=self._work_ids,
-                         salt_tensor=None if step is None else self.rounding.salt_of(step))
+                         **optimizer_factors(self.optimizer, step), row_ids=self._work_ids,
+                         salt_tensor=None if rounding_step is None else self.rounding.salt_of(rounding_step))
 
-    def _rounding_step(self) -> torch.Tensor | None:
-        """The step count on the device, for stochastic rounding's hash of half rows (None:
-        float32 rows, or rounding to nearest: no salt, no count), so that a replayed step
-        hashes with its own step, not the capture's (`fixed_size.DeviceCount`). One op."""
-        if self.rounding.mode != "stochastic" or self._work["weight"].dtype == torch.float32:
-            return None
-        return self._step_count.follow(self.step)
+    def _device_steps(self) -> tuple[int | torch.Tensor, torch.Tensor | None]:
+        """The step count as the update reads it, and as stochastic rounding's hash of half
+        rows reads it (None: float32 rows, or rounding to nearest). Where either reads it
+        (Adam's step size; the hash) it is the count on the device (`fixed_size.DeviceCount`,
+        one op a step), so that a replayed step reads its own step, not the capture's."""
+        rounding = self.rounding.mode == "stochastic" and self._work["weight"].dtype != torch.float32
+        if not rounding and self.optimizer.name != "adam":
+            return self.step, None
+        on_device = self._step_count.follow(self.step)
+        return (on_device if self.optimizer.name == "adam" else self.step), (on_device if rounding else None)
 
     def _sort_order(self, rows: torch.Tensor, width: int, lookup: Lookup) -> tuple[torch.Tensor, torch.Tensor]:
         """(sorted keys, permutation) of the lookups, the sort `_gradient_rows` makes: SGD's
@@ -117,10 +120,10 @@ class DeviceUpdates:
         self.wait_for_prefetches()
         self.step += 1
         rows, values = self._gradient_rows(rows, values.to(torch.float32), width, lookup)
-        work = self._work
-        update_rows(self.optimizer, work["weight"], self.state_of_work(), rows, values, self.step,
+        work, (step, rounding_step) = self._work, self._device_steps()
+        update_rows(self.optimizer, work["weight"], self.state_of_work(), rows, values, step,
                     self._work_ids, self.rounding, distinct=self.optimizer.needs_coalesced, fixed_size=True,
-                    rounding_step=self._rounding_step())
+                    rounding_step=rounding_step)
         self._after_update(lookup)
 
     def _after_update(self, lookup: Lookup) -> None:
