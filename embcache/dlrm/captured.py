@@ -193,22 +193,13 @@ class GraphedSteps:
             return self.trainer.train_step(batch, upcoming)
         if self.ahead:
             return self._with_prefetch(batch, upcoming)
-        kjt = batch.sparse
-        values, lengths = kjt.values(), kjt.lengths()
-        if self.multi_hot:
-            padded = self._padded(kjt)
-            if padded is None:  # a batch that sets the capacities, or one over them
-                return self.trainer.train_step(batch, ())
-            values, lengths = padded
-        shape = (tuple(batch.dense.shape), tuple(values.shape), kjt.stride())
-        if self.shape is None:
-            self.shape, self.layout = shape, (type(kjt), kjt.keys(), kjt.stride())
-        if shape != self.shape:  # the epoch's last batch: a graph replays one shape
-            self._another_shape(kjt)
-            self.eager_batches += 1
+        ids = self._graph_ids(batch.sparse, batch.dense)
+        loss = None if ids is None else self._run(batch.dense, batch.labels, *ids)
+        if loss is None:  # a batch the graph cannot hold (or whose capture failed): eager
+            if self.shape is not None:
+                self.eager_batches += 1
             return self.trainer.train_step(batch, ())
-        loss = self._run(batch.dense, batch.labels, values, lengths)
-        return self.trainer.train_step(batch, ()) if loss is None else loss
+        return loss
 
     def _run(self, *inputs) -> torch.Tensor | None:
         """The captured step on `inputs`: a warm-up, the capture or a replay (after which
@@ -266,7 +257,8 @@ class GraphedSteps:
 
     def _graph_ids(self, kjt, dense):
         """The ids and lengths of a batch as the graph takes them (multi-hot: padded), or
-        None where it cannot (its capacities not yet set, over them, another shape)."""
+        None where it cannot (its capacities not yet set, over them, another shape: the
+        epoch's last batch, as a graph replays one shape)."""
         values, lengths = kjt.values(), kjt.lengths()
         if self.multi_hot:
             padded = self._padded(kjt)
