@@ -367,7 +367,8 @@ def test_the_fused_step_is_the_torch_paths_on_cuda(optimizer, dtype, rounding):
     as the kernel does there: equal bits, but for row-wise Adagrad (its mean) and SGD (whose
     repeated rows torch adds by atomics in no fixed order): within one ULP of the row type.
     Stochastic rounding of half rows: the kernel takes the salt as a device tensor computed
-    from a step count on the device (`RowRounding.salt_of`), as a captured step passes it."""
+    from a step count on the device (`RowRounding.salt_of`), as a captured step passes it;
+    Adam its step size so too (`alpha_tensor`, from `Adam.step_size_of`)."""
     if rounding == "stochastic" and dtype == torch.float32:
         pytest.skip("float32 rows take no rounding")
     g = torch.Generator().manual_seed(5)
@@ -388,9 +389,10 @@ def test_the_fused_step_is_the_torch_paths_on_cuda(optimizer, dtype, rounding):
                            row_rounding, distinct=opt.needs_coalesced, fixed_size=True)
     bags, scale = lookup_bags(cuda["ids"], cuda["offsets"], "mean")
     keys, order = cuda["ids"].sort(stable=True)
-    salt = row_rounding.salt_of(torch.ones((), dtype=torch.int64, device="cuda")) if rounding == "stochastic" else None
+    step = torch.ones((), dtype=torch.int64, device="cuda")  # the count on the device, as a captured step reads it
+    salt = row_rounding.salt_of(step) if rounding == "stochastic" else None
     fused_row_update(got_w, *_state_args(got_s, got_w), keys, order, cuda["ids"], bags, cuda["grad_out"], scale,
-                     None, **optimizer_factors(opt, 1), salt_tensor=salt)
+                     None, **optimizer_factors(opt, step), salt_tensor=salt)
     torch.cuda.synchronize()
     if optimizer in ("sgd", "rowwise_adagrad"):
         _assert_rows_alike("rowwise_adagrad", got_w.cpu(), want_w.cpu())
