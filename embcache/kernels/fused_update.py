@@ -346,7 +346,11 @@ def optimizer_factors(optimizer, step: int | torch.Tensor) -> dict:
     step count on the device (a 0-d tensor, a captured step's): its step size as
     `alpha_tensor`, from the optimizer's table (`Adam.step_size_of`)."""
     name, device_alpha = optimizer.name, None
-    if name == "adagrad":
+    if name == "adagrad" and torch.is_tensor(step):  # its step count is read only with lr_decay
+        if optimizer.lr_decay:
+            raise ValueError("Adagrad's lr_decay reads the step count on the host: give it as a number")
+        alpha = -optimizer.lr  # -(lr / 1.0): the same bits
+    elif name == "adagrad":
         alpha = -(optimizer.lr / (1 + (step - 1) * optimizer.lr_decay))
     elif name == "adam" and torch.is_tensor(step):
         alpha, device_alpha = 0.0, -optimizer.step_size_of(step)  # (`alpha` unread)
