@@ -16,13 +16,13 @@ from embcache.nn.fixed_capacity import pad_features
 from embcache.nn.in_backward import InBackwardOptimizer, train_in_backward
 from embcache.nn.torch_collection import TorchEmbeddingBagCollection
 from embcache.nn.whole_table import WholeTableBag
-from embcache.sparse_types import EmbeddingBagConfig
+from embcache.sparse_types import HAVE_TORCHREC, EmbeddingBagConfig
 from tests.cpu_graph import ReplayedStep
 from tests.test_dlrm_graphs import _config, _losses_of, cpu_as_device  # noqa: F401 (a fixture)
 
 
 def _whole(**kw):
-    return _config(sparse="device", arch="torch", **kw)
+    return _config(**{"sparse": "device", "arch": "torch", **kw})
 
 
 def _run(trainer, monkeypatch, replayed: bool, warmup: int = 3):
@@ -75,6 +75,14 @@ def test_a_replayed_whole_table_run_trains_as_torchs_sparse_optimizer(data, step
     _same_training(runs, steps, optimizer, multi_hot=data == "multi_hot_data")
 
 
+@pytest.mark.skipif(not HAVE_TORCHREC, reason="torchrec is not installed")
+def test_torchrecs_tables_move_into_their_backward_too(small_synthetic, monkeypatch):
+    """`--arch torchrec`: torchrec's `EmbeddingBagCollection` keeps its own forward, its bags
+    replaced; the replayed run equals torchrec's eager one with torch's Adagrad, to the bit."""
+    runs, steps = _eager_and_replayed(small_synthetic, 10, "adagrad", "torch", monkeypatch, arch="torchrec")
+    _same_training(runs, steps, "adagrad", multi_hot=False)
+
+
 @pytest.mark.parametrize("kernels", ["torch", "triton"])
 def test_a_replayed_padded_whole_table_run_sums_each_row_as_the_unpadded_one(kernels, multi_hot_data, monkeypatch,
                                                                               cpu_as_device):
@@ -87,7 +95,7 @@ def test_a_replayed_padded_whole_table_run_sums_each_row_as_the_unpadded_one(ker
     _same_training(runs, steps, "adagrad", multi_hot=True)
 
 
-def _eager_and_replayed(data, steps, optimizer, kernels, monkeypatch, eager_in_backward=False):
+def _eager_and_replayed(data, steps, optimizer, kernels, monkeypatch, eager_in_backward=False, arch="torch"):
     """An eager run (torch's bags and optimizer, or with `eager_in_backward` the tables moved
     into their backward) and a replayed one, as `_run` gives them, and the steps run. With the Triton kernels
     (interpreted here): batches of 16, one warm-up step and 4 steps fewer, for time."""
@@ -97,8 +105,8 @@ def _eager_and_replayed(data, steps, optimizer, kernels, monkeypatch, eager_in_b
     runs = []
     for replayed in (False, True):
         torch.manual_seed(0)
-        trainer = DLRMTrainer(_whole(max_steps=steps, sparse_optimizer=optimizer, batch_size=batch, kernels=kernels),
-                              data)
+        trainer = DLRMTrainer(_whole(max_steps=steps, sparse_optimizer=optimizer, batch_size=batch, kernels=kernels,
+                                     arch=arch), data)
         if eager_in_backward and not replayed:
             trainer.sparse_opt = train_in_backward(trainer.sparse, trainer.sparse_opt, kernels)
         runs.append(_run(trainer, monkeypatch, replayed, warmup))
