@@ -3,6 +3,8 @@ sparse gradient no graph can hold, trained inside their backward once the step i
 (`nn.in_backward`), proved on the CPU by a replay as CUDA would replay it
 (`tests.cpu_graph`) against torch's own sparse optimizer, to the bit; their checkpoints in
 torch's form, moving between an eager run and a captured one."""
+import copy
+import weakref
 from dataclasses import replace
 
 import pytest
@@ -212,7 +214,8 @@ def _collection():
 def test_the_moved_optimizer_keeps_torchs_state_and_gives_it_back(optimizer):
     """Torch's optimizer after two steps, moved: the moved one's state dict is the torch
     one's (the same tensors' values, steps and settings), and a fresh torch optimizer loads
-    it; the tables keep their rows and state-dict keys."""
+    it; the tables keep their rows and state-dict keys. The old tables and their torch state
+    are freed by the move (no reference left)."""
     from embcache.cache.optimizers import torch_equivalent
     from embcache.sparse_types import KeyedJaggedTensor
 
@@ -223,8 +226,11 @@ def test_the_moved_optimizer_keeps_torchs_state_and_gives_it_back(optimizer):
         opt.zero_grad()
         ebc(kjt).values().pow(2).sum().backward()
         opt.step()
-    want_model, want_opt = {k: v.clone() for k, v in ebc.state_dict().items()}, opt.state_dict()
+    want_model = {k: v.clone() for k, v in ebc.state_dict().items()}
+    want_opt = copy.deepcopy(opt.state_dict())
+    tables = [weakref.ref(b.weight) for b in ebc.embedding_bags.values()]
     moved = train_in_backward(ebc, opt, "torch")
+    assert all(t() is None for t in tables) and not opt.state  # torch's tables and state let go of
     _same_state(ebc.state_dict(), want_model)
     _same_optimizer(moved.state_dict(), want_opt)
     fresh = torch_equivalent(optimizer, _collection().parameters(), 0.1)
@@ -240,6 +246,8 @@ def test_what_cannot_move_into_the_backward_is_refused_in_one_line():
         train_in_backward(ebc, torch.optim.Adagrad(ebc.parameters(), lr=0.1, weight_decay=0.01))
     with pytest.raises(ValueError, match="cannot move into their backward"):
         train_in_backward(ebc, torch.optim.RMSprop(ebc.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="does not train the collection's tables"):
+        train_in_backward(ebc, torch.optim.SGD(_collection().parameters(), lr=0.1))
     assert all(isinstance(b, nn.EmbeddingBag) for b in ebc.embedding_bags.values())  # nothing moved
     held = InBackwardOptimizer([WholeTableBag(torch.zeros(3, 2), "sgd", kernels="torch")], "sgd", 0.1)
     with pytest.raises(ValueError, match="holds 2 tables, this model 1"):

@@ -11,8 +11,8 @@ kernel sums a row's terms in torch's order). The collection's state dict stays a
 the torch optimizer's own form: a checkpoint moves between an eager run (torch's optimizer)
 and a captured one either way, and `dlrm evaluate` / `export` read it as before.
 
-Memory: until the torch optimizer is dropped (the trainer drops it as it takes the returned
-one), each table and its optimizer state are held twice.
+Memory: the tables move one at a time, each let go by the torch optimizer (its state and its
+reference to the parameter) as it moves, so the peak is one table and its state more.
 """
 from __future__ import annotations
 
@@ -76,7 +76,8 @@ def train_in_backward(collection: nn.Module, optimizer: torch.optim.Optimizer,
                       kernels: str = "auto") -> InBackwardOptimizer:
     """Replace `collection`'s `nn.EmbeddingBag`s (its `embedding_bags`, trained by the torch
     `optimizer`, which holds them in that order) by `WholeTableBag`s with their rows and
-    `optimizer`'s state; returns the optimizer to hold instead of `optimizer`."""
+    `optimizer`'s state; returns the optimizer to hold instead of `optimizer`, which lets go
+    of each table as it moves (module docstring) and is not to be stepped again."""
     names = {cls: name for name, cls in TORCH_EQUIVALENTS.items()}
     name = names.get(type(optimizer))
     if name is None:
@@ -87,19 +88,23 @@ def train_in_backward(collection: nn.Module, optimizer: torch.optim.Optimizer,
     if odd or len(optimizer.param_groups) > 1:
         raise ValueError(f"tables trained with {odd or 'several parameter groups'} cannot move into their backward")
     settings = {k: group[k] for k in _SETTINGS[name]}
-    saved = optimizer.state_dict()
-    bags = []
-    for key, old in list(collection.embedding_bags.items()):
+    for key, old in collection.embedding_bags.items():
         if not isinstance(old, nn.EmbeddingBag) or old.padding_idx is not None or old.max_norm is not None:
             raise ValueError(f"table {key!r}: only a plain nn.EmbeddingBag (no padding_idx, no max_norm) "
                              f"moves into its backward")
+    if [id(p) for p in group["params"]] != [id(old.weight) for old in collection.embedding_bags.values()]:
+        raise ValueError("the optimizer does not train the collection's tables, in their order")
+    bags = []
+    for i, key in enumerate(list(collection.embedding_bags)):  # no list of the old bags: each freed in turn
+        old = collection.embedding_bags[key]
         bag = WholeTableBag(old.weight.detach(), name, lr=group["lr"], mode=old.mode, kernels=kernels,
                             include_last_offset=old.include_last_offset, **settings)
+        _load_torch_state(bag, name, optimizer.state.pop(old.weight, {}))
+        group["params"][i] = bag.weight.new_empty(0)  # the torch optimizer lets go of the table
         collection.embedding_bags[key] = bag
         bags.append(bag)
-    held = InBackwardOptimizer(bags, name, group["lr"], **settings)
-    held.load_state_dict(saved)
-    return held
+        del old
+    return InBackwardOptimizer(bags, name, group["lr"], **settings)
 
 
 def _torch_state(bag: WholeTableBag, name: str) -> dict:
