@@ -280,7 +280,8 @@ def test_a_capture_cuda_refuses_is_said_and_every_batch_then_trains_eagerly(smal
 
 
 @pytest.mark.parametrize("settings", [dict(sparse_optimizer="adagrad"), dict(sparse_optimizer="rowwise_adagrad"),
-                                      dict(sparse_optimizer="adam"), dict(sparse_optimizer="adam", row_dtype="bfloat16"),
+                                      dict(sparse_optimizer="adam"),
+                                      dict(sparse_optimizer="adam", row_dtype="bfloat16"),
                                       dict(sparse_optimizer="adam", kernels="triton", batch_size=16, max_steps=8),
                                       dict(sparse_optimizer="sgd", precision="bf16"),
                                       dict(sparse_optimizer="adagrad", row_dtype="bfloat16", row_rounding="nearest"),
