@@ -409,7 +409,9 @@ def test_adams_step_size_at_the_devices_step_count_is_the_hosts():
     are exactly 1, then `lr`. Betas settling past the table's limit are refused in one line."""
     opt = optimizers.Adam(0.05)
     settled = opt.settled_step()
-    assert 1 - opt.beta2 ** (settled - 1) != 1.0 and opt.step_size(settled) == opt.lr
+    assert settled == 37_412 and 1 - opt.beta2 ** (settled - 1) != 1.0 and opt.step_size(settled) == opt.lr
+    assert opt._tables == {} and opt.step_size_of(torch.tensor(1)) is not None
+    assert opt._tables[torch.device("cpu")].numel() * 8 // 1024 == 292  # KiB, as the docs say
     steps = [*range(1, 2000), *range(settled - 50, settled + 50), 10**6, 2**40]
     got = [opt.step_size_of(torch.tensor(k)) for k in steps]
     assert all(g.dtype == torch.float64 and g.item() == opt.step_size(k) for g, k in zip(got, steps))
