@@ -241,7 +241,8 @@ def measure(variant, data, args, device, prefetch_depth: int) -> dict:
 
 
 def profile_summary(variant, data, args, device, steps: int = 5) -> list[str]:
-    """The top ops of a few cached steps by device (else host) time: where a step goes."""
+    """The top ops of a few steps (a captured step's replays where it is captured) by device
+    (else host) time: where a step goes."""
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
         train_steps(variant, data, device, args.prefetch_depth, 0, min(steps, len(data)))
@@ -274,7 +275,7 @@ def bench_block(shape: str, dim: int, table: torch.Tensor, args, device, data, f
     if args.prefetch_depth and args.price_prefetch and args.cached:
         first = args.bookkeeping[0]
         plan.append(("cached", middle, 0, first, args.kernels[0] if first == "device" else "torch"))
-    rows, profile = [], {}
+    rows, profile, whole_profile = [], {}, None
     for kind, ratio, depth, book, kernels in plan:
         variant = make_variant(kind, ratio, table, freq, dense_state, args, device, book or "host", kernels)
         kernels = variant[0].bag.cache.kernels if kind == "cached" else kernels  # "auto" as it resolved
@@ -288,6 +289,8 @@ def bench_block(shape: str, dim: int, table: torch.Tensor, args, device, data, f
         if kind == "cached" and ratio == middle and depth and device.type == "cuda" and not args.no_profile:
             profile[book if len(args.kernels) == 1 else f"{book}, {kernels} kernels"] = \
                 profile_summary(variant, data, args, device)
+        if (kind, kernels) == ("gpu", "triton") and device.type == "cuda" and not args.no_profile:
+            whole_profile = profile_summary(variant, data, args, device)  # captured where `cuda_graphs` says so
         rows.append(row)
         print(f"  {shape} dim {dim:4d} {kind:6s} {'' if ratio is None else f'{ratio:.1%}':>6s} "
               f"{'' if book is None else book + ' bookkeeping, '}{kernels} kernels, prefetch {depth}: "
@@ -297,7 +300,8 @@ def bench_block(shape: str, dim: int, table: torch.Tensor, args, device, data, f
         if device.type == "cuda":  # give back the device's and the pinned host memory before the next variant
             torch.cuda.empty_cache()
             getattr(torch._C, "_host_emptyCache", lambda: None)()
-    return {"shape": shape, "dim": dim, "results": summarize(rows), "profile_cached_middle_ratio": profile or None}
+    return {"shape": shape, "dim": dim, "results": summarize(rows), "profile_cached_middle_ratio": profile or None,
+            "profile_whole_table_triton": whole_profile}
 
 
 def summarize(rows: list[dict]) -> list[dict]:

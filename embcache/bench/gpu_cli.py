@@ -30,7 +30,9 @@ unified view of pinned host memory at the measured random-row rate, would fill t
 alone (`link_bound_fraction`: the run's share of it). The JSON's `rows` hold one line per
 run (`bookkeeping`, `shape`, `dim`, `cache_ratio`, `samples_per_s`, `vs_all_on_gpu`,
 `link_bound_fraction`, the card's name). On CUDA a `torch.profiler` summary of cached steps at the middle
-ratio is saved with the results, which says where the time goes.
+ratio is saved with the results (`profile_cached_middle_ratio`), and one of the whole table's steps
+with Triton's kernels (`profile_whole_table_triton`), each of the captured step's replays where
+`--cuda-graphs` captured it: they say where the time goes.
 
 With `--from-shards DIR` the batches come from a prepared Criteo-shaped directory through the
 parallel loader (`embcache.data.parallel`) instead of from memory, one-hot, the tables sized
