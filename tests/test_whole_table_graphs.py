@@ -30,10 +30,13 @@ def _whole(**kw):
 def _run(trainer, monkeypatch, replayed: bool, warmup: int = 3):
     """What a whole-table run trains to: its summary's cuda_graphs, losses, model state
     (dense weights and every table) and the sparse optimizer's state dict (torch's form)."""
-    graphs = trainer.graphs
+    graphs, said = trainer.graphs, []
+    graphs.say = said.append
     if replayed:
         graphs.capture_with(lambda step_fn: ReplayedStep(step_fn, warmup=warmup, host=lambda: [
             st["step"] for st in graphs.counters.steps]))
+    assert said == (["cuda graphs: the whole tables train inside their backward, as torch's sparse optimizer "
+                     "trains them (its checkpoint form kept)"] if replayed else [])
     losses = _losses_of(trainer, monkeypatch)
     trainer.fit()
     model = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}

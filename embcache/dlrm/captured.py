@@ -162,6 +162,8 @@ class GraphedSteps:
         t = self.trainer
         if t.cfg.sparse == "device" and not isinstance(t.sparse_opt, InBackwardOptimizer):
             t.sparse_opt = train_in_backward(t.sparse, t.sparse_opt, t.cfg.kernels)
+            self.say("cuda graphs: the whole tables train inside their backward, as torch's sparse optimizer "
+                     "trains them (its checkpoint form kept)")
         self.ahead = self.trainer.prefetches.depth > 0
         self.step = make_step(self._step_ahead if self.ahead else self._step)
 
