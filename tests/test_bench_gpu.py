@@ -115,12 +115,13 @@ def _replaying(replayed: list):
     return make
 
 
-@pytest.mark.parametrize("shape", ["one-hot", "multi-hot"])
-def test_the_cached_step_replayed_with_its_prefetch_trains_as_the_eager_one(tmp_path, monkeypatch, shape):
+@pytest.mark.parametrize("shape, optimizer", [("one-hot", "adagrad"), ("multi-hot", "adagrad"), ("one-hot", "adam")])
+def test_the_cached_step_replayed_with_its_prefetch_trains_as_the_eager_one(tmp_path, monkeypatch, shape, optimizer):
     """`bench gpu --cuda-graphs on`'s cached step with the device bookkeeper, its next
     batch's prefetch inside the graph (`bench.step_ahead`), captured and replayed as CUDA
     would (`tests.cpu_graph`, the CPU taking the device's path): every loss equals the whole
-    table's and the eager cached step's to the bit, with the same hit rate and traffic."""
+    table's and the eager cached step's to the bit, with the same hit rate and traffic.
+    Adam: its step size read at the device's step count, which each replay advances."""
     import embcache.device
     from embcache.train import step_graph
 
@@ -136,7 +137,7 @@ def test_the_cached_step_replayed_with_its_prefetch_trains_as_the_eager_one(tmp_
         assert main(["bench", "gpu", "--scale", "0.0005", "--dims", "4", "--batch-size", "16", "--steps", "6",
                      "--warmup-steps", "2", "--ratios", "0.05", "--device", "cpu", "--out", str(out),
                      "--shapes", shape, "--bookkeeping", "device", "--kernels", "torch", "--no-price-prefetch",
-                     "--link-table-mib", "1", "--cuda-graphs", graphs]) == 0
+                     "--link-table-mib", "1", "--cuda-graphs", graphs, "--optimizer", optimizer]) == 0
         rows[graphs] = json.loads((out / "gpu.json").read_text())["blocks"][0]["results"]
     (whole, eager), (_, captured) = rows["off"], rows["on"]
     assert captured["cuda_graphs"] == "on" and captured["prefetch_depth"] == 1 and eager["prefetch_depth"] == 1
