@@ -255,3 +255,37 @@ def test_what_cannot_move_into_the_backward_is_refused_in_one_line():
     held = InBackwardOptimizer([WholeTableBag(torch.zeros(3, 2), "sgd", kernels="torch")], "sgd", 0.1)
     with pytest.raises(ValueError, match="holds 2 tables, this model 1"):
         held.load_state_dict(torch.optim.SGD([torch.zeros(1), torch.zeros(1)], lr=0.1).state_dict())
+
+
+def test_a_failed_whole_table_capture_loses_nothing(small_synthetic, monkeypatch):
+    """The capture fails after its Python counted a step (each table's step count, the dense
+    Adagrad's): the counts are set back, that batch and every later one train eagerly in
+    their backward, and the run equals torch's eager one to the bit, Adagrad's step counts
+    in its state dict included."""
+    class RefusedAtCapture(ReplayedStep):  # the capture's Python counts a step; CUDA runs nothing, then refuses
+        def __call__(self, *batch):
+            if self.steps < self.warmup:
+                return super().__call__(*batch)
+            for bag in trainer.graphs.counters.bags:
+                bag.step += 1
+            for state in trainer.graphs.counters.steps:
+                state["step"] += 1
+            raise RuntimeError("cuda graphs: the training step could not be captured (CUDA error: x)")
+
+    runs, said = [], []
+    for refused in (False, True):
+        torch.manual_seed(0)
+        trainer = DLRMTrainer(_whole(max_steps=8, sparse_optimizer="adagrad", batch_size=64), small_synthetic)
+        if refused:
+            trainer.graphs.say = said.append
+            trainer.graphs.capture_with(lambda step_fn: RefusedAtCapture(step_fn, warmup=2))
+        losses = _losses_of(trainer, monkeypatch)
+        trainer.fit()
+        runs.append((trainer.graphs.describe(), losses, {k: v.clone() for k, v in trainer.model.state_dict().items()},
+                     trainer.sparse_opt.state_dict()))
+    assert said[-1] == "cuda graphs: the training step could not be captured (CUDA error: x); the run goes on eagerly"
+    assert runs[1][0] == "off: the capture failed" and isinstance(trainer.sparse_opt, InBackwardOptimizer)
+    (_, want_losses, want_model, want_opt), (_, got_losses, got_model, got_opt) = runs
+    assert got_losses == want_losses and len(got_losses) == 8 and len(set(got_losses)) > 1
+    _same_state(got_model, want_model)
+    _same_optimizer(got_opt, want_opt)
