@@ -109,6 +109,7 @@ def launch(device: torch.device | None = None, timeout_s: float = DEFAULT_TIMEOU
     except PeerFailure:
         raise
     except UserFacingError as err:
+        _failing()
         err.args = (f"rank {world.rank}: {err}",)  # every rank's line says whose it is
         _publish(str(err))
         healthy = True  # the peers are alive: the group can be torn down
@@ -116,17 +117,19 @@ def launch(device: torch.device | None = None, timeout_s: float = DEFAULT_TIMEOU
     except (RuntimeError, dist.DistBackendError) as err:
         if not _is_collective_failure(err):
             raise
+        _failing()
         raise PeerFailure(_peer_failure_line(world, err, timeout_s)) from None
     except _Terminated:
+        _failing()
         raise PeerFailure(f"rank {world.rank}: stopped by the launcher because another rank failed"
                           f"{_peer_detail()}; the last checkpoint is intact") from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
         if healthy:
             # a DDP reducer that outlives the process group can deadlock gloo's exit: free it first
             gc.collect()
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
+        signal.signal(signal.SIGTERM, previous)
 
 
 _TIMEOUT = datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)
@@ -144,6 +147,15 @@ class _Terminated(BaseException):
 
 def _stopped_by_launcher(signum, frame):
     raise _Terminated()
+
+
+def _failing() -> None:
+    """This rank is already stopping with a line of its own: the launcher's SIGTERM (sent
+    once a peer has exited, perhaps for the same bad input) is ignored from here to the
+    end of `launch`, so that it cannot replace that line by a traceback (a `_Terminated`
+    raised inside an `except` branch here, as during the store call that publishes the
+    line, would escape every branch)."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
 
 
 def _is_collective_failure(err: BaseException) -> bool:

@@ -1,0 +1,45 @@
+"""`distributed.world.launch`: a rank that fails with its own one-line error keeps that line
+when the launcher's SIGTERM arrives meanwhile (torchrun stops the survivors once one rank
+has exited, and a second rank failing on the same bad input may still be publishing its
+line). Acted out in one process: a group of one, `launched()` told it is a torchrun run."""
+import os
+import signal
+import socket
+
+import pytest
+import torch
+
+from embcache.distributed import world
+from embcache.errors import UserFacingError
+
+
+@pytest.fixture
+def one_rank_group(monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
+                       "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(world, "launched", lambda: True)
+
+
+def test_a_sigterm_while_a_rank_publishes_its_error_leaves_its_line(one_rank_group, monkeypatch):
+    """SIGTERM lands while the failing rank publishes its line in the rendezvous store: the
+    rank still raises its own `UserFacingError`, "rank 0: ..." (before, the signal raised
+    inside the `except` branch and escaped as a traceback), the line is in the store, and
+    SIGTERM's handler is the one found before `launch`."""
+    published, publish = [], world._publish
+
+    def publish_as_sigterm_lands(line):
+        os.kill(os.getpid(), signal.SIGTERM)  # the launcher, stopping this rank
+        publish(line)
+        published.append(world._peer_detail())
+
+    monkeypatch.setattr(world, "_publish", publish_as_sigterm_lands)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(UserFacingError, match=r"^rank 0: shard part-00000\.parquet is damaged$"):
+        with world.launch(torch.device("cpu"), 30.0):
+            raise UserFacingError("shard part-00000.parquet is damaged")
+    assert published == [" (rank 0: shard part-00000.parquet is damaged)"]
+    assert signal.getsignal(signal.SIGTERM) is before and not torch.distributed.is_initialized()
