@@ -43,3 +43,22 @@ def test_a_sigterm_while_a_rank_publishes_its_error_leaves_its_line(one_rank_gro
             raise UserFacingError("shard part-00000.parquet is damaged")
     assert published == [" (rank 0: shard part-00000.parquet is damaged)"]
     assert signal.getsignal(signal.SIGTERM) is before and not torch.distributed.is_initialized()
+
+
+def test_a_sigterm_while_a_rank_meets_a_dead_peer_leaves_its_line(one_rank_group, monkeypatch):
+    """SIGTERM lands while the rank classifies its failed collective (the peer is gone): it
+    still ends in its own one line, not in a traceback."""
+    classify = world._is_collective_failure
+
+    def classify_as_sigterm_lands(err):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return classify(err)
+
+    monkeypatch.setattr(world, "_is_collective_failure", classify_as_sigterm_lands)
+    try:
+        with pytest.raises(world.PeerFailure, match=r"^rank 0: another rank died \(its connection closed\)"):
+            with world.launch(torch.device("cpu"), 30.0):
+                raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:3249")
+    finally:
+        if torch.distributed.is_initialized():  # a peer failure leaves the group as it is
+            torch.distributed.destroy_process_group()

@@ -22,6 +22,7 @@ import datetime
 import gc
 import os
 import signal
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -115,9 +116,9 @@ def launch(device: torch.device | None = None, timeout_s: float = DEFAULT_TIMEOU
         healthy = True  # the peers are alive: the group can be torn down
         raise err.with_traceback(None) from None  # no frame keeps a trainer (and its DDP) alive
     except (RuntimeError, dist.DistBackendError) as err:
+        _failing()
         if not _is_collective_failure(err):
             raise
-        _failing()
         raise PeerFailure(_peer_failure_line(world, err, timeout_s)) from None
     except _Terminated:
         _failing()
@@ -146,6 +147,9 @@ class _Terminated(BaseException):
 
 
 def _stopped_by_launcher(signum, frame):
+    if sys.exc_info()[0] is not None:  # a failure is on its way out already: it ends in its own line
+        _failing()
+        return
     raise _Terminated()
 
 
@@ -154,7 +158,8 @@ def _failing() -> None:
     once a peer has exited, perhaps for the same bad input) is ignored from here to the
     end of `launch`, so that it cannot replace that line by a traceback (a `_Terminated`
     raised inside an `except` branch here, as during the store call that publishes the
-    line, would escape every branch)."""
+    line, would escape every branch). The handler does the same where the signal lands
+    while any exception is being handled (an `except` or a `finally` on its way out)."""
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
 
 
