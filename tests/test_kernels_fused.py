@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from embcache.cache import optimizers
 from embcache.cache.bookkeeping.device_updates import lookup_bags, lookup_terms
 from embcache.cache.bookkeeping.fixed_size import pick, summed_in_torch_order
-from embcache.kernels.fused_update import fused_row_update, optimizer_factors
+from embcache.kernels.fused_update import fused_row_update, optimizer_factors, state_tensors
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
 
 from .cache_helpers import long_runs_padded, zipf_batches
@@ -59,11 +59,6 @@ def _tables(opt, dtype, g):
     return weight, state
 
 
-def _state_args(state, like):
-    empty = like.new_empty(0, dtype=torch.float32)
-    return state.get("sum", state.get("exp_avg", empty)), state.get("exp_avg_sq", empty)
-
-
 def _torch_path(opt, weight, state, rows, terms, step):
     """The device bookkeeper's torch update (`apply_rows` for one table on the CPU)."""
     if opt.needs_coalesced:
@@ -75,7 +70,7 @@ def _torch_path(opt, weight, state, rows, terms, step):
 
 def _fused(opt, weight, state, rows, bags, grad_out, scale, weights, step):
     keys, order = rows.sort(stable=True) if not opt.needs_coalesced else rows.sort(0)
-    fused_row_update(weight, *_state_args(state, weight), keys, order, rows, bags, grad_out, scale, weights,
+    fused_row_update(weight, *state_tensors(state, weight), keys, order, rows, bags, grad_out, scale, weights,
                      **optimizer_factors(opt, step))
 
 
@@ -169,7 +164,7 @@ def test_long_runs_are_summed_in_chunks_the_rest_as_the_torch_path(optimizer, dt
     runs = []
     for _ in range(2):
         w, st = weight.clone(), {k: v.clone() for k, v in state.items()}
-        fused_row_update(w, *_state_args(st, w), keys, order, ids, bags, grad_out, None, None,
+        fused_row_update(w, *state_tensors(st, w), keys, order, ids, bags, grad_out, None, None,
                          **optimizer_factors(opt, 1), chunk=4)
         runs.append((w, st))
     (got_w, got_s), (again_w, again_s) = runs
@@ -260,7 +255,7 @@ def test_given_rows_and_trash_entries_take_the_torch_paths_update(optimizer, exa
         keys, terms = summed_in_torch_order(ids, terms)
         ids = pick(keys >= 0, keys, ROWS)
     keys, order = ids.sort(stable=True)
-    fused_row_update(weight, *_state_args(state, weight), keys, order, ids, torch.arange(ids.numel()), terms,
+    fused_row_update(weight, *state_tensors(state, weight), keys, order, ids, torch.arange(ids.numel()), terms,
                      None, None, **optimizer_factors(opt, 1))
     _assert_rows_alike(optimizer, weight, want_w)
     _assert_state_alike(optimizer, state, want_s)
@@ -326,7 +321,7 @@ def test_the_op_on_meta_is_one_dispatched_op():
     weight, meta = weight.to("meta"), {k: v.to("meta") for k, v in state.items()}
     ids = torch.randint(0, ROWS, (9,), device="meta")
     keys, order = ids.sort(stable=True)
-    grad_out, states = torch.empty(9, DIM, device="meta"), _state_args(meta, weight)
+    grad_out, states = torch.empty(9, DIM, device="meta"), state_tensors(meta, weight)
     with _Ops() as ops:
         fused_row_update(weight, *states, keys, order, ids, ids, grad_out, None, None, **optimizer_factors(opt, 1))
     assert ops.names == ["embcache.fused_row_update.default"]
@@ -391,7 +386,7 @@ def test_the_fused_step_is_the_torch_paths_on_cuda(optimizer, dtype, rounding):
     keys, order = cuda["ids"].sort(stable=True)
     step = torch.ones((), dtype=torch.int64, device="cuda")  # the count on the device, as a captured step reads it
     salt = row_rounding.salt_of(step) if rounding == "stochastic" else None
-    fused_row_update(got_w, *_state_args(got_s, got_w), keys, order, cuda["ids"], bags, cuda["grad_out"], scale,
+    fused_row_update(got_w, *state_tensors(got_s, got_w), keys, order, cuda["ids"], bags, cuda["grad_out"], scale,
                      None, **optimizer_factors(opt, step), salt_tensor=salt)
     torch.cuda.synchronize()
     if optimizer in ("sgd", "rowwise_adagrad"):

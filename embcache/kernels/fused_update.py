@@ -340,6 +340,14 @@ def _(weight, state_a, state_b, sorted_keys, order, rows, bags, grad_out, bag_sc
     return None  # writes its inputs in place: shapes and types as they were
 
 
+def state_tensors(state: dict, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`fused_row_update`'s `state_a`, `state_b` from a row optimizer's state dict (its
+    `init_state` names): Adagrad's `sum` or Adam's `exp_avg`, then Adam's `exp_avg_sq`; an
+    empty float32 tensor on `like`'s device where the optimizer keeps less (SGD)."""
+    empty = like.new_empty(0, dtype=torch.float32)
+    return state.get("sum", state.get("exp_avg", empty)), state.get("exp_avg_sq", empty)
+
+
 def optimizer_factors(optimizer, step: int | torch.Tensor) -> dict:
     """`fused_row_update`'s scalars for a row optimizer (`cache.optimizers`'s, read by its
     attributes) at `step`, computed in Python as that optimizer computes them. Adam's at a

@@ -144,7 +144,7 @@ class WholeTableBag(nn.Module):
         grad_out = grad_out.to(torch.float32).contiguous()
         state = self.state()
         if self.kernels == "triton":
-            from embcache.kernels.fused_update import fused_row_update, optimizer_factors
+            from embcache.kernels.fused_update import fused_row_update, optimizer_factors, state_tensors
 
             # the order torch sums a row's terms in: lookup order for SGD (its terms are added
             # one by one), else coalesce's sort: stable off the CPU, the CPU's own on it (but
@@ -152,10 +152,8 @@ class WholeTableBag(nn.Module):
             stable = not self.optimizer.needs_coalesced or not values_on_host(ids)
             keys, order = ids.sort(stable=True) if stable else ids.sort()
             bags, scale = lookup_bags(ids, offsets, self.mode)
-            empty = self.table.new_empty(0)
-            first = state.get("sum", state.get("exp_avg", empty))
             stochastic = self._rounding.salt(self.step) if self._rounding.mode == "stochastic" else None
-            fused_row_update(self.table, first, state.get("exp_avg_sq", empty), keys, order, ids, bags, grad_out,
+            fused_row_update(self.table, *state_tensors(state, self.table), keys, order, ids, bags, grad_out,
                              scale, weights, **optimizer_factors(self.optimizer, step), stochastic_salt=stochastic)
             return
         terms = lookup_terms(grad_out, ids, offsets, weights, self.mode)

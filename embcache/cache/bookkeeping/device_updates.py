@@ -59,7 +59,8 @@ class DeviceUpdates:
         features are summed by torch first (autograd's sparse `+` of the features, whose
         merge order a sort cannot give), and the kernel then takes those sums as its terms,
         one a row (trash entries and SGD's repeated rows grouped by a stable sort of rows)."""
-        from embcache.kernels.fused_update import fused_row_update, optimizer_factors  # Triton: only when chosen
+        from embcache.kernels.fused_update import (  # Triton: only when chosen
+            fused_row_update, optimizer_factors, state_tensors)
 
         multi_feature = lookup.segments is not None and any(len(t) > 1 for t in lookup.segments)
         if multi_feature:
@@ -71,11 +72,9 @@ class DeviceUpdates:
             rows = indices
             bags, scale = lookup_bags(indices, offsets, mode)
             keys, order = self._sort_order(indices, width, lookup)
-        work, state = self._work, self.state_of_work()
-        empty = work["weight"].new_empty(0, dtype=torch.float32)
-        first, second = (state.get("sum", state.get("exp_avg", empty)), state.get("exp_avg_sq", empty))
+        weight, state = self._work["weight"], self.state_of_work()
         step, rounding_step = self._device_steps()
-        fused_row_update(work["weight"], first, second, keys, order, rows, bags, grad_out, scale, weights,
+        fused_row_update(weight, *state_tensors(state, weight), keys, order, rows, bags, grad_out, scale, weights,
                          **optimizer_factors(self.optimizer, step), row_ids=self._work_ids,
                          salt_tensor=None if rounding_step is None else self.rounding.salt_of(rounding_step))
 
