@@ -43,6 +43,32 @@ def values_on_host(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and not CPU_ACTS_AS_DEVICE
 
 
+# Set by tests/cpu_graph.py while it records a step on the CPU as a CUDA graph's capture:
+# `capturing` then answers as it would on a GPU.
+CPU_CAPTURING = False
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether work on `device` is being recorded into a CUDA graph now."""
+    if device.type == "cuda":
+        return torch.cuda.is_current_stream_capturing()
+    return CPU_CAPTURING
+
+
+def host_numbers(values: list[int], device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A few numbers the host knows (a batch's layout, a group's offsets) as a tensor on
+    `device`, without the host waiting: one pinned copy sent non-blocking. Inside a CUDA
+    graph's capture a copy from host memory is refused (pageable) or baked in (a temporary
+    pinned buffer, which later work reuses), so there each number is written by a fill the
+    graph records: every replay writes them anew."""
+    if capturing(device):
+        out = torch.empty(len(values), dtype=dtype, device=device)
+        for i, v in enumerate(values):
+            out[i].fill_(v)
+        return out
+    return to_device_async(torch.tensor(values, dtype=dtype), device)
+
+
 def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """`t` on `device` without making the host wait: a host tensor bound for CUDA is
     copied into pinned memory (torch's pinned allocator keeps that buffer until the copy

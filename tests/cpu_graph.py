@@ -15,7 +15,9 @@ gives), and every later call re-issues the recorded calls on the recorded tensor
 each result into the tensor the capture got. An operation on tensors the host keeps (the
 dense optimizer's step counts: on CUDA they stay on the CPU, so the graph leaves them out)
 runs at the capture only. A read of a value by the host (a sync) is refused at the capture,
-as CUDA refuses it.
+as CUDA refuses it, and so is a tensor made from host data (`torch.tensor(list)`): on CUDA it
+is copied from pageable memory (a sync) or from a temporary pinned buffer whose address the
+graph would keep.
 
 What it cannot see: work that bypasses torch's dispatcher (`.numpy()` and what is done
 with it); the `meta` tests cover that.
@@ -28,6 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+import embcache.device
 from embcache.train.step_graph import _copies  # the step's outputs as tensors of their own, as CapturedStep's
 from tests.sync_counter import syncs
 
@@ -48,11 +51,18 @@ class _Recorder(TorchDispatchMode):
             return func(*args, **kwargs)  # the host's own numbers, a profiler's marks: not in a graph
         if syncs(func, args, kwargs):
             raise CaptureRefused(f"{func} reads the device on the host (a sync) at {_where()}: CUDA cannot capture it")
+        if func in _FROM_HOST_DATA:
+            raise CaptureRefused(f"a tensor made from host data at {_where()}: on CUDA it is copied from pageable "
+                                 "(or a temporary pinned) buffer, which a capture refuses (or bakes in)")
         out = func(*args, **kwargs)
         if not all(t is None or isinstance(t, torch.Tensor) for t in tree_flatten(out)[0]):
             raise CaptureRefused(f"{func} returns a value to the host (a sync) at {_where()}: CUDA cannot capture it")
         self.calls.append((func, args, kwargs, out))
         return out
+
+
+# `torch.tensor(data)`, `torch.as_tensor(data)`, and pinning: host data bound for the device
+_FROM_HOST_DATA = (torch.ops.aten.lift_fresh.default, torch.ops.aten._pin_memory.default)
 
 
 def _where() -> str:
@@ -95,8 +105,12 @@ class ReplayedStep:
         if self.calls is None:
             host = self.host() if callable(self.host) else self.host
             recorder = _Recorder({id(t) for t in host})
-            with recorder:
-                self._outputs = self.step_fn(*self.static)
+            embcache.device.CPU_CAPTURING = True
+            try:
+                with recorder:
+                    self._outputs = self.step_fn(*self.static)
+            finally:
+                embcache.device.CPU_CAPTURING = False
             self.calls = recorder.calls
         else:
             self._replay()

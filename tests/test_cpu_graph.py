@@ -38,3 +38,25 @@ def test_the_host_s_own_tensors_are_left_out_and_a_sync_is_refused():
         ReplayedStep(lambda x: x.sum().item(), warmup=0)(torch.ones(2))
     with pytest.raises(CaptureRefused, match="sync"):
         ReplayedStep(lambda x: x[x > 0], warmup=0)(torch.ones(2))
+
+
+def test_host_data_made_a_tensor_in_the_capture_is_refused_and_host_numbers_are_recorded_as_fills():
+    """CUDA refuses a copy from pageable memory in a capture, and a temporary pinned buffer's
+    address would be baked in; `embcache.device.host_numbers` writes the numbers by fills the
+    graph records instead, so each replay writes them again (here: into the same tensor)."""
+    from embcache.device import host_numbers
+
+    with pytest.raises(CaptureRefused, match="host data"):
+        ReplayedStep(lambda x: x + torch.tensor([1.0, 2.0]), warmup=0)(torch.ones(2))
+    made = []
+
+    def step(x):
+        numbers = host_numbers([3, 5], x.device)
+        made.append(numbers)
+        return x * numbers
+
+    replayed = ReplayedStep(step, warmup=1)
+    outs = [replayed(torch.full((2,), v)).tolist() for v in (1, 2, 3)]
+    assert outs == [[3, 5], [6, 10], [9, 15]] and replayed.replays == 1
+    made[-1].zero_()  # what later work may leave in the capture's tensor: the replay's fills write it anew
+    assert replayed(torch.full((2,), 4)).tolist() == [12, 20] and made[-1].tolist() == [3, 5]

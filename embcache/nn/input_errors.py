@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from embcache.device import to_device_async
+from embcache.device import host_numbers
 
 FIELDS = 3  # per record: what the message needs, as int64 (a position, a value, a bound)
 
@@ -97,12 +97,6 @@ def _at(t: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return t.index_select(0, pos.reshape(1))[0]
 
 
-def _sent(numbers: list[int], device: torch.device) -> torch.Tensor:
-    """Host numbers (sizes known to the host) as an int64 tensor on `device`, sent without
-    making the host wait (`to_device_async`)."""
-    return to_device_async(torch.tensor(numbers, dtype=torch.int64), device)
-
-
 def first_bad(bad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(any set, the position of the first set entry; 0 when none), on the device."""
     return bad.any(), torch.argmax(bad.to(torch.uint8))
@@ -161,10 +155,10 @@ def check_feature_ids_on_device(ids: torch.Tensor, counts: list[int], features: 
     `counts`: each feature's number of ids; `features`: (feature, table, rows) each."""
     sizes = [rows for _, _, rows in features]
     bound = sizes[0] if len(set(sizes)) == 1 else torch.repeat_interleave(
-        _sent(sizes, ids.device), _sent(counts, ids.device), output_size=ids.numel())
+        host_numbers(sizes, ids.device), host_numbers(counts, ids.device), output_size=ids.numel())
     bad = (ids < 0) | (ids >= bound)
     any_bad, pos = first_bad(bad)
-    starts = _sent([0, *accumulate(counts[:-1])], ids.device)
+    starts = host_numbers([0, *accumulate(counts[:-1])], ids.device)
     feature = torch.searchsorted(starts, pos.reshape(1), right=True)[0] - 1
     names = tuple(features)
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from embcache.cache.stores.host_store import RowInit
-from embcache.device import values_on_host
+from embcache.device import host_numbers, values_on_host
 from embcache.sparse_types import EmbeddingBagConfig, pooling_mode
 
 from .bag_input import check_feature_ids
@@ -288,8 +288,8 @@ def _concat_checked(values, lengths, features, spans, tables, row_offsets, error
         ids = check_feature_ids_on_device(ids, counts, tables, errors)
     ids = ids.long()
     if any(row_offsets):  # into the group's id space
-        ids += torch.repeat_interleave(torch.tensor(row_offsets, device=ids.device),
-                                       torch.tensor(counts, device=ids.device), output_size=ids.numel())
+        ids += torch.repeat_interleave(host_numbers(row_offsets, ids.device), host_numbers(counts, ids.device),
+                                       output_size=ids.numel())
     all_lengths = torch.cat([lengths[spans[f][0]] for f in features])
     offsets = torch.cumsum(all_lengths, 0) - all_lengths
     return ids, offsets

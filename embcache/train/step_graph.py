@@ -197,7 +197,9 @@ class CapturedStep:
         trained (the capture runs nothing), and the host's side of the step may have moved."""
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
+            # thread_local: the loader's reader threads pin host memory meanwhile, which the
+            # default ("global") mode counts against this capture
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self._outputs = self.step_fn(*inputs)
         except RuntimeError as e:
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
