@@ -165,3 +165,26 @@ def test_the_whole_table_replayed_with_the_project_s_kernels_trains_as_torch(tmp
     assert (torch_rows["kernels"], triton_rows["kernels"], triton_rows["cuda_graphs"]) == ("torch", "triton", "on")
     assert len(replayed) == 1 and replayed[0].replays == 4  # 7 steps: 2 warm-up, the capture, 4 replays
     assert triton_rows["losses"] == torch_rows["losses"] and len(set(torch_rows["losses"])) > 1
+
+
+def test_a_bench_gpu_run_cut_short_keeps_every_variant_it_finished(tmp_path, monkeypatch):
+    """On a GPU machine's few minutes a step's time limit may kill the run mid-block: the JSON
+    is written after each variant, not after each block."""
+    import embcache.bench.gpu as gpu
+
+    measured, real = [], gpu.measure
+
+    def measure_then_killed(*args, **kwargs):
+        if len(measured) == 2:
+            raise KeyboardInterrupt  # as the limit's signal ends the run
+        measured.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gpu, "measure", measure_then_killed)
+    assert main(["bench", "gpu", "--scale", "0.0005", "--dims", "4", "--batch-size", "16", "--steps", "2",
+                 "--warmup-steps", "1", "--ratios", "0.05", "0.3", "--device", "cpu", "--out", str(tmp_path),
+                 "--shapes", "one-hot", "--link-table-mib", "1", "--bookkeeping", "host", "--no-price-prefetch"]) == 130
+    data = json.loads((tmp_path / "gpu.json").read_text())
+    (block,) = data["blocks"]
+    assert [(r["variant"], r["ratio"]) for r in block["results"]] == [("gpu", None), ("cached", 0.05)]
+    assert [r["cache_ratio"] for r in data["rows"]] == [None, 0.05] and block["distinct_rows_per_batch"]

@@ -29,3 +29,20 @@ def test_bench_kernels_compares_both_paths_from_the_same_start(tmp_path, capsys)
         tiles = r["triton"]["forward_share_by_bags_per_program"]
         assert list(tiles) == ["1", "4", "16"] and all(v > 0 for v in tiles.values())
     assert "bench kernels: one-hot batch 4" in capsys.readouterr().out
+
+
+def test_a_bench_kernels_run_cut_short_keeps_the_rows_it_finished(tmp_path, monkeypatch):
+    import embcache.bench.kernels as kernels
+
+    real = kernels.measure
+
+    def measure(shape, *args, **kwargs):
+        if shape == "multi-hot":
+            raise KeyboardInterrupt  # the step's time limit, after the first row
+        return real(shape, *args, **kwargs)
+
+    monkeypatch.setattr(kernels, "measure", measure)
+    assert main(["bench", "kernels", "--scale", "0.0002", "--dim", "4", "--batch-sizes", "4", "--steps", "1",
+                 "--warmup-steps", "0", "--copy-mib", "1", "--device", "cpu", "--out", str(tmp_path)]) == 130
+    rows = json.loads((tmp_path / "kernels.json").read_text())["rows"]
+    assert [(r["shape"], r["batch_size"]) for r in rows] == [("one-hot", 4)]

@@ -7,6 +7,7 @@ import math
 import time
 import traceback
 import warnings
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -260,8 +261,11 @@ def initial_table(num_rows: int, dim: int, seed: int, device: torch.device) -> t
     return torch.rand(num_rows, dim, generator=g, device=where).mul_(2 * bound).sub_(bound).cpu()
 
 
-def bench_block(shape: str, dim: int, table: torch.Tensor, args, device, data, freq) -> dict:
-    """Every variant at one shape and dim, from the same initial table and dense model."""
+def bench_block(shape: str, dim: int, table: torch.Tensor, args, device, data, freq,
+                on_row: Callable[[dict], object] = lambda block: None) -> dict:
+    """Every variant at one shape and dim, from the same initial table and dense model.
+    `on_row` gets the block as measured so far after each variant: a run cut short by its
+    time limit (a GPU machine's few minutes) keeps every row it finished."""
     torch.manual_seed(args.seed)
     dense_state = DLRMDense(NUM_DENSE, NUM_TABLES, dim, DENSE_ARCH, OVER_ARCH).state_dict()
     from embcache.kernels import resolve_kernels
@@ -276,6 +280,11 @@ def bench_block(shape: str, dim: int, table: torch.Tensor, args, device, data, f
         first = args.bookkeeping[0]
         plan.append(("cached", middle, 0, first, args.kernels[0] if first == "device" else "torch"))
     rows, profile, whole_profile = [], {}, None
+
+    def block() -> dict:
+        return {"shape": shape, "dim": dim, "results": summarize(rows), "profile_cached_middle_ratio": profile or None,
+                "profile_whole_table_triton": whole_profile}
+
     for kind, ratio, depth, book, kernels in plan:
         variant = make_variant(kind, ratio, table, freq, dense_state, args, device, book or "host", kernels)
         kernels = variant[0].bag.cache.kernels if kind == "cached" else kernels  # "auto" as it resolved
@@ -292,6 +301,7 @@ def bench_block(shape: str, dim: int, table: torch.Tensor, args, device, data, f
         if (kind, kernels) == ("gpu", "triton") and device.type == "cuda" and not args.no_profile:
             whole_profile = profile_summary(variant, data, args, device)  # captured where `cuda_graphs` says so
         rows.append(row)
+        on_row(block())
         print(f"  {shape} dim {dim:4d} {kind:6s} {'' if ratio is None else f'{ratio:.1%}':>6s} "
               f"{'' if book is None else book + ' bookkeeping, '}{kernels} kernels, prefetch {depth}: "
               f"{row['samples_per_s']:,.0f} samples/s" + (f", hit rate {row['hit_rate']:.3f}" if ratio else ""),
@@ -300,8 +310,7 @@ def bench_block(shape: str, dim: int, table: torch.Tensor, args, device, data, f
         if device.type == "cuda":  # give back the device's and the pinned host memory before the next variant
             torch.cuda.empty_cache()
             getattr(torch._C, "_host_emptyCache", lambda: None)()
-    return {"shape": shape, "dim": dim, "results": summarize(rows), "profile_cached_middle_ratio": profile or None,
-            "profile_whole_table_triton": whole_profile}
+    return block()
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -452,9 +461,13 @@ def run(args) -> int:
             freq = torch.bincount(torch.cat([inputs[0].flatten() for inputs, _, _ in data]), minlength=num_rows)
             # each batch's distinct rows: what a cache smaller than a batch serves beside itself
             distinct = [int(torch.unique(inputs[0]).numel()) for inputs, _, _ in data]
-            blocks.append({**bench_block(shape, dim, table, args, device, data, freq),
-                           "distinct_rows_per_batch": distinct})
-            path = save()
+            blocks.append(None)  # set from the first row on
+
+            def keep(block, at=len(blocks) - 1, distinct=distinct):
+                blocks[at] = {**block, "distinct_rows_per_batch": distinct}
+                return save()
+
+            path = keep(bench_block(shape, dim, table, args, device, data, freq, on_row=keep))
             del data, freq
         del table
     png = path.with_suffix(".png")

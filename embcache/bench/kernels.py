@@ -176,10 +176,18 @@ def run_all(args) -> int:
     paths = {"torch": TorchPath(table), "triton": TritonPath(table)}  # each a copy of the start, with its state
     del table  # four tables the size of the whole stay: 69 GB at Kaggle's rows and dim 128 (an H100 has 80)
     rows = []
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton's interpreter)"
+
+    def save():  # after every row: a run cut short by its time limit keeps what it measured
+        return write_json({"benchmark": "kernels", "device": str(device), "device_name": name, "copy_gbps": copy,
+                           "config": {k: v for k, v in vars(args).items() if k != "func"}, "rows": rows},
+                          args.name, args.out)
+
     for shape in args.shapes:
         for batch_size in args.batch_sizes:
             row = measure(shape, batch_size, paths, args, device, copy)
             rows.append(row)
+            path = save()
             t, k = row["torch"], row["triton"]
             print(f"bench kernels: {shape} batch {batch_size:,}: forward {k['forward_share_of_copy']:.0%} of the copy "
                   f"(torch {t['forward_share_of_copy']:.0%}, x{row['forward_speedup']:.1f}), backward + adagrad "
@@ -191,9 +199,5 @@ def run_all(args) -> int:
                       **row["masked_write_ms"])
                   + "; the cache's lookup: torch {torch:.2f} ms, Triton {triton:.2f} ms".format(**row["lookup_ms"]),
                   flush=True)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton's interpreter)"
-    path = write_json({"benchmark": "kernels", "device": str(device), "device_name": name, "copy_gbps": copy,
-                       "config": {k: v for k, v in vars(args).items() if k != "func"}, "rows": rows},
-                      args.name, args.out)
     print(f"bench kernels: wrote {path}")
     return 0
