@@ -2,28 +2,32 @@
 # The GPU checks in one call of at most 540 s, for a session lent a GPU machine for a few
 # minutes (issue "The cache on a real GPU"; docs/benchmarks.md, "On a GPU machine"). Steps, in
 # priority order, each with a time limit of its own; a failed step does not stop the next:
-#   probe  (30 s)  device, torch, CUDA, Triton; pinned copy GB/s; random 64/128/512-byte host
+#   probe  (25 s)  device, torch, CUDA, Triton; pinned copy GB/s; random 64/128/512-byte host
 #                  rows through the unified view (and a Triton gather); sorts of 426 k / 3.5 M ids
-#   install (40 s) the package into a venv over the machine's own Python and torch
+#   install (30 s) the package into a venv over the machine's own Python and torch
 #                  (--system-site-packages), `pip install --no-deps`, then `embcache --help` from it (issue
 #                  "Installs where its users already are"): the wheel in dist/ where one was carried
 #                  (nothing to build: the machine has no network, and perhaps no `wheel` for its
 #                  setuptools), else `-e .` (--no-build-isolation). Make the wheel just before the call:
 #                  `.venv/bin/pip wheel -q --no-deps --no-build-isolation -w dist .`, carry ["dist"]
-#   cuda   (90+120 s) pytest -m cuda: both bookkeepers and the unified view, then the rest of tests/
+#   cuda   (75+95 s) pytest -m cuda: both bookkeepers and the unified view, then the rest of tests/
 #                  (the Triton kernels against torch, the captured step against the eager one), from that
 #                  install where it succeeded (else from the folder), summarised in cuda_tests.json
-#   kernels (45 s) bench kernels: Triton's lookup and fused backward + Adagrad against torch's sparse
-#                  path, one-hot and multi-hot, batch 65,536, at a quarter of Kaggle's rows
-#   graphs (110 s) bench gpu --cuda-graphs on, one-hot, batch 65,536, bf16: the whole table with Triton's
+#   graphs (120 s) bench gpu --cuda-graphs on, one-hot, batch 65,536, bf16: the whole table with Triton's
 #                  kernels and the cache at 1.5 % with the device bookkeeper, each step captured as one
-#                  CUDA graph (the cached one prefetching the next batch inside it) (a process of its own: a failed capture cannot cost the other steps' rows),
-#                  against the whole table's eager torch step (issue targets: 6 M and 4 M samples/s)
-#   gpu    (190 s) bench gpu at Kaggle cardinalities, dim 128, one-hot, batch 65,536, bf16, eager: the
-#                  whole table against the cache at 1.5 %: device bookkeeping with Triton and with
-#                  torch's kernels, and host bookkeeping
-#   multi  (100 s) bench gpu multi-hot (MLPerf pooling), batch 16,384, a 5 % cache (holds a batch's
+#                  CUDA graph (the cached one prefetching the next batch inside it; a process of its own: a
+#                  failed capture cannot cost the other steps' rows), against the whole table's eager torch
+#                  step (issue targets: 6 M and 4 M samples/s), with the captured steps' profiles
+#   gpu    (100 s) bench gpu at Kaggle cardinalities, dim 128, one-hot, batch 65,536, bf16, eager, no
+#                  profile: the whole table (torch's and Triton's kernels) against the cache at 1.5 %, device
+#                  bookkeeping with Triton's kernels, and host bookkeeping
+#   kernels (35 s) bench kernels: Triton's lookup and fused backward + Adagrad against torch's sparse
+#                  path, one-hot and multi-hot, batch 65,536, at a quarter of Kaggle's rows
+#   multi  (45 s)  bench gpu multi-hot (MLPerf pooling), batch 16,384, a 5 % cache (holds a batch's
 #                  distinct rows), device bookkeeping with Triton's kernels against host bookkeeping
+# The limits add up to the budget with the header's ~13 s (on 2026-11-28 they did not: the last
+# steps got what was left). Each bench writes its JSON after every variant (row), so a step cut
+# by its limit keeps the rows it finished.
 #   host   (50 s)  bench host on every core: the measured host ceiling (run it when time is left)
 # Optional: cf (HEAT on every core against the torch engine on the GPU, MovieLens-100k; measured
 # on an H200 on 2026-11-27), nccl (a 1-rank torchrun DLRM on NCCL) and suite (the default tests).
@@ -38,7 +42,7 @@
 # network): `.venv/bin/python -c 'from embcache.data.movielens import ml100k_dir; ml100k_dir()'`,
 # then the device tool's run with carry ["datasets/ml-100k"].
 #
-#   bash bench/device_check.sh                # probe install cuda kernels graphs gpu multi, in that order
+#   bash bench/device_check.sh                # probe install cuda graphs gpu kernels multi, in that order
 #   bash bench/device_check.sh probe gpu      # some of them
 #   bash bench/device_check.sh cf nccl suite  # the optional steps
 #   SMALL=1 bash bench/device_check.sh        # the same steps at toy sizes, on the CPU too
@@ -48,7 +52,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-STEPS=" ${*:-probe install cuda kernels graphs gpu multi} "
+STEPS=" ${*:-probe install cuda graphs gpu kernels multi} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 for s in $STEPS; do
     case "$s" in probe|install|cuda|gpu|multi|kernels|graphs|cf|host|nccl|suite) ;;
@@ -111,7 +115,7 @@ else
 fi
 
 # 1. the device and the link, through what a device-side cache uses
-want probe && step "probe" 30 "$PY" -m embcache bench probe --device "$DEV" --out "$OUT" --name probe "${PROBE_ARGS[@]}"
+want probe && step "probe" 25 "$PY" -m embcache bench probe --device "$DEV" --out "$OUT" --name probe "${PROBE_ARGS[@]}"
 # 2. the package installed over the machine's own torch (a carried wheel: nothing to build; else
 #    editable: no copy, no download): into a venv over the machine's packages, or, where such a
 #    venv does not see its torch (a venv made over a venv sees the base's packages alone), into a
@@ -125,7 +129,7 @@ if want install; then
         *) PY_AT="$(command -v "$PY")" ;;
     esac
     export PY_AT HERE WHEEL REPO
-    step "install" 40 bash -c '
+    step "install" 30 bash -c '
         pip_in() { local py="$1"; shift; "$py" -m pip install -q --no-deps --ignore-installed --no-build-isolation "$@"; }
         # (run from $HERE: from the checkout, its own folder would be imported first)
         report=(-c "import embcache, torch; print(\"installed\", embcache.__file__, \"beside torch\", torch.__version__)")
@@ -153,9 +157,9 @@ if want cuda; then
     # compiles each kernel variant once), so that a run cut by its limit costs only its own report
     XML1="$(mktemp --suffix .xml)" XML2="$(mktemp --suffix .xml)"
     RUNNER=("$PY") && [ ${#INSTALLED[@]} -gt 0 ] && RUNNER=("${INSTALLED[@]}")
-    step "pytest -m cuda, bookkeepers${INSTALLED[*]:+ (installed)}" 90 "${RUNNER[@]}" -m pytest -q -m cuda \
+    step "pytest -m cuda, bookkeepers${INSTALLED[*]:+ (installed)}" 75 "${RUNNER[@]}" -m pytest -q -m cuda \
         -p no:cacheprovider --junitxml="$XML1" tests/test_cuda.py tests/test_unified_view.py
-    step "pytest -m cuda, kernels and graphs${INSTALLED[*]:+ (installed)}" 120 "${RUNNER[@]}" -m pytest -q -m cuda \
+    step "pytest -m cuda, kernels and graphs${INSTALLED[*]:+ (installed)}" 95 "${RUNNER[@]}" -m pytest -q -m cuda \
         -p no:cacheprovider --junitxml="$XML2" tests --deselect tests/test_cuda.py --deselect tests/test_unified_view.py
     RAN_FROM="${INSTALLED[*]:+installed package}" "$PY" - "$XML1,$XML2" "$OUT/cuda_tests.json" <<'EOF' >>"$LOG" 2>&1
 import json, sys, xml.etree.ElementTree as ET
@@ -181,23 +185,23 @@ print("cuda tests:", counts)
 EOF
     rm -f "$XML1" "$XML2"
 fi
-# 4a. the embedding kernels alone against torch's sparse path
-want kernels && step "bench kernels" 45 "$PY" -m embcache bench kernels --device "$DEV" --out "$OUT" --name kernels \
-    "${KERNEL_ARGS[@]}"
-# 4b. the step captured as one CUDA graph: the whole table with Triton's kernels and the cache at 1.5 %
+# 4a. the step captured as one CUDA graph: the whole table with Triton's kernels and the cache at 1.5 %
 #     with the device bookkeeper and Triton's kernels, against the whole table's eager torch step
-want graphs && step "bench gpu graphs" 110 "$PY" -m embcache bench gpu --device "$DEV" --out "$OUT" --name gpu_graphs \
+want graphs && step "bench gpu graphs" 120 "$PY" -m embcache bench gpu --device "$DEV" --out "$OUT" --name gpu_graphs \
     --shapes one-hot --ratios 0.015 --bookkeeping device --kernels triton --precision bf16 --no-price-prefetch \
     --cuda-graphs on "${GPU_ARGS[@]}"
-# 4c. DLRM on one GPU, eager: the cache at 1.5 % against the whole table on the device, one-hot, batch 65,536,
-#    bf16; device bookkeeping with each kernel choice, then host bookkeeping
-want gpu && step "bench gpu" 190 "$PY" -m embcache bench gpu --device "$DEV" --out "$OUT" --name gpu --ratios 0.015 \
-    --shapes one-hot --bookkeeping device host --kernels triton torch --precision bf16 --no-price-prefetch \
-    --cuda-graphs off "${GPU_ARGS[@]}"
+# 4b. DLRM on one GPU, eager, no profile: the cache at 1.5 % against the whole table on the device, one-hot,
+#    batch 65,536, bf16; device bookkeeping with Triton's kernels, then host bookkeeping
+want gpu && step "bench gpu" 100 "$PY" -m embcache bench gpu --device "$DEV" --out "$OUT" --name gpu --ratios 0.015 \
+    --shapes one-hot --bookkeeping device host --kernels triton --precision bf16 --no-price-prefetch \
+    --cuda-graphs off --no-profile "${GPU_ARGS[@]}"
+# 4c. the embedding kernels alone against torch's sparse path
+want kernels && step "bench kernels" 35 "$PY" -m embcache bench kernels --device "$DEV" --out "$OUT" --name kernels \
+    "${KERNEL_ARGS[@]}"
 # 4d. multi-hot at a cache that holds a batch's distinct rows
-want multi && step "bench gpu multi-hot" 100 "$PY" -m embcache bench gpu --device "$DEV" --out "$OUT" \
+want multi && step "bench gpu multi-hot" 45 "$PY" -m embcache bench gpu --device "$DEV" --out "$OUT" \
     --name gpu_multi --ratios 0.05 --shapes multi-hot --bookkeeping device host --kernels triton --precision bf16 \
-    --no-price-prefetch --cuda-graphs off "${MULTI_ARGS[@]}"
+    --no-price-prefetch --cuda-graphs off --no-profile "${MULTI_ARGS[@]}"
 # optional: HEAT on every core against the torch engine on the GPU, same data and settings
 want cf && step "bench cf" 90 "$PY" -m embcache bench cf --datasets ml-100k --threads "$CORES" --torch-device "$DEV" \
     --no-baseline --no-old-rule --no-plot --out-dir "$OUT" --name cf_device "${CF_ARGS[@]}"
