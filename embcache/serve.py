@@ -65,9 +65,9 @@ class FeatureLookup:
         if self.key == "exact":
             values = [self._exact(v) for v in values]
             found = [self.values.get(v) for v in values]
-            for v, i in zip(values, found):
+            for at, (v, i) in enumerate(zip(values, found)):
                 if i is None:
-                    raise ValueError(f"{self.feature}: value {v!r} is not in the vocabulary (no id)")
+                    raise BadValueError(f"{self.feature}: value {v!r} is not in the vocabulary (no id)", at)
             return np.array(found, dtype=np.int64)
         if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
             ids = values.astype(np.int64)
@@ -75,10 +75,13 @@ class FeatureLookup:
             try:
                 ids = np.array([_whole(v) for v in values], dtype=np.int64)
             except (TypeError, ValueError, OverflowError):
-                bad = next(v for v in values if not _is_whole(v))
-                raise ValueError(f"{self.feature}: ids are whole numbers (the value is the id), got {bad!r}") from None
-        if len(ids) and (ids.min() < 0 or ids.max() >= self.rows):
-            raise ValueError(f"{self.feature}: ids must lie in [0, {self.rows}), got {ids.min()}..{ids.max()}")
+                at = _first_not_whole(values)
+                raise BadValueError(f"{self.feature}: ids are whole numbers (the value is the id), "
+                                    f"got {values[at]!r}", at) from None
+        outside = np.flatnonzero((ids < 0) | (ids >= self.rows))
+        if len(outside):
+            at = int(outside[0])
+            raise BadValueError(f"{self.feature}: ids must lie in [0, {self.rows}), got {int(ids[at])}", at)
         return ids
 
     def ids_of_keys(self, keys: np.ndarray) -> np.ndarray:
@@ -116,7 +119,12 @@ class FeatureLookup:
         or left out where there is none)."""
         if self.missing_id is None:
             rows = [[v for v in row if v is not None] for row in rows]
-        return self.ids([v for row in rows for v in row]), [len(row) for row in rows]
+        lengths = [len(row) for row in rows]
+        try:
+            return self.ids([v for row in rows for v in row]), lengths
+        except BadValueError as err:
+            err.row = _row_of(err.index, lengths)
+            raise
 
     def _exact(self, value):
         """An "exact" value as the vocabulary holds it ("196" finds 196 in an integer one)."""
@@ -134,16 +142,16 @@ class FeatureLookup:
             try:
                 return np.array([0 if v is None else _whole(v) for v in values], dtype=np.int64).view(np.uint64)
             except (TypeError, ValueError, OverflowError):
-                bad = next(v for v in values if not _is_whole(v))
-                raise ValueError(f"{self.feature}: keys are whole numbers (the value is its 64-bit key), "
-                                 f"got {bad!r}") from None
+                at = _first_not_whole(values)
+                raise BadValueError(f"{self.feature}: keys are whole numbers (the value is its 64-bit key), "
+                                    f"got {values[at]!r}", at) from None
         if self.key == "int+1":
             keys = []
-            for v in values:
+            for at, v in enumerate(values):
                 try:
                     keys.append(0 if v is None else max(_whole(v) + 1, 0))
                 except (TypeError, ValueError, OverflowError):
-                    raise ValueError(f"{self.feature}: values are whole numbers, got {v!r}") from None
+                    raise BadValueError(f"{self.feature}: values are whole numbers, got {v!r}", at) from None
             return np.array(keys, dtype=np.uint64)
         import pyarrow as pa
 
@@ -162,12 +170,30 @@ def _whole(value) -> int:
     return int(value)
 
 
-def _is_whole(value) -> bool:
-    try:
-        _whole(value)
-        return True
-    except (TypeError, ValueError, OverflowError):
-        return False
+def _first_not_whole(values: Sequence) -> int:
+    """The position of the first value `_whole` refuses."""
+    for at, value in enumerate(values):
+        try:
+            _whole(value)
+        except (TypeError, ValueError, OverflowError):
+            return at
+    raise AssertionError("every value is whole")
+
+
+def _row_of(index: int, lengths: Sequence[int]) -> int:
+    """The row holding flat value `index` of rows of `lengths` values."""
+    return int(np.searchsorted(np.cumsum(lengths), index, side="right"))
+
+
+class BadValueError(ValueError):
+    """A value its feature's lookup cannot take (not a whole number where the value is the
+    id, outside the table, not in an "exact" vocabulary): `index` is its place among the
+    values looked up, `row` its row once `FeatureLookup.bag` knows it, so that a file's
+    reader can name the line."""
+
+    def __init__(self, message: str, index: int):
+        super().__init__(message)
+        self.index, self.row = index, None
 
 
 def _lookup(directory: Path, table: dict) -> FeatureLookup:
@@ -405,8 +431,7 @@ def _count_unseen(feature: str, lookup: FeatureLookup, per_row: list[list], bag:
         return
     if strict:
         first = int(np.argmax(mask))
-        row = int(np.searchsorted(np.cumsum(bag[1]), first, side="right"))
-        raise UnseenValueError(row, feature, values[first])
+        raise UnseenValueError(_row_of(first, bag[1]), feature, values[first])
     if unseen is not None:
         unseen[feature] = unseen.get(feature, 0) + count
 

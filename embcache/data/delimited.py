@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import csv
 import os
 import sys
 from pathlib import Path
@@ -204,7 +205,8 @@ def _check_header(path: Path, column_names: list[str], delimiter: str) -> None:
         raise format_error(path, None, "no such file") from None
     except (OSError, pa.ArrowException) as err:
         raise format_error(path, None, f"cannot read: {first_line(err)}") from None
-    if first.split(delimiter) != column_names:
+    names = next(csv.reader([first]), []) if delimiter == "," else first.split(delimiter)  # quoted as the reader reads
+    if names != column_names:
         raise format_error(path, 1, f"header {first[:120]!r} does not name the expected columns "
                                     f"{delimiter.join(column_names)[:120]!r}")
 

@@ -102,13 +102,13 @@ def parquet_blocks(columns: list[str]):
         first = 0
         rows = max(1, block_bytes // 256)
         for batch in pq.ParquetFile(path).iter_batches(batch_size=rows, columns=columns):
-            arrays = [_as_strings(batch.column(i)) for i in range(batch.num_columns)]
+            arrays = [as_strings(batch.column(i)) for i in range(batch.num_columns)]
             yield pa.RecordBatch.from_arrays(arrays, names=batch.schema.names), first, _Rows
             first += batch.num_rows
     return blocks
 
 
-def _as_strings(col: pa.Array) -> pa.Array:
+def as_strings(col: pa.Array) -> pa.Array:
     """A column as the text reader gives it: strings, "" where null."""
     if pa.types.is_boolean(col.type):
         col = col.cast(pa.int8())

@@ -7,7 +7,12 @@ Inputs:
   label), for an export of Criteo-shaped data (26 sparse, 13 dense features); `.gz` too;
 - CSV or Parquet with a header: a column per feature of the export (`sparse_0`, ...) and
   per dense feature (`dense_0`, ...), raw values as the input file had them; `label` is
-  kept, any other column refused by name.
+  kept, any other column refused by name. A CSV is read as `data prepare own` reads one
+  (every field text; an empty one is missing).
+
+A bad row stops the command in one line naming file and line (a Parquet file's row, from 1)
+and what is wrong: a line with another number of fields than the header, a dense value that
+is not a number, a label that is not 0 or 1, an id outside its table or not a whole number.
 
 Output (`.csv` or `.parquet`, written under a temporary name, then renamed): `probability`
 per input row, in order, beside `label` where the input has one. Values a feature's
@@ -22,7 +27,7 @@ import numpy as np
 import torch
 
 from embcache.data.results_file import write_columns
-from embcache.errors import UserFacingError
+from embcache.errors import DataFormatError, UserFacingError, format_error
 
 CRITEO_DENSE, CRITEO_SPARSE = 13, 26
 
@@ -63,7 +68,8 @@ def predict_command(args) -> int:
 
 def _scored(model, sparse, dense, source: Path, where, strict: bool, unseen: dict) -> np.ndarray:
     """One batch's probabilities; its unseen values counted into `unseen`, or with `strict`
-    the first refused, naming where it is (`where(i)`: "FILE:LINE" of the batch's row i)."""
+    the first refused, naming where it is (`where(i)`: "FILE:LINE" of the batch's row i), as
+    is a value its lookup cannot take."""
     from embcache.serve import UnseenValueError
 
     try:
@@ -71,8 +77,9 @@ def _scored(model, sparse, dense, source: Path, where, strict: bool, unseen: dic
     except UnseenValueError as err:
         raise UserFacingError(f"{where(err.row)}: {err.feature} value {err.value!r} is not in the export's "
                               f"vocabulary; --strict refuses it (without --strict it scores as missing)") from None
-    except ValueError as err:
-        raise UserFacingError(f"{source}: {err}") from None
+    except ValueError as err:  # a value the lookup cannot take (`serve.BadValueError`) names its row
+        row = getattr(err, "row", None)
+        raise UserFacingError(f"{source if row is None else where(row)}: {err}") from None
     return torch.sigmoid(logits).numpy()
 
 
@@ -156,49 +163,109 @@ def _input_names(path: Path, names: list[str], model) -> dict[str, str]:
 
 
 def _table_batches(path: Path, model, batch_rows: int, parquet: bool):
+    """A CSV's columns as `data prepare own` read the training file (text, `read_blocks`), a
+    Parquet file's as they are stored; a line with the wrong number of fields is refused
+    naming it, as is a dense value or label `_table_batch` cannot take. An empty line is no row."""
     import pyarrow as pa
+
+    from embcache.data.bad_rows import BadRowLog
+    from embcache.data.delimited import is_empty_line, read_blocks
+    from embcache.data.own import file_columns
 
     k = model.manifest["num_dense"]
     dense_names = [f"dense_{j}" for j in range(k)]
-    if parquet:
-        import pyarrow.parquet as pq
-
-        names = pq.read_schema(path).names
-        batches = pq.ParquetFile(path).iter_batches(batch_size=batch_rows)
-    else:
-        import pyarrow.csv as pcsv
-
-        import csv
-
-        with path.open(encoding="utf-8", errors="replace", newline="") as f:
-            names = next(csv.reader(f), [])  # a quoted header too (pyarrow writes one)
-        numeric = set(dense_names) | set((model.manifest.get("input_columns") or {}).get("dense", []))
-        batches = pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=1 << 22),
-                                convert_options=pcsv.ConvertOptions(
-                                    column_types={n: pa.string() for n in names if n not in numeric},
-                                    strings_can_be_null=True))
+    names, delimiter = file_columns(path)
     renamed = _input_names(path, names, model)
     unknown = [n for n in names if n not in set(model.features) | set(dense_names) | {"label"} | set(renamed)]
     if unknown and not renamed:
         raise UserFacingError(f"{path}: unknown column(s) {', '.join(map(repr, unknown[:5]))}; the export's "
                               f"features are {model.features[0]} .. {model.features[-1]}, its dense ones "
                               f"dense_0 .. dense_{k - 1}, and 'label' is kept")
-    done = 0
-    for batch in batches:
-        table = pa.Table.from_batches([batch])
+    wrong_width = BadRowLog()
+    if parquet:
+        import pyarrow.parquet as pq
+
+        blocks = _numbered_parquet(pq.ParquetFile(path).iter_batches(batch_size=batch_rows))
+    else:
+        blocks = read_blocks(path, names, delimiter, True, wrong_width)
+    for block, first, lines in blocks:
+        _refuse_wrong_width(path, wrong_width)
+        numbers = lines.of(first + np.arange(block.num_rows))
+        if not parquet:  # pyarrow gives an empty line as a row of empty fields
+            keep = ~is_empty_line(block)
+            block, numbers = block.filter(pa.array(keep)), numbers[keep]
         if renamed:
-            table = table.select([n for n in table.column_names if n in renamed]).rename_columns(
-                [renamed[n] for n in table.column_names if n in renamed])
-        n = table.num_rows
-        dense = np.full((n, k), np.nan)
-        for j, name in enumerate(dense_names):
-            if name in table.column_names:
-                values = table.column(name).cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False)
-                dense[:, j] = values
-        sparse = {f: table.column(f).to_pylist() for f in model.features if f in table.column_names}
-        labels = table.column("label").to_numpy(zero_copy_only=False).astype(np.int8) \
-            if "label" in table.column_names else None
-        # a CSV record is a line after the header (a quoted line break would shift this)
-        where = (lambda i, d=done: f"{path}: row {d + i + 1}") if parquet else (lambda i, d=done: f"{path}:{d + i + 2}")
-        done += n
-        yield sparse, dense, labels, where
+            block = block.select([n for n in block.schema.names if n in renamed])
+            block = block.rename_columns([renamed[n] for n in block.schema.names])
+        for start in range(0, block.num_rows, batch_rows):
+            yield _table_batch(path, block.slice(start, batch_rows), numbers[start:start + batch_rows], model,
+                               parquet, {v: c for c, v in renamed.items()})
+    _refuse_wrong_width(path, wrong_width)
+
+
+def _numbered_parquet(batches):
+    """`read_blocks`'s (block, its first row's index, numbering) of Parquet batches: rows count from 1."""
+    class Rows:
+        @staticmethod
+        def of(rows: np.ndarray) -> np.ndarray:
+            return np.asarray(rows, dtype=np.int64) + 1
+
+    first = 0
+    for batch in batches:
+        yield batch, first, Rows
+        first += batch.num_rows
+
+
+def _refuse_wrong_width(path: Path, log) -> None:
+    """The first line `read_blocks` skipped for its number of fields, in one line: a skipped
+    line would leave its row without a probability."""
+    for entry in log.files.values():
+        if entry.count:
+            line = entry.first_lines[0]
+            raise format_error(path, line if line > 0 else None, entry.first_reasons[0])
+
+
+def _table_batch(path: Path, block, lines: np.ndarray, model, parquet: bool, file_names: dict):
+    """(sparse, dense, labels, where) of a block of the export's columns (see `raw_batches`;
+    `lines`: each row's line, or Parquet row); a dense value that is no number, or a label
+    not 0 or 1, is refused naming its line and the file's column (`file_names`)."""
+    from embcache.data.delimited import parse_label
+    from embcache.data.own import as_strings
+
+    where = (lambda i: f"{path}: row {lines[i]}") if parquet else (lambda i: f"{path}:{lines[i]}")
+    columns = dict(zip(block.schema.names, block.columns))
+
+    def refuse(ok: np.ndarray, name: str, what: str) -> None:
+        if not ok.all():
+            i = int(np.argmin(ok))
+            raise DataFormatError(f"{where(i)}: {file_names.get(name, name)} {columns[name][i].as_py()!r} {what}")
+
+    k = model.manifest["num_dense"]
+    dense = np.full((block.num_rows, k), np.nan)
+    for j in range(k):
+        if f"dense_{j}" in columns:
+            dense[:, j], ok = _dense_values(columns[f"dense_{j}"])
+            refuse(ok, f"dense_{j}", "is not a number")
+    labels = None
+    if "label" in columns:
+        labels, ok = parse_label(as_strings(columns["label"]))
+        refuse(ok, "label", "is not 0 or 1")
+    sparse = {f: columns[f].to_pylist() for f in model.features if f in columns}
+    if not parquet:  # an empty field is a missing value
+        sparse = {f: [v or None for v in values] for f, values in sparse.items()}
+    return sparse, dense, labels, where
+
+
+def _dense_values(col) -> tuple[np.ndarray, np.ndarray]:
+    """(float64 values, NaN where missing; mask of the usable ones) of a dense column: a
+    Parquet number column as stored (null and NaN missing), text as `data prepare` parses
+    it (empty missing, anything but a finite number unusable)."""
+    import pyarrow as pa
+
+    from embcache.data.delimited import parse_numbers64
+    from embcache.data.own import as_strings
+
+    if pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type):
+        return col.cast(pa.float64()).to_numpy(zero_copy_only=False), np.ones(len(col), dtype=bool)
+    values, empty, number = parse_numbers64(as_strings(col))
+    return np.where(empty, np.nan, values), empty | number
