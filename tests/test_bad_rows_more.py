@@ -86,3 +86,42 @@ def test_an_id_outside_its_table_names_its_line_and_value(run, tmp_path, capsys)
     _write_rows(source, rows)
     err = _predict(tmp_path / "out", source, tmp_path, capsys)
     assert f"{source}:3: sparse_5: ids are whole numbers (the value is the id), got 'a'" in err, err
+
+
+def test_a_short_csv_line_names_its_line_or_is_skipped_and_counted(tmp_path, capsys):
+    from embcache.cf.data.sources import read_interactions
+
+    source = tmp_path / "bad.csv"
+    rows = [f"u{i % 4},movie-{i % 5},{i}" for i in range(12)]
+    rows[3] = "u3,movie-4"  # line 5
+    source.write_text("user_id,item_id,ts\n" + "\n".join(rows) + "\n\n")  # an empty line is no row
+    columns = {"user": "user_id", "item": "item_id", "time": "ts"}
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(source))}:5: wrong column count: 2 fields, expected 3 "):
+        read_interactions(str(source), columns=columns)
+    data = read_interactions(str(source), columns=columns, skip_bad_lines=True)
+    assert data.num_train + data.num_test == 11 and data.bad_rows.total == 1
+    assert data.bad_rows.to_json()[str(source)]["first_lines"] == [5]
+    assert "skipped 1 malformed row(s) (1 wrong column count); first: line 5" in capsys.readouterr().err
+    rows[3], rows[6] = "u3,,3", "u1,movie-1,x"  # lines 5 and 8: the rows after the skipped line keep their lines
+    rows.insert(1, "u1,movie-1")  # line 3
+    source.write_text("user_id,item_id,ts\n" + "\n".join(rows) + "\n")
+    data = read_interactions(str(source), columns=columns, skip_bad_lines=True)
+    assert data.bad_rows.to_json()[str(source)]["first_lines"] == [3, 6, 9], data.bad_rows.to_json()
+
+
+def test_a_skipped_lightgcn_line_counts_its_interactions(tmp_path, capsys):
+    from embcache.cf.data.lightgcn import read_lightgcn
+
+    (tmp_path / "train.txt").write_text("0 1 2 3\n1 2 x 4 5 6\n2 0 1\n3 4\n")
+    (tmp_path / "test.txt").write_text("0 4\n1 -1 5\n")
+    data = read_lightgcn(tmp_path, skip_bad=True)
+    assert data.bad_rows.total == 2 and data.bad_rows.carried == 7
+    assert "skipped 2 malformed line(s) with 7 interaction(s) in them" in data.summary(), data.summary()
+    data.bad_rows.report()
+    err = capsys.readouterr().err
+    assert "skipped 1 malformed row(s) (1 non-integer token 'x'), with 5 interaction(s) in them" in err, err
+    from embcache.data.bad_rows import BadRowLog
+
+    saved = BadRowLog()
+    saved.load_json(data.bad_rows.to_json())
+    assert saved.carried == 7

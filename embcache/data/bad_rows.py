@@ -17,6 +17,7 @@ class FileBadRows:
     by_reason: dict[str, int] = field(default_factory=dict)
     first_lines: list[int] = field(default_factory=list)
     first_reasons: list[str] = field(default_factory=list)
+    carried: int | None = None  # records the skipped rows held, where a row holds several
 
 
 class BadRowLog:
@@ -32,15 +33,21 @@ class BadRowLog:
         1
     """
 
-    def __init__(self, keep: int = 5, noun: str = "malformed row", position: str | None = "line"):
+    def __init__(self, keep: int = 5, noun: str = "malformed row", position: str | None = "line",
+                 carried_noun: str = "record"):
         self.keep = keep
         self.noun = noun            # what a skipped item is called in `report`
+        self.carried_noun = carried_noun  # what `add`'s `carried` counts
         self.position = position    # what its number is ("line", "record"); None: the file is the item
         self.files: dict[str, FileBadRows] = {}
 
-    def add(self, path: str | os.PathLike, line: int, reason: str) -> None:
+    def add(self, path: str | os.PathLike, line: int, reason: str, carried: int | None = None) -> None:
+        """Count a skipped row; `carried`: how many records it held, where a row holds several
+        (a LightGCN line: a user's items), so the report can say what was lost with it."""
         entry = self.files.setdefault(os.fspath(path), FileBadRows())
         entry.count += 1
+        if carried is not None:
+            entry.carried = (entry.carried or 0) + carried
         kind = reason.split(":")[0]
         entry.by_reason[kind] = entry.by_reason.get(kind, 0) + 1
         # keep the `keep` smallest line numbers: rows are not always reported in line order
@@ -58,15 +65,21 @@ class BadRowLog:
     def total(self) -> int:
         return sum(e.count for e in self.files.values())
 
+    @property
+    def carried(self) -> int | None:
+        """Records the skipped rows held, where `add` was told (None where it never was)."""
+        counts = [e.carried for e in self.files.values() if e.carried is not None]
+        return sum(counts) if counts else None
+
     def to_json(self) -> dict:
         return {path: {"count": e.count, "by_reason": dict(e.by_reason), "first_lines": list(e.first_lines),
-                       "first_reasons": list(e.first_reasons)}
+                       "first_reasons": list(e.first_reasons), **({} if e.carried is None else {"carried": e.carried})}
                 for path, e in self.files.items()}
 
     def load_json(self, saved: dict) -> None:
         """Take back what `to_json` wrote (a checkpoint's record of skipped rows)."""
         self.files = {path: FileBadRows(e["count"], dict(e["by_reason"]), list(e["first_lines"]),
-                                        list(e["first_reasons"])) for path, e in saved.items()}
+                                        list(e["first_reasons"]), e.get("carried")) for path, e in saved.items()}
 
     def report(self, stream=None) -> None:
         """Print one line per file with skipped rows (nothing when every row was good); a
@@ -81,4 +94,5 @@ class BadRowLog:
             kinds = ", ".join(f"{n} {k}" for k, n in sorted(e.by_reason.items()))
             first = "; ".join((f"{self.position} {ln}: " if self.position else "") + r
                               for ln, r in zip(e.first_lines, e.first_reasons))
-            print(f"{path}: skipped {e.count:,} {self.noun}(s) ({kinds}); first: {first}", file=stream)
+            carried = "" if e.carried is None else f", with {e.carried:,} {self.carried_noun}(s) in them"
+            print(f"{path}: skipped {e.count:,} {self.noun}(s) ({kinds}){carried}; first: {first}", file=stream)

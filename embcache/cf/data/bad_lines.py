@@ -6,8 +6,9 @@ from embcache.data.bad_rows import BadRowLog
 from embcache.errors import format_error
 
 
-def bad_line(path, lineno: int, why: str, bad_rows: BadRowLog | None) -> None:
-    """Raise `DataFormatError` naming `path:lineno` and `why`, or record the line in `bad_rows`.
+def bad_line(path, lineno: int, why: str, bad_rows: BadRowLog | None, carried: int | None = None) -> None:
+    """Raise `DataFormatError` naming `path:lineno` and `why`, or record the line in `bad_rows`
+    (with the `carried` interactions it held, where a line holds several).
 
     Example:
         >>> log = BadRowLog()
@@ -17,12 +18,13 @@ def bad_line(path, lineno: int, why: str, bad_rows: BadRowLog | None) -> None:
     """
     if bad_rows is None:
         raise format_error(path, lineno, f"{why} (--skip-bad-lines skips and counts such lines)")
-    bad_rows.add(path, lineno, why)
+    bad_rows.add(path, lineno, why, carried)
 
 
-def whole_numbers(tokens: list[str], path, lineno: int, noun: str, bad_rows: BadRowLog | None) -> list[int] | None:
+def whole_numbers(tokens: list[str], path, lineno: int, noun: str, bad_rows: BadRowLog | None,
+                  carried: int | None = None) -> list[int] | None:
     """The line's `tokens` as integers, or None when one is not (the line then goes to
-    `bad_line`, naming the first such `noun`: "non-integer token 'x'").
+    `bad_line`, naming the first such `noun`: "non-integer token 'x'", with `carried`).
 
     Example:
         >>> log = BadRowLog()
@@ -39,11 +41,11 @@ def whole_numbers(tokens: list[str], path, lineno: int, noun: str, bad_rows: Bad
         values = [int(t) for t in tokens]
     except ValueError:
         bad = next(t for t in tokens if not _is_int(t))
-        bad_line(path, lineno, f"non-integer {noun} {bad!r}", bad_rows)
+        bad_line(path, lineno, f"non-integer {noun} {bad!r}", bad_rows, carried)
         return None
     huge = next((v for v in values if not -INT64_LIMIT <= v < INT64_LIMIT), None)
     if huge is not None:  # no id table can have such a row, and numpy's int64 cannot hold it
-        bad_line(path, lineno, f"{noun} {huge} is beyond any 64-bit id", bad_rows)
+        bad_line(path, lineno, f"{noun} {huge} is beyond any 64-bit id", bad_rows, carried)
         return None
     return values
 

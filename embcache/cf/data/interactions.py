@@ -60,7 +60,9 @@ class Interactions:
         if self.duplicates:
             s += f"; merged {self.duplicates:,} repeated (user, item) row(s)"
         if self.bad_rows.total:
+            carried = self.bad_rows.carried
             s += f"; skipped {self.bad_rows.total} malformed line(s)"
+            s += "" if carried is None else f" with {carried:,} interaction(s) in them"
         return s
 
 

@@ -1,6 +1,7 @@
 """The LightGCN text format of Gowalla, Yelp2018 and Amazon-Books: a directory with
 `train.txt` and `test.txt`, one `user item item ...` line per user (space separated).
-Bad lines stop the reader with file and line, or are counted and skipped on request.
+Bad lines stop the reader with file and line, or are counted and skipped on request (with
+the interactions they held: a line is a user's items).
 
 Example:
     >>> far_id_limit(50)
@@ -64,16 +65,16 @@ def _read_lines(path: str | Path, bad_rows: BadRowLog | None = None,
             tokens = line.split()
             if not tokens:
                 continue
-            ids = whole_numbers(tokens, path, lineno, "token", bad_rows)
+            ids = whole_numbers(tokens, path, lineno, "token", bad_rows, len(tokens) - 1)
             if ids is None:
                 continue
             if min(ids) < 0:
-                bad_line(path, lineno, f"negative id {min(ids)}", bad_rows)
+                bad_line(path, lineno, f"negative id {min(ids)}", bad_rows, len(ids) - 1)
                 continue
             if train_counts is not None:
                 far = _far_id(ids, train_counts)
                 if far:
-                    bad_line(path, lineno, far, bad_rows)
+                    bad_line(path, lineno, far, bad_rows, len(ids) - 1)
                     continue
             num_users = max(num_users, ids[0] + 1)
             lines.append((lineno, len(items), len(items) + len(ids) - 1, ids[0], max(ids[1:], default=-1)))
@@ -104,7 +105,7 @@ def _bound_dense(path: Path, users: np.ndarray, items: np.ndarray, lines: np.nda
         kind, value, limit = ("user", user, limits[0]) if user >= limits[0] else ("item", top, limits[1])
         bad_line(path, int(lineno), f"{kind} id {value:,} is far beyond the ids of train.txt (an id must be below "
                                     f"{_FAR_ID_FACTOR} x the distinct {kind}s + {_FAR_ID_SLACK:,} = {limit:,}){hint}",
-                 bad_rows)
+                 bad_rows, int(hi - lo))
         keep[lo:hi] = False
     kept = lines[~far]
     return users[keep], items[keep], int(kept[:, 3].max(initial=-1)) + 1
@@ -115,7 +116,7 @@ def read_lightgcn(directory: str | Path, skip_bad: bool = False) -> Interactions
     directory = Path(directory)
     if not directory.is_dir():
         raise format_error(directory, None, "no such directory (expected train.txt and test.txt)")
-    log = BadRowLog() if skip_bad else None
+    log = BadRowLog(carried_noun="interaction") if skip_bad else None
     tr_u, tr_i, tr_n, lines = _read_lines(directory / "train.txt", log)
     tr_u, tr_i, tr_n = _bound_dense(directory / "train.txt", tr_u, tr_i, lines, log)
     if not len(tr_u):

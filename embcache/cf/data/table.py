@@ -3,9 +3,11 @@ item column, and optionally a time and a rating column. Ids are any strings or i
 are numbered 0..n-1 in sorted order, and the token <-> index maps travel with the data (and
 with a trained model) so that results come back as the file's own ids.
 
-A row with an empty id, or a rating or time that is not a number (a time may also be an ISO
-date), stops the reader naming file and row (the line, counting the header, for CSV/TSV),
-or with `--skip-bad-lines` is skipped, counted and reported.
+A row with an empty id, a rating or time that is not a number (a time may also be an ISO
+date), or a CSV/TSV line with another number of fields than the header, stops the reader
+naming file and row (the line, counting the header, for CSV/TSV), or with
+`--skip-bad-lines` is skipped, counted and reported. CSV/TSV fields are read as text, as
+`embcache.data.delimited.read_blocks` reads them; an empty line is no row.
 
 Example:
     >>> import tempfile, pathlib
@@ -54,7 +56,7 @@ def read_table(path, user_col: str, item_col: str, time_col: str | None = None, 
         raise format_error(path, None, "no such file")
     suffix = path.suffix.lower()
     wanted = [c for c in (user_col, item_col, time_col, rating_col) if c]
-    columns, first_line = _read_columns(path, suffix, wanted)
+    columns, lines, wrong_width = _read_columns(path, suffix, wanted, bad_rows)
     if bad_rows is not None:
         bad_rows.seen(path)
     n = len(columns[user_col])
@@ -71,8 +73,10 @@ def read_table(path, user_col: str, item_col: str, time_col: str | None = None, 
     rating = _column(columns[rating_col], rating_col, refuse, _number, "number") if rating_col else np.ones(n)
     time = _column(columns[time_col], time_col, refuse, _time, "time") if time_col else np.arange(n, dtype=np.float64)
     keep = np.ones(n, dtype=bool)
+    if wrong_width and (not problems or wrong_width[0] < lines[min(problems)]):
+        bad_line(path, *wrong_width, None)  # stops the reader: it comes before any other bad row
     for r in sorted(problems):  # the first bad row stops the reader, or every one is counted
-        bad_line(path, r + first_line, problems[r], bad_rows)
+        bad_line(path, int(lines[r]), problems[r], bad_rows)
         keep[r] = False
     if not keep.any():
         raise format_error(path, None, "no usable rows")
@@ -82,9 +86,12 @@ def read_table(path, user_col: str, item_col: str, time_col: str | None = None, 
     return InteractionTable(pairs, user_ids, item_ids, time_col is not None)
 
 
-def _read_columns(path: Path, suffix: str, wanted: list[str]) -> tuple[dict, int]:
-    """{column: list of values (strings for CSV/TSV, the file's types for Parquet)}, and the
-    file line of row 0 (2 under a header line; Parquet rows count from 1)."""
+def _read_columns(path: Path, suffix: str, wanted: list[str],
+                  bad_rows: BadRowLog | None) -> tuple[dict, np.ndarray, tuple | None]:
+    """{column: list of values (strings for CSV/TSV, the file's types for Parquet)}, each
+    row's line (counting the header; Parquet rows count from 1), and the (line, reason) of
+    the first CSV/TSV line with another number of fields, which `bad_rows`, where given,
+    counts instead (None then, and where there is none)."""
     try:
         if suffix == ".parquet":
             import pyarrow.parquet as pq
@@ -92,26 +99,39 @@ def _read_columns(path: Path, suffix: str, wanted: list[str]) -> tuple[dict, int
             names = pq.read_schema(path).names
             _check_columns(path, names, wanted)
             table = pq.read_table(path, columns=list(dict.fromkeys(wanted)))
-            return {c: table.column(c).to_pylist() for c in wanted}, 1
-        import pyarrow as pa
-        import pyarrow.csv as pcsv
-
-        line = path.open(encoding="utf-8", errors="replace").readline().rstrip("\r\n")
-        if not line.strip():  # no header to list: say what the file lacks, not "it has ''"
-            raise format_error(path, None if path.stat().st_size == 0 else 1,
-                               f"{'the file is empty' if path.stat().st_size == 0 else 'an empty header line'}: "
-                               f"expected a header naming the columns {', '.join(map(repr, wanted))}")
-        header = line.split(TABLE_SUFFIXES[suffix])
-        _check_columns(path, header, wanted)
-        table = pcsv.read_csv(path, parse_options=pcsv.ParseOptions(delimiter=TABLE_SUFFIXES[suffix]),
-                              convert_options=pcsv.ConvertOptions(
-                                  include_columns=list(dict.fromkeys(wanted)),
-                                  column_types={c: pa.string() for c in wanted}, strings_can_be_null=True))
-        return {c: table.column(c).to_pylist() for c in wanted}, 2
+            return {c: table.column(c).to_pylist() for c in wanted}, np.arange(1, table.num_rows + 1), None
+        return _read_text_columns(path, TABLE_SUFFIXES[suffix], wanted, bad_rows)
     except DataFormatError:
         raise
     except Exception as err:  # pyarrow's own errors name the row: keep their first line
         raise format_error(path, None, f"not a readable {suffix[1:].upper()} file: {str(err).splitlines()[0]}") from None
+
+
+def _read_text_columns(path: Path, delimiter: str, wanted: list[str],
+                       bad_rows: BadRowLog | None) -> tuple[dict, np.ndarray, tuple | None]:
+    """`_read_columns` of a CSV or TSV file, block by block (`read_blocks`)."""
+    import csv
+
+    from embcache.data.delimited import is_empty_line, read_blocks
+
+    line = path.open(encoding="utf-8", errors="replace").readline().rstrip("\r\n")
+    if not line.strip():  # no header to list: say what the file lacks, not "it has ''"
+        raise format_error(path, None if path.stat().st_size == 0 else 1,
+                           f"{'the file is empty' if path.stat().st_size == 0 else 'an empty header line'}: "
+                           f"expected a header naming the columns {', '.join(map(repr, wanted))}")
+    header = next(csv.reader([line])) if delimiter == "," else line.split(delimiter)
+    _check_columns(path, header, wanted)
+    log = BadRowLog() if bad_rows is None else bad_rows
+    columns: dict[str, list] = {c: [] for c in wanted}
+    lines = []
+    for block, first, numbers in read_blocks(path, header, delimiter, True, log):
+        row = ~is_empty_line(block)  # an empty line arrives as a row of empty fields
+        lines.append(numbers.of(first + np.flatnonzero(row)))
+        for c in columns:
+            columns[c].extend(v for v, r in zip(block.column(c).to_pylist(), row) if r)
+    entry = log.files.get(str(path)) if bad_rows is None else None
+    wrong_width = (entry.first_lines[0], entry.first_reasons[0]) if entry and entry.count else None
+    return columns, np.concatenate(lines) if lines else np.zeros(0, np.int64), wrong_width
 
 
 def _check_columns(path: Path, names: list[str], wanted: list[str]) -> None:
@@ -148,7 +168,10 @@ def _number(v) -> float:
 
 
 def _time(v) -> float:
-    """A number (say, Unix seconds), or an ISO date and time, as seconds."""
+    """A number (say, Unix seconds), or an ISO date and time, as seconds (an empty field is
+    neither: numpy would take it for NaT)."""
+    if _blank(v):
+        raise ValueError("empty")
     try:
         return float(v)
     except (TypeError, ValueError):
