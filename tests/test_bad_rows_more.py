@@ -125,3 +125,30 @@ def test_a_skipped_lightgcn_line_counts_its_interactions(tmp_path, capsys):
     saved = BadRowLog()
     saved.load_json(data.bad_rows.to_json())
     assert saved.carried == 7
+
+
+def test_dlrm_train_readers_reaches_the_loader(tmp_path, capsys, monkeypatch):
+    """`--readers N` (docs/dlrm.md, `DLRMConfig.readers`) is a flag of `dlrm train`, shown
+    with the config's default, and the pipelined loader reads with N readers."""
+    import embcache.dlrm.trainer as trainer
+    from embcache.dlrm.cli import build_parser
+
+    parser = build_parser("embcache dlrm")
+    assert parser.parse_args(["train", "--readers", "2"]).readers == 2
+    assert parser.parse_args(["train"]).readers is trainer.DLRMConfig().readers
+    with pytest.raises(SystemExit):
+        main(["dlrm", "train", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--readers N pipelined runs: threads reading" in help_text and "default: half this rank's cores" in help_text
+    used = []
+
+    class Spy(trainer.ParallelBatches):
+        def __init__(self, loader, readers, *args, **kwargs):
+            used.append(readers)
+            super().__init__(loader, readers, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "ParallelBatches", Spy)
+    assert main(["dlrm", "train", "--synthetic-rows", "2000", "--synthetic-scale", "0.0005", "--data-cache",
+                 str(tmp_path), "--batch-size", "256", "--max-steps", "2", "--embedding-dim", "4", "--dense-arch", "8",
+                 "--over-arch", "8", "--device", "cpu", "--no-progress", "--readers", "2"]) == 0
+    assert used and set(used) == {2}, used

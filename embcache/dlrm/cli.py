@@ -54,7 +54,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     add_run_arguments(p, DLRMConfig, "dlrm")
     ahead = add_config_arguments(p, DLRMConfig, ["prefetch_depth"])["prefetch"]
     ahead.add_argument("--no-prefetch", action="store_true", help="do not prefetch (--prefetch-depth 0)")
-    add_config_arguments(p, DLRMConfig, ["pipeline", "compile", "row_wise_rows", "overlap_exchange"])
+    add_config_arguments(p, DLRMConfig, ["pipeline", "readers", "compile", "row_wise_rows", "overlap_exchange"])
     raw = p.add_argument_group("raw keys and days", "data with raw 64-bit keys (docs/open-vocabularies.md)")
     add_config_arguments(raw, DLRMConfig, ["raw_keys", "max_rows", "retire", "ttl", "ttl_days", "days",
                                            "eval_next_day", "allow_test_days"])
