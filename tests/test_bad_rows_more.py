@@ -152,3 +152,22 @@ def test_dlrm_train_readers_reaches_the_loader(tmp_path, capsys, monkeypatch):
                  str(tmp_path), "--batch-size", "256", "--max-steps", "2", "--embedding-dim", "4", "--dense-arch", "8",
                  "--over-arch", "8", "--device", "cpu", "--no-progress", "--readers", "2"]) == 0
     assert used and set(used) == {2}, used
+
+
+@pytest.mark.parametrize("rows, scale, batch, compared", [(4_000, 0.005, 256, "more"), (4_000, 0.02, 128, "no more")])
+def test_the_cache_fit_line_shows_the_numbers_it_compares(tmp_path, rows, scale, batch, compared):
+    """The rows held in flight, the twice-that the rule compares, and 1.5 %'s rows: the line
+    says "more than" exactly when the number it shows is larger. The first case holds fewer
+    rows in flight than 1.5 % (1,633 < 2,533) but twice that more: the line showed the 1,633."""
+    from embcache.data.synthetic import generate_synthetic
+    from embcache.dlrm.cache_fit import fit_cache_ratio
+
+    generate_synthetic(tmp_path / "d", rows=rows, scale=scale, seed=1, progress=False)
+    _, why = fit_cache_ratio(tmp_path / "d", batch_size=batch, prefetch_depth=1, embedding_dim=4, optimizer="adagrad",
+                             eviction="freq", bookkeeping="host", device_memory=16 * 2**30)
+    found = re.search(r"hold ([\d,]+) distinct rows .* wants 2x that, ([\d,]+) .*, (no more|more) than 0\.015's "
+                      r"([\d,]+)", why)
+    assert found, why
+    held, want, word, base = found.groups()
+    held, want, base = (int(v.replace(",", "")) for v in (held, want, base))
+    assert abs(want - 2 * held) <= 1 and word == compared and (want > base) == (word == "more"), why

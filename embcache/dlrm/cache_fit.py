@@ -39,11 +39,14 @@ def fit_cache_ratio(data_dir: str | Path, *, batch_size: int, prefetch_depth: in
     held = 1 + prefetch_depth
     batches = max(1, math.ceil(training_rows(meta) / batch_size))
     in_flight = expected_distinct(freq, batches / held)
-    need = min(rows, math.ceil(HEADROOM * in_flight))
-    flight = (f"the {held} batch(es) of {batch_size:,} in flight need {in_flight:,.0f} distinct rows "
-              f"(expected from the id counts)")
+    want = math.ceil(HEADROOM * in_flight)
+    need = min(rows, want)
+    flight = (f"the {held} batch(es) of {batch_size:,} in flight hold {in_flight:,.0f} distinct rows (expected "
+              f"from the id counts), and the cache wants {HEADROOM}x that, {want:,} (as many slots again for the "
+              f"rows kept between batches)")
     if need <= base:
-        return DEFAULT_RATIO, f"cache ratio fit: {DEFAULT_RATIO} ({base:,} of {rows:,} rows): {flight}"
+        return DEFAULT_RATIO, (f"cache ratio fit: {DEFAULT_RATIO} ({base:,} of {rows:,} rows): {flight}, no more "
+                               f"than {DEFAULT_RATIO}'s {base:,}")
     footprint = Footprint(rows, embedding_dim, optimizer, eviction, bookkeeping, batch_size * len(meta["sparse"]))
     largest = footprint.largest_cache(device_memory)
     chosen = max(base, min(need, largest))
