@@ -5,11 +5,12 @@ anything, and refuses a damaged, truncated or foreign file with one clear line. 
 plain data only (`embcache.safe_load`): a file that would run code is refused, unless trusted."""
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
 
-from embcache.errors import CheckpointError, first_line
+from embcache.errors import CheckpointError, DataOutputError, first_line
 from embcache.integrity import open_verified, save_torch
 from embcache.safe_load import UntrustedFileError, load_pickled
 
@@ -21,10 +22,15 @@ def save_checkpoint(payload: dict[str, Any], path: str | os.PathLike, kind: str)
     """Atomically write `payload` (a dict of named parts) as a checkpoint of `kind`
     (e.g. "dlrm", "face") to `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    save_torch({FORMAT_KEY: FORMAT_VERSION, "kind": kind, **payload}, tmp)  # sealed and fsynced
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_torch({FORMAT_KEY: FORMAT_VERSION, "kind": kind, **payload}, tmp)  # sealed and fsynced
+        os.replace(tmp, path)
+    except OSError as err:  # a full disk, a directory taken away: one line naming the checkpoint
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise DataOutputError(f"{path}: cannot write the checkpoint: {err.strerror or first_line(err)}") from None
     try:  # make the rename itself durable
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:

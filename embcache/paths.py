@@ -63,3 +63,38 @@ def results_dir() -> Path:
     if (root := source_root()) is not None:
         return root / "bench" / "results"
     return Path.cwd() / "bench" / "results"
+
+
+def writable_directory(directory: str | os.PathLike, what: str, name: str | os.PathLike | None = None) -> Path:
+    """Create `directory` (and its parents) and write a file in it, so that a command that
+    cannot keep its `what` there (a path through a file, no permission, a read-only disk)
+    stops before its work, not after it with the work lost; DataOutputError in one line
+    naming `name` (the directory unless given: the file the command was asked to write).
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.NamedTemporaryFile() as f:
+        ...     writable_directory(Path(f.name) / "ck", "checkpoints", name="FILE/ck")
+        Traceback (most recent call last):
+        ...
+        embcache.errors.DataOutputError: FILE/ck: cannot write checkpoints there: Not a directory
+    """
+    from embcache.errors import DataOutputError
+
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".write-check-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise DataOutputError(f"{name or directory}: cannot write {what} there: {write_failure(err)}") from None
+    return directory
+
+
+def write_failure(err: OSError) -> str:
+    """Why writing failed, in a few words: the error's own, but "Not a directory" for the
+    FileExistsError of `mkdir(exist_ok=True)` over a file (a path that goes through one)."""
+    from embcache.errors import first_line
+
+    return "Not a directory" if isinstance(err, FileExistsError) else err.strerror or first_line(err)

@@ -56,6 +56,7 @@ from embcache.train.run_config import LOG_EVERY, RunConfig, StepRunConfig  # noq
 # parts of the skeleton in modules of their own (checkpoint files, metrics log, Ctrl-C), named here as before
 from embcache.train.metrics_log import MetricsLog
 from embcache.train.run_files import (  # noqa: F401 (imported from here by the rooms and the tests)
+    check_checkpoint_dir,
     checkpoint_file,
     checkpoint_in,
     checkpoint_to_evaluate,
@@ -108,6 +109,7 @@ class Trainer:
                                   "choose one")
         if not cfg.resume and not getattr(cfg, "overwrite", False):
             refuse_existing_run(cfg.checkpoint_dir, self.kind)
+        check_checkpoint_dir(cfg.checkpoint_dir, cfg.resume)
         if getattr(cfg, "log_every", 1) < 1:
             raise ValueError(f"log_every must be >= 1, got {cfg.log_every}")
         self.cfg = cfg

@@ -68,12 +68,15 @@ def apply_threads(args) -> int:
 
 def refuse_existing_run(args, kind: str) -> None:
     """Before any data is read or model built: stop in one line when --checkpoint-dir holds
-    a run of `kind` and neither --resume nor --overwrite says what to do with it (the
-    trainer checks the same; this only saves the wait)."""
+    a run of `kind` and neither --resume nor --overwrite says what to do with it, or cannot
+    be written (the trainer checks the same; this only saves the wait)."""
     if args.checkpoint_dir and not args.resume and not args.overwrite:
         from embcache.train.run import refuse_existing_run as refuse
 
         refuse(args.checkpoint_dir, kind)
+    from embcache.train.run_files import check_checkpoint_dir
+
+    check_checkpoint_dir(args.checkpoint_dir, args.resume)
 
 
 def run_launched(cfg, body):

@@ -39,7 +39,8 @@ class RunConfig:
     checkpoint_dir: str | None = setting(
         None, metavar="DIR",
         help="keep the run's checkpoint here as {kind}-last.pt, written atomically {checkpoint_when}: a killed "
-             "run loses at most the work since (default: none, no checkpoints)")
+             "run loses at most the work since; created and checked before any work (default: none, no "
+             "checkpoints)")
     resume: bool = setting(
         False, exclusive="start",
         help="continue from {kind}-last.pt in --checkpoint-dir, exactly where it stopped; without one there the "

@@ -1,8 +1,8 @@
 """Where a run's checkpoint is and what it records, for the run skeleton (`run`) and the
 commands that read a checkpoint (evaluate, export, embed): the file a path names, what a
-directory's run would lose if started afresh, a checkpoint's settings as a config (settings
-added since take the value they had in effect), and the phrases that refuse a resume with
-other settings."""
+directory's run would lose if started afresh, whether it can take checkpoints at all, a
+checkpoint's settings as a config (settings added since take the value they had in effect),
+and the phrases that refuse a resume with other settings."""
 from __future__ import annotations
 
 import os
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from embcache.checkpoint import load_checkpoint
 from embcache.errors import CheckpointError
+from embcache.paths import writable_directory
 from embcache.safe_load import load_pickled
 
 # checkpoints written before the kind-prefixed names: kind -> the file name they used
@@ -60,6 +61,15 @@ def refuse_existing_run(directory: str | os.PathLike | None, kind: str) -> None:
     if found:
         raise CheckpointError(f"{directory} holds {found}; continue it with --resume or start over "
                               f"with --overwrite")
+
+
+def check_checkpoint_dir(directory: str | os.PathLike | None, resume: bool) -> None:
+    """Before a run's first step, once: `directory` created and written to, so that one that
+    cannot take checkpoints (a path through a file, no permission) stops the run in one line
+    now, not at its first checkpoint with the work since lost. A resume's directory that is
+    not there is left to the resume's own line (a mistyped one is not created)."""
+    if directory and not (resume and not Path(directory).is_dir()):
+        writable_directory(directory, "checkpoints")
 
 
 def config_from_checkpoint(config_cls, saved: dict, **overrides):

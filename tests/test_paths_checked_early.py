@@ -1,0 +1,112 @@
+"""Paths a command writes are checked before its work, and a resumed run's metrics log has
+each step once: an unwritable --checkpoint-dir stops dlrm, face and cf train before any data
+is read or step trained; a checkpoint or results file that cannot be written is one line
+naming it; `dlrm predict` refuses an unwritable --out before it loads or scores anything;
+a run resumed after a kill replaces the killed run's records past its checkpoint, says where
+it resumed from, and carries the loss's moving average on."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from embcache.checkpoint import load_checkpoint, save_checkpoint
+from embcache.cli import main
+from embcache.data.results_file import write_columns
+from embcache.errors import CheckpointError, DataOutputError
+from embcache.train.run import StepRunConfig, Trainer
+
+
+class Killed(BaseException):
+    """What a SIGKILL does to the loop, in one process: it stops where it is, writing nothing."""
+
+
+class Falling(Trainer):
+    """A stepwise trainer whose loss falls step by step (so that a moving average restarted
+    at a resume shows); it is "killed" before step `kill_at`."""
+
+    kind = "fall"
+
+    def __init__(self, cfg, kill_at: int | None = None):
+        super().__init__(cfg)
+        self.kill_at, self.total = kill_at, 0
+
+    def train_epoch(self):
+        self.begin_epoch(6)
+        while self.step_in_epoch < 6:
+            if self.should_stop():
+                return None
+            if self.step + 1 == self.kill_at:
+                raise Killed
+            self.total += self.step + 1
+            self.after_step(10.0 / (self.step + 1), 1)
+        return {}
+
+    def trainer_state(self):
+        return {"total": self.total}
+
+    def load_trainer_state(self, ck, path):
+        self.total = ck["total"]
+
+
+def config(tmp_path, **kw):
+    kw = {"checkpoint_dir": str(tmp_path / "ck"), "metrics_out": str(tmp_path / "m.jsonl"), **kw}
+    return StepRunConfig(progress=False, epochs=2, checkpoint_every=4, log_every=1, **kw)
+
+
+def records(path) -> list[dict]:
+    return [json.loads(line) for line in open(path)]
+
+
+@pytest.fixture
+def a_file(tmp_path):
+    """A regular file, for paths that go through it as if it were a directory."""
+    path = tmp_path / "val.csv"
+    path.write_text("x\n")
+    return path
+
+
+# ---------------------------------------------------------------------------- --checkpoint-dir
+@pytest.mark.parametrize("command", [
+    ["dlrm", "train", "--synthetic-rows", "2000", "--synthetic-scale", "0.0005", "--batch-size", "128",
+     "--embedding-dim", "4", "--max-steps", "3", "--checkpoint-every", "1"],
+    ["face", "train", "--max-steps", "2", "--checkpoint-every", "1"],
+    ["cf", "train", "--epochs", "1"],
+], ids=["dlrm", "face", "cf"])
+def test_an_unwritable_checkpoint_dir_stops_train_before_the_data_is_read(command, a_file, tmp_path, capsys):
+    bad = a_file / "ck"
+    cache = ["--data-cache", str(tmp_path / "cache")] if command[0] == "dlrm" else []
+    rc = main([*command, *cache, "--no-progress", "--checkpoint-dir", str(bad)])
+    out, err = capsys.readouterr()
+    assert rc == 1 and err.splitlines() == [f"embcache {command[0]}: error: {bad}: cannot write checkpoints there: "
+                                            f"Not a directory"]
+    assert out == "" and not (tmp_path / "cache").exists()  # no data prepared or read, no step trained
+
+
+def test_a_trainer_refuses_an_unwritable_checkpoint_dir_before_its_first_step(a_file, tmp_path):
+    with pytest.raises(DataOutputError) as refused:
+        Falling(config(tmp_path, checkpoint_dir=str(a_file / "ck"), max_steps=3))
+    assert str(refused.value) == f"{a_file / 'ck'}: cannot write checkpoints there: Not a directory"
+    trainer = Falling(config(tmp_path, checkpoint_dir=str(tmp_path / "new" / "ck")))  # created, left empty
+    assert (tmp_path / "new" / "ck").is_dir() and not any((tmp_path / "new" / "ck").iterdir())
+    assert trainer.fit()["steps"] == 12
+
+
+def test_a_resume_from_a_mistyped_directory_creates_nothing(tmp_path):
+    with pytest.raises(CheckpointError, match="no fall checkpoint"):
+        Falling(config(tmp_path, checkpoint_dir=str(tmp_path / "typo"), resume=True)).fit()
+    assert not (tmp_path / "typo").exists()
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_line_naming_it(tmp_path, monkeypatch):
+    def full_disk(obj, path):
+        open(path, "wb").close()
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("embcache.checkpoint.save_torch", full_disk)
+    path = tmp_path / "ck" / "fall-last.pt"
+    with pytest.raises(DataOutputError) as refused:
+        save_checkpoint({}, path, kind="fall")
+    assert str(refused.value) == f"{path}: cannot write the checkpoint: No space left on device"
+    assert list((tmp_path / "ck").iterdir()) == []  # no temporary left behind
