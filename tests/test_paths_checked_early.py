@@ -110,3 +110,27 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_naming_it(tmp_path, mon
         save_checkpoint({}, path, kind="fall")
     assert str(refused.value) == f"{path}: cannot write the checkpoint: No space left on device"
     assert list((tmp_path / "ck").iterdir()) == []  # no temporary left behind
+
+
+# ---------------------------------------------------------------------------- results files, dlrm predict --out
+def test_dlrm_predict_refuses_an_unwritable_out_before_loading_anything(a_file, tmp_path, capsys):
+    rows = tmp_path / "rows.csv"
+    rows.write_text("sparse_0\na\n")
+    for out, why in [(a_file / "p.csv", "cannot write predictions there: Not a directory"),
+                     (tmp_path, "is a directory; predictions are written to a file")]:
+        if out == tmp_path:
+            out = tmp_path / "d.csv"
+            out.mkdir()
+        # the export does not exist: refused first means nothing was loaded or scored
+        rc = main(["dlrm", "predict", str(tmp_path / "no-export"), "--input", str(rows), "--out", str(out)])
+        assert rc == 1 and capsys.readouterr().err.strip().splitlines() == [f"embcache dlrm: error: {out}: {why}"]
+
+
+def test_results_that_cannot_be_written_are_one_line_naming_the_file(a_file, tmp_path):
+    with pytest.raises(DataOutputError) as refused:
+        write_columns({"score": [0.5]}, a_file / "p.csv")
+    assert str(refused.value) == f"{a_file / 'p.csv'}: cannot write: Not a directory"
+    (tmp_path / "d.parquet").mkdir()
+    with pytest.raises(DataOutputError, match=r"d\.parquet: cannot write: Is a directory$"):
+        write_columns({"score": [0.5]}, tmp_path / "d.parquet")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.parquet", "val.csv"]  # no temporary left

@@ -134,8 +134,10 @@ def _add_predict(sub) -> None:
 
 
 def _predict(args) -> int:
+    from embcache.data.results_file import check_output
     from embcache.dlrm.predict import predict_command
 
+    check_output(args.out, "predictions")  # before the export is loaded and the input scored
     return predict_command(args)
 
 
