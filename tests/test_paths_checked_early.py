@@ -134,3 +134,61 @@ def test_results_that_cannot_be_written_are_one_line_naming_the_file(a_file, tmp
     with pytest.raises(DataOutputError, match=r"d\.parquet: cannot write: Is a directory$"):
         write_columns({"score": [0.5]}, tmp_path / "d.parquet")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.parquet", "val.csv"]  # no temporary left
+
+
+# ---------------------------------------------------------------------------- --metrics-out after a kill
+def test_a_run_resumed_after_a_kill_logs_each_step_once_with_the_same_average(tmp_path):
+    whole = Falling(config(tmp_path / "whole"))
+    whole.fit()
+    with pytest.raises(Killed):  # steps 1-5 logged, the checkpoint of step 4 kept
+        Falling(config(tmp_path / "killed"), kill_at=6).fit()
+    log = tmp_path / "killed" / "m.jsonl"
+    assert [r["step"] for r in records(log) if r["event"] == "step"] == [1, 2, 3, 4, 5]
+    with open(log, "a") as f:
+        f.write('{"event": "step", "step": 6, "lo')  # a line the kill cut short
+    resumed = Falling(config(tmp_path / "killed", resume=True))
+    assert resumed.fit() and resumed.total == whole.total
+
+    got, want = records(log), records(tmp_path / "whole" / "m.jsonl")
+    starts = [r for r in got if r["event"] == "start"]
+    assert "resumed_from" not in starts[0] and starts[1]["resumed_from"] == {"epoch": 0, "step": 4}
+
+    def progress(rs):
+        return [{k: v for k, v in r.items() if k != "samples_per_s"} for r in rs if r["event"] in ("step", "epoch")]
+    assert progress(got) == progress(want)  # steps 1..12 once each, loss_ema as if never killed
+    assert [r["event"] for r in got] == ["start", *["step"] * 4, "start", *["step"] * 2, "epoch",
+                                         *["step"] * 6, "epoch", "summary"]
+
+
+def test_records_after_the_checkpoint_that_are_not_progress_stay(tmp_path):
+    """An `interrupted` (or `diverged`) record the killed run wrote after its checkpoint
+    stays: the resumed run writes no other in its place."""
+    Falling(config(tmp_path, max_steps=4)).fit()  # checkpoint of step 4, then its summary
+    Falling(config(tmp_path, resume=True, max_steps=5)).fit()
+    events = [(r["event"], r.get("step", r.get("steps"))) for r in records(tmp_path / "m.jsonl")]
+    assert events == [("start", None), ("step", 1), ("step", 2), ("step", 3), ("step", 4), ("summary", 4),
+                      ("start", None), ("step", 5), ("summary", 5)]
+
+
+def test_a_checkpoint_without_the_average_or_the_log_mark_still_resumes(tmp_path):
+    """Checkpoints written before the average and the log's length were kept: the average
+    starts again at the resume and the log is only appended to, as before."""
+    with pytest.raises(Killed):
+        Falling(config(tmp_path), kill_at=6).fit()
+    path = tmp_path / "ck" / "fall-last.pt"
+    ck = load_checkpoint(path, "fall")
+    old = {k: v for k, v in ck.items() if k not in ("loss_ema", "metrics_log", "embcache_checkpoint", "kind")}
+    save_checkpoint(old, path, kind="fall")
+    Falling(config(tmp_path, resume=True, max_steps=5)).fit()
+    steps = [r for r in records(tmp_path / "m.jsonl") if r["event"] == "step"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 5]  # appended, as before
+    assert steps[-1]["loss_ema"] == steps[-1]["loss"] == 10.0 / 5  # the average started again
+
+
+def test_a_log_replaced_since_the_checkpoint_is_only_appended_to(tmp_path):
+    with pytest.raises(Killed):
+        Falling(config(tmp_path), kill_at=6).fit()
+    os.replace(tmp_path / "m.jsonl", tmp_path / "old.jsonl")
+    (tmp_path / "m.jsonl").write_text('{"event": "note"}\n')  # shorter than the checkpoint's mark
+    Falling(config(tmp_path, resume=True, max_steps=5)).fit()
+    assert [r["event"] for r in records(tmp_path / "m.jsonl")] == ["note", "start", "step", "summary"]

@@ -23,7 +23,8 @@ all three:
   loss it was, before it reaches a checkpoint, so the last checkpoint is always good to
   resume from;
 - **metrics log**: JSON lines, `start`, `step` (every `log_every` steps), `epoch`, then
-  `summary` (or `diverged`);
+  `summary` (or `diverged`); a resumed run's `start` says from where, and the killed run's
+  records past the checkpoint give way to the resumed run's (`metrics_log`);
 - **progress**: a bar per epoch, and one line per epoch through `logging` (the command line
   prints it; a library user's logging configuration decides);
 - **reading the loss**: a trainer hands each step's loss over as a float (read already)
@@ -63,14 +64,11 @@ from embcache.train.run_files import (  # noqa: F401 (imported from here by the 
     config_from_checkpoint,
     refuse_existing_run,
     resume_mismatches,
+    upgrade_common_parts,
 )
 from embcache.train.stop_signals import StopSignals
 
 logger = logging.getLogger(__name__)
-
-# positions written under other names before the trainers shared this skeleton
-_LEGACY_POSITION_KEYS = {"step_in_epoch": ("batch_in_epoch",), "step": ("global_step",),
-                         "epoch": ("epochs_done",), "history": ("records",)}
 
 
 def check_loss(loss: float, where: str) -> None:
@@ -171,12 +169,7 @@ class Trainer:
         """A checkpoint written by an earlier version, in today's form (positions under
         the skeleton's names, settings added since with the value they had in effect); a
         trainer adds its own renames."""
-        ck["config"] = {**getattr(type(self.cfg), "settings_added_later", {}), **ck["config"]}
-        for key, old_names in _LEGACY_POSITION_KEYS.items():
-            for old in old_names:
-                if key not in ck and old in ck:
-                    ck[key] = ck.pop(old)
-        return ck
+        return upgrade_common_parts(ck, type(self.cfg))
 
     def format_epoch(self, record: dict) -> str:
         return f"epoch {record['epoch']}"
@@ -201,8 +194,10 @@ class Trainer:
     def fit(self) -> dict:
         """Train from where the run stands (resumed when the config says so) to the last
         epoch or `max_steps`; returns the summary, also the metrics log's last record."""
+        resumed = {}
         if self.cfg.resume:
-            self.resume()
+            self.log.supersede(self.resume().get("metrics_log"))  # the killed run's records past the checkpoint
+            resumed = {"resumed_from": {"epoch": self.epoch, **({"step": self.step} if self._stepwise else {})}}
             if self.epoch >= self.cfg.epochs:
                 logger.info(f"the checkpoint has {self.epoch} epoch(s) already: nothing to train "
                             f"(raise --epochs to go on)")
@@ -210,7 +205,7 @@ class Trainer:
             self.log.open_tensorboard(getattr(self.cfg, "tensorboard", None),
                                       purge_step=self.step + 1 if self.cfg.resume else None)
         self.log.write(event="start", kind=self.kind, config=asdict(self.cfg), world_size=self.world.size,
-                       **self.start_fields())
+                       **resumed, **self.start_fields())
         self._signals = StopSignals(self._stop_at_once, self.world.distributed, self.world.is_main,
                                     "step" if self._stepwise else "epoch")
         try:
@@ -489,7 +484,8 @@ class Trainer:
         payload = {"config": asdict(self.cfg), "data": self.data_fingerprint(), "epoch": self.epoch,
                    "step_in_epoch": self.step_in_epoch, "step": self.step, "history": self.history,
                    "train_seconds": self.train_seconds, "train_samples": self.train_samples,
-                   "rng": torch.get_rng_state(), "world_size": self.world.size, **self.trainer_state()}
+                   "rng": torch.get_rng_state(), "world_size": self.world.size, "loss_ema": self._loss_ema,
+                   "metrics_log": self.log.mark(), **self.trainer_state()}
         if self.world.is_main:
             save_checkpoint(payload, self.checkpoint_path, kind=self.kind)
             self.after_save(payload)
@@ -516,6 +512,7 @@ class Trainer:
         self._saved_position = self._position
         self.history = ck["history"]
         self.train_seconds, self.train_samples = ck.get("train_seconds", 0.0), ck.get("train_samples", 0)
+        self._loss_ema = ck.get("loss_ema")  # older checkpoints: the average starts again
         if "rng" in ck:
             torch.set_rng_state(ck["rng"])
         where = f" and {self.step_in_epoch} step(s) of epoch {self.epoch + 1}" if self.step_in_epoch else ""

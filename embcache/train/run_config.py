@@ -48,7 +48,8 @@ class RunConfig:
              "or the data must be the checkpoint's")
     metrics_out: str | None = setting(
         None, metavar="FILE",
-        help="JSON-lines metrics log (appended): start, step, epoch and summary records (default: none)")
+        help="JSON-lines metrics log (appended): start, step, epoch and summary records; a resumed run replaces "
+             "the killed run's records past its checkpoint (default: none)")
     progress: bool = setting(True, flag="--no-progress", help="no progress bar")
     overwrite: bool = setting(
         False, exclusive="start",

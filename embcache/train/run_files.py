@@ -16,6 +16,9 @@ from embcache.safe_load import load_pickled
 
 # checkpoints written before the kind-prefixed names: kind -> the file name they used
 LEGACY_CHECKPOINT_NAMES = {"dlrm": "last.pt"}
+# positions written under other names before the trainers shared this skeleton
+LEGACY_POSITION_KEYS = {"step_in_epoch": ("batch_in_epoch",), "step": ("global_step",),
+                        "epoch": ("epochs_done",), "history": ("records",)}
 
 
 def checkpoint_file(path: str | os.PathLike, kind: str) -> Path:
@@ -70,6 +73,18 @@ def check_checkpoint_dir(directory: str | os.PathLike | None, resume: bool) -> N
     not there is left to the resume's own line (a mistyped one is not created)."""
     if directory and not (resume and not Path(directory).is_dir()):
         writable_directory(directory, "checkpoints")
+
+
+def upgrade_common_parts(ck: dict, config_cls) -> dict:
+    """The skeleton's parts of a checkpoint an earlier version wrote, in today's form:
+    positions under today's names, the settings added since with the value they had in
+    effect (`config_cls.settings_added_later`)."""
+    ck["config"] = {**getattr(config_cls, "settings_added_later", {}), **ck["config"]}
+    for key, old_names in LEGACY_POSITION_KEYS.items():
+        for old in old_names:
+            if key not in ck and old in ck:
+                ck[key] = ck.pop(old)
+    return ck
 
 
 def config_from_checkpoint(config_cls, saved: dict, **overrides):
