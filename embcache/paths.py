@@ -9,6 +9,8 @@ Nothing is ever written into the installed package.
   ``$XDG_CACHE_HOME/embcache/datasets``, else ``~/.cache/embcache/datasets``; benchmark results
   in ``bench/results/`` under the working directory, beside the runs they come from.
 
+`check_output_file` checks a path a command will write to, before the work.
+
 Example:
     >>> datasets_dir().name, results_dir().parts[-2:]
     ('datasets', ('bench', 'results'))
@@ -18,6 +20,8 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+
+from embcache.errors import DataOutputError
 
 HOME_ENV = "EMBCACHE_HOME"
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -98,3 +102,22 @@ def write_failure(err: OSError) -> str:
     from embcache.errors import first_line
 
     return "Not a directory" if isinstance(err, FileExistsError) else err.strerror or first_line(err)
+
+
+def check_output_file(path: str | os.PathLike) -> Path:
+    """`path` as a Path, once a file can be made there: a command that writes its results at
+    the end checks its output this way first, so that a bad path costs a line, not the work.
+    Nothing is created; the directories missing on the way are made by the writer.
+    DataOutputError (one line naming the path) when the path is a directory, a file stands
+    where a directory must be, or the directory that would hold it is not writable."""
+    out = Path(path)
+    if out.is_dir():
+        raise DataOutputError(f"{out}: cannot write: it is a directory, not a file")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:  # the nearest that exists: below it all is made
+        parent = parent.parent
+    if not parent.is_dir():
+        raise DataOutputError(f"{out}: cannot write: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise DataOutputError(f"{out}: cannot write: {parent} is not writable")
+    return out

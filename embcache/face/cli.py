@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 
 from embcache.arg_types import DefaultsHelpFormatter, positive_int
 from embcache.errors import UserFacingError
@@ -20,6 +21,8 @@ from embcache.train.run_cli import (
     run_rows,
 )
 
+logger = logging.getLogger(__name__)
+
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
     from embcache.face.config import FaceConfig
@@ -30,6 +33,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a face embedding (and evaluate it after each epoch)", formatter_class=fmt,
                        description="Train a probe net with the dcp / fc / pfc head. The progress bar shows loss, "
                                    "learning rate and pool occupancy; verification accuracy (10-fold), TAR@FAR "
+                                   "(n/a, said once, where the impostor pairs are too few to resolve the FAR) "
                                    "and identification top-1 on held-out identities after each epoch; a summary "
                                    "at the end. Checkpoints are atomic and include the pool and its LRU state; "
                                    "--resume continues exactly where a killed run stopped.")
@@ -68,7 +72,8 @@ def _add_use_parsers(sub) -> None:
     v = sub.add_parser("verify", help="are two images the same person? cosine and verdict", formatter_class=fmt,
                        description="Embed two images with a face checkpoint and print their cosine and a same / "
                                    "different verdict at the threshold the last evaluation found for FAR 1e-3 "
-                                   "(recorded in the checkpoint), or --threshold.")
+                                   "(recorded in the checkpoint), or --threshold. Where that evaluation had too "
+                                   "few impostor pairs to resolve FAR 1e-3, the line says what the cut is instead.")
     _checkpoint_use(v, images=True, run=("embcache.face.use", "verify_command"))
     v.add_argument("a", metavar="A.jpg")
     v.add_argument("b", metavar="B.jpg")
@@ -175,7 +180,8 @@ def train(args) -> int:
 def evaluate(args) -> int:
     """Evaluate in this process, or under torchrun with every rank embedding its share of
     the held-out samples (rank 0 scores them and alone prints)."""
-    from embcache.face.trainer import FaceConfig, FaceTrainer, format_epoch
+    from embcache.face.evaluation import format_epoch, unresolved_notes
+    from embcache.face.trainer import FaceConfig, FaceTrainer
     from embcache.train.run import checkpoint_to_evaluate
 
     try:
@@ -195,12 +201,16 @@ def evaluate(args) -> int:
 
     metrics, world = run_launched(cfg, body)
     if world.is_main:
+        for line in unresolved_notes(metrics, set()):
+            logger.warning(line)
         print(format_epoch({"epoch": ck["epoch"], **metrics}))
         print(json.dumps(metrics))
     return 0
 
 
 def summary_rows(s: dict) -> list[tuple[str, str]]:
+    from embcache.face.evaluation import tar_text
+
     rows = [("head", f"{s['head']} over {s['num_classes']:,} classes"), ("backbone", s["backbone"]),
             ("head state", f"{s['head_state_bytes'] / 2**20:,.2f} MiB (parameters/pool + optimizer state)")]
     final = s.get("final") or {}
@@ -211,7 +221,7 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
             rows.append((f"{name} verification", f"not scored: {m.get('pairs', 0)} pairs, under 20"))
         else:
             rows.append((f"{name} verification", f"{m['accuracy']:.4f} ± {m['accuracy_std']:.4f}"))
-            rows.append((f"{name} TAR@FAR=1e-3 / 1e-4", f"{m['tar@far=0.001']:.4f} / {m['tar@far=0.0001']:.4f}"))
+            rows.append((f"{name} TAR@FAR=1e-3 / 1e-4", f"{tar_text(m, 1e-3)} / {tar_text(m, 1e-4)}"))
         if "identification_top1" in m:
             rows.append((f"{name} identification top-1", f"{m['identification_top1']:.4f}"))
     if "pool" in s:

@@ -3,7 +3,10 @@
 - Verification: cosine similarity of each pair; 10-fold accuracy, the threshold of each fold
   chosen to maximise accuracy on the other nine; TAR at FAR 1e-3 and 1e-4 (the threshold is
   the FAR-quantile of the different-identity scores; with n negative pairs the smallest FAR
-  that can be resolved is 1/n, reported beside it).
+  that can be resolved is 1/n, reported beside it). A FAR below 1/n keeps its figures in
+  the result, flagged `resolved@far=...: false`, since they would read as a measurement they
+  are not (the cut is then the highest impostor score): what prints them shows `n/a` and
+  says why once (`unresolved_note`).
 - Identification: top-1 accuracy of probes against a gallery with one sample per identity,
   by exact inner-product search (faiss `IndexFlatIP` where importable) on L2-normalised features.
 """
@@ -71,8 +74,70 @@ def verification(emb_a: torch.Tensor, emb_b: torch.Tensor, issame: torch.Tensor,
         thr = neg[k] if k < len(neg) else -np.inf
         out[f"tar@far={far:g}"] = float((pos > thr).mean()) if len(pos) else float("nan")
         out[f"threshold@far={far:g}"] = float(thr) if np.isfinite(thr) else None  # `face verify`'s cut
+        out[f"resolved@far={far:g}"] = k >= 1  # else no impostor may pass: the cut is the highest one's score
     out["min_resolvable_far"] = 1.0 / max(1, len(neg))
     return out
+
+
+def far_resolved(scores: dict, far: float) -> bool:
+    """Whether the impostor pairs of `scores` (a `verification` result) are enough to measure
+    `far`; a result written before the flag is judged by its `min_resolvable_far`."""
+    flag = scores.get(f"resolved@far={far:g}")
+    if flag is not None:
+        return bool(flag)
+    least = scores.get("min_resolvable_far")
+    return least is None or far * (1 + 1e-9) >= least
+
+
+def far_text(far: float) -> str:
+    """1e-3, 2.2e-2: a FAR as the lines print it."""
+    mantissa, exponent = f"{far:.1e}".split("e")
+    return f"{mantissa.removesuffix('.0')}e{int(exponent)}"
+
+
+def tar_text(scores: dict, far: float) -> str:
+    """TAR at `far` with four decimals, or `n/a` where too few impostor pairs resolve `far`."""
+    return f"{scores[f'tar@far={far:g}']:.4f}" if far_resolved(scores, far) else "n/a"
+
+
+def unresolved_note(name: str, scores: dict) -> str | None:
+    """The line that says, once, why the TAR@FAR figures of verification set `name` show as
+    n/a: its impostor pairs are too few for those FARs (None when they are enough)."""
+    fars = [float(k.split("=", 1)[1]) for k in scores if k.startswith("tar@far=")]
+    low = [far_text(f) for f in fars if not far_resolved(scores, f)]
+    if not low:
+        return None
+    least = scores.get("min_resolvable_far") or 1.0
+    pairs = scores.get("negatives", round(1 / least))
+    return (f"{name}: {pairs:,} impostor pairs resolve FAR >= {far_text(least)} only: TAR@FAR={' and '.join(low)} "
+            f"cannot be measured on them and show as n/a (the result's figures are kept, flagged "
+            f"\"resolved@far=...\": false)" + ("; a larger --holdout gives more pairs" if name == "heldout" else ""))
+
+
+def unresolved_notes(record: dict, said: set[str]) -> list[str]:
+    """`unresolved_note` of each verification set of `record` (an epoch's scores) that is
+    not in `said` yet, which gains them: a command says it once, not on every epoch's line."""
+    out = []
+    for name, scores in record.items():
+        note = unresolved_note(name, scores) if isinstance(scores, dict) and name not in said else None
+        if note:
+            said.add(name)
+            out.append(note)
+    return out
+
+
+def format_epoch(record: dict) -> str:
+    """An epoch's line: each verification set's accuracy, TAR@FAR=1e-3 (n/a where its
+    impostor pairs cannot resolve it) and identification top-1."""
+    parts = [f"epoch {record['epoch']}"]
+    for name, m in record.items():
+        if isinstance(m, dict):
+            s = (f"{name}: acc {m['accuracy']:.4f}±{m['accuracy_std']:.4f}, TAR@FAR=1e-3 {tar_text(m, 1e-3)}"
+                 if "accuracy" in m else f"{name}: no verification ({m.get('pairs', 0)} pairs, under 20)")
+            if "identification_top1" in m:
+                s += f", top-1 {m['identification_top1']:.4f}"
+            parts.append(s)
+    return " | ".join(parts)
 
 
 def identification_top1(gallery: torch.Tensor, gallery_labels: torch.Tensor, probes: torch.Tensor,

@@ -5,7 +5,8 @@ one in the gallery is answered "unknown" rather than by its nearest stranger.
 The threshold is the one `face verify` uses: the cut at FAR 1e-3 that the last evaluation
 found on its first verification set (recorded in the checkpoint), or the caller's. It was
 found on pairs of single images, where a gallery identity is the mean of its images'
-embeddings: there the cut is a guide, not a measured false accept rate.
+embeddings: there the cut is a guide, not a measured false accept rate. Where the evaluation
+had too few impostor pairs to resolve FAR 1e-3, the line naming the threshold says so.
 
 Queries are embedded before the gallery: an unreadable query stops the search before the
 larger part of the work, not after it. With `skip_bad_images` (`--skip-bad-images`) unreadable
@@ -25,6 +26,7 @@ import torch
 
 from embcache.data.bad_rows import BadRowLog
 from embcache.errors import UserFacingError
+from embcache.face.use import resolve_threshold
 
 
 @dataclass
@@ -61,18 +63,6 @@ class SearchResults:
     @property
     def unknown(self) -> int:
         return sum(q.unknown for q in self.queries)
-
-
-def resolve_threshold(ck: dict, threshold: float | None) -> tuple[float | None, str]:
-    """(threshold, where it came from): the caller's, else the checkpoint's at FAR 1e-3."""
-    from embcache.face.use import verify_threshold
-
-    if threshold is not None:
-        return float(threshold), "--threshold"
-    recorded = verify_threshold(ck)
-    if recorded is None:
-        return None, "no evaluation recorded one: give --threshold"
-    return recorded, "the checkpoint's, at FAR 1e-3"
 
 
 def gallery_identities(root: str | Path) -> tuple[list[str], list[list[Path]]]:
@@ -140,10 +130,13 @@ def search_command(args) -> int:
     import pyarrow as pa
 
     from embcache.data.results_file import SUFFIXES, write_columns
+    from embcache.paths import check_output_file
 
     out = Path(args.out) if args.out else None
     if out is not None and out.suffix not in SUFFIXES:
         raise UserFacingError(f"{out}: search results are written as {' or '.join(SUFFIXES)}")
+    if out is not None:
+        check_output_file(out)  # before the work, not after it
     found = search(args.checkpoint, args.gallery, args.query, args.k, args.threshold, args.device,
                    flip=not args.no_flip, skip_bad_images=args.skip_bad_images, progress=args.progress)
     if found.skipped.total:

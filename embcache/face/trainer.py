@@ -33,6 +33,7 @@ rank's steps sent, by collective (`comm_bytes_per_step`, counted by `CollectiveM
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import sys
 from pathlib import Path
@@ -44,12 +45,16 @@ from embcache.distributed.data_parallel import data_parallel
 from embcache.distributed.global_norm import average_running_stats, forward_apart, global_batch_norm
 from embcache.distributed.world import broadcast_object, gather_objects
 from embcache.nn.backbones import build_backbone
-from embcache.face.evaluation import embed, heldout_pairs, identification_top1, verification
+from embcache.face.evaluation import (embed, format_epoch, heldout_pairs, identification_top1, unresolved_notes,
+                                      verification)
 from embcache.settings_fields import option_names
 from embcache.face.config import MUST_MATCH, FaceConfig  # noqa: F401 (their home before)
 from embcache.face.head_factory import build_head, pool_slots
 from embcache.train import precision
 from embcache.train.run import Trainer
+
+logger = logging.getLogger(__name__)
+
 
 def build_source(cfg: FaceConfig):
     """The training data named by `cfg.data`."""
@@ -96,6 +101,7 @@ class FaceTrainer(Trainer):
 
     def __init__(self, cfg: FaceConfig, source=None):
         super().__init__(cfg, cfg.resolved_device())
+        self._far_noted: set[str] = set()  # the verification sets said to be too small for a FAR
         torch.manual_seed(cfg.seed)
         self.source = source if source is not None else build_source(cfg)
         self.num_classes = self.source.num_classes if cfg.data != "synthetic" else cfg.num_classes
@@ -296,9 +302,14 @@ class FaceTrainer(Trainer):
     def evaluate_epoch(self) -> dict:
         """`evaluate` (collective), after per-rank batch norm's running statistics are made
         the same on every rank, so that every rank's history, and so the checkpoint, is the
-        same."""
+        same. A verification set with too few impostor pairs for a FAR it reports is named
+        once a run (`unresolved_notes`)."""
         self._share_running_stats()
-        return self.evaluate()
+        scores = self.evaluate()
+        if self.world.is_main:
+            for line in unresolved_notes(scores, self._far_noted):
+                logger.warning(line)
+        return scores
 
     def _share_running_stats(self) -> None:
         """Per-rank batch norm under several ranks: every rank's running statistics replaced
@@ -529,14 +540,3 @@ def head_state_bytes(head: torch.nn.Module, optimizer: torch.optim.Optimizer | N
                 total += sum(v.numel() * v.element_size() for v in st.values() if torch.is_tensor(v))
     return total
 
-
-def format_epoch(record: dict) -> str:
-    parts = [f"epoch {record['epoch']}"]
-    for name, m in record.items():
-        if isinstance(m, dict):
-            s = (f"{name}: acc {m['accuracy']:.4f}±{m['accuracy_std']:.4f}, TAR@FAR=1e-3 {m['tar@far=0.001']:.4f}"
-                 if "accuracy" in m else f"{name}: no verification ({m.get('pairs', 0)} pairs, under 20)")
-            if "identification_top1" in m:
-                s += f", top-1 {m['identification_top1']:.4f}"
-            parts.append(s)
-    return " | ".join(parts)

@@ -4,7 +4,8 @@ alone, no training folder (it records how to rebuild its network: `probe_spec`).
 is `embcache.face.search`'s.
 
 The verdict's threshold is the one at FAR 1e-3 on the last evaluation's first verification
-set (recorded in the checkpoint's history), or `--threshold`.
+set (recorded in the checkpoint's history), or `--threshold`. Where that set had too few
+impostor pairs to resolve FAR 1e-3 (fewer than 1,000) the line says what the cut is instead.
 """
 from __future__ import annotations
 
@@ -99,10 +100,12 @@ def embed_readable(probe, spec: dict, paths: list[Path], device="cpu", flip: boo
 
 def embed_command(args) -> int:
     from embcache.data.results_file import write_columns
+    from embcache.paths import check_output_file
 
     out = Path(args.out)
     if out.suffix not in EMBED_FORMATS:
         raise UserFacingError(f"{out}: embeddings are written as {' or '.join(EMBED_FORMATS)}")
+    check_output_file(out)  # before the work, not after it
     probe, spec, _ = load_probe(args.checkpoint, args.device)
     paths = image_paths(args.inputs)
     emb = embed_images(probe, spec, paths, args.device, flip=not args.no_flip, progress=args.progress).numpy()
@@ -122,22 +125,55 @@ def embed_command(args) -> int:
     return 0
 
 
-def verify_threshold(ck: dict, far: float = 1e-3) -> float | None:
-    """The cut at `far` of the last evaluation's first verification set, if it recorded one."""
+def recorded_scores(ck: dict, far: float = 1e-3) -> dict | None:
+    """The verification scores that hold the checkpoint's cut at `far`: the last
+    evaluation's first verification set that recorded one (None if none did)."""
     for record in reversed(ck.get("history") or []):
         for value in record.values():
             if isinstance(value, dict) and value.get(f"threshold@far={far:g}") is not None:
-                return float(value[f"threshold@far={far:g}"])
+                return value
     return None
+
+
+def verify_threshold(ck: dict, far: float = 1e-3) -> float | None:
+    """The cut at `far` of the last evaluation's first verification set, if it recorded one."""
+    scores = recorded_scores(ck, far)
+    return None if scores is None else float(scores[f"threshold@far={far:g}"])
+
+
+def threshold_source(ck: dict, far: float = 1e-3) -> str:
+    """How a line names the checkpoint's cut at `far`. Where the evaluation had too few
+    impostor pairs to resolve `far` the cut is only the highest impostor cosine, and the
+    line says so rather than call it a FAR."""
+    from embcache.face.evaluation import far_resolved, far_text
+
+    scores = recorded_scores(ck, far)
+    if scores is None or far_resolved(scores, far):
+        return f"the checkpoint's, at FAR {far_text(far)}"
+    least = scores.get("min_resolvable_far") or 1.0
+    pairs = scores.get("negatives", round(1 / least))
+    return (f"the checkpoint's, not a FAR {far_text(far)} cut: its evaluation's {pairs:,} impostor pairs resolve "
+            f"FAR >= {far_text(least)} only, and it is the highest of their cosines")
+
+
+def resolve_threshold(ck: dict, threshold: float | None) -> tuple[float | None, str]:
+    """(threshold, where it came from): the caller's, else the checkpoint's at FAR 1e-3
+    (`threshold_source` words it); `face verify`'s and `face search`'s."""
+    if threshold is not None:
+        return float(threshold), "--threshold"
+    recorded = verify_threshold(ck)
+    if recorded is None:
+        return None, "no evaluation recorded one: give --threshold"
+    return recorded, threshold_source(ck)
 
 
 def verify_command(args) -> int:
     probe, spec, ck = load_probe(args.checkpoint, args.device)
-    threshold = args.threshold if args.threshold is not None else verify_threshold(ck)
+    threshold, source = resolve_threshold(ck, args.threshold)
     if threshold is None:
         raise UserFacingError(f"{args.checkpoint}: no evaluation recorded a threshold at FAR 1e-3: give --threshold")
     a, b = embed_images(probe, spec, image_paths([args.a, args.b]), args.device, flip=not args.no_flip)
     cosine = float((a * b).sum())
     verdict = "same" if cosine > threshold else "different"
-    print(f"cosine {cosine:.4f}, threshold {threshold:.4f}: {verdict}")
+    print(f"cosine {cosine:.4f}, threshold {threshold:.4f} ({source}): {verdict}")
     return 0
