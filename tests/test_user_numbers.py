@@ -113,3 +113,83 @@ def test_face_embed_and_search_refuse_an_unwritable_out_before_embedding(face_ru
         err = capsys.readouterr().err.strip()
         assert err.endswith(f"{out}: cannot write: {tmp_path / 'val.csv'} is a file, not a directory")
         assert len(err.splitlines()) == 1
+
+
+# ------------------------------------------------------------------------ cf
+TINY = ["--data", "synthetic", "--synthetic-users", "60", "--synthetic-items", "120", "--synthetic-interactions",
+        "1500", "--negatives", "4", "--engine", "torch", "--threads", "1", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def cf_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cf")
+    assert main(["cf", "train", *TINY, "--epochs", "1", "--checkpoint-dir", str(root / "ck"),
+                 "--save", str(root / "m.npz")]) == 0
+    return root
+
+
+def _no_data(monkeypatch):
+    """Make reading the interactions an error: what runs before the data cannot have read it."""
+    import embcache.cf.trainer as trainer
+
+    def read(*args, **kwargs):
+        raise AssertionError("the data was read first")
+
+    monkeypatch.setattr(trainer, "load_interactions", read)
+
+
+def test_cf_train_warns_when_recall_falls_below_the_previous_epoch(monkeypatch, capsys):
+    import embcache.cf.trainer as trainer
+
+    recalls = iter([0.3616, 0.2904, 0.3000])
+    monkeypatch.setattr(trainer, "evaluate_params",
+                        lambda *a, **k: {"recall@20": next(recalls), "ndcg@20": 0.1, "users": 60})
+    assert main(["cf", "train", *TINY, "--epochs", "3"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: recall")]
+    assert warnings == [f"warning: recall@20 went from 0.3616 after epoch 1 to 0.2904 after epoch 2: "
+                        f"{trainer.FALLING_ADVICE}"]  # epoch 3 rose again: no line
+
+
+def test_cf_save_and_recommend_out_refuse_an_unwritable_path_before_the_work(cf_run, tmp_path, capsys,
+                                                                              monkeypatch):
+    import embcache.cf.cli as cli
+
+    (tmp_path / "val.csv").write_text("a file\n")
+    _no_data(monkeypatch)
+    save = tmp_path / "val.csv" / "m.npz"
+    assert main(["cf", "train", *TINY, "--epochs", "1", "--save", str(save)]) == 1
+    got = capsys.readouterr()
+    assert got.err.strip() == f"embcache cf: error: {save}: cannot write: {tmp_path / 'val.csv'} is a file, " \
+                              f"not a directory"
+    assert "epoch" not in got.out
+
+    def ranked(*args, **kwargs):
+        raise AssertionError("recommended before the output path was checked")
+
+    monkeypatch.setattr(cli, "recommendation_rows", ranked)
+    out = tmp_path / "val.csv" / "top.csv"
+    assert main(["cf", "recommend", str(cf_run / "m.npz"), "--all", "--out", str(out)]) == 1
+    assert capsys.readouterr().err.strip().endswith(f"{out}: cannot write: {tmp_path / 'val.csv'} is a file, "
+                                                    f"not a directory")
+
+
+def test_cf_evaluate_checks_the_checkpoint_before_reading_data(cf_run, tmp_path, capsys, monkeypatch):
+    from embcache.checkpoint import save_checkpoint
+
+    good = cf_run / "ck" / "cf-last.pt"
+    truncated = tmp_path / "cf-last.pt"
+    truncated.write_bytes(good.read_bytes()[:4000])
+    dlrm = save_checkpoint({"config": {}}, tmp_path / "dlrm" / "dlrm-last.pt", kind="dlrm")
+    (tmp_path / "empty").mkdir()  # a --checkpoint-dir without its checkpoint
+    _no_data(monkeypatch)
+    for path, message in ((truncated, "corrupt or truncated checkpoint"), (dlrm, "a 'dlrm' checkpoint, expected 'cf'"),
+                          (tmp_path / "empty", "empty/cf-last.pt: no such checkpoint file")):
+        assert main(["cf", "evaluate", str(path)]) == 1
+        got = capsys.readouterr()
+        assert got.out == "" and message in got.err and str(path) in got.err
+    monkeypatch.undo()
+    copied = tmp_path / "ck"
+    shutil.copytree(cf_run / "ck", copied)
+    assert main(["cf", "evaluate", str(copied)]) == 0  # a good checkpoint: the data it records, then the scores
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("synthetic-60x120") and "recall@20" in json.loads(out[-1])

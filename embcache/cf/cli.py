@@ -16,6 +16,7 @@ from pathlib import Path
 
 from embcache.arg_types import DefaultsHelpFormatter, positive_int
 from embcache.errors import UserFacingError
+from embcache.paths import check_output_file
 from embcache.safe_load import add_trust_argument
 from embcache.settings_fields import add_config_arguments, config_values
 from embcache.cf.config import negatives_count  # noqa: F401 (its home before)
@@ -163,6 +164,8 @@ def train(args) -> int:
 
     if args.save and Path(args.save).suffix not in FORMATS:
         raise UserFacingError(f"{args.save}: embeddings are saved as {', '.join(FORMATS)}")
+    if args.save:
+        check_output_file(args.save)  # before training: a path that cannot be written would lose the model
     if args.save and not args.force:
         for kept in (Path(args.save), *([Path(args.save + ".json")] if args.save.endswith(".npy") else [])):
             if kept.exists():
@@ -232,8 +235,9 @@ def evaluate(args) -> int:
     if args.threads is not None and not 1 <= args.threads <= max_threads():
         raise UserFacingError(f"--threads must be in 1..{max_threads()} on this machine")
     apply_threads(args)
-    data, saved, pairs = evaluation_data(args)
-    params = evaluated_params(args.load, data)
+    loaded = loaded_checkpoint(args.load)  # a damaged or foreign checkpoint stops before any data is read
+    data, saved, pairs = evaluation_data(args, loaded)
+    params = evaluated_params(args.load, data, loaded)
     if pairs is not None:
         dropped = trained_on.drop_trained_pairs(data, *pairs)
         if dropped:
@@ -247,14 +251,28 @@ def evaluate(args) -> int:
     return 0
 
 
-def evaluation_data(args):
+def loaded_checkpoint(path: str):
+    """(file, checkpoint) where `path` names a cf checkpoint (a .pt file, or the directory of
+    one), loaded and checked; None for an embeddings file (its loader checks it)."""
+    if Path(path).suffix != ".pt" and not Path(path).is_dir():
+        return None
+    from embcache.cf.trainer import load_cf_checkpoint
+
+    return load_cf_checkpoint(path)
+
+
+def evaluation_data(args, loaded=None):
     """(the data to evaluate `args.load` on, its record, its training pairs): the data and
-    split the file records, the flags given over them; without a record, the flags alone."""
+    split the file records, the flags given over them; without a record, the flags alone.
+    `loaded`: the checkpoint `args.load` names, read already (`loaded_checkpoint`)."""
     from embcache.cf import trained_on
     from embcache.cf.config import CFTrainConfig
     from embcache.cf.trainer import load_interactions
 
-    saved, pairs, readable = trained_on.read_saved(args.load)
+    if loaded is not None:
+        saved, pairs, readable = trained_on.checkpoint_record(loaded[1]["config"]), None, True
+    else:
+        saved, pairs, readable = trained_on.read_saved(args.load)
     given = {name: getattr(args, name) for name in trained_on.RECORDED if getattr(args, name) is not None}
     settings = trained_on.evaluation_settings(args.load, given, saved)
     if saved is None and readable:
@@ -267,15 +285,16 @@ def evaluation_data(args):
     return data, saved, pairs
 
 
-def evaluated_params(path: str, data):
-    """The parameters of the embeddings file or checkpoint `path`, for `data`."""
+def evaluated_params(path: str, data, loaded=None):
+    """The parameters of the embeddings file or checkpoint `path` (`loaded`: that
+    checkpoint, read already), for `data`."""
     from embcache.cf.data.embeddings_file import load_params
 
     try:
-        if Path(path).suffix == ".pt" or Path(path).is_dir():
+        if loaded is not None or Path(path).suffix == ".pt" or Path(path).is_dir():
             from embcache.cf.trainer import params_from_checkpoint
 
-            return params_from_checkpoint(path, data)
+            return params_from_checkpoint(path, data, loaded)
         return load_params(path, data.num_items, data.train_indptr, data.train_indices)
     except UserFacingError:
         raise
@@ -292,6 +311,8 @@ def recommend(args) -> int:
     out = Path(args.out) if args.out else None
     if out is not None and out.suffix not in (".csv", ".parquet"):
         raise UserFacingError(f"{out}: recommendations are written as .csv or .parquet")
+    if out is not None:
+        check_output_file(out)  # before the work, not after it
     try:
         model = CFModel.load(args.model)
     except (ValueError, OSError) as err:

@@ -70,13 +70,12 @@ def record(cfg, data) -> dict:
 
 
 def read_saved(path) -> tuple[dict | None, tuple | None, bool]:
-    """(the record saved with `path`, or None; (train_indptr, train_indices) where `path`
-    is a whole model, else None; whether `path` could be read at all). A file that cannot
-    be read is left to the loader, which names what is wrong with it."""
+    """(the record saved with the embeddings file `path`, or None; (train_indptr,
+    train_indices) where `path` is a whole model, else None; whether `path` could be read at
+    all). A file that cannot be read is left to the loader, which names what is wrong with
+    it. A checkpoint's record is `checkpoint_record`'s, from the checkpoint loaded first."""
     path = Path(path)
     try:
-        if path.suffix == ".pt" or path.is_dir():
-            return _checkpoint_record(path), None, True
         if path.suffix == ".npy" and Path(str(path) + ".json").is_file():
             return json.loads(Path(str(path) + ".json").read_text()).get("trained_on"), None, True
         if path.suffix == ".parquet" and path.is_file():
@@ -99,13 +98,9 @@ def _npz_record(path: Path) -> tuple[dict | None, tuple | None, bool]:
     return meta.get("trained_on"), pairs, True
 
 
-def _checkpoint_record(path: Path) -> dict | None:
-    """A checkpoint's data settings (its own data check is `params_from_checkpoint`'s, which
-    also checks the seal: here the file is memory-mapped, so its tables are not read twice)."""
-    from embcache.safe_load import load_pickled
-    from embcache.train.run import checkpoint_file
-
-    saved = load_pickled(checkpoint_file(path, "cf"), mmap=True)["config"]
+def checkpoint_record(saved: dict) -> dict | None:
+    """The data settings of a checkpoint whose settings are `saved` (None before they held
+    the data's)."""
     if "data" not in saved:
         return None
     values = {name: saved[name] for name in shaping(data_kind(saved["data"])) if name in saved}

@@ -29,6 +29,10 @@ from embcache.train.run import Trainer, check_loss
 
 logger = logging.getLogger(__name__)
 
+# said when an epoch's Recall falls below the previous one's (`Trainer.headline`)
+FALLING_ADVICE = ("the summary and --save hold the last epoch's model, not the best: keep --epochs at the best one, "
+                  "or lower --lr")
+
 
 def load_interactions(cfg: CFTrainConfig) -> Interactions:
     """The training data `cfg` names, refused in one line when it leaves nothing to train
@@ -86,16 +90,24 @@ def other_data(saved: dict, now: dict, name: str) -> str:
             f"{now['train']:,} / {now.get('test', 0):,}")
 
 
-def params_from_checkpoint(path: str | Path, data: Interactions) -> CFParams:
-    """The embeddings of a `cf train --checkpoint-dir` checkpoint (`cf-last.pt`, or the
-    directory holding it), for evaluating them on `data`, which must be the data they were
-    trained on (CheckpointError naming the difference otherwise). The SimpleX histories are
-    drawn again, as a resume draws them."""
+def load_cf_checkpoint(path: str | Path) -> tuple[Path, dict]:
+    """(the file, the checkpoint) of a `cf train --checkpoint-dir` checkpoint (`cf-last.pt`,
+    or the directory holding it), checked: CheckpointError naming the file when it is
+    missing, damaged or another trainer's."""
     from embcache.checkpoint import load_checkpoint
     from embcache.train.run import checkpoint_file
 
     path = checkpoint_file(path, "cf")
-    ck = load_checkpoint(path, kind="cf")
+    return path, load_checkpoint(path, kind="cf")
+
+
+def params_from_checkpoint(path: str | Path, data: Interactions, loaded: tuple[Path, dict] | None = None) -> CFParams:
+    """The embeddings of a `cf train --checkpoint-dir` checkpoint (`cf-last.pt`, or the
+    directory holding it; `loaded`: what `load_cf_checkpoint` read of it already), for
+    evaluating them on `data`, which must be the data they were trained on (CheckpointError
+    naming the difference otherwise). The SimpleX histories are drawn again, as a resume
+    draws them."""
+    path, ck = loaded if loaded is not None else load_cf_checkpoint(path)
     saved, now = ck.get("data"), data_fingerprint(data)
     if saved is not None and saved != now:
         raise CheckpointError(f"{path} was trained on other data ({other_data(saved, now, data.name)})")
@@ -130,6 +142,8 @@ class CFTrainer(Trainer):
         if cfg.threads is not None and not 1 <= cfg.threads <= max_threads():
             raise ValueError(f"--threads must be in 1..{max_threads()} on this machine")
         super().__init__(cfg, device)
+        # the run skeleton's warning when an epoch scores below the one before, as dlrm's AUC
+        self.headline = (f"recall@{cfg.ks[0]}", True, FALLING_ADVICE)
         self.data = data if data is not None else load_interactions(cfg)
         self.config = cfg.model_config()
         if params is None and cfg.load:
