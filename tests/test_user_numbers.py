@@ -193,3 +193,16 @@ def test_cf_evaluate_checks_the_checkpoint_before_reading_data(cf_run, tmp_path,
     assert main(["cf", "evaluate", str(copied)]) == 0  # a good checkpoint: the data it records, then the scores
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("synthetic-60x120") and "recall@20" in json.loads(out[-1])
+
+
+def _help(kind: str, capsys) -> str:
+    with pytest.raises(SystemExit):
+        main([kind, "train", "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_cf_train_help_promises_only_what_cf_writes(capsys):
+    cf, dlrm = _help("cf", capsys), _help("dlrm", capsys)
+    assert "--log-every" not in cf and "step" not in cf.split("--metrics-out FILE")[1].split("--")[0]
+    assert "start, epoch and summary records" in cf and "each epoch's loss, samples/s and scores" in cf
+    assert "start, step, epoch and summary records" in dlrm and "every --log-every steps" in dlrm

@@ -18,6 +18,15 @@ RUN_FLAGS = ("seed", "epochs", "max_steps", "checkpoint_dir", "checkpoint_every"
              "log_every", "tensorboard", "eval_every", "progress", "dist_timeout")  # after --device and --threads, in the order `--help` shows them
 
 
+# the help texts' words for what a run of steps (dlrm, face) and a run of whole epochs (cf) keep
+STEP_RUN_HELP = {"checkpoint_when": "every --checkpoint-every steps and at each epoch's end",
+                 "metrics_records": "start, step, epoch and summary",
+                 "tensorboard_scalars": "loss, samples/s and the trainer's own, e.g. hit rate, every --log-every "
+                                        "steps; validation scores per epoch"}
+EPOCH_RUN_HELP = {"checkpoint_when": "after every epoch", "metrics_records": "start, epoch and summary",
+                  "tensorboard_scalars": "each epoch's loss, samples/s and scores, e.g. Recall@k"}
+
+
 def add_run_arguments(p: argparse.ArgumentParser, config_cls, kind: str, *, device: bool = True,
                       threads: bool = True, **options) -> None:
     """The flags of `RunConfig` (and `StepRunConfig`'s, for a config class of steps) as
@@ -27,8 +36,7 @@ def add_run_arguments(p: argparse.ArgumentParser, config_cls, kind: str, *, devi
     stepwise = issubclass(config_cls, StepRunConfig)
     run_fields = {f.name for f in fields(StepRunConfig if stepwise else RunConfig)}  # cf's eval_every is its own
     names = [n for n in RUN_FLAGS if n in run_fields and n != "device"]
-    when = "every --checkpoint-every steps and at each epoch's end" if stepwise else "after every epoch"
-    context = {"kind": kind, "checkpoint_when": when}
+    context = {"kind": kind, **(STEP_RUN_HELP if stepwise else EPOCH_RUN_HELP)}
     if device:
         add_config_arguments(p, config_cls, ["device"])
     if threads:

@@ -25,7 +25,9 @@ THREADS_DEFAULT = ("(default: the cores this process may use, {cores} here, shar
 class RunConfig:
     """Settings every trainer shares: where it runs, its seed, how long, and how the run is
     kept (checkpoints, metrics) and shown (progress). Each field's `help` says what it does
-    (`--help` shows the same text; `{kind}` is the trainer's, e.g. dlrm). Besides:
+    (`--help` shows the same text; `{kind}` is the trainer's, e.g. dlrm, and the other
+    placeholders are `embcache.train.run_cli.add_run_arguments`'s: a run of steps logs
+    what a run of whole epochs, cf's, does not). Besides:
 
     - device None is CUDA when present.
     - `overwrite`: without it (or `resume`) a `checkpoint_dir` holding a run's checkpoint
@@ -48,7 +50,7 @@ class RunConfig:
              "or the data must be the checkpoint's")
     metrics_out: str | None = setting(
         None, metavar="FILE",
-        help="JSON-lines metrics log (appended): start, step, epoch and summary records; a resumed run replaces "
+        help="JSON-lines metrics log (appended): {metrics_records} records; a resumed run replaces "
              "the killed run's records past its checkpoint (default: none)")
     progress: bool = setting(True, flag="--no-progress", help="no progress bar")
     overwrite: bool = setting(
@@ -57,8 +59,7 @@ class RunConfig:
              "--resume or --overwrite such a directory is refused: no run is lost)")
     tensorboard: str | None = setting(
         None, metavar="DIR",
-        help="also write the metrics as TensorBoard scalars to DIR (loss, samples/s and the trainer's own, e.g. "
-             "hit rate, every --log-every steps; validation scores per epoch); watch with "
+        help="also write the metrics as TensorBoard scalars to DIR ({tensorboard_scalars}); watch with "
              "`tensorboard --logdir DIR` (default: none)")
 
     def resolved_device(self) -> torch.device:
