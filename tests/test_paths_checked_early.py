@@ -116,8 +116,8 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_naming_it(tmp_path, mon
 def test_dlrm_predict_refuses_an_unwritable_out_before_loading_anything(a_file, tmp_path, capsys):
     rows = tmp_path / "rows.csv"
     rows.write_text("sparse_0\na\n")
-    for out, why in [(a_file / "p.csv", "cannot write predictions there: Not a directory"),
-                     (tmp_path, "is a directory; predictions are written to a file")]:
+    for out, why in [(a_file / "p.csv", f"cannot write: {a_file} is a file, not a directory"),
+                     (tmp_path, "cannot write: it is a directory, not a file")]:
         if out == tmp_path:
             out = tmp_path / "d.csv"
             out.mkdir()

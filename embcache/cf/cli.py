@@ -308,11 +308,9 @@ def recommend(args) -> int:
     """`cf recommend`: rows user, rank, item, score for the users asked."""
     from embcache.cf.model import CFModel
 
-    out = Path(args.out) if args.out else None
-    if out is not None and out.suffix not in (".csv", ".parquet"):
-        raise UserFacingError(f"{out}: recommendations are written as .csv or .parquet")
-    if out is not None:
-        check_output_file(out)  # before the work, not after it
+    from embcache.data.results_file import check_output
+
+    out = check_output(args.out, "recommendations") if args.out else None  # before the work, not after it
     try:
         model = CFModel.load(args.model)
     except (ValueError, OSError) as err:

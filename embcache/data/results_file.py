@@ -17,7 +17,7 @@ import contextlib
 from pathlib import Path
 
 from embcache.errors import DataOutputError, UserFacingError
-from embcache.paths import writable_directory, write_failure
+from embcache.paths import check_output_file, write_failure
 
 SUFFIXES = (".csv", ".parquet")
 
@@ -29,10 +29,7 @@ def check_output(out: str | Path, what: str = "results") -> Path:
     out = Path(out)
     if out.suffix not in SUFFIXES:
         raise UserFacingError(f"{out}: {what} are written as {' or '.join(SUFFIXES)}")
-    if out.is_dir():
-        raise DataOutputError(f"{out}: is a directory; {what} are written to a file")
-    writable_directory(out.parent, what, name=out)
-    return out
+    return check_output_file(out)
 
 
 def write_columns(columns: dict, out: str | Path) -> Path:

@@ -129,14 +129,9 @@ def search(checkpoint, gallery, queries: list[str], k: int = 5, threshold: float
 def search_command(args) -> int:
     import pyarrow as pa
 
-    from embcache.data.results_file import SUFFIXES, write_columns
-    from embcache.paths import check_output_file
+    from embcache.data.results_file import check_output, write_columns
 
-    out = Path(args.out) if args.out else None
-    if out is not None and out.suffix not in SUFFIXES:
-        raise UserFacingError(f"{out}: search results are written as {' or '.join(SUFFIXES)}")
-    if out is not None:
-        check_output_file(out)  # before the work, not after it
+    out = check_output(args.out, "search results") if args.out else None  # before the work, not after it
     found = search(args.checkpoint, args.gallery, args.query, args.k, args.threshold, args.device,
                    flip=not args.no_flip, skip_bad_images=args.skip_bad_images, progress=args.progress)
     if found.skipped.total:
