@@ -9,21 +9,14 @@ import io
 import json
 import shutil
 
-import numpy as np
 import pytest
 import torch
 
 from embcache.cli import main
 from embcache.face.data.images import encode_jpeg
+from tests.test_face_use import _face  # the drawn faces of the face tests
 
 # ------------------------------------------------------------------------ face
-
-
-def _face(identity: int, shot: int, size: int = 24) -> np.ndarray:
-    rng = np.random.default_rng((identity, 0))
-    base = rng.integers(0, 256, (size, size, 3))
-    noise = np.random.default_rng((identity, shot + 1)).integers(-20, 21, base.shape)
-    return np.clip(base + noise, 0, 255).astype(np.uint8)
 
 
 @pytest.fixture(scope="module")
