@@ -53,6 +53,8 @@ def test_why_a_step_is_not_captured_in_the_order_a_user_fixes_it():
     assert "--sparse host" in graph_choice(replace_ns(whole, cfg=replace_ns(cfg, sparse="host")), "auto").reason
     assert "torchrun" in graph_choice(replace_ns(run, world=SimpleNamespace(distributed=True)), "auto").reason
     assert graph_choice(replace_ns(run, device=torch.device("cpu")), "auto").reason == "not on CUDA"
+    on_cpu = replace_ns(multi_hot, device=torch.device("cpu"), cfg=replace_ns(cfg, arch="torchrec"))
+    assert graph_choice(on_cpu, "auto").reason == "not on CUDA"  # not advice that would change nothing there
 
 
 def replace_ns(ns, **kw):

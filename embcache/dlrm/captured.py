@@ -76,8 +76,8 @@ def is_multi_hot(meta: dict) -> bool:
 
 def graph_choice(trainer, setting: str) -> GraphChoice:
     """Whether `trainer`'s step is captured under `setting` ("auto" | "on" | "off"), and why not."""
-    if setting == "off":
-        return choose_graphs("off", trainer.device)
+    if setting == "off" or torch.device(trainer.device).type != "cuda":  # "not on CUDA" before any advice
+        return choose_graphs(setting, trainer.device)
     if trainer.world.distributed:
         return GraphChoice(False, "torchrun: the ranks' exchanges are not captured")
     sparse = getattr(trainer.cfg, "sparse", "cached")
