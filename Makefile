@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-m slow"`.
 PYTEST_ARGS ?=
 
-.PHONY: install run test bench clean
+.PHONY: install run test bench wheel clean
 
 # Ranges live in pyproject.toml; the exact versions of this project's machines in CONSTRAINTS.
 CONSTRAINTS := constraints/cpu.txt
@@ -49,5 +49,11 @@ bench: install
 	$(VENV)/bin/embcache bench scaling
 	$(VENV)/bin/embcache bench vocab
 
+# The package as a wheel in dist/, what a GPU machine's check installs (bench/device_check.sh). From a
+# clean build folder: setuptools reuses build/lib, and a module moved or removed since would ride along.
+wheel: install
+	rm -rf build dist
+	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

@@ -9,7 +9,8 @@
 #                  "Installs where its users already are"): the wheel in dist/ where one was carried
 #                  (nothing to build: the machine has no network, and perhaps no `wheel` for its
 #                  setuptools), else `-e .` (--no-build-isolation). Make the wheel just before the call:
-#                  `.venv/bin/pip wheel -q --no-deps --no-build-isolation -w dist .`, carry ["dist"]
+#                  `make wheel` (a clean build/: nothing stale rides along), carry ["dist"]; a wheel
+#                  of other code than the checkout's is refused, said, and the install made editable
 #   cuda   (75+95 s) pytest -m cuda: both bookkeepers and the unified view, then the rest of tests/
 #                  (the Triton kernels against torch, the captured step against the eager one), from that
 #                  install where it succeeded (else from the folder), summarised in cuda_tests.json
@@ -124,6 +125,20 @@ INSTALLED=()  # the command that runs Python from the install, where it imports 
 if want install; then
     HERE="$(mktemp -d)"
     WHEEL="$(ls -t "$PWD"/dist/embcache-*.whl 2>/dev/null | head -1)" REPO="$PWD"
+    # a wheel made from other code than this checkout's (left in dist/ from an earlier call) would
+    # test that code: refused, said in the log, and the install made editable instead
+    if [ -n "$WHEEL" ] && ! "$PY" - "$WHEEL" <<'EOF' 2>&1 | tee -a "$LOG"
+import pathlib, sys, zipfile
+wheel = zipfile.ZipFile(sys.argv[1])
+inside = {n for n in wheel.namelist() if n.startswith("embcache/") and n.endswith(".py")}
+here = {p.as_posix() for p in pathlib.Path("embcache").rglob("*.py")}
+differ = sorted(n for n in inside & here if pathlib.Path(n).read_bytes() != wheel.read(n)) + sorted(inside ^ here)
+if differ:
+    print(f"=== install: {sys.argv[1]} is not this checkout's code ({len(differ)} files differ, the first "
+          f"{differ[0]}): not installed; make the wheel just before the call")
+    sys.exit(1)
+EOF
+    then WHEEL=""; fi
     case "$PY" in  # the same interpreter from another folder (a venv's link kept as it is)
         */*) PY_AT="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" ;;
         *) PY_AT="$(command -v "$PY")" ;;

@@ -202,6 +202,19 @@ def test_every_default_folder_comes_from_embcache_paths():
 
 
 # ----------------------------------------------------------------------------- the wheel
+def test_the_wheel_holds_every_module_of_the_checkout_and_no_other(wheel):
+    """Each package module of the sources, byte for byte, and nothing else (a wheel built over
+    a stale build/ folder carries modules moved away since: `make wheel` builds from a clean one)."""
+    import zipfile
+
+    inside = zipfile.ZipFile(wheel)
+    modules = {n for n in inside.namelist() if n.endswith(".py")}
+    here = {p.relative_to(ROOT).as_posix() for package in ("embcache", "cpu_kernels")
+            for p in (ROOT / package).rglob("*.py")}
+    assert modules == here
+    assert all(inside.read(n) == (ROOT / n).read_bytes() for n in modules)
+
+
 @pytest.mark.parametrize("python", [sys.executable, *other_pythons()],
                          ids=lambda p: "this-python" if p == sys.executable else Path(p).name)
 def test_the_wheel_installs_without_deps_and_runs_from_site_packages(wheel, python, tmp_path):
