@@ -23,8 +23,9 @@ def _lightgcn(tmp_path, train: str, test: str):
 
 
 def test_lightgcn_empty_lines_and_users_without_items(tmp_path):
-    # user 1 has no training items, user 4 appears only as an item-less line; blank lines,
-    # trailing spaces, duplicates and a missing final newline are all fine
+    # user 1 has no training items (its test line is left out of evaluation: its row is never
+    # trained), user 4 appears only as an item-less line; blank lines, trailing spaces,
+    # duplicates and a missing final newline are all fine
     d = _lightgcn(tmp_path, "0 5 3 3\n\n1\n2 0 7   \n   \n4", "0 1\n1 2\n2 6\n")
     data = read_lightgcn(d)
     assert (data.num_users, data.num_items) == (5, 8)
@@ -32,8 +33,8 @@ def test_lightgcn_empty_lines_and_users_without_items(tmp_path):
     assert _items(data.train_indptr, data.train_indices, 1) == []
     assert _items(data.train_indptr, data.train_indices, 2) == [0, 7]
     assert _items(data.train_indptr, data.train_indices, 4) == []
-    assert _items(data.test_indptr, data.test_indices, 1) == [2]
-    assert data.num_train == 4 and data.num_test == 3
+    assert _items(data.test_indptr, data.test_indices, 1) == []
+    assert data.num_train == 4 and data.num_test == 2 and data.cold_test["users"] == 1
 
 
 @pytest.mark.parametrize("line, why", [("2 7 x9", "non-integer token 'x9'"), ("2 -7 1", "negative id -7"),
@@ -112,11 +113,12 @@ def test_synthetic_set_is_seeded_and_power_law():
     assert np.diff(a.train_indptr).min() >= 1
 
 
-def test_lightgcn_test_ids_beyond_train_grow_the_table_unless_absurd(tmp_path):
+def test_lightgcn_test_ids_beyond_train_are_cold_unless_absurd(tmp_path):
     train = "".join(f"{u} {u} {u + 20}\n" for u in range(30))  # 30 users, items 0..49
-    # a modest overshoot (an item and a user seen only in test) keeps growing the tables
+    # a modest overshoot: an item seen only in test grows the item table and stays in the test
+    # split; a user seen only in test gets no row and is left out of evaluation
     data = read_lightgcn(_lightgcn(tmp_path, train, "0 60\n40 3\n"))
-    assert (data.num_users, data.num_items) == (41, 61) and data.num_test == 2
+    assert (data.num_users, data.num_items) == (30, 61) and data.num_test == 1
     # the bound: twice the training count + 1,000 (items: 2 * 50 + 1000; users: 2 * 30 + 1000)
     far = (("0 1\n2 1100\n", "item id 1100 is far beyond the 50 items of train.txt; a test item id must be "
                              "below 2 x 50 + 1,000 = 1,100"),

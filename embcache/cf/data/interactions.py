@@ -37,6 +37,9 @@ class Interactions:
     user_ids: np.ndarray | None = None
     item_ids: np.ndarray | None = None
     duplicates: int = 0  # repeated (user, item) rows merged into one interaction
+    # test users and items with no training interaction ("users", "user_interactions", "items",
+    # "item_interactions"): the users' pairs left out of the test split, the items' kept (LightGCN's reader)
+    cold_test: dict = field(default_factory=dict)
 
     @property
     def num_train(self) -> int:
@@ -63,6 +66,18 @@ class Interactions:
             carried = self.bad_rows.carried
             s += f"; skipped {self.bad_rows.total} malformed line(s)"
             s += "" if carried is None else f" with {carried:,} interaction(s) in them"
+        return s + self._cold_clauses()
+
+    def _cold_clauses(self) -> str:
+        """What the data line says of `cold_test`: a figure the user could not tell from the
+        metrics alone (a cold user left out, a cold item ranked like the rest)."""
+        cold, s = self.cold_test, ""
+        if cold.get("users"):
+            s += (f"; {cold['users']:,} test user(s) ({cold['user_interactions']:,} interaction(s)) not in training, "
+                  f"left out of evaluation")
+        if cold.get("items"):
+            s += (f"; {cold['items']:,} test item(s) ({cold['item_interactions']:,} interaction(s)) not in training, "
+                  f"kept in evaluation (trained only as negatives)")
         return s
 
 

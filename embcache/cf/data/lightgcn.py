@@ -3,6 +3,13 @@
 Bad lines stop the reader with file and line, or are counted and skipped on request (with
 the interactions they held: a line is a user's items).
 
+A test user with no interaction in train.txt gets no row and is left out of evaluation: its
+row would never be trained, so its ranking would be noise in Recall and NDCG. A test item
+with none keeps its row and stays in the test split, as LightGCN's own evaluation keeps it
+(and as a held-out split keeps an item whose interactions all fell in the test share): the
+model trains it as a negative, and missing it is the model's miss. Both are counted, and the
+data line says so (`Interactions.summary`).
+
 Example:
     >>> far_id_limit(50)
     1100
@@ -26,11 +33,11 @@ _FAR_ID_SLACK = 1000
 def far_id_limit(train_count: int) -> int:
     """The bound a test.txt id must stay below, given the users (or items) of train.txt.
 
-    An id that train.txt never names (a user or item seen only in test) is kept: the table
-    grows to hold it and its row is never trained, so it counts as a miss, as before. But
-    the tables are dense (one row per id up to the largest), so a single corrupt id such as
+    An id that train.txt never names is not an error (a user seen only in test is left out
+    of evaluation, an item's table grows to hold it: see the module docstring). But the
+    tables are dense (one row per id up to the largest), so a single corrupt id such as
     10000000000 would ask for terabytes; an id at or above twice the training count plus
-    1,000 is taken for a bad line instead.
+    1,000 is taken for a bad line instead, as a damaged line rather than a cold one.
     """
     return _FAR_ID_FACTOR * train_count + _FAR_ID_SLACK
 
@@ -121,10 +128,29 @@ def read_lightgcn(directory: str | Path, skip_bad: bool = False) -> Interactions
     tr_u, tr_i, tr_n = _bound_dense(directory / "train.txt", tr_u, tr_i, lines, log)
     if not len(tr_u):
         raise format_error(directory / "train.txt", None, "no interactions")
-    te_u, te_i, te_n = read_lightgcn_file(directory / "test.txt", log, train_counts=(tr_n, int(tr_i.max()) + 1))
+    te_u, te_i, _ = read_lightgcn_file(directory / "test.txt", log, train_counts=(tr_n, int(tr_i.max()) + 1))
+    te_u, te_i, cold = _cold_test(tr_u, tr_i, te_u, te_i)
     num_items = int(max(tr_i.max(initial=-1), te_i.max(initial=-1))) + 1
-    return from_pairs(tr_u, tr_i, te_u, te_i, num_users=max(tr_n, te_n), num_items=num_items,
-                      name=directory.name, bad_rows=log)
+    data = from_pairs(tr_u, tr_i, te_u, te_i, num_users=tr_n, num_items=num_items, name=directory.name,
+                      bad_rows=log)
+    data.cold_test = cold
+    return data
+
+
+def _cold_test(tr_u: np.ndarray, tr_i: np.ndarray, te_u: np.ndarray,
+               te_i: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
+    """test.txt's pairs less those of users with no training interaction (their rows would
+    never be trained), and the counts `Interactions.cold_test` keeps of those users and of
+    the test items with no training interaction (kept: see the module docstring). The cold
+    users' pairs go first, so that the data is the same as without their lines at all; a pair
+    named twice counts once, as it is one interaction."""
+    te_u, te_i = np.unique(np.stack([te_u, te_i], axis=1).reshape(-1, 2), axis=0).T
+    cold_user = ~np.isin(te_u, tr_u)
+    te_u, te_i, dropped = te_u[~cold_user], te_i[~cold_user], te_u[cold_user]
+    cold_item = ~np.isin(te_i, tr_i)
+    counts = {"users": len(np.unique(dropped)), "user_interactions": len(dropped),
+              "items": len(np.unique(te_i[cold_item])), "item_interactions": int(cold_item.sum())}
+    return te_u, te_i, counts
 
 
 def _far_id(ids: list[int], train_counts: tuple[int, int]) -> str:
