@@ -1,5 +1,6 @@
 """cf's figures say what they measure: a LightGCN test user that train.txt never trained is
-left out of evaluation (counted on the data line)."""
+left out of evaluation (counted on the data line), and a run that ends below its best Recall
+says so once, at the end, however often it evaluated."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,8 @@ from embcache.cf.data.synthetic import power_law_interactions
 from tests.test_cf_cli import write_lightgcn
 
 RUN = ["--negatives", "4", "--engine", "torch", "--threads", "1", "--no-progress"]
+TINY = ["--data", "synthetic", "--synthetic-users", "60", "--synthetic-items", "120", "--synthetic-interactions",
+        "1500", *RUN]
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +64,39 @@ def test_a_lightgcn_test_item_train_never_named_is_kept_and_said(lightgcn_pair, 
     # LightGCN's own evaluation keeps it: the item table grows to hold it, and the line says so
     assert "item: 200 users, 311 items" in out
     assert "; 1 test item(s) (1 interaction(s)) not in training, kept in evaluation" in out
+
+
+def _warnings(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: recall")]
+
+
+def _recalls(monkeypatch, *values):
+    import embcache.cf.trainer as trainer
+
+    recalls = iter(values)
+    monkeypatch.setattr(trainer, "evaluate_params",
+                        lambda *a, **k: {"recall@20": next(recalls), "ndcg@20": 0.1, "users": 60})
+    return trainer.FALLING_ADVICE
+
+
+def test_eval_every_two_epochs_still_warns_at_the_end(monkeypatch, capsys):
+    advice = _recalls(monkeypatch, 0.36, 0.29)  # epochs 2 and 4 are evaluated
+    assert main(["cf", "train", *TINY, "--epochs", "4", "--eval-every", "2"]) == 0
+    assert _warnings(capsys) == [f"warning: recall@20 0.2900 after epoch 4 is below the best of the run, 0.3600 "
+                                 f"after epoch 2: {advice}"]
+
+
+def test_a_new_best_at_the_end_is_no_warning_even_after_a_fall(monkeypatch, capsys):
+    _recalls(monkeypatch, 0.36, 0.29, 0.40)
+    assert main(["cf", "train", *TINY, "--epochs", "3"]) == 0
+    assert _warnings(capsys) == []
+
+
+def test_the_best_before_a_resume_counts(monkeypatch, capsys, tmp_path):
+    advice = _recalls(monkeypatch, 0.36, 0.30)
+    ck = ["--checkpoint-dir", str(tmp_path / "ck")]
+    assert main(["cf", "train", *TINY, "--epochs", "1", *ck]) == 0
+    assert _warnings(capsys) == []
+    assert main(["cf", "train", *TINY, "--epochs", "2", *ck, "--resume"]) == 0
+    assert _warnings(capsys) == [f"warning: recall@20 0.3000 after epoch 2 is below the best of the run, 0.3600 "
+                                 f"after epoch 1: {advice}"]

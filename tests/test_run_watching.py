@@ -9,7 +9,6 @@ from dataclasses import replace
 import pytest
 
 from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
-from embcache.train.run import Trainer
 from tests.test_dlrm import assert_same_checkpoint
 
 tensorboard = pytest.importorskip("tensorboard")
@@ -109,15 +108,20 @@ def test_tensorboard_directory_that_cannot_be_made_is_one_line(small_synthetic, 
         DLRMTrainer(cfg, small_synthetic).fit()
 
 
-@pytest.mark.parametrize("before,after,warned", [(0.76, 0.71, True), (0.71, 0.76, False), (0.76, 0.76, False)])
-def test_an_epoch_scoring_worse_is_said(caplog, before, after, warned):
-    trainer = object.__new__(DLRMTrainer)  # the hint reads the records alone
-    with caplog.at_level(logging.WARNING, logger="embcache"):
-        Trainer._hint_if_worse(trainer, {"epoch": 1, "auc": before}, {"epoch": 2, "auc": after})
-    lines = [r.getMessage() for r in caplog.records]
-    assert bool(lines) == warned
-    if warned:
-        assert lines == [f"auc went from {before:.4f} after epoch 1 to {after:.4f} after epoch 2: {DLRMTrainer.headline[2]}"]
+@pytest.mark.parametrize("aucs,said", [((0.76, 0.71), "auc 0.7100 after epoch 2 is below the best of the run, "
+                                                    "0.7600 after epoch 1"),
+                                       ((0.71, 0.76), None), ((0.76, 0.76), None),
+                                       ((0.76, 0.70, 0.72), "auc 0.7200 after epoch 3 is below the best of the run, "
+                                                          "0.7600 after epoch 1")])
+def test_a_run_ending_below_its_best_is_said_once(aucs, said):
+    from embcache.train.best_score import below_best
+
+    history = [{"epoch": e, "auc": auc} for e, auc in enumerate(aucs, 1)]
+    assert below_best(history, DLRMTrainer.headline) == (f"{said}: {DLRMTrainer.headline[2]}" if said else "")
+    # --max-steps ends in an epoch: its scores are the last model's, named by step
+    partial = [*history[:1], {"epoch": 2, "step": 1234, "partial": True, "auc": 0.70}]
+    assert below_best(partial, DLRMTrainer.headline).startswith(
+        f"auc 0.7000 at step 1,234 (epoch 2 in progress) is below the best of the run, {aucs[0]:.4f} after epoch 1")
 
 
 def test_tensorboard_from_the_cf_and_face_commands(tmp_path, capsys, one_torch_thread):

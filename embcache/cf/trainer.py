@@ -29,9 +29,9 @@ from embcache.train.run import Trainer, check_loss
 
 logger = logging.getLogger(__name__)
 
-# said when an epoch's Recall falls below the previous one's (`Trainer.headline`)
-FALLING_ADVICE = ("the summary and --save hold the last epoch's model, not the best: keep --epochs at the best one, "
-                  "or lower --lr")
+# said when a run ends with a Recall below its best (`Trainer.headline`, `embcache.train.best_score`)
+FALLING_ADVICE = ("the summary, --save and the checkpoint hold the last epoch's model, not the best: keep --epochs at "
+                  "the best one, or lower --lr")
 
 
 def load_interactions(cfg: CFTrainConfig) -> Interactions:
@@ -142,7 +142,7 @@ class CFTrainer(Trainer):
         if cfg.threads is not None and not 1 <= cfg.threads <= max_threads():
             raise ValueError(f"--threads must be in 1..{max_threads()} on this machine")
         super().__init__(cfg, device)
-        # the run skeleton's warning when an epoch scores below the one before, as dlrm's AUC
+        # the run skeleton's warning when the run ends below its best Recall, as dlrm's AUC
         self.headline = (f"recall@{cfg.ks[0]}", True, FALLING_ADVICE)
         self.data = data if data is not None else load_interactions(cfg)
         self.config = cfg.model_config()

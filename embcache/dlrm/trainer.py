@@ -143,8 +143,10 @@ class DLRMTrainer(Trainer):
     kind = "dlrm"
     must_match = RESUME_MUST_MATCH
     setting_names = option_names(DLRMConfig, RESUME_MUST_MATCH + CACHE_SETTINGS)
-    headline = ("auc", True, "a further epoch over the same data often overfits a CTR model (one epoch is "
-                             "usual); keep --epochs at the best one, or lower --lr")
+    # the run skeleton's warning when the run ends below its best AUC (`embcache.train.best_score`)
+    headline = ("auc", True, "the summary and the checkpoint hold the last model, not the best; a further epoch "
+                             "over the same data often overfits a CTR model (one epoch is usual): keep --epochs "
+                             "(or --max-steps) at the best one, or lower --lr")
 
     def __init__(self, cfg: DLRMConfig, data_dir: str | Path):
         from embcache.data.ctr_format import held_out_days, load_id_frequencies, read_meta

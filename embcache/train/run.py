@@ -26,7 +26,8 @@ all three:
   `summary` (or `diverged`); a resumed run's `start` says from where, and the killed run's
   records past the checkpoint give way to the resumed run's (`metrics_log`);
 - **progress**: a bar per epoch, and one line per epoch through `logging` (the command line
-  prints it; a library user's logging configuration decides);
+  prints it; a library user's logging configuration decides); at the end one warning where the
+  last scores are worse than the run's best (`best_score`);
 - **reading the loss**: a trainer hands each step's loss over as a float (read already)
   or as a tensor on the device. A `pipelined` trainer's tensors stay there, so that no step
   waits for the device: they are read together (one sync; under torchrun one all-reduce)
@@ -53,6 +54,7 @@ from embcache.checkpoint import load_checkpoint, save_checkpoint
 from embcache.device import peak_memory
 from embcache.distributed.world import all_sum, barrier, current
 from embcache.errors import CheckpointError, RunInterrupted, TrainingDiverged
+from embcache.train.best_score import below_best
 from embcache.train.run_config import LOG_EVERY, RunConfig, StepRunConfig  # noqa: F401 (their home before)
 # parts of the skeleton in modules of their own (checkpoint files, metrics log, Ctrl-C), named here as before
 from embcache.train.metrics_log import MetricsLog
@@ -95,7 +97,7 @@ class Trainer:
     must_match: ClassVar[tuple[str, ...]] = ()
     only_raised: ClassVar[tuple[str, ...]] = ()
     setting_names: ClassVar[dict[str, str]] = {}  # config field -> its flag, for messages
-    # (score key, higher is better, advice): a warning when an epoch scores worse than the one before
+    # (score key, higher is better, advice): a warning when the run ends scoring worse than its best (`below_best`)
     headline: ClassVar[tuple[str, bool, str] | None] = None
     pipelined: bool = False  # losses stay on the device between reads (else read at every step)
 
@@ -238,6 +240,9 @@ class Trainer:
         if self._interrupted and not self._finished():
             self.log.write(event="interrupted", epoch=self.epoch, step=self.step)
             raise RunInterrupted(self._interrupted_line())
+        worse = below_best(self.history, self.headline)  # once, at the end: the best is not what the run keeps
+        if worse:
+            logger.warning(worse)
         summary = self.summary()
         self.log.write(event="summary", **summary)
         return summary
@@ -245,11 +250,9 @@ class Trainer:
     def _end_epoch(self, stats: dict) -> None:
         scores = self._scores_at_this_step() or self.evaluate_epoch()
         record = {"epoch": self.epoch + 1, **({"step": self.step} if self._stepwise else {}), **stats, **scores}
-        previous = self._last_epoch_record()
         self.history.append(record)
         self.log.write(event="epoch", **self.epoch_log_fields(), **record)
         logger.info(self.format_epoch(record))
-        self._hint_if_worse(previous, record)
         self.epoch += 1
         self.step_in_epoch = 0
 
@@ -260,9 +263,6 @@ class Trainer:
             last = self.history.pop()
             return {k: v for k, v in last.items() if k not in ("epoch", "step", "partial")}
         return {}
-
-    def _last_epoch_record(self) -> dict | None:
-        return next((r for r in reversed(self.history) if not r.get("partial")), None)
 
     def evaluate_now(self) -> None:
         """Validation in the middle of an epoch (every `eval_every` steps, and where
@@ -279,19 +279,6 @@ class Trainer:
         self.history.append(record)
         self.log.write(event="eval", **self.epoch_log_fields(), **record)
         logger.info(f"step {self.step}, {self.format_epoch(record)} (epoch in progress)")
-
-    def _hint_if_worse(self, previous: dict | None, record: dict) -> None:
-        """One line when an epoch's headline score (`headline`) is worse than the previous
-        epoch's: a further epoch overfits more often than not (CTR models above all)."""
-        if self.headline is None or previous is None:
-            return
-        key, higher_is_better, advice = self.headline
-        before, now = previous.get(key), record.get(key)
-        if not isinstance(before, (int, float)) or not isinstance(now, (int, float)):
-            return
-        if (now < before) if higher_is_better else (now > before):
-            logger.warning(f"{key} went from {before:.4f} after epoch {previous['epoch']} to {now:.4f} after epoch "
-                           f"{record['epoch']}: {advice}")
 
     @property
     def _stepwise(self) -> bool:
