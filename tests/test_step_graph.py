@@ -103,8 +103,11 @@ def test_a_capture_cuda_refuses_ends_in_one_line_naming_the_way_round(monkeypatc
 
     from embcache.train import step_graph
 
+    modes = []
+
     @contextlib.contextmanager
-    def refusing_graph(graph):
+    def refusing_graph(graph, capture_error_mode="global"):
+        modes.append(capture_error_mode)  # thread_local: the loader's reader threads pin memory meanwhile
         yield
         raise RuntimeError("CUDA error: dependency created on uncaptured work in another stream\nmore detail")
 
@@ -115,4 +118,4 @@ def test_a_capture_cuda_refuses_ends_in_one_line_naming_the_way_round(monkeypatc
     with pytest.raises(RuntimeError, match=r"could not be captured \(CUDA error: dependency created on uncaptured "
                                            r"work in another stream\); run it eagerly with cuda_graphs='off'") as info:
         step._capture([torch.ones(1)])
-    assert "\n" not in str(info.value) and not step.captured and len(calls) == 1
+    assert "\n" not in str(info.value) and not step.captured and len(calls) == 1 and modes == ["thread_local"]
