@@ -116,10 +116,12 @@ def needed_types(path) -> list[str]:
     return sorted(set(names) - allowed_names())
 
 
-def load_pickled(path: str | os.PathLike, what: str = "file", trust: bool | None = None, file=None, **kwargs):
+def load_pickled(path: str | os.PathLike, what: str = "file", trust: bool | None = None, file=None,
+                 resaving: bool = False, **kwargs):
     """`torch.load(path, map_location="cpu", weights_only=True, **kwargs)` with
     `ALLOWED_TYPES`. A file that needs other types: UntrustedFileError naming it and them,
-    or, with `trust` (None: as `trusting()` says), the full unpickler and a warning line.
+    or, with `trust` (None: as `trusting()` says), the full unpickler and a warning line
+    (`resaving`: `embcache upgrade`'s load, whose warning does not advise upgrading).
     Other failures (a damaged file) propagate as torch raises them. `file`: an open binary
     file to read instead of opening `path` (the handle `verify_zip` checked); `path` then
     only names it in messages."""
@@ -148,8 +150,10 @@ def load_pickled(path: str | os.PathLike, what: str = "file", trust: bool | None
             f"and resave it with `embcache upgrade {path} {TRUST_FLAG}`") from None
     if str(path.resolve()) not in _warned:  # once per file, however many times a command reads it
         _warned.add(str(path.resolve()))
+        then = "it is resaved as plain data now, so later loads need no trust" if resaving else \
+            f"resave it with `embcache upgrade {path} {TRUST_FLAG}` so later loads need no trust"
         logger.warning(f"{path}: loaded with {TRUST_FLAG}: its {types} ran as Python code while it loaded, with your "
-                       f"rights; resave it with `embcache upgrade {path} {TRUST_FLAG}` so later loads need no trust")
+                       f"rights; {then}")
     return load(False)
 
 

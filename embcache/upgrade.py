@@ -60,7 +60,7 @@ def upgrade_file(path: str | os.PathLike, trust: bool = False) -> list[str]:
     verify_zip(path, "checkpoint")
     needed = needed_types(path)
     try:  # a damaged file is not "already plain"; an old one may name a class that is gone
-        payload = load_pickled(path, "checkpoint", trust=trust and bool(needed))
+        payload = load_pickled(path, "checkpoint", trust=trust and bool(needed), resaving=True)
     except CheckpointError:
         raise
     except Exception as err:

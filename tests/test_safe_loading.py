@@ -283,8 +283,14 @@ def test_a_checkpoint_that_needs_trust_loads_once_with_it_and_upgrade_makes_it_p
     with trusting():
         load_checkpoint(path, "dlrm")
     assert "pathlib.PosixPath" in _one_line(["upgrade", path], capsys, path.name)
+    import embcache.safe_load
+
+    embcache.safe_load._warned.clear()  # warned once a file per process: warned again here
     assert main(["upgrade", str(path), "--trust-checkpoint"]) == 0
-    assert "resaved as plain data" in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert "resaved as plain data" in said.out
+    warned = [w for w in said.err.splitlines() if "trust" in w]  # not advice to run the command running
+    assert len(warned) == 1 and "resaved as plain data now" in warned[0] and "embcache upgrade" not in warned[0]
     assert needed_types(path) == []
     assert load_checkpoint(path, "dlrm")["data_dir"] == str(pathlib.Path(data).resolve())
     assert main([str(a) for a in evaluate]) == 0
