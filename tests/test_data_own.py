@@ -117,6 +117,16 @@ def test_bad_rows_are_named_by_line_and_wrong_columns_by_name(tmp_path, capsys):
     assert "expected random, tail or time:COLUMN" in capsys.readouterr().err
 
 
+def test_a_parquet_file_s_bad_rows_are_named_by_row(tmp_path, capsys):
+    t = table()
+    clicks = t.column("click").to_pylist()
+    clicks[4] = "yes"  # row 5, counting from 1
+    pq.write_table(t.set_column(2, "click", pa.array(clicks)), tmp_path / "clicks.parquet")
+    assert prepare(tmp_path / "clicks.parquet", tmp_path / "out", "time:ts") == 0
+    err = capsys.readouterr().err
+    assert "row 5: bad label (expected 0 or 1): click='yes'" in err and "line 5" not in err, err
+
+
 def test_prepared_own_data_trains_and_serves_the_files_own_columns(tmp_path, capsys):
     """Prepared, trained (no cache warning), exported, and the original file scored by
     `dlrm predict` through its own column names (the others left out), as `predict` scores

@@ -92,7 +92,9 @@ class BadRowLog:
                 print(f"{path}: {e.first_reasons[0]}", file=stream)
                 continue
             kinds = ", ".join(f"{n} {k}" for k, n in sorted(e.by_reason.items()))
-            first = "; ".join((f"{self.position} {ln}: " if self.position else "") + r
+            # a Parquet file has rows (numbered from 1), not lines
+            position = "row" if self.position == "line" and str(path).endswith(".parquet") else self.position
+            first = "; ".join((f"{position} {ln}: " if position else "") + r
                               for ln, r in zip(e.first_lines, e.first_reasons))
             carried = "" if e.carried is None else f", with {e.carried:,} {self.carried_noun}(s) in them"
             print(f"{path}: skipped {e.count:,} {self.noun}(s) ({kinds}){carried}; first: {first}", file=stream)
