@@ -7,7 +7,8 @@ Three measurements, side by side in one run:
    optimum, Belady with bypass (a row may be served without admission), and the static
    top-C oracle (the C ids most frequent over the whole trace, resident throughout: the
    best any online policy can do in expectation when ids are drawn independently). All of
-   this on the stationary trace and on one whose hot set drifts by day (`--day-batches`);
+   this on the stationary trace and on one whose hot set drifts by day (`--day-batches`;
+   left out, and said so, when the run is no longer than a day: it would not drift);
 2. bytes moved between host store and cache per training batch;
 3. bookkeeping cost: a cached forward+backward+update step divided by the same step on an
    uncached `nn.EmbeddingBag(sparse=True)` with the matching torch sparse optimizer.
@@ -38,7 +39,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--burn-in", type=float, default=0.25, help="fraction of batches before counting")
     p.add_argument("--warmup-ratio", type=float, default=0.7, help="fraction of the cache warmed up")
     p.add_argument("--day-batches", type=int, default=50,
-                   help="drifting trace: batches per day (0: no drifting trace)")
+                   help="drifting trace: batches per day (0, or not fewer than --batches: no drifting trace)")
     p.add_argument("--day-shift", type=float, default=0.002,
                    help="drifting trace: popularity ranks rotate by this share of each table per day")
     p.add_argument("--timing-scale", type=float, default=0.25,
