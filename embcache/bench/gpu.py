@@ -473,7 +473,9 @@ def run(args) -> int:
     png = path.with_suffix(".png")
     plot(result, png)
     print("\n".join(markdown_table(result)))
-    print(f"wrote {path} and {png} (the table above is docs/cache.md's, \"On a GPU: the device path\")")
+    print(f"wrote {path} and {png} " + ("(the table above is docs/cache.md's, \"On a GPU: the device path\")"
+                                         if device.type == "cuda" else
+                                         "(on the CPU: a check of the run, not the docs' GPU figures)"))
     if feed:
         feed.close()
     return 0
