@@ -59,6 +59,9 @@ def run(args) -> int:
 
     if not torch.cuda.is_available():  # before triton is imported: it reads this when kernels are defined
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    if os.environ.get("TRITON_INTERPRET") == "1":  # else minutes of silence read as a hang
+        print("bench kernels: the kernels run under Triton's interpreter (TRITON_INTERPRET=1): a check that both "
+              "paths agree, not a speed (minutes even at small sizes)", flush=True)
     from embcache.bench.kernels import run_all
 
     return run_all(args)
