@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 
+from embcache.bench.cli import COMMANDS as BENCHES  # names and help lines only: no torch
 from embcache.errors import RunInterrupted, UserFacingError
 
 # name -> (module that builds its parser, one-line help)
@@ -23,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dlrm": ("embcache.dlrm.cli", "train a DLRM through the embedding cache (the main job)"),
     "cf": ("embcache.cf.cli", "collaborative filtering (SimpleX, MF-CCL) on CPUs with the HEAT kernels"),
     "face": ("embcache.face.cli", "face classification with a dynamic class pool (or full FC / Partial FC)"),
-    "bench": ("embcache.bench.cli", "run a benchmark (cache, host, dlrm, cf, face, scaling, projection, tiers, gpu, loader, vocab); JSON lands in bench/results/"),
+    "bench": ("embcache.bench.cli", f"run a benchmark ({', '.join(BENCHES)}); JSON lands in bench/results/"),
     "cache": ("embcache.dlrm.cache_cli", "plan a cache before training: predicted hit rate and memory by cache size"),
     "data": ("embcache.data.cli", "prepare CTR data: Criteo Kaggle/Terabyte, Avazu, MovieLens-100k, synthetic"),
     "upgrade": ("embcache.upgrade", "resave checkpoints of earlier versions as plain data (no trust needed to load)"),
