@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import enum
+import logging
 import math
 from dataclasses import dataclass, field
 from functools import partial
@@ -259,6 +260,10 @@ _TORCHREC, TORCHREC_ERROR = _import_torchrec()
 HAVE_TORCHREC = _TORCHREC is not None
 if HAVE_TORCHREC:
     KeyedJaggedTensor, KeyedTensor, JaggedTensor, EmbeddingBagConfig, PoolingType = _TORCHREC
+    # building a torchrec KeyedJaggedTensor (the loaders', the benchmarks', torchrec's DLRM) asks torch.fx
+    # whether it is tracing, and torch logs that question's deprecation once a process: neither ours nor the
+    # user's to fix (that logger says nothing else)
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 else:
     KeyedJaggedTensor, KeyedTensor, JaggedTensor = KeyedJaggedTensorLite, KeyedTensorLite, JaggedTensorLite
     EmbeddingBagConfig, PoolingType = EmbeddingBagConfigLite, PoolingTypeLite

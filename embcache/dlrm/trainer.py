@@ -68,8 +68,6 @@ from embcache.dlrm.model import build_model, dense_modules, dense_state, load_de
 
 logger = logging.getLogger(__name__)
 READ_AHEAD = 2  # batches the pipelined loop's reader thread makes before the trainer takes them
-# torchrec's DLRM trips a torch.fx deprecation warning on every run; it is not ours to fix.
-logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
 
 def data_fingerprint(meta: dict) -> dict:
