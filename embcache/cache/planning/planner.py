@@ -18,6 +18,7 @@ import numpy as np
 
 from embcache.cache.choices import PLANNED_RATIOS
 from embcache.cache.planning.hit_curves import POLICIES, Prediction, expected_distinct, replay, surrogate_batches
+from embcache.units import format_bytes
 
 DEFAULT_RATIOS = PLANNED_RATIOS
 # The cache's bookkeeping, read off `RowCache`: per slot, slot_to_id (int64), dirty (bool),
@@ -333,11 +334,3 @@ def auto_cache_ratio(data_dir, *, embedding_dim: int, optimizer: str, eviction: 
                    f"smallest within {100 * tolerance:g} point of the {best:.3f} predicted for the largest cache that "
                    f"fits: {largest / freq.size:.2%} of the rows ({format_bytes(footprint.device_bytes(largest))}) in "
                    f"{format_bytes(device_memory)}")
-
-
-def format_bytes(n: float) -> str:
-    """`3.2 GiB`, `512.0 KiB`, `12 B`."""
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:,.1f} {unit}"
-    return f"{n:,.0f} B"
