@@ -68,6 +68,7 @@ from embcache.train.run_files import (  # noqa: F401 (imported from here by the 
     resume_mismatches,
     upgrade_common_parts,
 )
+from embcache.train.step_windows import StepWindows
 from embcache.train.stop_signals import StopSignals
 
 logger = logging.getLogger(__name__)
@@ -122,6 +123,7 @@ class Trainer:
         # CPU time (user + system, every thread of this process) over the same windows as
         # train_seconds, and the samples of those windows: this process's, not a checkpoint's
         self.train_cpu_seconds, self._cpu_samples, self._cpu_last = 0.0, 0, 0.0
+        self.windows = StepWindows()  # this process's, its first step apart (start-up, compilation)
         self.stopped_early = False
         self._bar = None
         self._t_last = 0.0
@@ -350,7 +352,8 @@ class Trainer:
 
     def after_step(self, loss: float | torch.Tensor, samples: int) -> None:
         """Account for one step: position, samples, and the periodic checkpoint; then, at
-        a read (every step unless `pipelined`), the divergence guard, throughput (wall time
+        a read (every step unless `pipelined`; this process's first step alone, so that its
+        start-up is timed apart: `step_windows`), the divergence guard, throughput (wall time
         since the previous read, so loading batches counts and checkpoints do not), progress
         bar and metrics log for every step since the previous read.
 
@@ -361,7 +364,7 @@ class Trainer:
         self._unread_samples += samples
         self.step += 1
         self.step_in_epoch += 1
-        if not self.pipelined or self.step % self._log_every == 0:
+        if not self.pipelined or self.step % self._log_every == 0 or not self.windows.steps:  # the first alone
             self.read_losses()
         eval_every = getattr(self.cfg, "eval_every", None)
         if eval_every and self.step % eval_every == 0:
@@ -393,6 +396,7 @@ class Trainer:
         now, cpu_now = time.perf_counter(), time.process_time()
         dt, self._t_last = now - self._t_last, now
         self.account_cpu(cpu_now - self._cpu_last, samples)
+        self.windows.add(len(losses), dt, samples, cpu_now - self._cpu_last)
         self._cpu_last = cpu_now
         self.train_seconds += dt
         self.train_samples += samples
@@ -445,16 +449,19 @@ class Trainer:
                **({"steps": self.step} if self._stepwise else {}),
                "train_seconds": self.train_seconds,
                "train_samples_per_s": self.train_samples / self.train_seconds if self.train_seconds else 0.0,
-               **self._cpu_fields(), "device": str(self.device), "world_size": self.world.size}
+               **self.windows.fields(), **self._cpu_fields(), "device": str(self.device), "world_size": self.world.size}
         return {**out, **self.summary_fields(), **peak_memory(self.device)}
 
     def _cpu_fields(self) -> dict:
         """CPU seconds of training, summed over the ranks (collective), and per sample: the
         cost of a sample whether or not the cores are shared with other jobs, so that what
         distribution costs shows where wall-clock speed-ups cannot."""
-        cpu = all_sum({"cpu": self.train_cpu_seconds})["cpu"]
-        return {"train_cpu_seconds": cpu,
-                "cpu_seconds_per_sample": cpu / self._cpu_samples if self._cpu_samples else None}
+        w = self.windows
+        cpu = all_sum({"cpu": self.train_cpu_seconds, "steady": w.cpu})
+        return {"train_cpu_seconds": cpu["cpu"],
+                "cpu_seconds_per_sample": cpu["cpu"] / self._cpu_samples if self._cpu_samples else None,
+                **({"steady_cpu_seconds_per_sample": cpu["steady"] / w.samples if w.samples else None}
+                   if w.first_seconds is not None else {})}
 
     # ------------------------------------------------------------------ checkpoints
     @property

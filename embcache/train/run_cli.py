@@ -119,14 +119,37 @@ def print_summary(rows: list[tuple[str, str]], summary: dict) -> None:
 def run_rows(s: dict) -> list[tuple[str, str]]:
     """The summary rows every run has: throughput, steps or epochs, device and memory."""
     done = f"{s['epochs_done']} epoch(s)" + (", stopped early" if s.get("stopped_early") else "")
-    rows = [("training throughput", f"{s['train_samples_per_s']:,.0f} samples/s over {s['train_seconds']:.1f} s"),
+    rows = [("training throughput", throughput_row(s)),
             ("steps", f"{s['steps']:,} ({done})") if "steps" in s else ("epochs", done),
             ("peak host memory", f"{s['peak_host_mib']:,.0f} MiB")]
-    if s.get("cpu_seconds_per_sample"):
-        rows.insert(1, ("CPU time", f"{s['cpu_seconds_per_sample'] * 1e6:,.1f} µs a sample "
-                                    f"({s['train_cpu_seconds']:.1f} CPU-s, all threads and processes)"))
+    steady = s.get("steady_cpu_seconds_per_sample")
+    if steady or s.get("cpu_seconds_per_sample"):
+        per = (f"{steady * 1e6:,.1f} µs a sample after the first step" if steady else
+               f"{s['cpu_seconds_per_sample'] * 1e6:,.1f} µs a sample" + _start_up_note(s))
+        rows.insert(1, ("CPU time", f"{per} ({s['train_cpu_seconds']:,.1f} CPU-s in all, all threads and processes)"))
     if s.get("world_size", 1) > 1:
         rows.insert(1, ("processes", f"{s['world_size']} (torchrun)"))
     if "peak_device_mib" in s:
         rows.append(("peak device memory", f"{s['peak_device_mib']:,.0f} MiB"))
     return rows
+
+
+def throughput_row(s: dict) -> str:
+    """Samples a second over the steps after this process's first where there are any (the
+    first carries the start-up: compiling, warming up), said so with the first step's time;
+    else over every step, a single step's start-up said to be in the figure."""
+    from embcache.units import format_seconds
+
+    if s.get("steady_samples_per_s"):
+        first = s["first_step_seconds"]
+        slow = first > max(1.0, 10 * s["steady_seconds"] / s["steady_steps"])  # far beyond a step: compiling
+        return (f"{s['steady_samples_per_s']:,.0f} samples/s over {s['steady_steps']:,} step(s) after the first (the "
+                f"first took {format_seconds(first)}" + (": start-up and one-time compilation)" if slow else ")"))
+    return (f"{s['train_samples_per_s']:,.0f} samples/s over {format_seconds(s['train_seconds'])}"
+            + _start_up_note(s))
+
+
+def _start_up_note(s: dict) -> str:
+    """Where this process ran one step only: the figure holds its start-up."""
+    one = s.get("first_step_seconds") is not None and not s.get("steady_steps")
+    return ", start-up (compilation, warm-up) included" if one else ""
