@@ -20,6 +20,7 @@ split of its own (`day_<n>`), over the same shards: shards are cut at every file
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from dataclasses import dataclass, field
@@ -126,8 +127,9 @@ class TextSource:
 def convert(src: TextSource, out_dir: str | os.PathLike, source: str, min_count: int = 1,
             max_ids: int | None = None, progress: bool = True, block_bytes: int = BLOCK_BYTES,
             rows_per_shard: int = 2_000_000, extra_meta: dict | None = None, keys: str = "ids",
-            max_counted_keys: int | None = DEFAULT_MAX_COUNTED_KEYS) -> dict:
-    """Run both passes; returns the written meta (bad rows are printed to stderr too). Beside
+            max_counted_keys: int | None = DEFAULT_MAX_COUNTED_KEYS, warn_empty_splits: bool = True) -> dict:
+    """Run both passes; returns the written meta (bad rows are printed to stderr too; a split
+    that came out empty is one warning line, unless `warn_empty_splits` is false). Beside
     the shards: vocabulary.npz (the keys owning ids 1..) and raw_values/ (the raw value of
     every id, so a served model maps raw rows to ids and a table row back to its value).
     With `keys="raw"`: the values' keys instead of ids, no vocabulary (see the module's
@@ -141,8 +143,8 @@ def convert(src: TextSource, out_dir: str | os.PathLike, source: str, min_count:
         if min_count != 1 or max_ids is not None:
             raise ValueError("--min-count and --max-ids-per-feature build a vocabulary; raw keys have none "
                              "(use --keys ids, or leave them out)")
-        return _convert_raw(src, out_dir, source, progress, block_bytes, rows_per_shard, extra_meta or {},
-                            max_counted_keys)
+        return _said_empty(src, _convert_raw(src, out_dir, source, progress, block_bytes, rows_per_shard,
+                                             extra_meta or {}, max_counted_keys), warn_empty_splits)
     _check_arguments(src, out_dir, min_count, max_ids, block_bytes, rows_per_shard)
     bad = BadRowLog()
     counters, good_per_file = _count_values(src, bad, max_ids, progress, block_bytes)
@@ -165,12 +167,27 @@ def convert(src: TextSource, out_dir: str | os.PathLike, source: str, min_count:
     extra_meta = {**(extra_meta or {}), **_day_list(src, writer)}
     _save_vocabularies(Path(out_dir), vocabs)
     raw_values = _save_raw_values(Path(out_dir), src, features, vocabs, long_values)
-    return writer.finish(
+    return _said_empty(src, writer.finish(
         bad_rows=bad.to_json(), min_count=min_count, max_ids_per_feature=max_ids, id_rule=_id_rule(max_ids),
         raw_values=raw_values,
         hashed_features=[f.name for f, v in zip(features, vocabs) if v.hashed],
         vocabulary_file="vocabulary.npz", features=_feature_names(src, features),
-        input_files=[str(p) for p in src.files], good_rows_per_file=good_per_file, **(extra_meta or {}))
+        input_files=[str(p) for p in src.files], good_rows_per_file=good_per_file, **(extra_meta or {})),
+        warn_empty_splits)
+
+
+def _said_empty(src: TextSource, meta: dict, warn: bool) -> dict:
+    """`meta`, after one warning line where train, val or test came out empty (a small file:
+    a legitimate test, but a run on it has nothing to validate or test, where it would
+    otherwise learn so only from a score of n/a)."""
+    empty = [s for s in SPLITS if not meta["splits"].get(s, {}).get("rows")]
+    if warn and empty:
+        where = src.files[0] if len(src.files) == 1 else Path(src.files[0]).parent
+        rows = ", ".join(f"{s} {meta['splits'].get(s, {}).get('rows', 0):,}" for s in SPLITS)
+        logging.getLogger(__name__).warning(
+            f"{where}: the {' and '.join(empty)} split{'s' if len(empty) > 1 else ''} came out empty ({rows} rows): "
+            f"a run on this data has nothing there to score; more rows fill {'them' if len(empty) > 1 else 'it'}")
+    return meta
 
 
 def _check_arguments(src: TextSource, out_dir: str | os.PathLike, min_count: int, max_ids: int | None,

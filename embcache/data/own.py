@@ -212,7 +212,8 @@ def convert_own(input_path: str | os.PathLike, out_dir: str | os.PathLike, *, la
     meta = convert(src, out_dir, source=f"own data ({path.name})", extra_meta={
         "split_protocol": protocol, "split_seed": seed if kind == "random" else None,
         "dense_transform": DENSE_LOG1P if dense_transform == "log1p" else None,
-        "columns": {"label": label, "dense": list(dense), "sparse": list(sparse), "time": time_col}}, **kwargs)
+        "columns": {"label": label, "dense": list(dense), "sparse": list(sparse), "time": time_col}},
+        warn_empty_splits=False, **kwargs)  # an empty split is refused here (`_check_splits`)
     _check_splits(path, meta, split)
     return meta
 
