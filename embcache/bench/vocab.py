@@ -106,7 +106,7 @@ def warm_up(modes: list[str], args) -> float:
 def variant_result(mode: str, summary: dict, days: int, argv: list[str], wall: float) -> dict:
     """What the benchmark keeps of a run's summary, its next-day AUCs checked against the days
     it should have scored and their mean over `mean_splits(days)`."""
-    scored = [r for r in summary.get("next_day", []) if "auc" in r]
+    scored = [r for r in summary.get("next_day", []) if r.get("auc") is not None]
     got = [r["split"] for r in scored]
     if got != evaluated_splits(days):
         raise UserFacingError(f"the {mode} run scored {got or 'no day'}, expected {evaluated_splits(days)}")

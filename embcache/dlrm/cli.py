@@ -255,7 +255,7 @@ def train(args) -> int:
 
 
 def evaluate(args) -> int:
-    from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
+    from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer, scores_text
     from embcache.train.precision import describe as describe_precision
     from embcache.train.run import checkpoint_to_evaluate
 
@@ -280,8 +280,7 @@ def evaluate(args) -> int:
         raise UserFacingError(str(err)) from None
     if not world.is_main:
         return 0
-    print(f"{args.split}: AUC {result['auc']:.4f}  log loss {result['logloss']:.4f}  "
-          f"({result['samples']:,} samples, step {ckpt['step']})")
+    print(f"{args.split}: {scores_text(result)}  ({result['samples']:,} samples, step {ckpt['step']})")
     print(f"trained with precision {describe_precision(ckpt.get('precision'))}; evaluated in "
           f"{'bf16' if cfg.precision == 'bf16' else 'float32'}")
     print(json.dumps({"split": args.split, "step": ckpt["step"], **result,
@@ -305,30 +304,44 @@ def _check_same_data(path: Path, ckpt: dict, data_dir: Path) -> None:
 
 
 def summary_rows(s: dict) -> list[tuple[str, str]]:
+    from embcache.units import format_bytes
+
     scored = [d for d in s.get("next_day", []) if "auc" in d]
     if scored:  # --days --eval-next-day: each day's score on the next
-        rows = [("next-day AUC", "  ".join(f"{d['split']} {d['auc']:.4f}" for d in scored)),
-                ("next-day log loss", "  ".join(f"{d['split']} {d['logloss']:.4f}" for d in scored))]
+        rows = [("next-day AUC", "  ".join(f"{d['split']} {_score(d, 'auc')}" for d in scored)),
+                ("next-day log loss", "  ".join(f"{d['split']} {_score(d, 'logloss')}" for d in scored))]
     else:
-        rows = [("validation AUC", f"{s['val_auc']:.4f}" if s.get("val_auc") is not None else "-"),
-                ("validation log loss", f"{s['val_logloss']:.4f}" if s.get("val_logloss") is not None else "-")]
+        unscored = {"not_scored": s["val_not_scored"]} if "val_not_scored" in s else {}
+        rows = [("validation AUC", _score({"auc": s.get("val_auc"), **unscored}, "auc")),
+                ("validation log loss", _score({"logloss": s.get("val_logloss"), **unscored}, "logloss"))]
     rows += [("model", "DLRM in plain torch" if s.get("arch") == "torch" else "torchrec's DLRM"),
              ("sparse part", f"{s['sparse']} on {s['device']}"), ("precision", s.get("precision", "fp32"))]
+    if "kernels" in s:
+        rows.append(("embedding kernels", s["kernels"] + (" under Triton's interpreter: a check of the results, not "
+                                                          "a speed" if s.get("kernels_interpreted") else "")))
     if s["sparse"] == "cached":
         rows += [("cache", f"{s['cache_rows']:,} of {s['table_rows']:,} rows "
                            f"({s['cache_rows'] / s['table_rows']:.2%})"),
                  ("cache hit rate", f"{s['hit_rate']:.4f}"),
-                 ("bytes host->device", f"{s['bytes_h2d'] / 2**20:,.1f} MiB"),
-                 ("bytes device->host", f"{s['bytes_d2h'] / 2**20:,.1f} MiB"),
+                 ("bytes host->device", format_bytes(s["bytes_h2d"])),
+                 ("bytes device->host", format_bytes(s["bytes_d2h"])),
                  ("overflow rows", f"{s['overflow_rows']:,}")]
         if "live_keys" in s:
             rows.append(("open tables", f"{s['live_keys']:,} keys held, {s['new_keys']:,} made, {s['retired_keys']:,} "
-                                        f"retired; key index {s['key_index_bytes'] / 2**20:,.1f} MiB"))
+                                        f"retired; key index {format_bytes(s['key_index_bytes'])}"))
         if s.get("bypassed_rows"):
             rows.append(("rows served beside the cache", f"{s['bypassed_rows']:,} (declined by admission control)"))
     if "comm_bytes_per_step" in s:
         c = s["comm_bytes_per_step"]
-        rows.append(("sent between ranks", f"{sum(c.values()) / 2**20:,.2f} MiB a step (ids {c['ids'] / 2**20:,.2f}, "
-                                           f"pooled {c['pooled'] / 2**20:,.2f} + their gradients, dense all-reduce "
-                                           f"{c['dense_allreduce'] / 2**20:,.2f})"))
+        rows.append(("sent between ranks", f"{format_bytes(sum(c.values()))} a step (ids {format_bytes(c['ids'])}, "
+                                           f"pooled {format_bytes(c['pooled'])} + their gradients, dense all-reduce "
+                                           f"{format_bytes(c['dense_allreduce'])})"))
     return rows + run_rows(s)
+
+
+def _score(d: dict, key: str) -> str:
+    """A score to four places; `n/a (why)` where the split had nothing to score; `-` where
+    nothing was evaluated."""
+    if d.get(key) is not None:
+        return f"{d[key]:.4f}"
+    return f"n/a ({d['not_scored']})" if d.get("not_scored") else "-"

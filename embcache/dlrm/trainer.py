@@ -182,6 +182,10 @@ class DLRMTrainer(Trainer):
         self._resumed_ahead = 0  # batches a resumed cache prefetched already (the epoch's first ones)
         self.pipelined = cfg.pipeline
         self.graphs = GraphedSteps(self, cfg.cuda_graphs, logger.info)  # `--cuda-graphs`: captured where it can be
+        self.kernels = kernels_in(self.model)
+        if self.kernels == "triton" and self.device.type != "cuda" and self.world.is_main:
+            logger.warning(f"--kernels triton on {self.device.type} runs under Triton's interpreter: a check of the "
+                           f"kernels' results, not a speed (--kernels torch is the fast path off CUDA)")
 
     def train_split(self, epoch: int) -> str:
         """The split epoch `epoch` trains on: `train`, or with --days its day."""
@@ -348,9 +352,8 @@ class DLRMTrainer(Trainer):
         if "day" in record:
             if "auc" not in record:
                 return f"day {record['day']}: trained (no next day evaluated)"
-            return (f"day {record['day']}: next day ({record['split']}) AUC {record['auc']:.4f}  "
-                    f"log loss {record['logloss']:.4f}")
-        return f"epoch {record['epoch']}: val AUC {record['auc']:.4f}  log loss {record['logloss']:.4f}"
+            return f"day {record['day']}: next day ({record['split']}) {scores_text(record)}"
+        return f"epoch {record['epoch']}: val {scores_text(record)}"
 
     @torch.no_grad()
     def evaluate(self, split: str = "val") -> dict:
@@ -375,8 +378,8 @@ class DLRMTrainer(Trainer):
             per_rank = gather_objects((logits, labels))
             logits = [part for i in range(len(logits)) for lg, _ in per_rank for part in [lg[i]]]
             labels = [part for i in range(len(labels)) for _, lb in per_rank for part in [lb[i]]]
-        if not logits:
-            return {"auc": float("nan"), "logloss": float("nan"), "samples": 0}
+        if not logits:  # no score, and why, where NaN would read as a broken model
+            return {"auc": None, "logloss": None, "samples": 0, "not_scored": f"the {split} split has no rows"}
         result = binary_metrics(torch.cat(logits), torch.cat(labels))
         if self.cfg.sparse == "cached":
             total = all_sum({k: stats.get(k, 0) for k in ("hits", "misses")})
@@ -417,12 +420,14 @@ class DLRMTrainer(Trainer):
 
     def summary_fields(self) -> dict:
         last = self.history[-1] if self.history else {}
-        out = {"val_auc": last.get("auc"), "val_logloss": last.get("logloss"), "sparse": self.cfg.sparse,
-               "arch": resolve_arch(self.cfg.arch), "precision": self.precision,
+        out = {"val_auc": last.get("auc"), "val_logloss": last.get("logloss"),
+               **({"val_not_scored": last["not_scored"]} if "not_scored" in last else {}), "sparse": self.cfg.sparse,
+               "arch": resolve_arch(self.cfg.arch), "precision": self.precision, "kernels": self.kernels,
+               "kernels_interpreted": self.kernels == "triton" and self.device.type != "cuda",
                "cuda_graphs": self.graphs.describe(), **self._cache_fields(),
                **self._open_fields()}
         if self.days is not None:
-            out["next_day"] = [{k: r[k] for k in ("day", "split", "auc", "logloss") if k in r}
+            out["next_day"] = [{k: r[k] for k in ("day", "split", "auc", "logloss", "not_scored") if k in r}
                                for r in self.history if not r.get("partial")]
         if self.cfg.sparse == "cached":
             out["cache_ratio"] = self.cfg.cache_ratio  # as given, or as `--cache-ratio auto` chose it
@@ -443,3 +448,19 @@ class DLRMTrainer(Trainer):
         dense = gradient_bytes(self.model.dense_arch) + gradient_bytes(self.model.over_arch)
         return {"ids": sent["ids"] / steps, "pooled": sent["pooled"] / steps, "pooled_grad": sent["pooled"] / steps,
                 "dense_allreduce": dense}
+
+
+def scores_text(result: dict) -> str:
+    """`AUC 0.7312  log loss 0.4821`, or `AUC n/a (the val split has no rows)` for a split
+    with nothing to score (`DLRMTrainer.evaluate`'s `not_scored`)."""
+    if result.get("auc") is None:
+        return f"AUC n/a  log loss n/a ({result.get('not_scored', 'not evaluated')})"
+    return f"AUC {result['auc']:.4f}  log loss {result['logloss']:.4f}"
+
+
+def kernels_in(model: torch.nn.Module) -> str:
+    """The embedding kernels the model's tables run, as their caches or whole tables resolved
+    `--kernels`: "triton" where any runs ours, else "torch" (torchrec's tables included)."""
+    found = {k for m in model.modules()
+             for k in (getattr(m, "kernels", None), getattr(getattr(m, "cache", None), "kernels", None))}
+    return "triton" if "triton" in found else "torch"
