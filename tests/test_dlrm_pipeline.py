@@ -76,10 +76,11 @@ def test_pipelined_run_equals_the_synchronous_one(synthetic, tmp_path):
     assert len(piped.losses) == len(sync.losses) == 24
     assert all(torch.is_tensor(loss) for loss in piped.losses)  # nothing read inside the step
     assert torch.equal(torch.stack(piped.losses), torch.stack(sync.losses))
-    # the synchronous loop reads each step; the pipelined one at log steps, checkpoints, the epoch's end
+    # the synchronous loop reads each step; the pipelined one its first step alone (timed apart: it
+    # carries the start-up), then at log steps, checkpoints, the epoch's end
     assert sync.reads == [(s, 1) for s in range(1, 25)]
     reads_at = [s for s, _ in piped.reads]
-    assert reads_at == sorted({s for s in range(1, 25) if s % 5 == 0 or s % 7 == 0} | {16, 24})
+    assert reads_at == sorted({1} | {s for s in range(1, 25) if s % 5 == 0 or s % 7 == 0} | {16, 24})
     assert sum(n for _, n in piped.reads) == 24
     records = step_records(tmp_path / "metricsTrue.jsonl")
     assert [r["step"] for r in records] == [5, 10, 15, 20]
@@ -109,8 +110,9 @@ def test_a_pipelined_run_resumes_exactly(synthetic, tmp_path):
 # ------------------------------------------------------------------ the divergence guard
 @pytest.mark.parametrize("bad_steps", [[7], [7, 9]])
 def test_the_guard_names_the_first_diverged_step_of_a_window(synthetic, tmp_path, bad_steps):
-    """The loss of step 7 (and 9) is infinite; the losses are read at 5 and 10 only. The
-    run stops naming step 7, and nothing after step 5 reaches a checkpoint or the log."""
+    """The loss of step 7 (and 9) is infinite; the losses are read at 1 (the first step is
+    timed apart), 5 and 10 only. The run stops naming step 7, and nothing after step 5
+    reaches a checkpoint or the log."""
     metrics = tmp_path / "metrics.jsonl"
     trainer = DLRMTrainer(small_config(max_steps=14, log_every=5, checkpoint_every=5, checkpoint_dir=str(tmp_path),
                                        metrics_out=str(metrics)), synthetic)
@@ -126,7 +128,7 @@ def test_the_guard_names_the_first_diverged_step_of_a_window(synthetic, tmp_path
     trainer.train_step = poisoned
     with pytest.raises(TrainingDiverged, match="^step 7: the loss is inf"):
         trainer.fit()
-    assert reads == [5, 10]  # found at the read after it, not at the step
+    assert reads == [1, 5, 10]  # found at the read after it, not at the step
     assert load_checkpoint(tmp_path / "dlrm-last.pt", "dlrm")["step"] == 5
     records = [json.loads(line) for line in open(metrics)]
     assert [r["step"] for r in records if r["event"] == "step"] == [5]
