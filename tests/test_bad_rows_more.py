@@ -5,10 +5,7 @@ line held); `dlrm train --readers`; the cache-fit line's numbers are the ones co
 from __future__ import annotations
 
 import csv
-import json
-import math
 import re
-import shutil
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,7 +13,7 @@ import pytest
 
 from embcache.cli import main
 from embcache.dlrm.export import export_checkpoint
-from tests.test_dlrm_export import run  # noqa: F401 (the export fixture)
+from tests.test_dlrm_export import data_without_raw_values, run  # noqa: F401 (run: the export fixture)
 from tests.test_dlrm_predict_unseen import known_row
 
 
@@ -70,11 +67,7 @@ def test_a_bad_parquet_value_names_its_row(run, tmp_path, capsys):
 def test_an_id_outside_its_table_names_its_line_and_value(run, tmp_path, capsys):
     """Data whose values are the ids (no raw values): an id outside the table, or one that
     is not a whole number, names its line and the value, not the batch's range."""
-    data = tmp_path / "data"
-    shutil.copytree(run["root"] / "data", data)
-    meta = json.loads((data / "meta.json").read_text())
-    del meta["raw_values"]
-    (data / "meta.json").write_text(json.dumps(meta))
+    data = data_without_raw_values(run, tmp_path / "data")
     export_checkpoint(run["ck"], tmp_path / "out", data=str(data))
     rows = [{**r, **{f"sparse_{c}": "1" for c in range(26)}} for r in _csv_rows(run, 4)]
     source = tmp_path / "ids.csv"

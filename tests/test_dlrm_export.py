@@ -44,6 +44,16 @@ def _raw_columns(rng: np.random.Generator) -> list[list[str]]:
     return [label, *counts, *cats]
 
 
+def data_without_raw_values(run, dest):
+    """The run's data copied to `dest` as a directory prepared before raw values were
+    recorded (its ids are the values)."""
+    shutil.copytree(run["root"] / "data", dest)
+    meta = json.loads((dest / "meta.json").read_text())
+    del meta["raw_values"]
+    (dest / "meta.json").write_text(json.dumps(meta))
+    return dest
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """A tiny Criteo file converted, trained for a few steps and exported (npy)."""
@@ -173,11 +183,7 @@ def test_none_in_ids_scored_by_id_adds_nothing(run, tmp_path):
     """Data whose values are the ids (synthetic, the default run's data) has no row for a
     missing value: None or a feature left out adds nothing to the pooled embedding (an empty
     bag), where it raised `TypeError: int() argument ... 'NoneType'`."""
-    old = tmp_path / "old"
-    shutil.copytree(run["root"] / "data", old)
-    meta = json.loads((old / "meta.json").read_text())
-    del meta["raw_values"]
-    (old / "meta.json").write_text(json.dumps(meta))
+    old = data_without_raw_values(run, tmp_path / "old")
     export_checkpoint(run["ck"], tmp_path / "out", data=str(old))
     model = load_export(tmp_path / "out")
     row = {**{f: 1 for f in model.features}, "sparse_25": None, "dense": [0.0] * 13}
@@ -379,11 +385,7 @@ def test_half_precision_rows_in_a_mapped_store_export_as_float32(run, tmp_path):
 def test_data_without_raw_values_exports_ids_and_other_data_is_refused(run, tmp_path, capsys):
     """A directory prepared before raw values were recorded: the export says so and scores
     by id. A directory of other data (other cardinalities) is refused in one line."""
-    old = tmp_path / "old"
-    shutil.copytree(run["root"] / "data", old)
-    meta = json.loads((old / "meta.json").read_text())
-    del meta["raw_values"]
-    (old / "meta.json").write_text(json.dumps(meta))
+    old = data_without_raw_values(run, tmp_path / "old")
     export_checkpoint(run["ck"], tmp_path / "out", data=str(old))
     model = load_export(tmp_path / "out")
     assert {t["vocabulary"]["key"] for t in model.manifest["tables"]} == {"identity"}
