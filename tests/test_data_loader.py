@@ -219,6 +219,27 @@ def test_writer_refuses_shard_and_row_group_sizes_below_one(tmp_path, bad):
         CTRDatasetWriter(tmp_path, 1, FEATURES[:1], source="t", row_group_rows=bad)
 
 
+@pytest.mark.parametrize("codec", ["lz4", "zstd", "none"])
+def test_shards_are_written_with_the_asked_codec_and_read_alike(tmp_path, data, codec):
+    """lz4 by default (decoding bounds the loader: `bench/shard_codecs.py`); every codec
+    gives the loader the same batches, and a codec Parquet lacks is refused up front."""
+    out = tmp_path / codec
+    w = CTRDatasetWriter(out, 2, FEATURES, source="t", rows_per_shard=7, row_group_rows=3,
+                         **({} if codec == "lz4" else {"compression": codec}))
+    for start, n in ((0, 10), (10, 13)):
+        _, label, dense, sparse, _ = row_lists(n, start)
+        w.write("train", label, dense, sparse)
+    meta = w.finish()
+    chunk = pq.ParquetFile(out / meta["splits"]["train"]["files"][0]).metadata.row_group(0).column(3)
+    assert chunk.compression == {"lz4": "LZ4", "zstd": "ZSTD", "none": "UNCOMPRESSED"}[codec]
+    for got, want in zip(CTRBatches(out, "train", 4), CTRBatches(data, "train", 4), strict=True):
+        assert torch.equal(got.dense, want.dense) and torch.equal(got.labels, want.labels)
+        assert torch.equal(got.sparse.values(), want.sparse.values())
+        assert torch.equal(got.sparse.lengths(), want.sparse.lengths())
+    with pytest.raises(ValueError, match=r"compression must be one of \('lz4', 'zstd', 'snappy', 'none'\), got 'gzip9'"):
+        CTRDatasetWriter(tmp_path / "bad", 2, FEATURES, source="t", compression="gzip9")
+
+
 def test_interleaved_splits_fill_their_own_shards(tmp_path):
     """Writes alternate between splits (as a random split does): each split's shards still
     hold rows_per_shard rows, in the order that split's rows were written."""

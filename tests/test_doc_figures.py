@@ -119,6 +119,15 @@ FIGURES = [
     ("docs/dlrm.md", "(`--readers 1`), {:,.0f} rows/s", "loader.json", ("background_one_thread_rows_per_s",)),
     ("docs/dlrm.md", "shared with other work, load {:.0f};", "loader.json",
      lambda d: d["hardware"]["loadavg_1_5_15min"][0]),
+    # docs/dlrm.md: the shards' codec
+    ("docs/dlrm.md", "lz4 reads **{:.2f}x zstd's rows/s** ({:.2f} against {:.2f} CPU-s a million rows) for {:.2f}x the",
+     "shard_codecs.json", lambda d: (d["codecs"][1]["speed_vs_zstd"], d["codecs"][1]["cpu_s_per_million_rows"],
+                                     d["codecs"][0]["cpu_s_per_million_rows"], d["codecs"][1]["bytes_vs_zstd"])),
+    ("docs/dlrm.md", "uncompressed reads {:.2f}x for {:.2f}x the", "shard_codecs.json",
+     lambda d: (d["codecs"][2]["speed_vs_zstd"], d["codecs"][2]["bytes_vs_zstd"])),
+    ("docs/dlrm.md", "the same {:,} synthetic rows with each codec", "shard_codecs.json", ("rows",)),
+    ("docs/dlrm.md", "(`python bench/shard_codecs.py`, `bench/results/shard_codecs.json`; 2 cores, load {:.0f})",
+     "shard_codecs.json", lambda d: d["hardware"]["loadavg_1_5_15min"][0]),
     # docs/cache.md: the device bookkeeper's operations, the GPU run
     ("docs/cache.md", "issues **{} operations a step**", "host_ops_triton.json", ("summary", 1, "launches_per_step")),
     ("docs/cache.md", "issues **{} operations a step**", "host_ops_triton.json", ("summary", 3, "launches_per_step")),

@@ -68,6 +68,8 @@ FREQ = "id_freq.npz"
 KEY_FREQ = "key_freq.npz"
 SPLIT_FREQ_DIR = "freq"  # per-split key counts: freq/<split>.npz
 KEY_MODES = ("ids", "raw")
+SHARD_CODECS = ("lz4", "zstd", "snappy", "none")  # Parquet codecs a shard may be written with
+SHARD_CODEC = "lz4"  # decoding bounds the loader: lz4's is the fastest (`bench/shard_codecs.py`)
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,9 @@ class CTRDatasetWriter:
         split_counts: also write each counted split's own key counts (`freq/<split>.npz`,
             ids counted as keys in ids mode), saved and freed when `end_split` is called.
         max_counted_keys: the cap of every `KeyCounter` (None: exact, unbounded).
+        compression: the shards' Parquet codec (`SHARD_CODECS`). lz4 by default: its shards
+            decode about twice as fast as zstd's, for a quarter more bytes
+            (`python bench/shard_codecs.py`), and decoding bounds the loader.
 
     Example:
         >>> w = CTRDatasetWriter(tmp, num_dense=1, sparse=[SparseFeature("sparse_0", 3)], source="doc")  # doctest: +SKIP
@@ -133,8 +138,11 @@ class CTRDatasetWriter:
                  source: str, rows_per_shard: int = 2_000_000, row_group_rows: int = 65_536,
                  keys: str = "ids", splits: tuple[str, ...] | list[str] = SPLITS,
                  counted: tuple[str, ...] | list[str] = ("train",), split_counts: bool = False,
-                 max_counted_keys: int | None = DEFAULT_MAX_COUNTED_KEYS):
+                 max_counted_keys: int | None = DEFAULT_MAX_COUNTED_KEYS, compression: str = SHARD_CODEC):
         check_whole("rows_per_shard", rows_per_shard, 1)
+        if compression not in SHARD_CODECS:
+            raise ValueError(f"compression must be one of {SHARD_CODECS}, got {compression!r}")
+        self.compression = compression
         check_whole("row_group_rows", row_group_rows, 1)
         if keys not in KEY_MODES:
             raise ValueError(f"keys must be one of {KEY_MODES}, got {keys!r}")
@@ -240,7 +248,7 @@ class CTRDatasetWriter:
         with writing(self.out / relative):
             (self.out / split).mkdir(parents=True, exist_ok=True)
             # each page with its CRC: a damaged shard's row group can be named (`shard_check`)
-            self._open[split] = [pq.ParquetWriter(self.out / relative, self.schema, compression="zstd",
+            self._open[split] = [pq.ParquetWriter(self.out / relative, self.schema, compression=self.compression,
                                                   write_page_checksum=True), 0]
         self.splits[split]["files"].append(relative)
         return self._open[split]

@@ -43,8 +43,9 @@ def default_readers() -> int:
     """Half of this process's cores (its share under torchrun: `LOCAL_WORLD_SIZE`), at least
     1 and at most 8. The other half is the step's: torch's threads, the cache's host
     bookkeeping, pinning and copies. A reader makes about 2 M Criteo-shaped rows a core-second
-    (`bench loader`: 0.4-0.6 CPU-s a million rows), so 1.5x the fastest step in view (6 M
-    samples/s) takes 5 or more; past 8 a reader would take a core from the step for nothing
+    (`bench loader`: 0.4-0.6 CPU-s a million rows of zstd shards; lz4's, the writer's default
+    since, cost about a fifth less: `bench/shard_codecs.py`), so 1.5x the fastest step in view
+    (6 M samples/s) takes 5 or more; past 8 a reader would take a core from the step for nothing
     in view, and each holds a chunk (`CHUNK_ROWS`) of decoded rows.
 
     Example:
