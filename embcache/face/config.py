@@ -69,7 +69,8 @@ class FaceConfig(StepRunConfig):
     eval_classes: int = setting(500, type=positive_int, help="held-out synthetic identities")
     val: list = setting(default_factory=list, nargs="*", metavar="BIN",
                         help="verification .bin files to evaluate on (lfw.bin, cfp_fp.bin, agedb_30.bin; "
-                             "training: after each epoch)")
+                             "training: after each epoch), read and checked before the first step (images, at "
+                             "least 20 pairs)")
     image_size: int = setting(0, type=non_negative_int,
                               help="synthetic: 0 for feature vectors, S for S x S images; real data: crop size "
                                    "(0 = 112)")

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 from embcache.face.data.loaders import PairBatch, PairBatches
+from embcache.face.data.verification import load_val_sets
 from embcache.distributed.data_parallel import data_parallel
 from embcache.distributed.global_norm import average_running_stats, forward_apart, global_batch_norm
 from embcache.distributed.world import broadcast_object, gather_objects
@@ -111,6 +112,8 @@ class FaceTrainer(Trainer):
             where = "--num-classes" if cfg.data == "synthetic" else f"{cfg.data}: the data has"
             raise ValueError(f"{where} {self.num_classes} {'class' if self.num_classes == 1 else 'classes'}: "
                              f"a classifier needs at least 2")
+        # checked now, not at the first evaluation: a bad file would cost the epoch before it
+        self.val_sets = load_val_sets(cfg.val, self.source.sample_shape, cfg.image_size or 112)
         self.batches = PairBatches(self.source, cfg.batch_size, cfg.seed)
         backbone = cfg.backbone
         if backbone == "auto":
@@ -251,14 +254,7 @@ class FaceTrainer(Trainer):
                 out["synthetic"]["identification_top1"] = identification_top1(eg, gl, ep, pl)
         if getattr(self.source, "heldout_paths", None):
             out.update(self._evaluate_heldout(scores))
-        for path in self.cfg.val:
-            from embcache.face.data.verification import load_verification_bin
-
-            if self.eval_data is None:
-                self.eval_data = {}
-            if path not in self.eval_data:
-                self.eval_data[path] = load_verification_bin(path, self.cfg.image_size or 112)
-            a, b, same = self.eval_data[path]
+        for path, (a, b, same) in self.val_sets.items():
             ea, eb = self._embed(a, flip=True), self._embed(b, flip=True)
             if scores:
                 out[Path(path).stem] = verification(ea, eb, same)

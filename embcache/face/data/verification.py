@@ -53,3 +53,24 @@ def write_verification_bin(path: str | os.PathLike, images: list[bytes], issame:
     with open(path, "wb") as f:
         pickle.dump((list(images), list(map(bool, issame))), f, protocol=4)
     return path
+
+
+def load_val_sets(paths: list[str], sample_shape: tuple[int, ...], image_size: int,
+                  min_pairs: int = 20) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Every `--val` file, loaded and checked when the run starts rather than at its first
+    evaluation: a missing or unscorable file found then would cost the epoch before it,
+    which no checkpoint holds yet. DataFormatError naming the file where the net embeds
+    feature vectors (no image can go through it) or the file has fewer than `min_pairs`
+    pairs (10-fold verification needs two a fold)."""
+    out = {}
+    for path in paths:
+        if len(sample_shape) != 3:
+            raise DataFormatError(f"{path}: a verification file holds images, and this run's net embeds "
+                                  f"{tuple(sample_shape)} feature vectors (synthetic data with --image-size 0): "
+                                  f"give --image-size S to train on S x S images")
+        a, b, same = load_verification_bin(path, image_size)
+        if len(same) < min_pairs:
+            raise DataFormatError(f"{path}: {len(same)} pairs, fewer than the {min_pairs} that 10-fold "
+                                  f"verification needs")
+        out[path] = a, b, same
+    return out

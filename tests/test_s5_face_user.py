@@ -1,0 +1,86 @@
+"""What a user in their second hour of `embcache face` runs into: --val files checked before
+any training, `face verify` given a directory, a vector checkpoint asked to embed images,
+and per-rank numbers that say they are per rank."""
+import numpy as np
+import pytest
+
+from embcache.cli import main
+from embcache.face.data.images import encode_jpeg
+from embcache.face.data.verification import write_verification_bin
+
+SYNTHETIC_IMAGES = ["face", "train", "--num-classes", "40", "--eval-classes", "20", "--image-size", "16",
+                    "--backbone", "cnn", "--batch-size", "16", "--epochs", "1", "--no-progress"]
+
+
+def _face(identity: int, shot: int, size: int = 16) -> np.ndarray:
+    """A drawn face: the identity's own colour field, a little changed from shot to shot."""
+    base = np.random.default_rng((identity, 0)).integers(0, 256, (size, size, 3))
+    noise = np.random.default_rng((identity, shot + 1)).integers(-20, 21, base.shape)
+    return np.clip(base + noise, 0, 255).astype(np.uint8)
+
+
+def _bin(path, pairs: int):
+    """A verification file of `pairs` pairs, every other one genuine."""
+    images, same = [], []
+    for i in range(pairs):
+        a = i % 5
+        b = a if i % 2 == 0 else (a + 1) % 5
+        images += [encode_jpeg(_face(a, 10 + i)), encode_jpeg(_face(b, 40 + i))]
+        same.append(a == b)
+    return write_verification_bin(path, images, same)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("s5faces")
+    for who in range(6):
+        (root / "data" / f"p{who}").mkdir(parents=True)
+        for shot in range(3):
+            (root / "data" / f"p{who}" / f"{shot}.jpg").write_bytes(encode_jpeg(_face(who, shot)))
+    return root
+
+
+def test_synthetic_images_train_and_evaluate_a_val_file(tmp_path, capsys):
+    """Synthetic identities and a --val file: the file is scored beside the held-out
+    identities (this was a TypeError traceback after the first epoch)."""
+    val = _bin(tmp_path / "mine.bin", 30)
+    assert main(SYNTHETIC_IMAGES + ["--val", str(val)]) == 0
+    out = capsys.readouterr().out
+    assert "epoch 1 | synthetic: acc" in out and "| mine: acc" in out
+    assert "mine verification" in out
+
+
+@pytest.mark.parametrize("case", ["missing", "small", "vectors"])
+def test_a_val_file_that_cannot_be_scored_stops_the_run_before_training(tmp_path, capsys, monkeypatch, case):
+    """A --val file that is missing, holds fewer than the 20 pairs 10-fold verification needs,
+    or holds images for a net that embeds vectors is one line naming it, before any step is
+    trained (it was found after the first epoch, whose work was lost: no checkpoint)."""
+    val = tmp_path / "v.bin"
+    args = list(SYNTHETIC_IMAGES)
+    if case == "small":
+        _bin(val, 6)
+    elif case == "vectors":
+        _bin(val, 30)
+        args = ["face", "train", "--num-classes", "40", "--eval-classes", "20", "--epochs", "1", "--no-progress"]
+    from embcache.face.trainer import FaceTrainer
+
+    steps, step = [], FaceTrainer.train_step
+    monkeypatch.setattr(FaceTrainer, "train_step", lambda self, batch: steps.append(1) or step(self, batch))
+    assert main(args + ["--val", str(val)]) != 0
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and str(val) in err[0], captured.err
+    want = {"missing": "no such verification file", "small": "6 pairs, fewer than the 20",
+            "vectors": "--image-size"}[case]
+    assert want in err[0]
+    assert steps == [] and "epoch 1" not in captured.out
+
+
+def test_evaluate_refuses_a_val_file_too_small_in_one_line(tmp_path, capsys):
+    ck = tmp_path / "ck"
+    assert main(SYNTHETIC_IMAGES + ["--checkpoint-dir", str(ck)]) == 0
+    capsys.readouterr()
+    val = _bin(tmp_path / "tiny.bin", 6)
+    assert main(["face", "evaluate", str(ck), "--val", str(val)]) != 0
+    err = capsys.readouterr().err
+    assert f"{val}: 6 pairs, fewer than the 20" in err and "Traceback" not in err
