@@ -84,3 +84,46 @@ def test_evaluate_refuses_a_val_file_too_small_in_one_line(tmp_path, capsys):
     assert main(["face", "evaluate", str(ck), "--val", str(val)]) != 0
     err = capsys.readouterr().err
     assert f"{val}: 6 pairs, fewer than the 20" in err and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def trained_folder(folder):
+    ck = folder / "ck"
+    assert main(["face", "train", "--data", str(folder / "data"), "--image-size", "16", "--backbone", "cnn",
+                 "--head", "fc", "--batch-size", "8", "--epochs", "1", "--no-progress", "--checkpoint-dir",
+                 str(ck)]) == 0
+    return folder, ck
+
+
+def test_verify_given_a_directory_is_one_line(trained_folder, capsys):
+    """`face verify CK a.jpg DIR` was a ValueError traceback (the directory's images made more
+    than two)."""
+    root, ck = trained_folder
+    a, d = root / "data" / "p0" / "0.jpg", root / "data" / "p1"
+    for pair in ([a, d], [d, a]):
+        assert main(["face", "verify", str(ck), *map(str, pair), "--threshold", "0.5"]) != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{d}: a directory" in err[0] and "two image files" in err[0]
+
+
+@pytest.fixture(scope="module")
+def vector_checkpoint(tmp_path_factory):
+    ck = tmp_path_factory.mktemp("s5vectors") / "ck"
+    assert main(["face", "train", "--num-classes", "40", "--eval-classes", "20", "--batch-size", "16",
+                 "--epochs", "1", "--no-progress", "--checkpoint-dir", str(ck)]) == 0
+    return ck
+
+
+@pytest.mark.parametrize("command", ["verify", "embed", "search"])
+def test_a_checkpoint_of_feature_vectors_asked_for_images_names_itself_and_says_why(vector_checkpoint, tmp_path,
+                                                                                      folder, capsys, command):
+    """The synthetic default trains on feature vectors; using its checkpoint on images said
+    only "this checkpoint embeds (64,) vectors", naming no file and no way out."""
+    ck = vector_checkpoint
+    capsys.readouterr()
+    image = str(folder / "data" / "p0" / "0.jpg")
+    args = {"verify": [image, image, "--threshold", "0.5"], "embed": [image, "--out", str(tmp_path / "e.npy")],
+            "search": ["--gallery", str(folder / "data"), "--query", image]}[command]
+    assert main(["face", command, str(ck), *args]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(ck) in err[0] and "--image-size" in err[0], err

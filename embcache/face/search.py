@@ -100,7 +100,7 @@ def search(checkpoint, gallery, queries: list[str], k: int = 5, threshold: float
     from embcache.face.evaluation import nearest_by_inner_product
     from embcache.face.use import embed_readable, image_paths, load_probe
 
-    probe, spec, ck = load_probe(checkpoint, device)
+    probe, spec, ck = load_probe(checkpoint, device, images=True)
     threshold, source = resolve_threshold(ck, threshold)
     names, files = gallery_identities(gallery)
     found = SearchResults([], 0, k, threshold, source)

@@ -19,8 +19,10 @@ from embcache.errors import CheckpointError, UserFacingError
 EMBED_FORMATS = (".npy", ".parquet")
 
 
-def load_probe(checkpoint, device="cpu"):
-    """(the checkpoint's embedding network in eval mode, its `probe_spec`, the checkpoint)."""
+def load_probe(checkpoint, device="cpu", images: bool = False):
+    """(the checkpoint's embedding network in eval mode, its `probe_spec`, the checkpoint);
+    with `images`, a network of feature vectors (the synthetic default) is refused at once,
+    naming the file and how to train one that embeds images."""
     from embcache.checkpoint import load_checkpoint
     from embcache.nn.backbones import build_backbone
     from embcache.train.run import checkpoint_in
@@ -38,6 +40,10 @@ def load_probe(checkpoint, device="cpu"):
     if spec is None:
         raise UserFacingError(f"{path}: written before checkpoints recorded their network's shape; `face evaluate` "
                               f"uses it with its training data, or train again to embed with it alone")
+    if images and len(spec["sample_shape"]) != 3:
+        raise UserFacingError(f"{path}: this checkpoint embeds {tuple(spec['sample_shape'])} feature vectors "
+                              f"(synthetic data with --image-size 0), not images: train with --image-size S or "
+                              f"on an image folder to embed images")
     probe = build_backbone(spec["backbone"], spec["feat_dim"], tuple(spec["sample_shape"]))
     probe.load_state_dict(ck["probe"])
     return probe.to(device).eval(), spec, ck
@@ -106,7 +112,7 @@ def embed_command(args) -> int:
     if out.suffix not in EMBED_FORMATS:
         raise UserFacingError(f"{out}: embeddings are written as {' or '.join(EMBED_FORMATS)}")
     check_output_file(out)  # before the work, not after it
-    probe, spec, _ = load_probe(args.checkpoint, args.device)
+    probe, spec, _ = load_probe(args.checkpoint, args.device, images=True)
     paths = image_paths(args.inputs)
     emb = embed_images(probe, spec, paths, args.device, flip=not args.no_flip, progress=args.progress).numpy()
     if out.suffix == ".npy":
@@ -168,7 +174,11 @@ def resolve_threshold(ck: dict, threshold: float | None) -> tuple[float | None, 
 
 
 def verify_command(args) -> int:
-    probe, spec, ck = load_probe(args.checkpoint, args.device)
+    for item in (args.a, args.b):  # a directory's images would be more than the two compared
+        if Path(item).is_dir():
+            raise UserFacingError(f"{item}: a directory; verify compares two image files (embed and search "
+                                  f"take directories)")
+    probe, spec, ck = load_probe(args.checkpoint, args.device, images=True)
     threshold, source = resolve_threshold(ck, args.threshold)
     if threshold is None:
         raise UserFacingError(f"{args.checkpoint}: no evaluation recorded a threshold at FAR 1e-3: give --threshold")
