@@ -127,3 +127,19 @@ def test_a_checkpoint_of_feature_vectors_asked_for_images_names_itself_and_says_
     assert main(["face", command, str(ck), *args]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(ck) in err[0] and "--image-size" in err[0], err
+
+
+@pytest.mark.parametrize("head", ["fc", "pfc", "dcp"])
+def test_the_head_state_under_torchrun_says_it_is_a_rank_s(head, monkeypatch):
+    """Under 2 ranks the summary's head state is rank 0's: for fc / pfc half the class table.
+    It printed as the run's, in the same words as one process's and at half its figure."""
+    from embcache.face.cli import summary_rows
+
+    monkeypatch.setattr("embcache.face.cli.run_rows", lambda s: [])  # they need the timing fields
+    summary = {"head": head, "num_classes": 4000, "backbone": "mlp", "head_state_bytes": 2 * 2**20,
+               "skipped_samples": 0, "world_size": 2}
+    state = dict(summary_rows(summary))["head state"]
+    assert state.startswith("2.00 MiB a rank (") and "2 ranks" in state
+    assert ("whole pool" in state) == (head == "dcp")
+    one = dict(summary_rows(dict(summary, world_size=1)))["head state"]
+    assert one == "2.00 MiB (parameters/pool + optimizer state)"

@@ -208,11 +208,23 @@ def evaluate(args) -> int:
     return 0
 
 
+def _head_state_scope(s: dict) -> str:
+    """What the head-state figure counts: under torchrun it is rank 0's, which for fc / pfc
+    is its share of a class table split over the ranks, so read as the run's it would be
+    N times too small."""
+    ranks = s.get("world_size", 1)
+    if ranks <= 1:
+        return "(parameters/pool + optimizer state)"
+    if s["head"] == "dcp":
+        return f"a rank (the pool + optimizer state; each of the {ranks} ranks holds the whole pool)"
+    return f"a rank (its share of the class table + optimizer state, split over {ranks} ranks)"
+
+
 def summary_rows(s: dict) -> list[tuple[str, str]]:
     from embcache.face.evaluation import tar_text
 
     rows = [("head", f"{s['head']} over {s['num_classes']:,} classes"), ("backbone", s["backbone"]),
-            ("head state", f"{s['head_state_bytes'] / 2**20:,.2f} MiB (parameters/pool + optimizer state)")]
+            ("head state", f"{s['head_state_bytes'] / 2**20:,.2f} MiB {_head_state_scope(s)}")]
     final = s.get("final") or {}
     for name, m in final.items():
         if not isinstance(m, dict):
