@@ -143,3 +143,23 @@ def test_the_head_state_under_torchrun_says_it_is_a_rank_s(head, monkeypatch):
     assert ("whole pool" in state) == (head == "dcp")
     one = dict(summary_rows(dict(summary, world_size=1)))["head state"]
     assert one == "2.00 MiB (parameters/pool + optimizer state)"
+
+
+def test_identification_top1_says_how_many_identities_it_chose_among(trained_folder, capsys):
+    """6 identities hold out 2 (the least): a top-1 of 1.0 among 2 is a coin's 0.5 beaten, not
+    a face found among many. The figure printed alone; now the epoch line, the summary and
+    the JSON say how many identities (and probes) it was measured on."""
+    import json
+
+    root, ck = trained_folder
+    assert main(["face", "evaluate", str(ck)]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    record = json.loads(out[-1])["heldout"]
+    assert record["identification_gallery"] == 2 and record["identification_probes"] == 4
+    assert "top-1" in out[-2] and "(2 identities)" in out[-2]
+    from embcache.face.cli import summary_rows
+
+    rows = dict(summary_rows({"head": "fc", "num_classes": 4, "backbone": "cnn", "head_state_bytes": 0,
+                              "skipped_samples": 0, "final": {"heldout": record}, "epochs_done": 1, "steps": 1,
+                              "peak_host_mib": 1.0, "train_samples_per_s": 1.0, "train_seconds": 1.0}))
+    assert rows["heldout identification top-1"].endswith("(4 probes against 2 identities; chance 0.50)")

@@ -221,7 +221,7 @@ def _head_state_scope(s: dict) -> str:
 
 
 def summary_rows(s: dict) -> list[tuple[str, str]]:
-    from embcache.face.evaluation import tar_text
+    from embcache.face.evaluation import identification_text, tar_text
 
     rows = [("head", f"{s['head']} over {s['num_classes']:,} classes"), ("backbone", s["backbone"]),
             ("head state", f"{s['head_state_bytes'] / 2**20:,.2f} MiB {_head_state_scope(s)}")]
@@ -235,7 +235,7 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
             rows.append((f"{name} verification", f"{m['accuracy']:.4f} ± {m['accuracy_std']:.4f}"))
             rows.append((f"{name} TAR@FAR=1e-3 / 1e-4", f"{tar_text(m, 1e-3)} / {tar_text(m, 1e-4)}"))
         if "identification_top1" in m:
-            rows.append((f"{name} identification top-1", f"{m['identification_top1']:.4f}"))
+            rows.append((f"{name} identification top-1", identification_text(m, long=True)))
     if "pool" in s:
         p = s["pool"]
         rows.append(("pool", f"{p['slots']:,} slots; {p['admitted']:,} admissions, {p['evicted']:,} evictions"))

@@ -135,9 +135,31 @@ def format_epoch(record: dict) -> str:
             s = (f"{name}: acc {m['accuracy']:.4f}±{m['accuracy_std']:.4f}, TAR@FAR=1e-3 {tar_text(m, 1e-3)}"
                  if "accuracy" in m else f"{name}: no verification ({m.get('pairs', 0)} pairs, under 20)")
             if "identification_top1" in m:
-                s += f", top-1 {m['identification_top1']:.4f}"
+                s += f", top-1 {identification_text(m)}"
             parts.append(s)
     return " | ".join(parts)
+
+
+def identification(gallery: torch.Tensor, gallery_labels: torch.Tensor, probes: torch.Tensor,
+                   probe_labels: torch.Tensor) -> dict:
+    """`identification_top1` with what it was measured on, the gallery's identities and the
+    probes: a top-1 among 2 identities (chance 0.5) reads very differently from one among
+    500, and the figure alone does not say which."""
+    return {"identification_top1": identification_top1(gallery, gallery_labels, probes, probe_labels),
+            "identification_gallery": int(gallery_labels.unique().numel()),
+            "identification_probes": int(probe_labels.numel())}
+
+
+def identification_text(m: dict, long: bool = False) -> str:
+    """A result's top-1 as a line prints it, with the identities it chose among (and, `long`,
+    the probes and chance) where the result records them."""
+    text = f"{m['identification_top1']:.4f}"
+    ids = m.get("identification_gallery")
+    if not ids:
+        return text
+    if not long:
+        return f"{text} ({ids:,} identities)"
+    return f"{text} ({m['identification_probes']:,} probes against {ids:,} identities; chance {1 / ids:.2f})"
 
 
 def identification_top1(gallery: torch.Tensor, gallery_labels: torch.Tensor, probes: torch.Tensor,

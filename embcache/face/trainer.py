@@ -46,7 +46,7 @@ from embcache.distributed.data_parallel import data_parallel
 from embcache.distributed.global_norm import average_running_stats, forward_apart, global_batch_norm
 from embcache.distributed.world import broadcast_object, gather_objects
 from embcache.nn.backbones import build_backbone
-from embcache.face.evaluation import (embed, format_epoch, heldout_pairs, identification_top1, unresolved_notes,
+from embcache.face.evaluation import (embed, format_epoch, heldout_pairs, identification, unresolved_notes,
                                       verification)
 from embcache.settings_fields import option_names
 from embcache.face.config import MUST_MATCH, FaceConfig  # noqa: F401 (their home before)
@@ -251,7 +251,7 @@ class FaceTrainer(Trainer):
             ea, eb, eg, ep = self._embed(a), self._embed(b), self._embed(g), self._embed(p)
             if scores:
                 out["synthetic"] = verification(ea, eb, same)
-                out["synthetic"]["identification_top1"] = identification_top1(eg, gl, ep, pl)
+                out["synthetic"].update(identification(eg, gl, ep, pl))
         if getattr(self.source, "heldout_paths", None):
             out.update(self._evaluate_heldout(scores))
         for path, (a, b, same) in self.val_sets.items():
@@ -278,7 +278,7 @@ class FaceTrainer(Trainer):
         first = torch.ones_like(labels, dtype=torch.bool)
         first[1:] = labels[1:] != labels[:-1]
         if (~first).any():
-            out["identification_top1"] = identification_top1(emb[first], labels[first], emb[~first], labels[~first])
+            out.update(identification(emb[first], labels[first], emb[~first], labels[~first]))
         return {"heldout": out} if out else {}
 
     def _embed(self, samples: torch.Tensor, flip: bool = False) -> torch.Tensor:
