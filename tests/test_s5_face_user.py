@@ -163,3 +163,33 @@ def test_identification_top1_says_how_many_identities_it_chose_among(trained_fol
                               "skipped_samples": 0, "final": {"heldout": record}, "epochs_done": 1, "steps": 1,
                               "peak_host_mib": 1.0, "train_samples_per_s": 1.0, "train_seconds": 1.0}))
     assert rows["heldout identification top-1"].endswith("(4 probes against 2 identities; chance 0.50)")
+
+
+def test_a_run_with_nothing_to_evaluate_says_so_and_evaluate_refuses_it(folder, tmp_path, capsys):
+    """--holdout 0 and no --val (as RecordIO data always holds out none): each epoch line was a
+    bare `epoch 1`, and `face evaluate` printed `{}` and exited 0, a score of nothing."""
+    ck = tmp_path / "ck"
+    assert main(["face", "train", "--data", str(folder / "data"), "--holdout", "0", "--image-size", "16",
+                 "--backbone", "cnn", "--head", "fc", "--batch-size", "8", "--epochs", "1", "--no-progress",
+                 "--checkpoint-dir", str(ck)]) == 0
+    captured = capsys.readouterr()
+    assert "--holdout 0 holds out no identities, and no --val was given" in captured.err
+    assert "epoch 1 (nothing evaluated)" in captured.out
+    assert main(["face", "evaluate", str(ck)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(ck) in err[0] and "nothing to evaluate" in err[0] and "--val" in err[0]
+    val = _bin(tmp_path / "mine.bin", 30)
+    assert main(["face", "evaluate", str(ck), "--val", str(val)]) == 0
+    assert "mine: acc" in capsys.readouterr().out
+
+
+def test_recordio_without_val_says_nothing_is_evaluated(tmp_path, capsys):
+    from embcache.face.data.recordio import write_recordio
+
+    write_recordio(tmp_path / "train.rec", [(who, encode_jpeg(_face(who, shot))) for who in range(6)
+                                            for shot in range(3)])
+    assert main(["face", "train", "--data", str(tmp_path), "--image-size", "16", "--backbone", "cnn", "--head",
+                 "fc", "--batch-size", "8", "--epochs", "1", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "RecordIO data holds out no identities, and no --val was given" in captured.err
+    assert "epoch 1 (nothing evaluated)" in captured.out

@@ -160,6 +160,9 @@ def train(args) -> int:
                          if trainer.batches.size < cfg.batch_size else "")
                       + f"; backbone {trainer.backbone_name} on {trainer.device}"
                       + (f"; {trainer.world.size} ranks" if trainer.world.distributed else ""))
+            note = nothing_evaluated(trainer)
+            if note and trainer.world.is_main:
+                logger.warning(f"nothing is evaluated after each epoch: {note}")
             summary = trainer.fit()
         except (ValueError, OSError) as err:
             raise UserFacingError(str(err)) from None
@@ -194,6 +197,9 @@ def evaluate(args) -> int:
     def body():
         try:
             trainer = FaceTrainer(cfg)
+            note = nothing_evaluated(trainer)
+            if note:
+                raise ValueError(f"{args.checkpoint}: nothing to evaluate: {note}")
             trainer.probe.load_state_dict(ck["probe"])
             return trainer.evaluate()
         except (ValueError, OSError) as err:
@@ -218,6 +224,22 @@ def _head_state_scope(s: dict) -> str:
     if s["head"] == "dcp":
         return f"a rank (the pool + optimizer state; each of the {ranks} ranks holds the whole pool)"
     return f"a rank (its share of the class table + optimizer state, split over {ranks} ranks)"
+
+
+def nothing_evaluated(trainer) -> str | None:
+    """Why an evaluation of this run would score nothing (None where it scores something):
+    its data holds out no identities and no --val file was given. Said, since a bare epoch
+    line, or `face evaluate` printing `{}`, reads as a score."""
+    cfg, source = trainer.cfg, trainer.source
+    if cfg.data == "synthetic" or trainer.val_sets or getattr(source, "heldout_paths", None):
+        return None
+    if not hasattr(source, "heldout_paths"):
+        why = "RecordIO data holds out no identities"
+    elif cfg.holdout == 0:
+        why = "--holdout 0 holds out no identities"
+    else:
+        why = "no identities are held out (fewer than 4 have two images)"
+    return f"{why}, and no --val was given (a verification .bin such as lfw.bin)"
 
 
 def summary_rows(s: dict) -> list[tuple[str, str]]:

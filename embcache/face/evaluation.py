@@ -137,6 +137,8 @@ def format_epoch(record: dict) -> str:
             if "identification_top1" in m:
                 s += f", top-1 {identification_text(m)}"
             parts.append(s)
+    if len(parts) == 1:  # no held-out identities and no --val: said, not an empty line that reads as a score
+        return f"{parts[0]} (nothing evaluated)"
     return " | ".join(parts)
 
 
