@@ -193,3 +193,22 @@ def test_recordio_without_val_says_nothing_is_evaluated(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "RecordIO data holds out no identities, and no --val was given" in captured.err
     assert "epoch 1 (nothing evaluated)" in captured.out
+
+
+def test_images_the_folder_layout_does_not_read_are_counted_and_named(folder, tmp_path, capsys):
+    """An image beside the identity folders, or one folder deeper than <identity>/<image>,
+    was left out of training without a word."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(folder / "data", data)
+    shutil.copy(data / "p0" / "0.jpg", data / "stray.jpg")
+    (data / "p1" / "session2").mkdir()
+    for name in ("a.jpg", "b.png"):
+        shutil.copy(data / "p1" / "0.jpg", data / "p1" / "session2" / name)
+    (data / "p1" / "session2" / "notes.txt").write_text("not an image")
+    assert main(["face", "train", "--data", str(data), "--image-size", "16", "--backbone", "cnn", "--head", "fc",
+                 "--batch-size", "8", "--epochs", "1", "--no-progress", "--holdout", "0"]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    assert "(6 identities, 18 images; 3 images outside <identity>/<image> left out: " in line
+    assert "p1/session2/a.jpg, p1/session2/b.png, stray.jpg)" in line

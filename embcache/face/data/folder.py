@@ -117,7 +117,10 @@ class ImageFolderFaces(IndexedFaces):
         if not self.root.is_dir():
             raise DataFormatError(f"{self.root}: no such directory")
         identities = sorted(p for p in self.root.iterdir() if p.is_dir())
-        files = [sorted(p for p in d.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) for d in identities]
+        # scandir: an entry says whether it is a folder without a stat of each of millions of images
+        entries = [list(os.scandir(d)) for d in identities]
+        files = [sorted(Path(e.path) for e in listing if not e.is_dir() and _is_image(e.name)) for listing in entries]
+        left_out = _outside_layout(self.root, entries)
         if not any(files):
             raise DataFormatError(f"{self.root}: no images found (expected <root>/<identity>/<image>.jpg)")
         held = set(held_out_identities([len(f) for f in files], holdout, seed))
@@ -133,6 +136,10 @@ class ImageFolderFaces(IndexedFaces):
         self.heldout_names = [identities[i].name for i in sorted(held)]
         self.heldout_paths = [files[i] for i in sorted(held)]
         kept = f"{len(names):,} identities, {len(paths):,} images"
+        if left_out:
+            named = ", ".join(str(p.relative_to(self.root)) for p in left_out[:3])
+            kept += (f"; {len(left_out):,} images outside <identity>/<image> left out: {named}"
+                     + (", ..." if len(left_out) > 3 else ""))
         if held:
             kept += f"; {len(held):,} identities held out for evaluation"
         elif holdout > 0:
@@ -179,3 +186,19 @@ def held_out_identities(image_counts: list[int], fraction: float, seed: int) -> 
     want = min(len(eligible) - 2, max(2, round(fraction * len(image_counts))))
     order = torch.randperm(len(eligible), generator=torch.Generator().manual_seed(seed))
     return sorted(eligible[i] for i in order[:want].tolist())
+
+
+def _is_image(name: str) -> bool:
+    return Path(name).suffix.lower() in IMAGE_SUFFIXES
+
+
+def _outside_layout(root: Path, entries: list[list[os.DirEntry]]) -> list[Path]:
+    """Images the layout does not read, sorted: beside the identity folders, or in a folder
+    inside one (`entries`: each identity folder's listing). Counted and named where the data
+    is described, rather than left out of training without a word."""
+    out = [p for p in root.iterdir() if _is_image(p.name) and p.is_file()]
+    for listing in entries:
+        for sub in (e for e in listing if e.is_dir()):
+            out += [p for p in Path(sub.path).rglob("*") if _is_image(p.name) and p.is_file()]
+    return sorted(out)
+
