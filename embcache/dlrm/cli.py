@@ -117,9 +117,10 @@ def _add_predict(sub) -> None:
                        formatter_class=DefaultsHelpFormatter,
                        description="Score a raw file through `dlrm export`'s directory, batch by batch, with the "
                                    "parsing and dense transform of `data prepare`: Criteo text lines (40 fields "
-                                   "with the label, 39 without; .gz too), or a CSV / Parquet file with a column per "
-                                   "feature of the export (sparse_0, ..., dense_0, ...; 'label' is kept), or for "
-                                   "`data prepare own` data the columns it was prepared from, by name. Writes "
+                                   "with the label, 39 without; .gz too), or a CSV (.gz too) / Parquet file with a "
+                                   "column per feature of the export (sparse_0, ..., dense_0, ...; 'label' is kept), "
+                                   "or for `data prepare own` data the columns it was prepared from, by name, in any "
+                                   "file that command reads (.tsv and .txt with a header too). Writes "
                                    "'probability' per row, in order, to --out (.csv or .parquet); values a "
                                    "vocabulary never saw are counted per feature (--strict refuses them).")
     p.add_argument("export", help="the directory `embcache dlrm export --out` wrote")

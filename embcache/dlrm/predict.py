@@ -8,7 +8,8 @@ Inputs:
 - CSV or Parquet with a header: a column per feature of the export (`sparse_0`, ...) and
   per dense feature (`dense_0`, ...), raw values as the input file had them; `label` is
   kept, any other column refused by name. A CSV is read as `data prepare own` reads one
-  (every field text; an empty one is missing).
+  (every field text; an empty one is missing), `.gz` too; for an export of `data prepare
+  own` data, so is a `.tsv` or `.txt` with a header (`.gz` too), as that command reads them.
 
 A bad row stops the command in one line naming file and line (a Parquet file's row, from 1)
 and what is wrong: a line with another number of fields than the header, a dense value that
@@ -30,6 +31,7 @@ from embcache.data.results_file import write_columns
 from embcache.errors import DataFormatError, UserFacingError, format_error
 
 CRITEO_DENSE, CRITEO_SPARSE = 13, 26
+TAB_TEXT = (".tsv", ".tab", ".txt")  # tab-separated text `data prepare own` reads with a header
 
 
 def predict_command(args) -> int:
@@ -85,11 +87,14 @@ def _scored(model, sparse, dense, source: Path, where, strict: bool, unseen: dic
 
 def raw_batches(path: Path, model, batch_rows: int):
     """(sparse {feature: raw values}, dense raw `[B, k]` float64 with NaN for missing, labels
-    or None, where: row i -> "FILE:LINE" or "FILE: row N") of `path`, `batch_rows` at a time."""
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
+    or None, where: row i -> "FILE:LINE" or "FILE: row N") of `path`, `batch_rows` at a time.
+    A text file `data prepare own` reads (`.csv`, and for its exports `.tsv` / `.txt`, `.gz`
+    too) is read as it read the training file, by its header: the file a model was prepared
+    from scores as it is, where taking it for Criteo text refused it."""
+    name = path.name.lower().removesuffix(".gz")
+    if name.endswith(".parquet"):
         yield from _table_batches(path, model, batch_rows, parquet=True)
-    elif suffix == ".csv":
+    elif name.endswith(".csv") or (model.manifest.get("input_columns") and name.endswith(TAB_TEXT)):
         yield from _table_batches(path, model, batch_rows, parquet=False)
     else:
         yield from _criteo_batches(path, model, batch_rows)
