@@ -105,10 +105,15 @@ class Footprint:
 # ---------------------------------------------------------------------------- data
 def training_rows(meta: dict) -> int:
     """The rows the counts were taken over: the train split's, or for raw-key data made
-    day by day, the counted splits' (`key_counts.splits`)."""
+    day by day, the counted splits' (`key_counts.splits`), or for id data made day by day
+    with no train split (`data synthetic --days N`, whose id counts count every day), the
+    days'. Without the last, such data read as having no rows and `--cache-ratio fit`, the
+    default, refused it."""
     from embcache.data.ctr_format import is_raw_keys
 
     counted = meta.get("key_counts", {}).get("splits") if is_raw_keys(meta) else None
+    if not counted and "train" not in meta["splits"]:
+        counted = [d["split"] for d in meta.get("day_splits", [])]
     names = counted or ["train"]
     return sum(int(meta["splits"].get(n, {}).get("rows", 0)) for n in names)
 
