@@ -58,3 +58,46 @@ def test_predict_reads_every_text_file_data_prepare_own_reads(own_export, tmp_pa
     capsys.readouterr()
     assert predicted(root / "export", path, tmp_path / "got.csv") == want
     assert len(want) == ROWS
+
+
+@pytest.fixture(scope="module")
+def days_run(tmp_path_factory):
+    """Data written day by day with ids (`data synthetic --days 3`: day_0..day_2, no train,
+    val or test split), trained `--days 0-1 --eval-next-day` at the default cache size
+    (`--cache-ratio fit`): (root, the run's summary)."""
+    from embcache.data.synthetic import generate_synthetic
+
+    root = tmp_path_factory.mktemp("days")
+    generate_synthetic(root / "data", rows=400, scale=0.0005, seed=0, days=3)
+    summary = root / "summary.json"
+    code = main(["dlrm", "train", "--data", str(root / "data"), "--days", "0-1", "--eval-next-day",
+                 "--batch-size", "128", "--embedding-dim", "4", "--dense-arch", "8", "--over-arch", "8",
+                 "--device", "cpu", "--no-progress", "--checkpoint-dir", str(root / "ck"),
+                 "--metrics-out", str(summary)])
+    records = [json.loads(line) for line in summary.read_text().splitlines()] if summary.exists() else []
+    return root, code, next((r for r in records if r.get("event") == "summary"), None)
+
+
+def test_day_data_with_ids_trains_at_the_default_cache_size(days_run):
+    """`--cache-ratio fit` read the train split's rows only, so day data (ids counted over
+    every day) read as "no training rows: nothing to predict from" and the default run stopped."""
+    _, code, summary = days_run
+    assert code == 0 and summary is not None
+    assert summary["steps"] == 8 and 0 < summary["cache_ratio"] <= 1
+
+
+def test_evaluate_scores_a_day_split(days_run, capsys):
+    """A `--days` run's data has only day splits: `dlrm evaluate --split day_N` scores one (the
+    same score as the run's next-day evaluation), and a day the run trained on is said to be one."""
+    root, code, summary = days_run
+    assert code == 0
+    capsys.readouterr()
+    assert main(["dlrm", "evaluate", str(root / "ck"), "--split", "day_2", "--device", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["split"] == "day_2" and result["samples"] == 400
+    next_day = {d["split"]: d for d in summary["next_day"]}
+    assert result["auc"] == pytest.approx(next_day["day_2"]["auc"], abs=1e-6)
+    assert "warning" not in err
+    assert main(["dlrm", "evaluate", str(root / "ck"), "--split", "day_1", "--device", "cpu"]) == 0
+    assert "warning: day_1 is one of the days this run trains on (--days 0-1)" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from embcache.arg_types import DefaultsHelpFormatter, memory_size, positive_float, positive_int
@@ -69,7 +70,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 def _add_evaluate_parser(sub) -> None:
     from embcache.dlrm.config import DLRMConfig
 
-    e = sub.add_parser("evaluate", help="AUC and log loss of a checkpoint on the test (or val) split",
+    e = sub.add_parser("evaluate", help="AUC and log loss of a checkpoint on the test (or val, or a day's) split",
                        formatter_class=DefaultsHelpFormatter,
                        description="Evaluate a checkpoint written by `dlrm train --checkpoint-dir`: the model "
                                    "and settings come from the checkpoint, the data from the directory it "
@@ -77,11 +78,24 @@ def _add_evaluate_parser(sub) -> None:
                                    "cardinalities and rows).")
     e.add_argument("checkpoint", help="a checkpoint file, or the --checkpoint-dir holding dlrm-last.pt "
                                       "(or the last.pt of earlier versions)")
-    e.add_argument("--split", choices=("test", "val"), default="test")
+    e.add_argument("--split", type=split_name, default="test",
+                   help="test, val, or a day split (day_N) of data written day by day (`--days` runs'; such data "
+                        "has no test or val)")
     e.add_argument("--data", default=None, help="prepared data directory (default: the checkpoint's)")
     add_config_arguments(e, DLRMConfig, ["device", "arch"])  # arch: not the checkpoint's, the model to evaluate in
     add_trust_argument(e)
     e.set_defaults(func=evaluate)
+
+
+def split_name(text: str) -> str:
+    """`dlrm evaluate --split`: test, val or day_N; a data set written day by day has only
+    day splits, so a `--days` run could not be evaluated at all with test and val alone."""
+    if text in ("test", "val") or (text.startswith("day_") and text[4:].isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"expected test, val or a day split day_N, got {text!r}")
+
+
+split_name.__name__ = "split"
 
 
 def _add_export_parser(sub) -> None:
@@ -256,6 +270,7 @@ def train(args) -> int:
 
 
 def evaluate(args) -> int:
+    from embcache.dlrm.config import parse_day_range
     from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer, scores_text
     from embcache.train.precision import describe as describe_precision
     from embcache.train.run import checkpoint_to_evaluate
@@ -282,6 +297,9 @@ def evaluate(args) -> int:
     if not world.is_main:
         return 0
     print(f"{args.split}: {scores_text(result)}  ({result['samples']:,} samples, step {ckpt['step']})")
+    if cfg.days and args.split in {f"day_{d}" for d in parse_day_range(cfg.days)}:
+        print(f"warning: {args.split} is one of the days this run trains on (--days {cfg.days}): its score is of "
+              f"rows seen in training, not of a day to come", file=sys.stderr)
     print(f"trained with precision {describe_precision(ckpt.get('precision'))}; evaluated in "
           f"{'bf16' if cfg.precision == 'bf16' else 'float32'}")
     print(json.dumps({"split": args.split, "step": ckpt["step"], **result,
