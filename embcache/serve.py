@@ -310,7 +310,7 @@ class ExportedDLRM:
         out = []
         for feature, table in zip(self.features, self.tables):
             flat, lengths = ids[feature]
-            offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64))
+            offsets = torch.from_numpy(np.cumsum([0, *lengths])[:-1].astype(np.int64))  # none for no rows
             out.append(F.embedding_bag(torch.as_tensor(flat, dtype=torch.int64), table, offsets, mode="sum"))
         return torch.stack(out, 1)
 

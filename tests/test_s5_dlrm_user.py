@@ -101,3 +101,15 @@ def test_evaluate_scores_a_day_split(days_run, capsys):
     assert "warning" not in err
     assert main(["dlrm", "evaluate", str(root / "ck"), "--split", "day_1", "--device", "cpu"]) == 0
     assert "warning: day_1 is one of the days this run trains on (--days 0-1)" in capsys.readouterr().err
+
+
+def test_serve_scores_an_empty_batch_as_no_rows(own_export):
+    """A server's batch can be empty: `predict([])` gives no probabilities, where it refused
+    with "dense: 0 rows, expected 1" (an empty batch pooled as one row)."""
+    from embcache.serve import load_export
+
+    model = load_export(own_export[0] / "export")
+    got = model.predict([])
+    assert got.shape == (0,)
+    assert model.pooled({f: [] for f in model.features}).shape[0] == 0
+    assert model.predict([{"sparse_0": "u1", "sparse_1": "i2", "dense": [3.5]}]).shape == (1,)
