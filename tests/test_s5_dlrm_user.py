@@ -113,3 +113,25 @@ def test_serve_scores_an_empty_batch_as_no_rows(own_export):
     assert got.shape == (0,)
     assert model.pooled({f: [] for f in model.features}).shape[0] == 0
     assert model.predict([{"sparse_0": "u1", "sparse_1": "i2", "dense": [3.5]}]).shape == (1,)
+
+
+def test_a_float_label_column_is_read_as_its_parquet_twin_is(tmp_path, capsys):
+    """pandas writes a float label column as 1.0 / 0.0: `data prepare own` skipped every such
+    row of a CSV as a bad label (while a Parquet float column's 1.0 was read as 1); now both
+    read the labels of the integer file, and 0.5 is still refused by line."""
+    from embcache.data.ctr_format import head_rows
+
+    ints, floats = tmp_path / "ints.csv", tmp_path / "floats.csv"
+    write_clicks(ints)
+    lines = ints.read_text().splitlines()
+    body = [line.rsplit(",", 1) for line in lines[1:]]
+    floats.write_text("\n".join([lines[0], *(f"{rest},{label}.0" for rest, label in body), "u1,i1,2.5,0.5"]) + "\n")
+    for source in (ints, floats):
+        assert main(["data", "prepare", "own", "--input", str(source), "--out", str(tmp_path / source.stem),
+                     "--label-col", "clicked", "--dense-cols", "price", "--sparse-cols", "user,item",
+                     "--no-progress"]) == 0
+    assert f"{floats.name}: skipped 1 malformed row(s)" in capsys.readouterr().err
+    bad = next(iter(json.loads((tmp_path / "floats" / "meta.json").read_text())["bad_rows"].values()))
+    assert bad["count"] == 1 and bad["first_lines"] == [ROWS + 2]
+    for split in ("train", "val", "test"):
+        assert head_rows(tmp_path / "floats", split, ROWS) == head_rows(tmp_path / "ints", split, ROWS)

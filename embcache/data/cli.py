@@ -154,7 +154,7 @@ def _add_ml100k(which) -> None:
 def _add_own(which) -> None:
     p = _one_file_dataset(which, "own", _own, "your file: .csv, .tsv or .txt (tab-separated), .gz of those, or "
                                               ".parquet; text needs a header line")
-    p.add_argument("--label-col", required=True, help="the 0/1 label's column")
+    p.add_argument("--label-col", required=True, help="the 0/1 label's column (1.0 and 0.0 too)")
     p.add_argument("--dense-cols", required=True, type=_names, help="numeric columns, comma-separated (at least one)")
     p.add_argument("--sparse-cols", required=True, type=_names,
                    help="categorical columns, comma-separated: one embedding table each (sparse_0, ... in this "

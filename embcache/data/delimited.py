@@ -235,9 +235,16 @@ def is_empty_line(block: pa.RecordBatch) -> np.ndarray:
 
 
 def parse_label(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(int8 labels, mask of rows whose field is exactly "0" or "1")."""
+    """(int8 labels, mask of rows whose field is "0" or "1", or a number equal to one of them:
+    "1.0", as pandas writes a float label column, where a Parquet float column's 1.0 already
+    read as "1" and a CSV's skipped every row)."""
     one = pc.equal(col, "1").to_numpy(zero_copy_only=False)
     zero = pc.equal(col, "0").to_numpy(zero_copy_only=False)
+    rest = ~(one | zero)
+    if rest.any():  # the exact spellings above are the fast path of a large file
+        values, _, number = parse_numbers64(col)
+        one |= rest & number & (values == 1)
+        zero |= rest & number & (values == 0)
     return one.astype(np.int8), one | zero
 
 
