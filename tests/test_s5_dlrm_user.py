@@ -135,3 +135,16 @@ def test_a_float_label_column_is_read_as_its_parquet_twin_is(tmp_path, capsys):
     assert bad["count"] == 1 and bad["first_lines"] == [ROWS + 2]
     for split in ("train", "val", "test"):
         assert head_rows(tmp_path / "floats", split, ROWS) == head_rows(tmp_path / "ints", split, ROWS)
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--days", "0-1", "--eval-every", "2"], "--eval-every in a --days run scores the next day: add --eval-next-day"),
+    (["--eval-next-day"], "--eval-next-day needs --days A-B"),
+    (["--allow-test-days"], "--allow-test-days needs --days A-B")])
+def test_day_options_that_would_do_nothing_are_refused_before_any_work(tmp_path, capsys, flags, said):
+    """`--eval-every` in a `--days` run without `--eval-next-day` printed "trained (no next day
+    evaluated)" every N steps and evaluated nothing; `--allow-test-days` without `--days` passed
+    unremarked. Refused in one line before the data is read (--data names no directory)."""
+    code = main(["dlrm", "train", "--data", str(tmp_path / "absent"), "--device", "cpu", "--no-progress", *flags])
+    err = capsys.readouterr().err
+    assert code == 1 and said in err and err.count("\n") == 1, err

@@ -252,6 +252,7 @@ def train(args) -> int:
                         "prefetch_depth": 0 if args.no_prefetch else args.prefetch_depth})
     try:
         cfg.resolved_device()
+        refuse_idle_day_options(cfg)
         refuse_existing_run(args, "dlrm")
         apply_threads(args)
         data_dir = _prepared_once(args)
@@ -267,6 +268,21 @@ def train(args) -> int:
         raise UserFacingError(describe_os_error(err)) from None
     print_summary(summary_rows(summary), summary)
     return 0
+
+
+def refuse_idle_day_options(cfg) -> None:
+    """Options that act only beside `--days` (or, for `--eval-every` in a `--days` run, beside
+    `--eval-next-day`), refused in one line before any data is prepared: `--eval-every`
+    without a next day to score printed "trained (no next day evaluated)" every N steps and
+    evaluated nothing, and `--allow-test-days` alone passed unremarked."""
+    if cfg.days is None:
+        alone = [flag for flag, on in (("--eval-next-day", cfg.eval_next_day),
+                                       ("--allow-test-days", cfg.allow_test_days)) if on]
+        if alone:
+            raise ValueError(f"{' and '.join(alone)} {'needs' if len(alone) == 1 else 'need'} --days A-B")
+    elif cfg.eval_every and not cfg.eval_next_day:
+        raise ValueError("--eval-every in a --days run scores the next day: add --eval-next-day (without it the "
+                         "run evaluates nothing)")
 
 
 def evaluate(args) -> int:

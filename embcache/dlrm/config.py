@@ -196,7 +196,8 @@ class DLRMConfig(StepRunConfig):
              "epoch (sets --epochs; default: none, the train split)")
     eval_next_day: bool = setting(
         False, help="with --days: after training on a day, evaluate on the next day's split before training on "
-                    "it (Criteo Terabyte's protocol); without it, days are trained without evaluation")
+                    "it (Criteo Terabyte's protocol; --eval-every N scores that day every N steps too); without "
+                    "it, days are trained without evaluation (and --eval-every is refused)")
     allow_test_days: bool = setting(
         False, help="with --days: train on a day the data set holds out for val/test (Terabyte's last day); "
                     "refused without it, since evaluating on that day afterwards scores rows seen in training")
