@@ -148,3 +148,18 @@ def test_day_options_that_would_do_nothing_are_refused_before_any_work(tmp_path,
     code = main(["dlrm", "train", "--data", str(tmp_path / "absent"), "--device", "cpu", "--no-progress", *flags])
     err = capsys.readouterr().err
     assert code == 1 and said in err and err.count("\n") == 1, err
+
+
+def test_predict_names_own_data_s_unseen_values_by_the_file_s_columns(own_export, tmp_path, capsys):
+    """The user's file says `user`; the counts of values never seen, and --strict's refusal,
+    said only `sparse_0`."""
+    root, source = own_export
+    new = tmp_path / "new.csv"
+    new.write_text("user,item,price,clicked\nu-new,i1,3.5,1\n")
+    args = ["dlrm", "predict", str(root / "export"), "--input", str(new), "--out", str(tmp_path / "p.csv"),
+            "--no-progress"]
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "scored as missing: user (sparse_0) 1 (of 1 rows" in capsys.readouterr().out
+    assert main([*args, "--strict"]) == 1
+    assert f"{new}:2: user (sparse_0) value 'u-new' is not in the export's vocabulary" in capsys.readouterr().err

@@ -50,9 +50,10 @@ def predict_command(args) -> int:
     probabilities, labels, unseen = [], [], {}
     from tqdm import tqdm
 
+    named = feature_names(model)
     with tqdm(desc="predict", unit=" rows", disable=not args.progress) as bar:
         for sparse, dense, label, where in raw_batches(source, model, args.batch_rows):
-            probabilities.append(_scored(model, sparse, dense, source, where, args.strict, unseen))
+            probabilities.append(_scored(model, sparse, dense, source, where, args.strict, unseen, named))
             if label is not None:
                 labels.append(label)
             bar.update(len(dense))
@@ -64,20 +65,31 @@ def predict_command(args) -> int:
     if unseen:
         from embcache.serve import describe_unseen
 
-        print(describe_unseen(unseen, len(columns["probability"])).replace("strict scoring", "--strict"))
+        counts = {named.get(f, f): n for f, n in unseen.items()}
+        print(describe_unseen(counts, len(columns["probability"])).replace("strict scoring", "--strict"))
     return 0
 
 
-def _scored(model, sparse, dense, source: Path, where, strict: bool, unseen: dict) -> np.ndarray:
+def feature_names(model) -> dict[str, str]:
+    """{feature: "COLUMN (feature)"} for an export of `data prepare own` data, whose user
+    knows the features by the columns they were prepared from (`user`, not `sparse_0`); {}
+    for any other."""
+    columns = model.manifest.get("input_columns") or {}
+    return {f: f"{c} ({f})" for c, f in zip(columns.get("sparse", []), model.features)}
+
+
+def _scored(model, sparse, dense, source: Path, where, strict: bool, unseen: dict, named: dict) -> np.ndarray:
     """One batch's probabilities; its unseen values counted into `unseen`, or with `strict`
-    the first refused, naming where it is (`where(i)`: "FILE:LINE" of the batch's row i), as
-    is a value its lookup cannot take."""
+    the first refused, naming where it is (`where(i)`: "FILE:LINE" of the batch's row i) and
+    its feature (`named`: by its column, see `feature_names`), as is a value its lookup
+    cannot take."""
     from embcache.serve import UnseenValueError
 
     try:
         logits = model.logits(sparse, model.transform_dense(dense), strict=strict, unseen=unseen)
     except UnseenValueError as err:
-        raise UserFacingError(f"{where(err.row)}: {err.feature} value {err.value!r} is not in the export's "
+        feature = named.get(err.feature, err.feature)
+        raise UserFacingError(f"{where(err.row)}: {feature} value {err.value!r} is not in the export's "
                               f"vocabulary; --strict refuses it (without --strict it scores as missing)") from None
     except ValueError as err:  # a value the lookup cannot take (`serve.BadValueError`) names its row
         row = getattr(err, "row", None)
