@@ -44,6 +44,39 @@ def _log_gpu(pattern: str) -> str:
     return r"=== bench gpu.*?" + pattern
 
 
+def _face_row(face: dict, head: str, classes: int) -> dict:
+    return next(r for r in face["rows"] if r["head"] == head and r["classes"] == classes)
+
+
+def _face_cell(row: dict) -> str:
+    """A head-benchmark table cell as the doc prints it: step time and head memory (MiB, GiB
+    from 1 GiB on), or the skip with its state and cap."""
+    if "skipped" in row:
+        state, cap = re.fullmatch(r"persistent state (\S+) GiB > --max-gib (\S+)", row["skipped"]).groups()
+        return f"skipped: state {state} GiB > {cap} GiB cap"
+    size = row["head_peak_bytes"]
+    memory = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:,.1f} MiB"
+    return f"{row['step_ms']:,.1f} ms · {memory}"
+
+
+def _face_table_line(face: dict, head: str) -> tuple[str, ...]:
+    return tuple(_face_cell(_face_row(face, head, n)) for n in (10**4, 10**5, 10**6, 10**7))
+
+
+def _face_accuracy(face: dict, head: str) -> tuple:
+    r = face["accuracy"]["results"][head]
+    return (r["verification_accuracy"], r["accuracy_std"], r["tar@far=1e-3"], r["identification_top1"],
+            r["train_seconds"])
+
+
+def _face_headline(face: dict) -> tuple:
+    dcp, fc = _face_row(face, "dcp 1%", 10**6), _face_row(face, "fc", 10**6)
+    acc = face["accuracy"]["results"]
+    return (dcp["step_ms"], fc["step_ms"] / 1e3, face["fc_over_dcp1_step_time"]["1000000"],
+            dcp["head_peak_bytes"] / 2**20, fc["head_peak_bytes"] / 2**30,
+            acc["dcp 1%"]["verification_accuracy"], acc["fc"]["verification_accuracy"])
+
+
 FIGURES = [
     # README: the headline figures
     ("README.md", "a 1.5 % cache finds {:.3f}", "cache.json", ("hit_rate", "results", 1, "freq")),
@@ -202,6 +235,23 @@ FIGURES = [
      _log_gpu(r"the cache holds ([\d,]+) rows")),
     ("docs/cache.md", "than a batch's {} distinct rows", "device_check.log",
      _log_gpu(r"a batch needs ([\d,]+) distinct rows")),
+    # README and docs/class-pool.md: the face head benchmark
+    ("README.md", "a 1 % pool's head step takes {:.0f} ms against full FC's {:.1f} s ({:.0f}×), in {:.0f} MiB against "
+     "{:.1f} GiB, and its verification accuracy on the synthetic task is {:.4f} against full FC's {:.4f}",
+     "face.json", _face_headline),
+    *[("docs/class-pool.md", "| " + head + " | {} | {} | {} | {} |", "face.json",
+       lambda d, head=head: _face_table_line(d, head)) for head in ("fc", "pfc 0.1", "dcp 1%", "dcp 10%", "dcp Q=10,000")],
+    ("docs/class-pool.md", "DCP 1 % takes {:.0f} ms per head step against full FC's {:.1f} s: **{:.0f}× faster** "
+     "({:.0f}× at 10^4, {:.0f}× at 10^5), with {:.0f} MiB of head memory against {:.1f} GiB", "face.json",
+     lambda d: (*_face_headline(d)[:3], d["fc_over_dcp1_step_time"]["10000"], d["fc_over_dcp1_step_time"]["100000"],
+                *_face_headline(d)[3:5])),
+    ("docs/class-pool.md", "(load average {:.1f} before, {:.1f} after;", "face.json",
+     lambda d: (d["loadavg_before"][0], d["loadavg_after"][0])),
+    *[("docs/class-pool.md", "| " + head + " | {:.4f} ± {:.4f} | {:.3f} | {:.3f} | {:.1f} |", "face.json",
+       lambda d, head=head: _face_accuracy(d, head)) for head in ("fc", "pfc 0.1", "dcp 1%", "dcp 10%")],
+    ("docs/class-pool.md", "(in `face.json` it is {:.1f}–{:.1f} points above it;", "face.json",
+     lambda d: tuple(100 * (d["accuracy"]["results"][h]["verification_accuracy"]
+                            - d["accuracy"]["results"]["fc"]["verification_accuracy"]) for h in ("dcp 1%", "dcp 10%"))),
     # docs/heat.md: the quiet run
     ("docs/heat.md", "untiled (**{:.1f}×**) and 0.141 s tiled ({:.1f}×;", "cf_negatives_quiet.json",
      lambda d: (d["cases"][0]["rows"][1]["speedup_vs_torch"], _quiet_tiled(d))),
