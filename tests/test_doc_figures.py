@@ -44,6 +44,9 @@ def _log_gpu(pattern: str) -> str:
     return r"=== bench gpu.*?" + pattern
 
 
+_TIERS_DOC = "docs/tables-larger-than-memory.md"
+
+
 def _face_row(face: dict, head: str, classes: int) -> dict:
     return next(r for r in face["rows"] if r["head"] == head and r["classes"] == classes)
 
@@ -240,7 +243,8 @@ FIGURES = [
      "{:.1f} GiB, and its verification accuracy on the synthetic task is {:.4f} against full FC's {:.4f}",
      "face.json", _face_headline),
     *[("docs/class-pool.md", "| " + head + " | {} | {} | {} | {} |", "face.json",
-       lambda d, head=head: _face_table_line(d, head)) for head in ("fc", "pfc 0.1", "dcp 1%", "dcp 10%", "dcp Q=10,000")],
+       lambda d, head=head: _face_table_line(d, head))
+      for head in ("fc", "pfc 0.1", "dcp 1%", "dcp 10%", "dcp Q=10,000")],
     ("docs/class-pool.md", "DCP 1 % takes {:.0f} ms per head step against full FC's {:.1f} s: **{:.0f}× faster** "
      "({:.0f}× at 10^4, {:.0f}× at 10^5), with {:.0f} MiB of head memory against {:.1f} GiB", "face.json",
      lambda d: (*_face_headline(d)[:3], d["fc_over_dcp1_step_time"]["10000"], d["fc_over_dcp1_step_time"]["100000"],
@@ -252,6 +256,39 @@ FIGURES = [
     ("docs/class-pool.md", "(in `face.json` it is {:.1f}–{:.1f} points above it;", "face.json",
      lambda d: tuple(100 * (d["accuracy"]["results"][h]["verification_accuracy"]
                             - d["accuracy"]["results"]["fc"]["verification_accuracy"]) for h in ("dcp 1%", "dcp 10%"))),
+    # README and docs/tables-larger-than-memory.md: bench tiers
+    ("README.md", "A {:.0f} GiB table trains through the cache on a machine with {:.1f} GiB of RAM", "tiers.json",
+     lambda d: (d["larger_than_memory"]["file_gib"], d["larger_than_memory"]["ram_gib"])),
+    (_TIERS_DOC, "load average about {:.0f} during the run; {:.1f} GiB RAM;", "tiers.json",
+     lambda d: (d["hardware"]["loadavg_1_5_15min"][0], d["larger_than_memory"]["ram_gib"])),
+    (_TIERS_DOC, "| table | {:,} rows x {}, float32 + Adagrad state: **{:.1f} GiB of files**, "
+     "RAM {:.1f} GiB |", "tiers.json",
+     lambda d: tuple(d["larger_than_memory"][k] for k in ("rows", "dim", "file_gib", "ram_gib"))),
+    (_TIERS_DOC, "| cache | {:.1f} % of rows ({:,}), LRU; batches of {:,} bags x {} Zipf ids",
+     "tiers.json", lambda d: (100 * d["config"]["cache_ratio"], d["larger_than_memory"]["cache_rows"],
+                              d["config"]["batch_size"], d["config"]["bag_size"])),
+    (_TIERS_DOC, "| making the files | {:.0f} s (drawing", "tiers.json",
+     ("larger_than_memory", "create_seconds")),
+    (_TIERS_DOC, "| training, {} batches | **{:,.0f} samples/s**, hit rate {:.3f}, {:,} evictions, "
+     "{:.0f} MiB of rows in, {:.0f} MiB of dirty rows out |", "tiers.json",
+     lambda d: (lambda b: (b["steps"], b["samples_per_s"], b["hit_rate"], b["evictions"], b["bytes_h2d"] / 2**20,
+                           b["bytes_d2h"] / 2**20))(d["larger_than_memory"])),
+    (_TIERS_DOC, "| peak resident memory | **{:.0f} MiB anonymous** (cache, maps, batches) + {:,.0f} "
+     "MiB of mapped file pages", "tiers.json",
+     lambda d: (d["larger_than_memory"]["peak_rss_anon_mib"], d["larger_than_memory"]["peak_rss_file_mib"])),
+    (_TIERS_DOC, "the part below, {:,.0f} MiB) |", "tiers.json",
+     ("larger_than_memory", "peak_rss_mib_getrusage")),
+    (_TIERS_DOC, "| disk | {:.2f} GiB read ({:,} major faults, about one 4 KiB page per missed row "
+     "and one for its state: the page cache served about {:.0f} % of those page reads), {:.2f} GiB written back",
+     "tiers.json", lambda d: (lambda b: (b["disk_read_bytes"] / 2**30, b["disk_major_faults"],
+                                         100 * (1 - b["disk_major_faults"] / (b["bytes_h2d"] / (b["dim"] * 8) * 2)),
+                                         b["disk_write_bytes"] / 2**30))(d["larger_than_memory"])),
+    (_TIERS_DOC, "the mapped store ran at {:.2f}x the memory store's samples/s overall, {:.2f}x as "
+     "the median of the rounds, with rounds from {:.2f}x to {:.2f}x", "tiers.json",
+     lambda d: (lambda f: (f["mmap_vs_memory"], f["mmap_vs_memory_median_of_rounds"], min(f["round_ratios"]),
+                           max(f["round_ratios"])))(d["fits_in_memory"])),
+    (_TIERS_DOC, "The tables came out {}", "tiers.json",
+     lambda d: "equal" if d["fits_in_memory"]["tables_equal"] else "different"),
     # docs/heat.md: the quiet run
     ("docs/heat.md", "untiled (**{:.1f}×**) and 0.141 s tiled ({:.1f}×;", "cf_negatives_quiet.json",
      lambda d: (d["cases"][0]["rows"][1]["speedup_vs_torch"], _quiet_tiled(d))),
