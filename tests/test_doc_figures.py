@@ -44,6 +44,38 @@ def _log_gpu(pattern: str) -> str:
     return r"=== bench gpu.*?" + pattern
 
 
+def _hit_rates(bench: dict, trace: str, ratio: float) -> dict:
+    """One cache size's hit rates in a `bench cache` file, on the stationary or the drifting trace."""
+    hit = bench["hit_rate"]
+    return next(r for r in (hit["results"] if trace == "stationary" else hit["drifting"]["results"])
+                if r["ratio"] == ratio)
+
+
+def _hit_rate_cells(bench: dict, trace: str, ratio: float, gap: bool = True) -> str:
+    """A hit-rate table's row after its cache size, as the doc prints it: the best online
+    policy in bold (ties too), then the references and freq − Belady in points."""
+    r = _hit_rates(bench, trace, ratio)
+    online = ("freq", "freq+adm", "lfu", "lru")
+    cells = [f"**{r[k]:.3f}**" if r[k] == max(r[o] for o in online) else f"{r[k]:.3f}" for k in online]
+    cells += [f"{r[k]:.3f}" for k in ("static_top_c", "belady", "belady_bypass")]
+    if gap:
+        cells.append(f"{100 * (r['freq'] - r['belady']):.1f} pts".replace("-", "−"))
+    return " | ".join(cells)
+
+
+def _points(bench: dict, trace: str, ratio: float, a: str, b: str) -> float:
+    r = _hit_rates(bench, trace, ratio)
+    return 100 * (r[a] - r[b])
+
+
+def _timing_line(timing: dict, optimizer: str, key: str, moved: bool) -> tuple[str, ...]:
+    """A `bench cache --parts timing` row: the step ratio at each size, and the MiB moved per batch."""
+    rows = [r for r in timing["timing"]["results"] if r["optimizer"] == optimizer]
+    cells = tuple(f"{r[key]:.2f}" for r in rows)
+    mib = [(r["bytes_h2d_per_batch"] + r["bytes_d2h_per_batch"]) / 2**20 for r in rows]
+    return cells + (" / ".join(f"{m:.2f}" if m else "0" for m in mib) + " MiB",) if moved else cells
+
+
 _TIERS_DOC = "docs/tables-larger-than-memory.md"
 
 
@@ -256,6 +288,44 @@ FIGURES = [
     ("docs/class-pool.md", "(in `face.json` it is {:.1f}–{:.1f} points above it;", "face.json",
      lambda d: tuple(100 * (d["accuracy"]["results"][h]["verification_accuracy"]
                             - d["accuracy"]["results"]["fc"]["verification_accuracy"]) for h in ("dcp 1%", "dcp 10%"))),
+    # docs/cache.md: the cache benchmark (hit rates; bookkeeping cost)
+    *[("docs/cache.md", f"| {trace} | {100 * ratio:g} % | {{}} |", "cache.json",
+       lambda d, trace=trace, ratio=ratio: _hit_rate_cells(d, trace, ratio))
+      for trace in ("stationary", "drifting") for ratio in (0.005, 0.015, 0.05)],
+    *[("docs/cache.md", f"| {trace} | {100 * ratio:g} % | {{}} |", "cache_scale0.1.json",
+       lambda d, trace=trace, ratio=ratio: _hit_rate_cells(d, trace, ratio, gap=False))
+      for trace in ("stationary", "drifting") for ratio in (0.005, 0.015, 0.05)],
+    ("docs/cache.md", "(its 26 cardinalities at full scale: {:.1f} M rows in one id space;", "cache.json",
+     lambda d: d["hit_rate"]["num_rows"] / 1e6),
+    ("docs/cache.md", "is still {:.1f} and {:.1f} points below Belady", "cache.json",
+     lambda d: tuple(_points(d, "stationary", r, "belady", "static_top_c") for r in (0.005, 0.015))),
+    ("docs/cache.md", "`freq` is within {:.1f} and {:.1f} points of that oracle at 0.5 % and 1.5 %", "cache.json",
+     lambda d: tuple(_points(d, "stationary", r, "static_top_c", "freq") for r in (0.005, 0.015))),
+    ("docs/cache.md", "`freq` {:.3f} at 5 % with either warm-up, the oracle {:.3f})", "cache_scale0.1.json",
+     lambda d: (_hit_rates(d, "stationary", 0.05)["freq"], _hit_rates(d, "stationary", 0.05)["static_top_c"])),
+    ("docs/cache.md", "With admission control it is the same ({:.3f}, and no row bypassed)", "cache_scale0.1.json",
+     lambda d: _hit_rates(d, "stationary", 0.05)["freq+adm"]),
+    ("docs/cache.md", "`freq` beats `lru` at every size (+{:.1f}, +{:.1f}, +{:.1f} points)", "cache.json",
+     lambda d: tuple(_points(d, "drifting", r, "freq", "lru") for r in (0.005, 0.015, 0.05))),
+    ("docs/cache.md", "moves the hit rate by {:.1f} to +{:.1f} point here", "cache.json",
+     lambda d: (lambda gains: (min(gains), max(gains)))(
+         [_points(d, tr, r, "freq+adm", "freq") for tr in ("stationary", "drifting") for r in (0.005, 0.015, 0.05)])),
+    ("docs/cache.md", "({:.1f} M rows; a 0.5 % cache of {:.1f} k slots", "cache_scale0.1.json",
+     lambda d: (d["hit_rate"]["num_rows"] / 1e6, _hit_rates(d, "stationary", 0.005)["cache_rows"] / 1e3)),
+    ("docs/cache.md", "At 0.5 % `freq+adm` is {:.1f} points above `freq` and {:.1f} above Belady without bypass, {:.1f} "
+     "below Belady with it", "cache_scale0.1.json",
+     lambda d: (_points(d, "stationary", 0.005, "freq+adm", "freq"), _points(d, "stationary", 0.005, "freq+adm", "belady"),
+                _points(d, "stationary", 0.005, "belady_bypass", "freq+adm"))),
+    ("docs/cache.md", "at 5 %, `freq` is {:.1f} points below", "cache.json",
+     lambda d: _points(d, "stationary", 0.05, "belady", "freq")),
+    ("docs/cache.md", "trace at scale {} = {:.1f} M rows, {} timed steps", "cache_timing.json",
+     lambda d: (d["config"]["timing_scale"], d["timing"]["num_rows"] / 1e6, d["timing"]["steps"])),
+    *[("docs/cache.md", "| " + label + (" | {} | {} | {} | {} |" if moved else " | {} | {} | {} | |"), "cache_timing.json",
+       lambda d, opt=opt, key=key, moved=moved: _timing_line(d, opt, key, moved))
+      for label, opt, key, moved in (("SGD, compiled pass", "sgd", "bookkeeping_ratio", True),
+                                     ("SGD, tensor ops", "sgd", "bookkeeping_ratio_tensor_ops", False),
+                                     ("Adagrad (bit-exact), compiled pass", "adagrad", "bookkeeping_ratio", True),
+                                     ("Adagrad, tensor ops", "adagrad", "bookkeeping_ratio_tensor_ops", False))],
     # README and docs/tables-larger-than-memory.md: bench tiers
     ("README.md", "A {:.0f} GiB table trains through the cache on a machine with {:.1f} GiB of RAM", "tiers.json",
      lambda d: (d["larger_than_memory"]["file_gib"], d["larger_than_memory"]["ram_gib"])),
