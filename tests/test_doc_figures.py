@@ -76,6 +76,36 @@ def _timing_line(timing: dict, optimizer: str, key: str, moved: bool) -> tuple[s
     return cells + (" / ".join(f"{m:.2f}" if m else "0" for m in mib) + " MiB",) if moved else cells
 
 
+_HOST_CELLS = "{:.2f} | {:,.0f} | {:.1f} | {:,.0f} | {:.2f} | {:.2f} M |"
+
+
+def _host_line(host: dict, shape: str, ratio: float) -> tuple:
+    """`bench host`'s table row: hit rate, 1 thread's samples/s and ms a step, 2 threads'
+    samples/s and speed-up, the 16-core projection in millions."""
+    one, two = (next(r for r in host["results"] if (r["shape"], r["ratio"], r["threads"]) == (shape, ratio, n))
+                for n in (1, 2))
+    summary = next(s for s in host["summary"] if (s["shape"], s["ratio"]) == (shape, ratio))
+    return (one["hit_rate"], one["samples_per_s"], 1e3 * one["step_s"], two["samples_per_s"], summary["speedup_2"],
+            summary["projected"]["samples_per_s"] / 1e6)
+
+
+def _row_dtype_auc(runs: dict, data: str, dtype: str, rounding: str, sgd: bool) -> tuple[float, float]:
+    r = next(r for r in runs["runs"] if (r["data"], r["row_dtype"], r["rounding"], "--epochs" in r["command"])
+             == (data, dtype, rounding, sgd))
+    return r["val_auc"], r["val_logloss"]
+
+
+def _row_dtype_line(runs: dict, dtype: str, rounding: str) -> tuple[float, ...]:
+    return (*_row_dtype_auc(runs, "synthetic", dtype, rounding, False),
+            *_row_dtype_auc(runs, "ml-100k", dtype, rounding, False),
+            *_row_dtype_auc(runs, "ml-100k", dtype, rounding, True))
+
+
+def _row_dtype_gap(runs: dict, dtype: str, rounding: str, data: str = "ml-100k", sgd: bool = True) -> float:
+    base = _row_dtype_auc(runs, data, "float32", "nearest", sgd)[0]
+    return _row_dtype_auc(runs, data, dtype, rounding, sgd)[0] - base
+
+
 _TIERS_DOC = "docs/tables-larger-than-memory.md"
 
 
@@ -326,6 +356,26 @@ FIGURES = [
                                      ("SGD, tensor ops", "sgd", "bookkeeping_ratio_tensor_ops", False),
                                      ("Adagrad (bit-exact), compiled pass", "adagrad", "bookkeeping_ratio", True),
                                      ("Adagrad, tensor ops", "adagrad", "bookkeeping_ratio_tensor_ops", False))],
+    # docs/cache.md: the host's ceiling (bench host) and row precision
+    *[("docs/cache.md", f"| {shape} | {100 * ratio:g} % | " + _HOST_CELLS, "host.json",
+       lambda d, shape=shape, ratio=ratio: _host_line(d, shape, ratio))
+      for shape, ratio in (("one-hot", 0.005), ("one-hot", 0.05), ("multi-hot", 0.005), ("multi-hot", 0.015),
+                           ("multi-hot", 0.05))],
+    ("docs/cache.md", "| one-hot | **1.5 %** | {:.2f} | **{:,.0f}** | {:.1f} | {:,.0f} | **{:.2f}** | **{:.2f} M** |",
+     "host.json", lambda d: _host_line(d, "one-hot", 0.015)),
+    *[("docs/cache.md", "| " + label + " | {:.4f} ({:.4f}) | {:.4f} ({:.4f}) | {:.4f} ({:.4f}) |", "row_dtype.json",
+       lambda d, dtype=dtype, rounding=rounding: _row_dtype_line(d, dtype, rounding))
+      for label, dtype, rounding in (("float32", "float32", "nearest"), ("bfloat16, nearest", "bfloat16", "nearest"),
+                                     ("bfloat16, stochastic", "bfloat16", "stochastic"),
+                                     ("float16, nearest", "float16", "nearest"),
+                                     ("float16, stochastic", "float16", "stochastic"))],
+    ("docs/cache.md", "(all within ±{:.4f} AUC of float32)", "row_dtype.json",
+     lambda d: max(abs(_row_dtype_gap(d, t, r, data, False)) for t in ("bfloat16", "float16")
+                   for r in ("nearest", "stochastic") for data in ("synthetic", "ml-100k"))),
+    ("docs/cache.md", "drops most updates under nearest rounding ({:.4f} AUC); stochastic rounding recovers three "
+     "quarters of that ({:.4f}), float16 with it is within {:.4f}", "row_dtype.json",
+     lambda d: (_row_dtype_gap(d, "bfloat16", "nearest"), _row_dtype_gap(d, "bfloat16", "stochastic"),
+                -_row_dtype_gap(d, "float16", "stochastic"))),
     # README and docs/tables-larger-than-memory.md: bench tiers
     ("README.md", "A {:.0f} GiB table trains through the cache on a machine with {:.1f} GiB of RAM", "tiers.json",
      lambda d: (d["larger_than_memory"]["file_gib"], d["larger_than_memory"]["ram_gib"])),
