@@ -106,6 +106,18 @@ def _row_dtype_gap(runs: dict, dtype: str, rounding: str, data: str = "ml-100k",
     return _row_dtype_auc(runs, data, dtype, rounding, sgd)[0] - base
 
 
+def _dlrm_variant(bench: dict, sparse: str, ratio: float | None = None) -> dict:
+    return next(r for r in bench["results"] if (r["sparse"], r["ratio"]) == (sparse, ratio))
+
+
+def _dlrm_cached_line(bench: dict, ratio: float) -> tuple:
+    """`bench dlrm`'s row of a cached variant, as the doc's table prints it."""
+    r = _dlrm_variant(bench, "cached", ratio)
+    moved = (r["bytes_h2d"] + r["bytes_d2h"]) / r["steps"] / 2**20
+    return (r["cache_rows"], r["train_samples_per_s"], r["throughput_vs_all_on_device"], r["hit_rate"], moved,
+            r["overflow_rows"], r["peak_host_mib"], r["val_auc"])
+
+
 _TIERS_DOC = "docs/tables-larger-than-memory.md"
 
 
@@ -376,6 +388,29 @@ FIGURES = [
      "quarters of that ({:.4f}), float16 with it is within {:.4f}", "row_dtype.json",
      lambda d: (_row_dtype_gap(d, "bfloat16", "nearest"), _row_dtype_gap(d, "bfloat16", "stochastic"),
                 -_row_dtype_gap(d, "float16", "stochastic"))),
+    # docs/dlrm.md: the DLRM benchmark (bench dlrm; compare_commits)
+    *[("docs/dlrm.md", f"| cached {100 * ratio:g} % " + "({:,} rows) | {:,.0f} | {:.2f} | {:.3f} | {:.2f} MiB | {:,} | "
+       "{:,.0f} MiB | {:.6f} |", "dlrm.json", lambda d, ratio=ratio: _dlrm_cached_line(d, ratio))
+      for ratio in (0.005, 0.015, 0.05)],
+    *[("docs/dlrm.md", f"| all tables on {sparse} | " + "{:,.0f} | {:.2f} | | | | {:,.0f} MiB | {:.6f} |", "dlrm.json",
+       lambda d, sparse=sparse: tuple(_dlrm_variant(d, sparse)[k] for k in (
+           "train_samples_per_s", "throughput_vs_all_on_device", "peak_host_mib", "val_auc")))
+      for sparse in ("device", "host")],
+    ("docs/dlrm.md", "(`dlrm.json`: this session's run, {},", "dlrm.json", lambda d: d["hardware"]["date"][:10]),
+    ("docs/dlrm.md", "The 0.5 % cache now overflows ({:,} rows over the {} steps, served beside the cache, "
+     "exactly) and hits {:.3f} instead", "dlrm.json",
+     lambda d: tuple(_dlrm_variant(d, "cached", 0.005)[k] for k in ("overflow_rows", "steps", "hit_rate"))),
+    ("docs/dlrm.md", "the train shards' CRC-32 takes {:.3f} s, {:.2f} % of an epoch ({:.1f} s at the 0.5 % cache's "
+     "rate), and a resume's verification of its sealed files {:.1f} ms, {:.2f} % of its {:.2f} s load "
+     "(a {:.0f} MB checkpoint",
+     "dlrm.json", lambda d: (lambda c: (c["shards_seconds"], 100 * c["shards_fraction_of_epoch"], c["epoch_seconds"],
+                                        1e3 * c["verify_seconds"], 100 * c["verify_fraction_of_load"],
+                                        c["load_seconds"], c["checkpoint_bytes"] / 1e6))(d["checksums"])),
+    ("docs/dlrm.md", "head/base {:.2f}, {:.2f}, {:.2f}, {:.2f}, median **{:.2f}**", "dlrm_ab.json",
+     lambda d: (*(r["ratio"] for r in d["rounds"]), d["median_ratio"])),
+    ("docs/dlrm.md", "hit rate {}, on the CPU of that session", "make_run.json", ("summary", "hit_rate")),
+    ("docs/dlrm.md", "the same run gives val AUC {:.4f} (`bench/results/make_run.json`)", "make_run.json",
+     ("summary", "val_auc")),
     # README and docs/tables-larger-than-memory.md: bench tiers
     ("README.md", "A {:.0f} GiB table trains through the cache on a machine with {:.1f} GiB of RAM", "tiers.json",
      lambda d: (d["larger_than_memory"]["file_gib"], d["larger_than_memory"]["ram_gib"])),
