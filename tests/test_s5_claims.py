@@ -1,0 +1,33 @@
+"""Claims of the docs tested as broadly as the docs state them, where the tests beside the
+code covered only part of what is stated (an outside reviewer's audit)."""
+import pytest
+import torch
+
+from tests.test_row_dtype import CASES, OPTIMIZERS, train_both
+
+EVERY_CASE = [(opt, dtype, rounding) for opt in OPTIMIZERS for dtype in ("bfloat16", "float16")
+              for rounding in ("nearest", "stochastic")]
+
+
+@pytest.mark.parametrize("optimizer,dtype,rounding", [c for c in EVERY_CASE if c not in CASES])
+def test_every_optimizer_row_type_and_rounding_trains_as_the_uncached_arithmetic(optimizer, dtype, rounding):
+    """docs/cache.md, "Row precision": equal to the uncached arithmetic bit for bit for all
+    four optimizers, both types and both roundings, under eviction; tests/test_row_dtype.py
+    holds the other ten of the sixteen."""
+    bag, ref = train_both(optimizer, dtype, rounding, steps=30)
+    assert bag.cache_stats()["evictions"] > 0.9 * 30 * 32
+    assert torch.equal(bag.full_weight(), ref.weight)
+    bag.flush()
+    for k, v in bag.cache.host.state.items():
+        assert v.dtype == torch.float32 and torch.equal(v, ref.state[k]), k
+
+
+@pytest.mark.parametrize("optimizer,dtype,rounding", [("sgd", "float16", "nearest"),
+                                                      ("rowwise_adagrad", "float16", "stochastic"),
+                                                      ("adam", "bfloat16", "nearest")])
+def test_half_rows_on_a_mapped_store_for_each_optimizer(optimizer, dtype, rounding, tmp_path):
+    """... and on a mapped store: with tests/test_row_dtype.py's Adagrad case, each optimizer,
+    each type and each rounding once."""
+    bag, ref = train_both(optimizer, dtype, rounding, steps=30, host_store=f"mmap:{tmp_path}")
+    assert torch.equal(bag.full_weight(), ref.weight)
+    assert (tmp_path / "weight.bin").stat().st_size == ref.weight.numel() * 2
