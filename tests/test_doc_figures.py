@@ -118,7 +118,41 @@ def _dlrm_cached_line(bench: dict, ratio: float) -> tuple:
             r["overflow_rows"], r["peak_host_mib"], r["val_auc"])
 
 
-_TIERS_DOC = "docs/tables-larger-than-memory.md"
+def _scaling(bench: dict, job: str, ranks: int, **match) -> dict:
+    return next(r for r in bench["results"] if r["job"] == job and r["ranks"] == ranks
+                and all(r.get(k) == v for k, v in match.items()))
+
+
+def _scaling_ratios(two: dict, one: dict) -> tuple:
+    """A 2-rank row's speed-up (median, then each round's) and its CPU a sample in µs against one rank's."""
+    return (two["speedup_vs_1_rank"], *two["speedup_vs_1_rank_runs"], 1e6 * one["cpu_seconds_per_sample"],
+            1e6 * two["cpu_seconds_per_sample"], two["cpu_per_sample_vs_1_rank"])
+
+
+def _scaling_dlrm(bench: dict) -> tuple:
+    one, two = _scaling(bench, "dlrm", 1), _scaling(bench, "dlrm", 2, variant=None)
+    sent, model = two["comm_bytes_per_step"], two["comm_model_bytes_per_step"]
+    mib = [v / 2**20 for k in ("ids", "pooled", "dense_allreduce") for v in (sent[k], model[k])]
+    return (one["samples_per_s"], two["samples_per_s"], *_scaling_ratios(two, one),
+            sum(sent.values()) / 2**20, sum(model.values()) / 2**20, *mib[:4], *mib[4:])
+
+
+def _scaling_face(bench: dict, batch_norm: str) -> tuple:
+    one, two = _scaling(bench, "face", 1), _scaling(bench, "face", 2, batch_norm=batch_norm)
+    sent, model = two["comm_bytes_per_step"], two["comm_model_bytes_per_step"]
+    parts = ("gallery_allgather", "ddp_gradients") if batch_norm == "local" else ("batch_norm_allreduce",)
+    return (one["samples_per_s"], two["samples_per_s"], *_scaling_ratios(two, one),
+            sum(sent.values()) / 2**20, sum(model.values()) / 2**20,
+            *(v / 2**20 for k in parts for v in (sent[k], model[k])))
+
+
+def _face_traffic(bn_global: dict, bn_local: dict) -> tuple:
+    total, local = sum(bn_global.values()), sum(bn_local.values())
+    return (bn_global["gallery_allgather"], bn_global["batch_norm_allreduce"], bn_global["ddp_gradients"],
+            total, total / 2**20, local, local / 2**20)
+
+
+_TIERS_DOC, _SCALING_DOC = "docs/tables-larger-than-memory.md", "docs/scaling.md"
 
 
 def _face_row(face: dict, head: str, classes: int) -> dict:
@@ -411,6 +445,28 @@ FIGURES = [
     ("docs/dlrm.md", "hit rate {}, on the CPU of that session", "make_run.json", ("summary", "hit_rate")),
     ("docs/dlrm.md", "the same run gives val AUC {:.4f} (`bench/results/make_run.json`)", "make_run.json",
      ("summary", "val_auc")),
+    # docs/scaling.md: the scaling benchmark
+    (_SCALING_DOC, "| DLRM | {:,.0f} samples/s | {:,.0f} samples/s | **{:.2f}** ({:.2f}, {:.2f}, {:.2f}; target 1.7: "
+     "missed) | {:.1f} -> {:.1f} µs, **x{:.2f}** (target 1.15: missed) | {:.2f} / {:.2f} MiB: ids {:.2f} / {:.2f}, "
+     "pooled {:.2f} / {:.2f} and as much in gradients, dense all-reduce {:.3f} / {:.3f} |", "scaling.json",
+     _scaling_dlrm),
+    (_SCALING_DOC, "| DLRM, 2 independent processes (the host's ceiling) | | {:,.0f} samples/s | **{:.2f}** ({:.2f}, "
+     "{:.2f}, {:.2f}) | {:.1f} -> {:.1f} µs, x{:.2f} | nothing |", "scaling.json",
+     lambda d: (_scaling(d, "dlrm", 2, variant="independent")["samples_per_s"],
+                *_scaling_ratios(_scaling(d, "dlrm", 2, variant="independent"), _scaling(d, "dlrm", 1)))),
+    (_SCALING_DOC, "| face (dcp), `--batch-norm local` | {:,.0f} samples/s | {:,.0f} samples/s | **{:.2f}** ({:.2f}, "
+     "{:.2f}, {:.2f}; target 1.4: met on the median) | {:.1f} -> {:.1f} µs, x{:.2f} | {:.3f} / {:.3f} MiB a rank: "
+     "gallery all-gather {:.3f} / {:.3f}, DDP gradients {:.3f} / {:.3f} |", "scaling.json",
+     lambda d: _scaling_face(d, "local")),
+    (_SCALING_DOC, "| face (dcp), `--batch-norm global` (exact) | {:,.0f} samples/s | {:,.0f} samples/s | {:.2f} "
+     "({:.2f}, {:.2f}, {:.2f}) | {:.1f} -> {:.1f} µs, x{:.2f} | {:.3f} / {:.3f} MiB a rank: as local, and batch norm "
+     "{:.3f} / {:.3f} |", "scaling.json", lambda d: _scaling_face(d, "global")),
+    (_SCALING_DOC, "{:.1f}k against 50.7k samples/s for one DLRM process", "scaling.json",
+     lambda d: _scaling(d, "dlrm", 1)["samples_per_s"] / 1e3),
+    (_SCALING_DOC, "on 2 ranks that is {:,.0f} + {:,.0f} + {:,.0f} = {:,.0f} bytes ({:.3f} MiB) with global batch "
+     "norm and {:,.0f} ({:.3f} MiB) with local", "scaling.json",
+     lambda d: _face_traffic(*(_scaling(d, "face", 2, batch_norm=bn)["comm_model_bytes_per_step"]
+                               for bn in ("global", "local")))),
     # README and docs/tables-larger-than-memory.md: bench tiers
     ("README.md", "A {:.0f} GiB table trains through the cache on a machine with {:.1f} GiB of RAM", "tiers.json",
      lambda d: (d["larger_than_memory"]["file_gib"], d["larger_than_memory"]["ram_gib"])),
