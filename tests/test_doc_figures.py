@@ -146,6 +146,38 @@ def _scaling_face(bench: dict, batch_norm: str) -> tuple:
             *(v / 2**20 for k in parts for v in (sent[k], model[k])))
 
 
+def _cf_case(cf: dict, data: str, dim: int = 64, negatives: int = 64) -> dict:
+    return next(c for c in cf["cases"] if (c["data"], c["dim"], c["negatives"]) == (data, dim, negatives))
+
+
+def _cf_row(case: dict, variant: str, threads: int, rows: str = "rows") -> dict:
+    return next(r for r in case[rows] if r["variant"] == variant and r["threads"] == threads)
+
+
+def _cf_line(cf: dict, data: str, dim: int, threads: int) -> tuple[str, ...]:
+    """`bench cf`'s K=64 row as docs/heat.md prints it: torch's epoch, the per-sample kernel
+    ("before") against the run kernel ("after"), both tiled, and their accuracy."""
+    case = _cf_case(cf, data, dim)
+    torch_, after = _cf_row(case, "torch", threads), _cf_row(case, "heat, tiling", threads)
+    before = _cf_row(case, "heat per-sample, tiling", threads, "baseline_rows")
+    seconds = f"{torch_['epoch_s']:.2f}" if torch_["epoch_s"] < 10 else f"{torch_['epoch_s']:.1f}"
+    quality = [" / ".join([f"{torch_[k]:.4f}" if k in torch_ else "–", f"{before[k]:.4f}", f"{after[k]:.4f}"])
+               for k in ("recall_at_20", "ndcg_at_20")]
+    return (data, str(dim), str(threads), seconds, f"{before['epoch_s']:.3f} → {after['epoch_s']:.3f} s",
+            f"{before['speedup_vs_torch']:.1f} → **{after['speedup_vs_torch']:.1f}**", *quality)
+
+
+def _cf_device_line(cf: dict, negatives: int) -> tuple:
+    case = _cf_case(cf, "ml-100k", 64, negatives)
+    rows = [_cf_row(case, v, 16) for v in ("torch", "heat, no tiling", "heat, tiling")]
+    return (rows[0]["epoch_s"], rows[1]["epoch_s"], rows[1]["speedup_vs_torch"], rows[2]["epoch_s"],
+            rows[2]["speedup_vs_torch"], *(r["recall_at_20"] for r in rows), *(r["ndcg_at_20"] for r in rows))
+
+
+def _cf_best(row: dict) -> tuple:
+    return row["epoch_s"], row["best_recall_at_20"], row["best_ndcg_at_20"]
+
+
 def _face_traffic(bn_global: dict, bn_local: dict) -> tuple:
     total, local = sum(bn_global.values()), sum(bn_local.values())
     return (bn_global["gallery_allgather"], bn_global["batch_norm_allreduce"], bn_global["ddp_gradients"],
@@ -500,6 +532,33 @@ FIGURES = [
                            max(f["round_ratios"])))(d["fits_in_memory"])),
     (_TIERS_DOC, "The tables came out {}", "tiers.json",
      lambda d: "equal" if d["fits_in_memory"]["tables_equal"] else "different"),
+    # docs/heat.md: the HEAT benchmark (bench cf), on the GPU host, the negative rule
+    *[("docs/heat.md", "| {} | {} | {} | {} | {} | {} | {} | {} |", "cf.json",
+       lambda d, data=data, dim=dim, threads=threads: _cf_line(d, data, dim, threads))
+      for data in ("ml-100k", "synthetic") for dim in (64, 128) for threads in (1, 2)],
+    ("docs/heat.md", "At K=1000 (3 epochs; `cf.json`): {:.1f}× / {:.0f}× torch on ml-100k and {:.1f}× / {:.0f}× on the "
+     "synthetic set (1 / 2 threads), against {:.0f}× / {:.0f}× and {:.0f}× / {:.0f}× with the per-sample kernel",
+     "cf.json",
+     lambda d: tuple(_cf_row(_cf_case(d, data, 64, 1000), variant, n, rows)["speedup_vs_torch"]
+                     for variant, rows in (("heat, tiling", "rows"), ("heat per-sample, tiling", "baseline_rows"))
+                     for data in ("ml-100k", "synthetic") for n in (1, 2))),
+    *[("docs/heat.md", f"| {k} | " + "{:.3f} | {:.3f} s | **{:.1f}** | {:.3f} s | **{:.1f}** | "
+       "{:.4f} / {:.4f} / {:.4f} | {:.4f} / {:.4f} / {:.4f} |", "cf_device.json",
+       lambda d, k=k: _cf_device_line(d, k)) for k in (64, 1000)],
+    *[("docs/heat.md", f"| {label} | {n} | " + cells, "cf_negatives.json",
+       lambda d, n=n, variant=variant, old=old: (lambda case: (
+           *_cf_best(_cf_row(case, variant, n)),
+           *(_cf_best(_cf_row(case, variant, n, "old_rule_rows")) if old else ())))(_cf_case(d, "ml-100k")))
+      for n in (1, 2) for label, variant, old, cells in (
+          ("torch", "torch", True, "{:.2f} | {:.4f} / {:.4f} | {:.2f} | {:.4f} / {:.4f} |"),
+          ("HEAT, tiled", "heat, tiling", True, "{:.3f} | **{:.4f}** / {:.4f} | {:.3f} | {:.4f} / {:.4f} |"),
+          ("HEAT, untiled", "heat, no tiling", False, "{:.3f} | {:.4f} / {:.4f} | | |"))],
+    ("docs/heat.md", "gave on MovieLens-100k torch {:.2f} s, HEAT {:.3f} s untiled", "cf_negatives_quiet.json",
+     lambda d: tuple(_cf_row(_cf_case(d, "ml-100k"), v, 1)["epoch_s"] for v in ("torch", "heat, no tiling"))),
+    ("docs/heat.md", "on the synthetic set HEAT tiled {:.3f} s against torch's projected {:.1f} s ({:.0f}×)",
+     "cf_negatives_quiet.json",
+     lambda d: (lambda tiled, torch_: (tiled["epoch_s"], torch_["epoch_s"], tiled["speedup_vs_torch"]))(
+         _cf_row(_cf_case(d, "synthetic"), "heat, tiling", 1), _cf_row(_cf_case(d, "synthetic"), "torch", 1))),
     # docs/heat.md: the quiet run
     ("docs/heat.md", "untiled (**{:.1f}×**) and 0.141 s tiled ({:.1f}×;", "cf_negatives_quiet.json",
      lambda d: (d["cases"][0]["rows"][1]["speedup_vs_torch"], _quiet_tiled(d))),
