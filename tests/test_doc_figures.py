@@ -536,8 +536,8 @@ FIGURES = [
     *[("docs/heat.md", "| {} | {} | {} | {} | {} | {} | {} | {} |", "cf.json",
        lambda d, data=data, dim=dim, threads=threads: _cf_line(d, data, dim, threads))
       for data in ("ml-100k", "synthetic") for dim in (64, 128) for threads in (1, 2)],
-    ("docs/heat.md", "At K=1000 (3 epochs; `cf.json`): {:.1f}× / {:.0f}× torch on ml-100k and {:.1f}× / {:.0f}× on the "
-     "synthetic set (1 / 2 threads), against {:.0f}× / {:.0f}× and {:.0f}× / {:.0f}× with the per-sample kernel",
+    ("docs/heat.md", "At K=1000 (3 epochs; `cf.json`): {:.1f}× / {:.0f}× torch on ml-100k and {:.1f}× / {:.0f}× on "
+     "the synthetic set (1 / 2 threads), against {:.0f}× / {:.0f}× and {:.0f}× / {:.0f}× with the per-sample kernel",
      "cf.json",
      lambda d: tuple(_cf_row(_cf_case(d, data, 64, 1000), variant, n, rows)["speedup_vs_torch"]
                      for variant, rows in (("heat, tiling", "rows"), ("heat per-sample, tiling", "baseline_rows"))
