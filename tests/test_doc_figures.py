@@ -178,6 +178,27 @@ def _cf_best(row: dict) -> tuple:
     return row["epoch_s"], row["best_recall_at_20"], row["best_ndcg_at_20"]
 
 
+_DAYS = ("day_1", "day_2", "day_3", "day_4", "day_5")
+
+
+def _vocab(bench: dict, mode: str) -> dict:
+    return next(r for r in bench["results"] if r["mode"] == mode)
+
+
+def _vocab_line(bench: dict, mode: str) -> tuple:
+    """`bench vocab`'s row of a variant: next-day AUC each day, the mean, memory, speed, CPU a
+    sample in µs, and for open its retired keys and key-index bytes a live key."""
+    r = _vocab(bench, mode)
+    extra = (f"{r['retired_keys']:,}", f"{r['key_index_bytes_per_live_key']:.1f}") if mode == "open" else ("–", "–")
+    return (*(f"{r['next_day_auc'][d]:.4f}" for d in _DAYS), f"{r['mean_auc']:.4f}", f"{r['peak_host_mib']:.0f}",
+            f"{r['samples_per_s']:,.0f}", f"{1e6 * r['cpu_seconds_per_sample']:.1f}", *extra)
+
+
+def _oracle_line(bench: dict, key: str) -> tuple[float, ...]:
+    days = [bench["data"]["oracle"][d][key] for d in _DAYS]
+    return (*days, sum(days[1:]) / 4)
+
+
 def _face_traffic(bn_global: dict, bn_local: dict) -> tuple:
     total, local = sum(bn_global.values()), sum(bn_local.values())
     return (bn_global["gallery_allgather"], bn_global["batch_norm_allreduce"], bn_global["ddp_gradients"],
@@ -185,6 +206,7 @@ def _face_traffic(bn_global: dict, bn_local: dict) -> tuple:
 
 
 _TIERS_DOC, _SCALING_DOC = "docs/tables-larger-than-memory.md", "docs/scaling.md"
+_VOCAB_DOC = "docs/open-vocabularies.md"
 
 
 def _face_row(face: dict, head: str, classes: int) -> dict:
@@ -500,6 +522,29 @@ FIGURES = [
      "norm and {:,.0f} ({:.3f} MiB) with local", "scaling.json",
      lambda d: _face_traffic(*(_scaling(d, "face", 2, batch_norm=bn)["comm_model_bytes_per_step"]
                                for bn in ("global", "local")))),
+    # docs/open-vocabularies.md and README: bench vocab
+    *[(_VOCAB_DOC, f"| {mode} |" + " {} |" * 11, "vocab.json", lambda d, mode=mode: _vocab_line(d, mode))
+      for mode in ("first-day", "hash", "open")],
+    *[(_VOCAB_DOC, f"| {label} |" + " {:.4f} |" * 6 + " – |" * 5, "vocab.json",
+       lambda d, key=key: _oracle_line(d, key))
+      for label, key in (("oracle: the hidden model", "oracle_auc"),
+                         ("oracle: day 0's values only", "oracle_auc_day0_values_only"))],
+    *[(_VOCAB_DOC, f"| {mode} |" + " {:+.2f} |" * 6, "vocab.json",
+       lambda d, mode=mode: (d["open_minus"][mode]["mean_auc_points"],
+                             *(d["open_minus"][mode]["auc_points"][day] for day in _DAYS)))
+      for mode in ("first-day", "hash")],
+    (_VOCAB_DOC, "at the same rows: {:+.2f} points over a day-0 vocabulary and {:+.2f} over hashing",
+     "vocab.json", lambda d: tuple(d["open_minus"][m]["mean_auc_points"] for m in ("first-day", "hash"))),
+    (_VOCAB_DOC, "It gets within {:.1f} points of the hidden model", "vocab.json",
+     lambda d: 100 * (_oracle_line(d, "oracle_auc")[-1] - _vocab(d, "open")["mean_auc"])),
+    (_VOCAB_DOC, "It trains at {:.2f}x the vocabulary's samples/s and {:.2f}x hashing's (CPU a sample "
+     "+{:.0f} % over", "vocab.json",
+     lambda d: (_vocab(d, "open")["samples_per_s"] / _vocab(d, "first-day")["samples_per_s"],
+                _vocab(d, "open")["samples_per_s"] / _vocab(d, "hash")["samples_per_s"],
+                100 * _vocab(d, "open")["cpu_seconds_per_sample"] / _vocab(d, "first-day")["cpu_seconds_per_sample"]
+                - 100)),
+    ("README.md", "at {:.1f} bytes of key index a live key (`bench/results/vocab.json`)", "vocab.json",
+     lambda d: _vocab(d, "open")["key_index_bytes_per_live_key"]),
     # README and docs/tables-larger-than-memory.md: bench tiers
     ("README.md", "A {:.0f} GiB table trains through the cache on a machine with {:.1f} GiB of RAM", "tiers.json",
      lambda d: (d["larger_than_memory"]["file_gib"], d["larger_than_memory"]["ram_gib"])),
