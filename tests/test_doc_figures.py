@@ -199,6 +199,23 @@ def _oracle_line(bench: dict, key: str) -> tuple[float, ...]:
     return (*days, sum(days[1:]) / 4)
 
 
+def _raw_keys_line(bench: dict, shape: str) -> tuple:
+    """`bench host --keys ids raw raw-new`'s row of a shape: the ids' samples/s, raw and raw-new
+    against them at 1 and 2 threads, the three hit rates."""
+    def run(keys, threads):
+        return next(r for r in bench["results"] if (r["shape"], r["keys"], r["threads"]) == (shape, keys, threads))
+    ids = run("ids", 1)
+    return (ids["samples_per_s"], run("raw", 1)["samples_per_s"] / ids["samples_per_s"],
+            run("raw", 2)["samples_per_s"] / run("ids", 2)["samples_per_s"],
+            run("raw-new", 1)["samples_per_s"] / ids["samples_per_s"],
+            *(run(k, 1)["hit_rate"] for k in ("ids", "raw", "raw-new")))
+
+
+def _raw_keys_steps(bench: dict, shape: str) -> tuple[float, float]:
+    return tuple(1e3 * next(r["step_s"] for r in bench["results"] if (r["shape"], r["keys"], r["threads"])
+                            == (shape, keys, 1)) for keys in ("ids", "raw"))
+
+
 def _face_traffic(bn_global: dict, bn_local: dict) -> tuple:
     total, local = sum(bn_global.values()), sum(bn_local.values())
     return (bn_global["gallery_allgather"], bn_global["batch_norm_allreduce"], bn_global["ddp_gradients"],
@@ -543,6 +560,12 @@ FIGURES = [
                 _vocab(d, "open")["samples_per_s"] / _vocab(d, "hash")["samples_per_s"],
                 100 * _vocab(d, "open")["cpu_seconds_per_sample"] / _vocab(d, "first-day")["cpu_seconds_per_sample"]
                 - 100)),
+    *[(_VOCAB_DOC, f"| {label} | " + "{:,.0f} | **{:.2f}** | {:.2f} | {:.2f} | {:.3f} / {:.3f} / {:.3f} |",
+       "host_raw_keys.json", lambda d, shape=shape: _raw_keys_line(d, shape))
+      for shape, label in (("one-hot", "one-hot (26 a sample, 426 k a step)"),
+                           ("multi-hot", "multi-hot (214 a sample, 3.5 M a step)"))],
+    *[(_VOCAB_DOC, "ms of a {:.1f} ms ids step (raw: {:.1f} ms) |", "host_raw_keys.json",
+       lambda d, shape=shape: _raw_keys_steps(d, shape)) for shape in ("one-hot", "multi-hot")],
     ("README.md", "at {:.1f} bytes of key index a live key (`bench/results/vocab.json`)", "vocab.json",
      lambda d: _vocab(d, "open")["key_index_bytes_per_live_key"]),
     # README and docs/tables-larger-than-memory.md: bench tiers
