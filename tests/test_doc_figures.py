@@ -216,6 +216,10 @@ def _raw_keys_steps(bench: dict, shape: str) -> tuple[float, float]:
                             == (shape, keys, 1)) for keys in ("ids", "raw"))
 
 
+def _plan_freq(plan: dict, ratio: float) -> float:
+    return next(r["hit_rate"]["freq"] for r in plan["rows"] if r["ratio"] == ratio)
+
+
 def _face_traffic(bn_global: dict, bn_local: dict) -> tuple:
     total, local = sum(bn_global.values()), sum(bn_local.values())
     return (bn_global["gallery_allgather"], bn_global["batch_norm_allreduce"], bn_global["ddp_gradients"],
@@ -568,6 +572,15 @@ FIGURES = [
        lambda d, shape=shape: _raw_keys_steps(d, shape)) for shape in ("one-hot", "multi-hot")],
     ("README.md", "at {:.1f} bytes of key index a live key (`bench/results/vocab.json`)", "vocab.json",
      lambda d: _vocab(d, "open")["key_index_bytes_per_live_key"]),
+    # README and docs/planning.md: cache plan on the built-in data
+    ("README.md", "a default `dlrm train` run's within {:.1f} ({:.3f} predicted, {:.3f} run, at 1.5 %;", "plan.json",
+     lambda d: (lambda plan, run: (100 * (plan - run), plan, run))(
+         _plan_freq(d, 0.015), _load("make_run.json")["summary"]["hit_rate"])),
+    ("docs/planning.md", "0.1 %: {:.3f} predicted, 0.199 run; 0.5 %: {:.3f}, 0.564; 1.5 %: {:.3f}, {:.3f} (the last",
+     "plan.json", lambda d: (*(_plan_freq(d, r) for r in (0.001, 0.005, 0.015)),
+                             _load("make_run.json")["summary"]["hit_rate"])),
+    ("docs/planning.md", "a batch needs Σ(1-(1-1/B)^f) distinct rows on average ({:,.0f} here, `plan.json`", "plan.json",
+     ("distinct_rows_per_batch_expected",)),
     # README and docs/tables-larger-than-memory.md: bench tiers
     ("README.md", "A {:.0f} GiB table trains through the cache on a machine with {:.1f} GiB of RAM", "tiers.json",
      lambda d: (d["larger_than_memory"]["file_gib"], d["larger_than_memory"]["ram_gib"])),
