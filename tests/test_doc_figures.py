@@ -220,6 +220,15 @@ def _plan_freq(plan: dict, ratio: float) -> float:
     return next(r["hit_rate"]["freq"] for r in plan["rows"] if r["ratio"] == ratio)
 
 
+def _projection_line(r: dict) -> str:
+    """`bench projection`'s row as docs/scaling.md's table prints it."""
+    placement = f"{r['row_wise_rows'] or 'default'}: {r['split_tables']}"  # a best split may be the default
+    cells = (str(r["gpus"]), f"{r['rate_per_gpu'] / 1e6:.1f} M", placement, f"{r['compute_ms']:.2f}",
+             f"{r['link_ms']:.2f}", f"{r['bytes_per_rank_mib']:.1f}", f"{r['imbalance']:.2f}",
+             f"{r['speedup_no_overlap']:.2f} - {r['speedup_full_overlap']:.2f}", r["binds"])
+    return "| " + " | ".join(cells) + " |"
+
+
 def _face_traffic(bn_global: dict, bn_local: dict) -> tuple:
     total, local = sum(bn_global.values()), sum(bn_local.values())
     return (bn_global["gallery_allgather"], bn_global["batch_norm_allreduce"], bn_global["ddp_gradients"],
@@ -581,6 +590,7 @@ FIGURES = [
                              _load("make_run.json")["summary"]["hit_rate"])),
     ("docs/planning.md", "a batch needs Σ(1-(1-1/B)^f) distinct rows on average ({:,.0f} here, `plan.json`", "plan.json",
      ("distinct_rows_per_batch_expected",)),
+    *[(_SCALING_DOC, "{}", "projection.json", lambda d, i=i: _projection_line(d["results"][i])) for i in range(33)],
     # README and docs/tables-larger-than-memory.md: bench tiers
     ("README.md", "A {:.0f} GiB table trains through the cache on a machine with {:.1f} GiB of RAM", "tiers.json",
      lambda d: (d["larger_than_memory"]["file_gib"], d["larger_than_memory"]["ram_gib"])),
