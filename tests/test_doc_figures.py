@@ -229,6 +229,10 @@ def _projection_line(r: dict) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def _cf_defaults(sweep: dict, *settings: str, key: str = "best_recall_at_20") -> list[float]:
+    return [r[key] for r in sweep["rows"] if r["setting"] in settings]
+
+
 def _face_traffic(bn_global: dict, bn_local: dict) -> tuple:
     total, local = sum(bn_global.values()), sum(bn_local.values())
     return (bn_global["gallery_allgather"], bn_global["batch_norm_allreduce"], bn_global["ddp_gradients"],
@@ -651,6 +655,16 @@ FIGURES = [
      "cf_negatives_quiet.json",
      lambda d: (lambda tiled, torch_: (tiled["epoch_s"], torch_["epoch_s"], tiled["speedup_vs_torch"]))(
          _cf_row(_cf_case(d, "synthetic"), "heat, tiling", 1), _cf_row(_cf_case(d, "synthetic"), "torch", 1))),
+    ("docs/heat.md", "(margin 0.5, negative weight 10, gamma 0.5, history 20, lr 0.1) give {:.4f} / {:.4f} (seeds 1 "
+     "and 2: {:.4f}, {:.4f})", "cf_defaults.json",
+     lambda d: (*_cf_defaults(d, "defaults"), *_cf_defaults(d, "defaults", key="best_ndcg_at_20"),
+                *_cf_defaults(d, "defaults, seed 1", "defaults, seed 2"))),
+    ("docs/heat.md", "lr 0.05 or 0.2 stay within {:.4f}-{:.4f}, inside", "cf_defaults.json",
+     lambda d: (lambda v: (min(v), max(v)))(_cf_defaults(d, "margin 0.4", "margin 0.9", "gamma 0.8", "gamma 1",
+                                                        "history 10", "history 50", "lr 0.05", "lr 0.2"))),
+    ("docs/heat.md", "fall to {:.2f}-{:.2f} on this small set", "cf_defaults.json",
+     lambda d: (lambda v: (min(v), max(v)))([r["best_recall_at_20"] for r in d["rows"]
+                                             if r["change"].get("neg_weight", 0) >= 150])),
     # docs/heat.md: the quiet run
     ("docs/heat.md", "untiled (**{:.1f}×**) and 0.141 s tiled ({:.1f}×;", "cf_negatives_quiet.json",
      lambda d: (d["cases"][0]["rows"][1]["speedup_vs_torch"], _quiet_tiled(d))),
