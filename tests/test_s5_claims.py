@@ -4,8 +4,10 @@ import pytest
 import torch
 
 from embcache import CachedEmbeddingBag
+from embcache.face.trainer import FaceTrainer
 from tests.cache_helpers import reference_bag, zipf_batches
 from tests.test_cache_exactness import LR, N, D, assert_same_table
+from tests.test_face_train import small
 from tests.test_row_dtype import CASES, OPTIMIZERS, train_both
 
 EVERY_CASE = [(opt, dtype, rounding) for opt in OPTIMIZERS for dtype in ("bfloat16", "float16")
@@ -59,3 +61,28 @@ def test_prefetched_training_equals_uncached_for_every_optimizer(optimizer):
         out.sum().backward()
     assert bag.cache_stats()["evictions"] > 0
     assert_same_table(bag, ref, optimizer)
+
+
+def test_a_full_fc_face_run_resumes_bit_for_bit(tmp_path):
+    """docs/class-pool.md: `--resume` equals an uninterrupted run, for every head;
+    tests/test_face_train.py resumes DCP and Partial FC, this the full-FC baseline (its
+    weight matrix and momentum in the checkpoint)."""
+    kw = dict(num_classes=60, batch_size=16, epochs=2, head="fc", eval_pairs=100, eval_classes=20,
+              checkpoint_every=5)
+    whole = FaceTrainer(small(**kw))
+    whole.fit()
+    assert FaceTrainer(small(**kw, checkpoint_dir=str(tmp_path), max_steps=7)).fit()["stopped_early"]
+    resumed = FaceTrainer(small(**kw, checkpoint_dir=str(tmp_path), resume=True))
+    assert resumed.fit()["steps"] == whole.step
+    a, b = whole.state(), resumed.state()
+    compared = 0
+    for part in ("probe", "gallery", "head"):
+        for k, v in (a[part] or {}).items():
+            if torch.is_tensor(v):
+                assert torch.equal(v, b[part][k]), f"{part}.{k} differs after resume"
+                compared += part == "head"
+    assert compared, "the full-FC head's state was compared"
+    for i, state in a["optimizer"]["state"].items():  # SGD's momentum, the head's weight's among them
+        for k, v in state.items():
+            assert not torch.is_tensor(v) or torch.equal(v, b["optimizer"]["state"][i][k]), f"optimizer {i}.{k}"
+    assert [r for r in b["history"] if not r.get("partial")] == a["history"]
