@@ -124,6 +124,30 @@ def test_evaluate_on_an_empty_split_says_n_a_and_why(three_rows, capsys):
     assert result["auc"] is None and result["not_scored"] == "the val split has no rows"
 
 
+def test_a_split_of_one_label_scores_auc_n_a_with_its_log_loss(tmp_path, capsys):
+    """AUC ranks positives against negatives: a val/test split whose rows all carry one label
+    has none (torchmetrics gives 0.0 and a warning, which read as a model ranking every pair
+    wrong); the log loss is still the split's."""
+    rows = ["clicked,price,user,item"] + [f"{1 if i >= 36 else i % 2},{i / 40:.3f},u{i % 6},i{i % 8}" for i in range(40)]
+    (tmp_path / "clicks.csv").write_text("\n".join(rows) + "\n")
+    assert main(["data", "prepare", "own", "--input", str(tmp_path / "clicks.csv"), "--out", str(tmp_path / "d"),
+                 "--label-col", "clicked", "--dense-cols", "price", "--sparse-cols", "user,item", "--split", "tail",
+                 "--held-out", "0.1"]) == 0  # the file's last 4 rows, all labelled 1, are val and test
+    s, out, err = _run(capsys, ["dlrm", "train", "--data", str(tmp_path / "d"), "--checkpoint-dir",
+                                str(tmp_path / "ck"), *TINY])
+    why = "AUC needs both labels: its 2 rows are all 1"
+    assert s["val_auc"] is None and s["val_not_scored"] == why and s["val_logloss"] > 0
+    assert f"epoch 1: val AUC n/a  log loss {s['val_logloss']:.4f} ({why})" in out.splitlines()
+    assert _row(out, "validation AUC") == f"n/a ({why})"
+    assert _row(out, "validation log loss") == f"{s['val_logloss']:.4f}"
+    assert "AUC 0.0000" not in out and "samples in targets" not in err  # torchmetrics' 0.0 and its warning
+    assert main(["dlrm", "evaluate", str(tmp_path / "ck"), "--split", "test"]) == 0
+    got = capsys.readouterr()
+    result = json.loads(got.out.splitlines()[-1])
+    assert result["auc"] is None and result["not_scored"] == why and result["logloss"] > 0
+    assert got.out.startswith(f"test: AUC n/a  log loss {result['logloss']:.4f} ({why})")
+
+
 # ------------------------------------------------------------------------ 3: small numbers
 
 

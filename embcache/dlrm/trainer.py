@@ -453,9 +453,10 @@ class DLRMTrainer(Trainer):
 def scores_text(result: dict) -> str:
     """`AUC 0.7312  log loss 0.4821`, or `AUC n/a (the val split has no rows)` for a split
     with nothing to score (`DLRMTrainer.evaluate`'s `not_scored`)."""
-    if result.get("auc") is None:
-        return f"AUC n/a  log loss n/a ({result.get('not_scored', 'not evaluated')})"
-    return f"AUC {result['auc']:.4f}  log loss {result['logloss']:.4f}"
+    why = f" ({result.get('not_scored', 'not evaluated')})"
+    auc = "n/a" if result.get("auc") is None else f"{result['auc']:.4f}"
+    logloss = "n/a" if result.get("logloss") is None else f"{result['logloss']:.4f}"
+    return f"AUC {auc}  log loss {logloss}" + (why if result.get("auc") is None else "")
 
 
 def kernels_in(model: torch.nn.Module) -> str:
