@@ -78,6 +78,10 @@ def test_bad_arguments_and_bad_source(tiny, tmp_path):
         prepare_ml100k_ctr(tmp_path / "o", tiny, fractions=(0.5, 0.5, 0.5))
     (tiny / "u.data").write_text("1\t2\n")
     with pytest.raises(DataFormatError, match=r"u\.data:1: 2 fields, expected 4"):
+        prepare_ml100k_ctr(tmp_path / "o", tiny, skip_bad_lines=False)
+    # skipped by default, as the other converters do: a file of nothing else is still refused, saying why
+    with pytest.raises(DataFormatError, match=r"u\.data: no ratings in this file: all 1 line\(s\) malformed, "
+                                              r"skipped \(the first, line 1: 2 fields, expected 4"):
         prepare_ml100k_ctr(tmp_path / "o", tiny)
 
 

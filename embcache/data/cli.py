@@ -149,6 +149,9 @@ def _add_ml100k(which) -> None:
                         "fetched once into datasets/ml-100k/)")
     _add_out(p, default=str(datasets_dir() / "ml-100k-ctr"))
     _add_split(p, "seeded random 80/10/10, or chronological", int_in(0))
+    p.add_argument("--strict", action="store_true",
+                   help="stop at the first malformed line, naming file and line (default: skip and count such "
+                        "lines, reported and kept in meta.json's bad_rows, as the other converters do)")
 
 
 def _add_own(which) -> None:
@@ -259,7 +262,7 @@ def _ml100k(args) -> int:
     from embcache.data.movielens_ctr import prepare_ml100k_ctr
 
     return _staged(args, [args.input], lambda out: prepare_ml100k_ctr(out, args.input, split=args.split,
-                                                                      seed=args.seed))
+                                                                      seed=args.seed, skip_bad_lines=not args.strict))
 
 
 def _synthetic(args) -> int:

@@ -10,6 +10,11 @@ common distributions into one set of numpy arrays.
 Both sources give identical arrays: ids are 0-based and contiguous in the order of the raw
 numeric ids (raw id k -> k-1 for the real files), categorical user fields are codes into sorted
 name lists, genres are a CSR pair over the 19 genres in GroupLens's column order.
+
+A malformed line (a field count, a number, an id another file lacks, a repeated id, a rating
+outside 1..5) stops the reader naming file and line, or, given a `BadRowLog`, is skipped
+and counted there, as the CTR converters do; a header or a file that cannot be read stops it
+either way.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from embcache.data.bad_rows import BadRowLog
 from embcache.errors import DataFormatError, format_error, writing
 from embcache.paths import datasets_dir
 
@@ -151,8 +157,10 @@ def _fetch_into(dest: Path) -> Path:
 
 
 # --------------------------------------------------------------------------- reading
-def load_ml100k(path: str | os.PathLike | None = None) -> MovieLens100k:
-    """Read MovieLens-100k from `path` (see `ml100k_dir`) into a `MovieLens100k`.
+def load_ml100k(path: str | os.PathLike | None = None, bad_rows: BadRowLog | None = None) -> MovieLens100k:
+    """Read MovieLens-100k from `path` (see `ml100k_dir`) into a `MovieLens100k`; a malformed
+    line stops it (DataFormatError naming file and line), or with `bad_rows` is skipped and
+    counted there (a rating of a skipped user or item goes with it, counted too).
 
     Example (not run by the tests: it fetches the data on first use):
         >>> ml = load_ml100k()                               # doctest: +SKIP
@@ -161,14 +169,47 @@ def load_ml100k(path: str | os.PathLike | None = None) -> MovieLens100k:
     """
     directory = ml100k_dir(path)
     if _layout(directory) == "standard":
-        users = list(_read_standard_users(directory / "u.user"))
-        items = list(_read_standard_items(directory / "u.item"))
-        ratings_path, ratings = directory / "u.data", _read_standard_ratings(directory / "u.data")
+        paths = [directory / n for n in STANDARD_FILES]
+        readers = (_read_standard_users, _read_standard_items, _read_standard_ratings)
     else:
-        users = list(_read_atomic_users(directory / "ml-100k.user"))
-        items = list(_read_atomic_items(directory / "ml-100k.item"))
-        ratings_path, ratings = directory / "ml-100k.inter", _read_atomic_ratings(directory / "ml-100k.inter")
-    return _assemble(directory, users, items, ratings_path, ratings)
+        paths = [directory / n for n in ATOMIC_FILES]
+        readers = (_read_atomic_users, _read_atomic_items, _read_atomic_ratings)
+    ratings_path, user_path, item_path = paths
+    for p in paths:
+        if bad_rows is not None:
+            bad_rows.seen(p)
+    users = list(_skipping(user_path, readers[0](user_path), bad_rows))
+    items = list(_skipping(item_path, readers[1](item_path), bad_rows))
+    return _assemble(directory, users, items, ratings_path, _skipping(ratings_path, readers[2](ratings_path), bad_rows),
+                     bad_rows)
+
+
+def _skipping(path: Path, rows, bad_rows: BadRowLog | None):
+    """The (line number, row) of `rows` (a reader's `_parsed` pairs); a malformed line's error
+    is raised, or counted in `bad_rows` and the line left out."""
+    for number, row in rows:
+        if isinstance(row, DataFormatError):
+            if bad_rows is None:
+                raise row
+            bad_rows.add(path, number, _reason(row, path, number))
+            continue
+        yield number, row
+
+
+def _reason(err: DataFormatError, path: Path, number: int) -> str:
+    """The error's text without its "path:line: " (the log keeps both apart)."""
+    text, where = str(err), f"{os.fspath(path)}:{number}: "
+    return text[len(where):] if text.startswith(where) else text
+
+
+def _parsed(path: Path, numbered, parse):
+    """(number, parse(number, line)) for each line, or (number, the DataFormatError) where it
+    is malformed: the caller (`_skipping`) raises or counts it, and the file reads on."""
+    for number, line in numbered:
+        try:
+            yield number, parse(number, line)
+        except DataFormatError as err:
+            yield number, err
 
 
 def _lines(path: Path, encoding: str):
@@ -207,35 +248,45 @@ def _fields(path: Path, number: int, line: str, sep: str, expected: int) -> list
 
 # Each reader yields tuples in file order; `_assemble` checks ids across files.
 def _read_standard_ratings(path: Path):
-    for number, line in _lines(path, "latin-1"):
-        u, i, r, t = _fields(path, number, line, "\t", 4)
-        yield number, (_int(path, number, u, "user id"), _int(path, number, i, "item id"),
-                       _int(path, number, r, "rating"), _int(path, number, t, "timestamp"))
+    def parse(number, line):
+        return _rating(path, number, _fields(path, number, line, "\t", 4))
+    return _parsed(path, _lines(path, "latin-1"), parse)
+
+
+def _rating(path: Path, number: int, fields) -> tuple[int, int, int, int]:
+    u, i, r, t = fields
+    return (_int(path, number, u, "user id"), _int(path, number, i, "item id"),
+            _int(path, number, r, "rating"), _int(path, number, t, "timestamp"))
+
+
+def _user(path: Path, number: int, fields) -> tuple:
+    u, age, gender, occupation, zip_code = fields
+    return _int(path, number, u, "user id"), _int(path, number, age, "age"), gender, occupation, zip_code
 
 
 def _read_standard_users(path: Path):
-    for number, line in _lines(path, "latin-1"):
-        u, age, gender, occupation, zip_code = _fields(path, number, line, "|", 5)
-        yield number, (_int(path, number, u, "user id"), _int(path, number, age, "age"),
-                       gender, occupation, zip_code)
+    return _parsed(path, _lines(path, "latin-1"), lambda number, line: _user(path, number,
+                                                                          _fields(path, number, line, "|", 5)))
 
 
 _YEAR_IN_TITLE = re.compile(r"\((\d{4})\)\s*$")
 
 
 def _read_standard_items(path: Path):
-    for number, line in _lines(path, "latin-1"):
+    def parse(number, line):
         parts = _fields(path, number, line, "|", 5 + len(GENRES))
         flags = parts[5:]
         if any(f not in ("0", "1") for f in flags):
             raise format_error(path, number, f"genre flags must be 0 or 1, got {'|'.join(flags)!r}")
         genres = [g for g, f in enumerate(flags) if f == "1"]
         year = _YEAR_IN_TITLE.search(parts[1])
-        yield number, (_int(path, number, parts[0], "item id"), genres, int(year.group(1)) if year else -1)
+        return _int(path, number, parts[0], "item id"), genres, int(year.group(1)) if year else -1
+    return _parsed(path, _lines(path, "latin-1"), parse)
 
 
-def _atomic_rows(path: Path, wanted: tuple[str, ...]):
-    """Rows of a RecBole atomic file as tuples of the `wanted` columns (by name, types ignored)."""
+def _atomic_rows(path: Path, wanted: tuple[str, ...], parse):
+    """`_parsed` rows of a RecBole atomic file: `parse(number, fields)` of the `wanted` columns
+    of each line (by name, types ignored); a header without them stops the reader."""
     lines = _lines(path, "utf-8")
     header = next(lines, None)
     if header is None:
@@ -245,70 +296,99 @@ def _atomic_rows(path: Path, wanted: tuple[str, ...]):
     if missing:
         raise format_error(path, 1, f"header lacks column(s) {', '.join(missing)}: {header[1][:80]!r}")
     index = [names.index(w) for w in wanted]
-    for number, line in lines:
+
+    def fields(number, line):
         parts = _fields(path, number, line, "\t", len(names))
-        yield number, [parts[k] for k in index]
+        return parse(number, [parts[k] for k in index])
+    return _parsed(path, lines, fields)
 
 
 def _read_atomic_ratings(path: Path):
-    for number, (u, i, r, t) in _atomic_rows(path, ("user_id", "item_id", "rating", "timestamp")):
-        yield number, (_int(path, number, u, "user id"), _int(path, number, i, "item id"),
-                       _int(path, number, r, "rating"), _int(path, number, t, "timestamp"))
+    return _atomic_rows(path, ("user_id", "item_id", "rating", "timestamp"),
+                        lambda number, fields: _rating(path, number, fields))
 
 
 def _read_atomic_users(path: Path):
-    for number, (u, age, gender, occupation, zip_code) in _atomic_rows(
-            path, ("user_id", "age", "gender", "occupation", "zip_code")):
-        yield number, (_int(path, number, u, "user id"), _int(path, number, age, "age"),
-                       gender, occupation, zip_code)
+    return _atomic_rows(path, ("user_id", "age", "gender", "occupation", "zip_code"),
+                        lambda number, fields: _user(path, number, fields))
 
 
 def _read_atomic_items(path: Path):
+    return _atomic_rows(path, ("item_id", "movie_title", "release_year", "class"),
+                        lambda number, fields: _atomic_item(path, number, *fields))
+
+
+def _atomic_item(path: Path, number: int, i: str, title: str, year: str, classes: str) -> tuple:
     code = {g: k for k, g in enumerate(GENRES)}
-    for number, (i, title, year, classes) in _atomic_rows(
-            path, ("item_id", "movie_title", "release_year", "class")):
-        genres = []
-        for name in classes.split(" "):
-            if name not in code:
-                raise format_error(path, number, f"unknown genre {name!r} (known: {', '.join(GENRES)})")
-            genres.append(code[name])
-        if year.isdigit() and len(year) == 4:
-            item_year = int(year)
-        else:  # RecBole splits the year off the title; where that failed it stays in the title
-            found = _YEAR_IN_TITLE.search(title)
-            item_year = int(found.group(1)) if found else -1
-        yield number, (_int(path, number, i, "item id"), sorted(set(genres)), item_year)
+    genres = []
+    for name in classes.split(" "):
+        if name not in code:
+            raise format_error(path, number, f"unknown genre {name!r} (known: {', '.join(GENRES)})")
+        genres.append(code[name])
+    if year.isdigit() and len(year) == 4:
+        item_year = int(year)
+    else:  # RecBole splits the year off the title; where that failed it stays in the title
+        found = _YEAR_IN_TITLE.search(title)
+        item_year = int(found.group(1)) if found else -1
+    return _int(path, number, i, "item id"), sorted(set(genres)), item_year
 
 
-def _index(path: Path, rows: list, what: str) -> dict[int, int]:
-    """raw id -> 0-based id, in ascending raw-id order; duplicates are an error."""
+def _index(path: Path, rows: list, what: str, bad_rows: BadRowLog | None) -> tuple[dict[int, int], list]:
+    """(raw id -> 0-based id, in ascending raw-id order; the rows kept): a repeated id is an
+    error, or with `bad_rows` a skipped line (its first line kept)."""
     seen: dict[int, int] = {}
+    kept = []
     for number, row in rows:
         if row[0] in seen:
-            raise format_error(path, number, f"{what} id {row[0]} appears again (first on line {seen[row[0]]})")
+            what_happened = f"{what} id {row[0]} appears again (first on line {seen[row[0]]})"
+            if bad_rows is None:
+                raise format_error(path, number, what_happened)
+            bad_rows.add(path, number, what_happened)
+            continue
         seen[row[0]] = number
+        kept.append((number, row))
     if not seen:
-        raise format_error(path, None, f"no {what}s in this file")
-    return {raw: k for k, raw in enumerate(sorted(seen))}
+        raise _none_left(path, f"{what}s", bad_rows)
+    return {raw: k for k, raw in enumerate(sorted(seen))}, kept
 
 
-def _assemble(directory: Path, users: list, items: list, ratings_path: Path, ratings) -> MovieLens100k:
+def _rating_rows(ratings_path: Path, ratings, user_id: dict, item_id: dict, names: tuple[str, str],
+                 bad_rows: BadRowLog | None) -> list[tuple[int, int, int, int]]:
+    """The ratings with 0-based ids; one of a user or item the other files lack (`names`:
+    theirs), or outside 1..5, is an error, or with `bad_rows` a skipped line."""
+    rows = []
+    for number, (u, i, r, t) in ratings:
+        why = (f"user id {u} is not in {names[0]}" if u not in user_id else
+               f"item id {i} is not in {names[1]}" if i not in item_id else
+               f"rating {r} outside 1..5" if not 1 <= r <= 5 else None)
+        if why is None:
+            rows.append((user_id[u], item_id[i], r, t))
+        elif bad_rows is None:
+            raise format_error(ratings_path, number, why)
+        else:
+            bad_rows.add(ratings_path, number, why)
+    if not rows:
+        raise _none_left(ratings_path, "ratings", bad_rows)
+    return rows
+
+
+def _none_left(path: Path, what: str, bad_rows: BadRowLog | None) -> DataFormatError:
+    """A file with nothing usable, naming the first line skipped where every line was."""
+    entry = bad_rows.files.get(os.fspath(path)) if bad_rows is not None else None
+    if entry is None or not entry.count:
+        return format_error(path, None, f"no {what} in this file")
+    return format_error(path, None, f"no {what} in this file: all {entry.count:,} line(s) malformed, skipped "
+                                    f"(the first, line {entry.first_lines[0]}: {entry.first_reasons[0]})")
+
+
+def _assemble(directory: Path, users: list, items: list, ratings_path: Path, ratings,
+              bad_rows: BadRowLog | None = None) -> MovieLens100k:
     layout = _layout(directory)
     user_path = directory / ("u.user" if layout == "standard" else "ml-100k.user")
     item_path = directory / ("u.item" if layout == "standard" else "ml-100k.item")
-    user_id, item_id = _index(user_path, users, "user"), _index(item_path, items, "item")
-
-    rows = []
-    for number, (u, i, r, t) in ratings:
-        if u not in user_id:
-            raise format_error(ratings_path, number, f"user id {u} is not in {user_path.name}")
-        if i not in item_id:
-            raise format_error(ratings_path, number, f"item id {i} is not in {item_path.name}")
-        if not 1 <= r <= 5:
-            raise format_error(ratings_path, number, f"rating {r} outside 1..5")
-        rows.append((user_id[u], item_id[i], r, t))
-    if not rows:
-        raise format_error(ratings_path, None, "no ratings in this file")
+    user_id, users = _index(user_path, users, "user", bad_rows)
+    item_id, items = _index(item_path, items, "item", bad_rows)
+    rows = _rating_rows(ratings_path, ratings, user_id, item_id, (user_path.name, item_path.name), bad_rows)
 
     users_sorted = [row for _, row in sorted(users, key=lambda x: x[1][0])]
     gender_names = tuple(sorted({row[2] for row in users_sorted}))

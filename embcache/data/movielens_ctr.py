@@ -13,7 +13,9 @@ One row per rating. Sparse features (column: meaning, cardinality on the real da
 torchrec's DLRM needs a dense input, so there are two dense features: dense_0 = age / 100 and
 dense_1 = (release year - 1900) / 100, 0 where the year is unknown. Splits: "random" (default)
 shuffles the ratings with `seed` and cuts 80/10/10; "time" orders them by timestamp (ties by
-file order) so val and test lie in the future of train.
+file order) so val and test lie in the future of train. A malformed line of the three files
+is skipped and counted (reported, and kept in meta.json's `bad_rows`), as in the other
+converters; `skip_bad_lines=False` (`--strict`) stops at the first, naming file and line.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import os
 import numpy as np
 import pyarrow as pa
 
+from embcache.data.bad_rows import BadRowLog
 from embcache.data.ctr_format import CTRDatasetWriter, SparseFeature, check_output_dir
 from embcache.data.movielens import MovieLens100k, load_ml100k
 from embcache.data.raw_values import save_raw_values
@@ -43,7 +46,7 @@ def age_bucket(age: np.ndarray) -> np.ndarray:
 
 def prepare_ml100k_ctr(out_dir: str | os.PathLike, source: str | os.PathLike | None = None,
                        split: str = "random", seed: int = 0,
-                       fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)) -> dict:
+                       fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), skip_bad_lines: bool = True) -> dict:
     """Write MovieLens-100k as CTR data in the canonical format; returns its meta.
 
     Args:
@@ -53,6 +56,8 @@ def prepare_ml100k_ctr(out_dir: str | os.PathLike, source: str | os.PathLike | N
         split: "random" (seeded shuffle) or "time" (chronological).
         seed: the shuffle's seed (random split only).
         fractions: train / val / test shares; rounded down, test takes the remainder.
+        skip_bad_lines: skip and count malformed lines (reported on stderr and in meta.json's
+            `bad_rows`); False stops at the first with DataFormatError naming file and line.
 
     Example:
         >>> prepare_ml100k_ctr("ml-100k-ctr", split="weekly")
@@ -64,13 +69,17 @@ def prepare_ml100k_ctr(out_dir: str | os.PathLike, source: str | os.PathLike | N
     """
     _check_split(split, fractions)
     check_output_dir(out_dir)  # before a possible download
-    ml = load_ml100k(source)
+    bad = BadRowLog() if skip_bad_lines else None
+    ml = load_ml100k(source, bad)
+    if bad is not None:
+        bad.report()
     prefixes, zip_code = np.unique(np.array([z[:3] for z in ml.user_zip]), return_inverse=True)
     writer = CTRDatasetWriter(out_dir, 2, _sparse_features(ml, len(prefixes)),
                               source=f"MovieLens-100k ({ml.source})")
     for name, rows in _split_rows(ml.ratings[:, 3], split, seed, fractions).items():
         _write_ratings(writer, name, ml, ml.ratings[rows], zip_code)
     return writer.finish(
+        bad_rows=bad.to_json() if bad is not None else {},
         raw_values=_save_raw_values(out_dir, ml, prefixes),
         label="rating >= 4",
         split={"method": split, "seed": seed if split == "random" else None, "fractions": list(fractions)},

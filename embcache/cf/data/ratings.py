@@ -104,10 +104,12 @@ def _first_of_each_pair(r: np.ndarray) -> tuple[np.ndarray, int]:
     return r[np.sort(order[first])], int((~first).sum())
 
 
-def load_ml100k(path=None, how="random", seed=0, test_fraction=TEST_FRACTION, min_rating=0) -> Interactions:
-    """MovieLens-100k through `embcache.data.movielens` (the offline copy when path is None)."""
+def load_ml100k(path=None, how="random", seed=0, test_fraction=TEST_FRACTION, min_rating=0,
+                bad_rows: BadRowLog | None = None) -> Interactions:
+    """MovieLens-100k through `embcache.data.movielens` (the offline copy when path is None);
+    a malformed line stops it naming file and line, or is counted in `bad_rows`."""
     from embcache.data import movielens
 
-    ml = movielens.load_ml100k(path)  # raises DataFormatError (one line) itself
-    return split_ratings(np.asarray(ml.ratings, dtype=np.int64), how, test_fraction, seed,
-                         min_rating, name="ml-100k", num_users=ml.num_users, num_items=ml.num_items)
+    ml = movielens.load_ml100k(path, bad_rows)  # raises DataFormatError (one line) itself
+    return split_ratings(np.asarray(ml.ratings, dtype=np.int64), how, test_fraction, seed, min_rating,
+                         name="ml-100k", num_users=ml.num_users, num_items=ml.num_items, bad_rows=bad_rows)

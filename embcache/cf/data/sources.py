@@ -28,14 +28,14 @@ def read_interactions(spec: str, split: str = "random", test_fraction: float = T
         >>> data.num_users, data.num_items, data.num_train + data.num_test
         (50, 60, 600)
     """
-    from embcache.cf.data.ratings import load_ml100k, read_ratings, split_ratings
+    from embcache.cf.data.ratings import read_ratings, split_ratings
     from embcache.cf.data.table import is_table, read_table
 
     if split == "auto":
         has_time = bool((columns or {}).get("time")) and is_table(spec)
         split = "time" if has_time else "random"
     if spec == "ml-100k":
-        return load_ml100k(None, split, split_seed, test_fraction, min_rating)
+        return _ml100k(None, split, split_seed, test_fraction, min_rating, skip_bad_lines)
     if spec == "synthetic":
         from embcache.cf.data.synthetic import power_law_interactions
 
@@ -51,7 +51,7 @@ def read_interactions(spec: str, split: str = "random", test_fraction: float = T
         ratings_file = next((path / n for n in ("u.data", "ratings.dat") if (path / n).is_file()), None)
         if ratings_file is None:
             if (path / "ml-100k.inter").is_file():
-                return load_ml100k(path, split, split_seed, test_fraction, min_rating)
+                return _ml100k(path, split, split_seed, test_fraction, min_rating, skip_bad_lines)
             raise DataFormatError(f"{path}: no train.txt/test.txt (LightGCN format), u.data or ratings.dat here")
         path = ratings_file
     elif not path.exists():
@@ -72,6 +72,18 @@ def read_interactions(spec: str, split: str = "random", test_fraction: float = T
     ratings = read_ratings(path, log)
     _report(log)
     return split_ratings(ratings, split, test_fraction, split_seed, min_rating, name=path.name, bad_rows=log)
+
+
+def _ml100k(path, split: str, split_seed: int, test_fraction: float, min_rating: int,
+            skip_bad_lines: bool) -> Interactions:
+    """MovieLens-100k (the offline copy, or RecBole's files in `path`), its skipped lines
+    counted and reported as every other reader's."""
+    from embcache.cf.data.ratings import load_ml100k
+
+    log = BadRowLog() if skip_bad_lines else None
+    data = load_ml100k(path, split, split_seed, test_fraction, min_rating, log)
+    _report(log)
+    return data
 
 
 def _report(log: BadRowLog | None) -> None:

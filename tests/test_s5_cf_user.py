@@ -1,0 +1,80 @@
+"""cf (HEAT) as a user meets it: the held-out split at large test fractions, ml-100k's
+malformed lines, the throughput figure with the first epoch timed apart."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from embcache.cli import main
+from embcache.data.movielens import load_ml100k
+from embcache.errors import DataFormatError
+from tests.test_data_movielens import write_atomic, write_standard
+
+
+def _damaged_standard(d):
+    """The tiny GroupLens files with a rating that is no number (line 2), a short line
+    (line 6), a repeated user (u.user line 4) and a rating of a user u.user lacks (line 7)."""
+    d.mkdir()
+    write_standard(d)
+    lines = (d / "u.data").read_text(encoding="latin-1").splitlines()
+    lines[1] = "2\t7\tfive\t881250950"
+    lines += ["3\t9", "4\t7\t1\t881250999"]
+    (d / "u.data").write_text("\n".join(lines) + "\n", encoding="latin-1")
+    with open(d / "u.user", "a", encoding="latin-1") as f:
+        f.write("5|40|F|writer|11111\n")
+    return d
+
+
+def test_prepare_ml100k_skips_and_counts_malformed_lines(tmp_path, capsys):
+    src = _damaged_standard(tmp_path / "src")
+    rc = main(["data", "prepare", "ml-100k", "--input", str(src), "--out", str(tmp_path / "out")])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert "bad rows    4 skipped" in out.out
+    assert "u.data: skipped 3 malformed row(s)" in out.err and "line 2: rating 'five' is not an integer" in out.err
+    assert "u.user: skipped 1 malformed row(s)" in out.err
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["bad_rows"][str(src / "u.data")]["first_lines"] == [2, 6, 7]
+    assert meta["bad_rows"][str(src / "u.item")]["count"] == 0
+    assert sum(s["rows"] for s in meta["splits"].values()) == 4  # 5 ratings less the one on line 2
+
+
+def test_prepare_ml100k_strict_stops_at_the_first_naming_file_and_line(tmp_path, capsys):
+    src = _damaged_standard(tmp_path / "src")
+    rc = main(["data", "prepare", "ml-100k", "--input", str(src), "--out", str(tmp_path / "out"), "--strict"])
+    err = capsys.readouterr().err
+    assert rc != 0 and not (tmp_path / "out").exists()
+    assert err.strip().splitlines() == [f"embcache data: error: {src / 'u.user'}:4: user id 5 appears again "
+                                        f"(first on line 3)"]
+
+
+def test_atomic_layout_skips_the_same_way(tmp_path):
+    d = tmp_path / "atomic"
+    d.mkdir()
+    write_atomic(d)
+    with open(d / "ml-100k.inter", "a", encoding="utf-8") as f:
+        f.write("2\t7\t9\t881250960\n")  # rating outside 1..5, on line 7
+    with pytest.raises(DataFormatError, match=r"ml-100k\.inter:7: rating 9 outside 1\.\.5"):
+        load_ml100k(d)
+    from embcache.data.bad_rows import BadRowLog
+
+    log = BadRowLog()
+    assert len(load_ml100k(d, log).ratings) == 5 and log.total == 1
+    assert log.to_json()[str(d / "ml-100k.inter")]["first_reasons"] == ["rating 9 outside 1..5"]
+
+
+def test_cf_train_skip_bad_lines_reaches_an_ml100k_directory(tmp_path, capsys):
+    """`cf train --skip-bad-lines` was not passed to the MovieLens-100k reader: it stopped anyway."""
+    d = tmp_path / "atomic"
+    d.mkdir()
+    write_atomic(d)
+    with open(d / "ml-100k.inter", "a", encoding="utf-8") as f:
+        f.write("2\t7\n")
+    args = ["cf", "train", "--data", str(d), "--epochs", "1", "--negatives", "2", "--threads", "1", "--no-progress"]
+    assert main(args) != 0
+    assert "ml-100k.inter:7: 2 fields" in capsys.readouterr().err
+    assert main([*args, "--skip-bad-lines"]) == 0
+    out = capsys.readouterr()
+    assert "skipped 1 malformed line(s)" in out.out and "ml-100k.inter: skipped 1 malformed row(s)" in out.err
