@@ -7,10 +7,32 @@ import json
 import numpy as np
 import pytest
 
+from embcache.cf.data.ratings import split_ratings
 from embcache.cli import main
 from embcache.data.movielens import load_ml100k
 from embcache.errors import DataFormatError
 from tests.test_data_movielens import write_atomic, write_standard
+
+
+def test_large_test_fraction_leaves_every_user_a_training_interaction():
+    # users with 2..5 interactions: at 0.75 and up the rounded share was all of a 2-interaction user's
+    ratings = np.array([[u, i, 5, i] for u in range(40) for i in range(2 + u % 4)], dtype=np.int64)
+    for fraction in (0.75, 0.9, 0.99):
+        for how in ("random", "time"):
+            data = split_ratings(ratings, how, test_fraction=fraction, seed=3)
+            train_counts, test_counts = np.diff(data.train_indptr), np.diff(data.test_indptr)
+            assert (train_counts >= 1).all(), (fraction, how)
+            assert (test_counts >= 1).all()  # each user of two or more still has a test item
+            assert data.num_train + data.num_test == len(ratings)
+
+
+def test_default_fraction_split_is_unchanged():
+    """The cap only bites where the share rounded to all of a user's items: 0.2 splits stay as they were."""
+    ratings = np.array([[u, i, 5, i] for u in range(30) for i in range(1 + u % 7)], dtype=np.int64)
+    data = split_ratings(ratings, "time", test_fraction=0.2)
+    counts = np.array([1 + u % 7 for u in range(30)])
+    expected = np.where(counts >= 2, np.maximum(1, np.rint(counts * 0.2)), 0)
+    assert np.diff(data.test_indptr).tolist() == expected.tolist()
 
 
 def _damaged_standard(d):

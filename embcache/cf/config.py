@@ -67,7 +67,8 @@ class CFTrainConfig(RunConfig):
                          help="per user, a seeded random 20 %% or the latest 20 %% is the test set; auto: by time "
                               "where your file has --time-col, else random")
     test_fraction: float = setting(TEST_FRACTION, type=open_fraction,
-                                   help="ratings and synthetic: test share per user, strictly between 0 and 1")
+                                   help="ratings and synthetic: test share per user, strictly between 0 and 1 "
+                                        "(rounded; every user keeps at least one interaction in train)")
     split_seed: int = setting(0, type=non_negative_int, help="ratings and synthetic: seed of the split and data")
     min_rating: int = setting(0, type=non_negative_int, help="ratings: keep ratings >= this (0: all)")
     synthetic_users: int = setting(30_000, type=positive_int, help="synthetic: users")

@@ -59,7 +59,9 @@ def split_ratings(ratings: np.ndarray, how: str = "random", test_fraction: float
     Ratings below `min_rating` are dropped (0 keeps all). Per user, `test_fraction` of its
     interactions (rounded, at least one when the user has two or more) go to the test set:
     a seeded random choice (`random`) or the latest by timestamp (`time`, ties by order).
-    Users with a single interaction keep it in train.
+    Every user keeps at least one interaction in train (a single one stays there): a test
+    user with none would be scored on an untrained row, noise in Recall and NDCG, which
+    large fractions (0.75 and up rounds a 2-interaction user's share to both) would cause.
     """
     if how not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}")
@@ -82,7 +84,7 @@ def split_ratings(ratings: np.ndarray, how: str = "random", test_fraction: float
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     rank = np.empty(len(r), dtype=np.int64)
     rank[order] = np.arange(len(r)) - np.repeat(starts, counts)
-    n_test = np.where(counts >= 2, np.maximum(1, np.rint(counts * test_fraction)), 0).astype(np.int64)
+    n_test = np.where(counts >= 2, np.clip(np.rint(counts * test_fraction), 1, counts - 1), 0).astype(np.int64)
     is_test = rank >= (counts - n_test)[users]
     data = from_pairs(users[~is_test], items[~is_test], users[is_test], items[is_test],
                       num_users=num_users, num_items=num_items, name=name, bad_rows=bad_rows)
