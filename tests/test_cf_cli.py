@@ -165,11 +165,12 @@ def test_min_rating_that_keeps_nothing_is_one_line(tmp_path, capsys):
         assert f"{path}: no rating is >= 4 (--min-rating) among 95" in err
 
 
-def test_a_split_with_no_training_pairs_is_refused(tmp_path, capsys):
-    # every user has two ratings; --test-fraction 0.9 rounds both into test
+def test_a_large_test_fraction_still_leaves_every_user_a_training_pair(tmp_path, capsys):
+    # every user has two ratings; --test-fraction 0.9 rounded both into test, and the run was refused with
+    # "no training interactions after the split": now each user keeps one in train (tests/test_s5_cf_user.py)
     path = _ratings(tmp_path / "u.data", [(u, i) for u in range(1, 20) for i in (1, 2)])
-    err = _refused(["cf", "train", "--data", path, "--test-fraction", 0.9, "--no-progress"], capsys)
-    assert f"{path}: no training interactions after the split (38 in test" in err and "nothing to train" in err
+    out = _train(["--data", path, "--test-fraction", 0.9, "--epochs", 1], capsys)
+    assert "19 users, 2 items, 19 train / 19 test interactions" in out
 
 
 def test_an_empty_test_split_warns_and_reports_null_metrics(lightgcn_dir, tmp_path, capsys):
