@@ -100,3 +100,32 @@ def test_cf_train_skip_bad_lines_reaches_an_ml100k_directory(tmp_path, capsys):
     assert main([*args, "--skip-bad-lines"]) == 0
     out = capsys.readouterr()
     assert "skipped 1 malformed line(s)" in out.out and "ml-100k.inter: skipped 1 malformed row(s)" in out.err
+
+
+def _summary(capsys, *args):
+    """The printed summary rows and the JSON line of a small `cf train` on a synthetic set."""
+    rc = main(["cf", "train", "--data", "synthetic", "--synthetic-users", "60", "--synthetic-items", "80",
+               "--synthetic-interactions", "1200", "--negatives", "4", "--threads", "1", "--no-progress", *args])
+    out = capsys.readouterr().out
+    assert rc == 0
+    lines = out.strip().splitlines()
+    return "\n".join(lines[:-1]), json.loads(lines[-1])
+
+
+def test_cf_summary_times_the_first_epoch_apart(capsys):
+    text, s = _summary(capsys, "--epochs", "3")
+    assert s["steady_epochs"] == 2 and s["first_epoch_seconds"] > 0 and s["compile_seconds"] is not None
+    n = s["train_samples_per_s"] * s["train_seconds"] / 3  # every epoch, as before: the benches read it
+    assert s["steady_samples_per_s"] == pytest.approx(2 * n / s["steady_seconds"])
+    assert s["train_seconds"] == pytest.approx(s["first_epoch_seconds"] + s["steady_seconds"])
+    row = next(line for line in text.splitlines() if "training throughput" in line)
+    assert f"{s['steady_samples_per_s']:,.0f} samples/s over 2 epoch(s) after the first" in row
+    assert "timed apart" in row and "compiling the HEAT kernels took" in row and "step" not in row
+    assert "a sample after the first epoch" in text
+
+
+def test_cf_summary_of_one_epoch_says_its_warm_up_is_in_the_figure(capsys):
+    text, s = _summary(capsys, "--epochs", "1", "--engine", "torch")
+    assert s["steady_epochs"] == 0 and s["steady_samples_per_s"] is None and s["compile_seconds"] is None
+    row = next(line for line in text.splitlines() if "training throughput" in line)
+    assert "one epoch (its warm-up included)" in row and "HEAT" not in row

@@ -221,9 +221,40 @@ def describe_run(trainer) -> str:
 def summary_rows(s: dict, ks) -> list[tuple[str, str]]:
     from embcache.cf.evaluation import format_metrics
 
-    return [("test split", format_metrics(s, ks)), ("popularity baseline", format_metrics(s["popularity"], ks)),
+    rows = [("test split", format_metrics(s, ks)), ("popularity baseline", format_metrics(s["popularity"], ks)),
             ("model", f"{s['model']} on {s['data']}, engine {s['engine']}, {s['threads']} thread(s)"),
-            *run_rows(s)]
+            *run_rows({k: v for k, v in s.items() if not k.startswith("steady_")})]  # its rows read dlrm's steps
+    ours = {"training throughput": throughput_row(s), "CPU time": cpu_row(s)}
+    return [(name, ours.get(name) or text) for name, text in rows]
+
+
+def throughput_row(s: dict) -> str | None:
+    """Samples a second over the epochs after this process's first, which is timed apart (it
+    carries the warm-up), and where the HEAT kernels' compiling went; None where no epoch ran
+    (the shared row then stands)."""
+    from embcache.units import format_seconds
+
+    first = s.get("first_epoch_seconds")
+    if first is None:
+        return None
+    compiled = s.get("compile_seconds")
+    compiled = (f"; compiling the HEAT kernels took {format_seconds(compiled)} before it, not counted"
+                if compiled is not None else "")
+    if s.get("steady_samples_per_s"):
+        return (f"{s['steady_samples_per_s']:,.0f} samples/s over {s['steady_epochs']:,} epoch(s) after the first "
+                f"(the first, timed apart: {format_seconds(first)}, {s['first_epoch_samples_per_s']:,.0f} "
+                f"samples/s{compiled})")
+    return (f"{s['train_samples_per_s']:,.0f} samples/s over {format_seconds(s['train_seconds'])}, one epoch "
+            f"(its warm-up included{compiled})")
+
+
+def cpu_row(s: dict) -> str | None:
+    """CPU time a sample over the epochs after the first, where there are any."""
+    steady = s.get("steady_cpu_seconds_per_sample")
+    if not steady:
+        return None
+    return (f"{steady * 1e6:,.1f} µs a sample after the first epoch ({s['train_cpu_seconds']:,.1f} CPU-s in all, "
+            f"all threads)")
 
 
 def evaluate(args) -> int:

@@ -26,6 +26,7 @@ from embcache.settings_fields import option_names
 from embcache.cf.config import ENGINE_SETTINGS, ENGINES, MODEL_SETTINGS, CFTrainConfig  # noqa: F401 (users import it here)
 from embcache.cf.evaluation import evaluate_params
 from embcache.train.run import Trainer, check_loss
+from embcache.train.step_windows import StepWindows
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +158,10 @@ class CFTrainer(Trainer):
         self.params = params
         self.engine = make_engine(cfg.engine, self.params, self.data, cfg.heat_options(), cfg.torch_options())
         self.threads = cfg.resolved_threads()
+        # this process's epochs, its first apart: it carries the warm-up (threads started, pages
+        # touched), which in a short run would pass for the speed (`epoch_fields`)
+        self.epoch_windows = StepWindows()
+        self.compile_seconds: float | None = None  # HEAT's kernels, compiled before the first epoch
 
     setting_names = option_names(CFTrainConfig, (*MODEL_SETTINGS, "engine",
                                                  *{n for e in ENGINE_SETTINGS.values() for n in e}))
@@ -168,7 +173,7 @@ class CFTrainer(Trainer):
     def fit(self) -> dict:
         self._warn_of_settings()
         if self.cfg.engine == "heat" and self.cfg.epochs > 0:
-            seconds = compile_kernels()
+            seconds = self.compile_seconds = compile_kernels()
             if seconds > 1.0:
                 logger.info(f"compiled the HEAT kernels in {seconds:.1f} s (numba caches them for later runs)")
         return super().fit()
@@ -193,8 +198,9 @@ class CFTrainer(Trainer):
         stats = self.engine.epoch(self.epoch, chunks=20,
                                   progress=(lambda done, loss: self.tick(done, loss=f"{loss:.4f}")) if progress
                                   else None)
-        seconds = time.perf_counter() - t0
-        self.account_cpu(time.process_time() - cpu0, n)
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        self.account_cpu(cpu, n)
+        self.epoch_windows.add(1, seconds, n, cpu)
         check_loss(stats["loss"], f"epoch {self.epoch + 1}")
         self.train_seconds += seconds
         self.train_samples += n
@@ -279,8 +285,23 @@ class CFTrainer(Trainer):
             return {k: v for k, v in last.items() if "@" in k}
         return evaluate_params(self.params, self.data, self.cfg.ks, self.cfg.topk)
 
+    def epoch_fields(self) -> dict:
+        """The summary's figures with this process's first epoch apart: `first_epoch_seconds`,
+        and `steady_*` over the epochs after it (None where there are none);
+        `compile_seconds` the HEAT kernels' compiling, before the first epoch and in no figure.
+        `train_seconds` and `train_samples_per_s` keep covering every epoch."""
+        w = self.epoch_windows
+        if w.first_seconds is None:
+            return {"compile_seconds": self.compile_seconds}
+        after = w.steps - w.first_steps
+        return {"compile_seconds": self.compile_seconds, "first_epoch_seconds": w.first_seconds,
+                "first_epoch_samples_per_s": w.first_samples / w.first_seconds if w.first_seconds > 0 else None,
+                "steady_epochs": after, "steady_seconds": w.seconds,
+                "steady_samples_per_s": w.samples / w.seconds if after and w.seconds > 0 else None,
+                "steady_cpu_seconds_per_sample": w.cpu / w.samples if w.samples else None}
+
     def summary_fields(self) -> dict:
         from embcache.cf.evaluation import popularity
 
-        return {**self._run_info(), **self.final_metrics(),
+        return {**self._run_info(), **self.epoch_fields(), **self.final_metrics(),
                 "popularity": popularity(self.data, self.cfg.ks, self.cfg.topk)}
