@@ -129,3 +129,35 @@ def test_cf_summary_of_one_epoch_says_its_warm_up_is_in_the_figure(capsys):
     assert s["steady_epochs"] == 0 and s["steady_samples_per_s"] is None and s["compile_seconds"] is None
     row = next(line for line in text.splitlines() if "training throughput" in line)
     assert "one epoch (its warm-up included)" in row and "HEAT" not in row
+
+
+def _lightgcn(d):
+    d.mkdir()
+    (d / "train.txt").write_text("0 1 2 3\n1 2 3\n2 0 3\n")
+    (d / "test.txt").write_text("0 0\n1 1\n2 1\n")
+    return d
+
+
+@pytest.mark.parametrize("data, extra, told", [
+    ("lightgcn", ["--split", "time", "--test-fraction", "0.5", "--min-rating", "3"],
+     "--split time, --test-fraction 0.5, --min-rating 3 ignored (a LightGCN directory is split already"),
+    ("synthetic", ["--synthetic-users", "40", "--synthetic-items", "50", "--synthetic-interactions", "400",
+                   "--min-rating", "4", "--split", "time"],
+     "synthetic: --min-rating 4, --split time ignored (the synthetic set is split at random and has no ratings)"),
+])
+def test_options_the_data_cannot_use_are_told_not_dropped(data, extra, told, tmp_path, capsys):
+    spec = str(_lightgcn(tmp_path / "lg")) if data == "lightgcn" else data
+    args = ["cf", "train", "--data", spec, "--epochs", "1", "--negatives", "2", "--threads", "1", "--no-progress"]
+    assert main([*args, *extra]) == 0
+    assert told in capsys.readouterr().err
+    assert main(args) == 0
+    assert "ignored" not in capsys.readouterr().err  # the defaults are never "given"
+
+
+def test_min_rating_on_a_file_without_a_rating_column_is_refused_naming_it(tmp_path, capsys):
+    path = tmp_path / "clicks.csv"
+    path.write_text("user_id,item_id\n" + "".join(f"u{u},i{i}\n" for u in range(5) for i in range(4)))
+    rc = main(["cf", "train", "--data", str(path), "--min-rating", "4", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and len(err.splitlines()) == 1
+    assert f"{path}: --min-rating 4 needs --rating-col" in err

@@ -3,11 +3,14 @@ LightGCN directory (train.txt/test.txt), a MovieLens ratings file (u.data, ratin
 directory holding one. Skipped lines are reported to the user here, once, as they are read."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from embcache.data.bad_rows import BadRowLog
 from embcache.cf.data.interactions import TEST_FRACTION, Interactions
 from embcache.errors import DataFormatError
+
+logger = logging.getLogger(__name__)
 
 DATA_CHOICES = ("'ml-100k', 'synthetic', a CSV, TSV or Parquet file of your own interactions (--user-col, "
                 "--item-col), a LightGCN directory (train.txt, test.txt) or a MovieLens ratings file")
@@ -31,6 +34,9 @@ def read_interactions(spec: str, split: str = "random", test_fraction: float = T
     from embcache.cf.data.ratings import read_ratings, split_ratings
     from embcache.cf.data.table import is_table, read_table
 
+    given = (split, test_fraction, split_seed, min_rating, columns)  # before "auto" is resolved
+    if spec in ("synthetic", "ml-100k"):
+        _tell_ignored(spec, spec, *given)
     if split == "auto":
         has_time = bool((columns or {}).get("time")) and is_table(spec)
         split = "time" if has_time else "random"
@@ -45,6 +51,7 @@ def read_interactions(spec: str, split: str = "random", test_fraction: float = T
         if (path / "train.txt").exists() or (path / "test.txt").exists():
             from embcache.cf.data.lightgcn import read_lightgcn
 
+            _tell_ignored(path, "lightgcn", *given)
             data = read_lightgcn(path, skip_bad=skip_bad_lines)
             _report(data.bad_rows)
             return data
@@ -58,6 +65,9 @@ def read_interactions(spec: str, split: str = "random", test_fraction: float = T
         raise DataFormatError(f"{path}: no such file or directory (--data takes {DATA_CHOICES})")
     elif is_table(path):
         cols = columns or {}
+        if min_rating and not cols.get("rating"):
+            raise DataFormatError(f"{path}: --min-rating {min_rating} needs --rating-col, your file's rating column "
+                                  f"(without one every row counts as rated 1)")
         log = BadRowLog() if skip_bad_lines else None
         table = read_table(path, cols.get("user") or "user_id", cols.get("item") or "item_id", cols.get("time"),
                            cols.get("rating"), log)
@@ -68,6 +78,7 @@ def read_interactions(spec: str, split: str = "random", test_fraction: float = T
                              num_users=len(table.user_ids), num_items=len(table.item_ids), bad_rows=log)
         data.user_ids, data.item_ids = table.user_ids, table.item_ids
         return data
+    _tell_ignored(path, "ratings", *given)
     log = BadRowLog() if skip_bad_lines else None
     ratings = read_ratings(path, log)
     _report(log)
@@ -84,6 +95,34 @@ def _ml100k(path, split: str, split_seed: int, test_fraction: float, min_rating:
     data = load_ml100k(path, split, split_seed, test_fraction, min_rating, log)
     _report(log)
     return data
+
+
+IGNORED_BECAUSE = {"lightgcn": "a LightGCN directory is split already, by its train.txt and test.txt, and has no "
+                               "ratings",
+                   "synthetic": "the synthetic set is split at random and has no ratings",
+                   "ml-100k": "--*-col name the columns of a CSV, TSV or Parquet file of your own",
+                   "ratings": "a MovieLens ratings file's columns are fixed: user, item, rating, time"}
+
+
+def _tell_ignored(spec, kind: str, split: str, test_fraction: float, split_seed: int, min_rating: int,
+                  columns: dict | None) -> None:
+    """One warning naming the options given that this data cannot use (a LightGCN directory
+    is split already and has no ratings; the synthetic set has no ratings or times; neither,
+    nor MovieLens-100k, has a file's columns), so that no run looks shaped by an option it
+    ignored."""
+    defaults = {"user": "user_id", "item": "item_id"}
+    ignored = [f"--{k}-col {v}" for k, v in (columns or {}).items() if v and v != defaults.get(k)]
+    lightgcn = kind == "lightgcn"
+    if lightgcn:
+        ignored += ([f"--split {split}"] if split != "auto" else []) + (
+            [f"--test-fraction {test_fraction:g}"] if test_fraction != TEST_FRACTION else []) + (
+            [f"--split-seed {split_seed}"] if split_seed else [])
+    if kind in ("lightgcn", "synthetic"):
+        ignored += [f"--min-rating {min_rating}"] if min_rating else []
+    if kind == "synthetic" and split == "time":
+        ignored.append("--split time")
+    if ignored:
+        logger.warning(f"{spec}: {', '.join(ignored)} ignored ({IGNORED_BECAUSE[kind]})")
 
 
 def _report(log: BadRowLog | None) -> None:
