@@ -161,3 +161,12 @@ def test_min_rating_on_a_file_without_a_rating_column_is_refused_naming_it(tmp_p
     err = capsys.readouterr().err.strip()
     assert rc == 1 and len(err.splitlines()) == 1
     assert f"{path}: --min-rating 4 needs --rating-col" in err
+
+
+@pytest.mark.parametrize("name, told", [("gone.npz", "no such embeddings file"),
+                                        ("model.txt", "embeddings are loaded from .npy, .npz, .parquet")])
+def test_evaluate_names_a_missing_model_before_reading_any_data(name, told, tmp_path, capsys):
+    rc = main(["cf", "evaluate", str(tmp_path / name)])
+    out = capsys.readouterr()
+    assert rc == 1 and out.out == ""  # no data line: MovieLens-100k was read before the file was looked at
+    assert out.err.strip() == f"embcache cf: error: {tmp_path / name}: {told}"

@@ -267,6 +267,11 @@ def evaluate(args) -> int:
         raise UserFacingError(f"--threads must be in 1..{max_threads()} on this machine")
     apply_threads(args)
     loaded = loaded_checkpoint(args.load)  # a damaged or foreign checkpoint stops before any data is read
+    if loaded is None and not Path(args.load).is_file():  # as a missing or misnamed embeddings file does
+        from embcache.cf.data.embeddings_file import FORMATS
+
+        raise UserFacingError(f"{args.load}: no such embeddings file" if Path(args.load).suffix in FORMATS else
+                              f"{args.load}: embeddings are loaded from {', '.join(FORMATS)}")
     data, saved, pairs = evaluation_data(args, loaded)
     params = evaluated_params(args.load, data, loaded)
     if pairs is not None:
