@@ -160,6 +160,7 @@ def _ratings(path, users_items, rating=3):
 
 def test_min_rating_that_keeps_nothing_is_one_line(tmp_path, capsys):
     path = _ratings(tmp_path / "u.data", [(u, i) for u in range(1, 20) for i in range(1, 6)], rating=3)
+    (tmp_path / "emb.npz").write_bytes(b"x")  # a file there: `cf evaluate` refuses a missing one before the data
     for action in (["train"], ["evaluate", tmp_path / "emb.npz"]):
         err = _refused(["cf", *action, "--data", path, "--min-rating", 4], capsys)
         assert f"{path}: no rating is >= 4 (--min-rating) among 95" in err
