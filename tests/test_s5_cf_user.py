@@ -170,3 +170,16 @@ def test_evaluate_names_a_missing_model_before_reading_any_data(name, told, tmp_
     out = capsys.readouterr()
     assert rc == 1 and out.out == ""  # no data line: MovieLens-100k was read before the file was looked at
     assert out.err.strip() == f"embcache cf: error: {tmp_path / name}: {told}"
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".parquet"])
+def test_recommend_from_an_embeddings_only_file_says_so(suffix, tmp_path, capsys):
+    saved = tmp_path / f"emb{suffix}"
+    assert main(["cf", "train", "--data", "synthetic", "--synthetic-users", "30", "--synthetic-items", "40",
+                 "--synthetic-interactions", "300", "--epochs", "1", "--negatives", "2", "--threads", "1",
+                 "--no-progress", "--save", str(saved)]) == 0
+    capsys.readouterr()
+    assert main(["cf", "recommend", str(saved), "--users", "0"]) == 1
+    err = capsys.readouterr().err.strip()  # it said "corrupt or truncated CF model" of a good file
+    assert err == (f"embcache cf: error: {saved}: holds embeddings only ({suffix} is saved without the ids and "
+                   f"training items a model needs): train with --save FILE.npz for a whole model")
