@@ -183,3 +183,12 @@ def test_recommend_from_an_embeddings_only_file_says_so(suffix, tmp_path, capsys
     err = capsys.readouterr().err.strip()  # it said "corrupt or truncated CF model" of a good file
     assert err == (f"embcache cf: error: {saved}: holds embeddings only ({suffix} is saved without the ids and "
                    f"training items a model needs): train with --save FILE.npz for a whole model")
+
+
+def test_a_csv_with_a_byte_order_mark_is_refused_saying_so(tmp_path, capsys):
+    path = tmp_path / "excel.csv"
+    rows = b"".join(b"u%d,i%d\n" % (u, i) for u in range(4) for i in range(3))
+    path.write_bytes(b"\xef\xbb\xbfuser_id,item_id\n" + rows)
+    assert main(["cf", "train", "--data", str(path), "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip()  # it said "no column 'user_id'; it has '\ufeffuser_id', ..."
+    assert len(err.splitlines()) == 1 and f"{path}:1: starts with a UTF-8 byte-order mark" in err

@@ -119,6 +119,9 @@ def _read_text_columns(path: Path, delimiter: str, wanted: list[str],
         raise format_error(path, None if path.stat().st_size == 0 else 1,
                            f"{'the file is empty' if path.stat().st_size == 0 else 'an empty header line'}: "
                            f"expected a header naming the columns {', '.join(map(repr, wanted))}")
+    if line.startswith("\ufeff"):  # Excel's "CSV UTF-8": the shared block reader takes its header as it is
+        raise format_error(path, 1, "starts with a UTF-8 byte-order mark (as Excel's \"CSV UTF-8\" writes): save it "
+                                    "as plain CSV, or drop the file's first 3 bytes (sed -i '1s/^\\xEF\\xBB\\xBF//')")
     header = next(csv.reader([line])) if delimiter == "," else line.split(delimiter)
     _check_columns(path, header, wanted)
     log = BadRowLog() if bad_rows is None else bad_rows
