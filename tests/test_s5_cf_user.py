@@ -3,6 +3,7 @@ malformed lines, the throughput figure with the first epoch timed apart."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -192,3 +193,21 @@ def test_a_csv_with_a_byte_order_mark_is_refused_saying_so(tmp_path, capsys):
     assert main(["cf", "train", "--data", str(path), "--no-progress"]) == 1
     err = capsys.readouterr().err.strip()  # it said "no column 'user_id'; it has '\ufeffuser_id', ..."
     assert len(err.splitlines()) == 1 and f"{path}:1: starts with a UTF-8 byte-order mark" in err
+
+
+def test_a_movielens_model_answers_in_movielens_ids(tmp_path, capsys):
+    """MovieLens numbers users and items from 1: the model spoke its 0-based indices, so `--users 1` gave
+    the second user's recommendations and the last user was 'not in the model'."""
+    src = tmp_path / "ml"
+    src.mkdir()
+    write_atomic(src)  # users 2, 5, 10; items 1, 3, 7, 9
+    ratings = tmp_path / "u.data"
+    ratings.write_text("".join(f"{u}\t{i}\t4\t{k}\n" for k, (u, i) in enumerate([(3, 10), (3, 20), (8, 20), (8, 30)])))
+    for data, users, items in ((src, [2, 5, 10], {1, 3, 7, 9}), (ratings, [3, 8], {10, 20, 30})):
+        model = tmp_path / f"{Path(data).stem}.npz"
+        assert main(["cf", "train", "--data", str(data), "--epochs", "1", "--negatives", "2", "--threads", "1",
+                     "--no-progress", "--save", str(model)]) == 0
+        capsys.readouterr()
+        assert main(["cf", "recommend", str(model), "--all", "--k", "1", "--include-seen"]) == 0
+        rows = [line.split(",") for line in capsys.readouterr().out.split()[1:]]
+        assert [int(r[0]) for r in rows] == users and {int(r[2]) for r in rows} <= items

@@ -24,6 +24,13 @@ def read_ratings(path: str | Path, bad_rows: BadRowLog | None = None) -> np.ndar
     """MovieLens ratings: `u.data` (tab separated) or `ratings.dat` (`::` separated), rows
     user, item, rating, timestamp. Returns int64 [n, 4] with user and item ids remapped to
     0-based contiguous ids (in the order of the raw ids). Bad lines as `read_lightgcn_file`."""
+    return read_ratings_and_ids(path, bad_rows)[0]
+
+
+def read_ratings_and_ids(path: str | Path, bad_rows: BadRowLog | None = None
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`read_ratings`, and the file's user and item ids of each 0-based index: a model then
+    answers in MovieLens's ids (1-based), not in indices one below them."""
     path = Path(path)
     if not path.is_file():
         raise format_error(path, None, "no such file")
@@ -46,9 +53,9 @@ def read_ratings(path: str | Path, bad_rows: BadRowLog | None = None) -> np.ndar
     if not rows:
         raise format_error(path, None, "no ratings")
     r = np.array(rows, dtype=np.int64)
-    r[:, 0] = np.unique(r[:, 0], return_inverse=True)[1]
-    r[:, 1] = np.unique(r[:, 1], return_inverse=True)[1]
-    return r
+    user_ids, r[:, 0] = np.unique(r[:, 0], return_inverse=True)
+    item_ids, r[:, 1] = np.unique(r[:, 1], return_inverse=True)
+    return r, user_ids, item_ids
 
 
 def split_ratings(ratings: np.ndarray, how: str = "random", test_fraction: float = TEST_FRACTION,
@@ -113,5 +120,7 @@ def load_ml100k(path=None, how="random", seed=0, test_fraction=TEST_FRACTION, mi
     from embcache.data import movielens
 
     ml = movielens.load_ml100k(path, bad_rows)  # raises DataFormatError (one line) itself
-    return split_ratings(np.asarray(ml.ratings, dtype=np.int64), how, test_fraction, seed, min_rating,
+    data = split_ratings(np.asarray(ml.ratings, dtype=np.int64), how, test_fraction, seed, min_rating,
                          name="ml-100k", num_users=ml.num_users, num_items=ml.num_items, bad_rows=bad_rows)
+    data.user_ids, data.item_ids = ml.user_raw_ids, ml.item_raw_ids  # MovieLens's ids (1-based), for the model
+    return data

@@ -31,7 +31,7 @@ def read_interactions(spec: str, split: str = "random", test_fraction: float = T
         >>> data.num_users, data.num_items, data.num_train + data.num_test
         (50, 60, 600)
     """
-    from embcache.cf.data.ratings import read_ratings, split_ratings
+    from embcache.cf.data.ratings import read_ratings_and_ids, split_ratings
     from embcache.cf.data.table import is_table, read_table
 
     given = (split, test_fraction, split_seed, min_rating, columns)  # before "auto" is resolved
@@ -80,9 +80,12 @@ def read_interactions(spec: str, split: str = "random", test_fraction: float = T
         return data
     _tell_ignored(path, "ratings", *given)
     log = BadRowLog() if skip_bad_lines else None
-    ratings = read_ratings(path, log)
+    ratings, user_ids, item_ids = read_ratings_and_ids(path, log)
     _report(log)
-    return split_ratings(ratings, split, test_fraction, split_seed, min_rating, name=path.name, bad_rows=log)
+    data = split_ratings(ratings, split, test_fraction, split_seed, min_rating, name=path.name, bad_rows=log)
+    # the file's ids, for the model and `cf recommend` (sizes as before: --min-rating may drop the last ones)
+    data.user_ids, data.item_ids = user_ids[:data.num_users], item_ids[:data.num_items]
+    return data
 
 
 def _ml100k(path, split: str, split_seed: int, test_fraction: float, min_rating: int,
