@@ -211,3 +211,9 @@ def test_a_movielens_model_answers_in_movielens_ids(tmp_path, capsys):
         assert main(["cf", "recommend", str(model), "--all", "--k", "1", "--include-seen"]) == 0
         rows = [line.split(",") for line in capsys.readouterr().out.split()[1:]]
         assert [int(r[0]) for r in rows] == users and {int(r[2]) for r in rows} <= items
+
+
+def test_no_epoch_trained_is_said_not_shown_as_zero_samples_a_second(capsys):
+    text, s = _summary(capsys, "--epochs", "0")
+    assert s["epochs_done"] == 0 and s["train_samples_per_s"] == 0.0  # the key keeps its meaning
+    assert "training throughput  none: no epoch was trained" in text and "0 samples/s" not in text

@@ -230,13 +230,13 @@ def summary_rows(s: dict, ks) -> list[tuple[str, str]]:
 
 def throughput_row(s: dict) -> str | None:
     """Samples a second over the epochs after this process's first, which is timed apart (it
-    carries the warm-up), and where the HEAT kernels' compiling went; None where no epoch ran
-    (the shared row then stands)."""
+    carries the warm-up), and where the HEAT kernels' compiling went; None where this process
+    ran no epoch of a run that had some (the shared row then stands)."""
     from embcache.units import format_seconds
 
     first = s.get("first_epoch_seconds")
-    if first is None:
-        return None
+    if first is None:  # no epoch in this process: the run's own figures where it had any (a finished resume)
+        return None if s.get("train_seconds") else "none: no epoch was trained"
     compiled = s.get("compile_seconds")
     compiled = (f"; compiling the HEAT kernels took {format_seconds(compiled)} before it, not counted"
                 if compiled is not None else "")
