@@ -64,8 +64,8 @@ class CFTrainConfig(RunConfig):
                                               "holds out each user's latest interactions (default: none)")
     rating_col: str | None = setting(None, help="your file: a rating column, for --min-rating (default: none)")
     split: str = setting("auto", choices=("auto", "random", "time"),
-                         help="per user, a seeded random 20 %% or the latest 20 %% is the test set; auto: by time "
-                              "where your file has --time-col, else random")
+                         help="per user, a seeded random or the latest --test-fraction (20 %%) is the test set; auto: "
+                              "by time where your file has --time-col, else random")
     test_fraction: float = setting(TEST_FRACTION, type=open_fraction,
                                    help="ratings and synthetic: test share per user, strictly between 0 and 1 "
                                         "(rounded; every user keeps at least one interaction in train)")
