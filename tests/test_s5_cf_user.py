@@ -217,3 +217,24 @@ def test_no_epoch_trained_is_said_not_shown_as_zero_samples_a_second(capsys):
     text, s = _summary(capsys, "--epochs", "0")
     assert s["epochs_done"] == 0 and s["train_samples_per_s"] == 0.0  # the key keeps its meaning
     assert "training throughput  none: no epoch was trained" in text and "0 samples/s" not in text
+
+
+def test_parquet_float_ids_nan_is_missing_and_fractions_stay_apart(tmp_path):
+    """pandas writes integer ids with gaps as floats with NaN: NaN was an id "nan" (and made every id a
+    string "1.0"); 1.5 and 1.0 were one id 1."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from embcache.cf.data.table import read_table
+    from embcache.data.bad_rows import BadRowLog
+
+    gaps = tmp_path / "gaps.parquet"
+    pq.write_table(pa.table({"user_id": [1.0, 2.0, float("nan"), 1.0], "item_id": [7, 8, 9, 8]}), gaps)
+    with pytest.raises(DataFormatError, match=r"gaps\.parquet:3: empty 'user_id'"):
+        read_table(gaps, "user_id", "item_id")
+    log = BadRowLog()
+    table = read_table(gaps, "user_id", "item_id", bad_rows=log)
+    assert table.user_ids.tolist() == [1, 2] and log.total == 1
+    halves = tmp_path / "halves.parquet"
+    pq.write_table(pa.table({"user_id": [1.0, 1.5, 1.0, 1.5], "item_id": [1, 2, 2, 1]}), halves)
+    assert len(read_table(halves, "user_id", "item_id").user_ids) == 2

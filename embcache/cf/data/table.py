@@ -160,7 +160,9 @@ def _column(values: list, col: str, refuse, parse, noun: str) -> np.ndarray:
 
 
 def _blank(v) -> bool:
-    return v is None or (isinstance(v, str) and not v.strip())
+    """None, an empty string, or a float NaN: a missing value in a Parquet float column, as
+    pandas writes integer ids with gaps (it would be an id "nan" otherwise)."""
+    return v is None or (isinstance(v, str) and not v.strip()) or (isinstance(v, float) and v != v)
 
 
 def _number(v) -> float:
@@ -193,6 +195,8 @@ def _index(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _as_integers(tokens: np.ndarray) -> np.ndarray | None:
+    if any(isinstance(t, float) and not t.is_integer() for t in tokens):  # 1.5 is no integer id (int() said 1)
+        return None
     try:
         out = np.array([int(t) for t in tokens], dtype=np.int64)
     except (TypeError, ValueError, OverflowError):
