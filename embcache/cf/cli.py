@@ -238,7 +238,8 @@ def throughput_row(s: dict) -> str | None:
     if first is None:  # no epoch in this process: the run's own figures where it had any (a finished resume)
         return None if s.get("train_seconds") else "none: no epoch was trained"
     compiled = s.get("compile_seconds")
-    compiled = (f"; compiling the HEAT kernels took {format_seconds(compiled)} before it, not counted"
+    compiled = (f"; the HEAT kernels, compiled or loaded from numba's cache, took {format_seconds(compiled)} before "
+                f"it, not counted"
                 if compiled is not None else "")
     if s.get("steady_samples_per_s"):
         return (f"{s['steady_samples_per_s']:,.0f} samples/s over {s['steady_epochs']:,} epoch(s) after the first "
