@@ -239,3 +239,16 @@ def test_parquet_float_ids_nan_is_missing_and_fractions_stay_apart(tmp_path):
     halves = tmp_path / "halves.parquet"
     pq.write_table(pa.table({"user_id": [1.0, 1.5, 1.0, 1.5], "item_id": [1, 2, 2, 1]}), halves)
     assert len(read_table(halves, "user_id", "item_id").user_ids) == 2
+
+
+def test_a_cut_off_of_every_item_is_told(tmp_path, capsys):
+    model = tmp_path / "m.npz"
+    assert main(["cf", "train", "--data", "synthetic", "--synthetic-users", "60", "--synthetic-items", "80",
+                 "--synthetic-interactions", "1200", "--negatives", "4", "--threads", "1", "--no-progress",
+                 "--epochs", "1", "--save", str(model), "--k", "20", "80"]) == 0
+    assert "--k 80 is not below the 80 items" in capsys.readouterr().err
+    assert main(["cf", "evaluate", str(model), "--k", "10", "80", "200"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out.splitlines()[-1])["recall@200"] == 1.0
+    assert ("--k 80 200 is not below the 80 items: such a top k holds every item, so its Recall is 1.0 whatever "
+            "the model") in out.err

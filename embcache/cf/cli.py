@@ -262,7 +262,7 @@ def evaluate(args) -> int:
     """`cf evaluate`: the model's metrics on the test split of the data it was trained on."""
     from cpu_kernels.heat import max_threads
     from embcache.cf import trained_on
-    from embcache.cf.evaluation import evaluate_params, format_metrics, popularity
+    from embcache.cf.evaluation import evaluate_params, format_metrics, popularity, warn_of_large_k
 
     if args.threads is not None and not 1 <= args.threads <= max_threads():
         raise UserFacingError(f"--threads must be in 1..{max_threads()} on this machine")
@@ -281,6 +281,7 @@ def evaluate(args) -> int:
             print(f"note: {dropped:,} test interactions are among the {len(pairs[1]):,} {args.load} trained on: left "
                   f"out, the model is scored on the {data.num_test:,} it never saw", file=sys.stderr)
     ks = tuple(args.k)
+    warn_of_large_k(ks, data.num_items)
     result = evaluate_params(params, data, ks, args.topk)
     baseline = popularity(data, ks, args.topk)
     print(f"{params.config.model}: {format_metrics(result, ks)}  (popularity baseline: {format_metrics(baseline, ks)})")

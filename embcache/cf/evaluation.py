@@ -17,6 +17,8 @@ Example:
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
@@ -24,6 +26,8 @@ from cpu_kernels.heat import user_vectors
 from cpu_kernels.model import CFParams
 from embcache.cf.data.interactions import Interactions
 from embcache.errors import UserFacingError
+
+logger = logging.getLogger(__name__)
 
 BACKENDS = ("torch", "faiss")
 # bench/results/cf.json, "topk": torch was faster on this 2-core machine (see docs/heat.md)
@@ -74,6 +78,15 @@ def evaluate(user_vecs: np.ndarray, item_vecs: np.ndarray, train_indptr, train_i
     out = {key: (v / n if n else None) for key, v in sums.items()}
     out["users"] = int(len(users))
     return out
+
+
+def warn_of_large_k(ks, num_items: int) -> None:
+    """One warning where a cut-off is not below the item count: its top k is every item, so
+    Recall@k is 1 whatever the model, a figure that would pass for a score."""
+    large = [k for k in ks if k >= num_items]
+    if large:
+        logger.warning(f"--k {' '.join(map(str, large))} is not below the {num_items:,} items: such a top k holds "
+                       f"every item, so its Recall is 1.0 whatever the model")
 
 
 def popularity_scores(train_indices: np.ndarray, num_users: int, num_items: int):

@@ -180,7 +180,10 @@ class CFTrainer(Trainer):
 
     def _warn_of_settings(self) -> None:
         """Settings that run but are surely not what was meant: one line each."""
+        from embcache.cf.evaluation import warn_of_large_k
+
         items, pairs = self.data.num_items, self.data.num_train
+        warn_of_large_k(self.cfg.ks, items)
         if self.cfg.negatives > items:
             logger.warning(f"--negatives {self.cfg.negatives:,} is more than the {items:,} items: each pair's "
                            f"negatives repeat items (they are drawn with replacement)")
