@@ -31,8 +31,7 @@ def read_interactions(spec: str, split: str = "random", test_fraction: float = T
         >>> data.num_users, data.num_items, data.num_train + data.num_test
         (50, 60, 600)
     """
-    from embcache.cf.data.ratings import read_ratings_and_ids, split_ratings
-    from embcache.cf.data.table import is_table, read_table
+    from embcache.cf.data.table import is_table
 
     given = (split, test_fraction, split_seed, min_rating, columns)  # before "auto" is resolved
     if spec in ("synthetic", "ml-100k"):
@@ -64,21 +63,37 @@ def read_interactions(spec: str, split: str = "random", test_fraction: float = T
     elif not path.exists():
         raise DataFormatError(f"{path}: no such file or directory (--data takes {DATA_CHOICES})")
     elif is_table(path):
-        cols = columns or {}
-        if min_rating and not cols.get("rating"):
-            raise DataFormatError(f"{path}: --min-rating {min_rating} needs --rating-col, your file's rating column "
-                                  f"(without one every row counts as rated 1)")
-        log = BadRowLog() if skip_bad_lines else None
-        table = read_table(path, cols.get("user") or "user_id", cols.get("item") or "item_id", cols.get("time"),
-                           cols.get("rating"), log)
-        _report(log)
-        if split == "time" and not table.has_time:
-            raise DataFormatError(f"{path}: --split time needs the time column (--time-col)")
-        data = split_ratings(table.pairs, split, test_fraction, split_seed, min_rating, name=path.name,
-                             num_users=len(table.user_ids), num_items=len(table.item_ids), bad_rows=log)
-        data.user_ids, data.item_ids = table.user_ids, table.item_ids
-        return data
+        return _table(path, split, test_fraction, split_seed, min_rating, skip_bad_lines, columns or {})
     _tell_ignored(path, "ratings", *given)
+    return _ratings_file(path, split, test_fraction, split_seed, min_rating, skip_bad_lines)
+
+
+def _table(path: Path, split: str, test_fraction: float, split_seed: int, min_rating: int, skip_bad_lines: bool,
+           cols: dict) -> Interactions:
+    """Your CSV, TSV or Parquet file (`cols`: the column names given), split; its ids on the data."""
+    from embcache.cf.data.ratings import split_ratings
+    from embcache.cf.data.table import read_table
+
+    if min_rating and not cols.get("rating"):
+        raise DataFormatError(f"{path}: --min-rating {min_rating} needs --rating-col, your file's rating column "
+                              f"(without one every row counts as rated 1)")
+    log = BadRowLog() if skip_bad_lines else None
+    table = read_table(path, cols.get("user") or "user_id", cols.get("item") or "item_id", cols.get("time"),
+                       cols.get("rating"), log)
+    _report(log)
+    if split == "time" and not table.has_time:
+        raise DataFormatError(f"{path}: --split time needs the time column (--time-col)")
+    data = split_ratings(table.pairs, split, test_fraction, split_seed, min_rating, name=path.name,
+                         num_users=len(table.user_ids), num_items=len(table.item_ids), bad_rows=log)
+    data.user_ids, data.item_ids = table.user_ids, table.item_ids
+    return data
+
+
+def _ratings_file(path: Path, split: str, test_fraction: float, split_seed: int, min_rating: int,
+                  skip_bad_lines: bool) -> Interactions:
+    """A MovieLens ratings file (u.data, ratings.dat), split; MovieLens's ids on the data."""
+    from embcache.cf.data.ratings import read_ratings_and_ids, split_ratings
+
     log = BadRowLog() if skip_bad_lines else None
     ratings, user_ids, item_ids = read_ratings_and_ids(path, log)
     _report(log)
