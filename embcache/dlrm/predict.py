@@ -13,7 +13,8 @@ Inputs:
 
 A bad row stops the command in one line naming file and line (a Parquet file's row, from 1)
 and what is wrong: a line with another number of fields than the header, a dense value that
-is not a number, a label that is not 0 or 1, an id outside its table or not a whole number.
+is not a number, a label that is not 0 or 1 (1.0 and 0.0 read as 1 and 0,
+as `data prepare` reads them), an id outside its table or not a whole number.
 
 Output (`.csv` or `.parquet`, written under a temporary name, then renamed): `probability`
 per input row, in order, beside `label` where the input has one. Values a feature's
@@ -153,12 +154,15 @@ def _criteo_batch(path: Path, rows, features, labelled: bool):
     sparse = {f: [fields[first + CRITEO_DENSE + c] or None for _, fields in rows] for c, f in enumerate(features)}
     linenos = [lineno for lineno, _ in rows]
     labels = None
-    if labelled:
-        try:
-            labels = np.array([int(fields[0]) for _, fields in rows], dtype=np.int8)
-        except ValueError:
-            lineno = next(n for n, fields in rows if not fields[0].strip().isdigit())
-            raise UserFacingError(f"{path}:{lineno}: the label is not 0 or 1") from None
+    if labelled:  # read as `data prepare criteo` reads it: 1.0 is 1, 0.5 or 2 refused
+        import pyarrow as pa
+
+        from embcache.data.delimited import parse_label
+
+        labels, ok = parse_label(pa.array([fields[0] for _, fields in rows], pa.string()))
+        if not ok.all():
+            lineno, fields = rows[int(np.argmin(ok))]
+            raise UserFacingError(f"{path}:{lineno}: the label {fields[0]!r} is not 0 or 1")
     return sparse, dense, labels, lambda i: f"{path}:{linenos[i]}"
 
 
