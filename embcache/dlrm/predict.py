@@ -20,6 +20,8 @@ Output (`.csv` or `.parquet`, written under a temporary name, then renamed): `pr
 per input row, in order, beside `label` where the input has one. Values a feature's
 vocabulary never saw score as missing and are counted per feature in one line at the end;
 `--strict` refuses the first of them instead, naming file, line (or row), feature and value.
+An input with no rows (a header only, or an empty Criteo text file) is written as an output
+with no rows and the columns it would have had, and a line saying so.
 """
 from __future__ import annotations
 
@@ -49,26 +51,45 @@ def predict_command(args) -> int:
     except (OSError, ValueError) as err:
         raise UserFacingError(str(err)) from None
     probabilities, labels, unseen = [], [], {}
-    from tqdm import tqdm
-
     named = feature_names(model)
-    with tqdm(desc="predict", unit=" rows", disable=not args.progress) as bar:
-        for sparse, dense, label, where in raw_batches(source, model, args.batch_rows):
+    for sparse, dense, label, where in _with_progress(raw_batches(source, model, args.batch_rows), args.progress):
+        if len(dense):
             probabilities.append(_scored(model, sparse, dense, source, where, args.strict, unseen, named))
-            if label is not None:
-                labels.append(label)
-            bar.update(len(dense))
+        if label is not None:
+            labels.append(label)
     columns = {"probability": np.concatenate(probabilities) if probabilities else np.zeros(0, np.float32)}
     if labels:
         columns = {"label": np.concatenate(labels), **columns}
     write_columns(columns, out)
-    print(f"wrote {len(columns['probability']):,} predictions to {out}")
+    if len(columns["probability"]):
+        print(f"wrote {len(columns['probability']):,} predictions to {out}")
+    else:
+        print(f"{source} has no rows: wrote {out} with no predictions (columns {', '.join(columns)})")
     if unseen:
         from embcache.serve import describe_unseen
 
         counts = {named.get(f, f): n for f, n in unseen.items()}
         print(describe_unseen(counts, len(columns["probability"])).replace("strict scoring", "--strict"))
     return 0
+
+
+def _with_progress(batches, enabled: bool):
+    """`batches`, counted by a progress bar opened at the first row: an input refused before
+    any (an empty file, a bad header) or with none (a header only) gets its one line without
+    a "0 rows" bar before it."""
+    from tqdm import tqdm
+
+    bar = None
+    try:
+        for batch in batches:
+            if bar is None and len(batch[1]):
+                bar = tqdm(desc="predict", unit=" rows", disable=not enabled)
+            yield batch
+            if bar is not None:
+                bar.update(len(batch[1]))
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def feature_names(model) -> dict[str, str]:
@@ -209,6 +230,7 @@ def _table_batches(path: Path, model, batch_rows: int, parquet: bool):
         blocks = _numbered_parquet(pq.ParquetFile(path).iter_batches(batch_size=batch_rows))
     else:
         blocks = read_blocks(path, names, delimiter, True, wrong_width)
+    empty = True
     for block, first, lines in blocks:
         _refuse_wrong_width(path, wrong_width)
         numbers = lines.of(first + np.arange(block.num_rows))
@@ -219,9 +241,13 @@ def _table_batches(path: Path, model, batch_rows: int, parquet: bool):
             block = block.select([n for n in block.schema.names if n in renamed])
             block = block.rename_columns([renamed[n] for n in block.schema.names])
         for start in range(0, block.num_rows, batch_rows):
+            empty = False
             yield _table_batch(path, block.slice(start, batch_rows), numbers[start:start + batch_rows], model,
                                parquet, {v: c for c, v in renamed.items()})
     _refuse_wrong_width(path, wrong_width)
+    if empty:  # a header and no rows: one batch of none, so that the output keeps the input's label column
+        labelled = "label" in (renamed.values() if renamed else names)
+        yield {f: [] for f in model.features}, np.zeros((0, k)), np.zeros(0, np.int8) if labelled else None, str
 
 
 def _numbered_parquet(batches):
