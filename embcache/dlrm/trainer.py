@@ -144,7 +144,9 @@ class DLRMTrainer(Trainer):
     # the run skeleton's warning when the run ends below its best AUC (`embcache.train.best_score`)
     headline = ("auc", True, "the summary and the checkpoint hold the last model, not the best; a further epoch "
                              "over the same data often overfits a CTR model (one epoch is usual): keep --epochs "
-                             "(or --max-steps) at the best one, or lower --lr")
+                             "(or --max-steps) at the best one, or lower --lr",
+                "the summary and the checkpoint hold the last model, not the best, which was in the middle of an "
+                "epoch: end the run there with --max-steps {step}, or lower --lr")
 
     def __init__(self, cfg: DLRMConfig, data_dir: str | Path):
         from embcache.data.ctr_format import held_out_days, load_id_frequencies, read_meta

@@ -12,15 +12,18 @@ from __future__ import annotations
 import math
 
 
-def below_best(history: list[dict], headline: tuple[str, bool, str] | None) -> str:
+def below_best(history: list[dict], headline: tuple | None) -> str:
     """The warning when the last record of `history` (the model the run ends with) scores
-    worse on `headline` (score key, higher is better, advice) than the run's best record;
-    '' when it does not, or when the last record has no such score. Every record counts,
-    those before a resume too (the checkpoint keeps the history) and evaluations in the
-    middle of an epoch; of equal bests the first is named."""
+    worse on `headline` (score key, higher is better, advice[, advice when the best was in
+    the middle of an epoch, `{step}` its step]) than the run's best record; '' when it does
+    not, or when the last record has no such score. Every record counts, those before a
+    resume too (the checkpoint keeps the history) and evaluations in the middle of an epoch;
+    of equal bests the first is named. A run whose best was in the middle of an epoch is
+    told the step to stop at: "keep --epochs at the best one" cannot end a run there, and a
+    one-epoch run had no further epoch to blame."""
     if headline is None or not history:
         return ""
-    key, higher_is_better, advice = headline
+    key, higher_is_better, advice, *mid_epoch = headline
     scored = [r for r in history if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
     last = history[-1]
     if not scored or scored[-1] is not last:
@@ -29,6 +32,8 @@ def below_best(history: list[dict], headline: tuple[str, bool, str] | None) -> s
     best = max(scored, key=lambda r: sign * r[key])
     if sign * last[key] >= sign * best[key]:
         return ""
+    if mid_epoch and best.get("partial"):
+        advice = mid_epoch[0].format(step=best["step"])
     return (f"{key} {last[key]:.4f} {_when(last)} is {'below' if higher_is_better else 'above'} the best of the "
             f"run, {best[key]:.4f} {_when(best)}: {advice}")
 

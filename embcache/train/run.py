@@ -98,8 +98,8 @@ class Trainer:
     must_match: ClassVar[tuple[str, ...]] = ()
     only_raised: ClassVar[tuple[str, ...]] = ()
     setting_names: ClassVar[dict[str, str]] = {}  # config field -> its flag, for messages
-    # (score key, higher is better, advice): a warning when the run ends scoring worse than its best (`below_best`)
-    headline: ClassVar[tuple[str, bool, str] | None] = None
+    # (score key, higher is better, advice[, advice for a best mid-epoch]): the warning of a run ending below its best
+    headline: ClassVar[tuple | None] = None
     pipelined: bool = False  # losses stay on the device between reads (else read at every step)
 
     def __init__(self, cfg: RunConfig, device: torch.device | None = None):
