@@ -52,7 +52,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     add_config_arguments(p, DLRMConfig, ["eviction", "warmup_ratio", "admission", "bookkeeping", "kernels", "host_store", "row_dtype",
                                          "row_rounding", "sparse_optimizer", "sparse_lr", "dense_lr", "embedding_dim",
                                          "dense_arch", "over_arch", "batch_size", "arch", "precision", "cuda_graphs"])
-    add_run_arguments(p, DLRMConfig, "dlrm")
+    add_run_arguments(p, DLRMConfig, "dlrm", unset=["epochs"])  # None: not given, so `--days` may set it
     ahead = add_config_arguments(p, DLRMConfig, ["prefetch_depth"])["prefetch"]
     ahead.add_argument("--no-prefetch", action="store_true", help="do not prefetch (--prefetch-depth 0)")
     add_config_arguments(p, DLRMConfig, ["pipeline", "readers", "compile", "row_wise_rows", "overlap_exchange"])
@@ -248,11 +248,13 @@ def train(args) -> int:
     from embcache.dlrm.trainer import DLRMConfig, DLRMTrainer
 
     values = config_values(args, DLRMConfig)
+    epochs = values.pop("epochs")
     cfg = DLRMConfig(**{**values, "cache_ratio": "fit" if values["cache_ratio"] is None else values["cache_ratio"],
-                        "prefetch_depth": 0 if args.no_prefetch else args.prefetch_depth})
+                        "prefetch_depth": 0 if args.no_prefetch else args.prefetch_depth,
+                        **({} if epochs is None else {"epochs": epochs})})
     try:
         cfg.resolved_device()
-        refuse_idle_day_options(cfg)
+        refuse_idle_day_options(cfg, epochs)
         refuse_existing_run(args, "dlrm")
         apply_threads(args)
         data_dir = _prepared_once(args)
@@ -270,11 +272,16 @@ def train(args) -> int:
     return 0
 
 
-def refuse_idle_day_options(cfg) -> None:
+def refuse_idle_day_options(cfg, epochs: int | None = None) -> None:
     """Options that act only beside `--days` (or, for `--eval-every` in a `--days` run, beside
     `--eval-next-day`), refused in one line before any data is prepared: `--eval-every`
     without a next day to score printed "trained (no next day evaluated)" every N steps and
-    evaluated nothing, and `--allow-test-days` alone passed unremarked."""
+    evaluated nothing, and `--allow-test-days` alone passed unremarked. `epochs`, the
+    `--epochs` given (None: not given), is refused beside a `--days` that counts other days:
+    the days won, without a word."""
+    if cfg.days is not None and epochs is not None and epochs != cfg.epochs:
+        raise ValueError(f"--epochs {epochs} and --days {cfg.days}: a --days run trains one epoch a day ({cfg.epochs} "
+                         f"here); leave out --epochs")
     if cfg.days is None:
         alone = [flag for flag, on in (("--eval-next-day", cfg.eval_next_day),
                                        ("--allow-test-days", cfg.allow_test_days)) if on]

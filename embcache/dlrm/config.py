@@ -193,7 +193,8 @@ class DLRMConfig(StepRunConfig):
     days: str | None = setting(
         None, type=day_range, metavar="A-B",
         help="data written day by day (splits day_0, day_1, ...): train on day_A .. day_B in order, one day an "
-             "epoch (sets --epochs; default: none, the train split)")
+             "epoch (in place of --epochs, refused beside it unless it counts as many; default: none, the train "
+             "split)")
     eval_next_day: bool = setting(
         False, help="with --days: after training on a day, evaluate on the next day's split before training on "
                     "it (Criteo Terabyte's protocol; --eval-every N scores that day every N steps too); without "
