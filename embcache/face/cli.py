@@ -134,7 +134,10 @@ def _config(args):
     values = config_values(args, FaceConfig)
     if values.get("num_classes") is None:
         values["num_classes"] = FaceConfig.num_classes if args.data == "synthetic" else 0
-    return FaceConfig(**values)
+    try:  # settings that are bad only together (a margin too large for its kind), before any data is read
+        return FaceConfig(**values)
+    except ValueError as err:
+        raise UserFacingError(str(err)) from None
 
 
 def train(args) -> int:

@@ -2,6 +2,7 @@
 that `embcache face --help` shows them without importing torch."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from embcache.arg_types import fraction, int_in, non_negative_float, non_negative_int, positive_float, positive_int, ratio
@@ -18,6 +19,9 @@ MUST_MATCH = ("data", "holdout", "head", "num_classes", "pool_ratio", "sample_ra
                "synthetic_noise")
 # how the probe net's batch norms divide the global batch under torchrun (see the field)
 BATCH_NORMS = ("global", "local")
+# the largest margin (exclusive) of each margin softmax: there the target logit of a feature on its
+# class centre, cos(m) (arcface, m in radians) or 1 - m (cosface), falls to 0, an orthogonal class's
+MARGIN_LIMITS = {"arcface": (math.pi / 2, "[0, pi/2) radians (pi/2 = 1.571)"), "cosface": (1.0, "[0, 1)")}
 
 
 @dataclass
@@ -54,7 +58,9 @@ class FaceConfig(StepRunConfig):
                                    "may change it, as it may change the number of ranks")
     margin_type: str = setting("arcface", choices=MARGINS,
                                help="arcface: an additive angular margin; cosface: an additive cosine margin")
-    margin: float = setting(0.3, type=non_negative_float, help="additive angular (arcface) or cosine margin")
+    margin: float = setting(0.3, type=non_negative_float,
+                            help="additive angular margin in radians (arcface, below pi/2) or cosine margin "
+                                 "(cosface, below 1)")
     scale: float = setting(32.0, type=positive_float, help="logit scale s")
     topk: int = setting(5, type=positive_int, help="dcp: k of the out-of-pool loss (over the top-k cosines)")
     gallery_momentum: float = setting(0.99, type=fraction, help="dcp: EMA momentum of the gallery net")
@@ -83,3 +89,17 @@ class FaceConfig(StepRunConfig):
 
     # the value a setting had, in effect, in checkpoints written before it existed
     settings_added_later = {"holdout": 0.0, "precision": "fp32"}
+
+    def __post_init__(self) -> None:
+        check_margin(self.margin_type, self.margin)
+
+
+def check_margin(kind: str, margin: float) -> None:
+    """ValueError, in the flags' words, for a margin the loss cannot train with: from the
+    limit on, a feature on its own class centre scores no more than an unrelated class at 90
+    degrees, so no feature can meet the margin (an arcface margin of 5 radians was accepted
+    without a word, and trained nothing)."""
+    limit, words = MARGIN_LIMITS.get(kind, (math.inf, ""))
+    if not 0 <= margin < limit:
+        raise ValueError(f"--margin {margin:g} with --margin-type {kind}: the margin must be in {words}, or a "
+                         f"feature on its class centre scores no more than a class at 90 degrees and nothing is learnt")
