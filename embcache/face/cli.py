@@ -48,9 +48,20 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
     e = sub.add_parser("evaluate", help="evaluate a checkpoint on held-out identities / verification files",
                        formatter_class=fmt, description="Load the probe net of a face checkpoint and report "
-                                                        "verification (and, on synthetic data, identification).")
+                                                        "verification (and, on synthetic data or an image folder's "
+                                                        "held-out identities, identification). Without --val it "
+                                                        "scores what the run scored, reading its training data "
+                                                        "for the held-out identities; with --val it scores those "
+                                                        "files alone, without the training data (--heldout adds "
+                                                        "the held-out identities).")
     e.add_argument("checkpoint", help="a face checkpoint file, or the --checkpoint-dir holding face-last.pt")
     add_config_arguments(e, FaceConfig, ["val", "device"], unset=["val"], unset_note="(default: the run's --val)")
+    e.add_argument("--heldout", action="store_true",
+                   help="with --val: also score the run's own held-out identities (synthetic, or the image "
+                        "folder's --holdout), which reads its training data; without --val they always are")
+    e.add_argument("--data", default=None, metavar="DIR",
+                   help="where the run's training data is now, if it moved (default: the path the checkpoint "
+                        "recorded); read only to score its held-out identities")
     add_trust_argument(e)
     e.set_defaults(func=evaluate)
     _add_use_parsers(sub)
@@ -185,36 +196,86 @@ def train(args) -> int:
 
 def evaluate(args) -> int:
     """Evaluate in this process, or under torchrun with every rank embedding its share of
-    the held-out samples (rank 0 scores them and alone prints)."""
+    the held-out samples (rank 0 scores them and alone prints). With --val alone, the
+    checkpoint's network (`probe_spec`) scores the files and the training data is not read:
+    it may have moved, and naming a path the user did not type would be a puzzle."""
     from embcache.face.evaluation import format_epoch, unresolved_notes
-    from embcache.face.trainer import FaceConfig, FaceTrainer
+    from embcache.face.trainer import FaceConfig
     from embcache.train.run import checkpoint_to_evaluate
 
     try:
-        _, ck, cfg = checkpoint_to_evaluate(args.checkpoint, "face", FaceConfig, args.device)
+        path, ck, cfg = checkpoint_to_evaluate(args.checkpoint, "face", FaceConfig, args.device)
     except (ValueError, OSError) as err:
         raise UserFacingError(str(err)) from None
     if args.val is not None:
         cfg.val = list(args.val)
+    if args.data is not None:
+        if cfg.data == "synthetic":
+            raise UserFacingError(f"{path}: trained on synthetic identities, which are generated, not read: "
+                                  f"--data does not apply")
+        cfg.data = args.data
+    alone = bool(args.val) and not args.heldout and ck.get("probe_spec") is not None
 
     def body():
         try:
-            trainer = FaceTrainer(cfg)
-            note = nothing_evaluated(trainer)
-            if note:
-                raise ValueError(f"{args.checkpoint}: nothing to evaluate: {note}")
-            trainer.probe.load_state_dict(ck["probe"])
-            return trainer.evaluate()
+            return (_score_val_files if alone else _score_with_data)(args, path, ck, cfg)
         except (ValueError, OSError) as err:
             raise UserFacingError(str(err)) from None
 
-    metrics, world = run_launched(cfg, body)
+    (metrics, hints), world = run_launched(cfg, body)
     if world.is_main:
-        for line in unresolved_notes(metrics, set()):
+        for line in unresolved_notes(metrics, set(), hints):
             logger.warning(line)
         print(format_epoch({"epoch": ck["epoch"], **metrics}))
         print(json.dumps(metrics))
     return 0
+
+
+def _score_val_files(args, path, ck: dict, cfg) -> tuple[dict, dict]:
+    """(scores, no hints): the --val files alone, through the network the checkpoint records,
+    each rank embedding its share of their images."""
+    from embcache.distributed.world import current
+    from embcache.face.data.verification import load_val_sets
+    from embcache.face.evaluation import embed_shared, score_val_sets
+    from embcache.nn.backbones import build_backbone
+    from embcache.train import precision
+
+    spec, world = ck["probe_spec"], current()
+    device = world.device(cfg.resolved_device())
+    val_sets = load_val_sets(cfg.val, tuple(spec["sample_shape"]), cfg.image_size or 112)
+    probe = build_backbone(spec["backbone"], spec["feat_dim"], tuple(spec["sample_shape"]))
+    probe.load_state_dict(ck["probe"])
+    probe = probe.to(device).eval()
+    precision.autocast_modules([probe], precision.resolve(cfg.precision, device), device)
+    embed_fn = lambda samples, flip: embed_shared(probe, samples, world, device, flip, spec["feat_dim"])  # noqa: E731
+    return score_val_sets(val_sets, embed_fn, world.is_main), {}
+
+
+def _score_with_data(args, path, ck: dict, cfg) -> tuple[dict, dict]:
+    """(scores, hints) of the run's own evaluation (synthetic or held-out identities, and its
+    --val files), which rebuilds its training data: where that is not found, the line says
+    it is the path the checkpoint recorded and how to point to where it is now."""
+    from pathlib import Path
+
+    from embcache.face.evaluation import pair_hints
+    from embcache.face.trainer import FaceTrainer
+
+    if cfg.data != "synthetic" and not Path(cfg.data).exists():
+        if args.data is not None:
+            raise ValueError(f"{args.data}: no such directory (--data, where the run's training data is now)")
+        why = ("the checkpoint predates recording its network's shape, which --val alone needs"
+               if args.val and not args.heldout else "--heldout scores the run's held-out identities" if args.val
+               else "it holds the run's held-out identities")
+        raise ValueError(f"{cfg.data}: the training data recorded in {path}, not found ({why}): give --data DIR "
+                         f"where it is now"
+                         + ("" if args.val else ", or --val FILE to score verification files without it"))
+    trainer = FaceTrainer(cfg)
+    note = nothing_evaluated(trainer)
+    if note:
+        raise ValueError(f"{args.checkpoint}: nothing to evaluate: {note}")
+    trainer.probe.load_state_dict(ck["probe"])
+    metrics = trainer.evaluate()
+    return metrics, pair_hints(trainer.source, cfg.eval_pairs, metrics)
 
 
 def _head_state_scope(s: dict) -> str:

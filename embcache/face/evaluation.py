@@ -35,6 +35,33 @@ def embed(model: torch.nn.Module, samples: torch.Tensor, batch_size: int = 512,
     return torch.cat(out) if out else torch.empty(0)
 
 
+def embed_shared(model: torch.nn.Module, samples: torch.Tensor, world, device: torch.device | str,
+                 flip: bool, feat_dim: int) -> torch.Tensor:
+    """`embed` under several ranks (`world`, a `embcache.distributed.world.World`): each rank
+    embeds its slice of `samples` and the slices are gathered, in order, on every rank."""
+    if not world.distributed:
+        return embed(model, samples, device=device, flip=flip)
+    from embcache.distributed.gathers import gather_rows
+    from embcache.partition import slice_bounds
+
+    n, size = samples.shape[0], world.size
+    lo, hi = world.slice(n)
+    own = embed(model, samples[lo:hi], device=device, flip=flip) if hi > lo else torch.zeros(0, feat_dim)
+    return gather_rows(own, [b - a for a, b in (slice_bounds(n, size, r) for r in range(size))])
+
+
+def score_val_sets(val_sets: dict, embed_fn, scores: bool = True) -> dict:
+    """Verification of each `--val` set (`load_val_sets`: name -> first images, second
+    images, is-same), each image embedded with its mirror by `embed_fn(samples, flip=True)`
+    (collective under several ranks); scored where `scores` (rank 0), else `{}`."""
+    out = {}
+    for name, (a, b, same) in val_sets.items():
+        ea, eb = embed_fn(a, flip=True), embed_fn(b, flip=True)
+        if scores:
+            out[name] = verification(ea, eb, same)
+    return out
+
+
 def _best_threshold(scores: np.ndarray, same: np.ndarray) -> float:
     """The threshold (predict same when score > t) with the highest accuracy on these pairs."""
     order = np.argsort(scores)
@@ -100,9 +127,10 @@ def tar_text(scores: dict, far: float) -> str:
     return f"{scores[f'tar@far={far:g}']:.4f}" if far_resolved(scores, far) else "n/a"
 
 
-def unresolved_note(name: str, scores: dict) -> str | None:
+def unresolved_note(name: str, scores: dict, hint: str | None = None) -> str | None:
     """The line that says, once, why the TAR@FAR figures of verification set `name` show as
-    n/a: its impostor pairs are too few for those FARs (None when they are enough)."""
+    n/a: its impostor pairs are too few for those FARs (None when they are enough), with
+    `hint` (`pair_hints`: how to get more) after it."""
     fars = [float(k.split("=", 1)[1]) for k in scores if k.startswith("tar@far=")]
     low = [far_text(f) for f in fars if not far_resolved(scores, f)]
     if not low:
@@ -111,19 +139,42 @@ def unresolved_note(name: str, scores: dict) -> str | None:
     pairs = scores.get("negatives", round(1 / least))
     return (f"{name}: {pairs:,} impostor pairs resolve FAR >= {far_text(least)} only: TAR@FAR={' and '.join(low)} "
             f"cannot be measured on them and show as n/a (the result's figures are kept, flagged "
-            f"\"resolved@far=...\": false)" + ("; a larger --holdout gives more pairs" if name == "heldout" else ""))
+            f"\"resolved@far=...\": false)" + (f"; {hint}" if hint else ""))
 
 
-def unresolved_notes(record: dict, said: set[str]) -> list[str]:
+def unresolved_notes(record: dict, said: set[str], hints: dict[str, str] | None = None) -> list[str]:
     """`unresolved_note` of each verification set of `record` (an epoch's scores) that is
-    not in `said` yet, which gains them: a command says it once, not on every epoch's line."""
+    not in `said` yet, which gains them: a command says it once, not on every epoch's line.
+    `hints`: by set name, how more pairs would be had (`pair_hints`)."""
     out = []
     for name, scores in record.items():
-        note = unresolved_note(name, scores) if isinstance(scores, dict) and name not in said else None
+        note = (unresolved_note(name, scores, (hints or {}).get(name))
+                if isinstance(scores, dict) and name not in said else None)
         if note:
             said.add(name)
             out.append(note)
     return out
+
+
+def pair_hints(source, eval_pairs: int, record: dict) -> dict[str, str]:
+    """How an image folder's held-out evaluation (`record["heldout"]`) would get more impostor
+    pairs, by what limits them now: the cap of `eval_pairs`, every identity that can be held
+    out already held out (as at --holdout 1), or --holdout. "A larger --holdout" was said in
+    every case, where it could not help in the first two."""
+    held, can = len(getattr(source, "heldout_paths", None) or ()), getattr(source, "holdable", None)
+    scores = record.get("heldout")
+    if not held or not isinstance(scores, dict) or can is None:
+        return {}
+    cap = eval_pairs // 2
+    if scores.get("negatives", 0) >= cap:
+        return {"heldout": f"held-out pairs are capped at {cap:,} impostor pairs: a --val file with more pairs "
+                           f"measures lower FARs"}
+    if held < can:
+        return {"heldout": f"a larger --holdout gives more pairs (it holds out {held:,} of the {can:,} identities "
+                           f"it can)"}
+    return {"heldout": f"every identity that can be held out is ({held:,}: all with two or more images but the 2 "
+                       f"kept to train), so a larger --holdout cannot help: more identities with two or more "
+                       f"images, or a --val file (lfw.bin), give more pairs"}
 
 
 def format_epoch(record: dict) -> str:

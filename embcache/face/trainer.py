@@ -46,8 +46,8 @@ from embcache.distributed.data_parallel import data_parallel
 from embcache.distributed.global_norm import average_running_stats, forward_apart, global_batch_norm
 from embcache.distributed.world import broadcast_object, gather_objects
 from embcache.nn.backbones import build_backbone
-from embcache.face.evaluation import (embed, format_epoch, heldout_pairs, identification, unresolved_notes,
-                                      verification)
+from embcache.face.evaluation import (embed_shared, format_epoch, heldout_pairs, identification, pair_hints,
+                                      score_val_sets, unresolved_notes, verification)
 from embcache.settings_fields import option_names
 from embcache.face.config import MUST_MATCH, FaceConfig  # noqa: F401 (their home before)
 from embcache.face.head_factory import build_head, pool_slots
@@ -254,10 +254,7 @@ class FaceTrainer(Trainer):
                 out["synthetic"].update(identification(eg, gl, ep, pl))
         if getattr(self.source, "heldout_paths", None):
             out.update(self._evaluate_heldout(scores))
-        for path, (a, b, same) in self.val_sets.items():
-            ea, eb = self._embed(a, flip=True), self._embed(b, flip=True)
-            if scores:
-                out[Path(path).stem] = verification(ea, eb, same)
+        out.update(score_val_sets(self.val_sets, self._embed, scores))
         return broadcast_object(out if scores else None)
 
     def _evaluate_heldout(self, scores: bool) -> dict:
@@ -282,18 +279,7 @@ class FaceTrainer(Trainer):
         return {"heldout": out} if out else {}
 
     def _embed(self, samples: torch.Tensor, flip: bool = False) -> torch.Tensor:
-        """The probe's normalised embeddings of `samples`; under several ranks each rank
-        embeds its slice and the slices are gathered (in order) on every rank."""
-        if not self.world.distributed:
-            return embed(self.probe, samples, device=self.device, flip=flip)
-        from embcache.distributed.gathers import gather_rows
-        from embcache.partition import slice_bounds
-
-        n, size = samples.shape[0], self.world.size
-        lo, hi = self.world.slice(n)
-        own = embed(self.probe, samples[lo:hi], device=self.device, flip=flip) if hi > lo \
-            else torch.zeros(0, self.cfg.feat_dim)
-        return gather_rows(own, [b - a for a, b in (slice_bounds(n, size, r) for r in range(size))])
+        return embed_shared(self.probe, samples, self.world, self.device, flip, self.cfg.feat_dim)
 
     def evaluate_epoch(self) -> dict:
         """`evaluate` (collective), after per-rank batch norm's running statistics are made
@@ -303,7 +289,7 @@ class FaceTrainer(Trainer):
         self._share_running_stats()
         scores = self.evaluate()
         if self.world.is_main:
-            for line in unresolved_notes(scores, self._far_noted):
+            for line in unresolved_notes(scores, self._far_noted, pair_hints(self.source, self.cfg.eval_pairs, scores)):
                 logger.warning(line)
         return scores
 

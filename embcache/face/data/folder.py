@@ -124,6 +124,9 @@ class ImageFolderFaces(IndexedFaces):
         if not any(files):
             raise DataFormatError(f"{self.root}: no images found (expected <root>/<identity>/<image>.jpg)")
         held = set(held_out_identities([len(f) for f in files], holdout, seed))
+        # the most identities any --holdout holds out (`held_out_identities`): what a larger one can reach
+        eligible = sum(len(f) >= 2 for f in files)
+        self.holdable = eligible - 2 if eligible >= 4 else 0
         paths, labels, names = [], [], []
         for i, (d, imgs) in enumerate(zip(identities, files)):
             if i in held:

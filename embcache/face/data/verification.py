@@ -55,15 +55,47 @@ def write_verification_bin(path: str | os.PathLike, images: list[bytes], issame:
     return path
 
 
+# the names the run's own evaluations take in a record (synthetic identities, an image folder's held-out ones)
+RESERVED_NAMES = ("synthetic", "heldout")
+
+
+def val_names(paths: list[str]) -> dict[str, str]:
+    """Each `--val` file's name in the epoch line, the summary, the JSON and the metrics: its
+    stem (`lfw`), or where two files share one (`a/lfw.bin`, `b/lfw.bin`) or it is the name of
+    the run's own evaluation (`heldout.bin`), as many of its folders before it as tell it
+    apart (`a/lfw`, `b/lfw`, `mine/heldout`): both are scored, where one name overwrote the
+    other's results. The same file given twice is refused, as it would only be scored twice.
+
+    Example:
+        >>> val_names(["x/lfw.bin", "y/lfw.bin", "x/cfp_fp.bin"])
+        {'x/lfw.bin': 'x/lfw', 'y/lfw.bin': 'y/lfw', 'x/cfp_fp.bin': 'cfp_fp'}
+    """
+    full = {p: Path(p).resolve().with_suffix("").parts for p in paths}
+    seen: dict[tuple, str] = {}
+    for p, parts in full.items():
+        if parts in seen:
+            raise DataFormatError(f"{p}: given to --val twice (also as {seen[parts]})")
+        seen[parts] = p
+    depth = dict.fromkeys(paths, 1)
+    while True:
+        names = {p: "/".join(full[p][-depth[p]:]) for p in paths}
+        taken = list(names.values()) + list(RESERVED_NAMES)
+        clash = [p for p in paths if taken.count(names[p]) > 1 and depth[p] < len(full[p])]
+        if not clash:
+            return names
+        for p in clash:
+            depth[p] += 1
+
+
 def load_val_sets(paths: list[str], sample_shape: tuple[int, ...], image_size: int,
                   min_pairs: int = 20) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Every `--val` file, loaded and checked when the run starts rather than at its first
+    """Every `--val` file by its name (`val_names`), loaded and checked when the run starts rather than at its first
     evaluation: a missing or unscorable file found then would cost the epoch before it,
     which no checkpoint holds yet. DataFormatError naming the file where the net embeds
     feature vectors (no image can go through it) or the file has fewer than `min_pairs`
     pairs (10-fold verification needs two a fold)."""
     out = {}
-    for path in paths:
+    for path, name in val_names(paths).items():
         if len(sample_shape) != 3:
             raise DataFormatError(f"{path}: a verification file holds images, and this run's net embeds "
                                   f"{tuple(sample_shape)} feature vectors (synthetic data with --image-size 0): "
@@ -72,5 +104,5 @@ def load_val_sets(paths: list[str], sample_shape: tuple[int, ...], image_size: i
         if len(same) < min_pairs:
             raise DataFormatError(f"{path}: {len(same)} pairs, fewer than the {min_pairs} that 10-fold "
                                   f"verification needs")
-        out[path] = a, b, same
+        out[name] = a, b, same
     return out
