@@ -168,7 +168,7 @@ def test_min_rating_that_keeps_nothing_is_one_line(tmp_path, capsys):
 
 def test_a_large_test_fraction_still_leaves_every_user_a_training_pair(tmp_path, capsys):
     # every user has two ratings; --test-fraction 0.9 rounded both into test, and the run was refused with
-    # "no training interactions after the split": now each user keeps one in train (tests/test_s5_cf_user.py)
+    # "no training interactions after the split": now each user keeps one in train (tests/test_cf_walkthrough.py)
     path = _ratings(tmp_path / "u.data", [(u, i) for u in range(1, 20) for i in (1, 2)])
     out = _train(["--data", path, "--test-fraction", 0.9, "--epochs", 1], capsys)
     assert "19 users, 2 items, 19 train / 19 test interactions" in out

@@ -19,8 +19,9 @@ def _face(identity: int, shot: int, size: int = 16) -> np.ndarray:
     return np.clip(base + noise, 0, 255).astype(np.uint8)
 
 
-def _bin(path, pairs: int):
+def _bin(path, pairs: int = 30):
     """A verification file of `pairs` pairs, every other one genuine."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     images, same = [], []
     for i in range(pairs):
         a = i % 5
@@ -32,7 +33,7 @@ def _bin(path, pairs: int):
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("s5faces")
+    root = tmp_path_factory.mktemp("faces")
     for who in range(6):
         (root / "data" / f"p{who}").mkdir(parents=True)
         for shot in range(3):
@@ -108,7 +109,7 @@ def test_verify_given_a_directory_is_one_line(trained_folder, capsys):
 
 @pytest.fixture(scope="module")
 def vector_checkpoint(tmp_path_factory):
-    ck = tmp_path_factory.mktemp("s5vectors") / "ck"
+    ck = tmp_path_factory.mktemp("vectors") / "ck"
     assert main(["face", "train", "--num-classes", "40", "--eval-classes", "20", "--batch-size", "16",
                  "--epochs", "1", "--no-progress", "--checkpoint-dir", str(ck)]) == 0
     return ck

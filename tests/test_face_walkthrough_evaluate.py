@@ -6,33 +6,14 @@ import math
 import shutil
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 from embcache.cli import main
 from embcache.face.data.images import encode_jpeg
-from embcache.face.data.verification import write_verification_bin
+from tests.test_face_walkthrough import _bin, _face
 
 TRAIN = ["--image-size", "16", "--backbone", "cnn", "--head", "fc", "--batch-size", "8", "--epochs", "1",
          "--no-progress"]
-
-
-def _face(identity: int, shot: int, size: int = 16) -> np.ndarray:
-    base = np.random.default_rng((identity, 0)).integers(0, 256, (size, size, 3))
-    noise = np.random.default_rng((identity, shot + 1)).integers(-20, 21, base.shape)
-    return np.clip(base + noise, 0, 255).astype(np.uint8)
-
-
-def _bin(path, pairs: int = 30):
-    """A verification file of `pairs` pairs, every other one genuine."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    images, same = [], []
-    for i in range(pairs):
-        a = i % 5
-        b = a if i % 2 == 0 else (a + 1) % 5
-        images += [encode_jpeg(_face(a, 10 + i)), encode_jpeg(_face(b, 40 + i))]
-        same.append(a == b)
-    return write_verification_bin(path, images, same)
 
 
 def _folder(root, identities: int = 6, shots: int = 4):
@@ -47,7 +28,7 @@ def _folder(root, identities: int = 6, shots: int = 4):
 def run(tmp_path_factory):
     """6 identities of 4 images, all that can be held out held out (--holdout 1: 4, the 2 left
     train), and a --val file named heldout.bin; two other files both named lfw.bin."""
-    root = tmp_path_factory.mktemp("s5face2")
+    root = tmp_path_factory.mktemp("face_evaluate")
     _folder(root / "data")
     for name in ("a/lfw.bin", "b/lfw.bin", "c/heldout.bin"):
         _bin(root / name)
