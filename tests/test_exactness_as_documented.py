@@ -3,10 +3,7 @@ code covered only part of what is stated (an outside reviewer's audit)."""
 import pytest
 import torch
 
-from embcache import CachedEmbeddingBag
 from embcache.face.trainer import FaceTrainer
-from tests.cache_helpers import reference_bag, zipf_batches
-from tests.test_cache_exactness import LR, N, D, assert_same_table
 from tests.test_face_train import small
 from tests.test_row_dtype import CASES, OPTIMIZERS, train_both
 
@@ -36,31 +33,6 @@ def test_half_rows_on_a_mapped_store_for_each_optimizer(optimizer, dtype, roundi
     bag, ref = train_both(optimizer, dtype, rounding, steps=30, host_store=f"mmap:{tmp_path}")
     assert torch.equal(bag.full_weight(), ref.weight)
     assert (tmp_path / "weight.bin").stat().st_size == ref.weight.numel() * 2
-
-
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "rowwise_adagrad"])
-def test_prefetched_training_equals_uncached_for_every_optimizer(optimizer):
-    """docs/cache.md, "Exactness, to the bit": all four optimizers, with prefetches too
-    (tests/test_cache_exactness.py prefetches under Adam only). Each batch's prefetch is
-    issued between the previous batch's forward and backward, as the trainer's pipeline
-    does, in a cache that evicts."""
-    torch.manual_seed(0)
-    w0 = torch.randn(N, D)
-    ref, opt = reference_bag(w0, "sum", optimizer, LR)
-    bag = CachedEmbeddingBag(N, D, cache_ratio=0.03, optimizer=optimizer, lr=LR, weight=w0, device="cpu",
-                             eviction="lru")
-    batches = zipf_batches(N, 60, 32, 3)
-    bag.prefetch(*batches[0])
-    for i, (ids, offsets) in enumerate(batches):
-        opt.zero_grad()
-        ref(ids, offsets).sum().backward()
-        opt.step()
-        out = bag(ids, offsets)
-        if i + 1 < len(batches):
-            bag.prefetch(*batches[i + 1])
-        out.sum().backward()
-    assert bag.cache_stats()["evictions"] > 0
-    assert_same_table(bag, ref, optimizer)
 
 
 def test_a_full_fc_face_run_resumes_bit_for_bit(tmp_path):
