@@ -31,6 +31,7 @@ names its file in "split_frequency_files".
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -235,7 +236,7 @@ class CTRDatasetWriter:
             if shard is None or shard[1] >= self.rows_per_shard:
                 shard = self._open_shard(split)
             take = min(n - start, self.rows_per_shard - shard[1])
-            with writing(self.out / self.splits[split]["files"][-1]):
+            with self._writing(self.out / self.splits[split]["files"][-1]):
                 shard[0].write_table(table.slice(start, take), row_group_size=self.row_group_rows)
             shard[1] += take
             self.splits[split]["rows"] += take
@@ -245,7 +246,7 @@ class CTRDatasetWriter:
         """Close `split`'s full shard (if any) and open its next one; the others stay open."""
         self._close_shard(split)
         relative = f"{split}/part-{len(self.splits[split]['files']):05d}.parquet"
-        with writing(self.out / relative):
+        with self._writing(self.out / relative):
             (self.out / split).mkdir(parents=True, exist_ok=True)
             # each page with its CRC: a damaged shard's row group can be named (`shard_check`)
             self._open[split] = [pq.ParquetWriter(self.out / relative, self.schema, compression=self.compression,
@@ -256,9 +257,32 @@ class CTRDatasetWriter:
     def _close_shard(self, split: str) -> None:
         shard = self._open.pop(split, None)
         if shard is not None:
-            with writing(self.out / self.splits[split]["files"][-1]):
-                shard[0].close()
+            try:
+                with self._writing(self.out / self.splits[split]["files"][-1]):
+                    shard[0].close()
+            finally:
+                shard[0].is_open = False  # closed or failed: never again from its __del__
             record_shard(self.shard_crcs, self.out, self.splits[split]["files"][-1])
+
+    @contextlib.contextmanager
+    def _writing(self, path: Path):
+        """`writing(path)`, and on its error every open shard abandoned: a full disk fails
+        the others too, and each writer's `__del__` would print a traceback of its own
+        beside the one-line error (the staged output is removed anyway)."""
+        try:
+            with writing(path):
+                yield
+        except DataOutputError:
+            self.abandon()
+            raise
+
+    def abandon(self) -> None:
+        """Close every open shard, quietly: the data set will not be finished."""
+        shards, self._open = self._open, {}
+        for writer, _ in shards.values():
+            with contextlib.suppress(OSError, pa.ArrowException):
+                writer.close()
+            writer.is_open = False
 
     def cut(self) -> None:
         """Close every open shard: the next rows of any split start a new file (so a run of
