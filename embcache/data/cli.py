@@ -77,7 +77,7 @@ def _add_out(p: argparse.ArgumentParser, default: str | None = None) -> None:
     """--out (required unless `default`) and --force."""
     p.add_argument("--out", required=default is None, default=default,
                    help="output directory: written whole or not at all (a temporary directory beside it is "
-                        "renamed into place at the end; a failed run leaves nothing)")
+                        "renamed into place at the end; a failed run, Ctrl-C or SIGTERM leaves nothing)")
     p.add_argument("--force", action="store_true", help="replace --out when it is not empty")
 
 

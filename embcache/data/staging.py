@@ -1,12 +1,15 @@
 """A data set written whole or not at all: `staged_output` gives a temporary directory beside
 the output, renamed into place when the writing ends well and removed when it does not (an
-error, Ctrl-C), so `--out` never holds half a data set and a failed run leaves nothing. An
+error, Ctrl-C, SIGTERM), so `--out` never holds half a data set and a failed run leaves nothing. An
 existing non-empty output is replaced only when asked (`force`). Light: no torch."""
 from __future__ import annotations
 
 import contextlib
 import os
 import shutil
+import signal
+import sys
+import threading
 from pathlib import Path
 
 from embcache.errors import DataOutputError, UserFacingError, describe_os_error, writing
@@ -55,24 +58,53 @@ def staged_output(out: str | os.PathLike, force: bool = False, inputs=()):
     """
     out = check_replaceable(out, force, inputs)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    with _terminate_as_exit():  # from before the directory is made: a SIGTERM at any point leaves none
+        try:
+            _make_directory(out, tmp)
+            yield tmp
+        except UserFacingError as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if len(err.args) == 1 and isinstance(err.args[0], str):
+                err.args = (err.args[0].replace(str(tmp), str(out)),)
+            raise
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    with writing(out):
+        _move_into_place(tmp, out)
+
+
+def _make_directory(out: Path, tmp: Path) -> None:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)  # left by a process of the same id killed outright
         tmp.mkdir()
     except OSError as err:  # named as the user wrote it, not as the temporary directory
         raise DataOutputError(describe_os_error(OSError(err.errno, err.strerror), out, "cannot write")) from None
+
+
+@contextlib.contextmanager
+def _terminate_as_exit():
+    """SIGTERM (`kill`, `timeout`, a job scheduler) as SystemExit(143) while a data set is
+    written, so the temporary directory is removed as after Ctrl-C: the default action ends
+    the process at once and left a half-written copy of the data set behind (gigabytes, on
+    the disk it was to fill). Only in the main thread, and only where SIGTERM had its default
+    action."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def stop(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM: stop at once
+        print("embcache: stopped by SIGTERM; the unfinished data set is removed", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
     try:
-        yield tmp
-    except UserFacingError as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if len(err.args) == 1 and isinstance(err.args[0], str):
-            err.args = (err.args[0].replace(str(tmp), str(out)),)
-        raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    with writing(out):
-        _move_into_place(tmp, out)
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _move_into_place(tmp: Path, out: Path) -> None:
