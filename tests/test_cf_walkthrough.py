@@ -187,15 +187,6 @@ def test_recommend_from_an_embeddings_only_file_says_so(suffix, tmp_path, capsys
                    f"training items a model needs): train with --save FILE.npz for a whole model")
 
 
-def test_a_csv_with_a_byte_order_mark_is_refused_saying_so(tmp_path, capsys):
-    path = tmp_path / "excel.csv"
-    rows = b"".join(b"u%d,i%d\n" % (u, i) for u in range(4) for i in range(3))
-    path.write_bytes(b"\xef\xbb\xbfuser_id,item_id\n" + rows)
-    assert main(["cf", "train", "--data", str(path), "--no-progress"]) == 1
-    err = capsys.readouterr().err.strip()  # it said "no column 'user_id'; it has '\ufeffuser_id', ..."
-    assert len(err.splitlines()) == 1 and f"{path}:1: starts with a UTF-8 byte-order mark" in err
-
-
 def test_a_movielens_model_answers_in_movielens_ids(tmp_path, capsys):
     """MovieLens numbers users and items from 1: the model spoke its 0-based indices, so `--users 1` gave
     the second user's recommendations and the last user was 'not in the model'."""

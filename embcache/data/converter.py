@@ -200,9 +200,18 @@ def _check_arguments(src: TextSource, out_dir: str | os.PathLike, min_count: int
     # CTRDatasetWriter checks rows_per_shard too, but it is made only after pass 1
     check_whole("rows_per_shard", rows_per_shard, 1)
     for path in src.files:
-        if not Path(path).is_file():
-            raise format_error(path, None, "no such file")
+        check_input_file(path)
     check_output_dir(out_dir)
+
+
+def check_input_file(path: str | os.PathLike) -> None:
+    """One line unless `path` is a file: a directory is said to be one (a folder of CSV parts
+    is no input here), where "no such file" sent the user looking for a typo."""
+    if Path(path).is_dir():
+        raise format_error(path, None, "a directory, not a file: --input takes one file (join the parts of a "
+                                       "split export into one first)")
+    if not Path(path).is_file():
+        raise format_error(path, None, "no such file")
 
 
 def _convert_raw(src: TextSource, out_dir: str | os.PathLike, source: str, progress: bool, block_bytes: int,

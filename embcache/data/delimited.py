@@ -26,6 +26,7 @@ from embcache.data.bad_rows import BadRowLog
 from embcache.errors import first_line, format_error
 
 BLOCK_BYTES = 16 << 20  # ~100k Criteo lines per block
+BOM = "\ufeff"  # a UTF-8 byte-order mark, as decoded
 _NUMBER = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
 
 
@@ -195,9 +196,12 @@ def first_non_utf8(path: str | os.PathLike, limit: int | None = None) -> tuple[i
     return None
 
 
-def _check_header(path: Path, column_names: list[str], delimiter: str) -> None:
-    """The first line must name exactly `column_names` (before pyarrow sees the file, so the
-    error says what is wrong rather than which column pyarrow missed)."""
+def header_fields(path: str | os.PathLike, delimiter: str) -> tuple[list[str], str]:
+    """(the column names of the first line, the line itself), read as the block reader reads
+    it: a UTF-8 byte-order mark at the start (Excel's "CSV UTF-8") is no part of the first
+    name, since pyarrow drops it too; otherwise every reader that checks a header against
+    the blocks' column names would refuse a file the blocks read well."""
+    path = Path(path)
     try:
         with pa.input_stream(str(path), compression="detect") as stream:
             first = stream.read(1 << 16).split(b"\n", 1)[0].decode("utf-8", "replace").rstrip("\r")
@@ -205,7 +209,15 @@ def _check_header(path: Path, column_names: list[str], delimiter: str) -> None:
         raise format_error(path, None, "no such file") from None
     except (OSError, pa.ArrowException) as err:
         raise format_error(path, None, f"cannot read: {first_line(err)}") from None
+    first = first.removeprefix(BOM)
     names = next(csv.reader([first]), []) if delimiter == "," else first.split(delimiter)  # quoted as the reader reads
+    return names, first
+
+
+def _check_header(path: Path, column_names: list[str], delimiter: str) -> None:
+    """The first line must name exactly `column_names` (before pyarrow sees the file, so the
+    error says what is wrong rather than which column pyarrow missed)."""
+    names, first = header_fields(path, delimiter)
     if names != column_names:
         raise format_error(path, 1, f"header {first[:120]!r} does not name the expected columns "
                                     f"{delimiter.join(column_names)[:120]!r}")

@@ -24,8 +24,6 @@ file's row).
 """
 from __future__ import annotations
 
-import csv
-import gzip
 import os
 from pathlib import Path
 
@@ -33,9 +31,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from embcache.data.converter import Parsed, RowChecks, TextSource, convert, hashed_fraction
+from embcache.data.converter import Parsed, RowChecks, TextSource, check_input_file, convert, hashed_fraction
 from embcache.data.ctr_format import DENSE_LOG1P
-from embcache.data.delimited import parse_count_feature, parse_label, parse_numbers64, string_keys
+from embcache.data.delimited import header_fields, parse_count_feature, parse_label, parse_numbers64, string_keys
 from embcache.errors import DataFormatError, check_whole, format_error
 
 SPLITS = ("random", "time:COLUMN", "tail")
@@ -72,12 +70,7 @@ def file_columns(path: Path) -> tuple[list[str], str | None]:
     delimiter = "," if name.endswith(".csv") else "\t" if name.endswith((".tsv", ".tab", ".txt")) else None
     if delimiter is None:
         raise format_error(path, None, "not .csv, .tsv, .txt or .parquet (.gz for text): the format is unknown")
-    opener = gzip.open if path.name.lower().endswith(".gz") else open
-    try:
-        with opener(path, "rt", encoding="utf-8", errors="replace", newline="") as f:
-            header = next(csv.reader(f, delimiter=delimiter), None)
-    except OSError as err:
-        raise format_error(path, None, f"cannot read ({err})") from None
+    header, _ = header_fields(path, delimiter)  # as the block reader reads it (a byte-order mark is no name)
     if not header:
         raise format_error(path, 1, "the file is empty: a header line naming the columns comes first")
     return header, delimiter
@@ -180,10 +173,9 @@ def convert_own(input_path: str | os.PathLike, out_dir: str | os.PathLike, *, la
     check_whole("seed", seed, 0, 2**32)
     if dense_transform not in DENSE_TRANSFORMS:
         raise ValueError(f"dense_transform must be one of {DENSE_TRANSFORMS}, got {dense_transform!r}")
-    if not path.is_file():
-        raise format_error(path, None, "no such file")
+    check_input_file(path)
     names, delimiter = file_columns(path)
-    _check_columns(path, names, label, dense, sparse, time_col)
+    _check_columns(path, names, label, dense, sparse, time_col, header_line=None if delimiter is None else 1)
     used = list(dict.fromkeys([label, *dense, *sparse, *([time_col] if time_col else [])]))
     cuts = _TimeCuts(held_out, seed) if kind == "time" else None
 
@@ -219,8 +211,10 @@ def convert_own(input_path: str | os.PathLike, out_dir: str | os.PathLike, *, la
 
 
 def _check_columns(path: Path, names: list[str], label: str, dense: list[str], sparse: list[str],
-                   time_col: str | None) -> None:
-    """One line naming the columns asked for that `path` lacks, and the ones it has."""
+                   time_col: str | None, header_line: int | None = None) -> None:
+    """One line naming the columns asked for that `path` lacks, and the ones it has; or one
+    it names twice (a spreadsheet's copied column): which of the two is meant is unknown,
+    and the reader would stop on it with a traceback."""
     if not sparse:
         raise ValueError("name at least one categorical column (--sparse-cols): they are the embedding tables")
     if not dense:
@@ -230,6 +224,11 @@ def _check_columns(path: Path, names: list[str], label: str, dense: list[str], s
     if missing:
         has = ", ".join(names[:30]) + (" ..." if len(names) > 30 else "")
         raise DataFormatError(f"{path}: no column {', '.join(map(repr, missing))}; it has {has}")
+    repeated = [c for c in dict.fromkeys(wanted) if names.count(c) > 1]
+    if repeated:
+        where = "header" if header_line else "schema"
+        raise format_error(path, header_line, f"the {where} names column {repeated[0]!r} {names.count(repeated[0])} "
+                                              f"times: rename all but one, so that it is clear which is meant")
     named = [label, *dense, *sparse]  # the time column may be one of them too
     twice = [c for c in dict.fromkeys(named) if named.count(c) > 1]
     if twice:

@@ -110,19 +110,13 @@ def _read_columns(path: Path, suffix: str, wanted: list[str],
 def _read_text_columns(path: Path, delimiter: str, wanted: list[str],
                        bad_rows: BadRowLog | None) -> tuple[dict, np.ndarray, tuple | None]:
     """`_read_columns` of a CSV or TSV file, block by block (`read_blocks`)."""
-    import csv
+    from embcache.data.delimited import header_fields, is_empty_line, read_blocks
 
-    from embcache.data.delimited import is_empty_line, read_blocks
-
-    line = path.open(encoding="utf-8", errors="replace").readline().rstrip("\r\n")
+    header, line = header_fields(path, delimiter)  # a byte-order mark (Excel's "CSV UTF-8") is no name
     if not line.strip():  # no header to list: say what the file lacks, not "it has ''"
         raise format_error(path, None if path.stat().st_size == 0 else 1,
                            f"{'the file is empty' if path.stat().st_size == 0 else 'an empty header line'}: "
                            f"expected a header naming the columns {', '.join(map(repr, wanted))}")
-    if line.startswith("\ufeff"):  # Excel's "CSV UTF-8": the shared block reader takes its header as it is
-        raise format_error(path, 1, "starts with a UTF-8 byte-order mark (as Excel's \"CSV UTF-8\" writes): save it "
-                                    "as plain CSV, or drop the file's first 3 bytes (sed -i '1s/^\\xEF\\xBB\\xBF//')")
-    header = next(csv.reader([line])) if delimiter == "," else line.split(delimiter)
     _check_columns(path, header, wanted)
     log = BadRowLog() if bad_rows is None else bad_rows
     columns: dict[str, list] = {c: [] for c in wanted}
