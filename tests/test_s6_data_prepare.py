@@ -142,3 +142,22 @@ def test_sigterm_during_prepare_removes_the_unfinished_data_set(tmp_path):
     assert child.returncode == 128 + signal.SIGTERM, err
     assert err.strip() == "embcache: stopped by SIGTERM; the unfinished data set is removed"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv"]
+
+
+def test_a_quoted_newline_where_a_block_ends_keeps_its_row_whole(tmp_path):
+    """A block cut at the newline inside a quoted field broke that row in two: one "wrong
+    column count" row and the row's value mangled, depending only on where the block ended."""
+    from embcache.data.bad_rows import BadRowLog
+    from embcache.data.delimited import read_blocks
+
+    lines = ["a,b"] + [f'{i},"x{i}"' for i in range(300)]
+    text = "\n".join(lines).replace('"x200"', '"x\n200"') + "\n"
+    path = tmp_path / "in.csv"
+    path.write_text(text)
+    at = text.index('"x\n200"')
+    for block_bytes in range(at - 12, at + 12):
+        log = BadRowLog()
+        values = [v for block, _, _ in read_blocks(path, ["a", "b"], ",", True, log, block_bytes)
+                  for v in block.column("b").to_pylist()]
+        assert values == [f"x{i}" if i != 200 else "x\n200" for i in range(300)], block_bytes
+        assert not log.files[str(path)].count, block_bytes

@@ -109,7 +109,10 @@ def read_blocks(path: str | os.PathLike, column_names: list[str], delimiter: str
                 stream,
                 read_options=pacsv.ReadOptions(column_names=None if header else column_names,
                                                block_size=block_bytes, use_threads=False),
+                # a quoted CSV field may hold a newline: without newlines_in_values a block cut at
+                # that newline broke its row in two (a "bad" row, the row's data mangled)
                 parse_options=pacsv.ParseOptions(delimiter=delimiter, quote_char='"' if delimiter == "," else False,
+                                                 newlines_in_values=delimiter == ",",
                                                  ignore_empty_lines=False, invalid_row_handler=on_invalid),
                 convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in column_names},
                                                      include_columns=column_names, strings_can_be_null=False,
