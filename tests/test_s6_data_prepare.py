@@ -161,3 +161,13 @@ def test_a_quoted_newline_where_a_block_ends_keeps_its_row_whole(tmp_path):
                   for v in block.column("b").to_pylist()]
         assert values == [f"x{i}" if i != 200 else "x\n200" for i in range(300)], block_bytes
         assert not log.files[str(path)].count, block_bytes
+
+
+def test_names_with_spaces_after_the_commas_are_shown_with_their_spaces(tmp_path, capsys):
+    """"a, b" files: it said "no column 'price'; it has clicked,  price, ...", the spaces that
+    part ' price' from 'price' lost in the listing."""
+    path = tmp_path / "spaced.csv"
+    path.write_text(HEADER.replace(",", ", ") + "\n" + "\n".join(r.replace(",", ", ") for r in rows()) + "\n")
+    assert own(path, tmp_path / "o") == 1
+    err = one_error_line(capsys)
+    assert f"{path}: no column 'price', 'user', 'item'; it has 'clicked', ' price', ' user', ' item': spaces" in err

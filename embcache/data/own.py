@@ -223,6 +223,10 @@ def _check_columns(path: Path, names: list[str], label: str, dense: list[str], s
     missing = [c for c in dict.fromkeys(wanted) if c not in names]
     if missing:
         has = ", ".join(names[:30]) + (" ..." if len(names) > 30 else "")
+        spaced = [n for n in names if n != n.strip() and n.strip() in missing]
+        if spaced:  # "a, b, c": the listing above hid the spaces that part the names asked for from the file's
+            has = (f"{', '.join(map(repr, names[:30]))}: spaces around the names (and so the values too) are "
+                   f"part of them in CSV; write the file with a plain {','!r} between the fields")
         raise DataFormatError(f"{path}: no column {', '.join(map(repr, missing))}; it has {has}")
     repeated = [c for c in dict.fromkeys(wanted) if names.count(c) > 1]
     if repeated:
