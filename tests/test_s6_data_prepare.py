@@ -171,3 +171,20 @@ def test_names_with_spaces_after_the_commas_are_shown_with_their_spaces(tmp_path
     assert own(path, tmp_path / "o") == 1
     err = one_error_line(capsys)
     assert f"{path}: no column 'price', 'user', 'item'; it has 'clicked', ' price', ' user', ' item': spaces" in err
+
+
+def test_ml100k_files_saved_by_an_editor_with_a_byte_order_mark_and_crlf_lose_no_line(tmp_path, capsys):
+    """The mark made u.data's line 1 a bad row ("1 bad rows, first at lines [1]")."""
+    src = tmp_path / "ml"
+    src.mkdir()
+    users = [f"{u}|{20 + u}|{'MF'[u % 2]}|student|1000{u}" for u in range(1, 11)]
+    items = [f"{i}|Movie {i} (1995)|01-Jan-1995||http://x|" + "|".join(str(int(g == i % 19)) for g in range(19))
+             for i in range(1, 21)]
+    data = [f"{1 + k % 10}\t{1 + k % 20}\t{1 + k % 5}\t{880000000 + k}" for k in range(200)]
+    (src / "u.user").write_bytes(BOM + "\r\n".join(users).encode() + b"\r\n")
+    (src / "u.item").write_bytes(BOM + "\r\n".join(items).encode("latin-1") + b"\r\n")
+    (src / "u.data").write_bytes(BOM + "\r\n".join(data).encode())
+    assert main(["data", "prepare", "ml-100k", "--input", str(src), "--out", str(tmp_path / "o")]) == 0
+    meta = read_meta(tmp_path / "o")
+    assert sum(i["rows"] for i in meta["splits"].values()) == 200, capsys.readouterr().err
+    assert not any(v.get("count") for v in meta["bad_rows"].values()), meta["bad_rows"]

@@ -213,10 +213,14 @@ def _parsed(path: Path, numbered, parse):
 
 
 def _lines(path: Path, encoding: str):
-    """(line number, text) for every line; a final newline does not make an extra line."""
+    """(line number, text) for every line; a final newline does not make an extra line. A
+    UTF-8 byte-order mark that an editor put before the first line is no part of it (it made
+    line 1 a bad row), in a latin-1 file too, where it reads as three letters."""
     try:
         with open(path, encoding=encoding, newline="") as f:
             for number, line in enumerate(f, 1):
+                if number == 1:
+                    line = line.removeprefix("\ufeff" if encoding == "utf-8" else "\xef\xbb\xbf")
                 yield number, line.rstrip("\r\n")
     except UnicodeDecodeError as err:
         raise format_error(path, None, f"not {encoding} text ({err.reason} at byte {err.start})") from None
