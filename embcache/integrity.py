@@ -108,16 +108,39 @@ def verify_zip(path: str | os.PathLike, what: str = "file", file=None) -> bool:
         if got != want:
             raise ChecksumError(f"{path}: corrupt {what}: CRC-32 {got:08x}, written with {want:08x}; it changed after "
                                 f"it was written (a disk or copy error?) and is not used")
+        check_entries(path, what, file, size)  # a valid seal proves no more than that the file arrived as written
         return True
     if not (tail[-_EOCD_BYTES:-_EOCD_BYTES + 4] == _EOCD and tail[-2:] == b"\0\0"):
         raise ChecksumError(f"{path}: corrupt or truncated {what} (its end is neither embcache's checksum nor a "
                             f"zip's end record)")
+    check_entries(path, what, file, size)
     key = str(path.resolve())
     if key not in _noted:
         _noted.add(key)
         logger.warning(f"{path} has no checksum (written before embcache sealed its files): it cannot be "
                        f"verified, and is used as it is")
     return False
+
+
+def check_entries(path: Path, what: str, file, size: int) -> None:
+    """Every entry of the zip stored as it is, inside the file: torch and numpy write no
+    other, and a compressed entry from someone else is a zip bomb's way to make a 200 KB file
+    fill 200 MB (1,000 times; a 200 MB checkpoint, 200 GB) before a byte of it is checked.
+    Stored, an entry's bytes are the file's, so what a load allocates is bounded by its size.
+    ChecksumError naming the file and the entry otherwise (its central directory is read only)."""
+    import zipfile
+
+    try:
+        file.seek(0)
+        entries = zipfile.ZipFile(file).infolist()
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as err:
+        raise ChecksumError(f"{path}: corrupt or truncated {what} (its zip directory: {err})") from None
+    for e in entries:
+        if e.compress_type != zipfile.ZIP_STORED or e.file_size != e.compress_size \
+                or e.header_offset + e.compress_size > size:
+            raise ChecksumError(f"{path}: not a {what} embcache reads: its entry {e.filename[:80]!r} holds "
+                                f"{e.file_size:,} bytes in {e.compress_size:,} (compressed, or beyond the file's "
+                                f"{size:,}); torch and numpy store every entry as it is, so it is not used")
 
 
 @contextlib.contextmanager
