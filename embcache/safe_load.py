@@ -30,7 +30,7 @@ import os
 import pickle
 from pathlib import Path
 
-from embcache.errors import CheckpointError
+from embcache.errors import CheckpointError, DataFormatError
 
 # The one list of what a load may construct besides torch's own tensors and containers:
 # numpy arrays and scalars (plain data; an object array's items pass the same unpickler).
@@ -164,3 +164,34 @@ def add_trust_argument(parser) -> None:
                         help="load a checkpoint that needs Python types beyond plain data (one written by an "
                              "earlier version), which lets it run any code: only for a file from someone you "
                              "trust (default: such a file is refused)")
+
+
+def read_json_object(path: str | os.PathLike, what: str = "file") -> dict:
+    """The JSON object in `path` (a meta.json, a manifest, a table header): one
+    DataFormatError line naming the file for anything else. Python's parser meets a file
+    from someone else with more than ValueError: nesting a few thousand levels deep is a
+    RecursionError, an integer of 5,000 digits a ValueError that is no JSONDecodeError."""
+    import json
+
+    path = Path(path)
+    try:
+        value = json.loads(path.read_text())
+    except RecursionError:
+        raise DataFormatError(f"{path}: cannot read the {what}: nested too deeply") from None
+    except json.JSONDecodeError as err:
+        raise DataFormatError(f"{path}:{err.lineno}: not JSON: {err.msg}") from None
+    except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise DataFormatError(f"{path}: cannot read the {what}: {getattr(err, 'strerror', None) or err}") from None
+    if not isinstance(value, dict):
+        raise DataFormatError(f"{path}: not a readable {what}: a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def inside(name) -> bool:
+    """Whether a file name a file from someone else stores (a shard in meta.json, a table
+    in a manifest) stays inside the folder it is read from: a relative path without `..`.
+    `../x` or `/etc/x` would read a file the user never handed over."""
+    if not isinstance(name, str) or not name or "\0" in name:
+        return False
+    path = Path(name)
+    return not (path.is_absolute() or path.drive or ".." in path.parts)

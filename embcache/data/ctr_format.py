@@ -364,19 +364,16 @@ def check_output_dir(out_dir: str | os.PathLike) -> Path:
 
 def read_meta(data_dir: str | os.PathLike) -> dict:
     """meta.json of a prepared data set, checked: format, version, keys, and that every shard
-    it lists exists. Raises DataFormatError (one line naming the file) otherwise."""
+    it lists exists inside the data directory (a meta.json from someone else naming `../x` or
+    `/x` is refused). Raises DataFormatError (one line naming the file) otherwise."""
+    from embcache.safe_load import inside, read_json_object
+
     path = Path(data_dir) / META
     if not path.is_file():
         raise format_error(path, None, "missing; prepare the data with `embcache data prepare ...`")
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as err:
-        raise format_error(path, None, f"cannot read: {err}") from None
-    except json.JSONDecodeError as err:
-        raise format_error(path, err.lineno, f"not JSON: {err.msg}") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise format_error(path, None, f"not an {FORMAT} meta.json (format={meta.get('format')!r})"
-                           if isinstance(meta, dict) else f"not an {FORMAT} meta.json")
+    meta = read_json_object(path, "meta.json")
+    if meta.get("format") != FORMAT:
+        raise format_error(path, None, f"not an {FORMAT} meta.json (format={meta.get('format')!r})")
     if meta.get("version") != VERSION:
         raise format_error(path, None, f"version {meta.get('version')!r}; this code reads version {VERSION}")
     for key in ("num_dense", "sparse", "splits", "id_frequency_file"):
@@ -384,10 +381,20 @@ def read_meta(data_dir: str | os.PathLike) -> dict:
             raise format_error(path, None, f"lacks the key {key!r}")
     if meta.get("keys", "ids") not in KEY_MODES:
         raise format_error(path, None, f"keys {meta.get('keys')!r}: expected one of {', '.join(KEY_MODES)}")
-    for split, info in meta["splits"].items():
-        for rel in info.get("files", []):
-            if not (Path(data_dir) / rel).is_file():
-                raise format_error(path, None, f"lists {rel} (split {split!r}) but that file is missing")
+    splits, freq_files = meta["splits"], meta.get("split_frequency_files") or {}
+    if not isinstance(splits, dict) or not isinstance(freq_files, dict) or not all(
+            isinstance(i, dict) and isinstance(i.get("files", []), list) for i in splits.values()):
+        raise format_error(path, None, "its splits are not {split: {\"files\": [...]}}")
+    shards = [(rel, f"split {split!r}") for split, info in splits.items() for rel in info.get("files", [])]
+    counts = [(v.get("file") if isinstance(v, dict) else v, f"the counts of split {k!r}")
+              for k, v in freq_files.items()]
+    for rel, what in shards + counts + [(meta["id_frequency_file"], "its id frequencies")]:
+        if not inside(rel):
+            raise format_error(path, None, f"lists {str(rel)[:200]!r} ({what}), outside the data directory; a "
+                                           f"prepared data set names only files inside it, so it is not used")
+    for rel, what in shards:
+        if not (Path(data_dir) / rel).is_file():
+            raise format_error(path, None, f"lists {rel} ({what}) but that file is missing")
     return meta
 
 
