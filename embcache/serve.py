@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from embcache.errors import DataFormatError, first_line
 from embcache.integrity import file_crc32
+from embcache.safe_load import inside, read_json_object
 
 DENSE_LOG1P = "log1p(max(x, 0))"  # `embcache.data.ctr_format.DENSE_LOG1P` (this module imports no data code)
 
@@ -257,19 +258,19 @@ class ExportedDLRM:
     def __init__(self, directory: str | os.PathLike):
         self.directory = Path(directory)
         path = self.directory / "manifest.json"
-        try:
-            self.manifest = json.loads(path.read_text())
-        except (OSError, ValueError) as err:
-            raise DataFormatError(f"{path}: cannot read the export's manifest ({err})") from None
+        self.manifest = read_json_object(path, "export manifest")
         if self.manifest.get("format") != EXPORT_FORMAT:
             raise DataFormatError(f"{path}: not an {EXPORT_FORMAT} manifest")
-        check_named_files(self.directory, self.manifest)
-        verify_files(self.directory, self.manifest)
-        self.features = [t["feature"] for t in self.manifest["tables"]]
-        self.multi_hot = {t["feature"]: t["multi_hot"] for t in self.manifest["tables"]}
-        self.tables = [_read_table(self.directory / t["file"]) for t in self.manifest["tables"]]
-        self.lookups = [_lookup(self.directory, t) for t in self.manifest["tables"]]
-        dense = self.directory / self.manifest["dense_model"]["file"]
+        try:  # a manifest from someone else may hold anything where a list or a key belongs
+            check_named_files(self.directory, self.manifest)
+            verify_files(self.directory, self.manifest)
+            self.features = [t["feature"] for t in self.manifest["tables"]]
+            self.multi_hot = {t["feature"]: t["multi_hot"] for t in self.manifest["tables"]}
+            self.tables = [_read_table(self.directory / t["file"]) for t in self.manifest["tables"]]
+            self.lookups = [_lookup(self.directory, t) for t in self.manifest["tables"]]
+            dense = self.directory / self.manifest["dense_model"]["file"]
+        except (KeyError, TypeError, AttributeError) as err:
+            raise DataFormatError(f"{path}: not a readable export manifest ({type(err).__name__}: {err})") from None
         check_dense_program(dense)
         self.dense_model = torch.export.load(dense).module()
 
@@ -491,8 +492,7 @@ def check_named_files(directory: Path, manifest: dict) -> None:
     for name in named:
         if name is None:
             continue
-        path = Path(str(name))
-        if path.is_absolute() or path.drive or ".." in path.parts:
+        if not inside(name):
             raise DataFormatError(f"{directory / 'manifest.json'}: names {name!r}, outside the export's folder; "
                                   f"an export names only files inside it, so it is not used")
 
