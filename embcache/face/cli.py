@@ -237,15 +237,13 @@ def _score_val_files(args, path, ck: dict, cfg) -> tuple[dict, dict]:
     from embcache.distributed.world import current
     from embcache.face.data.verification import load_val_sets
     from embcache.face.evaluation import embed_shared, score_val_sets
-    from embcache.nn.backbones import build_backbone
+    from embcache.face.use import probe_from_spec
     from embcache.train import precision
 
     spec, world = ck["probe_spec"], current()
     device = world.device(cfg.resolved_device())
+    probe = probe_from_spec(path, spec, ck.get("probe")).to(device).eval()  # checked before it sizes anything
     val_sets = load_val_sets(cfg.val, tuple(spec["sample_shape"]), cfg.image_size or 112)
-    probe = build_backbone(spec["backbone"], spec["feat_dim"], tuple(spec["sample_shape"]))
-    probe.load_state_dict(ck["probe"])
-    probe = probe.to(device).eval()
     precision.autocast_modules([probe], precision.resolve(cfg.precision, device), device)
     embed_fn = lambda samples, flip: embed_shared(probe, samples, world, device, flip, spec["feat_dim"])  # noqa: E731
     return score_val_sets(val_sets, embed_fn, world.is_main), {}

@@ -24,7 +24,6 @@ def load_probe(checkpoint, device="cpu", images: bool = False):
     with `images`, a network of feature vectors (the synthetic default) is refused at once,
     naming the file and how to train one that embeds images."""
     from embcache.checkpoint import load_checkpoint
-    from embcache.nn.backbones import build_backbone
     from embcache.train.run import checkpoint_in
 
     path = Path(checkpoint)
@@ -40,13 +39,57 @@ def load_probe(checkpoint, device="cpu", images: bool = False):
     if spec is None:
         raise UserFacingError(f"{path}: written before checkpoints recorded their network's shape; `face evaluate` "
                               f"uses it with its training data, or train again to embed with it alone")
-    if images and len(spec["sample_shape"]) != 3:
+    if images and isinstance(spec, dict) and len(spec.get("sample_shape") or ()) != 3:
         raise UserFacingError(f"{path}: this checkpoint embeds {tuple(spec['sample_shape'])} feature vectors "
                               f"(synthetic data with --image-size 0), not images: train with --image-size S or "
                               f"on an image folder to embed images")
-    probe = build_backbone(spec["backbone"], spec["feat_dim"], tuple(spec["sample_shape"]))
-    probe.load_state_dict(ck["probe"])
+    probe = probe_from_spec(path, spec, ck.get("probe"))
     return probe.to(device).eval(), spec, ck
+
+
+# The largest image side a checkpoint's `probe_spec` may name: far above the 112 of the face sets,
+# and small enough that a batch of embedded images is gigabytes, not the terabytes a crafted side asks
+MAX_SIDE = 1024
+
+
+def probe_from_spec(path, spec, state):
+    """The embedding network `spec` (a checkpoint's `probe_spec`) names, holding `state`.
+
+    A checkpoint may come from someone else, and its spec alone sizes the network and the
+    images resized for it: a feat_dim of 10^11 asked for 25 TB, a side of 10^6 for terabytes
+    of pixels. So the spec is checked, and the network built on the meta device (no memory)
+    must have exactly the shapes of the tensors the file holds, before anything real is
+    built: what a load allocates is then bounded by the file's own size. UserFacingError in
+    one line naming `path` otherwise."""
+    from embcache.nn.backbones import BACKBONES, build_backbone
+
+    def refuse(what):
+        return UserFacingError(f"{path}: its network (probe_spec) {what}; not a network this checkpoint can hold")
+
+    if not isinstance(spec, dict) or spec.get("backbone") not in BACKBONES:
+        raise refuse(f"names backbone {spec.get('backbone') if isinstance(spec, dict) else spec!r:.60}")
+    dim, shape = spec.get("feat_dim"), spec.get("sample_shape")
+    if type(dim) is not int or dim < 1 or not isinstance(shape, (list, tuple)) or len(shape) not in (1, 3) \
+            or any(type(s) is not int or s < 1 for s in shape):
+        raise refuse(f"has feat_dim {dim!r:.40} and sample_shape {shape!r:.60}")
+    if len(shape) == 3 and (shape[0] != 3 or max(shape[1:]) > MAX_SIDE):
+        raise refuse(f"takes images of shape {tuple(shape)} (3 channels, sides up to {MAX_SIDE})")
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise refuse("has no tensors (its 'probe' is not a state dict)")
+    try:
+        with torch.device("meta"):
+            want = {k: tuple(v.shape) for k, v in build_backbone(spec["backbone"], dim, tuple(shape))
+                    .state_dict().items()}
+    except (ValueError, RuntimeError) as err:
+        raise refuse(str(err).splitlines()[0] if str(err) else type(err).__name__) from None
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    if want != got:
+        odd = sorted(set(want) ^ set(got)) or [k for k in want if want[k] != got[k]]
+        raise refuse(f"does not match its tensors ({odd[0]}: {want.get(odd[0])} by the spec, "
+                     f"{got.get(odd[0])} in the file)")
+    probe = build_backbone(spec["backbone"], dim, tuple(shape))
+    probe.load_state_dict(state)
+    return probe
 
 
 def image_paths(inputs: list[str]) -> list[Path]:
