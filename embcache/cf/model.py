@@ -112,16 +112,16 @@ class CFModel:
                     raise ValueError("it holds embeddings only, saved before models were whole files: train again "
                                      "with --save FILE.npz")
                 arrays = {k: z[k] for k in z.files if k != "meta"}
+            config = CFConfig(**meta["config"])  # a file from someone else: any key may be missing or odd
+            params = CFParams(arrays["U"], arrays["I"], arrays["W"], arrays["hist"], arrays["hist_len"], config)
+            model = cls(params, arrays["train_indptr"], arrays["train_indices"], arrays.get("user_ids"),
+                        arrays.get("item_ids"), meta.get("trained_on"))
         except ChecksumError:
             raise
         except ValueError as err:
             raise ValueError(f"{path}: not a CF model ({err})") from None
         except Exception as err:  # zipfile, numpy and json each raise their own
             raise ValueError(f"{path}: not a readable CF model ({type(err).__name__}: {err})") from None
-        config = CFConfig(**meta["config"])
-        params = CFParams(arrays["U"], arrays["I"], arrays["W"], arrays["hist"], arrays["hist_len"], config)
-        model = cls(params, arrays["train_indptr"], arrays["train_indices"], arrays.get("user_ids"),
-                    arrays.get("item_ids"), meta.get("trained_on"))
         model._check(path)
         return model
 
@@ -133,6 +133,12 @@ class CFModel:
                      and (self.item_ids is None or len(self.item_ids) == self.num_items))
         if not shapes_ok:
             raise ValueError(f"{path}: the model's arrays do not fit together (a damaged file?)")
+        # the indices index arrays: one beyond them would be an IndexError traceback at the first user
+        indptr, ni = self.train_indptr, self.num_items
+        if not (p.hist.ndim == 2 and _within(p.hist, ni) and _within(p.hist_len, p.hist.shape[1] + 1) and _within(self.train_indices, ni)
+                and indptr[0] == 0 and indptr[-1] == len(self.train_indices) and (np.diff(indptr) >= 0).all()):
+            raise ValueError(f"{path}: the model's histories or training items point outside its {ni:,} items "
+                             f"(a damaged file?)")
         for name, t in (("user", p.U), ("item", p.I), ("W", p.W)):
             bad = np.flatnonzero(~np.isfinite(t).all(axis=1))
             if len(bad):
@@ -267,6 +273,11 @@ class CFModel:
 def _normalised(x: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=np.float32)
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def _within(index: np.ndarray, count: int) -> bool:
+    """Whether every entry of an integer array is in [0, count)."""
+    return index.dtype.kind in "iu" and (index.size == 0 or (int(index.min()) >= 0 and int(index.max()) < count))
 
 
 def _indices(wanted, ids: np.ndarray | None, count: int, noun: str) -> np.ndarray:

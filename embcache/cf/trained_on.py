@@ -74,7 +74,26 @@ def read_saved(path) -> tuple[dict | None, tuple | None, bool]:
     train_indices) where `path` is a whole model, else None; whether `path` could be read at
     all). A file that cannot be read is left to the loader, which names what is wrong with
     it. A checkpoint's record is `checkpoint_record`'s, from the checkpoint loaded first."""
-    path = Path(path)
+    found = _read_saved(Path(path))
+    record = found[0]
+    if record is not None and not (isinstance(record, dict) and isinstance(record.get("data"), str)):
+        raise UserFacingError(f"{path}: its record of the data it was trained on is not one embcache writes "
+                              f"({str(record)[:80]}); not used")
+    if found[1] is not None and not _pairs_fit(*found[1]):
+        raise UserFacingError(f"{path}: its training items do not fit together (a damaged file?); not used")
+    return found
+
+
+def _pairs_fit(indptr: np.ndarray, indices: np.ndarray) -> bool:
+    """Whether a model's (train_indptr, train_indices) are a CSR matrix: else removing its
+    training pairs from the test split stops in a numpy traceback."""
+    return (indptr.ndim == indices.ndim == 1 and len(indptr) > 0 and indptr.dtype.kind in "iu"
+            and indices.dtype.kind in "iu" and indptr[0] == 0 and indptr[-1] == len(indices)
+            and bool((np.diff(indptr) >= 0).all()) and (indices.size == 0 or int(indices.min()) >= 0))
+
+
+def _read_saved(path: Path) -> tuple[dict | None, tuple | None, bool]:
+    """`read_saved`'s reading, whose record may hold anything when the file is from someone else."""
     try:
         if path.suffix == ".npy" and Path(str(path) + ".json").is_file():
             return json.loads(Path(str(path) + ".json").read_text()).get("trained_on"), None, True
@@ -91,8 +110,9 @@ def read_saved(path) -> tuple[dict | None, tuple | None, bool]:
 
 def _npz_record(path: Path) -> tuple[dict | None, tuple | None, bool]:
     from embcache.cf.model import FORMAT
+    from embcache.integrity import open_verified
 
-    with np.load(path, allow_pickle=False) as z:
+    with open_verified(path, "CF model") as f, np.load(f, allow_pickle=False) as z:  # no zip bomb inflates here
         meta = json.loads(str(z["meta"]))
         pairs = (z["train_indptr"], z["train_indices"]) if meta.get("format") == FORMAT else None
     return meta.get("trained_on"), pairs, True

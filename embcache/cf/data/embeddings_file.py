@@ -100,6 +100,9 @@ def load(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, CFConfig
                             f"written with {meta['crc32']:08x}; not used")
     if len(stacked) != nu + ni + meta["dim"]:
         raise ValueError(f"{path}: {len(stacked)} rows, expected {nu} users + {ni} items + {meta['dim']} of W")
+    if stacked.shape[1:] != (meta["dim"],) or config.dim != meta["dim"]:  # else a traceback deep in the kernels
+        raise ValueError(f"{path}: rows of {stacked.shape[1:]} floats, its settings say dim {config.dim} and "
+                         f"{meta['dim']}; not used")
     bad = np.flatnonzero(~np.isfinite(stacked).all(axis=1))
     if len(bad):
         row = int(bad[0])
