@@ -204,3 +204,62 @@ def test_an_npz_whose_entries_inflate_is_refused_before_numpy_reads_it(tmp_path,
     with pytest.raises(ValueError, match="model.npz.*compressed"):
         CFModel.load(path)
     assert "compressed" in _one_line(["cf", "recommend", path, "--user", "1"], capsys, path.name)
+
+
+# ----------------------------------------------------------------- a CF model's own content
+@pytest.fixture(scope="module")
+def cf_model(tmp_path_factory):
+    """A small CF model saved whole (no training: its rows as initialised) and its arrays."""
+    from cpu_kernels.model import CFConfig, CFParams
+    from embcache.cf.data.interactions import from_pairs
+    from embcache.cf.model import CFModel
+
+    data = from_pairs([0, 0, 1, 2, 2], [0, 1, 2, 3, 1], [], [], num_items=5)
+    params = CFParams.init(CFConfig(dim=8), 3, 5, data.train_indptr, data.train_indices)
+    path = CFModel(params, data.train_indptr, data.train_indices, None, None,
+                   {"data": "elsewhere", "skip_bad_lines": False}).save(tmp_path_factory.mktemp("adv_cf") / "m.npz")
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+def _cf_variant(arrays, tmp_path, meta=None, **changed) -> pathlib.Path:
+    from embcache.integrity import save_npz
+
+    out = {**arrays, **changed}
+    if meta is not None:
+        out["meta"] = np.array(json.dumps(meta({**json.loads(str(arrays["meta"]))})))
+    path = tmp_path / "model.npz"
+    save_npz(path, out)
+    return path
+
+
+CF_MODELS = {  # each was a traceback (TypeError, IndexError, KeyError, ValueError) before
+    "settings as text": ("recommend", dict(meta=lambda m: {**m, "config": "abc"}), "CFConfig"),
+    "histories beyond its items": ("recommend", dict(hist=np.full((3, 32), 10 ** 9)), "outside its 5 items"),
+    "a record of text": ("evaluate", dict(meta=lambda m: {**m, "trained_on": "abc"}), "record of the data"),
+    "a record without its data": ("evaluate", dict(meta=lambda m: {**m, "trained_on": {}}), "record of the data"),
+    "training items out of order": ("evaluate", dict(train_indptr=np.array([5, 2, 1, 0])), "do not fit together"),
+}
+
+
+@pytest.mark.parametrize("command,change,why", CF_MODELS.values(), ids=CF_MODELS.keys())
+def test_a_cf_model_from_someone_else_is_refused_in_one_line(cf_model, command, change, why, tmp_path, capsys):
+    path = _cf_variant(cf_model, tmp_path, **change)
+    argv = ["cf", "recommend", path, "--user", "1"] if command == "recommend" else ["cf", "evaluate", path]
+    assert why in _one_line(argv, capsys, path.name)
+
+
+def test_cf_embeddings_whose_settings_disagree_with_their_rows_are_refused_on_load(cf_model, tmp_path):
+    from embcache.cf.data.embeddings_file import load
+
+    def dim(meta):
+        meta["config"]["dim"] = 10 ** 12
+        return meta
+
+    with pytest.raises(ValueError, match="model.npz: rows of .* dim 1000000000000"):
+        load(_cf_variant(cf_model, tmp_path, meta=dim))
+
+
+def test_a_whole_cf_model_still_recommends(cf_model, tmp_path, capsys):
+    path = _cf_variant(cf_model, tmp_path)
+    assert _one_line(["cf", "recommend", path, "--user", "1"], capsys, "", rc=0) == ""
