@@ -134,7 +134,7 @@ def read_tables(checkpoint: Path, manifest: dict, sharded) -> int | None:
     hold again (made for the batches that come first), else None (a cold cache, or no
     tables on this rank)."""
     world = current()
-    directory = checkpoint.parent / manifest["dir"]
+    directory = tables_dir(checkpoint, manifest)
     local = sharded.local
     if local is None:
         return None
@@ -247,7 +247,7 @@ def _read_part(path: Path) -> dict[str, torch.Tensor]:
         if header is None:
             raise CheckpointError(f"{path}: missing or incomplete (no {tf.HEADER}; the checkpoint's tables "
                                   f"are incomplete)")
-        specs = [tf.TensorSpec(name, tuple(t["shape"]), tf.DTYPES[t["dtype"]])
+        specs = [tf.TensorSpec(_plain_name(name), _shape(t["shape"]), tf.DTYPES[t["dtype"]])
                  for name, t in header["tensors"].items()]
     except DataFormatError as err:
         raise CheckpointError(str(err)) from None
@@ -257,6 +257,22 @@ def _read_part(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path / tf.HEADER}: names no weight")
     tf.verify_saved(path, specs)
     return {s.name: tf.map_tensor(path, s, shared=False) for s in specs}
+
+
+def _plain_name(name: str) -> str:
+    """A table's name from a header, which names its file (`NAME.bin`): one from someone else
+    naming `../x` would map a file outside the checkpoint into the run's tables."""
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name.startswith("."):
+        raise ValueError(f"names table {str(name)[:80]!r}, not a file inside its folder")
+    return name
+
+
+def _shape(shape) -> tuple[int, int]:
+    """A table's `[rows, dim]` from a header: whole numbers of at least 0 (torch's own error
+    for -2 rows, or text, is a traceback)."""
+    if not (isinstance(shape, list) and len(shape) == 2 and all(type(n) is int and n >= 0 for n in shape)):
+        raise ValueError(f"shape {str(shape)[:80]}, not [rows, dim]")
+    return tuple(shape)
 
 
 def _load(path: Path) -> dict:
@@ -291,7 +307,7 @@ def legacy_rows(sparse_state: dict[str, torch.Tensor], groups) -> tuple[dict, in
 def full_tables(checkpoint: str | os.PathLike, manifest: dict) -> dict[str, dict[str, torch.Tensor]]:
     """Every saved table whole, in id order, with its optimizer state (for inspection,
     comparison and export: it reads all the tables into memory)."""
-    directory = Path(checkpoint).parent / manifest["dir"]
+    directory = tables_dir(checkpoint, manifest)
     out = {}
     for name, table in manifest["tables"].items():
         whole = Shard(name, (), 0, 0, table["rows"], table["rows"])
@@ -301,4 +317,21 @@ def full_tables(checkpoint: str | os.PathLike, manifest: dict) -> dict[str, dict
 
 def saved_residency(checkpoint: str | os.PathLike, manifest: dict, rank: int) -> dict[str, torch.Tensor]:
     """Rank `rank`'s saved cache state (residency, policy, statistics)."""
-    return _load(Path(checkpoint).parent / manifest["dir"] / f"cache.rank{rank}.pt")
+    return _load(tables_dir(checkpoint, manifest) / f"cache.rank{rank}.pt")
+
+
+def tables_dir(checkpoint: str | os.PathLike, manifest: dict) -> Path:
+    """The checkpoint's tables folder, beside it, after checking that the folder and every
+    part the manifest names are inside it: a checkpoint from someone else naming `../x` or
+    `/x` would map files the user never handed over into the run's tables."""
+    from embcache.safe_load import inside
+
+    try:
+        named = [manifest["dir"]] + [part[2] for table in manifest["tables"].values() for part in table["parts"]]
+    except (KeyError, TypeError, AttributeError, IndexError) as err:
+        raise CheckpointError(f"{checkpoint}: its tables manifest is damaged ({type(err).__name__}: {err})") from None
+    for name in named:
+        if not inside(name):
+            raise CheckpointError(f"{checkpoint}: names table files {str(name)[:120]!r}, outside the folder beside "
+                                  f"it; a checkpoint names only its own files, so it is not used")
+    return Path(checkpoint).parent / manifest["dir"]

@@ -96,7 +96,7 @@ def read_header(directory: Path) -> dict | None:
         if header.get("format") != FORMAT or not isinstance(header.get("tensors"), dict):
             raise ValueError("not an embcache table header")
         return header
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, AttributeError, RecursionError) as err:  # a list for a header; nesting too deep
         raise DataFormatError(f"{path}: unreadable ({err})") from None
 
 
