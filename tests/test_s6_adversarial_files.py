@@ -263,3 +263,76 @@ def test_cf_embeddings_whose_settings_disagree_with_their_rows_are_refused_on_lo
 def test_a_whole_cf_model_still_recommends(cf_model, tmp_path, capsys):
     path = _cf_variant(cf_model, tmp_path)
     assert _one_line(["cf", "recommend", path, "--user", "1"], capsys, "", rc=0) == ""
+
+
+# ----------------------------------------------------------------- a sharded table checkpoint
+def _tables(root: pathlib.Path, dir_name="dlrm-tables-000000002", part="t.0-2") -> tuple[pathlib.Path, dict]:
+    """A run checkpoint's path and its tables manifest, with one part of a 2 x 4 table
+    written as the trainer writes it."""
+    from embcache.cache.stores import table_files as tf
+
+    (root / dir_name / part).mkdir(parents=True, exist_ok=True)
+    tf.save_tensors(root / dir_name / part, {"weight": torch.ones(2, 4), "optimizer.sum": torch.zeros(2, 4)})
+    return root / "run" / "dlrm-last.pt", {"dir": dir_name, "tables": {"t": {"rows": 2, "dim": 4,
+                                                                             "parts": [[0, 2, part]]}}}
+
+
+def test_a_checkpoint_naming_table_files_outside_its_folder_is_refused(tmp_path):
+    from embcache.distributed.table_checkpoint import full_tables
+
+    checkpoint, manifest = _tables(tmp_path)  # the tables beside the checkpoint's folder, not in it
+    assert full_tables(tmp_path / "dlrm-last.pt", manifest)["t"]["weight"].sum() == 8
+    for changed in ({"dir": "../dlrm-tables-000000002"}, {"dir": str(tmp_path / "dlrm-tables-000000002")},
+                    {"tables": {"t": {"rows": 2, "dim": 4, "parts": [[0, 2, "../../dlrm-tables-000000002/t.0-2"]]}},
+                     "dir": "x"}):
+        with pytest.raises(UserFacingError, match="dlrm-last.pt: names table files .* outside the folder"):
+            full_tables(checkpoint, {**manifest, **changed})
+
+
+HEADERS = {
+    "nested 100,000 deep": (lambda h, d: "[" * 100_000, "unreadable"),
+    "a JSON list": (lambda h, d: "[1]", "unreadable"),
+    "a negative shape": (lambda h, d: h["tensors"]["weight"].__setitem__("shape", [-2, -4]), "not \\[rows, dim\\]"),
+    "a shape of text": (lambda h, d: h["tensors"]["weight"].__setitem__("shape", "ab"), "not \\[rows, dim\\]"),
+    "a table named ../../x": (lambda h, d: h["tensors"].__setitem__("../../x", h["tensors"]["weight"]),
+                           "not a file inside its folder"),
+}
+
+
+@pytest.mark.parametrize("change,why", HEADERS.values(), ids=HEADERS.keys())
+def test_a_table_parts_header_from_someone_else_is_refused_in_one_line(change, why, tmp_path):
+    from embcache.distributed.table_checkpoint import full_tables
+
+    checkpoint, manifest = _tables(tmp_path)
+    header = tmp_path / manifest["dir"] / "t.0-2" / "header.json"
+    shutil.copy(header.parent / "weight.bin", tmp_path / "x.bin")  # outside the checkpoint, its CRC in the header
+    h = json.loads(header.read_text())
+    text = change(h, header.parent)
+    header.write_text(text if isinstance(text, str) else json.dumps(h))
+    with pytest.raises(UserFacingError, match=f"header.json: .*{why}"):
+        full_tables(tmp_path / "dlrm-last.pt", manifest)
+
+
+# ----------------------------------------------------------------- a verification .bin
+class _HugeArray:
+    """Unpickled, numpy's `_reconstruct` (an allowed type) makes an empty array of 10^12 bytes."""
+
+    def __reduce__(self):
+        return (np.core.multiarray._reconstruct, (np.ndarray, (10 ** 12,), b"b"))
+
+
+def test_a_verification_bin_cannot_ask_numpy_for_an_array_larger_than_itself(face_files, tmp_path):
+    import pickle
+
+    from embcache.face.data.verification import load_verification_bin
+
+    path = tmp_path / "lfw.bin"
+    path.write_bytes(pickle.dumps(([_HugeArray(), _HugeArray()], [True]), protocol=4))
+    assert path.stat().st_size < 200
+    with pytest.raises(UserFacingError, match="lfw.bin: not a verification .bin .* more than the file's"):
+        load_verification_bin(path, 24)
+    # numpy arrays a real file holds (is-same flags as an array) still load
+    images = [(face_files / n).read_bytes() for n in ("a.jpg", "b.jpg")]
+    path.write_bytes(pickle.dumps((images, np.array([True])), protocol=4))
+    first, second, same = load_verification_bin(path, 24)
+    assert first.shape == second.shape == (1, 3, 24, 24) and same.tolist() == [True]
