@@ -136,7 +136,8 @@ class CFModel:
         # the indices index arrays: one beyond them would be an IndexError traceback at the first user
         indptr, ni = self.train_indptr, self.num_items
         if not (p.hist.ndim == 2 and _within(p.hist, ni) and _within(p.hist_len, p.hist.shape[1] + 1)
-                and _within(self.train_indices, ni) and indptr[0] == 0 and indptr[-1] == len(self.train_indices) and (np.diff(indptr) >= 0).all()):
+                and _within(self.train_indices, ni) and indptr[0] == 0 and indptr[-1] == len(self.train_indices)
+                and (np.diff(indptr) >= 0).all()):
             raise ValueError(f"{path}: the model's histories or training items point outside its {ni:,} items "
                              f"(a damaged file?)")
         for name, t in (("user", p.U), ("item", p.I), ("W", p.W)):
