@@ -125,9 +125,8 @@ class CTRDatasetWriter:
         split_counts: also write each counted split's own key counts (`freq/<split>.npz`,
             ids counted as keys in ids mode), saved and freed when `end_split` is called.
         max_counted_keys: the cap of every `KeyCounter` (None: exact, unbounded).
-        compression: the shards' Parquet codec (`SHARD_CODECS`). lz4 by default: its shards
-            decode about twice as fast as zstd's, for a quarter more bytes
-            (`python bench/shard_codecs.py`), and decoding bounds the loader.
+        compression: the shards' Parquet codec (`SHARD_CODECS`; lz4 decodes fastest, and
+            decoding bounds the loader: `python bench/shard_codecs.py`).
 
     Example:
         >>> w = CTRDatasetWriter(tmp, num_dense=1, sparse=[SparseFeature("sparse_0", 3)], source="doc")  # doctest: +SKIP
@@ -143,7 +142,6 @@ class CTRDatasetWriter:
         check_whole("rows_per_shard", rows_per_shard, 1)
         if compression not in SHARD_CODECS:
             raise ValueError(f"compression must be one of {SHARD_CODECS}, got {compression!r}")
-        self.compression = compression
         check_whole("row_group_rows", row_group_rows, 1)
         if keys not in KEY_MODES:
             raise ValueError(f"keys must be one of {KEY_MODES}, got {keys!r}")
@@ -153,7 +151,7 @@ class CTRDatasetWriter:
                 raise ValueError(f"split names must be identifiers such as day_0, got {split!r}")
         if len(set(splits)) != len(splits) or not set(counted) <= set(splits):
             raise ValueError(f"splits {splits} must be distinct and hold the counted ones {list(counted)}")
-        self.out = Path(out_dir)
+        self.out, self.compression = Path(out_dir), compression
         self.num_dense, self.sparse, self.source = num_dense, list(sparse), source
         self.rows_per_shard, self.row_group_rows = int(rows_per_shard), int(row_group_rows)
         self.schema = arrow_schema(num_dense, self.sparse)
@@ -547,7 +545,6 @@ def head_rows(data_dir: str | os.PathLike, split: str, n: int = 5) -> list[dict]
 
 
 __all__ = ["FORMAT", "VERSION", "SPLITS", "KEY_MODES", "SparseFeature", "CTRDatasetWriter", "arrow_schema",
-           "multi_hot", "read_meta", "is_raw_keys", "day_splits", "held_out_days",
-           "dense_transform", "DENSE_LOG1P", "load_id_frequencies", "load_key_frequencies",
-           "sparse_features", "read_shard", "head_rows", "DataFormatError", "DataOutputError",
-           "check_output_dir"]
+           "multi_hot", "read_meta", "is_raw_keys", "day_splits", "held_out_days", "dense_transform", "DENSE_LOG1P",
+           "load_id_frequencies", "load_key_frequencies", "sparse_features", "read_shard", "head_rows",
+           "DataFormatError", "DataOutputError", "check_output_dir"]
