@@ -204,6 +204,13 @@ class CachedEmbeddingBagCollection(TakesTickets, CollectionInterface, nn.Module)
         return [g.input(values, lengths, weights, batch, spans, errors) for g in self._groups]
 
     # --------------------------------------------------------- the cache's interface
+    def requires_grad_(self, requires_grad: bool = True) -> "CachedEmbeddingBagCollection":
+        """Freeze (False) or thaw every table: torch's `requires_grad_` reaches parameters
+        only, and the rows are none (`CachedEmbeddingBag.requires_grad_`)."""
+        for bag in self.bags:
+            bag.requires_grad_(requires_grad)
+        return self
+
     def flush(self) -> None:
         self.raise_input_errors()
         for bag in self.bags:

@@ -33,6 +33,17 @@ from .input_errors import InputErrors
 from .key_stage import KEY_SETTINGS, KeyStage
 
 MODES = ("sum", "mean")
+# nn.EmbeddingBag's arguments this bag does not take, and what to do instead: without this,
+# they reach the row optimizer's arguments and are refused as a bad optimizer argument
+TORCH_ONLY_ARGS = {
+    "padding_idx": "no row is a padding row here (leave the id out of its bag instead)",
+    "include_last_offset": "offsets are bag starts only (drop the last offset)",
+    "max_norm": "rows are not renormalised", "norm_type": "rows are not renormalised",
+    "scale_grad_by_freq": "gradients are not scaled by frequency",
+    "sparse": "the rows' updates are always sparse, made by the cache's own optimizer",
+    "_weight": "pass the initial table as weight=", "_freeze": "freeze the bag with requires_grad_(False)",
+    "dtype": "rows are float32 unless row_dtype= says otherwise",
+}
 
 
 class CachedEmbeddingBag(nn.Module):
@@ -117,6 +128,7 @@ class CachedEmbeddingBag(nn.Module):
                  rounding: str = "stochastic", rounding_seed: int = 0, keys: str = "ids",
                  bookkeeping: str = "auto", kernels: str = "auto", **optimizer_kwargs):
         super().__init__()
+        _refuse_torch_only_args(optimizer_kwargs)
         _check_config(num_embeddings, embedding_dim, mode, cache_ratio, warmup_ratio,
                       eviction, optimizer, ids_freq, weight)
         parse_host_store(host_store)
@@ -139,10 +151,40 @@ class CachedEmbeddingBag(nn.Module):
                               row_dtype=dtype, rounding=RowRounding(dtype, rounding, rounding_seed),
                               bookkeeping=bookkeeping, kernels=kernels)
         self.input_errors = InputErrors()  # what device batches' checks found, raised when read
+        self.rows_require_grad = True  # False: `requires_grad_(False)`, a frozen table
 
     @property
     def device(self) -> torch.device:
         return self.cache.device
+
+    def requires_grad_(self, requires_grad: bool = True) -> "CachedEmbeddingBag":
+        """The rows are no `nn.Parameter` (the cache updates them in backward), so torch's
+        `requires_grad_` would find nothing to turn off and a "frozen" table would go on
+        training. Off, a training forward reads the rows as an evaluation forward does: no
+        hold, no update, an output that needs no gradient (unless per-sample weights do).
+        A model's own `requires_grad_` reaches parameters only: call it on the bag (or its
+        collection)."""
+        self.rows_require_grad = bool(requires_grad)
+        return super().requires_grad_(requires_grad)
+
+    def updates_rows(self) -> bool:
+        """Whether a forward now trains the rows: training mode, gradients on, not frozen."""
+        return self.training and torch.is_grad_enabled() and self.rows_require_grad
+
+    def _apply(self, fn, recurse=True):
+        """`.to()`, `.cuda()`, `.half()` and the like reach a module through `_apply`, which
+        changes parameters and buffers, and the bag has neither: its rows would stay where
+        and as they are without a word. A change of device or dtype is refused in one line
+        instead (the cache's device and row type are chosen when it is made)."""
+        probe = torch.empty(0, device=self.device)
+        moved = fn(probe)
+        if moved.device != probe.device:
+            raise ValueError(f"CachedEmbeddingBag cannot move to {moved.device}: its cache stays on {probe.device}, "
+                             f"the device it was made with (make it with device={str(moved.device)!r} instead)")
+        if moved.dtype != probe.dtype:
+            raise ValueError(f"CachedEmbeddingBag cannot become {moved.dtype}: its pooled output is float32 "
+                             f"(half-precision rows: make it with row_dtype='float16' or 'bfloat16')")
+        return super()._apply(fn, recurse)
 
     def extra_repr(self) -> str:
         c = self.cache
@@ -178,7 +220,7 @@ class CachedEmbeddingBag(nn.Module):
         for this batch (None: the cache finds its prefetch by the ids). `padded`: (samples
         a feature has, of which the last ones only pad) for a padded batch, whose pad
         lookups the update then sets aside (`DeviceUpdates.set_pads_aside`)."""
-        train = self.training and torch.is_grad_enabled()
+        train = self.updates_rows()
         lookup = self._prepare(ids, train, segments, ticket)
         if padded is not None and train and hasattr(self.cache, "set_pads_aside"):
             self.cache.set_pads_aside(lookup, offsets, *padded)
@@ -405,6 +447,9 @@ class CachedEmbeddingBag(nn.Module):
         mine = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)
                 and _is_cache_key(k[len(prefix):])}
         missing = set(self.cache.required_keys()) - set(mine) | self._missing_state(state_dict, prefix)
+        # another optimizer's state (Adagrad's sums in an SGD bag) would be dropped unread
+        unexpected_keys.extend(prefix + k for k in sorted(mine) if k.startswith("optimizer.")
+                               and k not in self.cache.required_keys())
         if missing:
             missing_keys.extend(prefix + k for k in sorted(missing))
             return
@@ -460,6 +505,13 @@ def _is_cache_key(key: str) -> bool:
     one group's `optimizer.sum`, `policy.clock`, `prefetch.ids`."""
     head, _, rest = key.partition(".")
     return not rest or (head in ("optimizer", "policy", "prefetch") and "." not in rest)
+
+
+def _refuse_torch_only_args(kwargs: dict) -> None:
+    for name, instead in TORCH_ONLY_ARGS.items():
+        if name in kwargs:
+            raise ValueError(f"{name}: an nn.EmbeddingBag argument that CachedEmbeddingBag does not take; "
+                             f"{instead}")
 
 
 def _check_config(num_embeddings, embedding_dim, mode, cache_ratio, warmup_ratio, eviction,

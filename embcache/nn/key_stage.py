@@ -106,7 +106,7 @@ class KeyStage:
         `frozen`, no gradients). Returns them and the ticket their lookup takes: in
         training the kept lookup of their prefetch (`ticket`, from `prefetch_ids`; without
         one, found by the keys), if still kept; else None."""
-        train = self.training and torch.is_grad_enabled() and not self.read_only
+        train = self.updates_rows() and not self.read_only
         if not train:
             return self.open.peek(keys, tables).to(keys.device), None
         ticket = self.open.kept_lookup(keys, tables, ticket)
