@@ -89,3 +89,33 @@ def test_another_optimizers_state_is_not_dropped_silently():
     result = loose.load_state_dict(sd, strict=False)
     assert result.unexpected_keys == ["optimizer.sum"] and not result.missing_keys
     assert torch.equal(loose.full_weight(), trained.full_weight())
+
+
+def test_a_second_training_forward_before_the_backward_is_refused():
+    """Two forwards then one backward (a table shared by two towers) made two Adagrad steps
+    where nn.EmbeddingBag makes one: rows 0.1 off, without a word."""
+    bag = make_bag(optimizer="adagrad")
+    x1, x2 = torch.tensor([[1, 2], [3, 4]]), torch.tensor([[2, 5], [1, 1]])
+    first = bag(x1)
+    before = bag.full_weight()
+    with pytest.raises(ValueError, match="second training forward before the first one's backward") as err:
+        bag(x2)
+    assert "\n" not in str(err.value)
+    first.sum().backward()  # the first forward trains as before the refusal
+    assert not torch.equal(bag.full_weight(), before)
+    bag(x2).sum().backward()  # after a backward, the next step's forward is taken
+    with torch.no_grad():
+        bag(x1)
+    kept = bag(x1)
+    bag.eval()
+    bag(x2)  # evaluation forwards update nothing: never refused
+    bag.train()
+    del kept  # an output dropped without a backward lets the next forward in
+    bag(x2).sum().backward()
+
+
+@pytest.mark.parametrize("rows", [20.5, True, "20"])
+def test_a_table_size_that_is_no_whole_number_is_refused(rows):
+    """int() took 20.5 as a table of 20 rows and True as one of 1, without a word."""
+    with pytest.raises(ValueError, match=f"num_embeddings must be a whole number >= 1, got {rows!r}"):
+        CachedEmbeddingBag(rows, D, device="cpu")

@@ -5,7 +5,8 @@ The optimizer step for the looked-up rows happens during `loss.backward()`: when
 gradient of a forward call reaches the cache, the row-wise optimizer updates those rows
 (and their state) in place. There is no separate `step()` to call, and the module has no
 `nn.Parameter` for an outer optimizer to see. Call each bag once per training step
-(one forward, one backward), as a fused embedding kernel expects. A training forward
+(one forward, one backward), as a fused embedding kernel expects: a second training
+forward before the first one's backward is refused (`torch_idioms.OneForwardAStep`). A training forward
 holds its rows (they cannot be evicted) until its backward; if the output is dropped
 without one (validation with gradients on, an exception), the holds go with the autograd
 graph.
@@ -27,23 +28,14 @@ from embcache.cache.optimizers import OPTIMIZERS, RowRounding, make_optimizer, r
 from embcache.cache.bookkeeping.row_cache import Lookup, RowCache
 from embcache.cache.stats import CacheStats
 from embcache.device import resolve_device
+from embcache.errors import check_whole
 
 from .bag_input import check_bag_input, to_device
 from .input_errors import InputErrors
 from .key_stage import KEY_SETTINGS, KeyStage
+from .torch_idioms import OneForwardAStep, refuse_torch_only_args
 
 MODES = ("sum", "mean")
-# nn.EmbeddingBag's arguments this bag does not take, and what to do instead: without this,
-# they reach the row optimizer's arguments and are refused as a bad optimizer argument
-TORCH_ONLY_ARGS = {
-    "padding_idx": "no row is a padding row here (leave the id out of its bag instead)",
-    "include_last_offset": "offsets are bag starts only (drop the last offset)",
-    "max_norm": "rows are not renormalised", "norm_type": "rows are not renormalised",
-    "scale_grad_by_freq": "gradients are not scaled by frequency",
-    "sparse": "the rows' updates are always sparse, made by the cache's own optimizer",
-    "_weight": "pass the initial table as weight=", "_freeze": "freeze the bag with requires_grad_(False)",
-    "dtype": "rows are float32 unless row_dtype= says otherwise",
-}
 
 
 class CachedEmbeddingBag(nn.Module):
@@ -128,7 +120,7 @@ class CachedEmbeddingBag(nn.Module):
                  rounding: str = "stochastic", rounding_seed: int = 0, keys: str = "ids",
                  bookkeeping: str = "auto", kernels: str = "auto", **optimizer_kwargs):
         super().__init__()
-        _refuse_torch_only_args(optimizer_kwargs)
+        refuse_torch_only_args(optimizer_kwargs)
         _check_config(num_embeddings, embedding_dim, mode, cache_ratio, warmup_ratio,
                       eviction, optimizer, ids_freq, weight)
         parse_host_store(host_store)
@@ -152,6 +144,7 @@ class CachedEmbeddingBag(nn.Module):
                               bookkeeping=bookkeeping, kernels=kernels)
         self.input_errors = InputErrors()  # what device batches' checks found, raised when read
         self.rows_require_grad = True  # False: `requires_grad_(False)`, a frozen table
+        self.one_forward = OneForwardAStep()  # a second training forward before a backward is refused
 
     @property
     def device(self) -> torch.device:
@@ -221,6 +214,7 @@ class CachedEmbeddingBag(nn.Module):
         a feature has, of which the last ones only pad) for a padded batch, whose pad
         lookups the update then sets aside (`DeviceUpdates.set_pads_aside`)."""
         train = self.updates_rows()
+        unfinished = self.one_forward.start() if train else None
         lookup = self._prepare(ids, train, segments, ticket)
         if padded is not None and train and hasattr(self.cache, "set_pads_aside"):
             self.cache.set_pads_aside(lookup, offsets, *padded)
@@ -238,6 +232,7 @@ class CachedEmbeddingBag(nn.Module):
             width, cache = table.shape[0], self.cache
 
             def apply(grad_out, indices, offsets, weights, mode) -> None:
+                unfinished.open = False
                 cache.apply_bag_gradient(grad_out, indices, offsets, weights, mode, width, lookup)
 
             weakref.finalize(anchor, self.cache.release, lookup).atexit = False
@@ -250,7 +245,7 @@ class CachedEmbeddingBag(nn.Module):
             # The leaf lives as long as the autograd graph: when it goes without a
             # backward, so do the holds.
             table = table.data.requires_grad_()
-            table.register_post_accumulate_grad_hook(self._update_hook(lookup))
+            table.register_post_accumulate_grad_hook(self._update_hook(lookup, unfinished))
             weakref.finalize(table, self.cache.release, lookup).atexit = False
         return F.embedding_bag(lookup.indices, table, offsets, mode=self.mode, sparse=True,
                                per_sample_weights=weights)
@@ -278,10 +273,11 @@ class CachedEmbeddingBag(nn.Module):
         (None: none pending)."""
         return self.cache.oldest_restored()
 
-    def _update_hook(self, lookup: Lookup):
+    def _update_hook(self, lookup: Lookup, unfinished):
         cache = self.cache
 
         def hook(leaf: torch.Tensor) -> None:
+            unfinished.open = False
             grad, leaf.grad = leaf.grad, None
             cache.apply_gradient(grad, lookup)
 
@@ -507,18 +503,11 @@ def _is_cache_key(key: str) -> bool:
     return not rest or (head in ("optimizer", "policy", "prefetch") and "." not in rest)
 
 
-def _refuse_torch_only_args(kwargs: dict) -> None:
-    for name, instead in TORCH_ONLY_ARGS.items():
-        if name in kwargs:
-            raise ValueError(f"{name}: an nn.EmbeddingBag argument that CachedEmbeddingBag does not take; "
-                             f"{instead}")
-
-
 def _check_config(num_embeddings, embedding_dim, mode, cache_ratio, warmup_ratio, eviction,
                   optimizer, ids_freq, weight) -> None:
-    if int(num_embeddings) < 1 or int(embedding_dim) < 1:
-        raise ValueError(f"num_embeddings and embedding_dim must be positive, got "
-                         f"{num_embeddings} and {embedding_dim}")
+    # whole numbers: int() would take 20.5 as 20 and True as 1 without a word
+    check_whole("num_embeddings", num_embeddings, 1)
+    check_whole("embedding_dim", embedding_dim, 1)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if isinstance(cache_ratio, bool) or not isinstance(cache_ratio, numbers.Real) \
