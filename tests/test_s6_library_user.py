@@ -119,3 +119,16 @@ def test_a_table_size_that_is_no_whole_number_is_refused(rows):
     """int() took 20.5 as a table of 20 rows and True as one of 1, without a word."""
     with pytest.raises(ValueError, match=f"num_embeddings must be a whole number >= 1, got {rows!r}"):
         CachedEmbeddingBag(rows, D, device="cpu")
+
+
+def test_a_trained_bag_is_saved_whole_as_torch_saves_a_module(tmp_path):
+    """`torch.save(model)` of a model holding a trained bag: the forward guard's weakref made
+    it "cannot pickle 'weakref.ReferenceType' object"."""
+    bag = make_bag(optimizer="adagrad")
+    bag(torch.tensor([[1, 2]])).sum().backward()
+    kept = bag(torch.tensor([[3, 4]]))  # a forward in flight: the copy has none of its own
+    torch.save(bag, tmp_path / "bag.pt")
+    copy = torch.load(tmp_path / "bag.pt", weights_only=False)
+    assert torch.equal(copy.full_weight(), bag.full_weight())
+    copy(torch.tensor([[1, 2]])).sum().backward()
+    kept.sum().backward()

@@ -68,3 +68,11 @@ class OneForwardAStep:
         mark = Unfinished()
         self._last = weakref.ref(mark)
         return mark
+
+    def __getstate__(self) -> dict:
+        """A weakref cannot be pickled (`torch.save` of a model holding the bag), and a copy
+        has no forward of its own in flight."""
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self._last = None
