@@ -5,8 +5,8 @@ The optimizer step for the looked-up rows happens during `loss.backward()`: when
 gradient of a forward call reaches the cache, the row-wise optimizer updates those rows
 (and their state) in place. There is no separate `step()` to call, and the module has no
 `nn.Parameter` for an outer optimizer to see. Call each bag once per training step
-(one forward, one backward), as a fused embedding kernel expects: a second training
-forward before the first one's backward is refused (`torch_idioms.OneForwardAStep`). A training forward
+(one forward, one backward), as a fused embedding kernel expects: two forwards whose
+gradients meet in one backward are refused (`torch_idioms.OneUpdateABackward`). A training forward
 holds its rows (they cannot be evicted) until its backward; if the output is dropped
 without one (validation with gradients on, an exception), the holds go with the autograd
 graph.
@@ -33,7 +33,7 @@ from embcache.errors import check_whole
 from .bag_input import check_bag_input, to_device
 from .input_errors import InputErrors
 from .key_stage import KEY_SETTINGS, KeyStage
-from .torch_idioms import OneForwardAStep, refuse_torch_only_args
+from .torch_idioms import OneUpdateABackward, refuse_torch_only_args
 
 MODES = ("sum", "mean")
 
@@ -144,7 +144,7 @@ class CachedEmbeddingBag(nn.Module):
                               bookkeeping=bookkeeping, kernels=kernels)
         self.input_errors = InputErrors()  # what device batches' checks found, raised when read
         self.rows_require_grad = True  # False: `requires_grad_(False)`, a frozen table
-        self.one_forward = OneForwardAStep()  # a second training forward before a backward is refused
+        self.one_update = OneUpdateABackward()  # two forwards met in one backward are refused
 
     @property
     def device(self) -> torch.device:
@@ -214,7 +214,6 @@ class CachedEmbeddingBag(nn.Module):
         a feature has, of which the last ones only pad) for a padded batch, whose pad
         lookups the update then sets aside (`DeviceUpdates.set_pads_aside`)."""
         train = self.updates_rows()
-        unfinished = self.one_forward.start() if train else None
         lookup = self._prepare(ids, train, segments, ticket)
         if padded is not None and train and hasattr(self.cache, "set_pads_aside"):
             self.cache.set_pads_aside(lookup, offsets, *padded)
@@ -229,10 +228,10 @@ class CachedEmbeddingBag(nn.Module):
             # the gradient's terms, one per lookup (what the sparse gradient would hold), go
             # straight to the update: no sparse tensor, nothing sized by the device
             anchor = torch.empty(0, device=table.device, requires_grad=True)
-            width, cache = table.shape[0], self.cache
+            width, cache, guard = table.shape[0], self.cache, self.one_update
 
             def apply(grad_out, indices, offsets, weights, mode) -> None:
-                unfinished.open = False
+                guard.enter()
                 cache.apply_bag_gradient(grad_out, indices, offsets, weights, mode, width, lookup)
 
             weakref.finalize(anchor, self.cache.release, lookup).atexit = False
@@ -245,7 +244,7 @@ class CachedEmbeddingBag(nn.Module):
             # The leaf lives as long as the autograd graph: when it goes without a
             # backward, so do the holds.
             table = table.data.requires_grad_()
-            table.register_post_accumulate_grad_hook(self._update_hook(lookup, unfinished))
+            table.register_post_accumulate_grad_hook(self._update_hook(lookup))
             weakref.finalize(table, self.cache.release, lookup).atexit = False
         return F.embedding_bag(lookup.indices, table, offsets, mode=self.mode, sparse=True,
                                per_sample_weights=weights)
@@ -273,11 +272,11 @@ class CachedEmbeddingBag(nn.Module):
         (None: none pending)."""
         return self.cache.oldest_restored()
 
-    def _update_hook(self, lookup: Lookup, unfinished):
-        cache = self.cache
+    def _update_hook(self, lookup: Lookup):
+        cache, guard = self.cache, self.one_update
 
         def hook(leaf: torch.Tensor) -> None:
-            unfinished.open = False
+            guard.enter()
             grad, leaf.grad = leaf.grad, None
             cache.apply_gradient(grad, lookup)
 

@@ -1,10 +1,10 @@
 """Where `CachedEmbeddingBag` departs from `nn.EmbeddingBag`'s idioms, said in one line
 rather than left to surprise: the constructor arguments it does not take, and the one
-training forward a step that its update in backward needs.
+update of its rows a backward pass may bring (its update happens in backward).
 """
 from __future__ import annotations
 
-import weakref
+import torch
 
 # nn.EmbeddingBag's arguments the bag does not take, and what to do instead: without this,
 # they reach the row optimizer's arguments and are refused as a bad optimizer argument
@@ -27,52 +27,36 @@ def refuse_torch_only_args(kwargs: dict) -> None:
                              f"{instead}")
 
 
-class Unfinished:
-    """A training forward whose backward has not run yet. Its graph holds it (the update's
-    closure), so it goes with a graph dropped without a backward."""
-
-    __slots__ = ("open", "__weakref__")
-
-    def __init__(self):
-        self.open = True
-
-
-class OneForwardAStep:
+class OneUpdateABackward:
     """Each training forward's backward is one optimizer step of its rows, so two forwards
-    before one backward (a table shared by two towers, called twice) take two steps where
-    `nn.EmbeddingBag` takes one: equal for SGD, silently other results for Adagrad and Adam.
-    So a second training forward while the first one's graph awaits its backward is refused.
+    whose gradients meet in one backward (a table shared by two towers, called twice, the
+    outputs' losses added) would take two steps where `nn.EmbeddingBag` takes one: equal
+    for SGD, silently other rows for Adagrad and Adam. So the second update a backward pass
+    brings to the bag is refused, before it is applied. Forwards in flight, each with its
+    own backward, stay as they were (a step each).
 
     Example:
-        >>> guard = OneForwardAStep()
-        >>> first = guard.start()
-        >>> guard.start()
+        >>> guard = OneUpdateABackward()
+        >>> guard.enter(7)              # backward pass 7's first update of the bag
+        >>> guard.enter(7)
         Traceback (most recent call last):
         ...
-        ValueError: CachedEmbeddingBag: a second training forward before the first one's backward ...
-        >>> first.open = False        # its backward ran
-        >>> _ = guard.start()
+        ValueError: CachedEmbeddingBag: two forwards of one bag met in one backward ...
+        >>> guard.enter(8)              # the next backward pass
     """
 
     def __init__(self):
-        self._last = None  # weakref to the last training forward's `Unfinished`
+        self._task = -1  # the backward pass (autograd's graph task) of the last update
 
-    def start(self) -> Unfinished:
-        """Check that no training forward awaits its backward, then mark this one."""
-        last = None if self._last is None else self._last()
-        if last is not None and last.open:
-            raise ValueError("CachedEmbeddingBag: a second training forward before the first one's backward "
-                             "(its rows are updated once a forward, so two forwards would be two optimizer "
-                             "steps): call the bag once a step with all its ids (a table shared by two "
-                             "features: one call, or a collection), or drop the first output first")
-        mark = Unfinished()
-        self._last = weakref.ref(mark)
-        return mark
-
-    def __getstate__(self) -> dict:
-        """A weakref cannot be pickled (`torch.save` of a model holding the bag), and a copy
-        has no forward of its own in flight."""
-        return {}
-
-    def __setstate__(self, state: dict) -> None:
-        self._last = None
+    def enter(self, task: int | None = None) -> None:
+        """Refuse a second update of the bag within backward pass `task` (None: the one
+        running now)."""
+        if task is None:
+            current = getattr(torch._C, "_current_graph_task_id", None)
+            task = current() if current is not None else -1
+        if task >= 0 and task == self._task:
+            raise ValueError("CachedEmbeddingBag: two forwards of one bag met in one backward (its rows are "
+                             "updated once a forward, so that would be two optimizer steps where "
+                             "nn.EmbeddingBag takes one): call the bag once a step with all its ids (a table "
+                             "shared by two features: one call, or a collection)")
+        self._task = task
