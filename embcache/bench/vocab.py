@@ -39,6 +39,7 @@ def ensure_data(args) -> tuple[Path, dict, bool]:
     """(directory, meta, generated now): the drifting raw-key data of these settings, from
     --data-cache where a complete copy is there, else generated (into a temporary directory
     renamed into place, so an interrupted generation is never reused)."""
+    from embcache.data.staging import staged_output
     from embcache.data.synthetic import generate_synthetic
 
     out = data_dir(args)
@@ -48,14 +49,9 @@ def ensure_data(args) -> tuple[Path, dict, bool]:
         if _matches(meta, args):
             return out, meta, False
         shutil.rmtree(out)  # not what its name says (an older generator): made again
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with staged_output(out, force=True) as tmp:  # what a killed generation left beside it goes first
         meta = generate_synthetic(tmp, rows=args.rows, scale=args.scale, seed=0, days=args.days, drift=args.drift,
                                   keys="raw")
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out, meta, True
 
 

@@ -1,6 +1,7 @@
 """A data set written whole or not at all: `staged_output` gives a temporary directory beside
 the output, renamed into place when the writing ends well and removed when it does not (an
-error, Ctrl-C, SIGTERM), so `--out` never holds half a data set and a failed run leaves nothing. An
+error, Ctrl-C, SIGTERM), so `--out` never holds half a data set and a failed run leaves nothing. What
+a run killed outright (SIGKILL) left there is removed by the next (`embcache.data.leftovers`). An
 existing non-empty output is replaced only when asked (`force`). Light: no torch."""
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
+from embcache.data.leftovers import claimed
 from embcache.errors import DataOutputError, UserFacingError, describe_os_error, writing
 
 
@@ -58,20 +60,21 @@ def staged_output(out: str | os.PathLike, force: bool = False, inputs=()):
     """
     out = check_replaceable(out, force, inputs)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    with _terminate_as_exit():  # from before the directory is made: a SIGTERM at any point leaves none
-        try:
-            _make_directory(out, tmp)
-            yield tmp
-        except UserFacingError as err:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if len(err.args) == 1 and isinstance(err.args[0], str):
-                err.args = (err.args[0].replace(str(tmp), str(out)),)
-            raise
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    with writing(out):
-        _move_into_place(tmp, out)
+    with claimed(out):  # what killed writers of `out` left is removed first; a live one's refused
+        with _terminate_as_exit():  # from before the directory is made: a SIGTERM at any point leaves none
+            try:
+                _make_directory(out, tmp)
+                yield tmp
+            except UserFacingError as err:
+                shutil.rmtree(tmp, ignore_errors=True)
+                if len(err.args) == 1 and isinstance(err.args[0], str):
+                    err.args = (err.args[0].replace(str(tmp), str(out)),)
+                raise
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        with writing(out):
+            _move_into_place(tmp, out)
 
 
 def _make_directory(out: Path, tmp: Path) -> None:

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from embcache.data.ctr_format import dense_transform
+from embcache.data.leftovers import claimed
 from embcache.errors import CheckpointError, DataOutputError, UserFacingError, writing
 from embcache.integrity import ChecksumError, file_crc32, verify_zip
 from embcache.dlrm.arch import DLRMDense
@@ -314,23 +315,25 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, tab
                               f"{str(err).splitlines()[0]})") from None
     program = export_dense(dense, len(meta["sparse"]), cfg.embedding_dim, meta["num_dense"])
     tmp = out.parent / f".{out.name}.export-tmp-{os.getpid()}"
-    try:
-        with writing(out.parent):
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp.mkdir()
-        manifest = write_export(tmp, tables, program, data_dir, meta, table_format, key_rules)
-        # what the dense part was trained in (`--precision`); the export itself scores in float32
-        manifest.update(checkpoint=str(path), step=ck.get("step"), trained_precision=ck.get("precision") or "fp32")
-        # every file's CRC-32, which `load_export` checks before it uses any
-        manifest["files_crc32"] = {f.relative_to(tmp).as_posix(): file_crc32(f)
-                                   for f in sorted(tmp.rglob("*")) if f.is_file()}
-        with writing(tmp / "manifest.json"):
-            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-        _commit(tmp, out)
-    except DataOutputError as err:  # name the file as the user will look for it
-        raise DataOutputError(str(err).replace(str(tmp), str(out))) from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with claimed(out):  # what killed exports to `out` left is removed first; a live one's refused
+        try:
+            with writing(out.parent):
+                out.parent.mkdir(parents=True, exist_ok=True)
+                tmp.mkdir()
+            manifest = write_export(tmp, tables, program, data_dir, meta, table_format, key_rules)
+            # what the dense part was trained in (`--precision`); the export itself scores in float32
+            manifest.update(checkpoint=str(path), step=ck.get("step"),
+                            trained_precision=ck.get("precision") or "fp32")
+            # every file's CRC-32, which `load_export` checks before it uses any
+            manifest["files_crc32"] = {f.relative_to(tmp).as_posix(): file_crc32(f)
+                                       for f in sorted(tmp.rglob("*")) if f.is_file()}
+            with writing(tmp / "manifest.json"):
+                (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+            _commit(tmp, out)
+        except DataOutputError as err:  # name the file as the user will look for it
+            raise DataOutputError(str(err).replace(str(tmp), str(out))) from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return manifest
 
 
