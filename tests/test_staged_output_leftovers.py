@@ -152,3 +152,21 @@ def test_a_sigkilled_writer_is_cleaned_by_the_next_run(tmp_path, capsys):
     write(tmp_path / "data")
     assert f"removed .data.tmp-{child.pid} (4.0 KiB freed)" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+
+
+def test_dlrm_export_removes_what_a_killed_export_left(tmp_path, capsys):
+    from tests.small_runs import trained_dlrm_run
+
+    from embcache.dlrm.export import export_checkpoint
+
+    root = trained_dlrm_run(tmp_path, rows=600, steps=2)
+    pid = dead_pid()
+    staged = leftover(root, "export", "export-tmp", pid, age=HOUR_AGO)
+    aside = leftover(root, "export", "export-old", pid, age=HOUR_AGO)  # the export it replaced
+    capsys.readouterr()
+    export_checkpoint(root / "ck", root / "export", force=True)
+    assert not staged.exists() and not aside.exists() and (root / "export" / "manifest.json").is_file()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"embcache: removed .export.export-old-{pid} and .export.export-tmp-{pid} (5.9 KiB freed): "
+                   f"left by process {pid}, killed before it finished writing {root / 'export'}"]
+    assert not [p for p in root.iterdir() if p.name.startswith(".")]
