@@ -121,13 +121,15 @@ def test_the_previous_data_set_moved_aside_is_kept_when_out_is_missing(tmp_path,
     assert not aside2.exists() and f"removed .data.old-{other}" in capsys.readouterr().err
 
 
-def test_other_outputs_and_its_own_failure_leave_nothing(tmp_path, capsys):
+def test_only_its_own_outs_leftovers_go_and_a_failed_run_leaves_nothing(tmp_path, capsys):
     pid = dead_pid()
+    ours = leftover(tmp_path, "data", "tmp", pid, age=HOUR_AGO)
     other = leftover(tmp_path, "data2", "tmp", pid, age=HOUR_AGO)  # another --out's: not ours to judge
     with pytest.raises(RuntimeError), staged_output(tmp_path / "data"):
         raise RuntimeError("boom")
-    assert other.is_dir() and sorted(p.name for p in tmp_path.iterdir()) == [other.name]
-    assert capsys.readouterr().err == ""
+    assert not ours.exists() and sorted(p.name for p in tmp_path.iterdir()) == [other.name]
+    err = capsys.readouterr().err
+    assert f"removed .data.tmp-{pid} " in err and "data2" not in err
 
 
 def test_a_sigkilled_writer_is_cleaned_by_the_next_run(tmp_path, capsys):
