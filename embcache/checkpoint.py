@@ -12,6 +12,7 @@ from typing import Any
 
 from embcache.errors import CheckpointError, DataOutputError, first_line
 from embcache.integrity import open_verified, save_torch
+from embcache.leftovers import claimed
 from embcache.safe_load import UntrustedFileError, load_pickled
 
 FORMAT_KEY = "embcache_checkpoint"
@@ -23,10 +24,11 @@ def save_checkpoint(payload: dict[str, Any], path: str | os.PathLike, kind: str)
     (e.g. "dlrm", "face") to `path`."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_torch({FORMAT_KEY: FORMAT_VERSION, "kind": kind, **payload}, tmp)  # sealed and fsynced
-        os.replace(tmp, path)
+    try:  # a run killed (SIGKILL) while saving left its temporary file: the next save removes it
+        with claimed(path, refuse=False):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_torch({FORMAT_KEY: FORMAT_VERSION, "kind": kind, **payload}, tmp)  # sealed and fsynced
+            os.replace(tmp, path)
     except OSError as err:  # a full disk, a directory taken away: one line naming the checkpoint
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)

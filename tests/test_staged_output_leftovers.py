@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from embcache.data.leftovers import process_start
+from embcache.leftovers import process_start
 from embcache.data.staging import staged_output
 from embcache.errors import DataOutputError
 
@@ -172,3 +172,22 @@ def test_dlrm_export_removes_what_a_killed_export_left(tmp_path, capsys):
     assert err == [f"embcache: removed .export.export-old-{pid} and .export.export-tmp-{pid} (5.9 KiB freed): "
                    f"left by process {pid}, killed before it finished writing {root / 'export'}"]
     assert not [p for p in root.iterdir() if p.name.startswith(".")]
+
+
+def test_a_checkpoint_save_removes_a_killed_saves_file_and_never_refuses(tmp_path, sleeper, capsys):
+    from embcache.checkpoint import load_checkpoint, save_checkpoint
+
+    pid = dead_pid()
+    killed = tmp_path / f".dlrm-last.pt.tmp-{pid}"  # a save killed half-way: a file, not a directory
+    killed.write_bytes(b"x" * 2048)
+    record(tmp_path, "dlrm-last.pt", pid, "boot:1")
+    live = tmp_path / f".dlrm-last.pt.tmp-{sleeper}"
+    live.write_bytes(b"y")
+    if process_start(sleeper) is not None:
+        record(tmp_path, "dlrm-last.pt", sleeper, process_start(sleeper))  # another run saving here now
+    save_checkpoint({"step": 3}, tmp_path / "dlrm-last.pt", kind="dlrm")  # mid-run: a save never refuses
+    assert load_checkpoint(tmp_path / "dlrm-last.pt", "dlrm")["step"] == 3
+    assert not killed.exists() and live.is_file()
+    err = sorted(capsys.readouterr().err.strip().splitlines())  # one line each, in the order of their PIDs
+    assert len(err) == 2 and f"left .dlrm-last.pt.tmp-{sleeper} (1 B)" in err[0]
+    assert f"removed .dlrm-last.pt.tmp-{pid} (2.0 KiB freed)" in err[1]

@@ -1,7 +1,7 @@
 """A data set written whole or not at all: `staged_output` gives a temporary directory beside
 the output, renamed into place when the writing ends well and removed when it does not (an
 error, Ctrl-C, SIGTERM), so `--out` never holds half a data set and a failed run leaves nothing. What
-a run killed outright (SIGKILL) left there is removed by the next (`embcache.data.leftovers`). An
+a run killed outright (SIGKILL) left there is removed by the next (`embcache.leftovers`). An
 existing non-empty output is replaced only when asked (`force`). Light: no torch."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import sys
 import threading
 from pathlib import Path
 
-from embcache.data.leftovers import claimed
 from embcache.errors import DataOutputError, UserFacingError, describe_os_error, writing
+from embcache.leftovers import claimed
 
 
 def check_replaceable(out: str | os.PathLike, force: bool, inputs=()) -> Path:

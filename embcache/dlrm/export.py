@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from embcache.data.ctr_format import dense_transform
-from embcache.data.leftovers import claimed
 from embcache.errors import CheckpointError, DataOutputError, UserFacingError, writing
 from embcache.integrity import ChecksumError, file_crc32, verify_zip
+from embcache.leftovers import claimed
 from embcache.dlrm.arch import DLRMDense
 from embcache.dlrm.config import TABLE_FORMATS, training_split
 

@@ -50,7 +50,7 @@ def pid_alive(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def claimed(out: str | os.PathLike):
+def claimed(out: str | os.PathLike, refuse: bool = True):
     """Record this process as the writer of `out` for the block, after sweeping what dead
     writers of `out` left beside it (`sweep`); the record goes when the block ends."""
     out = Path(out)
@@ -62,7 +62,7 @@ def claimed(out: str | os.PathLike):
     except OSError:
         record = None  # an unwritable parent: the writer's own error names it
     try:
-        sweep(out)
+        sweep(out, refuse=refuse)
         yield
     finally:
         if record is not None:
@@ -85,16 +85,18 @@ def leftovers(out: Path) -> dict[int, list[Path]]:
     return found
 
 
-def sweep(out: Path, now: float | None = None) -> None:
+def sweep(out: Path, now: float | None = None, refuse: bool = True) -> None:
     """Remove the leftovers of `out`'s dead writers, one line each on stderr; leave the rest
     (a live or unprovable writer, another host's), one line each; DataOutputError when a
-    writer proven alive writes `out` now."""
+    writer proven alive writes `out` now and `refuse` (a checkpoint, saved mid-run: not)."""
     for pid, paths in sorted(leftovers(out).items()):
         verdict = _owner(pid, paths, time.time() if now is None else now)
         staged = [p for p in paths if not p.name.endswith(f".writer-{pid}")]
-        if verdict == "alive":
+        if verdict == "alive" and refuse:
             raise DataOutputError(f"{out}: another embcache process (PID {pid}) is writing it now; wait for it to "
                                   f"end, or choose another --out")
+        if verdict == "alive":
+            verdict = f"process {pid} is writing {out.name} now"
         if verdict != "dead":
             if staged:
                 _note(f"left {_names(staged)} ({format_bytes(_size(staged))}) beside {out} alone: {verdict}; "
