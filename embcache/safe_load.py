@@ -91,12 +91,51 @@ def allowed_names() -> frozenset[str]:
     return frozenset(out | {f"{m}.{n}" for m, n, _ in ALLOWED_TYPES if n != "*DType"})
 
 
+def bounded_reconstruct(reconstruct, limit: int):
+    """numpy's `_reconstruct(cls, shape, dtype)`, refusing an array of more than `limit`
+    bytes (the file's size). It makes an empty array of any shape the pickle names (a
+    100-byte file asked for 931 GiB, before anything else in it was read); a real pickle
+    makes it of shape (0,) and fills it from the file's own bytes after."""
+    import numpy as np
+
+    def checked(cls, shape, dtype):
+        try:
+            size = int(np.prod(shape, dtype=object)) * max(np.dtype(dtype).itemsize, 1)
+        except Exception:  # a shape or dtype of another kind: nothing numpy itself pickles
+            raise pickle.UnpicklingError(f"an array of shape {shape!r:.60} and dtype {dtype!r:.40}") from None
+        if size > limit:
+            raise pickle.UnpicklingError(f"an array of shape {tuple(shape)!r:.80}, more than the file's {limit:,} "
+                                         f"bytes hold")
+        return reconstruct(cls, shape, dtype)
+    return checked
+
+
+def _bounded_globals(limit: int) -> list:
+    """`allowed_globals()` with numpy's `_reconstruct` bounded by `limit` bytes, under each
+    name a pickle may use for it."""
+    out = []
+    for obj in allowed_globals():
+        found, name = obj if isinstance(obj, tuple) else (obj, f"{obj.__module__}.{obj.__qualname__}")
+        out.append((bounded_reconstruct(found, limit), name) if name.endswith("._reconstruct") else obj)
+    return out
+
+
+def _size(source) -> int:
+    """The bytes of a file (a path or an open file) a load reads: the most any array it
+    makes may hold (0 where unknown: torch's own error names a missing file)."""
+    try:
+        return os.fstat(source.fileno()).st_size if hasattr(source, "fileno") else Path(source).stat().st_size
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
 def _reason(err: BaseException) -> str:
     """One line for torch's refusal (several paragraphs): the unpickler's own reason."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    mark = "WeightsUnpickler error:"  # at a line's start, or after "Please file an issue ...: "
     for k, line in enumerate(lines):
-        if line.startswith("WeightsUnpickler error:"):
-            rest = line[len("WeightsUnpickler error:"):].strip() or (lines[k + 1] if k + 1 < len(lines) else "")
+        if mark in line:
+            rest = line.split(mark, 1)[1].strip() or (lines[k + 1] if k + 1 < len(lines) else "")
             return rest
     return lines[0] if lines else type(err).__name__
 
@@ -129,6 +168,7 @@ def load_pickled(path: str | os.PathLike, what: str = "file", trust: bool | None
 
     path = Path(path)
     source = path if file is None else file
+    limit = _size(path if file is None else file)
 
     def load(weights_only: bool):
         if file is not None:
@@ -136,7 +176,7 @@ def load_pickled(path: str | os.PathLike, what: str = "file", trust: bool | None
         return torch.load(source, map_location="cpu", weights_only=weights_only, **kwargs)
 
     try:
-        with torch.serialization.safe_globals(list(allowed_globals())):
+        with torch.serialization.safe_globals(_bounded_globals(limit)):
             return load(True)
     except pickle.UnpicklingError as err:
         needed = needed_types(source)

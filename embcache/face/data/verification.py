@@ -22,26 +22,15 @@ class _SafeUnpickler(pickle.Unpickler):
 
     def __init__(self, file, limit: int, **kwargs):
         super().__init__(file, **kwargs)
-        self.limit = limit  # the file's size: no array it builds may hold more elements
+        self.limit = limit  # the file's size: no array it builds may hold more bytes
 
     def find_class(self, module, name):
-        from embcache.safe_load import allowed_names
+        from embcache.safe_load import allowed_names, bounded_reconstruct
 
         if f"{module}.{name}" in allowed_names() or (module, name) == ("builtins", "bytearray"):
             found = super().find_class(module, name)
-            return self._bounded(found) if name == "_reconstruct" else found
+            return bounded_reconstruct(found, self.limit) if name == "_reconstruct" else found
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
-
-    def _bounded(self, reconstruct):
-        """numpy's `_reconstruct(cls, shape, dtype)` makes an empty array of any shape the file
-        names (a 100-byte file asked for 931 GiB, and `bytes()` of a smaller one fills it); a
-        real pickle makes it of shape (0,) and fills it from the file's own bytes after."""
-        def checked(cls, shape, dtype):
-            if int(np.prod(shape, dtype=object)) > self.limit:
-                raise pickle.UnpicklingError(f"an array of shape {tuple(shape)}, more than the file's {self.limit:,} "
-                                             f"bytes hold")
-            return reconstruct(cls, shape, dtype)
-        return checked
 
 
 def load_verification_bin(path: str | os.PathLike, image_size: int = 112) -> tuple[torch.Tensor, torch.Tensor,
