@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from embcache.arg_types import fraction, int_in, non_negative_float, non_negative_int, positive_float, positive_int, ratio
+from embcache.arg_types import fraction, int_in, non_negative_float, positive_float, positive_int, ratio
 from embcache.nn.choices import BACKBONES, HEADS, MARGINS
 from embcache.settings_fields import inherit, setting
 from embcache.train.precision import HELP as PRECISION_HELP, PRECISIONS
@@ -22,6 +22,10 @@ BATCH_NORMS = ("global", "local")
 # the largest margin (exclusive) of each margin softmax: there the target logit of a feature on its
 # class centre, cos(m) (arcface, m in radians) or 1 - m (cosface), falls to 0, an orthogonal class's
 MARGIN_LIMITS = {"arcface": (math.pi / 2, "[0, pi/2) radians (pi/2 = 1.571)"), "cosface": (1.0, "[0, 1)")}
+# The largest image side, trained (--image-size) or named by a checkpoint's `probe_spec`: far above the
+# 112 of the face sets, small enough that a batch of images is gigabytes, not the terabytes a crafted
+# side asks; one bound for both, so whatever trains can be opened by `face embed` and `face verify`
+MAX_SIDE = 1024
 
 
 @dataclass
@@ -77,9 +81,9 @@ class FaceConfig(StepRunConfig):
                         help="verification .bin files to evaluate on (lfw.bin, cfp_fp.bin, agedb_30.bin; "
                              "training: after each epoch), read and checked before the first step (images, at "
                              "least 20 pairs)")
-    image_size: int = setting(0, type=non_negative_int,
+    image_size: int = setting(0, type=int_in(0, MAX_SIDE),
                               help="synthetic: 0 for feature vectors, S for S x S images; real data: crop size "
-                                   "(0 = 112)")
+                                   f"(0 = 112); at most {MAX_SIDE}")
     synthetic_dim: int = 64
     synthetic_id_dim: int = 16
     synthetic_samples: int = setting(8, type=int_in(2), help="samples per synthetic identity")
@@ -90,8 +94,17 @@ class FaceConfig(StepRunConfig):
     # the value a setting had, in effect, in checkpoints written before it existed
     settings_added_later = {"holdout": 0.0, "precision": "fp32"}
 
+    @classmethod
+    def sizes_in_checkpoint(cls, ck: dict) -> dict:
+        """What the tensors of checkpoint `ck` say of the settings that size the model
+        (`embcache.train.run_files.refuse_unheld_sizes`)."""
+        return held_sizes(ck)
+
     def __post_init__(self) -> None:
         check_margin(self.margin_type, self.margin)
+        if not 0 <= self.image_size <= MAX_SIDE:  # a library caller's, or a checkpoint's config
+            raise ValueError(f"--image-size {self.image_size}: images of side 0 to {MAX_SIDE} only (larger ones could "
+                             f"not be opened by `face embed` and `face verify`)")
 
 
 def check_margin(kind: str, margin: float) -> None:
@@ -103,3 +116,28 @@ def check_margin(kind: str, margin: float) -> None:
     if not 0 <= margin < limit:
         raise ValueError(f"--margin {margin:g} with --margin-type {kind}: the margin must be in {words}, or a "
                          f"feature on its class centre scores no more than a class at 90 degrees and nothing is learnt")
+
+
+def held_sizes(ck: dict) -> dict:
+    """The sizing settings a face checkpoint's tensors say, read from their shapes (nothing
+    built): `feat_dim` from the head (a class table's width, or the class pool's),
+    `num_classes` from a class table's rows (where the config names a number: 0 takes the
+    data's), `synthetic_dim` from the probe's first layer on synthetic feature vectors. A
+    part a checkpoint lacks says nothing."""
+    def shape(value) -> tuple:
+        return tuple(int(n) for n in getattr(value, "shape", ()))
+
+    config, held = ck.get("config") if isinstance(ck.get("config"), dict) else {}, {}
+    head = ck.get("head") if isinstance(ck.get("head"), dict) else {}
+    table, pool = shape(head.get("weight")), shape(head.get("pool.features"))
+    if len(table) == 2:  # fc, pfc: a row a class
+        held["feat_dim"] = table[1]
+        if config.get("num_classes"):
+            held["num_classes"] = table[0]
+    elif len(pool) == 3:  # dcp: slots x (probe, gallery) x feat_dim
+        held["feat_dim"] = pool[2]
+    probe = ck.get("probe") if isinstance(ck.get("probe"), dict) else {}
+    first = next((shape(v) for v in probe.values() if len(shape(v)) == 2), None)
+    if config.get("data") == "synthetic" and not config.get("image_size") and first:
+        held["synthetic_dim"] = first[1]  # feature vectors: the mlp's input width
+    return held

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from embcache.errors import CheckpointError, UserFacingError
+from embcache.face.config import MAX_SIDE  # the largest image side, training's --image-size's bound too
 
 EMBED_FORMATS = (".npy", ".parquet")
 
@@ -45,11 +46,6 @@ def load_probe(checkpoint, device="cpu", images: bool = False):
                               f"on an image folder to embed images")
     probe = probe_from_spec(path, spec, ck.get("probe"))
     return probe.to(device).eval(), spec, ck
-
-
-# The largest image side a checkpoint's `probe_spec` may name: far above the 112 of the face sets,
-# and small enough that a batch of embedded images is gigabytes, not the terabytes a crafted side asks
-MAX_SIDE = 1024
 
 
 def probe_from_spec(path, spec, state):
