@@ -131,12 +131,12 @@ def saved_model_settings(args) -> dict:
 
         return asdict(load(args.load)[3])
     if args.resume and args.checkpoint_dir:
-        from embcache.checkpoint import load_checkpoint
+        from embcache.cf.trainer import load_cf_checkpoint
         from embcache.train.run import checkpoint_in
 
         path = checkpoint_in(args.checkpoint_dir, "cf")
-        if path.is_file():
-            saved = load_checkpoint(path, kind="cf")["config"]
+        if path.is_file():  # its dim checked against its rows: the run builds tables of that dim first
+            saved = load_cf_checkpoint(path)[1]["config"]
             # a checkpoint from before issue 23 drew negatives from all items (as CFTrainer's
             # upgrade_checkpoint says too): it resumes that way, not under the new default
             saved.setdefault("negatives_from", "all")

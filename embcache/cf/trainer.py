@@ -96,10 +96,21 @@ def load_cf_checkpoint(path: str | Path) -> tuple[Path, dict]:
     or the directory holding it), checked: CheckpointError naming the file when it is
     missing, damaged or another trainer's."""
     from embcache.checkpoint import load_checkpoint
-    from embcache.train.run import checkpoint_file
+    from embcache.train.run_files import checkpoint_file, refuse_unheld_sizes
 
     path = checkpoint_file(path, "cf")
-    return path, load_checkpoint(path, kind="cf")
+    ck = load_checkpoint(path, kind="cf")
+    refuse_unheld_sizes(path, ck.get("config"), held_sizes(ck))
+    return path, ck
+
+
+def held_sizes(ck: dict) -> dict:
+    """The `dim` a cf checkpoint's rows say (U and I are that wide, W that square), read
+    from their shapes: a resume and `cf evaluate` build tables of the checkpoint's `dim` for
+    every user and item before its rows are copied in."""
+    shapes = [tuple(int(n) for n in getattr(ck.get(name), "shape", ())) for name in ("U", "I", "W")]
+    dims = {s[-1] for s in shapes if len(s) == 2} | {s[0] for s in shapes[2:] if len(s) == 2}
+    return {"dim": dims.pop() if len(dims) == 1 else sorted(dims)} if dims else {}
 
 
 def params_from_checkpoint(path: str | Path, data: Interactions, loaded: tuple[Path, dict] | None = None) -> CFParams:

@@ -219,6 +219,12 @@ class DLRMConfig(StepRunConfig):
     # the value a setting had, in effect, in checkpoints written before it existed
     settings_added_later = {"precision": "fp32"}
 
+    @classmethod
+    def sizes_in_checkpoint(cls, ck: dict) -> dict:
+        """What the tensors of checkpoint `ck` say of the settings that size the model
+        (`embcache.train.run_files.refuse_unheld_sizes`)."""
+        return held_sizes(ck)
+
     def __post_init__(self) -> None:
         # `prefetch` folded into the depth once, so that a later `replace(cfg, prefetch_depth=2)`
         # is not undone by it
@@ -230,6 +236,36 @@ class DLRMConfig(StepRunConfig):
             self.epochs = len(parse_day_range(self.days))
         if not 0 <= self.prefetch_depth <= MAX_PREFETCH_DEPTH:
             raise ValueError(f"prefetch_depth must be from 0 to {MAX_PREFETCH_DEPTH}, got {self.prefetch_depth}")
+
+
+def held_sizes(ck: dict) -> dict:
+    """The sizing settings a DLRM checkpoint's tensors say, read from their shapes (nothing
+    built): `dense_arch` and `embedding_dim` from the bottom MLP's weights (its last layer is
+    as wide as a table row), `over_arch` from the top MLP's (its last layer is the logit),
+    `embedding_dim` from the tables too (the manifest of a cached run's table files, or the
+    whole model's state dict). A part a checkpoint lacks says nothing."""
+    dense = ck.get("dense_model") if isinstance(ck.get("dense_model"), dict) else ck.get("model")
+    dense = dense if isinstance(dense, dict) else {}
+
+    def widths(prefix):  # the out features of each linear layer, in order
+        return [int(v.shape[0]) for k, v in dense.items()
+                if isinstance(k, str) and k.startswith(prefix) and len(getattr(v, "shape", ())) == 2]
+
+    held, bottom, top = {}, widths("dense_arch."), widths("over_arch.")
+    if bottom:
+        held["dense_arch"], held["embedding_dim"] = bottom[:-1], bottom[-1]
+    if top:
+        held["over_arch"] = top[:-1]
+    tables = ck["tables"].get("tables") if isinstance(ck.get("tables"), dict) else None
+    if isinstance(tables, dict):  # a cached run's table files: their manifest
+        dims = {t.get("dim") for t in tables.values() if isinstance(t, dict)}
+    else:
+        dims = {int(v.shape[1]) for k, v in dense.items()
+                if str(k).startswith("sparse_arch.") and len(getattr(v, "shape", ())) == 2}
+    dims |= {held["embedding_dim"]} if "embedding_dim" in held else set()
+    if dims:  # tables of several widths: no embedding_dim is theirs, and the check refuses
+        held["embedding_dim"] = dims.pop() if len(dims) == 1 else sorted(dims, key=str)
+    return held
 
 
 # Settings a resumed run must share with its checkpoint: they change the arithmetic.

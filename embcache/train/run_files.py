@@ -98,12 +98,39 @@ def config_from_checkpoint(config_cls, saved: dict, **overrides):
 def checkpoint_to_evaluate(path: str | os.PathLike, kind: str, config_cls, device: str | None = None):
     """(file, checkpoint, config) for evaluating the checkpoint `path` names (a file or a
     checkpoint directory): the run's own settings on `device`, with no checkpoints, metrics
-    or progress of its own."""
+    or progress of its own. The settings that size the model are checked against the
+    tensors the file holds first (`config_cls.sizes_in_checkpoint`, where it has one)."""
     path = checkpoint_file(path, kind)
     ck = load_checkpoint(path, kind=kind)
-    cfg = config_from_checkpoint(config_cls, ck["config"], device=device, resume=False, checkpoint_dir=None,
-                                 metrics_out=None, progress=False)
+    if hasattr(config_cls, "sizes_in_checkpoint"):
+        refuse_unheld_sizes(path, ck.get("config"), config_cls.sizes_in_checkpoint(ck))
+    try:
+        cfg = config_from_checkpoint(config_cls, ck["config"], device=device, resume=False, checkpoint_dir=None,
+                                     metrics_out=None, progress=False)
+    except ValueError as err:  # a setting the config refuses (an image side past the largest): name the file
+        raise CheckpointError(f"{path}: {err}") from None
     return path, ck, cfg
+
+
+def refuse_unheld_sizes(path, config, held: dict) -> None:
+    """CheckpointError in one line naming `path` and each setting of `config` (a
+    checkpoint's settings) that sizes the model otherwise than the tensors beside it
+    (`held`: setting -> the value those tensors' shapes say). A checkpoint from someone else
+    could say `embedding_dim` 10^9 beside tables 16 wide; the model is built from its
+    settings, so without this the build would ask for terabytes before the load compared a
+    tensor. What the file holds is bounded by its own size, so these values are too."""
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: its config is a {type(config).__name__}, not the settings of a run")
+    differ = [f"{name} {config.get(name)!r:.60} in its config, {value!r:.60} in its tensors"
+              for name, value in held.items() if _listed(config.get(name)) != _listed(value)]
+    if differ:
+        raise CheckpointError(f"{path}: its settings do not match the tensors it holds ({'; '.join(differ)}): "
+                              f"not a checkpoint these settings wrote")
+
+
+def _listed(value):
+    """A setting as it compares: a list setting (`dense_arch`) as a list, whether a tuple or a list."""
+    return list(value) if isinstance(value, (list, tuple)) else value
 
 
 def resume_mismatches(saved: dict, now: dict, must_match, only_raised=(), names=None) -> list[str]:
