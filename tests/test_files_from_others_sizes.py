@@ -81,6 +81,24 @@ def test_a_dlrm_checkpoints_sizes_are_checked_against_its_tensors_before_the_mod
         checkpoint_to_evaluate(path, "dlrm", DLRMConfig, "cpu")
 
 
+def test_a_raw_key_dlrm_checkpoints_max_rows_is_checked_against_its_tables(tmp_path, capsys, monkeypatch):
+    """Hashed raw keys: every table has --max-rows rows, which a checkpoint could say are 10^12."""
+    from embcache.checkpoint import load_checkpoint
+    from embcache.data.synthetic import generate_synthetic
+    from embcache.dlrm import trainer
+
+    generate_synthetic(tmp_path / "raw", rows=300, scale=0.00005, seed=0, val_rows=100, test_rows=100, keys="raw")
+    cfg = trainer.DLRMConfig(sparse="device", raw_keys="hash", max_rows=50, epochs=1, max_steps=1, batch_size=64,
+                             dense_arch=[8], over_arch=[8], embedding_dim=4, checkpoint_dir=str(tmp_path / "ck"),
+                             progress=False, device="cpu")
+    trainer.DLRMTrainer(cfg, tmp_path / "raw").fit()
+    held = trainer.DLRMConfig.sizes_in_checkpoint(load_checkpoint(tmp_path / "ck" / "dlrm-last.pt", "dlrm"))
+    assert held == {"dense_arch": [8], "embedding_dim": 4, "over_arch": [8], "max_rows": 50}
+    path = _changed(tmp_path / "ck" / "dlrm-last.pt", "dlrm", tmp_path, max_rows=10 ** 12)
+    _refuse_building(monkeypatch, trainer, "build_model")
+    _one_line(["dlrm", "evaluate", path, "--device", "cpu"], capsys, path.name, "max_rows 1000000000000")
+
+
 def test_an_honest_dlrm_checkpoint_still_says_its_own_sizes(dlrm_run):
     from embcache.dlrm.config import DLRMConfig
     from embcache.train.run import checkpoint_to_evaluate

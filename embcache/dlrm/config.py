@@ -243,7 +243,8 @@ def held_sizes(ck: dict) -> dict:
     built): `dense_arch` and `embedding_dim` from the bottom MLP's weights (its last layer is
     as wide as a table row), `over_arch` from the top MLP's (its last layer is the logit),
     `embedding_dim` from the tables too (the manifest of a cached run's table files, or the
-    whole model's state dict). A part a checkpoint lacks says nothing."""
+    whole model's state dict), and an integer `max_rows` (raw keys) from their rows. A part a
+    checkpoint lacks says nothing."""
     dense = ck.get("dense_model") if isinstance(ck.get("dense_model"), dict) else ck.get("model")
     dense = dense if isinstance(dense, dict) else {}
 
@@ -258,10 +259,14 @@ def held_sizes(ck: dict) -> dict:
         held["over_arch"] = top[:-1]
     tables = ck["tables"].get("tables") if isinstance(ck.get("tables"), dict) else None
     if isinstance(tables, dict):  # a cached run's table files: their manifest
-        dims = {t.get("dim") for t in tables.values() if isinstance(t, dict)}
+        shapes = {(t.get("rows"), t.get("dim")) for t in tables.values() if isinstance(t, dict)}
     else:
-        dims = {int(v.shape[1]) for k, v in dense.items()
-                if str(k).startswith("sparse_arch.") and len(getattr(v, "shape", ())) == 2}
+        shapes = {tuple(int(n) for n in v.shape) for k, v in dense.items()
+                  if str(k).startswith("sparse_arch.") and len(getattr(v, "shape", ())) == 2}
+    dims, rows = {d for _, d in shapes}, {r for r, _ in shapes}
+    config = ck.get("config") if isinstance(ck.get("config"), dict) else {}
+    if type(config.get("max_rows")) is int and rows:  # raw keys: every table hashed or bounded to that many rows
+        held["max_rows"] = rows.pop() if len(rows) == 1 else sorted(rows, key=str)
     dims |= {held["embedding_dim"]} if "embedding_dim" in held else set()
     if dims:  # tables of several widths: no embedding_dim is theirs, and the check refuses
         held["embedding_dim"] = dims.pop() if len(dims) == 1 else sorted(dims, key=str)
