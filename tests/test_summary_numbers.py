@@ -99,7 +99,8 @@ def three_rows(tmp_path_factory):
 def test_the_converter_says_in_one_line_which_splits_came_out_empty(three_rows):
     root, err, _ = three_rows
     said = [line for line in err.splitlines() if "came out empty" in line]
-    assert said == [f"warning: {root / 'three.txt'}: the val and test splits came out empty (train 3, val 0, test 0 rows): a "
+    assert said == [f"warning: {root / 'three.txt'}: the val and test splits came out empty "
+                    "(train 3, val 0, test 0 rows): a "
                     "run on this data has nothing there to score; more rows fill them"]
 
 
@@ -128,7 +129,8 @@ def test_a_split_of_one_label_scores_auc_n_a_with_its_log_loss(tmp_path, capsys)
     """AUC ranks positives against negatives: a val/test split whose rows all carry one label
     has none (torchmetrics gives 0.0 and a warning, which read as a model ranking every pair
     wrong); the log loss is still the split's."""
-    rows = ["clicked,price,user,item"] + [f"{1 if i >= 36 else i % 2},{i / 40:.3f},u{i % 6},i{i % 8}" for i in range(40)]
+    labels = [1 if i >= 36 else i % 2 for i in range(40)]
+    rows = ["clicked,price,user,item"] + [f"{labels[i]},{i / 40:.3f},u{i % 6},i{i % 8}" for i in range(40)]
     (tmp_path / "clicks.csv").write_text("\n".join(rows) + "\n")
     assert main(["data", "prepare", "own", "--input", str(tmp_path / "clicks.csv"), "--out", str(tmp_path / "d"),
                  "--label-col", "clicked", "--dense-cols", "price", "--sparse-cols", "user,item", "--split", "tail",
