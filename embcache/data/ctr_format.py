@@ -70,7 +70,7 @@ KEY_FREQ = "key_freq.npz"
 SPLIT_FREQ_DIR = "freq"  # per-split key counts: freq/<split>.npz
 KEY_MODES = ("ids", "raw")
 SHARD_CODECS = ("lz4", "zstd", "snappy", "none")  # Parquet codecs a shard may be written with
-SHARD_CODEC = "lz4"  # decoding bounds the loader: lz4's is the fastest (`bench/shard_codecs.py`)
+SHARD_CODEC = "lz4"  # decoding bounds the loader: lz4 reads as fast as no codec (`bench/shard_codecs.py`)
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class CTRDatasetWriter:
         split_counts: also write each counted split's own key counts (`freq/<split>.npz`,
             ids counted as keys in ids mode), saved and freed when `end_split` is called.
         max_counted_keys: the cap of every `KeyCounter` (None: exact, unbounded).
-        compression: the shards' Parquet codec (`SHARD_CODECS`; lz4 decodes fastest, and
+        compression: the shards' Parquet codec (`SHARD_CODECS`; lz4 decodes as fast as none, and
             decoding bounds the loader: `python bench/shard_codecs.py`).
 
     Example:
