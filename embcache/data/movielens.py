@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from embcache.data.bad_rows import BadRowLog
+from embcache.data.delimited import BOM
 from embcache.errors import DataFormatError, format_error, writing
 from embcache.paths import datasets_dir
 
@@ -220,7 +221,7 @@ def _lines(path: Path, encoding: str):
         with open(path, encoding=encoding, newline="") as f:
             for number, line in enumerate(f, 1):
                 if number == 1:
-                    line = line.removeprefix("\ufeff" if encoding == "utf-8" else "\xef\xbb\xbf")
+                    line = line.removeprefix(BOM if encoding == "utf-8" else BOM.encode().decode("latin-1"))
                 yield number, line.rstrip("\r\n")
     except UnicodeDecodeError as err:
         raise format_error(path, None, f"not {encoding} text ({err.reason} at byte {err.start})") from None

@@ -441,10 +441,10 @@ class CachedEmbeddingBag(nn.Module):
                               missing_keys, unexpected_keys, error_msgs):
         mine = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)
                 and _is_cache_key(k[len(prefix):])}
-        missing = set(self.cache.required_keys()) - set(mine) | self._missing_state(state_dict, prefix)
+        required = set(self.cache.required_keys())
+        missing = required - set(mine) | self._missing_state(state_dict, prefix)
         # another optimizer's state (Adagrad's sums in an SGD bag) would be dropped unread
-        unexpected_keys.extend(prefix + k for k in sorted(mine) if k.startswith("optimizer.")
-                               and k not in self.cache.required_keys())
+        unexpected_keys.extend(prefix + k for k in sorted(mine) if k.startswith("optimizer.") and k not in required)
         if missing:
             missing_keys.extend(prefix + k for k in sorted(missing))
             return
