@@ -38,10 +38,24 @@ def test_a_sigterm_while_a_rank_publishes_its_error_leaves_its_line(one_rank_gro
 
     monkeypatch.setattr(world, "_publish", publish_as_sigterm_lands)
     before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(UserFacingError, match=r"^rank 0: shard part-00000\.parquet is damaged$"):
-        with world.launch(torch.device("cpu"), 30.0):
-            raise UserFacingError("shard part-00000.parquet is damaged")
-    assert published == [" (rank 0: shard part-00000.parquet is damaged)"]
+    try:
+        with pytest.raises(UserFacingError, match=r"^rank 0: shard part-00000\.parquet is damaged$"):
+            with world.launch(torch.device("cpu"), 30.0):
+                raise UserFacingError("shard part-00000.parquet is damaged")
+        assert published == [" (rank 0: shard part-00000.parquet is damaged)"]
+        assert not torch.distributed.is_initialized()
+        # the error is now on its way to the command's one line: a SIGTERM landing meanwhile (after
+        # `launch` has ended, before the line is printed) must not end the process without it
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, before)  # checked first: SIG_DFL would end pytest
+        os.kill(os.getpid(), signal.SIGTERM)  # ignored: nothing raised here
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_a_rank_that_ends_well_gets_its_sigterm_handler_back(one_rank_group):
+    before = signal.getsignal(signal.SIGTERM)
+    with world.launch(torch.device("cpu"), 30.0):
+        assert signal.getsignal(signal.SIGTERM) is not before
     assert signal.getsignal(signal.SIGTERM) is before and not torch.distributed.is_initialized()
 
 

@@ -130,7 +130,11 @@ def launch(device: torch.device | None = None, timeout_s: float = DEFAULT_TIMEOU
             gc.collect()
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-        signal.signal(signal.SIGTERM, previous)
+        if not _is_failing():
+            signal.signal(signal.SIGTERM, previous)
+        # else SIGTERM stays ignored: this rank's error is on its way to the caller's one line, and the
+        # launcher's SIGTERM (its default action) would end the process between here and that line. A
+        # failing rank exits; the launcher follows its SIGTERM with SIGKILL after a grace period anyway.
 
 
 _TIMEOUT = datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)
@@ -160,7 +164,15 @@ def _failing() -> None:
     raised inside an `except` branch here, as during the store call that publishes the
     line, would escape every branch). The handler does the same where the signal lands
     while any exception is being handled (an `except` or a `finally` on its way out)."""
-    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    signal.signal(signal.SIGTERM, _ignored)
+
+
+def _ignored(signum, frame) -> None:
+    """SIGTERM's handler once this rank is failing (a function of its own, so `_is_failing` knows it)."""
+
+
+def _is_failing() -> bool:
+    return signal.getsignal(signal.SIGTERM) is _ignored
 
 
 def _is_collective_failure(err: BaseException) -> bool:
