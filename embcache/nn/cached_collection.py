@@ -28,6 +28,7 @@ from embcache.cache.stores.table_files import fresh_directory
 from .bag_input import ID_DTYPES, check_layout, check_weights
 from .input_errors import InputErrors
 from .prefetch_ticket import PrefetchTicket, TakesTickets
+from .rows_only import collection_rows_only, torchrec_state_dict, torchrec_tables
 from .table_groups import GroupInput, group_tables
 
 
@@ -108,6 +109,8 @@ class CachedEmbeddingBagCollection(TakesTickets, CollectionInterface, nn.Module)
                                         ids_freq=ids_freq, bookkeeping=bookkeeping, **kwargs))
         self._feature_to_table = {f: t for t in tables for f in t.feature_names}
         self.input_errors = InputErrors()  # what device batches' checks found, raised when read
+        self._rows_only_prefix: str | None = None  # a load of torchrec's form under way (`nn.rows_only`)
+        self.register_load_state_dict_post_hook(_drop_bags_missing_after_rows_only)
 
     # --------------------------------------------------------- torchrec's interface
     @torch.compiler.disable  # a compile boundary: torch.compile of a model holding it traces around it
@@ -202,6 +205,29 @@ class CachedEmbeddingBagCollection(TakesTickets, CollectionInterface, nn.Module)
             start += n
         errors = self._device_errors(values)
         return [g.input(values, lengths, weights, batch, spans, errors) for g in self._groups]
+
+    # --------------------------------------------------------- state dicts of torchrec's form
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """torchrec's `EmbeddingBagCollection` state dict (`embedding_bags.<table>.weight`,
+        say inside a torchrec DLRM's) loads too: the rows only (`nn.rows_only`)."""
+        if torchrec_tables(self, state_dict, prefix):
+            self._rows_only_prefix = prefix
+            collection_rows_only(self, state_dict, prefix, missing_keys, error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    def torchrec_state_dict(self, prefix: str = "") -> dict[str, torch.Tensor]:
+        """Every table's current rows (copies) under torchrec's names, for
+        `torchrec.EmbeddingBagCollection.load_state_dict`; `prefix` as in a model's state
+        dict (`"sparse_arch.embedding_bag_collection."` in a DLRM). Tables of raw keys
+        have no such form (ValueError)."""
+        self.raise_input_errors()
+        return torchrec_state_dict(self, prefix)
+
+    def table_groups(self) -> list:
+        """The tables grouped by the cache they share, one group a bag (`nn.table_groups`)."""
+        return list(self._groups)
 
     # --------------------------------------------------------- the cache's interface
     def requires_grad_(self, requires_grad: bool = True) -> "CachedEmbeddingBagCollection":
@@ -322,6 +348,13 @@ class CachedEmbeddingBagCollection(TakesTickets, CollectionInterface, nn.Module)
         """Per open table: keys live, made and retired; per shared key index (`index<i>`),
         its bytes and live keys."""
         return {k: v for i, (bag, g) in enumerate(zip(self.bags, self._groups)) for k, v in g.open_stats(bag, i).items()}
+
+
+def _drop_bags_missing_after_rows_only(collection: CachedEmbeddingBagCollection, incompatible) -> None:
+    """After a load of torchrec's form, the bags' own keys were never expected: not missing."""
+    prefix, collection._rows_only_prefix = collection._rows_only_prefix, None
+    if prefix is not None:
+        incompatible.missing_keys[:] = [k for k in incompatible.missing_keys if not k.startswith(prefix + "bags.")]
 
 
 def _is_table_key(key: str) -> bool:

@@ -33,6 +33,7 @@ from embcache.errors import check_whole
 from .bag_input import check_bag_input, to_device
 from .input_errors import InputErrors
 from .key_stage import KEY_SETTINGS, KeyStage
+from .rows_only import bag_rows_only
 from .torch_idioms import OneUpdateABackward, refuse_torch_only_args
 
 MODES = ("sum", "mean")
@@ -441,6 +442,8 @@ class CachedEmbeddingBag(nn.Module):
                               missing_keys, unexpected_keys, error_msgs):
         mine = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)
                 and _is_cache_key(k[len(prefix):])}
+        if set(mine) == {"weight"}:  # torch's form (`nn.EmbeddingBag.state_dict()`): rows only (`nn.rows_only`)
+            return bag_rows_only(self, mine["weight"], prefix + "weight", error_msgs)
         required = set(self.cache.required_keys())
         missing = required - set(mine) | self._missing_state(state_dict, prefix)
         # another optimizer's state (Adagrad's sums in an SGD bag) would be dropped unread

@@ -231,6 +231,26 @@ class RowCacheState:
 
         self._replace_rows(write, step)
 
+    def put_rows(self, pieces: list[tuple[int, torch.Tensor]]) -> None:
+        """Rows `(first id, rows)` written over the table, with their optimizer state, the
+        other rows, the step and the statistics as they are, and the cache emptied: a state
+        dict of torch's form (rows only) loaded into a cache. Checked (place, width, row
+        type, finite) before anything changes."""
+        for first, weight in pieces:
+            if weight.dim() != 2 or weight.shape[1] != self.dim or not 0 <= first <= self.num_rows - weight.shape[0]:
+                raise ValueError(f"rows of shape {tuple(weight.shape)} from id {first} do not fit a table of "
+                                 f"{(self.num_rows, self.dim)}")
+            self._check_row_dtype(weight)
+            if not bool(torch.isfinite(weight).all()):
+                raise ValueError("rows hold NaN or inf")
+        self.sync_host()  # resident rows' optimizer state (and the rows not replaced) reach the store first
+
+        def write() -> None:
+            for first, weight in pieces:
+                self.host.weight[first: first + weight.shape[0]].copy_(weight)
+
+        self._replace_rows(write, self.step)
+
     def _check_saved_rows(self, weight: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
         """ValueError unless `weight` has this cache's row type and `state` every optimizer
         table of this cache, one row per row of `weight`."""
