@@ -31,51 +31,95 @@ _NUMBER = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
 
 
 class LineNumbers:
-    """Physical line of the k-th delivered row of a file, given the lines the reader skipped.
+    """Physical line of the k-th delivered row of a file, given the rows the reader skipped and
+    the line breaks inside quoted fields (a CSV value may hold a newline: its row then spans
+    several lines, and every later row starts that many lines further on).
 
-    Memory is bounded by the block, not the file: skipped lines before the last row the
-    consumer has finished with (`forget_before`) are kept as a count only; the numbers of the
-    others (at most those of a block or two) are kept for the exact mapping.
+    pyarrow numbers rows as records (a quoted newline does not count), so the numbering is
+    done in records first, then the line breaks of the records before are added. Memory is
+    bounded by the block, not the file: skipped rows before the last row the consumer has
+    finished with (`forget_before`) are kept as counts only; the others (at most those of a
+    block or two) are kept for the exact mapping.
     """
 
     def __init__(self, header_lines: int):
         self.header = header_lines
-        self.before = 0            # skipped lines before every row still to be asked about
-        self.recent: list[int] = []  # ascending line numbers of the other skipped lines
+        self.before = 0            # skipped records before every row still to be asked about
+        self.recent: list[int] = []  # ascending record numbers of the other skipped records
+        self.recent_breaks: list[int] = []  # line breaks inside each of those records
+        self.breaks_before = 0     # line breaks inside the records before every row still to be asked about
         self._recent_array: np.ndarray | None = None
+        self._breaks_array: np.ndarray | None = None
+        self._first = 0            # the current block: its first row, its rows' breaks before each row
+        self._prefix = np.zeros(1, dtype=np.int64)
 
-    def skip(self, number: int | None) -> None:
-        """The reader skipped a line (reported in line order); None when it does not know which:
-        such a line is taken to lie before every row (as any skip before a row shifts it)."""
+    def skip(self, number: int | None, breaks: int = 0) -> None:
+        """The reader skipped a record (reported in order) holding `breaks` line breaks; None
+        when it does not know which: such a record is taken to lie before every row (as any skip
+        before a row shifts it)."""
         if number is None or number < 0:
             self.before += 1
+            self.breaks_before += breaks
         else:
             self.recent.append(int(number))
+            self.recent_breaks.append(breaks)
             self._recent_array = None
+
+    def block(self, first: int, breaks: np.ndarray | None) -> None:
+        """The reader delivered a block starting at row `first` whose rows hold `breaks` line
+        breaks each (None: none); the rows before it are done with."""
+        self.breaks_before += int(self._prefix[-1])
+        self._first = first
+        self._prefix = np.zeros(1, dtype=np.int64) if breaks is None else np.concatenate(([0], np.cumsum(breaks)))
+
+    def records(self, rows: np.ndarray) -> np.ndarray:
+        """1-based record numbers (the header counted) of delivered rows."""
+        rows = np.asarray(rows, dtype=np.int64)
+        self._arrays()
+        # row r is the first record R with R - header - (skipped records <= R) = r + 1. With the
+        # skipped records s_0 < s_1 < ..., s_i lies before it exactly when s_i - i <= r + 1 +
+        # header + before (s_i - i does not decrease), so one search counts them.
+        base = rows + 1 + self.header + self.before
+        skipped = self._recent_array
+        return base + np.searchsorted(skipped - np.arange(len(skipped)), base, side="right")
 
     def of(self, rows: np.ndarray) -> np.ndarray:
         """1-based line numbers of delivered rows (0-based indices among delivered rows, none
-        before the `forget_before` mark)."""
+        before the `forget_before` mark nor, but for the first past it, past the last block)."""
         rows = np.asarray(rows, dtype=np.int64)
+        records = self.records(rows)
+        return records + self._breaks(records, rows)
+
+    def of_skipped(self, numbers: np.ndarray) -> np.ndarray:
+        """1-based line numbers of skipped records (pyarrow's numbers), once the rows before
+        them are delivered (none before the last block)."""
+        numbers = np.asarray(numbers, dtype=np.int64)
+        self._arrays()
+        skipped = np.searchsorted(self._recent_array, numbers, side="left")
+        return numbers + self._breaks(numbers, numbers - 1 - self.header - self.before - skipped)
+
+    def _breaks(self, records: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Line breaks inside the records before record `records`, which follows `rows` delivered rows."""
+        delivered = self._prefix[np.clip(rows - self._first, 0, len(self._prefix) - 1)]
+        skipped = self._breaks_array[np.searchsorted(self._recent_array, records, side="left")]
+        return self.breaks_before + delivered + skipped
+
+    def _arrays(self) -> None:
         if self._recent_array is None:
             self._recent_array = np.asarray(self.recent, dtype=np.int64)
-        skipped = self._recent_array
-        # row r is the first line L with L - header - (skipped lines <= L) = r + 1. With the
-        # skipped lines s_0 < s_1 < ..., s_i lies before it exactly when s_i - i <= r + 1 +
-        # header + before (s_i - i does not decrease), so one search counts them.
-        base = rows + 1 + self.header + self.before
-        return base + np.searchsorted(skipped - np.arange(len(skipped)), base, side="right")
+            self._breaks_array = np.concatenate(([0], np.cumsum(self.recent_breaks, dtype=np.int64)))
 
     def forget_before(self, delivered: int) -> None:
-        """Rows below `delivered` will not be asked about again: fold the skipped lines before
-        the last of them into a count."""
+        """Rows below `delivered` will not be asked about again: fold the skipped records before
+        the last of them into counts."""
         if delivered <= 0 or not self.recent:
             return
-        last = int(self.of(np.array([delivered - 1]))[0])
+        last = int(self.records(np.array([delivered - 1]))[0])
         folded = int(np.searchsorted(self._recent_array, last))
         if folded:
             self.before += folded
-            del self.recent[:folded]
+            self.breaks_before += int(self._breaks_array[folded])
+            del self.recent[:folded], self.recent_breaks[:folded]
             self._recent_array = None
 
 
@@ -90,15 +134,9 @@ def read_blocks(path: str | os.PathLike, column_names: list[str], delimiter: str
     """
     path = Path(path)
     lines = LineNumbers(1 if header else 0)
-    expected = len(column_names)
-
-    def on_invalid(row) -> str:
-        number = row.number if row.number is not None else -1
-        lines.skip(row.number)
-        if bad_rows is not None:
-            bad_rows.add(path, number, f"wrong column count: {row.actual_columns} fields, expected {expected}")
-        return "skip"
-
+    quoted = delimiter == ","
+    skipped = _SkippedRows(path, lines, bad_rows, len(column_names), quoted)
+    on_invalid = skipped.on_invalid
     _check_text(path)
     if header:
         _check_header(path, column_names, delimiter)
@@ -111,8 +149,8 @@ def read_blocks(path: str | os.PathLike, column_names: list[str], delimiter: str
                                                block_size=block_bytes, use_threads=False),
                 # a quoted CSV field may hold a newline: without newlines_in_values a block cut at
                 # that newline broke its row in two (a "bad" row, the row's data mangled)
-                parse_options=pacsv.ParseOptions(delimiter=delimiter, quote_char='"' if delimiter == "," else False,
-                                                 newlines_in_values=delimiter == ",",
+                parse_options=pacsv.ParseOptions(delimiter=delimiter, quote_char='"' if quoted else False,
+                                                 newlines_in_values=quoted,
                                                  ignore_empty_lines=False, invalid_row_handler=on_invalid),
                 convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in column_names},
                                                      include_columns=column_names, strings_can_be_null=False,
@@ -129,12 +167,61 @@ def read_blocks(path: str | os.PathLike, column_names: list[str], delimiter: str
             with _quiet_decode_errors(on_invalid):
                 block = reader.read_next_batch()
         except StopIteration:
+            skipped.log()
             return
         except (OSError, pa.ArrowException) as err:
             raise _read_error(path, lines, err, delivered) from None
+        lines.block(delivered, line_breaks(block) if quoted else None)
+        skipped.log(before=int(lines.records(np.array([delivered + block.num_rows]))[0]))
         yield block, delivered, lines
         delivered += block.num_rows
         lines.forget_before(delivered)  # the consumer is done with this block's rows
+
+
+class _SkippedRows:
+    """The reader's invalid-row handler: a record with the wrong number of fields is skipped,
+    and logged in `bad_rows` under its line once the rows before it are delivered (pyarrow
+    reports it while parsing, before the line breaks inside the rows before it are known)."""
+
+    def __init__(self, path: Path, lines: LineNumbers, bad_rows: BadRowLog | None, expected: int, quoted: bool):
+        self.path, self.lines, self.bad_rows, self.expected, self.quoted = path, lines, bad_rows, expected, quoted
+        self.pending: list[tuple[int, str]] = []  # (record number, reason) of skipped records not yet logged
+
+    def on_invalid(self, row) -> str:
+        self.lines.skip(row.number, _text_breaks(row.text) if self.quoted else 0)
+        if self.bad_rows is not None:
+            reason = f"wrong column count: {row.actual_columns} fields, expected {self.expected}"
+            if row.number is None:
+                self.bad_rows.add(self.path, -1, reason)
+            else:
+                self.pending.append((row.number, reason))
+        return "skip"
+
+    def log(self, before: int | None = None) -> None:
+        """Log the pending records numbered below `before` (every one when None)."""
+        ready = [p for p in self.pending if before is None or p[0] < before]
+        if not ready:
+            return
+        del self.pending[:len(ready)]  # reported in order: the ready ones come first
+        for line, (_, reason) in zip(self.lines.of_skipped(np.array([n for n, _ in ready])), ready):
+            self.bad_rows.add(self.path, int(line), reason)
+
+
+def _text_breaks(text: str | None) -> int:
+    """Line breaks in a record's text (CRLF, LF or a lone CR each one, as the reader ends lines)."""
+    return 0 if not text else text.count("\n") + text.count("\r") - text.count("\r\n")
+
+
+def line_breaks(block: pa.RecordBatch) -> np.ndarray | None:
+    """Line breaks inside each row's fields (a quoted CSV value may hold some); None: none."""
+    total = None
+    for col in block.columns:
+        data = col.buffers()[2]  # the column's characters: one byte test, the fast path of a large file
+        chars = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+        if ((chars == 10) | (chars == 13)).any():
+            found = pc.count_substring_regex(col, "\r\n|\r|\n").to_numpy(zero_copy_only=False)
+            total = found.astype(np.int64) if total is None else total + found
+    return total
 
 
 @contextlib.contextmanager
