@@ -3,10 +3,13 @@ item column, and optionally a time and a rating column. Ids are any strings or i
 are numbered 0..n-1 in sorted order, and the token <-> index maps travel with the data (and
 with a trained model) so that results come back as the file's own ids.
 
-A row with an empty id, a rating or time that is not a number (a time may also be an ISO
-date), or a CSV/TSV line with another number of fields than the header, stops the reader
-naming file and row (the line, counting the header, for CSV/TSV), or with
-`--skip-bad-lines` is skipped, counted and reported. CSV/TSV fields are read as text, as
+A time is a number (say, Unix seconds) or an ISO date or date and time; one with a zone (`Z`,
+`+02:00`) counts as its UTC instant, one without as if it were UTC, so a column holding both
+(whose order nobody can tell) is refused in one line naming the first time unlike the first.
+A row with an empty id, a rating or time that is not a number (nor an ISO time), or a CSV/TSV
+line with another number of fields than the header, stops the reader naming file and row (the
+line, counting the header, for CSV/TSV), or with `--skip-bad-lines` is skipped, counted and
+reported. CSV/TSV fields are read as text, as
 `embcache.data.delimited.read_blocks` reads them; an empty line is no row.
 
 Example:
@@ -20,6 +23,8 @@ Example:
 """
 from __future__ import annotations
 
+import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,7 +76,10 @@ def read_table(path, user_col: str, item_col: str, time_col: str | None = None, 
         refuse(np.flatnonzero([_blank(v) for v in values]),
                lambda r, col=col: f"empty {col!r}")
     rating = _column(columns[rating_col], rating_col, refuse, _number, "number") if rating_col else np.ones(n)
-    time = _column(columns[time_col], time_col, refuse, _time, "time") if time_col else np.arange(n, dtype=np.float64)
+    time = _times(columns[time_col], time_col, refuse) if time_col else np.arange(n, dtype=np.float64)
+    mixed = _mixed_zones(columns[time_col], time_col, lines, problems, suffix) if time_col else None
+    if mixed and (bad_rows is not None or not problems or mixed[0] < lines[min(problems)]):
+        raise format_error(path, *mixed)  # the column's, not a row's fault: no row to skip
     keep = np.ones(n, dtype=bool)
     if wrong_width and (not problems or wrong_width[0] < lines[min(problems)]):
         bad_line(path, *wrong_width, None)  # stops the reader: it comes before any other bad row
@@ -166,15 +174,72 @@ def _number(v) -> float:
     return x
 
 
+# an ISO date and time with a zone: Z, or an offset from UTC (+02:00, +0200, -05)
+_ZONED = re.compile(r"(\d{4}-\d{2}-\d{2}[T ]\d{2}(?::\d{2}(?::\d{2}(?:\.\d+)?)?)?)\s*(?:Z|([+-])(\d{2}):?(\d{2})?)",
+                    re.IGNORECASE)
+
+
+def _times(values: list, col: str, refuse) -> np.ndarray:
+    """`_column` of a time column: numpy's warning of a zone it reads (a form `_ZONED` does not
+    take) is an error there, so that such a time is refused, not turned into UTC unseen."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        return _column(values, col, refuse, _time, "time")
+
+
 def _time(v) -> float:
-    """A number (say, Unix seconds), or an ISO date and time, as seconds (an empty field is
-    neither: numpy would take it for NaT)."""
+    """A number (say, Unix seconds), or an ISO date or date and time, as seconds; a time with a
+    zone as its UTC instant (an empty field is neither: numpy would take it for NaT, nor is
+    numpy's "now" or "today": the split would depend on the day it ran)."""
     if _blank(v):
         raise ValueError("empty")
     try:
         return float(v)
     except (TypeError, ValueError):
-        return float(np.datetime64(str(v).strip().replace(" ", "T"), "s").astype(np.int64))
+        text = str(v).strip()
+    zoned = _ZONED.fullmatch(text)
+    local = zoned.group(1) if zoned else text
+    if not local[:1].isdigit():
+        raise ValueError(text)
+    try:
+        seconds = float(np.datetime64(local.replace(" ", "T"), "s").astype(np.int64))
+    except UserWarning:  # numpy read a zone in a form `_ZONED` does not take
+        raise ValueError(text) from None
+    if zoned and zoned.group(2):
+        offset = int(zoned.group(3)) * 3600 + int(zoned.group(4) or 0) * 60
+        seconds -= offset if zoned.group(2) == "+" else -offset
+    return seconds
+
+
+def _zoned(v) -> bool | None:
+    """Whether a time `_time` reads carries a zone; None for a number, an instant already."""
+    if isinstance(v, (int, float, np.number)):
+        return None
+    text = str(v).strip()
+    try:
+        float(text)
+        return None
+    except ValueError:
+        return _ZONED.fullmatch(text) is not None
+
+
+def _mixed_zones(values: list, col: str, lines: np.ndarray, problems: dict, suffix: str) -> tuple | None:
+    """(line, reason) of the first time of `values` (but `problems`' rows) with a zone where an
+    earlier one had none, or the other way round; None when they agree. A time without a zone
+    is read as UTC, so beside times with one the order would rest on a guess."""
+    first: dict[bool, int] = {}
+    for r, v in enumerate(values):
+        zoned = None if r in problems else _zoned(v)
+        if zoned is None:
+            continue
+        first.setdefault(zoned, r)
+        if len(first) == 2:
+            other = first[not zoned]
+            where = "row" if suffix == ".parquet" else "line"
+            return int(lines[r]), (f"{col!r} mixes times with and without a time zone: {str(v)!r} has "
+                                   f"{'one' if zoned else 'none'}, {str(values[other])!r} ({where} {lines[other]}) "
+                                   f"has {'none' if zoned else 'one'}; give every time a zone (Z or +hh:mm), or none")
+    return None
 
 
 def _index(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
