@@ -51,7 +51,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                                                         "verification (and, on synthetic data or an image folder's "
                                                         "held-out identities, identification). Without --val it "
                                                         "scores what the run scored, reading its training data "
-                                                        "for the held-out identities; with --val it scores those "
+                                                        "only for held-out identities (RecordIO data holds none "
+                                                        "and is not read); with --val it scores those "
                                                         "files alone, without the training data (--heldout adds "
                                                         "the held-out identities).")
     e.add_argument("checkpoint", help="a face checkpoint file, or the --checkpoint-dir holding face-last.pt")
@@ -214,7 +215,13 @@ def evaluate(args) -> int:
             raise UserFacingError(f"{path}: trained on synthetic identities, which are generated, not read: "
                                   f"--data does not apply")
         cfg.data = args.data
-    alone = bool(args.val) and not args.heldout and ck.get("probe_spec") is not None
+    held, none_why = held_out_identities(ck, cfg)
+    if args.val is None and held is False and not cfg.val:  # said before any data is read or model built
+        raise UserFacingError(f"{args.checkpoint}: nothing to evaluate: {_nothing_line(none_why)}")
+    # the training data is read only for the identities held out of it: --val alone, or a run that held
+    # none out (RecordIO data holds out none), is scored through the checkpoint's network
+    alone = ck.get("probe_spec") is not None and (args.val is None and held is False
+                                                  or bool(args.val) and not args.heldout)
 
     def body():
         try:
@@ -261,9 +268,9 @@ def _score_with_data(args, path, ck: dict, cfg) -> tuple[dict, dict]:
     if cfg.data != "synthetic" and not Path(cfg.data).exists():
         if args.data is not None:
             raise ValueError(f"{args.data}: no such directory (--data, where the run's training data is now)")
-        why = ("the checkpoint predates recording its network's shape, which --val alone needs"
-               if args.val and not args.heldout else "--heldout scores the run's held-out identities" if args.val
-               else "it holds the run's held-out identities")
+        why = ("--heldout scores the run's held-out identities" if args.val and args.heldout
+               else "the checkpoint predates recording its network's shape, which scoring without it needs"
+               if ck.get("probe_spec") is None else "it holds the run's held-out identities")
         raise ValueError(f"{cfg.data}: the training data recorded in {path}, not found ({why}): give --data DIR "
                          f"where it is now"
                          + ("" if args.val else ", or --val FILE to score verification files without it"))
@@ -288,6 +295,32 @@ def _head_state_scope(s: dict) -> str:
     return f"a rank (its share of the class table + optimizer state, split over {ranks} ranks)"
 
 
+def held_out_identities(ck: dict, cfg) -> tuple[bool | None, str]:
+    """(whether the run's own evaluation scores identities held out of its training data, which
+    only that data holds; why none where it does not), told without reading the data: RecordIO
+    data (its train.rec still there) and --holdout 0 hold out none; else the checkpoint's record
+    (`heldout_identities`), or in older ones what its evaluations scored. None where nothing
+    tells (an older checkpoint, no evaluation yet): the data is read to know."""
+    from pathlib import Path
+
+    if cfg.data == "synthetic":
+        return True, ""
+    if (Path(cfg.data) / "train.rec").is_file():
+        return False, "RecordIO data holds out no identities"
+    if cfg.holdout == 0:
+        return False, "--holdout 0 holds out no identities"
+    held = ck.get("heldout_identities")
+    if held is None and ck.get("history"):
+        held = sum("heldout" in record for record in ck["history"])
+    if held is None:
+        return None, ""
+    return bool(held), "the run held out no identities"
+
+
+def _nothing_line(why: str) -> str:
+    return f"{why}, and no --val was given (a verification .bin such as lfw.bin)"
+
+
 def nothing_evaluated(trainer) -> str | None:
     """Why an evaluation of this run would score nothing (None where it scores something):
     its data holds out no identities and no --val file was given. Said, since a bare epoch
@@ -301,7 +334,7 @@ def nothing_evaluated(trainer) -> str | None:
         why = "--holdout 0 holds out no identities"
     else:
         why = "no identities are held out (fewer than 4 have two images)"
-    return f"{why}, and no --val was given (a verification .bin such as lfw.bin)"
+    return _nothing_line(why)
 
 
 def summary_rows(s: dict) -> list[tuple[str, str]]:

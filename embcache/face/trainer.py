@@ -322,6 +322,9 @@ class FaceTrainer(Trainer):
                 "bad_samples": self.source.bad.to_json() if hasattr(self.source, "bad") else {},
                 "unreadable_samples": sorted(getattr(self.source, "unreadable", ())),
                 "num_slots": self.head.pool.num_slots if self.cfg.head == "dcp" else None,
+                # so that `face evaluate` knows without the data whether it must read it (RecordIO: none)
+                "heldout_identities": (None if self.cfg.data == "synthetic"
+                                       else len(getattr(self.source, "heldout_paths", None) or ())),
                 **precision.record(self.precision)}
 
     def state(self) -> dict:
