@@ -118,12 +118,24 @@ def check_margin(kind: str, margin: float) -> None:
                          f"feature on its class centre scores no more than a class at 90 degrees and nothing is learnt")
 
 
+def pool_slots(pool_ratio: float, num_classes: int, min_pool: int = 1) -> int:
+    """dcp's pool size Q: ceil(ratio * C), at least `min_pool` (the identities one step
+    brings, which must all fit), at most C.
+
+    Example:
+        >>> pool_slots(0.1, 30), pool_slots(0.1, 30, min_pool=8), pool_slots(0.1, 30, min_pool=64)
+        (3, 8, 30)
+    """
+    return min(num_classes, max(min_pool, math.ceil(pool_ratio * num_classes)))
+
+
 def held_sizes(ck: dict) -> dict:
     """The sizing settings a face checkpoint's tensors say, read from their shapes (nothing
     built): `feat_dim` from the head (a class table's width, or the class pool's),
     `num_classes` from a class table's rows (where the config names a number: 0 takes the
-    data's), `synthetic_dim` from the probe's first layer on synthetic feature vectors. A
-    part a checkpoint lacks says nothing."""
+    data's) or, for dcp, which holds no row a class, as far as its pool's slots bound it
+    (`_pool_bound`), `synthetic_dim` from the probe's first layer on synthetic feature
+    vectors. A part a checkpoint lacks says nothing."""
     def shape(value) -> tuple:
         return tuple(int(n) for n in getattr(value, "shape", ()))
 
@@ -136,8 +148,39 @@ def held_sizes(ck: dict) -> dict:
             held["num_classes"] = table[0]
     elif len(pool) == 3:  # dcp: slots x (probe, gallery) x feat_dim
         held["feat_dim"] = pool[2]
+        held.update(_pool_bound(config, pool[0]))
     probe = ck.get("probe") if isinstance(ck.get("probe"), dict) else {}
     first = next((shape(v) for v in probe.values() if len(shape(v)) == 2), None)
     if config.get("data") == "synthetic" and not config.get("image_size") and first:
         held["synthetic_dim"] = first[1]  # feature vectors: the mlp's input width
     return held
+
+
+class _Said:
+    """What a checkpoint's tensors say of a setting they hold no shape of, as
+    `refuse_unheld_sizes` prints it (its repr); equal to no setting."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _pool_bound(config: dict, slots: int) -> dict:
+    """`{"num_classes": ...}` where a dcp checkpoint's settings would size a larger pool than
+    the `slots` its tensors hold, else `{}`. dcp keeps no row a class (its pool and LRU table
+    are O(Q)), so no tensor says num_classes; but Q = pool_slots(pool_ratio, num_classes, the
+    identities a step brings), and the build makes that pool before any tensor is compared:
+    num_classes 10^11 at pool_ratio 0.1 asked for 10^10 slots (terabytes). On synthetic data
+    the identities a step brings are the settings' (a quarter of batch_size, at most every
+    class), elsewhere the data's, and so bounded by it. What a checkpoint could still say, a
+    huge num_classes beside a tiny pool_ratio, sizes nothing else that evaluation builds (the
+    identity loader holds no table of the classes: `SyntheticFaces.all_eligible`)."""
+    ratio, classes, batch = config.get("pool_ratio"), config.get("num_classes"), config.get("batch_size")
+    try:
+        step_ids = min(int(batch) // 4, int(classes)) if config.get("data") == "synthetic" else 1
+        want = pool_slots(float(ratio), int(classes), step_ids)
+    except (TypeError, ValueError, OverflowError):  # not numbers: no pool these settings size
+        return {"num_classes": _Said(f"{slots:,} pool slots (pool_ratio {ratio!r:.12})")}
+    return {} if want <= slots else {"num_classes": _Said(f"{slots:,} pool slots (its settings: {want:,})")}

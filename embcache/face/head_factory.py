@@ -10,24 +10,12 @@ Example:
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
+from embcache.face.config import pool_slots  # with the settings: checkpoints' pools are checked against it
 from embcache.nn.choices import HEADS
 from embcache.nn.heads import DCPHead, FullFC, PartialFC
-
-
-def pool_slots(pool_ratio: float, num_classes: int, min_pool: int = 1) -> int:
-    """dcp's pool size Q: ceil(ratio * C), at least `min_pool` (the identities one step
-    brings, which must all fit), at most C.
-
-    Example:
-        >>> pool_slots(0.1, 30), pool_slots(0.1, 30, min_pool=8), pool_slots(0.1, 30, min_pool=64)
-        (3, 8, 30)
-    """
-    return min(num_classes, max(min_pool, math.ceil(pool_ratio * num_classes)))
 
 
 def build_head(kind: str, num_classes: int, feat_dim: int, *, pool_ratio: float = 0.1, min_pool: int = 1,

@@ -135,7 +135,7 @@ class FaceTrainer(Trainer):
         self.gallery = None
         if cfg.head == "dcp":
             if self.batches.identity.pairs < 2:  # the gallery net's batch norm needs two samples
-                why = ("only one identity has two samples" if self.batches.identity.identities.numel() < 2
+                why = ("only one identity has two samples" if self.batches.identity.count < 2
                        else f"--batch-size {cfg.batch_size}: a quarter of it are pairs; 8 or more gives two")
                 raise ValueError(f"the dcp head needs two identity pairs a step, and {why} (or use --head fc)")
             self.gallery = copy.deepcopy(self.probe).requires_grad_(False)

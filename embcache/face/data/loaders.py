@@ -29,19 +29,24 @@ def _generator(*parts: int) -> torch.Generator:
 class IdentityLoader:
     def __init__(self, source, pairs: int, seed: int = 0):
         self.source, self.pairs, self.seed = source, int(pairs), seed
-        self.identities = source.eligible_identities()
-        if self.identities.numel() == 0:
+        # a source whose every identity has pairs (synthetic) needs no table of them: 8 bytes a class
+        # were held from the start (`face evaluate` too, which draws no batch), 8 GB at 10^9 classes
+        self.identities = None if getattr(source, "all_eligible", False) else source.eligible_identities()
+        self.count = source.num_classes if self.identities is None else self.identities.numel()
+        if self.count == 0:
             raise ValueError(f"{source.name}: no identity has two samples; the identity loader needs pairs")
-        self.pairs = min(self.pairs, self.identities.numel())
-        self.steps_per_epoch = self.identities.numel() // self.pairs
+        self.pairs = min(self.pairs, self.count)
+        self.steps_per_epoch = self.count // self.pairs
         self._perm_epoch, self._perm = None, None
 
     def batch(self, epoch: int, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(sample ids of first views, of second views, labels) of step `step` of `epoch`."""
         if self._perm_epoch != epoch:
-            self._perm = torch.randperm(self.identities.numel(), generator=_generator(self.seed, 1, epoch))
+            self._perm = torch.randperm(self.count, generator=_generator(self.seed, 1, epoch))
             self._perm_epoch = epoch
-        labels = self.identities[self._perm[step * self.pairs:(step + 1) * self.pairs]]
+        labels = self._perm[step * self.pairs:(step + 1) * self.pairs]
+        if self.identities is not None:
+            labels = self.identities[labels]
         gen = _generator(self.seed, 2, epoch, step)
         count = self.source.count_of(labels)
         r1 = (torch.rand(labels.numel(), generator=gen, dtype=torch.float64) * count).long()

@@ -97,6 +97,9 @@ class SyntheticFaces:
     def label_of(self, ids: torch.Tensor) -> torch.Tensor:
         return ids // self.samples_per_class
 
+    # every identity has `samples_per_class` >= 2 samples: the identity loader keeps no table of them
+    all_eligible = True
+
     def eligible_identities(self) -> torch.Tensor:
         """Identities with at least two samples (all of them here)."""
         return torch.arange(self.num_classes)
