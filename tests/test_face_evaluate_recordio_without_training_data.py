@@ -66,6 +66,11 @@ def test_a_recordio_runs_evaluation_reads_none_of_its_training_data(run, capsys,
     code, moved, err = _evaluate(capsys, ck)
     assert code == 0, err
     assert moved["lfw"] == pytest.approx(recorded)
+    # --heldout asks for identities RecordIO data never holds out: said, not a search for the data
+    code, scores, err = _evaluate(capsys, ck, "--val", run / "lfw.bin", "--heldout")
+    assert code == 0 and set(scores) == {"lfw"}, err
+    said = [line for line in err if "--heldout" in line]
+    assert said == ["warning: --heldout: the run held out no identities; the --val files alone are scored"], err
 
     # a checkpoint written before it recorded its held-out identities: its evaluations tell
     old = load_checkpoint(ck / "face-last.pt", "face")

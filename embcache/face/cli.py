@@ -59,7 +59,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     add_config_arguments(e, FaceConfig, ["val", "device"], unset=["val"], unset_note="(default: the run's --val)")
     e.add_argument("--heldout", action="store_true",
                    help="with --val: also score the run's own held-out identities (synthetic, or the image "
-                        "folder's --holdout), which reads its training data; without --val they always are")
+                        "folder's --holdout), which reads its training data; without --val they always are (a run "
+                        "that held none out, as on RecordIO data, says so and reads nothing)")
     e.add_argument("--data", default=None, metavar="DIR",
                    help="where the run's training data is now, if it moved (default: the path the checkpoint "
                         "recorded); read only to score its held-out identities")
@@ -216,12 +217,13 @@ def evaluate(args) -> int:
                                   f"--data does not apply")
         cfg.data = args.data
     held, none_why = held_out_identities(ck, cfg)
-    if args.val is None and held is False and not cfg.val:  # said before any data is read or model built
+    if held is False and not cfg.val:  # said before any data is read or model built
         raise UserFacingError(f"{args.checkpoint}: nothing to evaluate: {_nothing_line(none_why)}")
+    if held is False and args.heldout:
+        logger.warning(f"--heldout: {none_why}; the --val files alone are scored")
     # the training data is read only for the identities held out of it: --val alone, or a run that held
     # none out (RecordIO data holds out none), is scored through the checkpoint's network
-    alone = ck.get("probe_spec") is not None and (args.val is None and held is False
-                                                  or bool(args.val) and not args.heldout)
+    alone = ck.get("probe_spec") is not None and (held is False or bool(args.val) and not args.heldout)
 
     def body():
         try:
