@@ -10,7 +10,8 @@ export serves raw rows of the same columns.
 Splits (`held_out`: the share of val + test, halved between them):
     random   each row by a seeded hash of its position: train 1 - held_out, val and test
              held_out / 2 each.
-    time     by a time column (numbers, or ISO dates / times): rows before the (1 - held_out)
+    time     by a time column (numbers, or ISO dates / times; one with a zone as its UTC instant,
+             and a column of times with and without one refused: `times`): rows before the (1 - held_out)
              quantile of the times train, the latest held_out / 2 are test, val between. The
              quantiles come from a uniform sample of at most `TIME_SAMPLE` times, so memory
              stays bounded; no training row is later than a val row, nor a val row than a test row.
@@ -34,12 +35,12 @@ import pyarrow.compute as pc
 from embcache.data.converter import Parsed, RowChecks, TextSource, check_input_file, convert, hashed_fraction
 from embcache.data.ctr_format import DENSE_LOG1P
 from embcache.data.delimited import header_fields, parse_count_feature, parse_label, parse_numbers64, string_keys
+from embcache.data.times import ZoneKinds, parse_times
 from embcache.errors import DataFormatError, check_whole, format_error
 
 SPLITS = ("random", "time:COLUMN", "tail")
 DENSE_TRANSFORMS = ("log1p", "none")
 TIME_SAMPLE = 1 << 20  # times kept to place a time split's cut-offs
-_TIME_FORMATS = ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d")
 
 
 def parse_split(text: str) -> tuple[str, str | None]:
@@ -116,34 +117,22 @@ def parse_numbers(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return values.astype(np.float32), empty | number
 
 
-def parse_times(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(float64 times: a number as it is, an ISO date or time as seconds since 1970; mask of
-    the rows that hold one)."""
-    values, _, ok = parse_numbers64(col)
-    rest = np.flatnonzero(~ok)  # the rest may be dates ("1e400", no finite number, is no date either)
-    for fmt in _TIME_FORMATS:
-        if not len(rest):
-            break
-        stamps = pc.strptime(pc.take(col, pa.array(rest)), format=fmt, unit="s", error_is_null=True)
-        found = pc.is_valid(stamps).to_numpy(zero_copy_only=False)
-        seconds = pc.cast(stamps, pa.int64()).to_numpy(zero_copy_only=False)
-        values[rest[found]] = seconds[found]
-        ok[rest[found]] = True
-        rest = rest[~found]
-    return values, ok
-
-
 class _TimeCuts:
     """A time split's cut-offs: pass 1 keeps a uniform sample of the times (the `TIME_SAMPLE`
-    smallest of a seeded random priority), pass 2 asks for the quantiles once."""
+    smallest of a seeded random priority), and refuses `path`'s column of times with and
+    without a zone (`zones`: their order is a guess); pass 2 asks for the quantiles once."""
 
-    def __init__(self, held_out: float, seed: int):
+    def __init__(self, held_out: float, seed: int, path: Path, zones: ZoneKinds):
         self.held_out, self.rng = held_out, np.random.default_rng(seed)
+        self.path, self.zones = path, zones
         self.times = np.zeros(0)
         self.priority = np.zeros(0)
         self.cuts: tuple[float, float] | None = None
 
-    def observe(self, aux: dict) -> None:
+    def observe(self, aux: dict, lines: np.ndarray) -> None:
+        mixed = self.zones.see(aux["zoned"], aux["time_text"], lines)
+        if mixed:
+            raise format_error(self.path, *mixed)  # the column's fault, not a row's: no row to skip
         times = aux["time"]
         self.times = np.concatenate([self.times, times])
         self.priority = np.concatenate([self.priority, self.rng.random(len(times))])
@@ -177,7 +166,8 @@ def convert_own(input_path: str | os.PathLike, out_dir: str | os.PathLike, *, la
     names, delimiter = file_columns(path)
     _check_columns(path, names, label, dense, sparse, time_col, header_line=None if delimiter is None else 1)
     used = list(dict.fromkeys([label, *dense, *sparse, *([time_col] if time_col else [])]))
-    cuts = _TimeCuts(held_out, seed) if kind == "time" else None
+    where = "row" if delimiter is None else "line"
+    cuts = _TimeCuts(held_out, seed, path, ZoneKinds(time_col, where)) if kind == "time" else None
 
     def parse(block: pa.RecordBatch) -> Parsed:
         return _parse(block, label, dense, sparse, time_col, dense_transform)
@@ -251,13 +241,15 @@ def _parse(block: pa.RecordBatch, label: str, dense: list[str], sparse: list[str
         columns.append(values)
     aux = {}
     if time_col is not None:
-        times, ok = parse_times(block.column(time_col))
+        times, ok, zoned = parse_times(block.column(time_col))
         checks.require(ok, "not a time (a number, or an ISO date or time)", time_col)
-        aux["time"] = times
+        aux = {"time": times, "zoned": zoned}
     keys = np.stack([string_keys(block.column(name)) for name in sparse], 1)
     good = checks.ok
-    return Parsed(good, labels[good], np.stack(columns, 1)[good], keys[good], checks.reasons,
-                  aux={k: v[good] for k, v in aux.items()})
+    aux = {k: v[good] for k, v in aux.items()}
+    if time_col is not None:  # as written, for the refusal of a column with and without zones
+        aux["time_text"] = pc.filter(block.column(time_col), pa.array(good))
+    return Parsed(good, labels[good], np.stack(columns, 1)[good], keys[good], checks.reasons, aux=aux)
 
 
 def _check_splits(path: Path, meta: dict, split: str) -> None:

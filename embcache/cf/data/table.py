@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from embcache.data.bad_rows import BadRowLog
+from embcache.data.times import ZONED_TIME, ZoneKinds
 from embcache.cf.data.bad_lines import bad_line
 from embcache.errors import DataFormatError, format_error
 
@@ -174,9 +175,7 @@ def _number(v) -> float:
     return x
 
 
-# an ISO date and time with a zone: Z, or an offset from UTC (+02:00, +0200, -05)
-_ZONED = re.compile(r"(\d{4}-\d{2}-\d{2}[T ]\d{2}(?::\d{2}(?::\d{2}(?:\.\d+)?)?)?)\s*(?:Z|([+-])(\d{2}):?(\d{2})?)",
-                    re.IGNORECASE)
+_ZONED = re.compile(ZONED_TIME, re.IGNORECASE)  # local time 1, zone's sign 2, hours 3, minutes 4
 
 
 def _times(values: list, col: str, refuse) -> np.ndarray:
@@ -227,19 +226,9 @@ def _mixed_zones(values: list, col: str, lines: np.ndarray, problems: dict, suff
     """(line, reason) of the first time of `values` (but `problems`' rows) with a zone where an
     earlier one had none, or the other way round; None when they agree. A time without a zone
     is read as UTC, so beside times with one the order would rest on a guess."""
-    first: dict[bool, int] = {}
-    for r, v in enumerate(values):
-        zoned = None if r in problems else _zoned(v)
-        if zoned is None:
-            continue
-        first.setdefault(zoned, r)
-        if len(first) == 2:
-            other = first[not zoned]
-            where = "row" if suffix == ".parquet" else "line"
-            return int(lines[r]), (f"{col!r} mixes times with and without a time zone: {str(v)!r} has "
-                                   f"{'one' if zoned else 'none'}, {str(values[other])!r} ({where} {lines[other]}) "
-                                   f"has {'none' if zoned else 'one'}; give every time a zone (Z or +hh:mm), or none")
-    return None
+    kinds = [None if r in problems else _zoned(v) for r, v in enumerate(values)]
+    zoned = np.array([-1 if k is None else int(k) for k in kinds], dtype=np.int8)
+    return ZoneKinds(col, "row" if suffix == ".parquet" else "line").see(zoned, values, lines)
 
 
 def _index(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
