@@ -183,7 +183,7 @@ def test_face_training_takes_no_image_side_a_checkpoint_could_not_be_opened_with
     from embcache.face.config import MAX_SIDE, FaceConfig
 
     assert use.MAX_SIDE is MAX_SIDE  # one bound for training and for opening
-    assert FaceConfig(image_size=MAX_SIDE).image_size == MAX_SIDE
+    assert FaceConfig(data="faces", image_size=MAX_SIDE).image_size == MAX_SIDE  # synthetic: MAX_SYNTHETIC_BYTES
     with pytest.raises(ValueError, match=f"--image-size {MAX_SIDE + 1}: .*0 to {MAX_SIDE}"):
         FaceConfig(image_size=MAX_SIDE + 1)
     with pytest.raises(SystemExit):

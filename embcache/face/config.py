@@ -3,11 +3,12 @@ that `embcache face --help` shows them without importing torch."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import numbers
+from dataclasses import dataclass, fields
 
 from embcache.arg_types import fraction, int_in, non_negative_float, positive_float, positive_int, ratio
 from embcache.nn.choices import BACKBONES, HEADS, MARGINS
-from embcache.settings_fields import inherit, setting
+from embcache.settings_fields import has_flag, inherit, option_strings, setting
 from embcache.train.precision import HELP as PRECISION_HELP, PRECISIONS
 from embcache.train.run_config import StepRunConfig
 
@@ -26,6 +27,24 @@ MARGIN_LIMITS = {"arcface": (math.pi / 2, "[0, pi/2) radians (pi/2 = 1.571)"), "
 # 112 of the face sets, small enough that a batch of images is gigabytes, not the terabytes a crafted
 # side asks; one bound for both, so whatever trains can be opened by `face embed` and `face verify`
 MAX_SIDE = 1024
+# Settings that size a synthetic run's work and memory but that no tensor of its checkpoint holds, so
+# that `face evaluate` generates whatever a checkpoint's config says: each bounded, far above its
+# default and every documented run (tests and docs use at most 400 pairs, 200 identities, width 64)
+# verification pairs (default 6,000): enough impostors to resolve a FAR of 2e-6; 2 x 10^6 samples, 512 MB at
+# the default width (wider samples, and images, are bounded by MAX_SYNTHETIC_BYTES)
+MAX_EVAL_PAIRS = 1_000_000
+MAX_EVAL_CLASSES = 20_000  # held-out identities (default 500): identification's 2e x e scores, 3.2 GB at the limit
+MAX_SYNTHETIC_DIM = 4096  # sample width (default 64): its dim x dim rotation is 64 MiB, its QR seconds
+# ... and what they generate together, in float32: the rotation, the pixel projection of images
+# (3 S^2 x dim) and the evaluation set (2 eval_pairs + 3 eval_classes samples), which every epoch's
+# evaluation keeps. The defaults at --image-size 112 are 2.0 GB; the largest --image-size, 1024, asked
+# 170 GB at the defaults, which no machine evaluated (it failed after the first epoch)
+MAX_SYNTHETIC_BYTES = 16 * 2**30
+# setting -> (least, most, why the most): FaceConfig refuses any other value, a caller's or a checkpoint's
+SIZE_LIMITS = {"image_size": (0, MAX_SIDE, "larger images could not be opened by `face embed` and `face verify`"),
+               "eval_pairs": (20, MAX_EVAL_PAIRS, "10-fold verification needs 20; MAX_EVAL_PAIRS"),
+               "eval_classes": (2, MAX_EVAL_CLASSES, "impostor pairs need 2; MAX_EVAL_CLASSES"),
+               "synthetic_dim": (1, MAX_SYNTHETIC_DIM, "MAX_SYNTHETIC_DIM")}
 
 
 @dataclass
@@ -76,12 +95,13 @@ class FaceConfig(StepRunConfig):
     momentum: float = 0.9
     weight_decay: float = setting(5e-4, type=non_negative_float, help="SGD weight decay")
     eval_pairs: int = 6000              # synthetic verification pairs
-    eval_classes: int = setting(500, type=positive_int, help="held-out synthetic identities")
+    eval_classes: int = setting(500, type=int_in(*SIZE_LIMITS["eval_classes"][:2]),
+                                help=f"held-out synthetic identities; at most {MAX_EVAL_CLASSES:,}")
     val: list = setting(default_factory=list, nargs="*", metavar="BIN",
                         help="verification .bin files to evaluate on (lfw.bin, cfp_fp.bin, agedb_30.bin; "
                              "training: after each epoch), read and checked before the first step (images, at "
                              "least 20 pairs)")
-    image_size: int = setting(0, type=int_in(0, MAX_SIDE),
+    image_size: int = setting(0, type=int_in(*SIZE_LIMITS["image_size"][:2]),
                               help="synthetic: 0 for feature vectors, S for S x S images; real data: crop size "
                                    f"(0 = 112); at most {MAX_SIDE}")
     synthetic_dim: int = 64
@@ -102,9 +122,33 @@ class FaceConfig(StepRunConfig):
 
     def __post_init__(self) -> None:
         check_margin(self.margin_type, self.margin)
-        if not 0 <= self.image_size <= MAX_SIDE:  # a library caller's, or a checkpoint's config
-            raise ValueError(f"--image-size {self.image_size}: images of side 0 to {MAX_SIDE} only (larger ones could "
-                             f"not be opened by `face embed` and `face verify`)")
+        check_sizes(self)  # a library caller's settings, or a checkpoint's config: before anything is built
+
+
+def check_sizes(cfg: FaceConfig) -> None:
+    """ValueError in one line, naming the setting (its flag where it has one) and its limit,
+    for a setting of `SIZE_LIMITS` outside its bounds or synthetic settings that together
+    would generate more than `MAX_SYNTHETIC_BYTES`. A checkpoint's config is built through
+    here (`config_from_checkpoint`), and no tensor of the file says these: a config saying
+    eval_pairs 10^12 generated 10^12 pairs in `face evaluate`."""
+    for name, (low, high, why) in SIZE_LIMITS.items():
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= high:
+            flag = next(iter(option_strings(_FIELDS[name])), name) if has_flag(_FIELDS[name]) else name
+            raise ValueError(f"{flag} {value!r:.40}: must be an integer from {low} to {high} ({why})")
+    if cfg.data != "synthetic":
+        return
+    side, dim = cfg.image_size, cfg.synthetic_dim
+    sample = 3 * side * side if side else dim
+    floats = dim * dim + 3 * side * side * dim + (2 * cfg.eval_pairs + 3 * cfg.eval_classes) * sample
+    if 4 * floats > MAX_SYNTHETIC_BYTES:
+        raise ValueError(f"synthetic data of image_size {side}, synthetic_dim {dim}, eval_pairs {cfg.eval_pairs:,} "
+                         f"and eval_classes {cfg.eval_classes:,} would generate {4 * floats / 1e9:,.1f} GB, more "
+                         f"than the {MAX_SYNTHETIC_BYTES / 2**30:g} GiB a synthetic run may hold "
+                         f"(MAX_SYNTHETIC_BYTES): a smaller --image-size or --eval-classes")
+
+
+_FIELDS = {f.name: f for f in fields(FaceConfig)}
 
 
 def check_margin(kind: str, margin: float) -> None:
