@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-m slow"`.
 PYTEST_ARGS ?=
 # Test workers (pytest-xdist), each taking whole test files, so a file's fixtures are made once:
-# 2 fills this project's 2-core machines (13.7 min against 20 in one process); 0 runs in one process.
+# 2 fills this project's 2-core machines (the suite in 13 min against 20 in one process); 0: one process.
 TEST_WORKERS ?= 2
 
 .PHONY: install run test bench wheel clean
