@@ -25,6 +25,14 @@ KINDS = ("tmp", "old", "export-tmp", "export-old", "writer")
 QUIET_SECONDS = 3600  # a leftover without a writer record is taken for dead only after an hour untouched
 
 
+class WriterAlive(DataOutputError):
+    """Another process, proven alive, writes `out` now (its PID in `pid`)."""
+
+    def __init__(self, message: str, pid: int):
+        super().__init__(message)
+        self.pid = pid
+
+
 def process_start(pid: int) -> str | None:
     """This boot's id and `pid`'s start in clock ticks (Linux /proc), which differ for a
     process that reuses a dead writer's PID; None where /proc cannot say."""
@@ -93,8 +101,8 @@ def sweep(out: Path, now: float | None = None, refuse: bool = True) -> None:
         verdict = _owner(pid, paths, time.time() if now is None else now)
         staged = [p for p in paths if not p.name.endswith(f".writer-{pid}")]
         if verdict == "alive" and refuse:
-            raise DataOutputError(f"{out}: another embcache process (PID {pid}) is writing it now; wait for it to "
-                                  f"end, or choose another --out")
+            raise WriterAlive(f"{out}: another embcache process (PID {pid}) is writing it now; wait for it to "
+                              f"end, or choose another --out", pid)
         if verdict == "alive":
             verdict = f"process {pid} is writing {out.name} now"
         if verdict != "dead":

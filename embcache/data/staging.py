@@ -11,10 +11,11 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from embcache.errors import DataOutputError, UserFacingError, describe_os_error, writing
-from embcache.leftovers import claimed
+from embcache.leftovers import WriterAlive, claimed, pid_alive
 
 
 def check_replaceable(out: str | os.PathLike, force: bool, inputs=()) -> Path:
@@ -75,6 +76,27 @@ def staged_output(out: str | os.PathLike, force: bool = False, inputs=()):
                 raise
         with writing(out):
             _move_into_place(tmp, out)
+
+
+def shared_output(out: str | os.PathLike, make, what: str, poll_s: float = 0.5) -> Path:
+    """`out` as `make(tmp)` writes it (through `staged_output`: whole or not at all), unless it
+    is there already (its meta.json): a built-in data set, which runs started together all
+    ask for. While another live process makes it, this one waits for that process (one line)
+    instead of refusing: the runs did not choose `out`, and a sweep of settings starts several
+    at once. Should that process die first, this one makes it (its leftovers swept)."""
+    out, waited_for = Path(out), None
+    while not (out / "meta.json").exists():
+        try:
+            with staged_output(out, force=True) as tmp:
+                print(f"{what} into {out} ...", flush=True)
+                make(tmp)
+        except WriterAlive as err:
+            if waited_for != err.pid:
+                print(f"waiting for process {err.pid}, which is writing {out} now ...", flush=True)
+                waited_for = err.pid
+            while pid_alive(err.pid) and not (out / "meta.json").exists():
+                time.sleep(poll_s)
+    return out
 
 
 def _make_directory(out: Path, tmp: Path) -> None:

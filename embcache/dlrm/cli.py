@@ -200,25 +200,19 @@ def resolve_data(args) -> Path:
     """A prepared dataset directory for `--data`, preparing the built-in ones on first use."""
     from embcache.data.ctr_format import read_meta
 
-    from embcache.data.staging import staged_output
+    from embcache.data.staging import shared_output
 
     out = builtin_data_dir(args)
-    if args.data == "synthetic":
-        if not (out / "meta.json").exists():
-            from embcache.data.synthetic import generate_synthetic
+    if args.data == "synthetic":  # made whole or not at all (Ctrl-C, a full disk); another run making it: waited for
+        from embcache.data.synthetic import generate_synthetic
 
-            print(f"generating synthetic Criteo-shaped data into {out} ...")
-            with staged_output(out, force=True) as tmp:  # whole or not at all (Ctrl-C, a full disk)
-                generate_synthetic(tmp, rows=args.synthetic_rows, scale=args.synthetic_scale, seed=args.seed)
-        return out
+        return shared_output(out, lambda tmp: generate_synthetic(tmp, rows=args.synthetic_rows,
+                                                                 scale=args.synthetic_scale, seed=args.seed),
+                             "generating synthetic Criteo-shaped data")
     if args.data == "ml-100k":
-        if not (out / "meta.json").exists():
-            from embcache.data.movielens_ctr import prepare_ml100k_ctr
+        from embcache.data.movielens_ctr import prepare_ml100k_ctr
 
-            print(f"preparing MovieLens-100k as CTR into {out} ...")
-            with staged_output(out, force=True) as tmp:
-                prepare_ml100k_ctr(tmp)
-        return out
+        return shared_output(out, prepare_ml100k_ctr, "preparing MovieLens-100k as CTR")
     path = Path(args.data)
     if not (path / "meta.json").is_file():
         raise UserFacingError(f"{path}: no meta.json here; prepare data with `embcache data prepare ...` "
