@@ -163,3 +163,25 @@ def test_the_caches_own_state_dict_still_loads_exactly():
     kjt = batch(11)
     assert torch.equal(other(kjt).values(), ebc(kjt).values())
     assert other.cache_stats() == ebc.cache_stats()
+
+
+def test_a_sharded_collection_takes_its_shards_rows_of_a_torchrec_state_dict():
+    """The model-parallel collection (torchrun) on one rank's view: table t0 split by rows into
+    two shards held here, t1 whole here, t2 on another rank (not this one's to load)."""
+    from embcache.distributed.placement import Shard
+    from embcache.distributed.sharded_collection import ShardedEmbeddingBagCollection
+
+    tables = configs()
+    shards = [Shard("t0", ("f_t0",), 0, 0, 30, 50), Shard("t0", ("f_t0",), 0, 30, 50, 50),
+              Shard("t1", ("f_t1",), 0, 0, 31, 31), Shard("t2", ("f_t2",), 1, 0, 20, 20)]
+    sharded = ShardedEmbeddingBagCollection(
+        tables, shards, lambda local: CachedEmbeddingBagCollection(local, cache_ratio=0.2, device="cpu"))
+    sd = EmbeddingBagCollection(tables=tables).state_dict()
+    result = sharded.load_state_dict(sd)
+    assert not result.missing_keys and not result.unexpected_keys
+    assert torch.equal(sharded.local.table_weight("t0@0"), sd["embedding_bags.t0.weight"][:30])
+    assert torch.equal(sharded.local.table_weight("t0@30"), sd["embedding_bags.t0.weight"][30:])
+    assert torch.equal(sharded.local.table_weight("t1"), sd["embedding_bags.t1.weight"])
+    sd["embedding_bags.t1.weight"] = torch.zeros(32, 4)
+    with pytest.raises(RuntimeError, match=r"size mismatch for embedding_bags\.t1\.weight"):
+        sharded.load_state_dict(sd)

@@ -50,6 +50,7 @@ import torch.distributed as dist
 from torch import nn
 
 from embcache.nn.prefetch_ticket import PrefetchTicket, TakesTickets
+from embcache.nn.rows_only import TORCHREC_KEY, size_mismatch
 from embcache.sparse_types import EmbeddingBagConfig, KeyedJaggedTensor, KeyedTensor
 
 from .exchange_autograd import AllToAll, AwaitGradient, GradientExchange, ReceivedPooled
@@ -388,6 +389,28 @@ class ShardedEmbeddingBagCollection(TakesTickets, nn.Module):
         values = torch.cat([columns[f] for f in self._feature_names], dim=1)
         return KeyedTensor(keys=self._feature_names, length_per_key=[self._dim[f] for f in self._feature_names],
                            values=values)
+
+    # --------------------------------------------------------- state dicts of torchrec's form
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """torchrec's `EmbeddingBagCollection` state dict (every table whole, the same on
+        every rank) loads too: this rank takes its shards' rows, handed to its local
+        collection under the shards' names (`nn.rows_only`); the other ranks' tables are
+        theirs. Tables split by key hash keep rows in key order: refused."""
+        keys = {t.name: prefix + TORCHREC_KEY.format(t.name) for t in self._configs}
+        shapes = {t.name: (t.num_embeddings, t.embedding_dim) for t in self._configs}
+        rows = {name: state_dict.pop(key) for name, key in keys.items() if key in state_dict}
+        for shard in (s for s in self.shards if s.rank == self.world.rank and s.table in rows):
+            whole, shape = rows[shard.table], shapes[shard.table]
+            if shard.by_key:
+                error_msgs.append(f"{keys[shard.table]}: a table split by key hash keeps its rows in key order, "
+                                  "not id order: it loads from the run's own checkpoint only")
+            elif torch.is_tensor(whole) and tuple(whole.shape) != shape:
+                error_msgs.append(size_mismatch(keys[shard.table], whole, shape))
+            else:
+                state_dict[f"{prefix}local.{TORCHREC_KEY.format(shard.name)}"] = whole[shard.row_start: shard.row_stop]
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     # --------------------------------------------------------- the cache's interface
     def cache_stats(self) -> dict:
