@@ -201,7 +201,8 @@ def train(args) -> int:
                 path = CFModel.from_training(trainer.params, data, record(data_cfg, data)).save(args.save)
                 print(f"saved the model to {path} (cf recommend {path} --users ...)")
             else:
-                print(f"saved embeddings to {save(trainer.params, args.save, record(data_cfg, data))}")
+                path = save(trainer.params, args.save, record(data_cfg, data), (data.user_ids, data.item_ids))
+                print(f"saved embeddings to {path}")
         except (ValueError, OSError) as err:
             raise UserFacingError(str(err)) from None
     print_summary(summary_rows(summary, cfg.ks), summary)

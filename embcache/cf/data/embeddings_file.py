@@ -27,11 +27,14 @@ from embcache.integrity import ChecksumError, array_crc32, open_verified, save_n
 FORMATS = (".npy", ".npz", ".parquet")
 
 
-def save(params: CFParams, path: str | Path, trained_on: dict | None = None) -> Path:
+def save(params: CFParams, path: str | Path, trained_on: dict | None = None, ids=(None, None)) -> Path:
     """Write the embeddings: `.npy` (rows U, then I, then W, with the layout and config in
     `<path>.json`), `.npz` (arrays U, I, W and the same metadata as a JSON string, one file)
-    or `.parquet` (columns kind, id, vector; the metadata in the schema). `trained_on`, the
-    data and split they were trained on, goes with the metadata (`embcache.cf.trained_on`)."""
+    or `.parquet` (columns kind, id (the row), your_id, vector; the metadata in the schema).
+    `trained_on`, the data and split they were trained on, goes with the metadata
+    (`embcache.cf.trained_on`); `ids`, (user ids, item ids) of the data (`user_ids[u]` is row
+    u's id in your file; None where the rows are the ids), fill `your_id`: without it a row
+    said `id 0` for the user your file calls `u0`."""
     path = Path(path)
     stacked = np.ascontiguousarray(np.concatenate([params.U, params.I, params.W]), dtype=np.float32)
     # the rows' CRC-32 goes with them (the .json, the npz's meta, the Parquet schema): `load` checks it
@@ -52,14 +55,20 @@ def save(params: CFParams, path: str | Path, trained_on: dict | None = None) -> 
         import pyarrow.parquet as pq
 
         kinds = (["user"] * len(params.U) + ["item"] * len(params.I) + ["W"] * len(params.W))
-        ids = np.concatenate([np.arange(len(params.U)), np.arange(len(params.I)),
-                              np.arange(len(params.W))])
+        rows = np.concatenate([np.arange(len(params.U)), np.arange(len(params.I)), np.arange(len(params.W))])
         d = stacked.shape[1]
         vec = pa.FixedSizeListArray.from_arrays(pa.array(stacked.reshape(-1)), d)
-        table = pa.table({"kind": kinds, "id": ids, "vector": vec})
+        yours = [_as_text(ids[0], len(params.U)), _as_text(ids[1], len(params.I)), [None] * len(params.W)]
+        table = pa.table({"kind": kinds, "id": rows, "your_id": pa.array(sum(yours, []), pa.string()),
+                          "vector": vec})
         table = table.replace_schema_metadata({"embcache_cf": json.dumps(meta)})
         pq.write_table(table, path)
     return path
+
+
+def _as_text(ids, n: int) -> list[str]:
+    """Your data's ids as text (a row's number where the rows are the ids)."""
+    return [str(v) for v in (range(n) if ids is None else ids.tolist())]
 
 
 def load(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, CFConfig]:
