@@ -68,18 +68,22 @@ class SearchResults:
 def gallery_identities(root: str | Path) -> tuple[list[str], list[list[Path]]]:
     """(names, image files of each) of a gallery: `<root>/<identity>/<image>` like a training
     folder, or images directly in `root`, each its own entry named by its file's stem."""
-    from embcache.face.data.folder import IMAGE_SUFFIXES
+    from embcache.face.use import images_among
 
     root = Path(root)
     if not root.is_dir():
         raise UserFacingError(f"{root}: no such directory")
+    folders = sorted(p for p in root.iterdir() if p.is_dir())
+    found = images_among([p for d in [root, *folders] for p in d.iterdir() if p.is_file()], str(root))
+    by_folder = {}
+    for p in found:
+        by_folder.setdefault(p.parent, []).append(p)
     names, files = [], []
-    for d in sorted(p for p in root.iterdir() if p.is_dir()):
-        images = sorted(p for p in d.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-        if images:
+    for d in folders:
+        if d in by_folder:
             names.append(d.name)
-            files.append(images)
-    for image in sorted(p for p in root.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES):
+            files.append(by_folder[d])
+    for image in by_folder.get(root, []):
         names.append(image.stem)
         files.append([image])
     if not names:

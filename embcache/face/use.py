@@ -88,14 +88,30 @@ def probe_from_spec(path, spec, state):
     return probe
 
 
-def image_paths(inputs: list[str]) -> list[Path]:
-    """Every image named, or found (sorted, recursively) in a directory named."""
+def images_among(files, where: str) -> list[Path]:
+    """The images of `files` (by suffix, as training reads a folder), sorted; the other files
+    are counted in one warning naming `where` and the first (hidden files, `.DS_Store`, aside):
+    a `.gif` or `.tif` in a folder was left out of `embed` and `search` without a word."""
     from embcache.face.data.folder import IMAGE_SUFFIXES
 
+    files = sorted(files)
+    others = [p for p in files if p.suffix.lower() not in IMAGE_SUFFIXES and not p.name.startswith(".")]
+    if others:
+        import logging
+
+        kinds = sorted({p.suffix.lower() or "no suffix" for p in others})
+        logging.getLogger("embcache").warning(
+            f"{where}: left out {len(others):,} file(s) that are not images by name ({', '.join(kinds[:5])}; "
+            f"first {others[0]}): images are {', '.join(sorted(IMAGE_SUFFIXES))}")
+    return [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
+
+
+def image_paths(inputs: list[str]) -> list[Path]:
+    """Every image named, or found (sorted, recursively) in a directory named."""
     out = []
     for item in map(Path, inputs):
         if item.is_dir():
-            out += sorted(p for p in item.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+            out += images_among((p for p in item.rglob("*") if p.is_file()), str(item))
         elif item.is_file():
             out.append(item)
         else:
