@@ -2,8 +2,9 @@
 ONNX model with a dynamic batch, checked with onnxruntime against torch before the file is
 put in place.
 
-The model takes what training fed the network: RGB images, `[batch, 3, S, S]` float,
-pixels as (x - 127.5) / 128 (feature vectors `[batch, D]` for a network trained on them), and
+The model takes what training fed the network: RGB images, `[batch, 3, S, S]` float (each
+image resized whole to S x S, bilinear: a centre crop gives other embeddings), pixels as
+(x - 127.5) / 128 (feature vectors `[batch, D]` for a network trained on them), and
 returns the raw features. `face embed` sums the features of the image and its mirror and
 L2-normalises them; a serving program does the same. Both conventions are written into the
 model's metadata (`metadata_props`), beside the checkpoint's `probe_spec`.
@@ -47,7 +48,9 @@ def export_onnx(probe: torch.nn.Module, spec: dict, path: str | Path, check: boo
     meta = {"embcache.probe_spec": json.dumps(spec), "embcache.output": "raw features: L2-normalise (face embed "
             "sums the image's and its mirror's features first)"}
     if len(shape) == 3:
-        meta["embcache.input"] = f"RGB [batch, 3, {shape[1]}, {shape[2]}] float, pixels (x - 127.5) / 128"
+        meta["embcache.input"] = (f"RGB [batch, 3, {shape[1]}, {shape[2]}] float: each image converted to RGB "
+                                  f"(Pillow's convert) and resized whole to {shape[2]}x{shape[1]} (bilinear, "
+                                  f"no crop: the aspect is not kept), pixels (x - 127.5) / 128")
     for key, value in meta.items():
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value
