@@ -2,9 +2,8 @@
 (no trainer, cache or torchrec), so a server can do what the manifest's "scoring" says.
 
 Example:
-    >>> model = load_export("export/")  # doctest: +SKIP
-    >>> model.predict([{"sparse_0": "68fd1e64", "sparse_1": "80e26c9b", "dense": [1, 5, 0, None, 382, 4, 15, 2,
-    ...                                                                          181, 1, 2, None, 2]}])  # doctest: +SKIP
+    >>> row = {"sparse_0": "68fd1e64", "sparse_1": "80e26c9b", "dense": [1, 5, 0, None, 382, 4, 15, 2, 181, 1, 2, 0, 2]}
+    >>> load_export("export/").predict([row])  # doctest: +SKIP
     array([0.23], dtype=float32)
 """
 from __future__ import annotations
@@ -192,9 +191,9 @@ class BadValueError(ValueError):
     values looked up, `row` its row once `FeatureLookup.bag` knows it, so that a file's
     reader can name the line."""
 
-    def __init__(self, message: str, index: int):
+    def __init__(self, message: str, index: int, row: int | None = None):
         super().__init__(message)
-        self.index, self.row = index, None
+        self.index, self.row = index, row
 
 
 def _lookup(directory: Path, table: dict) -> FeatureLookup:
@@ -347,8 +346,18 @@ class ExportedDLRM:
             raise ValueError(f"dense: shape {list(array.shape)}, expected [B, {k}] ({self._dense_names()})")
         return array
 
+    def _refuse_infinite(self, raw: np.ndarray, prefix: str = "") -> None:
+        """An infinite dense value scored probability 0 (NaN prepared) without a word; `data prepare`
+        skips a row holding one. BadValueError naming the column (`row`: its row in a `[B, k]` batch)."""
+        for at in np.argwhere(np.isinf(raw))[:1]:
+            raise BadValueError(f"{prefix}{self._dense_list()[at[-1]]} value {raw[tuple(at)]} is not a finite number "
+                                f"(a missing value is empty, None or NaN)", 0, int(at[0]) if raw.ndim == 2 else None)
+
+    def _dense_list(self) -> list:
+        return self.manifest.get("dense_features") or [f"dense_{j}" for j in range(self.manifest["num_dense"])]
+
     def _dense_names(self) -> str:
-        names = self.manifest.get("dense_features") or [f"dense_{j}" for j in range(self.manifest["num_dense"])]
+        names = self._dense_list()
         return ", ".join(map(str, names)) if len(names) <= 4 else f"{names[0]} .. {names[-1]}"
 
     def predict(self, rows: Sequence[Mapping], dense_prepared: bool = False, *, strict: bool = False,
@@ -382,6 +391,7 @@ class ExportedDLRM:
                 raise ValueError(f"row {i}: 'dense' must be {k} numbers ({first_line(err)})") from None
             if len(values) != k:
                 raise ValueError(f"row {i}: 'dense' has {len(values)} values, expected {k} ({self._dense_names()})")
+            self._refuse_infinite(values, f"row {i}: ")
             dense[i] = values if dense_prepared else self.transform_dense(values)
         sparse = {f: [row.get(f) for row in rows] for f in self.features}
         counts = {} if unseen is None else unseen
@@ -396,6 +406,7 @@ class ExportedDLRM:
         the values as they are where it names none (exports from before it was recorded
         included)."""
         raw = np.asarray(raw, dtype=np.float64)
+        self._refuse_infinite(raw)
         rule = self.manifest.get("dense_transform")
         if rule is None:
             return np.nan_to_num(raw, nan=0.0).astype(np.float32)
