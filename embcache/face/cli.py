@@ -21,6 +21,8 @@ from embcache.train.run_cli import (
     run_rows,
 )
 
+SKIP_BAD_IMAGES = "leave out unreadable images and count and name them, instead of stopping at the first"
+
 logger = logging.getLogger(__name__)
 
 
@@ -81,6 +83,7 @@ def _add_use_parsers(sub) -> None:
     _checkpoint_use(m, images=True, progress=True, run=("embcache.face.use", "embed_command"))
     m.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR", help="image files or directories of them")
     m.add_argument("--out", required=True, help="FILE.npy or FILE.parquet")
+    m.add_argument("--skip-bad-images", action="store_true", help=SKIP_BAD_IMAGES)
 
     v = sub.add_parser("verify", help="are two images the same person? cosine and verdict", formatter_class=fmt,
                        description="Embed two images with a face checkpoint and print their cosine and a same / "
@@ -108,9 +111,7 @@ def _add_use_parsers(sub) -> None:
     s.add_argument("--k", type=positive_int, default=5, help="identities per query")
     s.add_argument("--threshold", type=float, default=None,
                    help="cosine above which a result is a match (default: the checkpoint's, at FAR 1e-3)")
-    s.add_argument("--skip-bad-images", action="store_true",
-                   help="leave out unreadable images, query or gallery, and count and name them, instead of "
-                        "stopping at the first")
+    s.add_argument("--skip-bad-images", action="store_true", help=SKIP_BAD_IMAGES + " (query or gallery)")
     s.add_argument("--out", default=None, help="FILE.csv or FILE.parquet (query, rank, identity, cosine, match) "
                                                "(default: printed)")
 

@@ -26,7 +26,7 @@ import torch
 
 from embcache.data.bad_rows import BadRowLog
 from embcache.errors import UserFacingError
-from embcache.face.use import resolve_threshold
+from embcache.face.use import report_skipped, resolve_threshold, skipped_images
 
 
 @dataclass
@@ -58,7 +58,7 @@ class SearchResults:
     k: int
     threshold: float | None
     threshold_from: str               # where the threshold came from, for the user
-    skipped: BadRowLog = field(default_factory=lambda: BadRowLog(noun="unreadable image", position=None))
+    skipped: BadRowLog = field(default_factory=skipped_images)
 
     @property
     def unknown(self) -> int:
@@ -138,9 +138,7 @@ def search_command(args) -> int:
     out = check_output(args.out, "search results") if args.out else None  # before the work, not after it
     found = search(args.checkpoint, args.gallery, args.query, args.k, args.threshold, args.device,
                    flip=not args.no_flip, skip_bad_images=args.skip_bad_images, progress=args.progress)
-    if found.skipped.total:
-        print(f"skipped {found.skipped.total:,} unreadable image(s):", flush=True)
-        found.skipped.report()
+    report_skipped(found.skipped)
     rule = (f"threshold {found.threshold:.4f} ({found.threshold_from})" if found.threshold is not None
             else f"no threshold ({found.threshold_from})")
     k, qs = found.k, found.queries

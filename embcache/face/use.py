@@ -121,6 +121,20 @@ def image_paths(inputs: list[str]) -> list[Path]:
     return out
 
 
+def skipped_images():
+    """The log `--skip-bad-images` keeps (`embed_readable`'s `bad`): one entry an image."""
+    from embcache.data.bad_rows import BadRowLog
+
+    return BadRowLog(noun="unreadable image", position=None)
+
+
+def report_skipped(log) -> None:
+    """The images `log` left out, counted and named (nothing where none was, or no log)."""
+    if log is not None and log.total:
+        print(f"skipped {log.total:,} unreadable image(s):", flush=True)
+        log.report()
+
+
 def embed_images(probe, spec: dict, paths: list[Path], device="cpu", flip: bool = True,
                  batch: int = 256, progress: bool = False) -> torch.Tensor:
     """`[n, feat_dim]` L2-normalised embeddings of image files (decoded and resized as
@@ -168,8 +182,13 @@ def embed_command(args) -> int:
         raise UserFacingError(f"{out}: embeddings are written as {' or '.join(EMBED_FORMATS)}")
     check_output_file(out)  # before the work, not after it
     probe, spec, _ = load_probe(args.checkpoint, args.device, images=True)
-    paths = image_paths(args.inputs)
-    emb = embed_images(probe, spec, paths, args.device, flip=not args.no_flip, progress=args.progress).numpy()
+    bad = skipped_images() if args.skip_bad_images else None
+    emb, paths = embed_readable(probe, spec, image_paths(args.inputs), args.device, flip=not args.no_flip, bad=bad,
+                                progress=args.progress)
+    report_skipped(bad)
+    if not paths:
+        raise UserFacingError(f"no readable image in {', '.join(args.inputs)}; nothing written")
+    emb = emb.numpy()
     if out.suffix == ".npy":
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(out.name + ".tmp.npy")
