@@ -361,10 +361,13 @@ def recommend(args) -> int:
         fewest = min(short.values())
         logger.warning(f"--k {args.k} is more than the items {len(short):,} user(s) have not seen (fewest: "
                        f"{fewest:,}, user {min(short, key=short.get)!r}): they get their unseen items only")
-    if out is None:
-        print("user,rank,item,score")
-        for user, rank, item, score in rows:
-            print(f"{user},{rank},{item},{score:.6f}")
+    if out is None:  # CSV as a reader takes it back: an id with a comma or a quote ("Matrix, The") is quoted
+        import csv
+        import sys
+
+        printed = csv.writer(sys.stdout, lineterminator="\n")
+        printed.writerow(["user", "rank", "item", "score"])
+        printed.writerows((user, rank, item, f"{score:.6f}") for user, rank, item, score in rows)
         return 0
     from embcache.data.results_file import write_columns
 
