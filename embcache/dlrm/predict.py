@@ -223,6 +223,12 @@ def _table_batches(path: Path, model, batch_rows: int, parquet: bool):
         raise UserFacingError(f"{path}: unknown column(s) {', '.join(map(repr, unknown[:5]))}; the export's "
                               f"features are {model.features[0]} .. {model.features[-1]}, its dense ones "
                               f"dense_0 .. dense_{k - 1}, and 'label' is kept")
+    absent = [] if renamed else [n for n in [*model.features, *dense_names] if n not in names]
+    if absent:  # scored as missing in every row without a word otherwise
+        raise UserFacingError(f"{path}: no column {', '.join(map(repr, absent[:5]))}"
+                              f"{f' (and {len(absent) - 5} more)' if len(absent) > 5 else ''}; the export scores "
+                              f"{model.features[0]} .. {model.features[-1]} and dense_0 .. dense_{k - 1}: "
+                              f"a column of empty values scores them as missing")
     wrong_width = BadRowLog()
     if parquet:
         import pyarrow.parquet as pq
