@@ -103,8 +103,10 @@ class CFModel:
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such model file")
         if path.suffix in (".npy", ".parquet"):  # `--save` writes these as embeddings alone, never as a model
-            raise ValueError(f"{path}: holds embeddings only ({path.suffix} is saved without the ids and training "
-                             f"items a model needs): train with --save FILE.npz for a whole model")
+            held = "the ids but not the training items" if path.suffix == ".parquet" else "neither the ids nor the " \
+                "training items"
+            raise ValueError(f"{path}: holds embeddings only ({path.suffix} is saved with {held} a model needs): "
+                             f"train with --save FILE.npz for a whole model")
         try:  # open_verified: ChecksumError (a ValueError) naming the file
             with open_verified(path, "CF model") as f, np.load(f, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
