@@ -28,7 +28,7 @@ def decode_image(data: bytes | str | os.PathLike, where: str, size: int = 112) -
     _bombs_are_errors(Image)
     try:
         with Image.open(src) as img:  # reads the header; a bomb raises here
-            img = img.convert("RGB")
+            img = _eight_bit(img, Image).convert("RGB")
             if img.size != (size, size):
                 img = img.resize((size, size), Image.BILINEAR)
             arr = np.array(img, dtype=np.uint8)
@@ -41,6 +41,18 @@ def decode_image(data: bytes | str | os.PathLike, where: str, size: int = 112) -
                 from None
         raise DataFormatError(f"{where}: unreadable image ({type(err).__name__}: {reason})") from None
     return to_tensor(arr)
+
+
+def _eight_bit(img, Image):
+    """A 16-bit grayscale image (a PNG of depth 16: mode I;16, or I) as 8-bit grayscale, its
+    top 8 bits: Pillow's RGB conversion clips such values at 255, and an image of 0..65535 came
+    out near-white. An "I" image whose values all fit 8 bits is taken as it is."""
+    if not img.mode.startswith("I"):
+        return img
+    values = np.asarray(img).astype(np.int64)
+    if img.mode.startswith("I;16") or values.max(initial=0) > 255:
+        values = values >> 8
+    return Image.fromarray(values.clip(0, 255).astype(np.uint8), "L")
 
 
 def _bombs_are_errors(Image) -> None:
