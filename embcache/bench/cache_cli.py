@@ -22,30 +22,33 @@ from __future__ import annotations
 
 import argparse
 
+from embcache.arg_types import float_in, fraction, non_negative_int, positive_float, positive_int, ratio
 from embcache.paths import results_dir
 from embcache.cache.choices import TORCH_OPTIMIZERS
 from embcache.train.run_cli import add_device_argument, add_threads_argument
+
+BURN_IN = float_in(0, 1, high_open=True)  # a burn-in of every batch would leave no hit rate to report
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ratios", type=float, nargs="+", default=[0.005, 0.015, 0.05],
+    p.add_argument("--ratios", type=ratio, nargs="+", default=[0.005, 0.015, 0.05],
                    help="cache ratios (fraction of rows on the device)")
-    p.add_argument("--scale", type=float, default=1.0,
+    p.add_argument("--scale", type=positive_float, default=1.0,
                    help="multiplies the Kaggle cardinalities for the hit-rate trace (1.0: 33.8 M rows)")
-    p.add_argument("--batches", type=int, default=60, help="batches in the hit-rate trace")
-    p.add_argument("--batch-size", type=int, default=4096)
-    p.add_argument("--burn-in", type=float, default=0.25, help="fraction of batches before counting")
-    p.add_argument("--warmup-ratio", type=float, default=0.7, help="fraction of the cache warmed up")
-    p.add_argument("--day-batches", type=int, default=50,
+    p.add_argument("--batches", type=positive_int, default=60, help="batches in the hit-rate trace")
+    p.add_argument("--batch-size", type=positive_int, default=4096)
+    p.add_argument("--burn-in", type=BURN_IN, default=0.25, help="fraction of batches before counting")
+    p.add_argument("--warmup-ratio", type=fraction, default=0.7, help="fraction of the cache warmed up")
+    p.add_argument("--day-batches", type=non_negative_int, default=50,
                    help="drifting trace: batches per day (0, or not fewer than --batches: no drifting trace)")
-    p.add_argument("--day-shift", type=float, default=0.002,
+    p.add_argument("--day-shift", type=fraction, default=0.002,
                    help="drifting trace: popularity ranks rotate by this share of each table per day")
-    p.add_argument("--timing-scale", type=float, default=0.25,
+    p.add_argument("--timing-scale", type=positive_float, default=0.25,
                    help="cardinality scale of the timing run (it holds two full tables)")
-    p.add_argument("--timing-steps", type=int, default=30)
-    p.add_argument("--dim", type=int, default=16, help="embedding dim of the timing run")
+    p.add_argument("--timing-steps", type=positive_int, default=30)
+    p.add_argument("--dim", type=positive_int, default=16, help="embedding dim of the timing run")
     p.add_argument("--optimizers", nargs="+", default=["sgd", "adagrad"],
                    choices=list(TORCH_OPTIMIZERS))
     add_device_argument(p)

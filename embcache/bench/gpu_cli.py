@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 
+from embcache.arg_types import non_negative_int, positive_float, positive_int, ratio
 from embcache.paths import results_dir
 from embcache.cache.choices import TORCH_OPTIMIZERS
 from embcache.dlrm.config import DLRMConfig
@@ -54,18 +55,20 @@ from embcache.train.run_cli import add_device_argument, add_threads_argument
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scale", type=float, default=1.0, help="times the Kaggle cardinalities (1.0: 33.8 M rows)")
-    p.add_argument("--dims", type=int, nargs="+", default=[16, 128], help="embedding dims (16: the make run model)")
-    p.add_argument("--ratios", type=float, nargs="+", default=[0.005, 0.015, 0.05], help="cache ratios")
+    p.add_argument("--scale", type=positive_float, default=1.0,
+                   help="times the Kaggle cardinalities (1.0: 33.8 M rows)")
+    p.add_argument("--dims", type=positive_int, nargs="+", default=[16, 128],
+                   help="embedding dims (16: the make run model)")
+    p.add_argument("--ratios", type=ratio, nargs="+", default=[0.005, 0.015, 0.05], help="cache ratios")
     p.add_argument("--shapes", nargs="+", default=["one-hot", "multi-hot"], choices=["one-hot", "multi-hot"],
                    help="one-hot: 26 ids a sample (Criteo Kaggle); multi-hot: MLPerf DLRM-DCNv2's pooling, "
                         "214 ids a sample over the same tables")
-    p.add_argument("--batch-size", type=int, default=4096)
-    p.add_argument("--steps", type=int, default=60, help="timed steps per variant")
-    p.add_argument("--warmup-steps", type=int, default=10, help="untimed steps before them")
+    p.add_argument("--batch-size", type=positive_int, default=4096)
+    p.add_argument("--steps", type=positive_int, default=60, help="timed steps per variant")
+    p.add_argument("--warmup-steps", type=non_negative_int, default=10, help="untimed steps before them")
     p.add_argument("--optimizer", default="adagrad", choices=sorted(TORCH_OPTIMIZERS), help="sparse optimizer")
-    p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--prefetch-depth", type=int, default=1, help="batches prefetched ahead (0: none)")
+    p.add_argument("--lr", type=positive_float, default=0.01)
+    p.add_argument("--prefetch-depth", type=non_negative_int, default=1, help="batches prefetched ahead (0: none)")
     p.add_argument("--bookkeeping", nargs="+", default=["host", "device"], choices=["host", "device"],
                    help="the cache's bookkeepers to run, each at every ratio (the device one: everything beside "
                         "the rows, rows read and written through the unified view)")
@@ -81,14 +84,14 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="run the cached variants (--no-cached: the whole-table rows alone)")
     p.add_argument("--price-prefetch", action=argparse.BooleanOptionalAction, default=True,
                    help="also run the middle ratio without prefetch (what the copies cost unhidden)")
-    p.add_argument("--link-table-mib", type=int, default=1024,
+    p.add_argument("--link-table-mib", type=positive_int, default=1024,
                    help="pinned host table the link's random-row rate is measured on")
     p.add_argument("--from-shards", metavar="DIR", default=None,
                    help="feed the step from this prepared Criteo-shaped directory (13 dense, 26 one-hot features: "
                         "`embcache data synthetic`) through the parallel loader instead of batches made in memory; "
                         "the loader's own rows/s is measured in the same run at each --readers count "
                         "(`loader_vs_step`); the tables' sizes and the shape are the data's (--scale, --shapes unused)")
-    p.add_argument("--readers", type=int, nargs="+", default=None,
+    p.add_argument("--readers", type=positive_int, nargs="+", default=None,
                    help="with --from-shards: reader threads, each count's rows/s measured; the largest feeds the "
                         "step (default: as the cores allow, embcache.data.parallel.default_readers)")
     p.add_argument("--no-profile", action="store_true", help="skip the profiler summary (CUDA only)")

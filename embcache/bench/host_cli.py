@@ -43,22 +43,25 @@ from __future__ import annotations
 
 import argparse
 
+from embcache.arg_types import non_negative_int, positive_float, positive_int, ratio
 from embcache.paths import results_dir
 from embcache.bench.defaults import HOST_ROUNDS
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scale", type=float, default=1.0, help="times the Kaggle cardinalities (1.0: 33.8 M rows)")
-    p.add_argument("--batch-size", type=int, default=16384)
-    p.add_argument("--dim", type=int, default=16, help="embedding dim (the host store's row width)")
-    p.add_argument("--ratios", type=float, nargs="+", default=[0.005, 0.015, 0.05], help="cache ratios")
-    p.add_argument("--threads", type=int, nargs="+", default=None,
+    p.add_argument("--scale", type=positive_float, default=1.0,
+                   help="times the Kaggle cardinalities (1.0: 33.8 M rows)")
+    p.add_argument("--batch-size", type=positive_int, default=16384)
+    p.add_argument("--dim", type=positive_int, default=16, help="embedding dim (the host store's row width)")
+    p.add_argument("--ratios", type=ratio, nargs="+", default=[0.005, 0.015, 0.05], help="cache ratios")
+    p.add_argument("--threads", type=positive_int, nargs="+", default=None,
                    help="thread counts to measure (default: 1 up to all cores, doubling)")
     p.add_argument("--shapes", nargs="+", default=["one-hot", "multi-hot"], choices=["one-hot", "multi-hot"])
-    p.add_argument("--steps", type=int, default=8,
+    p.add_argument("--steps", type=positive_int, default=8,
                    help=f"timed steps per thread count and round ({HOST_ROUNDS} rounds; the median is reported)")
-    p.add_argument("--warmup-steps", type=int, default=5, help="untimed steps first (compilation, warm caches)")
+    p.add_argument("--warmup-steps", type=non_negative_int, default=5,
+                   help="untimed steps first (compilation, warm caches)")
     p.add_argument("--eviction", default="freq", choices=["freq", "lfu", "lru"])
     p.add_argument("--keys", nargs="+", default=["ids"], choices=["ids", "raw", "raw-new"],
                    help="ids: vocabulary ids with their counts (warm-up, freq's prior); raw: the same lookups as "
@@ -73,7 +76,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="the device bookkeeper's embedding kernels (embcache.kernels: triton's lookup and fused "
                         "backward + optimizer, each one operation; on meta they run as their fake "
                         "implementations, so the count needs no GPU)")
-    p.add_argument("--prefetch-depth", type=int, default=1, help="batches prefetched ahead, as the trainer")
+    p.add_argument("--prefetch-depth", type=non_negative_int, default=1,
+                   help="batches prefetched ahead, as the trainer")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(results_dir()), help="results directory")
     p.add_argument("--name", default="host", help="results file stem")

@@ -31,19 +31,21 @@ from __future__ import annotations
 
 import argparse
 
+from embcache.arg_types import non_negative_int, positive_float, positive_int
 from embcache.paths import results_dir
 from embcache.train.run_cli import add_device_argument
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scale", type=float, default=1.0, help="times the Kaggle cardinalities (1.0: 33.8 M rows)")
-    p.add_argument("--dim", type=int, default=128, help="embedding dim")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[16384, 65536], help="samples a batch")
+    p.add_argument("--scale", type=positive_float, default=1.0,
+                   help="times the Kaggle cardinalities (1.0: 33.8 M rows)")
+    p.add_argument("--dim", type=positive_int, default=128, help="embedding dim")
+    p.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[16384, 65536], help="samples a batch")
     p.add_argument("--shapes", nargs="+", default=["one-hot", "multi-hot"], choices=["one-hot", "multi-hot"])
-    p.add_argument("--steps", type=int, default=20, help="timed calls per measurement")
-    p.add_argument("--warmup-steps", type=int, default=3, help="untimed calls first (compilation)")
-    p.add_argument("--copy-mib", type=int, default=1024, help="the buffer the copy bandwidth is measured on")
+    p.add_argument("--steps", type=positive_int, default=20, help="timed calls per measurement")
+    p.add_argument("--warmup-steps", type=non_negative_int, default=3, help="untimed calls first (compilation)")
+    p.add_argument("--copy-mib", type=positive_int, default=1024, help="the buffer the copy bandwidth is measured on")
     add_device_argument(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(results_dir()), help="results directory")

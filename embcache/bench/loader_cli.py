@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import argparse
 
+from embcache.arg_types import positive_int
 from embcache.paths import results_dir
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("data", help="a prepared Criteo-shaped directory (meta.json; 13 dense, 26 one-hot features)")
-    p.add_argument("--readers", type=int, nargs="+", default=[1, 2, 4], help="reader threads, each count timed")
-    p.add_argument("--batch-size", type=int, default=65_536)
-    p.add_argument("--batches", type=int, default=64, help="batches timed at each count (at most the split's)")
-    p.add_argument("--repeats", type=int, default=3, help="timed passes at each count, taking turns; the best is kept")
+    p.add_argument("--readers", type=positive_int, nargs="+", default=[1, 2, 4],
+                   help="reader threads, each count timed")
+    p.add_argument("--batch-size", type=positive_int, default=65_536)
+    p.add_argument("--batches", type=positive_int, default=64, help="batches timed at each count (at most the split's)")
+    p.add_argument("--repeats", type=positive_int, default=3,
+                   help="timed passes at each count, taking turns; the best is kept")
     p.add_argument("--out", default=str(results_dir()), help="results directory")
     p.add_argument("--name", default="loader", help="results file stem")
     p.set_defaults(func=run)

@@ -23,22 +23,24 @@ from __future__ import annotations
 
 import argparse
 
+from embcache.arg_types import non_negative_int, positive_float, positive_int
 from embcache.paths import results_dir
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32], help="world sizes to project")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs a node (NVLink inside, NICs between)")
-    p.add_argument("--batch-size", type=int, default=65_536, help="global batch (one-hot samples)")
-    p.add_argument("--embedding-dim", type=int, default=128, help="the Criteo-Kaggle DLRM's dim")
-    p.add_argument("--dense-params", type=int, default=2_368_897,
+    p.add_argument("--gpus", type=positive_int, nargs="+", default=[1, 2, 4, 8, 16, 32], help="world sizes to project")
+    p.add_argument("--gpus-per-node", type=positive_int, default=8, help="GPUs a node (NVLink inside, NICs between)")
+    p.add_argument("--batch-size", type=positive_int, default=65_536, help="global batch (one-hot samples)")
+    p.add_argument("--embedding-dim", type=positive_int, default=128, help="the Criteo-Kaggle DLRM's dim")
+    p.add_argument("--dense-params", type=non_negative_int, default=2_368_897,
                    help="parameters of the MLPs, all-reduced each step (the MLPerf Criteo DLRM's: bottom "
                         "13-512-256-128, top 479-1024-1024-512-256-1)")
-    p.add_argument("--rate", type=float, nargs="+", default=[0.7e6, 1.0e6, 1.9e6],
+    p.add_argument("--rate", type=positive_float, nargs="+", default=[0.7e6, 1.0e6, 1.9e6],
                    help="one GPU's samples/s of the whole step (not measured here: see the description)")
-    p.add_argument("--node-gbps", type=float, default=450.0, help="GB/s a GPU sends within its node (NVLink)")
-    p.add_argument("--nic-gbps", type=float, default=50.0, help="GB/s a GPU sends to other nodes (400 Gb/s NIC)")
+    p.add_argument("--node-gbps", type=positive_float, default=450.0, help="GB/s a GPU sends within its node (NVLink)")
+    p.add_argument("--nic-gbps", type=positive_float, default=50.0,
+                   help="GB/s a GPU sends to other nodes (400 Gb/s NIC)")
     p.add_argument("--best-split", action=argparse.BooleanOptionalAction, default=True,
                    help="also project each world size with the --row-wise-rows threshold that projects fastest "
                         "(more tables split by rows: lookups even, more partial sums sent)")

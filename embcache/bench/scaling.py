@@ -34,6 +34,7 @@ import os
 from statistics import median
 from pathlib import Path
 
+from embcache.arg_types import positive_float, positive_int
 from embcache.paths import datasets_dir, results_dir
 from embcache.data.defaults import SYNTHETIC_ROWS, SYNTHETIC_SCALE
 from embcache.train.bench_results import run_for_summary, write_json
@@ -42,18 +43,19 @@ from embcache.train.bench_results import run_for_summary, write_json
 def build_parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cores = os.cpu_count() or 1
-    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2] + ([4] if cores >= 4 else []),
+    p.add_argument("--ranks", type=positive_int, nargs="+", default=[1, 2] + ([4] if cores >= 4 else []),
                    help="world sizes to run (default: 1, 2, and 4 where the host has 4 cores)")
     p.add_argument("--which", nargs="+", choices=("dlrm", "face"), default=["dlrm", "face"])
-    p.add_argument("--rows", type=int, default=SYNTHETIC_ROWS, help="training rows of the synthetic CTR set")
-    p.add_argument("--scale", type=float, default=SYNTHETIC_SCALE, help="multiplies Criteo Kaggle's cardinalities")
-    p.add_argument("--steps", type=int, default=40, help="training steps of each run")
-    p.add_argument("--repeats", type=int, default=3,
+    p.add_argument("--rows", type=positive_int, default=SYNTHETIC_ROWS, help="training rows of the synthetic CTR set")
+    p.add_argument("--scale", type=positive_float, default=SYNTHETIC_SCALE,
+                   help="multiplies Criteo Kaggle's cardinalities")
+    p.add_argument("--steps", type=positive_int, default=40, help="training steps of each run")
+    p.add_argument("--repeats", type=positive_int, default=3,
                    help="rounds of every run, one after another (figures: medians; ratios: the median of each "
                         "round's ratio to 1 rank)")
-    p.add_argument("--batch-size", type=int, default=4096, help="global DLRM batch")
-    p.add_argument("--face-batch-size", type=int, default=512, help="global face batch")
-    p.add_argument("--face-classes", type=int, default=20_000)
+    p.add_argument("--batch-size", type=positive_int, default=4096, help="global DLRM batch")
+    p.add_argument("--face-batch-size", type=positive_int, default=512, help="global face batch")
+    p.add_argument("--face-classes", type=positive_int, default=20_000)
     p.add_argument("--face-batch-norm", nargs="+", choices=("global", "local"), default=["global"],
                    help="face's --batch-norm at 2+ ranks, each given one run (1 rank: the same either way, run once)")
     p.add_argument("--independent", action=argparse.BooleanOptionalAction, default=True,

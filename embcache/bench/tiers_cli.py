@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 
+from embcache.arg_types import non_negative_float, positive_int, ratio
 from embcache.paths import results_dir
 from embcache.train.run_cli import add_threads_argument
 
@@ -24,17 +25,17 @@ from embcache.train.run_cli import add_threads_argument
 def build_parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", type=int, default=2_000_000, help="rows of the table that fits (part 1)")
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--steps", type=int, default=200, help="batches of part 1 (each store)")
-    p.add_argument("--rounds", type=int, default=10,
+    p.add_argument("--rows", type=positive_int, default=2_000_000, help="rows of the table that fits (part 1)")
+    p.add_argument("--dim", type=positive_int, default=64)
+    p.add_argument("--steps", type=positive_int, default=200, help="batches of part 1 (each store)")
+    p.add_argument("--rounds", type=positive_int, default=10,
                    help="part 1 alternates the two stores over this many slices of its batches")
-    p.add_argument("--batch-size", type=int, default=4096, help="bags per batch")
-    p.add_argument("--bag-size", type=int, default=8, help="ids per bag")
-    p.add_argument("--cache-ratio", type=float, default=0.015)
-    p.add_argument("--big-gib", type=float, default=0.0,
+    p.add_argument("--batch-size", type=positive_int, default=4096, help="bags per batch")
+    p.add_argument("--bag-size", type=positive_int, default=8, help="ids per bag")
+    p.add_argument("--cache-ratio", type=ratio, default=0.015)
+    p.add_argument("--big-gib", type=non_negative_float, default=0.0,
                    help="part 2: GiB of rows + Adagrad state of the big table (0: skip)")
-    p.add_argument("--big-steps", type=int, default=300)
+    p.add_argument("--big-steps", type=positive_int, default=300)
     p.add_argument("--dir", default=None, help="where the table files go (default: a temporary directory)")
     p.add_argument("--out", default=str(results_dir()))
     p.add_argument("--name", default="tiers")
