@@ -49,3 +49,15 @@ def test_refused_in_one_line_naming_the_option(command, argv, capsys):
 def test_the_documented_zeros_still_parse(command, argv):
     """0 where the help gives it a meaning (no burn-in, no drifting trace, no prefetch, skip part 2)."""
     _parser(command).parse_args(argv)
+
+
+def test_tiers_fewer_steps_than_rounds_is_one_line(tmp_path, capsys):
+    """`bench tiers --steps 1 --rounds 2` was a ZeroDivisionError after building both tables."""
+    from embcache.cli import main
+
+    assert main(["bench", "tiers", "--steps", "1", "--rounds", "2", "--rows", "3000", "--dim", "8",
+                 "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["embcache bench tiers: error: --steps 1 is fewer than --rounds 2: part 1 splits its batches "
+                   "into the rounds, each needs at least one"]
+    assert not list(tmp_path.iterdir())

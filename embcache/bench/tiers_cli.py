@@ -46,6 +46,11 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 def run(args) -> int:
     """Run the benchmark: `embcache.bench.tiers` (and torch) imported only now."""
+    from embcache.errors import UserFacingError
+
+    if args.steps < args.rounds:  # a round of no batches has no time to divide by
+        raise UserFacingError(f"--steps {args.steps} is fewer than --rounds {args.rounds}: part 1 splits its "
+                              "batches into the rounds, each needs at least one")
     from embcache.bench import tiers
 
     return tiers.run(args)
