@@ -40,20 +40,22 @@ class _OverflowSaidOnce(logging.Filter):
         return self.count == 1
 
 
-def hit_rates(args, device) -> dict:
+def hit_rates(args, device, on_row=lambda part: None) -> dict:
     """The hit-rate table on the stationary trace and, with `--day-batches`, a drifting one
-    (when the trace is long enough to drift: its first day is the stationary trace)."""
+    (when the trace is long enough to drift: its first day is the stationary trace).
+    `on_row` gets the table so far after each row (the run saves it: a run cut short keeps it)."""
     said = _OverflowSaidOnce()
     log = logging.getLogger(row_cache.__name__)
     log.addFilter(said)
     try:
-        out = _trace_hit_rates(args, device, 0)
+        out = _trace_hit_rates(args, device, 0, on_row)
         if args.day_batches and args.batches <= args.day_batches:
             out["drifting_skipped"] = (f"{args.batches} batches never reach a day boundary (--day-batches "
                                        f"{args.day_batches}): the drifting trace would be the stationary one")
             print(f"  drifting trace skipped: {out['drifting_skipped']}", flush=True)
         elif args.day_batches:
-            out["drifting"] = _trace_hit_rates(args, device, args.day_batches)
+            out["drifting"] = _trace_hit_rates(args, device, args.day_batches,
+                                               lambda drifting: on_row({**out, "drifting": drifting}))
     finally:
         log.removeFilter(said)
     if said.count > 1:
@@ -62,7 +64,7 @@ def hit_rates(args, device) -> dict:
     return out
 
 
-def _trace_hit_rates(args, device, day_batches: int) -> dict:
+def _trace_hit_rates(args, device, day_batches: int, on_row) -> dict:
     trace = CriteoTrace(scale=args.scale, batch_size=args.batch_size, batches=args.batches,
                         seed=args.seed, day_batches=day_batches, day_shift=args.day_shift)
     batches = list(trace)
@@ -95,6 +97,7 @@ def _trace_hit_rates(args, device, day_batches: int) -> dict:
                                          bypass=bypass)["hit_rate"]
         row["static_top_c"] = static_top_c(batches[skip:], freq, cache_rows)
         out["results"].append(row)
+        on_row(out)
         print(f"  {name}, ratio {ratio:>6.3%}: " + "  ".join(
             f"{k} {row[k]:.4f}" for k in (*(v[0] for v in VARIANTS), "static_top_c", "belady", "belady_bypass")),
             flush=True)
@@ -119,7 +122,7 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def timing(args, device) -> dict:
+def timing(args, device, on_row=lambda part: None) -> dict:
     """Cached vs uncached step time, interleaved step by step so that machine noise hits
     all alike; ratios are of medians. On the CPU the cache runs twice side by side: with
     its admission bookkeeping as one compiled pass (the default) and as the batched
@@ -136,6 +139,7 @@ def timing(args, device) -> dict:
     warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
     paths = ("fused", "tensor") if device.type == "cpu" else ("tensor",)
     results = []
+    part = {"num_rows": n, "dim": d, "steps": args.timing_steps, "results": results}
     for opt_name in args.optimizers:
         weight = torch.randn(n, d) * 0.01
         ref = torch.nn.EmbeddingBag(n, d, mode="sum", sparse=True, _weight=weight.clone()).to(device)
@@ -157,6 +161,7 @@ def timing(args, device) -> dict:
                                        after_warmup=lambda: [bag.reset_cache_stats() for bag in bags.values()])
             row = _timing_row(opt_name, ratio, bags[paths[0]], med)
             results.append(row)
+            on_row(part)
             print(f"  {opt_name:8s} ratio {ratio:>6.3%}: cached/uncached step = {row['bookkeeping_ratio']:.2f}"
                   + (f" (tensor-op bookkeeping {row['bookkeeping_ratio_tensor_ops']:.2f})"
                      if "bookkeeping_ratio_tensor_ops" in row else "")
@@ -165,7 +170,7 @@ def timing(args, device) -> dict:
                   " MiB moved/batch", flush=True)
             del bags
         del ref, opt
-    return {"num_rows": n, "dim": d, "steps": args.timing_steps, "results": results}
+    return part
 
 
 def _interleaved_medians(steps: dict, batches, device, warmup: int, after_warmup) -> dict:
@@ -228,15 +233,22 @@ def plot(hits: dict, path) -> None:
 def run(args) -> int:
     set_threads(args.threads)
     device = resolve_device(args.device)
-    hits = times = None
+    # saved after every row, `complete` false until the end: a run cut short keeps the rows it measured
+    payload = {"benchmark": "cache", "device": str(device), "config": {
+        k: v for k, v in vars(args).items() if k != "func"}, "hit_rate": None, "timing": None, "complete": False}
+
+    def save(key: str, part: dict) -> None:
+        payload[key] = part
+        write_json(payload, args.name, args.out)
+
     if "hit-rate" in args.parts:
         print(f"hit rates ({args.batches} batches of {args.batch_size}, scale {args.scale}) on {device}:")
-        hits = hit_rates(args, device)
+        payload["hit_rate"] = hit_rates(args, device, lambda part: save("hit_rate", part))
     if "timing" in args.parts:
         print(f"bookkeeping cost (dim {args.dim}, scale {args.timing_scale}):")
-        times = timing(args, device)
-    payload = {"benchmark": "cache", "device": str(device), "config": {
-        k: v for k, v in vars(args).items() if k != "func"}, "hit_rate": hits, "timing": times}
+        payload["timing"] = timing(args, device, lambda part: save("timing", part))
+    payload["complete"] = True
+    hits = payload["hit_rate"]
     path = write_json(payload, args.name, args.out)
     written = [path]
     if hits is not None:

@@ -17,6 +17,9 @@ Every policy starts from the same warm-up (the hottest `--warmup-ratio` of the c
 the trace's id counts, as a user computes them from the training data before training),
 and so does Belady; only `freq` keeps using the counts for eviction. Hit rates skip the
 first `--burn-in` of the batches.
+
+Writes <--out>/<--name>.json (default bench/results/cache.json), saved after every row with
+`complete` false until the run ends (a run cut short keeps its rows), and the hit-rate PNG.
 """
 from __future__ import annotations
 
