@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 
 from embcache.arg_types import float_in, fraction, non_negative_int, positive_float, positive_int, ratio
-from embcache.paths import results_dir
+from embcache.bench.output_args import add_output_arguments
 from embcache.cache.choices import TORCH_OPTIMIZERS
 from embcache.train.run_cli import add_device_argument, add_threads_argument
 
@@ -58,8 +58,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--parts", nargs="+", choices=["hit-rate", "timing"], default=["hit-rate", "timing"],
                    help="what to measure (both by default; each part is side by side within itself)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(results_dir()), help="results directory")
-    p.add_argument("--name", default="cache", help="results file stem")
+    add_output_arguments(p, "cache")
     add_threads_argument(p)
     p.set_defaults(func=run)
     return p

@@ -46,7 +46,7 @@ from __future__ import annotations
 import argparse
 
 from embcache.arg_types import non_negative_int, positive_float, positive_int, ratio
-from embcache.paths import results_dir
+from embcache.bench.output_args import add_output_arguments
 from embcache.cache.choices import TORCH_OPTIMIZERS
 from embcache.dlrm.config import DLRMConfig
 from embcache.settings_fields import add_config_arguments
@@ -98,8 +98,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     add_device_argument(p)
     add_config_arguments(p, DLRMConfig, ["precision"])  # as dlrm train's: the same field, the same help
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(results_dir()), help="results directory")
-    p.add_argument("--name", default="gpu", help="results file stem")
+    add_output_arguments(p, "gpu")
     add_threads_argument(p)
     p.set_defaults(func=run)
     return p

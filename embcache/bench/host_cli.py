@@ -44,7 +44,7 @@ from __future__ import annotations
 import argparse
 
 from embcache.arg_types import non_negative_int, positive_float, positive_int, ratio
-from embcache.paths import results_dir
+from embcache.bench.output_args import add_output_arguments
 from embcache.bench.defaults import HOST_ROUNDS
 
 
@@ -79,8 +79,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--prefetch-depth", type=non_negative_int, default=1,
                    help="batches prefetched ahead, as the trainer")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(results_dir()), help="results directory")
-    p.add_argument("--name", default="host", help="results file stem")
+    add_output_arguments(p, "host")
     p.set_defaults(func=run)
     return p
 

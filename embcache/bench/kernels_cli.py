@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 
 from embcache.arg_types import non_negative_int, positive_float, positive_int
-from embcache.paths import results_dir
+from embcache.bench.output_args import add_output_arguments
 from embcache.train.run_cli import add_device_argument
 
 
@@ -48,8 +48,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--copy-mib", type=positive_int, default=1024, help="the buffer the copy bandwidth is measured on")
     add_device_argument(p)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(results_dir()), help="results directory")
-    p.add_argument("--name", default="kernels", help="results file stem")
+    add_output_arguments(p, "kernels")
     p.set_defaults(func=run)
     return p
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 from embcache.arg_types import positive_int
-from embcache.paths import results_dir
+from embcache.bench.output_args import add_output_arguments
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -29,8 +29,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--batches", type=positive_int, default=64, help="batches timed at each count (at most the split's)")
     p.add_argument("--repeats", type=positive_int, default=3,
                    help="timed passes at each count, taking turns; the best is kept")
-    p.add_argument("--out", default=str(results_dir()), help="results directory")
-    p.add_argument("--name", default="loader", help="results file stem")
+    add_output_arguments(p, "loader")
     p.set_defaults(func=run)
     return p
 

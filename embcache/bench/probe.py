@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 
-from embcache.paths import results_dir
+from embcache.bench.output_args import add_output_arguments
 
 BATCH = 16384
 IDS_PER_SAMPLE = {"one-hot": 26, "multi-hot": 214}
@@ -37,8 +37,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--copy-mib", type=positive_int, default=256, help="size of the plain pinned copy")
     p.add_argument("--batch-size", type=positive_int, default=BATCH, help="samples whose ids are sorted")
     add_device_argument(p)
-    p.add_argument("--out", default=str(results_dir()), help="results directory")
-    p.add_argument("--name", default="probe", help="results file stem")
+    add_output_arguments(p, "probe")
     p.set_defaults(func=run)
     return p
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 
 from embcache.arg_types import non_negative_int, positive_float, positive_int
-from embcache.paths import results_dir
+from embcache.bench.output_args import add_output_arguments
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -44,8 +44,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--best-split", action=argparse.BooleanOptionalAction, default=True,
                    help="also project each world size with the --row-wise-rows threshold that projects fastest "
                         "(more tables split by rows: lookups even, more partial sums sent)")
-    p.add_argument("--out", default=str(results_dir()))
-    p.add_argument("--name", default="projection")
+    add_output_arguments(p, "projection")
     p.set_defaults(func=run)
     return p
 

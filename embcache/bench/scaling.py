@@ -35,7 +35,8 @@ from statistics import median
 from pathlib import Path
 
 from embcache.arg_types import positive_float, positive_int
-from embcache.paths import datasets_dir, results_dir
+from embcache.bench.output_args import add_output_arguments
+from embcache.paths import datasets_dir
 from embcache.data.defaults import SYNTHETIC_ROWS, SYNTHETIC_SCALE
 from embcache.train.bench_results import run_for_summary, write_json
 
@@ -62,8 +63,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="also run DLRM as N single processes at once, each on its B/N share with nothing sent "
                         "between them: this host's ceiling for N ranks")
     p.add_argument("--data-cache", default=str(datasets_dir()))
-    p.add_argument("--out", default=str(results_dir()))
-    p.add_argument("--name", default="scaling")
+    add_output_arguments(p, "scaling")
     p.set_defaults(func=run)
     return p
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 
 from embcache.arg_types import non_negative_float, positive_int, ratio
-from embcache.paths import results_dir
+from embcache.bench.output_args import add_output_arguments
 from embcache.train.run_cli import add_threads_argument
 
 
@@ -37,8 +37,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="part 2: GiB of rows + Adagrad state of the big table (0: skip)")
     p.add_argument("--big-steps", type=positive_int, default=300)
     p.add_argument("--dir", default=None, help="where the table files go (default: a temporary directory)")
-    p.add_argument("--out", default=str(results_dir()))
-    p.add_argument("--name", default="tiers")
+    add_output_arguments(p, "tiers")
     add_threads_argument(p)
     p.set_defaults(func=run)
     return p

@@ -28,7 +28,8 @@ from __future__ import annotations
 import argparse
 
 from embcache.arg_types import DefaultsHelpFormatter, float_in, int_in, positive_float, positive_int
-from embcache.paths import datasets_dir, results_dir
+from embcache.bench.output_args import add_output_arguments
+from embcache.paths import datasets_dir
 from embcache.data.defaults import SYNTHETIC_DRIFT, SYNTHETIC_SCALE
 from embcache.settings_fields import add_config_arguments
 from embcache.dlrm.config import RAW_KEY_MODES, DLRMConfig, max_rows_value
@@ -69,8 +70,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                         "and cached on disk before the measured runs (else the first run to need one pays for it)")
     p.add_argument("--data-cache", default=str(datasets_dir()),
                    help="where the data is generated once and reused")
-    p.add_argument("--out", default=str(results_dir()), help="results directory")
-    p.add_argument("--name", default="vocab", help="result file name, without .json")
+    add_output_arguments(p, "vocab")
     p.set_defaults(func=run)
     return p
 
