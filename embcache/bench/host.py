@@ -279,6 +279,14 @@ def projection(rate_1: float, rate_2: float, cores: int = PROJECTED_CORES) -> di
     return {"serial_share": serial, "speedup": speedup, "samples_per_s": rate_1 * speedup, "cores": cores}
 
 
+def save(args, threads: list[int], results: list[dict], complete: bool):
+    """The JSON of the rows so far and their summary; `complete` false until the run ends."""
+    # raw variants get the ids' counts as their keys' (`build_collection`): the same freq prior
+    raw_key_freq = any(k != "ids" for k in args.keys)
+    return write_json({"config": vars(args) | {"func": None, "threads": threads, "raw_key_freq": raw_key_freq},
+                       "results": results, "summary": summarize(results), "complete": complete}, args.name, args.out)
+
+
 def run(args) -> int:
     cores = os.cpu_count() or 1
     threads = args.threads or sorted({min(cores, 2 ** k) for k in range(cores.bit_length() + 1)})
@@ -327,13 +335,9 @@ def run(args) -> int:
                     print(f"  {shape}{label} {ratio:.3%} {t} thread(s): {rate:,.0f} samples/s{hits} "
                           f"({1e3 * r['step_s']:.1f} ms/step; {'' if device else 'ms: '}{parts})", flush=True)
             del variants, ebc
-    summary = summarize(results)
-    print_summary(summary)
-    # raw variants get the ids' counts as their keys' (`build_collection`): the same freq prior
-    raw_key_freq = any(k != "ids" for k in args.keys)
-    path = write_json({"config": vars(args) | {"func": None, "threads": threads, "raw_key_freq": raw_key_freq},
-                       "results": results,
-                       "summary": summary}, args.name, args.out)
+            save(args, threads, results, complete=False)  # after every ratio: a run cut short keeps its rows
+    print_summary(summarize(results))
+    path = save(args, threads, results, complete=True)
     png = plot(results, path.with_suffix(".png"))
     print(f"bench host: wrote {path}" + (f" and {png}" if png else ""))
     return 0
