@@ -182,23 +182,26 @@ def run(args) -> int:
     warmup = None if args.no_warmup else warm_up(modes, args)
     if warmup is not None:
         print(f"warmed up (a tiny run of each variant: {warmup:.0f} s)", flush=True)
-    results = []
-    for mode in modes:
-        summary, wall = run_variant(mode, data, args)
-        r = variant_result(mode, summary, args.days, train_argv(mode, data, args), wall)
-        results.append(r)
-        print(f"  {mode}: mean next-day AUC {r['mean_auc']:.4f}, {r['samples_per_s']:,.0f} samples/s, "
-              f"{r['peak_host_mib']:,.0f} MiB peak ({wall:.0f} s)", flush=True)
     oracle = {d["split"]: {k: d.get(k) for k in ("oracle_auc", "oracle_auc_new_unknown", "oracle_auc_day0_values_only")}
               for d in meta.get("day_splits", []) if d["split"] in evaluated_splits(args.days)}
+    results = []
     payload = {"benchmark": "vocab",
                "config": {k: v for k, v in vars(args).items() if k != "func"},
                "data": {"dir": str(data), "days": args.days, "rows_per_day": args.rows, "drift": args.drift,
                         "scale": args.scale, "seed": 0, "keys": "raw", "oracle": oracle},
                "trained_days": f"day_0..day_{args.days - 2}",
                "evaluated_splits": evaluated_splits(args.days), "mean_over": mean_splits(args.days),
-               "results": results, "open_minus": open_minus(results),
-               "warmup_seconds": warmup, "seconds": time.perf_counter() - start}
+               "results": results, "warmup_seconds": warmup, "complete": False}
+    for mode in modes:
+        summary, wall = run_variant(mode, data, args)
+        r = variant_result(mode, summary, args.days, train_argv(mode, data, args), wall)
+        results.append(r)
+        print(f"  {mode}: mean next-day AUC {r['mean_auc']:.4f}, {r['samples_per_s']:,.0f} samples/s, "
+              f"{r['peak_host_mib']:,.0f} MiB peak ({wall:.0f} s)", flush=True)
+        # after every variant, `complete` false until the end: a run cut short keeps the variants it ran
+        write_json(payload | {"open_minus": open_minus(results), "seconds": time.perf_counter() - start},
+                   args.name, args.out)
+    payload.update(open_minus=open_minus(results), seconds=time.perf_counter() - start, complete=True)
     print(format_table(payload))
     path = write_json(payload, args.name, args.out)
     print(f"wrote {path}")
