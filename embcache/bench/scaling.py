@@ -234,8 +234,29 @@ def summarize(rounds: list[list[dict]]) -> list[dict]:
     return out
 
 
+def result_line(r: dict, repeats: int) -> str:
+    """A configuration's ratios to 1 rank; without a 1-rank run (--ranks 2 4) there is none, and
+    the line says so (it printed x0.00, a speed-up of nothing)."""
+    mode = f" (--batch-norm {r['batch_norm']})" if "batch_norm" in r else \
+        " independent processes (the host's ceiling)" if "variant" in r else ""
+    head = f"  {r['job']} {r['ranks']} rank(s){mode}: "
+    if r["speedup_vs_1_rank"] is None:
+        return head + f"{r['samples_per_s']:,.0f} samples/s (no 1-rank run to compare with: add 1 to --ranks)"
+    cpu = r.get("cpu_per_sample_vs_1_rank")
+    return (head + f"x{r['speedup_vs_1_rank']:.2f} samples/s"
+            + (f", x{cpu:.2f} CPU-seconds a sample" if cpu else "") + " vs 1 rank"
+            + (f" (medians of {repeats} rounds)" if repeats > 1 else ""))
+
+
 def run(args) -> int:
     data = _dlrm_data(args) if "dlrm" in args.which else None
+    config = {k: v for k, v in vars(args).items() if k != "func"}
+    config["threads_per_rank"] = 1
+
+    def save(results: list[dict], complete: bool):  # after every round: a run cut short keeps its rounds
+        return write_json({"benchmark": "scaling", "config": config, "rounds_done": len(rounds), "results": results,
+                           "complete": complete}, args.name, args.out)
+
     rounds = []
     for i in range(args.repeats):
         if args.repeats > 1:
@@ -243,15 +264,11 @@ def run(args) -> int:
         rounds.append([_dlrm_independent_run(args, w, data) if mode == "independent" else
                        _dlrm_run(args, w, data) if job == "dlrm" else _face_run(args, w, mode)
                        for job, w, mode in _configs(args)])
+        if i + 1 < args.repeats:
+            save(summarize(rounds), complete=False)
     results = summarize(rounds)
     for r in results:
-        mode = f" (--batch-norm {r['batch_norm']})" if "batch_norm" in r else \
-            " independent processes (the host's ceiling)" if "variant" in r else ""
-        print(f"  {r['job']} {r['ranks']} rank(s){mode}: x{r['speedup_vs_1_rank'] or 0:.2f} samples/s, "
-              f"x{r.get('cpu_per_sample_vs_1_rank') or 0:.2f} CPU-seconds a sample vs 1 rank"
-              + (f" (medians of {args.repeats} rounds)" if args.repeats > 1 else ""), flush=True)
-    config = {k: v for k, v in vars(args).items() if k != "func"}
-    config["threads_per_rank"] = 1
-    path = write_json({"benchmark": "scaling", "config": config, "results": results}, args.name, args.out)
+        print(result_line(r, args.repeats), flush=True)
+    path = save(results, complete=True)
     print(f"wrote {path}")
     return 0
