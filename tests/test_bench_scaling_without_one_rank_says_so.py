@@ -47,3 +47,13 @@ def test_a_run_cut_short_keeps_its_finished_rounds(tmp_path, monkeypatch):
     data = json.loads((tmp_path / "scaling.json").read_text())
     assert data["complete"] is False and data["rounds_done"] == 1
     assert [(r["ranks"], r["speedup_vs_1_rank"]) for r in data["results"]] == [(1, 1.0), (2, 2.0)]
+
+
+def test_each_run_is_said_as_it_ends(tmp_path, monkeypatch, capsys):
+    """A round of torchrun runs takes minutes: a line a run, not silence until the summary."""
+    _stand_ins(monkeypatch)
+    assert main([*ARGS, "--ranks", "1", "2", "--repeats", "2", "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    runs = [line for line in lines if line.startswith("  run ")]
+    assert runs == ["  run 1 of 2: dlrm 1 rank(s): 1,000 samples/s", "  run 2 of 2: dlrm 2 rank(s): 2,000 samples/s"] * 2
+    assert lines.index(runs[0]) < lines.index("round 2 of 2")

@@ -257,13 +257,16 @@ def run(args) -> int:
         return write_json({"benchmark": "scaling", "config": config, "rounds_done": len(rounds), "results": results,
                            "complete": complete}, args.name, args.out)
 
-    rounds = []
+    rounds, configs = [], _configs(args)
     for i in range(args.repeats):
         if args.repeats > 1:
             print(f"round {i + 1} of {args.repeats}", flush=True)
-        rounds.append([_dlrm_independent_run(args, w, data) if mode == "independent" else
-                       _dlrm_run(args, w, data) if job == "dlrm" else _face_run(args, w, mode)
-                       for job, w, mode in _configs(args)])
+        rounds.append([])
+        for n, (job, w, mode) in enumerate(configs, 1):  # a line a run: a round takes minutes
+            rounds[-1].append(_dlrm_independent_run(args, w, data) if mode == "independent" else
+                              _dlrm_run(args, w, data) if job == "dlrm" else _face_run(args, w, mode))
+            print(f"  run {n} of {len(configs)}: {job} {w} rank(s){' ' + mode if mode else ''}: "
+                  f"{rounds[-1][-1]['samples_per_s']:,.0f} samples/s", flush=True)
         if i + 1 < args.repeats:
             save(summarize(rounds), complete=False)
     results = summarize(rounds)
