@@ -182,8 +182,9 @@ def run(args) -> int:
               f"samples/s (x{fits['mmap_vs_memory']:.2f}; median of {args.rounds} rounds "
               f"x{fits['mmap_vs_memory_median_of_rounds']:.2f})", flush=True)
         payload = {"benchmark": "tiers", "config": {k: v for k, v in vars(args).items() if k != "func"},
-                   "fits_in_memory": fits}
+                   "fits_in_memory": fits, "complete": False}
         if args.big_gib > 0:
+            write_json(payload, args.name, args.out)  # part 2 takes long: a run cut short keeps part 1
             big = big_table(args, work)
             payload["larger_than_memory"] = big
             print(f"table of {big['file_gib']:.1f} GiB on disk ({big['rows']:,} rows), RAM {big['ram_gib']:.1f} GiB: "
@@ -194,6 +195,7 @@ def run(args) -> int:
     finally:
         if not args.dir:
             shutil.rmtree(work, ignore_errors=True)
+    payload["complete"] = True
     path = write_json(payload, args.name, args.out)
     print(f"wrote {path}")
     return 0
