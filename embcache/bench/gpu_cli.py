@@ -107,10 +107,10 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 def run(args) -> int:
     """Run the benchmark: `embcache.bench.gpu` (and torch) imported only now."""
     from embcache.bench import gpu
-    from embcache.device import resolve_device
+    from embcache.bench.bench_device import bench_device
     from embcache.train.precision import precision_scope, resolve
 
-    device = resolve_device(args.device)
+    device = bench_device(args.device)
     args.precision = resolve(args.precision, device)  # as computed: the results' config says tf32, not auto
     with precision_scope(args.precision, device):  # CUDA's TF32 switches for the run, put back after it
         return gpu.run(args)

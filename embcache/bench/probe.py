@@ -64,9 +64,9 @@ def run(args) -> int:
     from embcache.bench import link
     from embcache.train.bench_results import write_json
     from embcache.bench.criteo_trace import CRITEO_KAGGLE_CARDINALITIES
-    from embcache.device import resolve_device
+    from embcache.bench.bench_device import bench_device
 
-    device = resolve_device(args.device)
+    device = bench_device(args.device)
     result = {"benchmark": "probe", **versions(device), "config": {k: v for k, v in vars(args).items() if k != "func"}}
     print(f"probe on {device}: torch {result['torch']}, cuda {result['cuda']}, triton {result['triton']}"
           + (f", {result['device_name']}" if "device_name" in result else ""), flush=True)
