@@ -55,5 +55,6 @@ def test_each_run_is_said_as_it_ends(tmp_path, monkeypatch, capsys):
     assert main([*ARGS, "--ranks", "1", "2", "--repeats", "2", "--out", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     runs = [line for line in lines if line.startswith("  run ")]
-    assert runs == ["  run 1 of 2: dlrm 1 rank(s): 1,000 samples/s", "  run 2 of 2: dlrm 2 rank(s): 2,000 samples/s"] * 2
+    one_round = ["  run 1 of 2: dlrm 1 rank(s): 1,000 samples/s", "  run 2 of 2: dlrm 2 rank(s): 2,000 samples/s"]
+    assert runs == one_round * 2
     assert lines.index(runs[0]) < lines.index("round 2 of 2")
