@@ -25,6 +25,14 @@ BAD = [
     ("tiers", ["--rounds", "0"]),
     ("scaling", ["--ranks", "0"]), ("scaling", ["--steps", "0"]), ("scaling", ["--repeats", "0"]),
     ("gpu", ["--steps", "0"]), ("gpu", ["--ratios", "0"]), ("gpu", ["--dims", "-16"]), ("gpu", ["--lr", "0"]),
+    # face: --classes 0 was a RuntimeError, --repeats 0 an IndexError; dlrm: --steps 0 or --ratios 2 first
+    # generated the whole 400k-row data set, then failed in a child
+    ("face", ["--classes", "0"]), ("face", ["--classes", "1000", "-5"]), ("face", ["--repeats", "0"]),
+    ("face", ["--batch-size", "0"]), ("face", ["--feat-dim", "0"]), ("face", ["--max-gib", "0"]),
+    ("face", ["--threads", "0"]), ("face", ["--accuracy-classes", "-1"]), ("face", ["--accuracy-epochs", "0"]),
+    ("dlrm", ["--steps", "0"]), ("dlrm", ["--ratios", "2"]), ("dlrm", ["--ratios", "0"]), ("dlrm", ["--rows", "0"]),
+    ("dlrm", ["--scale", "0"]), ("dlrm", ["--batch-size", "-1"]), ("dlrm", ["--embedding-dim", "0"]),
+    ("cf", ["--datasets", "no-such-set"]), ("cf", ["--ml-epochs", "0"]), ("cf", ["--synthetic-users", "0"]),
 ]
 
 

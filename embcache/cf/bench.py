@@ -104,8 +104,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--synthetic-items", type=positive_int, default=40_000)
     p.add_argument("--synthetic-interactions", type=positive_int, default=1_000_000)
     p.add_argument("--copy-mib", type=positive_int, default=512, help="size of each array of the copy kernel")
-    p.add_argument("--out-dir", default=None, help="default bench/results")
-    p.add_argument("--name", default="cf", help="result file name")
+    p.add_argument("--out", "--out-dir", dest="out_dir", metavar="OUT", help="results dir (default: bench/results)")
+    p.add_argument("--name", default="cf", help="results file stem: <--out>/<--name>.json and .png")
     p.add_argument("--no-plot", action="store_true", help="no PNG")
     p.set_defaults(func=run)
     return p

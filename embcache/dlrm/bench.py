@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from embcache.arg_types import positive_float, positive_int, ratio
 from embcache.paths import datasets_dir, results_dir
 from embcache.train.bench_results import run_for_summary, write_json
 from embcache.train.run_cli import add_device_argument, add_threads_argument
@@ -25,17 +26,18 @@ from embcache.train.run_cli import add_device_argument, add_threads_argument
 def build_parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ratios", type=float, nargs="+", default=[0.005, 0.015, 0.05])
-    p.add_argument("--rows", type=int, default=400_000, help="training rows of the synthetic set")
-    p.add_argument("--scale", type=float, default=0.1,
+    p.add_argument("--ratios", type=ratio, nargs="+", default=[0.005, 0.015, 0.05], help="cache ratios")
+    p.add_argument("--rows", type=positive_int, default=400_000, help="training rows of the synthetic set")
+    p.add_argument("--scale", type=positive_float, default=0.1,
                    help="multiplies Criteo Kaggle's cardinalities (0.1: 3.4 M embedding rows)")
-    p.add_argument("--steps", type=int, default=120)
-    p.add_argument("--batch-size", type=int, default=4096)
-    p.add_argument("--embedding-dim", type=int, default=16)
+    p.add_argument("--steps", type=positive_int, default=120)
+    p.add_argument("--batch-size", type=positive_int, default=4096)
+    p.add_argument("--embedding-dim", type=positive_int, default=16)
     add_device_argument(p)
     p.add_argument("--data-cache", default=str(datasets_dir()))
-    p.add_argument("--out", default=str(results_dir()))
-    p.add_argument("--name", default="dlrm")
+    # said as embcache.bench.output_args says it (a room may not import the bench floor)
+    p.add_argument("--out", default=str(results_dir()), help=f"results directory (default: {results_dir()})")
+    p.add_argument("--name", default="dlrm", help="results file stem: writes <--out>/<--name>.json (default: dlrm)")
     add_threads_argument(p)
     p.set_defaults(func=run)
     return p

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from embcache.device import resolve_device
+from embcache.errors import UserFacingError
 
 VARIANTS = (("fc", None), ("pfc", 0.1), ("dcp", 0.01), ("dcp", 0.1))
 FIXED_Q = 10_000  # a pool of fixed size besides the fixed ratios: the flat line
@@ -203,7 +204,10 @@ def run(args) -> int:
     from embcache.threads import set_threads
 
     set_threads(args.threads)
-    device = resolve_device(args.device)
+    try:  # as embcache.bench.bench_device does (a room may not import the bench floor)
+        device = resolve_device(args.device)
+    except ValueError as err:  # cuda without a GPU, a name that is no device: one line, not a traceback
+        raise UserFacingError(f"--device: {err}") from None
     load_before = os.getloadavg()
     # an unmeasured small step first: imports and torch's first-use buffers are no row's
     time_head("fc", None, 100, args.batch_size, args.feat_dim, 1, device)

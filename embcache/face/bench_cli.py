@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 
+from embcache.arg_types import positive_float, positive_int, non_negative_int
+from embcache.paths import results_dir
 from embcache.train.run_cli import add_device_argument
 
 DEFAULT_CLASSES = (10**4, 10**5, 10**6, 10**7)
@@ -36,16 +38,21 @@ DEFAULT_CLASSES = (10**4, 10**5, 10**6, 10**7)
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--classes", type=int, nargs="+", default=list(DEFAULT_CLASSES), help="numbers of classes")
-    p.add_argument("--batch-size", type=int, default=128, help="probe features per step")
-    p.add_argument("--feat-dim", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3, help="timed steps per configuration (after one warm-up)")
-    p.add_argument("--max-gib", type=float, default=6.0, help="skip configurations whose persistent state exceeds this")
-    p.add_argument("--threads", type=int, default=1, help="torch and numba threads (1 keeps ratios stable on a shared machine)")
+    p.add_argument("--classes", type=positive_int, nargs="+", default=list(DEFAULT_CLASSES), help="numbers of classes")
+    p.add_argument("--batch-size", type=positive_int, default=128, help="probe features per step")
+    p.add_argument("--feat-dim", type=positive_int, default=128)
+    p.add_argument("--repeats", type=positive_int, default=3, help="timed steps per configuration (after one warm-up)")
+    p.add_argument("--max-gib", type=positive_float, default=6.0,
+                   help="skip configurations whose persistent state exceeds this")
+    p.add_argument("--threads", type=positive_int, default=1,
+                   help="torch and numba threads (1 keeps ratios stable on a shared machine)")
     add_device_argument(p)
-    p.add_argument("--accuracy-classes", type=int, default=2000, help="identities of the accuracy task (0: skip it)")
-    p.add_argument("--accuracy-epochs", type=int, default=10)
-    p.add_argument("--out-dir", default=None, help="default bench/results")
+    p.add_argument("--accuracy-classes", type=non_negative_int, default=2000,
+                   help="identities of the accuracy task (0: skip it)")
+    p.add_argument("--accuracy-epochs", type=positive_int, default=10)
+    # --out-dir: the name this option had first, still taken (scripts may pass it)
+    p.add_argument("--out", "--out-dir", dest="out_dir", metavar="OUT", default=None,
+                   help=f"results directory: writes <--out>/<--name>.json and .png (default: {results_dir()})")
     p.add_argument("--name", default=None, help="result file name (default face, or face-cuda on a GPU)")
     p.set_defaults(func=run)
     return p
