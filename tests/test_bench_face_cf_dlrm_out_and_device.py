@@ -1,7 +1,8 @@
-"""`embcache bench face|dlrm|cf`: face `--device cuda` without a GPU is one line, not a
-traceback; face and cf take `--out` as every other bench does (it was only argparse's prefix of
-`--out-dir`, which no --help showed), and `--out-dir` still works; dlrm's `--out` has help. (Their
-impossible counts and ratios are rows of tests/test_bench_bad_numbers_one_line.py.)"""
+"""`embcache bench face|dlrm|cf`: face and dlrm `--device cuda` without a GPU is one line before any
+work (face: a traceback; dlrm: the child's error after generating its data set); face and cf take
+`--out` as every other bench does (it was only argparse's prefix of `--out-dir`, which no --help
+showed), and `--out-dir` still works; dlrm's `--out` has help. (Their impossible counts and ratios
+are rows of tests/test_bench_bad_numbers_one_line.py.)"""
 from __future__ import annotations
 
 import importlib
@@ -35,8 +36,12 @@ def test_out_has_help_saying_it_is_the_results_folder(command):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
-def test_face_cuda_without_a_gpu_is_one_line(tmp_path, capsys):
-    assert main(["bench", "face", "--device", "cuda", "--out", str(tmp_path)]) == 1
+@pytest.mark.parametrize("command", ["face", "dlrm"])
+def test_cuda_without_a_gpu_is_one_line_before_any_work(command, tmp_path, capsys):
+    """face: was a ValueError traceback; dlrm: generated the whole data set before its child refused."""
+    data = ["--data-cache", str(tmp_path / "data"), "--rows", "2000"] if command == "dlrm" else []
+    assert main(["bench", command, "--device", "cuda", "--out", str(tmp_path / "out"), *data]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["embcache bench face: error: --device: device 'cuda': no CUDA device is available on this machine"]
+    assert err == [f"embcache bench {command}: error: --device: device 'cuda': no CUDA device is available on this "
+                   "machine"]
     assert not list(tmp_path.iterdir())

@@ -18,6 +18,7 @@ import argparse
 from pathlib import Path
 
 from embcache.arg_types import positive_float, positive_int, ratio
+from embcache.errors import UserFacingError
 from embcache.paths import datasets_dir, results_dir
 from embcache.train.bench_results import run_for_summary, write_json
 from embcache.train.run_cli import add_device_argument, add_threads_argument
@@ -59,7 +60,12 @@ def _variant(args, data_dir: Path, sparse: str, ratio: float | None) -> dict:
 
 def run(args) -> int:
     from embcache.data.synthetic import generate_synthetic
+    from embcache.device import resolve_device
 
+    try:  # before the data set is generated (each child refuses a bad --device, but only after it)
+        resolve_device(args.device)
+    except ValueError as err:  # as embcache.bench.bench_device does (a room may not import the bench floor)
+        raise UserFacingError(f"--device: {err}") from None
     data_dir = Path(args.data_cache) / f"bench-dlrm-r{args.rows}-s{args.scale:g}"
     if not (data_dir / "meta.json").exists():
         print(f"generating {data_dir} ...", flush=True)
