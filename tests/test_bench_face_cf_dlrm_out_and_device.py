@@ -45,3 +45,13 @@ def test_cuda_without_a_gpu_is_one_line_before_any_work(command, tmp_path, capsy
     assert err == [f"embcache bench {command}: error: --device: device 'cuda': no CUDA device is available on this "
                    "machine"]
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cf_torch_device_cuda_without_a_gpu_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+    """It was a ValueError traceback once the kernels were compiled and HEAT had run."""
+    monkeypatch.setattr("cpu_kernels.heat.compile_kernels", lambda: pytest.fail("compiled before refusing"))
+    assert main(["bench", "cf", "--torch-device", "cuda", "--no-plot", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().out.strip().splitlines() == [
+        "bench cf: --torch-device: device 'cuda': no CUDA device is available on this machine"]
+    assert not list(tmp_path.iterdir())

@@ -1,47 +1,41 @@
-"""`embcache bench cf`: HEAT against the PyTorch reference, side by side in one run on the same
-cores and data (MovieLens-100k and the Gowalla-scale synthetic set): epoch time of the torch
-engine, HEAT without tiling and HEAT with tiling, with 1 thread and with all cores; beside them
-(`baseline_rows`, unless --no-baseline) HEAT's per-sample kernel with tiling, the kernel before
-the runs kernel (issue 14), so that before and after are measured in the same run; Recall@20
-and NDCG@20 of each after the same number of epochs; the bytes a HEAT epoch touches and a
-model of the part of them that must come from memory, each against this machine's memory
-bandwidth (a copy kernel measured in the same run). Writes bench/results/cf.json and cf.png.
+"""`embcache bench cf`: HEAT against the PyTorch reference, side by side in one run on the same cores and data
+(MovieLens-100k and the Gowalla-scale synthetic set): epoch time of the torch engine, HEAT without tiling and
+HEAT with tiling, with 1 thread and with all cores; beside them (`baseline_rows`, unless --no-baseline) HEAT's
+per-sample kernel with tiling, the kernel before the runs kernel (issue 14), so that before and after are
+measured in the same run; Recall@20 and NDCG@20 of each after the same number of epochs; the bytes a HEAT epoch
+touches and a model of the part of them that must come from memory, each against this machine's memory bandwidth
+(a copy kernel measured in the same run). Writes bench/results/cf.json and cf.png.
 
-Epoch time is the median over the epochs run (the kernels are compiled before any timing).
-On the synthetic set, where a full torch epoch would take too long (more training pairs
-than --torch-max-pairs), torch is timed on a fixed seeded subset of the pairs and its epoch
-time is projected from its pairs/s; its accuracy is then not measured (the row says so).
-Accuracy is compared on MovieLens-100k, where every engine runs the same full epochs, at
-K=64 and at K=1000, the K of the largest speed-up (fewer epochs there: a torch epoch at
-K=1000 takes over a minute on one core). On MovieLens-100k the tile is --ml-tile items, by
-default the size at which the tiles cover its item table as many times per epoch as the
-default tile (2048 items) covers the synthetic set's: 861 of its 1,682 items (a tile of
-2048 would hold them all, and tiled would sample exactly like untiled).
+Epoch time is the median over the epochs run (the kernels are compiled before any timing). On the synthetic set,
+where a full torch epoch would take too long (more training pairs than --torch-max-pairs), torch is timed on a
+fixed seeded subset of the pairs and its epoch time is projected from its pairs/s; its accuracy is then not
+measured (the row says so). Accuracy is compared on MovieLens-100k, where every engine runs the same full epochs,
+at K=64 and at K=1000, the K of the largest speed-up (fewer epochs there: a torch epoch at K=1000 takes over a
+minute on one core). On MovieLens-100k the tile is --ml-tile items, by default the size at which the tiles cover
+its item table as many times per epoch as the default tile (2048 items) covers the synthetic set's: 861 of its
+1,682 items (a tile of 2048 would hold them all, and tiled would sample exactly like untiled).
 
-Bytes touched per HEAT epoch count the embedding-row accesses of the kernel, each once,
-float32: per sample the user row (read + write), SimpleX's history rows (read + write), the
-positive (read + write), the K negatives (read) and the negatives inside the margin
-(write); W (d x d) stays in cache and is left out. Their rate is reported against the copy
-bandwidth, but it is not a fraction of DRAM bandwidth: with tiling most negative reads are
-served by the thread's tile in its private L2 and the rate can exceed the copy kernel's.
-The memory-traffic model counts what cannot come from that tile: the user, history and
-positive rows as above, and for the negatives, with tiling, one load of the tile per
-refresh (tile x d x 4 bytes) and at most that much written back; without tiling every
-negative read and write. It is an upper bound of the DRAM traffic (it assumes nothing else
-stays cached), so its fraction of the copy bandwidth should stay at or below 1; above 1
+Bytes touched per HEAT epoch count the embedding-row accesses of the kernel, each once, float32: per sample
+the user row (read + write), SimpleX's history rows (read + write), the positive (read + write), the K
+negatives (read) and the negatives inside the margin (write); W (d x d) stays in cache and is left out. Their
+rate is reported against the copy bandwidth, but it is not a fraction of DRAM bandwidth: with tiling most
+negative reads are served by the thread's tile in its private L2 and the rate can exceed the copy kernel's.
+The memory-traffic model counts what cannot come from that tile: the user, history and positive rows as above,
+and for the negatives, with tiling, one load of the tile per refresh (tile x d x 4 bytes) and at most that
+much written back; without tiling every negative read and write. It is an upper bound of the DRAM traffic (it
+assumes nothing else stays cached), so its fraction of the copy bandwidth should stay at or below 1; above 1
 means a larger cache (a shared L3 that holds the whole table) served part of it.
 
-Negatives (issue 23): every variant draws them from the items the user has no training pair
-with (the default "unseen" rule). Beside them (`old_rule_rows`, unless --no-old-rule) HEAT's
-default kernel, tiled, and torch (where its accuracy is measured) run under the old rule
-("all": from every item), for the accuracy of both rules; and the cost of the exclusion is
-measured apart (`exclusion_cost`): --cost-epochs epochs of each rule's engine interleaved
-(all, unseen, unseen, all, ...), so that a busy machine slows both alike, and the ratio of
+Negatives (issue 23): every variant draws them from the items the user has no training pair with (the default
+"unseen" rule). Beside them (`old_rule_rows`, unless --no-old-rule) HEAT's default kernel, tiled, and torch
+(where its accuracy is measured) run under the old rule ("all": from every item), for the accuracy of both
+rules; and the cost of the exclusion is measured apart (`exclusion_cost`): --cost-epochs epochs of each rule's
+engine interleaved (all, unseen, unseen, all, ...), so that a busy machine slows both alike, and the ratio of
 their median epoch times.
 
---defaults-sweep instead trains HEAT on MovieLens-100k at the defaults and at the published
-SimpleX settings one at a time (margin, negative weight, gamma, history, learning rate) and
-writes the best Recall@20 / NDCG@20 of each over --sweep-epochs epochs to cf_defaults.json.
+--defaults-sweep instead trains HEAT on MovieLens-100k at the defaults and at the published SimpleX settings one
+at a time (margin, negative weight, gamma, history, learning rate) and writes the best Recall@20 / NDCG@20 of
+each over --sweep-epochs epochs to cf_defaults.json.
 """
 from __future__ import annotations
 
@@ -383,6 +377,7 @@ def run(args) -> int:
 def thread_counts(args) -> list[int] | None:
     """The sorted thread counts to run, or None (after saying why) when the flags are wrong."""
     from cpu_kernels.heat import max_threads
+    from embcache.device import resolve_device
 
     all_threads = max_threads()
     threads = sorted(set(args.threads or (1, all_threads)))
@@ -391,6 +386,11 @@ def thread_counts(args) -> list[int] | None:
         return None
     if len(args.ml_epochs) not in (1, len(args.ml_negatives)):
         print(f"bench cf: --ml-epochs takes one value or one per --ml-negatives value ({len(args.ml_negatives)})")
+        return None
+    try:  # --torch-device cuda without a GPU was a traceback after the HEAT runs
+        resolve_device(args.torch_device)
+    except ValueError as err:
+        print(f"bench cf: --torch-device: {err}")
         return None
     return threads
 
