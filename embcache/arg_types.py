@@ -123,3 +123,13 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
             action = copy.copy(action)
             action.help = self.default_text(action).replace("%", "%%")
         return super()._format_action(action)
+
+
+def add_output_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    """--out and --name, said alike by every benchmark's --help: where its JSON lands, so that
+    a trial run can be pointed away from the checkout's bench/results/."""
+    from embcache.paths import results_dir
+
+    out = results_dir()
+    p.add_argument("--out", default=str(out), help=f"results directory (default: {out})")
+    p.add_argument("--name", default=name, help=f"results file stem: writes <--out>/<--name>.json (default: {name})")

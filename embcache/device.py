@@ -87,3 +87,14 @@ def peak_memory(device: torch.device) -> dict:
     if device.type == "cuda":
         out["peak_device_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
     return out
+
+
+def device_argument(name) -> torch.device:
+    """A command's `--device` as a device, or the command's one-line error: `resolve_device`'s
+    ValueError (cuda on a machine without a GPU, a name that is no device) was a traceback."""
+    from embcache.errors import UserFacingError
+
+    try:
+        return resolve_device(name)
+    except ValueError as err:
+        raise UserFacingError(f"--device: {err}") from None

@@ -15,7 +15,7 @@ from embcache.bench.belady import belady_hit_rate
 from embcache.bench.criteo_trace import CriteoTrace
 from embcache.cache.bookkeeping import row_cache
 from embcache.cache.optimizers import torch_equivalent
-from embcache.bench.bench_device import bench_device
+from embcache.device import device_argument
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
 from embcache.threads import set_threads
 from embcache.train.bench_results import write_json
@@ -232,7 +232,7 @@ def plot(hits: dict, path) -> None:
 
 def run(args) -> int:
     set_threads(args.threads)
-    device = bench_device(args.device)
+    device = device_argument(args.device)
     # saved after every row, `complete` false until the end: a run cut short keeps the rows it measured
     payload = {"benchmark": "cache", "device": str(device), "config": {
         k: v for k, v in vars(args).items() if k != "func"}, "hit_rate": None, "timing": None, "complete": False}

@@ -17,7 +17,7 @@ from embcache.bench import link, shard_feed
 from embcache.bench.step_ahead import StepAhead
 from embcache.bench.criteo_trace import CRITEO_KAGGLE_CARDINALITIES, MULTI_HOT_SIZES, CriteoTrace
 from embcache.cache.optimizers import torch_equivalent
-from embcache.bench.bench_device import bench_device
+from embcache.device import device_argument
 from embcache.nn.cached_embedding_bag import CachedEmbeddingBag
 from embcache.nn.whole_table import WholeTableBag
 from embcache.dlrm.arch import DLRMDense
@@ -426,7 +426,7 @@ def markdown_table(result: dict) -> list[str]:
 
 def run(args) -> int:
     set_threads(args.threads)
-    device = bench_device(args.device)
+    device = device_argument(args.device)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     trace = CriteoTrace(scale=args.scale, batch_size=args.batch_size, batches=args.warmup_steps + args.steps,
                         seed=args.seed)

@@ -46,7 +46,7 @@ from __future__ import annotations
 import argparse
 
 from embcache.arg_types import non_negative_int, positive_float, positive_int, ratio
-from embcache.bench.output_args import add_output_arguments
+from embcache.arg_types import add_output_arguments
 from embcache.cache.choices import TORCH_OPTIMIZERS
 from embcache.dlrm.config import DLRMConfig
 from embcache.settings_fields import add_config_arguments
@@ -107,10 +107,10 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 def run(args) -> int:
     """Run the benchmark: `embcache.bench.gpu` (and torch) imported only now."""
     from embcache.bench import gpu
-    from embcache.bench.bench_device import bench_device
+    from embcache.device import device_argument
     from embcache.train.precision import precision_scope, resolve
 
-    device = bench_device(args.device)
+    device = device_argument(args.device)
     args.precision = resolve(args.precision, device)  # as computed: the results' config says tf32, not auto
     with precision_scope(args.precision, device):  # CUDA's TF32 switches for the run, put back after it
         return gpu.run(args)

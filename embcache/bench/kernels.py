@@ -11,7 +11,7 @@ from torch import nn
 
 from embcache.bench.criteo_trace import CriteoTrace
 from embcache.bench.gpu import SHAPES, _sync
-from embcache.bench.bench_device import bench_device
+from embcache.device import device_argument
 from embcache.train.bench_results import write_json
 
 LR, EPS = 0.01, 1e-10
@@ -172,7 +172,7 @@ def measure(shape: str, batch_size: int, paths: dict, args, device, copy: float)
 
 
 def run_all(args) -> int:
-    device = bench_device(args.device)
+    device = device_argument(args.device)
     torch.manual_seed(args.seed)
     copy = copy_gbps(args.copy_mib, device, args.steps)
     trace = CriteoTrace(scale=args.scale, batch_size=1, batches=1, seed=args.seed)

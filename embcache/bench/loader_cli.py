@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 from embcache.arg_types import positive_int
-from embcache.bench.output_args import add_output_arguments
+from embcache.arg_types import add_output_arguments
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 
-from embcache.bench.output_args import add_output_arguments
+from embcache.arg_types import add_output_arguments
 
 BATCH = 16384
 IDS_PER_SAMPLE = {"one-hot": 26, "multi-hot": 214}
@@ -64,9 +64,9 @@ def run(args) -> int:
     from embcache.bench import link
     from embcache.train.bench_results import write_json
     from embcache.bench.criteo_trace import CRITEO_KAGGLE_CARDINALITIES
-    from embcache.bench.bench_device import bench_device
+    from embcache.device import device_argument
 
-    device = bench_device(args.device)
+    device = device_argument(args.device)
     result = {"benchmark": "probe", **versions(device), "config": {k: v for k, v in vars(args).items() if k != "func"}}
     print(f"probe on {device}: torch {result['torch']}, cuda {result['cuda']}, triton {result['triton']}"
           + (f", {result['device_name']}" if "device_name" in result else ""), flush=True)

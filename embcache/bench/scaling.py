@@ -35,7 +35,7 @@ from statistics import median
 from pathlib import Path
 
 from embcache.arg_types import positive_float, positive_int
-from embcache.bench.output_args import add_output_arguments
+from embcache.arg_types import add_output_arguments
 from embcache.paths import datasets_dir
 from embcache.data.defaults import SYNTHETIC_ROWS, SYNTHETIC_SCALE
 from embcache.train.bench_results import run_for_summary, write_json

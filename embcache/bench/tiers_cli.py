@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 
 from embcache.arg_types import non_negative_float, positive_int, ratio
-from embcache.bench.output_args import add_output_arguments
+from embcache.arg_types import add_output_arguments
 from embcache.train.run_cli import add_threads_argument
 
 

@@ -17,9 +17,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from embcache.arg_types import positive_float, positive_int, ratio
-from embcache.errors import UserFacingError
-from embcache.paths import datasets_dir, results_dir
+from embcache.arg_types import add_output_arguments, positive_float, positive_int, ratio
+from embcache.paths import datasets_dir
 from embcache.train.bench_results import run_for_summary, write_json
 from embcache.train.run_cli import add_device_argument, add_threads_argument
 
@@ -36,9 +35,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--embedding-dim", type=positive_int, default=16)
     add_device_argument(p)
     p.add_argument("--data-cache", default=str(datasets_dir()))
-    # said as embcache.bench.output_args says it (a room may not import the bench floor)
-    p.add_argument("--out", default=str(results_dir()), help=f"results directory (default: {results_dir()})")
-    p.add_argument("--name", default="dlrm", help="results file stem: writes <--out>/<--name>.json (default: dlrm)")
+    add_output_arguments(p, "dlrm")
     add_threads_argument(p)
     p.set_defaults(func=run)
     return p
@@ -60,12 +57,9 @@ def _variant(args, data_dir: Path, sparse: str, ratio: float | None) -> dict:
 
 def run(args) -> int:
     from embcache.data.synthetic import generate_synthetic
-    from embcache.device import resolve_device
+    from embcache.device import device_argument
 
-    try:  # before the data set is generated (each child refuses a bad --device, but only after it)
-        resolve_device(args.device)
-    except ValueError as err:  # as embcache.bench.bench_device does (a room may not import the bench floor)
-        raise UserFacingError(f"--device: {err}") from None
+    device_argument(args.device)  # before the data set is generated (each child refuses a bad one, but after it)
     data_dir = Path(args.data_cache) / f"bench-dlrm-r{args.rows}-s{args.scale:g}"
     if not (data_dir / "meta.json").exists():
         print(f"generating {data_dir} ...", flush=True)

@@ -12,8 +12,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from embcache.device import resolve_device
-from embcache.errors import UserFacingError
+from embcache.device import device_argument
 
 VARIANTS = (("fc", None), ("pfc", 0.1), ("dcp", 0.01), ("dcp", 0.1))
 FIXED_Q = 10_000  # a pool of fixed size besides the fixed ratios: the flat line
@@ -204,10 +203,7 @@ def run(args) -> int:
     from embcache.threads import set_threads
 
     set_threads(args.threads)
-    try:  # as embcache.bench.bench_device does (a room may not import the bench floor)
-        device = resolve_device(args.device)
-    except ValueError as err:  # cuda without a GPU, a name that is no device: one line, not a traceback
-        raise UserFacingError(f"--device: {err}") from None
+    device = device_argument(args.device)  # cuda without a GPU, a name that is no device: one line
     load_before = os.getloadavg()
     # an unmeasured small step first: imports and torch's first-use buffers are no row's
     time_head("fc", None, 100, args.batch_size, args.feat_dim, 1, device)
