@@ -70,7 +70,7 @@ def convert_avazu(input_path: str | os.PathLike, out_dir: str | os.PathLike, spl
     check_whole("seed", seed, 0, 2**32)
     last_day = [None]
 
-    def observe(aux, lines):
+    def observe(aux, line_of):
         if len(aux["day"]):
             top = int(aux["day"].max())
             last_day[0] = top if last_day[0] is None else max(last_day[0], top)

@@ -92,8 +92,8 @@ class TextSource:
         parse: block -> Parsed.
         assign: (file index, indices of the good rows within that file, good rows per file,
             the block's aux arrays) -> split code per row (0 train, 1 val, 2 test).
-        observe: optional; called in pass 1 with each block's aux and the lines of its good rows
-            (e.g. to find the last day, or to refuse the file naming a line).
+        observe: optional; called in pass 1 with each block's aux and a function giving the line
+            of its i-th good row (e.g. to find the last day, or to refuse the file naming a line).
         prescan: raw keys only: the indices of the files whose good-row counts `assign`
             needs (and `observe` must see) before writing; None: every file. The entries of
             `good_per_file` for the others are None while writing.
@@ -111,7 +111,7 @@ class TextSource:
     sparse_names: list[str]
     parse: Callable[[pa.RecordBatch], Parsed]
     assign: Callable[[int, np.ndarray, list[int], dict], np.ndarray]
-    observe: Callable[[dict, np.ndarray], None] | None = None  # every block's aux and good rows' lines, pass 1
+    observe: Callable[[dict, Callable[[int], int]], None] | None = None  # every block's aux, good rows' lines; pass 1
     sparse_columns: list[str | None] | None = None  # input column of each feature (None: derived)
     sparse_keys: list[str] | None = None  # "string" (default) or "int+1" per feature: see raw_values
     prescan: list[int] | None = None
@@ -280,8 +280,9 @@ def _count_values(src: TextSource, bad: BadRowLog, max_ids: int | None, progress
                 _log_bad_rows(bad, path, parsed, first, lines)
                 for f, counter in enumerate(counters):
                     counter.update(parsed.keys[:, f])
-                if src.observe is not None:
-                    src.observe(parsed.aux, lines.of(first + np.flatnonzero(parsed.ok)))
+                if src.observe is not None:  # a good row's line is worked out only when asked (an error's)
+                    rows = first + np.flatnonzero(parsed.ok)
+                    src.observe(parsed.aux, lambda i, rows=rows, lines=lines: int(lines.of(rows[i:i + 1])[0]))
                 good += len(parsed.label)
                 bar.update(block.num_rows)
             good_per_file.append(good)

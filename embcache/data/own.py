@@ -129,8 +129,8 @@ class _TimeCuts:
         self.priority = np.zeros(0)
         self.cuts: tuple[float, float] | None = None
 
-    def observe(self, aux: dict, lines: np.ndarray) -> None:
-        mixed = self.zones.see(aux["zoned"], aux["time_text"], lines)
+    def observe(self, aux: dict, line_of) -> None:
+        mixed = self.zones.see(aux["zoned"], aux["time_text"], line_of)
         if mixed:
             raise format_error(self.path, *mixed)  # the column's fault, not a row's: no row to skip
         times = aux["time"]

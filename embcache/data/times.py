@@ -89,22 +89,23 @@ class ZoneKinds:
         self.column, self.where = column, where
         self.first: tuple[bool, str, int] | None = None  # the first time's kind, text and line
 
-    def see(self, zoned: np.ndarray, texts, lines: np.ndarray) -> tuple[int, str] | None:
+    def see(self, zoned: np.ndarray, texts, line_of) -> tuple[int, str] | None:
         """(line, reason) of the first time of `zoned` (1 with a zone, 0 without, -1 a number or
         no time: either) whose kind is not the first time's; None while they agree. `texts[i]`
-        is time i as written (a Python or pyarrow sequence), `lines[i]` its line."""
+        is time i as written (a Python or pyarrow sequence), `line_of(i)` its line (asked for
+        the two times named only)."""
         typed = np.flatnonzero(zoned >= 0)
         if not len(typed):
             return None
         if self.first is None:
             r = typed[0]
-            self.first = bool(zoned[r]), _text(texts, r), int(lines[r])
+            self.first = bool(zoned[r]), _text(texts, r), line_of(int(r))
         kind, text, line = self.first
         other = np.flatnonzero(zoned == int(not kind))
         if not len(other):
             return None
         r = other[0]
-        return int(lines[r]), (f"{self.column!r} mixes times with and without a time zone: {_text(texts, r)!r} has "
+        return line_of(int(r)), (f"{self.column!r} mixes times with and without a time zone: {_text(texts, r)!r} has "
                                f"{'none' if kind else 'one'}, {text!r} ({self.where} {line}) has "
                                f"{'one' if kind else 'none'}; give every time a zone (Z or +hh:mm), or none")
 

@@ -228,7 +228,7 @@ def _mixed_zones(values: list, col: str, lines: np.ndarray, problems: dict, suff
     is read as UTC, so beside times with one the order would rest on a guess."""
     kinds = [None if r in problems else _zoned(v) for r, v in enumerate(values)]
     zoned = np.array([-1 if k is None else int(k) for k in kinds], dtype=np.int8)
-    return ZoneKinds(col, "row" if suffix == ".parquet" else "line").see(zoned, values, lines)
+    return ZoneKinds(col, "row" if suffix == ".parquet" else "line").see(zoned, values, lambda i: int(lines[i]))
 
 
 def _index(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
