@@ -211,9 +211,10 @@ class CachedEmbeddingBagCollection(TakesTickets, CollectionInterface, nn.Module)
                               error_msgs):
         """torchrec's `EmbeddingBagCollection` state dict (`embedding_bags.<table>.weight`,
         say inside a torchrec DLRM's) loads too: the rows only (`nn.rows_only`)."""
-        if torchrec_tables(self, state_dict, prefix):
+        given = torchrec_tables(self, state_dict, prefix)
+        if given:
             self._rows_only_prefix = prefix
-            collection_rows_only(self, state_dict, prefix, missing_keys, error_msgs)
+            collection_rows_only(self, state_dict, prefix, given, missing_keys, error_msgs)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 

@@ -35,17 +35,20 @@ def load_rows_only(bag, pieces: list[tuple[int, str, torch.Tensor]], error_msgs:
                           "it loads from the cache's own state dict only")
         return False
     dtype = bag.cache.host.weight.dtype
-    start = len(error_msgs)
+    start, cast = len(error_msgs), []
     for first, key, rows in pieces:
         if not torch.is_tensor(rows) or not rows.is_floating_point():
             error_msgs.append(f"{key}: not a floating-point tensor")
-        elif not bool(torch.isfinite(rows).all()):
+            continue
+        rows = rows.detach().to("cpu", dtype)  # checked as stored: a float32 row past float16's range is inf there
+        if not bool(torch.isfinite(rows).all()):
             error_msgs.append(f"{key}: holds NaN or inf")
+        cast.append((first, rows))
     if len(error_msgs) > start:
         return False
     try:
         bag.raise_input_errors()
-        bag.cache.put_rows([(first, rows.detach().to("cpu", dtype)) for first, _, rows in pieces])
+        bag.cache.put_rows(cast)
     except ValueError as err:
         error_msgs.append(f"{', '.join(key for _, key, _ in pieces)}: {err}")
         return False
@@ -67,13 +70,12 @@ def torchrec_tables(collection, state_dict: dict, prefix: str) -> dict[str, str]
     return {name: key for name, key in keys.items() if key in state_dict}
 
 
-def collection_rows_only(collection, state_dict: dict, prefix: str, missing_keys: list[str],
-                         error_msgs: list[str]) -> None:
-    """torchrec's `EmbeddingBagCollection` state dict (under `prefix`) into a cached
-    collection: every table it names checked first, then each group's tables loaded; the
-    keys are taken out of `state_dict`. A table it lacks keeps its rows and is a missing key
-    (an error under `strict`, as torch's are)."""
-    given = torchrec_tables(collection, state_dict, prefix)
+def collection_rows_only(collection, state_dict: dict, prefix: str, given: dict[str, str],
+                         missing_keys: list[str], error_msgs: list[str]) -> None:
+    """torchrec's `EmbeddingBagCollection` state dict (under `prefix`; `given`: its tables,
+    `torchrec_tables`) into a cached collection: every table it names checked first, then
+    each group's tables loaded; the keys are taken out of `state_dict`. A table it lacks
+    keeps its rows and is a missing key (an error under `strict`, as torch's are)."""
     rows = {name: state_dict.pop(key) for name, key in given.items()}
     if any(k.startswith(prefix + "bags.") for k in state_dict):
         error_msgs.append(f"{prefix or 'the state dict'}: holds tables of both torchrec's form "
@@ -101,14 +103,15 @@ def collection_rows_only(collection, state_dict: dict, prefix: str, missing_keys
 def torchrec_state_dict(collection, prefix: str = "") -> dict[str, torch.Tensor]:
     """Every table's rows, current and copied, under torchrec's names: what
     `torchrec.EmbeddingBagCollection.load_state_dict` takes."""
-    open_tables = [t.name for t, bag in _tables(collection) if isinstance(bag, KeyStage)]
+    groups = list(zip(collection.bags, collection.table_groups()))
+    open_tables = [t.name for bag, group in groups if isinstance(bag, KeyStage) for t in group.tables]
     if open_tables:
         raise ValueError(f"table(s) {', '.join(open_tables)} take raw keys: their rows are not in id order "
                          "(table_rows(name) gives each live key's row)")
-    return {prefix + TORCHREC_KEY.format(t.name): collection.table_weight(t.name).clone()
-            for t, _ in _tables(collection)}
+    out = {}
+    for bag, group in groups:
+        weight = bag.host_weight()  # made current once a group, not once a table
+        for t, first in zip(group.tables, group.row_offsets):
+            out[prefix + TORCHREC_KEY.format(t.name)] = weight[first: first + t.num_embeddings].clone()
+    return out
 
-
-def _tables(collection) -> list[tuple]:
-    """(table config, the bag serving it) for every table of `collection`."""
-    return [(t, bag) for bag, group in zip(collection.bags, collection.table_groups()) for t in group.tables]

@@ -235,14 +235,13 @@ class RowCacheState:
         """Rows `(first id, rows)` written over the table, with their optimizer state, the
         other rows, the step and the statistics as they are, and the cache emptied: a state
         dict of torch's form (rows only) loaded into a cache. Checked (place, width, row
-        type, finite) before anything changes."""
+        type) before anything changes; whether the rows are finite is the caller's to check
+        (`nn.rows_only`, which names each table)."""
         for first, weight in pieces:
             if weight.dim() != 2 or weight.shape[1] != self.dim or not 0 <= first <= self.num_rows - weight.shape[0]:
                 raise ValueError(f"rows of shape {tuple(weight.shape)} from id {first} do not fit a table of "
                                  f"{(self.num_rows, self.dim)}")
             self._check_row_dtype(weight)
-            if not bool(torch.isfinite(weight).all()):
-                raise ValueError("rows hold NaN or inf")
         self.sync_host()  # resident rows' optimizer state (and the rows not replaced) reach the store first
 
         def write() -> None:
