@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import argparse
 
-from embcache.arg_types import float_in, fraction, non_negative_int, positive_float, positive_int, ratio
-from embcache.arg_types import add_output_arguments
+from embcache.arg_types import (
+    add_output_arguments, float_in, fraction, non_negative_int, positive_float, positive_int, ratio
+)
 from embcache.cache.choices import TORCH_OPTIMIZERS
 from embcache.train.run_cli import add_device_argument, add_threads_argument
 

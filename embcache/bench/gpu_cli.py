@@ -45,8 +45,7 @@ from __future__ import annotations
 
 import argparse
 
-from embcache.arg_types import non_negative_int, positive_float, positive_int, ratio
-from embcache.arg_types import add_output_arguments
+from embcache.arg_types import add_output_arguments, non_negative_int, positive_float, positive_int, ratio
 from embcache.cache.choices import TORCH_OPTIMIZERS
 from embcache.dlrm.config import DLRMConfig
 from embcache.settings_fields import add_config_arguments

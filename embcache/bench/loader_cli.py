@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from embcache.arg_types import positive_int
-from embcache.arg_types import add_output_arguments
+from embcache.arg_types import add_output_arguments, positive_int
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:

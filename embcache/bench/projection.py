@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import argparse
 
-from embcache.arg_types import non_negative_int, positive_float, positive_int
-from embcache.arg_types import add_output_arguments
+from embcache.arg_types import add_output_arguments, non_negative_int, positive_float, positive_int
 
 NOTHING_MEASURED = ("projected, nothing measured: a model from the bytes a step sends, --rate and the links' peak "
                     "bandwidths (--node-gbps, --nic-gbps)")

@@ -34,8 +34,7 @@ import os
 from statistics import median
 from pathlib import Path
 
-from embcache.arg_types import positive_float, positive_int
-from embcache.arg_types import add_output_arguments
+from embcache.arg_types import add_output_arguments, positive_float, positive_int
 from embcache.paths import datasets_dir
 from embcache.data.defaults import SYNTHETIC_ROWS, SYNTHETIC_SCALE
 from embcache.train.bench_results import run_for_summary, write_json

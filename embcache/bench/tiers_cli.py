@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from embcache.arg_types import non_negative_float, positive_int, ratio
-from embcache.arg_types import add_output_arguments
+from embcache.arg_types import add_output_arguments, non_negative_float, positive_int, ratio
 from embcache.train.run_cli import add_threads_argument
 
 

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import argparse
 
-from embcache.arg_types import DefaultsHelpFormatter, float_in, int_in, positive_float, positive_int
-from embcache.arg_types import add_output_arguments
+from embcache.arg_types import (
+    add_output_arguments, DefaultsHelpFormatter, float_in, int_in, positive_float, positive_int
+)
 from embcache.paths import datasets_dir
 from embcache.data.defaults import SYNTHETIC_DRIFT, SYNTHETIC_SCALE
 from embcache.settings_fields import add_config_arguments
