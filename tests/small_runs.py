@@ -18,3 +18,22 @@ def trained_dlrm_run(root: Path, rows: int, steps: int) -> Path:
                  "--max-steps", str(steps), "--no-progress", "--checkpoint-dir", str(root / "ck")]) == 0
     export_checkpoint(root / "ck", root / "export")
     return root
+
+
+def trained_face_run(root: Path, *flags: str) -> Path:
+    """`root/data` (6 identities of 4 random 24 x 24 JPEGs, an image folder) and `root/ck` (a
+    small cnn run of one epoch on them at batch 8, with `flags`); returns `root`."""
+    import numpy as np
+
+    from embcache.face.data.images import encode_jpeg
+
+    rng = np.random.default_rng(0)
+    for who in range(6):
+        (root / "data" / f"p{who}").mkdir(parents=True)
+        for shot in range(4):
+            image = rng.integers(0, 255, (24, 24, 3), dtype=np.uint8)
+            (root / "data" / f"p{who}" / f"{shot}.jpg").write_bytes(encode_jpeg(image))
+    assert main(["face", "train", "--data", str(root / "data"), "--image-size", "24", "--backbone", "cnn",
+                 "--batch-size", "8", "--epochs", "1", "--no-progress", "--checkpoint-dir", str(root / "ck"),
+                 *flags]) == 0
+    return root

@@ -14,17 +14,9 @@ from embcache.cli import main
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    root = tmp_path_factory.mktemp("embed_skip")
-    rng = np.random.default_rng(0)
-    for who in range(4):
-        (root / "data" / f"p{who}").mkdir(parents=True)
-        for shot in range(3):
-            Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(root / "data" / f"p{who}" /
-                                                                                  f"{shot}.png")
-    assert main(["face", "train", "--data", str(root / "data"), "--image-size", "16", "--backbone", "cnn",
-                 "--holdout", "0", "--batch-size", "8", "--epochs", "1", "--no-progress",
-                 "--checkpoint-dir", str(root / "ck")]) == 0
-    return root / "ck"
+    from tests.small_runs import trained_face_run
+
+    return trained_face_run(tmp_path_factory.mktemp("embed_skip"), "--holdout", "0") / "ck"
 
 
 def test_skip_bad_images_writes_the_readable_ones_and_names_the_others(checkpoint, tmp_path, capsys):

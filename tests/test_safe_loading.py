@@ -94,19 +94,9 @@ def test_dlrm_checkpoint_and_its_table_checkpoint_run_no_code(dlrm_run, which, t
 
 @pytest.fixture(scope="module")
 def face_run(tmp_path_factory):
-    from embcache.face.data.images import encode_jpeg
+    from tests.small_runs import trained_face_run
 
-    root = tmp_path_factory.mktemp("safe_face")
-    rng = np.random.default_rng(0)
-    for who in range(6):
-        (root / "data" / f"p{who}").mkdir(parents=True)
-        for shot in range(4):
-            image = rng.integers(0, 255, (24, 24, 3), dtype=np.uint8)
-            (root / "data" / f"p{who}" / f"{shot}.jpg").write_bytes(encode_jpeg(image))
-    assert main(["face", "train", "--data", str(root / "data"), "--image-size", "24", "--backbone", "cnn",
-                 "--head", "fc", "--batch-size", "8", "--epochs", "1", "--no-progress", "--checkpoint-dir",
-                 str(root / "ck")]) == 0
-    return root
+    return trained_face_run(tmp_path_factory.mktemp("safe_face"), "--head", "fc")
 
 
 def test_face_checkpoint_runs_no_code(face_run, tmp_path, capsys):
